@@ -1,0 +1,1 @@
+//! Parsers for provider error bodies and headers (SPEC §6.2, §7).
