@@ -1,3 +1,13 @@
-//! The pure core: no Python, no system clock, no environment reads.
+//! The pure core: no Python, no system clock, no environment reads (the binding
+//! passes a clock and a copy of the environment in).
+pub mod clock;
+pub mod engine;
+pub mod env;
+pub mod error;
+pub mod handle;
 pub mod parse;
 pub mod pools;
+pub mod state;
+pub mod store;
+pub mod types;
+pub mod windows;

@@ -1,0 +1,48 @@
+"""Exceptions raised by quotaengine. The Rust core raises them by import."""
+
+from __future__ import annotations
+
+__all__ = ["QuotaEngineError", "QuotaExceeded", "DatabaseError", "EngineClosed"]
+
+
+class QuotaEngineError(Exception):
+    """Base class of every quotaengine exception."""
+
+
+class QuotaExceeded(QuotaEngineError):
+    """``lease()`` was refused by a gate.
+
+    ``reason`` is the first failing gate ("cooldown", "rpm", "rpd", "tpm", "tpd",
+    "provider_daily_requests", "provider_minute_requests", "provider_daily_tokens",
+    "key_concurrency"); ``retry_at_ms`` is the earliest time it can open (epoch ms) or
+    None when unknown.
+    """
+
+    # must match the tuple built in src/python/errors.rs
+    def __init__(
+        self,
+        reason: str,
+        retry_at_ms: int | None = None,
+        platform: str | None = None,
+        model_id: str | None = None,
+        key_id: int | None = None,
+    ) -> None:
+        super().__init__(reason, retry_at_ms, platform, model_id, key_id)
+        self.reason = reason
+        self.retry_at_ms = retry_at_ms
+        self.platform = platform
+        self.model_id = model_id
+        self.key_id = key_id
+
+    def __str__(self) -> str:
+        where = f"{self.platform}/{self.model_id}/{self.key_id}"
+        retry = "" if self.retry_at_ms is None else f", retry at {self.retry_at_ms}"
+        return f"quota exceeded on {where}: {self.reason}{retry}"
+
+
+class DatabaseError(QuotaEngineError):
+    """The file cannot be used as this engine's database, or a write on a read-only engine."""
+
+
+class EngineClosed(QuotaEngineError):
+    """A call after ``close()``."""

@@ -1,0 +1,1019 @@
+//! The engine: admission, accounting and cooldown state over a [`Store`].
+//!
+//! Every call runs as one *section*: take the store's lock (writes) or notice that
+//! nothing changed (reads), read the clock, pull what other processes changed into
+//! the in-memory [`Mirror`], decide from the mirror, then write and commit. The mirror
+//! is updated per event, so no call scans history. When the store fails, the engine
+//! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
+use crate::core::clock::{midnight, Clock, MINUTE_MS};
+use crate::core::env::Env;
+use crate::core::error::{Error, Refusal, Result, StoreError};
+use crate::core::state::{CooldownRec, GateContext, InFlight, LeaseRec, Mirror, RouteId};
+use crate::core::store::sqlite::SqliteStore;
+use crate::core::store::{
+    Changes, CooldownRow, LogRow, Store, UsageFilter, UsageKind, UsageRow, Write,
+};
+use crate::core::types::{
+    check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource,
+    KeyInfo, Limits, ModelInfo, ProviderCaps, Reason, Route,
+};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Construction settings (SPEC §3). The environment is a copy read once.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub retention_ms: i64,
+    pub lease_max_age_ms: i64,
+    pub window_usage_ttl_ms: i64,
+    pub busy_timeout_ms: i64,
+    pub flush_interval_ms: i64,
+    pub readonly: bool,
+    pub env: Env,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            retention_ms: 86_400_000,
+            lease_max_age_ms: 120_000,
+            window_usage_ttl_ms: 5_000,
+            busy_timeout_ms: 5_000,
+            flush_interval_ms: 0,
+            readonly: false,
+            env: Env::default(),
+        }
+    }
+}
+
+impl Settings {
+    fn validate(&self) -> Result<()> {
+        check_non_negative("retention_ms", self.retention_ms)?;
+        check_non_negative("lease_max_age_ms", self.lease_max_age_ms)?;
+        check_non_negative("window_usage_ttl_ms", self.window_usage_ttl_ms)?;
+        check_non_negative("busy_timeout_ms", self.busy_timeout_ms)?;
+        check_non_negative("flush_interval_ms", self.flush_interval_ms)?;
+        Ok(())
+    }
+}
+
+/// Where the state lives.
+#[derive(Debug, Clone)]
+pub enum StoreSpec {
+    /// A SQLite file, or `":memory:"` for a private in-memory database.
+    Sqlite(String),
+}
+
+/// One window of a usage report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowReport {
+    pub used: i64,
+    pub limit: Option<i64>,
+}
+
+/// `usage()` (SPEC §4): recorded usage per window, live leases apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageReport {
+    pub rpm: WindowReport,
+    pub rpd: WindowReport,
+    pub tpm: WindowReport,
+    pub tpd: WindowReport,
+    pub in_flight: i64,
+}
+
+/// A log record for the host's logger, emitted after the engine lock is released.
+pub type LogRecord = (log::Level, String);
+
+/// One individual gate of SPEC §4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Request,
+    Tokens,
+    ProviderDaily,
+    ProviderMinute,
+    ProviderTokens,
+    KeyConcurrency,
+    Cooldown,
+}
+
+struct Section {
+    now: i64,
+    online: bool,
+    write: bool,
+}
+
+/// Above this many buffered writes, usage rows outside the minute window are merged
+/// per (route, kind, minute), so a long outage holds at most a day of minutes.
+const COMPACT_MIN: usize = 4096;
+
+pub struct Engine {
+    store: Box<dyn Store>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    mirror: Mirror,
+    /// Writes applied to the mirror but not yet to the store, in order.
+    pending: Vec<Write>,
+    /// Stored leases whose deletion is in `pending`.
+    pending_deleted: HashSet<i64>,
+    compact_at: usize,
+    degraded: bool,
+    loaded: bool,
+    rebuild: bool,
+    last_now: Option<i64>,
+    last_sweep: Option<i64>,
+    next_local_lease: i64,
+    platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
+    logs: Vec<LogRecord>,
+}
+
+impl Engine {
+    /// Opens the store and loads today's state.
+    pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        settings.validate()?;
+        let store: Box<dyn Store> = match spec {
+            StoreSpec::Sqlite(path) => {
+                Box::new(SqliteStore::open(path, settings.readonly, settings.busy_timeout_ms)?)
+            }
+        };
+        Self::with_store(store, clock, settings)
+    }
+
+    /// Builds an engine over any store.
+    pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        settings.validate()?;
+        let mut engine = Engine {
+            store,
+            clock,
+            settings,
+            mirror: Mirror::default(),
+            pending: Vec::new(),
+            pending_deleted: HashSet::new(),
+            compact_at: COMPACT_MIN,
+            degraded: false,
+            loaded: false,
+            rebuild: false,
+            last_now: None,
+            last_sweep: None,
+            next_local_lease: -1,
+            platform_env: HashMap::new(),
+            logs: Vec::new(),
+        };
+        // Load now, so that a broken database is reported by the constructor.
+        let sec = engine.enter(false)?;
+        engine.leave(sec, Vec::new())?;
+        Ok(engine)
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// True while the store is failing and the engine serves from memory.
+    pub fn degraded(&self) -> bool {
+        self.degraded
+    }
+
+    /// Log records produced since the last call (emit them outside any lock).
+    pub fn take_logs(&mut self) -> Vec<LogRecord> {
+        std::mem::take(&mut self.logs)
+    }
+
+    /// After a caught panic: abandon any open store section and reload from the store,
+    /// so a half-applied change cannot linger in memory.
+    pub fn recover_after_panic(&mut self) {
+        self.store.rollback();
+        self.rebuild = true;
+    }
+
+    /// Number of writes waiting for the store.
+    pub fn pending_writes(&self) -> usize {
+        self.pending.len()
+    }
+
+    // ---- sections ----------------------------------------------------------------
+
+    fn enter(&mut self, write: bool) -> Result<Section> {
+        if write && self.store.readonly() {
+            return Err(StoreError::ReadOnly.into());
+        }
+        let mut online = false;
+        let need_store =
+            write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true);
+        if need_store {
+            // While degraded, probe the store without waiting on its lock.
+            if self.degraded {
+                self.store.set_busy_timeout(0);
+            }
+            let began = self.store.begin(write);
+            if self.degraded {
+                self.store.set_busy_timeout(self.settings.busy_timeout_ms);
+            }
+            match began {
+                Ok(()) => online = true,
+                Err(e) => self.store_failed(&e, write),
+            }
+        }
+        // Read the clock only now: a writer that waited for the lock must see every
+        // row stamped before its own admission.
+        let now = self.clock.now_ms();
+        if let Some(last) = self.last_now {
+            if now < last {
+                // SPEC §2/§10: the clock stepped back. Events pruned from the minute
+                // window may count again: reload the windows, and sweep again.
+                self.rebuild = true;
+                self.last_sweep = None;
+            }
+        }
+        self.last_now = Some(now);
+        if online {
+            if let Err(e) = self.sync(now) {
+                self.store.rollback();
+                self.store_failed(&e, write);
+                online = false;
+            }
+        }
+        Ok(Section { now, online, write })
+    }
+
+    fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
+        if !self.loaded || self.rebuild {
+            // Rows that count at `now`: t > now - 60 s, or t >= midnight (and any later).
+            let since = now.saturating_sub(MINUTE_MS - 1).min(midnight(now));
+            let rows = self.store.load_usage_since(since)?;
+            self.mirror.reset_usage();
+            for r in &rows {
+                self.mirror.add_usage_row(r, now);
+            }
+            for w in &self.pending {
+                if let Write::Usage(u) = w {
+                    self.mirror.add_usage_row(u, now);
+                }
+            }
+            self.loaded = true;
+            self.rebuild = false;
+        }
+        let changes = self.store.pull()?;
+        self.apply_changes(changes, now);
+        Ok(())
+    }
+
+    fn apply_changes(&mut self, ch: Changes, now: i64) {
+        for r in &ch.usage {
+            self.mirror.add_usage_row(r, now);
+        }
+        if let Some(leases) = &ch.leases {
+            self.mirror.replace_stored_leases(leases, &self.pending_deleted);
+        }
+        let tables_changed =
+            ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
+        if let Some(c) = &ch.cooldowns {
+            self.mirror.replace_cooldowns(c);
+        }
+        if let Some(k) = ch.keys {
+            self.mirror.replace_keys(k);
+        }
+        if let Some(m) = ch.models {
+            self.mirror.replace_models(m);
+        }
+        if let Some(c) = ch.caps {
+            self.mirror.caps = c.into_iter().collect();
+        }
+        if tables_changed && !self.pending.is_empty() {
+            // Our own buffered changes are newer than what the store holds.
+            let pending = std::mem::take(&mut self.pending);
+            for w in pending.iter().filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_))) {
+                self.apply_local(w, 0, now);
+            }
+            self.pending = pending;
+        }
+    }
+
+    /// Ends a section: writes (after anything buffered) and commits. Returns, per
+    /// write, the new id of an insert (a negative local id for a lease taken while
+    /// degraded) or the number of rows a delete removed.
+    fn leave(&mut self, sec: Section, writes: Vec<Write>) -> Result<Vec<i64>> {
+        let now = sec.now;
+        if !sec.write {
+            if sec.online {
+                // Ends the read snapshot.
+                let _ = self.store.commit();
+            }
+            return Ok(Vec::new());
+        }
+        if sec.online {
+            let sweep = match self.last_sweep {
+                Some(t) if now >= t && now - t < MINUTE_MS => None,
+                _ => Some(Write::Sweep {
+                    usage_before: now.saturating_sub(self.settings.retention_ms),
+                    leases_expired_at: now,
+                }),
+            };
+            let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
+                for w in &self.pending {
+                    self.store.write(w)?;
+                }
+                if let Some(s) = &sweep {
+                    self.store.write(s)?;
+                }
+                let mut ids = Vec::with_capacity(writes.len());
+                for w in &writes {
+                    ids.push(self.store.write(w)?);
+                }
+                self.store.commit()?;
+                Ok(ids)
+            })();
+            match result {
+                Ok(ids) => {
+                    if sweep.is_some() {
+                        self.last_sweep = Some(now);
+                    }
+                    let flushed = self.pending.len();
+                    self.pending.clear();
+                    self.pending_deleted.clear();
+                    self.compact_at = COMPACT_MIN;
+                    if self.degraded {
+                        self.degraded = false;
+                        self.logs.push((
+                            log::Level::Info,
+                            format!("database answers again: wrote {flushed} buffered changes"),
+                        ));
+                    }
+                    let mut out = Vec::with_capacity(ids.len());
+                    for (w, id) in writes.iter().zip(ids) {
+                        let local = self.apply_local(w, id, now);
+                        out.push(if matches!(w, Write::InsertLease { .. }) { id } else { local.max(id) });
+                    }
+                    return Ok(out);
+                }
+                Err(e) => {
+                    self.store.rollback();
+                    self.store_failed(&e, true);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(writes.len());
+        for w in writes {
+            let id = if matches!(w, Write::InsertLease { .. }) {
+                let id = self.next_local_lease;
+                self.next_local_lease -= 1;
+                id
+            } else {
+                0
+            };
+            out.push(self.apply_local(&w, id, now).max(id.min(0)));
+            self.buffer(w, now);
+        }
+        Ok(out)
+    }
+
+    /// Applies a write to the mirror. Returns the count of a delete (0 otherwise).
+    fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
+        match w {
+            Write::Usage(u) => self.mirror.add_usage_row(u, now),
+            Write::InsertLease { platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+                let rid = self.mirror.route_id(platform, model_id, *key_id);
+                self.mirror.add_lease(
+                    id,
+                    LeaseRec {
+                        route: rid,
+                        tokens: *tokens,
+                        created_at_ms: *created_at_ms,
+                        expires_at_ms: *expires_at_ms,
+                    },
+                );
+                return id;
+            }
+            Write::DeleteLease(id) => return i64::from(self.mirror.remove_lease(*id).is_some()),
+            Write::UpsertCooldown(c) => {
+                let rid = self.mirror.route_id(&c.platform, &c.model_id, c.key_id);
+                self.mirror.cooldowns.insert(
+                    rid,
+                    CooldownRec { expires_at_ms: c.expires_at_ms, source: c.source, set_at_ms: c.set_at_ms },
+                );
+            }
+            Write::DeleteCooldown { platform, model_id, key_id } => {
+                if let Some(rid) = self.mirror.find_route(platform, model_id, *key_id) {
+                    return i64::from(self.mirror.cooldowns.remove(&rid).is_some());
+                }
+            }
+            Write::DeleteCooldownsForKey(key_id) => {
+                let routes: Vec<RouteId> = self
+                    .mirror
+                    .cooldowns
+                    .keys()
+                    .copied()
+                    .filter(|rid| self.mirror.route(*rid).key_id == *key_id)
+                    .collect();
+                for rid in &routes {
+                    self.mirror.cooldowns.remove(rid);
+                }
+                return routes.len() as i64;
+            }
+            Write::DeleteExpiredCooldowns(t) => {
+                let before = self.mirror.cooldowns.len();
+                self.mirror.cooldowns.retain(|_, c| c.expires_at_ms > *t);
+                return (before - self.mirror.cooldowns.len()) as i64;
+            }
+            Write::UpsertKey(k) => {
+                self.mirror.keys.insert(k.key_id, k.clone());
+            }
+            Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
+            Write::SetCaps(p, c) => {
+                self.mirror.caps.insert(p.clone(), *c);
+            }
+            Write::ResetCaps(p) => {
+                self.mirror.caps.remove(p);
+            }
+            Write::Sweep { .. } | Write::Log(_) => {}
+        }
+        0
+    }
+
+    /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
+    fn buffer(&mut self, w: Write, now: i64) {
+        match w {
+            // A lease taken while degraded lives in this process only.
+            Write::InsertLease { .. } | Write::Sweep { .. } => return,
+            Write::DeleteLease(id) if id < 0 => return,
+            Write::DeleteLease(id) => {
+                self.pending_deleted.insert(id);
+                self.pending.push(w);
+            }
+            w => self.pending.push(w),
+        }
+        if self.pending.len() >= self.compact_at {
+            self.compact_pending(now);
+            self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
+        }
+    }
+
+    /// Merges buffered usage rows that left the minute window into one row per
+    /// (route, kind, UTC minute), keeping their day; memory stays bounded by the
+    /// windows' widths while nothing is lost from the day counts.
+    fn compact_pending(&mut self, now: i64) {
+        let horizon = now.saturating_sub(MINUTE_MS);
+        let mut merged: HashMap<(Arc<str>, Arc<str>, i64, bool, i64), UsageRow> = HashMap::new();
+        let mut kept = Vec::with_capacity(self.pending.len());
+        let mut order = Vec::new();
+        for w in self.pending.drain(..) {
+            match w {
+                Write::Usage(u) if u.created_at_ms <= horizon => {
+                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
+                    let key = (
+                        u.platform.clone(),
+                        u.model_id.clone(),
+                        u.key_id,
+                        u.kind == UsageKind::Request,
+                        minute,
+                    );
+                    let amount = match u.kind {
+                        UsageKind::Request => crate::core::state::row_requests(u.tokens),
+                        UsageKind::Tokens => u.tokens,
+                    };
+                    match merged.get_mut(&key) {
+                        Some(m) => {
+                            m.tokens = m.tokens.saturating_add(amount);
+                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
+                        }
+                        None => {
+                            order.push(key.clone());
+                            merged.insert(key, UsageRow { tokens: amount, ..u });
+                        }
+                    }
+                }
+                w => kept.push(w),
+            }
+        }
+        self.pending = order
+            .into_iter()
+            .filter_map(|k| merged.remove(&k))
+            .map(Write::Usage)
+            .chain(kept)
+            .collect();
+    }
+
+    fn store_failed(&mut self, e: &StoreError, write: bool) {
+        if !write {
+            // A failed read: keep serving from memory; writes decide degraded mode.
+            self.logs.push((log::Level::Debug, format!("database read failed: {e}")));
+            return;
+        }
+        if !self.degraded {
+            self.degraded = true;
+            let msg = format!(
+                "database write failed ({e}); serving from memory and buffering changes until it answers"
+            );
+            self.logs.push((log::Level::Warn, msg.clone()));
+            self.pending.push(Write::Log(LogRow {
+                level: "warn",
+                source: "quotaengine".into(),
+                provider: None,
+                model: None,
+                event: Some("degraded".into()),
+                message: msg,
+                created_at_ms: self.clock.now_ms(),
+            }));
+        }
+    }
+
+    /// Runs `f` on the mirror inside a read section.
+    fn read<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
+        let sec = self.enter(false)?;
+        let out = f(&mut self.mirror, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(out)
+    }
+
+    /// A write section with writes that do not depend on the mirror.
+    fn write(&mut self, writes: Vec<Write>) -> Result<Vec<i64>> {
+        let sec = self.enter(true)?;
+        self.leave(sec, writes)
+    }
+
+    /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
+    fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
+        if self.settings.flush_interval_ms > 0 && !self.store.readonly() {
+            let now = self.clock.now_ms();
+            for w in writes {
+                self.apply_local(&w, 0, now);
+                self.buffer(w, now);
+            }
+            Ok(())
+        } else {
+            self.write(writes).map(|_| ())
+        }
+    }
+
+    /// Writes everything buffered (the flusher thread, `close()`).
+    pub fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() || self.store.readonly() {
+            return Ok(());
+        }
+        self.write(Vec::new()).map(|_| ())
+    }
+
+    /// Flushes and reports whether anything stayed unwritten.
+    pub fn close(&mut self) -> Result<()> {
+        let _ = self.flush();
+        if !self.pending.is_empty() {
+            let n = self.pending.len();
+            self.logs.push((
+                log::Level::Error,
+                format!("closing with {n} changes the database did not accept; they are lost"),
+            ));
+        }
+        Ok(())
+    }
+
+    // ---- configuration -----------------------------------------------------------
+
+    fn platform_env(&mut self, platform: &str) -> (ProviderCaps, Option<i64>) {
+        if let Some(v) = self.platform_env.get(platform) {
+            return *v;
+        }
+        let mut warnings = Vec::new();
+        let caps = self.settings.env.provider_caps(platform, &mut warnings);
+        let conc = self.settings.env.key_concurrency_cap(platform);
+        for w in warnings {
+            self.logs.push((log::Level::Warn, w));
+        }
+        self.platform_env.insert(platform.to_string(), (caps, conc));
+        (caps, conc)
+    }
+
+    /// Effective caps: `set_provider_caps` wins over env, env over defaults.
+    fn caps_for(&mut self, platform: &str) -> ProviderCaps {
+        let (env_caps, _) = self.platform_env(platform);
+        let o = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
+            match s {
+                CapSetting::Inherit => env,
+                CapSetting::NoCap => None,
+                CapSetting::Cap(v) => Some(v),
+            }
+        }
+        ProviderCaps {
+            daily_requests: pick(o.daily_requests, env_caps.daily_requests),
+            minute_requests: pick(o.minute_requests, env_caps.minute_requests),
+            daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
+        }
+    }
+
+    fn limits_for(&self, platform: &str, model_id: &str, given: Option<Limits>) -> Limits {
+        limits_from(&self.mirror, platform, model_id, given)
+    }
+
+    fn gate_context(&mut self, route: &Route, limits: Option<Limits>) -> GateContext {
+        let (_, conc) = self.platform_env(&route.platform);
+        GateContext {
+            limits: self.limits_for(&route.platform, &route.model_id, limits),
+            caps: self.caps_for(&route.platform),
+            concurrency_cap: conc,
+        }
+    }
+
+    pub fn register_key(&mut self, key: KeyInfo) -> Result<()> {
+        check_name("platform", &key.platform)?;
+        self.write(vec![Write::UpsertKey(key)]).map(|_| ())
+    }
+
+    pub fn key(&mut self, key_id: i64) -> Result<Option<KeyInfo>> {
+        self.read(|m, _| m.keys.get(&key_id).cloned())
+    }
+
+    pub fn keys(&mut self) -> Result<Vec<KeyInfo>> {
+        self.read(|m, _| {
+            let mut v: Vec<KeyInfo> = m.keys.values().cloned().collect();
+            v.sort_by_key(|k| k.key_id);
+            v
+        })
+    }
+
+    pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
+        check_name("platform", &model.platform)?;
+        check_name("model_id", &model.model_id)?;
+        let model = ModelInfo { limits: model.limits.validate()?, ..model };
+        self.write(vec![Write::UpsertModel(model)]).map(|_| ())
+    }
+
+    pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
+        self.read(|m, _| m.model(platform, model_id).map(|m| m.limits))
+    }
+
+    pub fn model_info(&mut self, platform: &str, model_id: &str) -> Result<Option<ModelInfo>> {
+        self.read(|m, _| m.model(platform, model_id).cloned())
+    }
+
+    pub fn models(&mut self) -> Result<Vec<ModelInfo>> {
+        self.read(|m, _| m.models().cloned().collect())
+    }
+
+    // ---- usage -------------------------------------------------------------------
+
+    fn usage_row(route: &Route, kind: UsageKind, tokens: i64, t: i64) -> Write {
+        Write::Usage(UsageRow {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(route.model_id.as_str()),
+            key_id: route.key_id,
+            kind,
+            tokens,
+            created_at_ms: t,
+        })
+    }
+
+    pub fn record_request(&mut self, route: &Route) -> Result<()> {
+        let now = self.clock.now_ms();
+        self.write_usage(vec![Self::usage_row(route, UsageKind::Request, 1, now)])
+    }
+
+    pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
+        check_non_negative("tokens", tokens)?;
+        let now = self.clock.now_ms();
+        self.write_usage(vec![Self::usage_row(route, UsageKind::Tokens, tokens, now)])
+    }
+
+    pub fn usage(&mut self, route: &Route, limits: Option<Limits>) -> Result<UsageReport> {
+        let limits = limits.map(Limits::validate).transpose()?;
+        self.read(|m, now| {
+            let rid = m.route_id(&route.platform, &route.model_id, route.key_id);
+            m.prune_route(rid, now);
+            let l = limits_from(m, &route.platform, &route.model_id, limits);
+            let win = &m.route(rid).win;
+            let (minute, day) = (win.minute(), win.day(now));
+            UsageReport {
+                rpm: WindowReport { used: minute.requests, limit: l.rpm },
+                rpd: WindowReport { used: day.requests, limit: l.rpd },
+                tpm: WindowReport { used: minute.tokens, limit: l.tpm },
+                tpd: WindowReport { used: day.tokens, limit: l.tpd },
+                in_flight: m.route_in_flight(rid, now).count,
+            }
+        })
+    }
+
+    /// Live leases of a route.
+    pub fn in_flight(&mut self, route: &Route) -> Result<InFlight> {
+        self.read(|m, now| {
+            let rid = m.route_id(&route.platform, &route.model_id, route.key_id);
+            m.route_in_flight(rid, now)
+        })
+    }
+
+    // ---- gates -------------------------------------------------------------------
+
+    /// All gates of SPEC §4, in order.
+    pub fn check(&mut self, route: &Route, est: i64, limits: Option<Limits>) -> Result<Admission> {
+        check_non_negative("estimated_tokens", est)?;
+        let limits = limits.map(Limits::validate).transpose()?;
+        let sec = self.enter(false)?;
+        let adm = self.decide(route, est, limits, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(adm)
+    }
+
+    fn decide(&mut self, route: &Route, est: i64, limits: Option<Limits>, now: i64) -> Admission {
+        let ctx = self.gate_context(route, limits);
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.mirror.prune_route(rid, now);
+        self.mirror.evaluate(rid, est, &ctx, now)
+    }
+
+    /// One gate; true when it admits. Provider gates need no model (`route.model_id`
+    /// may be empty for them); the token gate uses it to bill the estimate.
+    pub fn gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<Limits>) -> Result<bool> {
+        check_non_negative("estimated_tokens", est)?;
+        let limits = limits.map(Limits::validate).transpose()?;
+        let sec = self.enter(false)?;
+        let now = sec.now;
+        let ctx = self.gate_context(route, limits);
+        let m = &mut self.mirror;
+        let a = m.account_id(&route.platform, route.key_id);
+        m.prune_account_id(a, now);
+        let rid = if route.model_id.is_empty() {
+            None
+        } else {
+            let rid = m.route_id(&route.platform, &route.model_id, route.key_id);
+            m.prune_route(rid, now);
+            Some(rid)
+        };
+        let refused = match (gate, rid) {
+            (Gate::Request, Some(rid)) => m.gate_rpm(rid, &ctx, now).or_else(|| m.gate_rpd(rid, &ctx, now)),
+            (Gate::Tokens, Some(rid)) => {
+                m.gate_tpm(rid, est, &ctx, now).or_else(|| m.gate_tpd(rid, est, &ctx, now))
+            }
+            (Gate::Cooldown, Some(rid)) => m.gate_cooldown(rid, now),
+            (Gate::ProviderDaily, _) => m.gate_provider_daily(a, &ctx, now),
+            (Gate::ProviderMinute, _) => m.gate_provider_minute(a, &ctx, now),
+            (Gate::ProviderTokens, rid) => m.gate_provider_tokens(a, rid, est, &ctx, now),
+            (Gate::KeyConcurrency, _) => m.gate_concurrency(a, &ctx, now),
+            (_, None) => None,
+        };
+        self.leave(sec, Vec::new())?;
+        Ok(refused.is_none())
+    }
+
+    // ---- leases ------------------------------------------------------------------
+
+    fn lease_write(&self, route: &Route, est: i64, now: i64) -> Write {
+        Write::InsertLease {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(route.model_id.as_str()),
+            key_id: route.key_id,
+            tokens: est,
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(self.settings.lease_max_age_ms),
+        }
+    }
+
+    /// Takes a lease without checking any gate.
+    pub fn acquire_lease(&mut self, route: &Route, est: i64) -> Result<i64> {
+        check_non_negative("estimated_tokens", est)?;
+        let sec = self.enter(true)?;
+        let w = self.lease_write(route, est, sec.now);
+        let ids = self.leave(sec, vec![w])?;
+        ids.first().copied().ok_or_else(|| Error::Internal("no lease id".into()))
+    }
+
+    /// SPEC §5: every gate of `check()` and the lease, as one atomic step across
+    /// threads and processes (the store's write lock is held throughout).
+    pub fn lease(&mut self, route: &Route, est: i64, limits: Option<Limits>) -> Result<i64> {
+        check_non_negative("estimated_tokens", est)?;
+        let limits = limits.map(Limits::validate).transpose()?;
+        let sec = self.enter(true)?;
+        let adm = self.decide(route, est, limits, sec.now);
+        if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
+            self.leave(sec, Vec::new())?;
+            return Err(Error::Refused(Box::new(Refusal {
+                reason,
+                retry_at_ms: adm.retry_at_ms,
+                platform: route.platform.clone(),
+                model_id: route.model_id.clone(),
+                key_id: route.key_id,
+            })));
+        }
+        let w = self.lease_write(route, est, sec.now);
+        let ids = self.leave(sec, vec![w])?;
+        ids.first().copied().ok_or_else(|| Error::Internal("no lease id".into()))
+    }
+
+    /// Idempotent.
+    pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
+        if lease_id < 0 {
+            self.mirror.remove_lease(lease_id);
+            return Ok(());
+        }
+        self.write_usage(vec![Write::DeleteLease(lease_id)])
+    }
+
+    /// A lease's success: its request (and tokens, when given) recorded and the lease
+    /// released, in one commit.
+    pub fn finish_lease_success(&mut self, lease_id: i64, route: &Route, tokens: Option<i64>) -> Result<()> {
+        if let Some(t) = tokens {
+            check_non_negative("tokens", t)?;
+        }
+        let now = self.clock.now_ms();
+        let mut writes = vec![Self::usage_row(route, UsageKind::Request, 1, now)];
+        if let Some(t) = tokens {
+            writes.push(Self::usage_row(route, UsageKind::Tokens, t, now));
+        }
+        if lease_id < 0 {
+            self.mirror.remove_lease(lease_id);
+        } else {
+            writes.push(Write::DeleteLease(lease_id));
+        }
+        self.write_usage(writes)
+    }
+
+    // ---- cooldowns ---------------------------------------------------------------
+
+    fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
+        let c = m.active_cooldown(rid, now)?;
+        let r = m.route(rid);
+        Some(Cooldown {
+            route: Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id },
+            expires_at_ms: c.expires_at_ms,
+            source: c.source,
+            set_at_ms: c.set_at_ms,
+        })
+    }
+
+    /// The operator's bench: always overwrites.
+    pub fn set_cooldown(&mut self, route: &Route, duration_ms: i64, source: CooldownSource) -> Result<()> {
+        check_non_negative("duration_ms", duration_ms)?;
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let w = Write::UpsertCooldown(CooldownRow {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(route.model_id.as_str()),
+            key_id: route.key_id,
+            expires_at_ms: now.saturating_add(duration_ms),
+            source,
+            set_at_ms: now,
+        });
+        self.leave(sec, vec![w]).map(|_| ())
+    }
+
+    pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
+        self.read(|m, now| {
+            let rid = m.find_route(&route.platform, &route.model_id, route.key_id)?;
+            Self::cooldown_of(m, rid, now)
+        })
+    }
+
+    /// Active cooldowns, soonest expiry first; `key_ids` filters.
+    pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
+        self.read(|m, now| {
+            let mut v: Vec<Cooldown> = m
+                .cooldowns
+                .keys()
+                .filter_map(|rid| Self::cooldown_of(m, *rid, now))
+                .filter(|c| key_ids.map_or(true, |ks| ks.contains(&c.route.key_id)))
+                .collect();
+            v.sort_by(|a, b| {
+                (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
+                    b.expires_at_ms,
+                    &b.route.platform,
+                    &b.route.model_id,
+                    b.route.key_id,
+                ))
+            });
+            v
+        })
+    }
+
+    pub fn clear_cooldown_early(&mut self, route: &Route) -> Result<bool> {
+        let ids = self.write(vec![Write::DeleteCooldown {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(route.model_id.as_str()),
+            key_id: route.key_id,
+        }])?;
+        Ok(ids.first().copied().unwrap_or(0) > 0)
+    }
+
+    pub fn clear_cooldowns_for_key(&mut self, key_id: i64) -> Result<i64> {
+        let ids = self.write(vec![Write::DeleteCooldownsForKey(key_id)])?;
+        Ok(ids.first().copied().unwrap_or(0))
+    }
+
+    pub fn cleanup_expired_cooldowns(&mut self) -> Result<i64> {
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let ids = self.leave(sec, vec![Write::DeleteExpiredCooldowns(now)])?;
+        Ok(ids.first().copied().unwrap_or(0))
+    }
+
+    // ---- provider pools ----------------------------------------------------------
+
+    pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
+        check_name("platform", platform)?;
+        let sec = self.enter(false)?;
+        let caps = self.caps_for(platform);
+        self.leave(sec, Vec::new())?;
+        Ok(caps)
+    }
+
+    /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
+    pub fn set_provider_caps(
+        &mut self,
+        platform: &str,
+        daily_requests: Option<CapSetting>,
+        minute_requests: Option<CapSetting>,
+        daily_tokens: Option<CapSetting>,
+    ) -> Result<()> {
+        check_name("platform", platform)?;
+        for s in [daily_requests, minute_requests, daily_tokens].into_iter().flatten() {
+            if let CapSetting::Cap(v) = s {
+                check_non_negative("cap", v)?;
+            }
+        }
+        let sec = self.enter(true)?;
+        let old = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        let new = CapOverrides {
+            daily_requests: daily_requests.unwrap_or(old.daily_requests),
+            minute_requests: minute_requests.unwrap_or(old.minute_requests),
+            daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
+        };
+        self.leave(sec, vec![Write::SetCaps(platform.to_string(), new)]).map(|_| ())
+    }
+
+    pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
+        check_name("platform", platform)?;
+        self.write(vec![Write::ResetCaps(platform.to_string())]).map(|_| ())
+    }
+
+    pub fn provider_daily_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
+        self.read(|m, now| m.provider_day_requests(platform, key_id, now))
+    }
+
+    pub fn provider_minute_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
+        self.read(|m, now| {
+            let a = m.account_id(platform, key_id);
+            m.prune_account_id(a, now);
+            m.provider_minute_requests(platform, key_id, now)
+        })
+    }
+
+    pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
+        let sec = self.enter(false)?;
+        let cap = self.caps_for(platform).daily_tokens;
+        let n = self.mirror.provider_day_tokens(platform, key_id, cap, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(n)
+    }
+
+    // ---- analysis ----------------------------------------------------------------
+
+    pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
+        let _ = self.flush();
+        Ok(self.store.usage_events(filter)?)
+    }
+
+    pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
+        check_non_negative("limit", limit)?;
+        let _ = self.flush();
+        Ok(self.store.server_logs(limit)?)
+    }
+
+    /// Writes a `server_logs` row (and hands the record to the host's logger).
+    pub fn log_event(&mut self, level: log::Level, row: LogRow) -> Result<()> {
+        self.logs.push((level, row.message.clone()));
+        if self.store.readonly() {
+            return Ok(());
+        }
+        self.write(vec![Write::Log(row)]).map(|_| ())
+    }
+
+    /// Routes with usage today, a live lease or an active cooldown (for snapshots).
+    pub fn with_mirror<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
+        self.read(|m, now| {
+            m.prune_all(now);
+            f(m, now)
+        })
+    }
+
+    /// Deliberately panics inside the engine (tests prove a panic becomes an exception).
+    pub fn debug_panic(&mut self) -> Result<()> {
+        panic!("debug_panic: a deliberate panic inside the engine")
+    }
+
+    /// Gate reason order, for documentation and tests.
+    pub const REASONS: [Reason; 9] = [
+        Reason::Cooldown,
+        Reason::Rpm,
+        Reason::Rpd,
+        Reason::Tpm,
+        Reason::Tpd,
+        Reason::ProviderDailyRequests,
+        Reason::ProviderMinuteRequests,
+        Reason::ProviderDailyTokens,
+        Reason::KeyConcurrency,
+    ];
+}
+
+/// The limits a call uses: the given ones, else the model's stored row, else unlimited.
+pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<Limits>) -> Limits {
+    given.unwrap_or_else(|| m.model(platform, model_id).map(|m| m.limits).unwrap_or_default())
+}

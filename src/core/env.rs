@@ -1,0 +1,124 @@
+//! Settings read once from the environment mapping given at construction (SPEC §3, §5, §8).
+use crate::core::types::ProviderCaps;
+use std::collections::HashMap;
+
+/// The environment the engine was built with (a copy; never re-read).
+#[derive(Debug, Clone, Default)]
+pub struct Env {
+    vars: HashMap<String, String>,
+}
+
+/// A warning produced while reading the environment (logged by the engine).
+pub type EnvWarning = String;
+
+impl Env {
+    pub fn new(vars: HashMap<String, String>) -> Self {
+        Self { vars }
+    }
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.vars.get(name).map(String::as_str)
+    }
+
+    /// A positive integer from `name`; anything else is absent.
+    fn positive(&self, name: &str) -> Option<i64> {
+        self.get(name).and_then(|v| v.trim().parse::<i64>().ok()).filter(|v| *v > 0)
+    }
+
+    /// SPEC §5: `MAX_CONCURRENT_REQUESTS_PER_KEY_<PLATFORM>` when it holds a positive
+    /// integer, else `MAX_CONCURRENT_REQUESTS_PER_KEY` when it does, else no cap.
+    pub fn key_concurrency_cap(&self, platform: &str) -> Option<i64> {
+        self.positive(&format!("MAX_CONCURRENT_REQUESTS_PER_KEY_{}", env_suffix(platform)))
+            .or_else(|| self.positive("MAX_CONCURRENT_REQUESTS_PER_KEY"))
+    }
+
+    /// SPEC §8: defaults, then env overrides (0 disables; garbage is ignored with a warning).
+    pub fn provider_caps(&self, platform: &str, warnings: &mut Vec<EnvWarning>) -> ProviderCaps {
+        let lower = platform.to_ascii_lowercase();
+        let mut caps = ProviderCaps {
+            daily_requests: match lower.as_str() {
+                "openrouter" => Some(1000),
+                "modelscope" => Some(1800),
+                _ => None,
+            },
+            minute_requests: match lower.as_str() {
+                "nvidia" => Some(40),
+                _ => None,
+            },
+            daily_tokens: match lower.as_str() {
+                "navy" => Some(150_000),
+                _ => None,
+            },
+        };
+        let suffix = env_suffix(platform);
+        for (name, slot) in [
+            ("PROVIDER_DAILY_REQUEST_CAP_", &mut caps.daily_requests),
+            ("PROVIDER_MINUTE_REQUEST_CAP_", &mut caps.minute_requests),
+            ("PROVIDER_DAILY_TOKEN_CAP_", &mut caps.daily_tokens),
+        ] {
+            let var = format!("{name}{suffix}");
+            if let Some(raw) = self.get(&var) {
+                match raw.trim().parse::<i64>() {
+                    Ok(0) => *slot = None,
+                    Ok(v) if v > 0 => *slot = Some(v),
+                    _ => warnings.push(format!(
+                        "ignoring {var}={raw:?}: not a non-negative integer; the default stands"
+                    )),
+                }
+            }
+        }
+        caps
+    }
+
+    /// `COOLDOWN_PROBE_MAX_PER_PASS` (default 3).
+    pub fn probe_max_per_pass(&self) -> usize {
+        self.positive("COOLDOWN_PROBE_MAX_PER_PASS").map_or(3, |v| usize::try_from(v).unwrap_or(3))
+    }
+
+    /// `COOLDOWN_PROBE_DISABLED=1` (also "true"/"yes").
+    pub fn probe_disabled(&self) -> bool {
+        matches!(
+            self.get("COOLDOWN_PROBE_DISABLED").map(|v| v.trim().to_ascii_lowercase()),
+            Some(v) if v == "1" || v == "true" || v == "yes"
+        )
+    }
+}
+
+/// `<PLATFORM>` in variable names: the platform upper-cased.
+pub fn env_suffix(platform: &str) -> String {
+    platform.to_uppercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        Env::new(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    #[test]
+    fn caps_defaults_and_overrides() {
+        let mut w = vec![];
+        assert_eq!(env(&[]).provider_caps("openrouter", &mut w).daily_requests, Some(1000));
+        assert_eq!(env(&[]).provider_caps("nvidia", &mut w).minute_requests, Some(40));
+        assert_eq!(env(&[]).provider_caps("navy", &mut w).daily_tokens, Some(150_000));
+        assert_eq!(env(&[]).provider_caps("groq", &mut w), ProviderCaps::default());
+        let e = env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
+        assert_eq!(e.provider_caps("openrouter", &mut w).daily_requests, None);
+        assert_eq!(e.provider_caps("groq", &mut w).minute_requests, Some(7));
+        assert!(w.is_empty());
+        let e = env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "lots")]);
+        assert_eq!(e.provider_caps("openrouter", &mut w).daily_requests, Some(1000));
+        assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn key_concurrency_prefers_platform_value() {
+        assert_eq!(env(&[]).key_concurrency_cap("groq"), None);
+        let e = env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "2")]);
+        assert_eq!(e.key_concurrency_cap("groq"), Some(2));
+        assert_eq!(e.key_concurrency_cap("nvidia"), Some(4));
+        let e = env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "0")]);
+        assert_eq!(e.key_concurrency_cap("groq"), Some(4));
+    }
+}

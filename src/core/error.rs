@@ -1,0 +1,77 @@
+//! One error type for the core; the binding maps it to Python exceptions in one place.
+use crate::core::types::Reason;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file cannot be used as this engine's database (not SQLite, newer schema,
+    /// another application's tables). Nothing in the file was changed.
+    #[error("{0}")]
+    Incompatible(String),
+    /// A write on an engine opened read-only.
+    #[error("the database was opened read-only")]
+    ReadOnly,
+    /// The database did not answer (locked past the busy timeout, I/O error, disk full...).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+impl From<rusqlite::types::FromSqlError> for StoreError {
+    fn from(e: rusqlite::types::FromSqlError) -> Self {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+/// A refused admission: which gate, when it may open, for which route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: Reason,
+    pub retry_at_ms: Option<i64>,
+    pub platform: String,
+    pub model_id: String,
+    pub key_id: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input: negative tokens, empty platform, unknown source... (Python: ValueError)
+    #[error("{0}")]
+    Invalid(String),
+    /// `lease()` refused (Python: QuotaExceeded).
+    #[error("{}/{}/{}: quota exceeded ({})", .0.platform, .0.model_id, .0.key_id, .0.reason.as_str())]
+    Refused(Box<Refusal>),
+    /// A call after `close()` (Python: EngineClosed).
+    #[error("engine is closed")]
+    Closed,
+    /// The database cannot be used (Python: DatabaseError).
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    /// A caught panic or a broken invariant (Python: QuotaEngineError).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::Invalid(msg.into())
+    }
+    /// Turns a caught panic payload into an ordinary error.
+    pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
+        let msg = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "panic".to_string()
+        };
+        Error::Internal(msg)
+    }
+}

@@ -1,0 +1,557 @@
+//! The engine's in-memory picture of the store: window state per route and per
+//! provider account, live leases, cooldowns, keys, models and caps. Kept current
+//! incrementally from the store's change feed, and the only thing gates read.
+use crate::core::clock::next_midnight;
+use crate::core::store::{CooldownRow, LeaseRow, UsageKind, UsageRow};
+use crate::core::types::{
+    Admission, CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo, ProviderCaps, Reason,
+};
+use crate::core::windows::{Counts, Windows};
+use regex::Regex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
+
+pub type RouteId = u32;
+pub type AccountId = u32;
+
+#[derive(Debug)]
+pub struct RouteState {
+    pub platform: Arc<str>,
+    pub model_id: Arc<str>,
+    pub key_id: i64,
+    account: AccountId,
+    pub win: Windows,
+    leases: Vec<i64>,
+}
+
+#[derive(Debug)]
+struct AccountState {
+    /// Requests of every model of the account (tokens are billed per route).
+    win: Windows,
+    routes: Vec<RouteId>,
+    leases: Vec<i64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRec {
+    pub route: RouteId,
+    pub tokens: i64,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+impl LeaseRec {
+    /// A lease counts until it is `lease_max_age_ms` old (SPEC §5).
+    fn live(&self, now: i64) -> bool {
+        now < self.expires_at_ms
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CooldownRec {
+    pub expires_at_ms: i64,
+    pub source: CooldownSource,
+    pub set_at_ms: i64,
+}
+
+/// Live in-flight totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlight {
+    pub count: i64,
+    pub tokens: i64,
+}
+
+/// What a gate needs besides the window state.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GateContext {
+    pub limits: Limits,
+    pub caps: ProviderCaps,
+    pub concurrency_cap: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+pub struct Mirror {
+    routes: Vec<RouteState>,
+    index: HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, RouteId>>>,
+    accounts: Vec<AccountState>,
+    account_index: HashMap<Arc<str>, HashMap<i64, AccountId>>,
+    leases: HashMap<i64, LeaseRec>,
+    pub cooldowns: HashMap<RouteId, CooldownRec>,
+    pub keys: HashMap<i64, KeyInfo>,
+    models: HashMap<String, HashMap<String, ModelInfo>>,
+    pub caps: HashMap<String, CapOverrides>,
+}
+
+/// Requests a `request` row stands for: its `tokens` column when above 1, else 1.
+pub fn row_requests(tokens: i64) -> i64 {
+    tokens.max(1)
+}
+
+impl Mirror {
+    /// The id of a provider account (platform, key_id), created on first sight.
+    pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
+        if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&key_id)) {
+            return *a;
+        }
+        let p: Arc<str> = self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
+        let a = self.accounts.len() as AccountId;
+        self.accounts.push(AccountState { win: Windows::default(), routes: vec![], leases: vec![] });
+        self.account_index.entry(p).or_default().insert(key_id, a);
+        a
+    }
+
+    /// The account a route belongs to.
+    pub fn account_of_route(&self, rid: RouteId) -> AccountId {
+        self.routes[rid as usize].account
+    }
+
+    /// Prunes an account's own windows and lease list.
+    pub fn prune_account_id(&mut self, a: AccountId, now: i64) {
+        let leases = &self.leases;
+        let acct = &mut self.accounts[a as usize];
+        acct.win.prune(now);
+        acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+    }
+
+    /// The id of a route, created on first sight.
+    pub fn route_id(&mut self, platform: &str, model_id: &str, key_id: i64) -> RouteId {
+        if let Some(id) = self.index.get(platform).and_then(|m| m.get(model_id)).and_then(|k| k.get(&key_id)) {
+            return *id;
+        }
+        let p: Arc<str> = self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
+        let m: Arc<str> = Arc::from(model_id);
+        let account = self.account_id(platform, key_id);
+        let id = self.routes.len() as RouteId;
+        self.routes.push(RouteState {
+            platform: p.clone(),
+            model_id: m.clone(),
+            key_id,
+            account,
+            win: Windows::default(),
+            leases: vec![],
+        });
+        self.accounts[account as usize].routes.push(id);
+        self.index.entry(p).or_default().entry(m).or_default().insert(key_id, id);
+        id
+    }
+
+    pub fn find_route(&self, platform: &str, model_id: &str, key_id: i64) -> Option<RouteId> {
+        self.index.get(platform)?.get(model_id)?.get(&key_id).copied()
+    }
+
+    pub fn route(&self, id: RouteId) -> &RouteState {
+        &self.routes[id as usize]
+    }
+
+    pub fn routes(&self) -> impl Iterator<Item = (RouteId, &RouteState)> {
+        self.routes.iter().enumerate().map(|(i, r)| (i as RouteId, r))
+    }
+
+    fn account_of(&self, platform: &str, key_id: i64) -> Option<AccountId> {
+        self.account_index.get(platform)?.get(&key_id).copied()
+    }
+
+    // ---- usage -------------------------------------------------------------------
+
+    pub fn add_usage(&mut self, rid: RouteId, kind: UsageKind, tokens: i64, t: i64, now: i64) {
+        let (req, tok) = match kind {
+            UsageKind::Request => (row_requests(tokens), 0),
+            UsageKind::Tokens => (0, tokens.max(0)),
+        };
+        let route = &mut self.routes[rid as usize];
+        route.win.add(t, req, tok, now);
+        if req > 0 {
+            self.accounts[route.account as usize].win.add(t, req, 0, now);
+        }
+    }
+
+    pub fn add_usage_row(&mut self, row: &UsageRow, now: i64) {
+        let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
+        self.add_usage(rid, row.kind, row.tokens, row.created_at_ms, now);
+    }
+
+    /// Forgets all window state (before a reload from the store).
+    pub fn reset_usage(&mut self) {
+        for r in &mut self.routes {
+            r.win = Windows::default();
+        }
+        for a in &mut self.accounts {
+            a.win = Windows::default();
+        }
+    }
+
+    /// Drops events that left the windows and leases that expired at `now`.
+    pub fn prune_route(&mut self, rid: RouteId, now: i64) {
+        let leases = &self.leases;
+        let route = &mut self.routes[rid as usize];
+        route.win.prune(now);
+        route.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        let acct = &mut self.accounts[route.account as usize];
+        acct.win.prune(now);
+        acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+    }
+
+    /// Prunes every route; drops expired leases from the lease table.
+    pub fn prune_all(&mut self, now: i64) {
+        for rid in 0..self.routes.len() as RouteId {
+            self.prune_route(rid, now);
+        }
+        self.leases.retain(|_, l| l.live(now));
+    }
+
+    // ---- leases ------------------------------------------------------------------
+
+    pub fn add_lease(&mut self, id: i64, rec: LeaseRec) {
+        let route = &mut self.routes[rec.route as usize];
+        route.leases.push(id);
+        self.accounts[route.account as usize].leases.push(id);
+        self.leases.insert(id, rec);
+    }
+
+    pub fn remove_lease(&mut self, id: i64) -> Option<LeaseRec> {
+        let rec = self.leases.remove(&id)?;
+        let route = &mut self.routes[rec.route as usize];
+        route.leases.retain(|l| *l != id);
+        self.accounts[route.account as usize].leases.retain(|l| *l != id);
+        Some(rec)
+    }
+
+    pub fn lease(&self, id: i64) -> Option<&LeaseRec> {
+        self.leases.get(&id)
+    }
+
+    /// Replaces every stored lease (ids > 0) with `rows`, keeping local ones (ids < 0)
+    /// and skipping those whose deletion is still waiting to be written.
+    pub fn replace_stored_leases(&mut self, rows: &[LeaseRow], pending_deleted: &HashSet<i64>) {
+        let stored: Vec<i64> = self.leases.keys().copied().filter(|id| *id > 0).collect();
+        for id in stored {
+            self.remove_lease(id);
+        }
+        for row in rows {
+            if pending_deleted.contains(&row.id) {
+                continue;
+            }
+            let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
+            self.add_lease(
+                row.id,
+                LeaseRec {
+                    route: rid,
+                    tokens: row.tokens,
+                    created_at_ms: row.created_at_ms,
+                    expires_at_ms: row.expires_at_ms,
+                },
+            );
+        }
+    }
+
+    pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
+        let mut f = InFlight::default();
+        for id in &self.routes[rid as usize].leases {
+            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
+                f.count += 1;
+                f.tokens = f.tokens.saturating_add(l.tokens);
+            }
+        }
+        f
+    }
+
+    /// Live leases on an account, with tokens billed per lease at its own model's rate.
+    fn account_in_flight(&self, a: AccountId, cap: Option<i64>, now: i64) -> InFlight {
+        let acct = &self.accounts[a as usize];
+        let mut f = InFlight::default();
+        for id in &acct.leases {
+            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
+                f.count += 1;
+                if let Some(cap) = cap {
+                    let mult = self.multiplier(l.route, cap);
+                    f.tokens = f.tokens.saturating_add(mult.bill(l.tokens));
+                }
+            }
+        }
+        f
+    }
+
+    /// Number of live leases of the account of `(platform, key_id)`.
+    pub fn key_in_flight(&self, platform: &str, key_id: i64, now: i64) -> i64 {
+        self.account_of(platform, key_id).map_or(0, |a| {
+            self.accounts[a as usize].leases.iter().filter(|id| self.leases.get(id).is_some_and(|l| l.live(now))).count()
+                as i64
+        })
+    }
+
+    pub fn live_lease_count(&self, now: i64) -> usize {
+        self.leases.values().filter(|l| l.live(now)).count()
+    }
+
+    // ---- keys, models, caps, cooldowns ---------------------------------------------
+
+    pub fn model(&self, platform: &str, model_id: &str) -> Option<&ModelInfo> {
+        self.models.get(platform)?.get(model_id)
+    }
+
+    pub fn models(&self) -> impl Iterator<Item = &ModelInfo> {
+        self.models.values().flat_map(|m| m.values())
+    }
+
+    pub fn put_model(&mut self, m: ModelInfo) {
+        self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
+    }
+
+    pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
+        self.models.clear();
+        for m in rows {
+            self.put_model(m);
+        }
+    }
+
+    pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {
+        self.keys = rows.into_iter().map(|k| (k.key_id, k)).collect();
+    }
+
+    pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
+        self.cooldowns.clear();
+        for r in rows {
+            let rid = self.route_id(&r.platform, &r.model_id, r.key_id);
+            self.cooldowns.insert(
+                rid,
+                CooldownRec { expires_at_ms: r.expires_at_ms, source: r.source, set_at_ms: r.set_at_ms },
+            );
+        }
+    }
+
+    pub fn active_cooldown(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
+        self.cooldowns.get(&rid).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    // ---- provider accounts ---------------------------------------------------------
+
+    /// The billing multiplier of a route's model on a platform whose daily token cap is `cap`.
+    pub fn multiplier(&self, rid: RouteId, cap: i64) -> Multiplier {
+        let r = &self.routes[rid as usize];
+        let model = self.model(&r.platform, &r.model_id);
+        if let Some(m) = model.and_then(|m| m.monthly_token_budget.as_deref()).and_then(parse_multiplier) {
+            return m;
+        }
+        match model.and_then(|m| m.limits.tpd) {
+            Some(tpd) if tpd > 0 && tpd < cap => Multiplier { num: cap, den: tpd },
+            _ => Multiplier::ONE,
+        }
+    }
+
+    /// Requests since midnight on the account (all models).
+    pub fn provider_day_requests(&self, platform: &str, key_id: i64, now: i64) -> i64 {
+        self.account_of(platform, key_id).map_or(0, |a| self.accounts[a as usize].win.day(now).requests)
+    }
+
+    pub fn provider_minute_requests(&self, platform: &str, key_id: i64, _now: i64) -> i64 {
+        self.account_of(platform, key_id).map_or(0, |a| self.accounts[a as usize].win.minute().requests)
+    }
+
+    /// Billed tokens since midnight on the account: each model's raw tokens times its
+    /// multiplier, rounded up per model. Without a cap, raw tokens.
+    pub fn provider_day_tokens(&self, platform: &str, key_id: i64, cap: Option<i64>, now: i64) -> i64 {
+        self.account_of(platform, key_id).map_or(0, |a| self.account_day_tokens(a, cap, now))
+    }
+
+    fn account_day_tokens(&self, a: AccountId, cap: Option<i64>, now: i64) -> i64 {
+        let mut total = 0i64;
+        for rid in &self.accounts[a as usize].routes {
+            let raw = self.routes[*rid as usize].win.day(now).tokens;
+            let billed = match cap {
+                Some(cap) => self.multiplier(*rid, cap).bill(raw),
+                None => raw,
+            };
+            total = total.saturating_add(billed);
+        }
+        total
+    }
+
+    pub fn prune_account(&mut self, platform: &str, key_id: i64, now: i64) {
+        if let Some(a) = self.account_of(platform, key_id) {
+            let routes = self.accounts[a as usize].routes.clone();
+            for rid in routes {
+                self.prune_route(rid, now);
+            }
+        }
+    }
+
+    // ---- gates ---------------------------------------------------------------------
+
+    /// Runs the gates of SPEC §4 in order; the first that fails decides. Call
+    /// `prune_account` for the route's account first.
+    pub fn evaluate(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Admission {
+        let gates: [&dyn Fn() -> Option<Admission>; 9] = [
+            &|| self.gate_cooldown(rid, now),
+            &|| self.gate_rpm(rid, ctx, now),
+            &|| self.gate_rpd(rid, ctx, now),
+            &|| self.gate_tpm(rid, est, ctx, now),
+            &|| self.gate_tpd(rid, est, ctx, now),
+            &|| self.gate_provider_daily(self.account_of_route(rid), ctx, now),
+            &|| self.gate_provider_minute(self.account_of_route(rid), ctx, now),
+            &|| self.gate_provider_tokens(self.account_of_route(rid), Some(rid), est, ctx, now),
+            &|| self.gate_concurrency(self.account_of_route(rid), ctx, now),
+        ];
+        gates.iter().find_map(|g| g()).unwrap_or(Admission::ALLOWED)
+    }
+
+    pub fn gate_cooldown(&self, rid: RouteId, now: i64) -> Option<Admission> {
+        self.active_cooldown(rid, now).map(|c| Admission::refused(Reason::Cooldown, Some(c.expires_at_ms)))
+    }
+
+    pub fn gate_rpm(&self, rid: RouteId, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let limit = ctx.limits.rpm?;
+        let win = &self.routes[rid as usize].win;
+        let used = win.minute().requests.saturating_add(self.route_in_flight(rid, now).count);
+        (used >= limit).then(|| {
+            let excess = used.saturating_sub(limit).saturating_add(1);
+            Admission::refused(Reason::Rpm, win.minute_release_time(excess, false))
+        })
+    }
+
+    pub fn gate_rpd(&self, rid: RouteId, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let limit = ctx.limits.rpd?;
+        let used = self.routes[rid as usize].win.day(now).requests.saturating_add(self.route_in_flight(rid, now).count);
+        (used >= limit).then(|| Admission::refused(Reason::Rpd, Some(next_midnight(now))))
+    }
+
+    pub fn gate_tpm(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let limit = ctx.limits.tpm?;
+        let win = &self.routes[rid as usize].win;
+        let total = win.minute().tokens.saturating_add(self.route_in_flight(rid, now).tokens).saturating_add(est);
+        (total > limit).then(|| {
+            Admission::refused(Reason::Tpm, win.minute_release_time(total.saturating_sub(limit), true))
+        })
+    }
+
+    pub fn gate_tpd(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let limit = ctx.limits.tpd?;
+        let total = self.routes[rid as usize]
+            .win
+            .day(now)
+            .tokens
+            .saturating_add(self.route_in_flight(rid, now).tokens)
+            .saturating_add(est);
+        (total > limit).then(|| Admission::refused(Reason::Tpd, Some(next_midnight(now))))
+    }
+
+    pub fn gate_provider_daily(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let cap = ctx.caps.daily_requests?;
+        let used =
+            self.accounts[a as usize].win.day(now).requests.saturating_add(self.account_in_flight(a, None, now).count);
+        (used >= cap).then(|| Admission::refused(Reason::ProviderDailyRequests, Some(next_midnight(now))))
+    }
+
+    pub fn gate_provider_minute(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let cap = ctx.caps.minute_requests?;
+        let win = &self.accounts[a as usize].win;
+        let used = win.minute().requests.saturating_add(self.account_in_flight(a, None, now).count);
+        (used >= cap).then(|| {
+            let excess = used.saturating_sub(cap).saturating_add(1);
+            Admission::refused(Reason::ProviderMinuteRequests, win.minute_release_time(excess, false))
+        })
+    }
+
+    /// `rid` bills the estimate at its model's multiplier (raw without a route).
+    pub fn gate_provider_tokens(
+        &self,
+        a: AccountId,
+        rid: Option<RouteId>,
+        est: i64,
+        ctx: &GateContext,
+        now: i64,
+    ) -> Option<Admission> {
+        let cap = ctx.caps.daily_tokens?;
+        let billed_est = rid.map_or(est, |rid| self.multiplier(rid, cap).bill(est));
+        let total = self
+            .account_day_tokens(a, Some(cap), now)
+            .saturating_add(self.account_in_flight(a, Some(cap), now).tokens)
+            .saturating_add(billed_est);
+        (total > cap).then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_midnight(now))))
+    }
+
+    pub fn gate_concurrency(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
+        let cap = ctx.concurrency_cap?;
+        let n = self.account_in_flight(a, None, now).count;
+        (n >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
+    }
+}
+
+/// A billing multiplier as an exact fraction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Multiplier {
+    pub num: i64,
+    pub den: i64,
+}
+
+impl Multiplier {
+    pub const ONE: Multiplier = Multiplier { num: 1, den: 1 };
+    /// `ceil(tokens * num / den)`, saturating.
+    pub fn bill(self, tokens: i64) -> i64 {
+        if self.den <= 0 || tokens <= 0 {
+            return tokens.max(0);
+        }
+        let n = i128::from(tokens) * i128::from(self.num);
+        let d = i128::from(self.den);
+        let q = (n + d - 1) / d;
+        i64::try_from(q).unwrap_or(i64::MAX)
+    }
+}
+
+/// The `N` of an `Nx` in a budget label such as `"150K/day · 2x"` (decimals allowed).
+pub fn parse_multiplier(label: &str) -> Option<Multiplier> {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    let re = RE.get_or_init(|| Regex::new(r"(?i)(?:^|[^\w.])(\d{1,9})(?:\.(\d{1,6}))?\s*[x×](?:\W|$)").ok());
+    let caps = re.as_ref()?.captures(label)?;
+    let int: i64 = caps.get(1)?.as_str().parse().ok()?;
+    let (frac, den) = match caps.get(2) {
+        Some(f) => (f.as_str().parse::<i64>().ok()?, 10i64.pow(f.as_str().len() as u32)),
+        None => (0, 1),
+    };
+    let num = int.checked_mul(den)?.checked_add(frac)?;
+    (num > 0).then_some(Multiplier { num, den })
+}
+
+/// Counts of one window, re-exported for reports.
+pub type WindowCounts = Counts;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multiplier_from_label() {
+        assert_eq!(parse_multiplier("150K/day · 2x"), Some(Multiplier { num: 2, den: 1 }));
+        assert_eq!(parse_multiplier("1.5x"), Some(Multiplier { num: 15, den: 10 }));
+        assert_eq!(parse_multiplier("150K/day"), None);
+        assert_eq!(parse_multiplier("0x"), None);
+        assert_eq!(Multiplier { num: 15, den: 10 }.bill(3), 5);
+        assert_eq!(Multiplier { num: 2, den: 1 }.bill(i64::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn gates_refuse_at_limit_and_report_retry() {
+        let mut m = Mirror::default();
+        let rid = m.route_id("groq", "llama", 1);
+        let ctx = GateContext { limits: Limits { rpm: Some(2), ..Limits::default() }, ..Default::default() };
+        let t0 = 1_000_000;
+        m.add_usage(rid, UsageKind::Request, 1, t0, t0);
+        assert_eq!(m.evaluate(rid, 0, &ctx, t0), Admission::ALLOWED);
+        m.add_usage(rid, UsageKind::Request, 1, t0 + 10, t0 + 10);
+        let a = m.evaluate(rid, 0, &ctx, t0 + 10);
+        assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
+        m.prune_route(rid, t0 + 60_000);
+        assert!(m.evaluate(rid, 0, &ctx, t0 + 60_000).allowed);
+    }
+
+    #[test]
+    fn leases_count_until_they_expire() {
+        let mut m = Mirror::default();
+        let rid = m.route_id("groq", "llama", 1);
+        let ctx = GateContext { limits: Limits { rpm: Some(1), ..Limits::default() }, ..Default::default() };
+        m.add_lease(7, LeaseRec { route: rid, tokens: 5, created_at_ms: 0, expires_at_ms: 100 });
+        // only the lease blocks: no retry time for a sliding window
+        assert_eq!(m.evaluate(rid, 0, &ctx, 50), Admission::refused(Reason::Rpm, None));
+        m.prune_route(rid, 100);
+        assert!(m.evaluate(rid, 0, &ctx, 100).allowed);
+    }
+}

@@ -1,0 +1,159 @@
+//! Storage behind one trait. The engine keeps the live window state in memory and
+//! talks to a store only through [`Store`]: atomic sections, a feed of what other
+//! processes changed, and typed writes. SQLite is the first backend; a networked one
+//! (Redis) implements the same trait.
+pub mod schema;
+pub mod sqlite;
+
+use crate::core::error::StoreError;
+use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
+use std::sync::Arc;
+
+pub type StoreResult<T> = std::result::Result<T, StoreError>;
+
+/// `rate_limit_usage.kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageKind {
+    Request,
+    Tokens,
+}
+
+impl UsageKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageKind::Request => "request",
+            UsageKind::Tokens => "tokens",
+        }
+    }
+}
+
+/// One row of `rate_limit_usage`. For a `request` row `tokens` is the number of
+/// requests it stands for (1, or more for rows merged while degraded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRow {
+    pub platform: Arc<str>,
+    pub model_id: Arc<str>,
+    pub key_id: i64,
+    pub kind: UsageKind,
+    pub tokens: i64,
+    pub created_at_ms: i64,
+}
+
+/// One live lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub id: i64,
+    pub platform: Arc<str>,
+    pub model_id: Arc<str>,
+    pub key_id: i64,
+    pub tokens: i64,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CooldownRow {
+    pub platform: Arc<str>,
+    pub model_id: Arc<str>,
+    pub key_id: i64,
+    pub expires_at_ms: i64,
+    pub source: CooldownSource,
+    pub set_at_ms: i64,
+}
+
+/// A `server_logs` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRow {
+    pub level: &'static str,
+    pub source: String,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub event: Option<String>,
+    pub message: String,
+    pub created_at_ms: i64,
+}
+
+/// What other writers changed since the previous pull. `None` means "unchanged".
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// New usage rows written by others, in commit order.
+    pub usage: Vec<UsageRow>,
+    /// The whole set of stored leases, when it may have changed.
+    pub leases: Option<Vec<LeaseRow>>,
+    pub cooldowns: Option<Vec<CooldownRow>>,
+    pub keys: Option<Vec<KeyInfo>>,
+    pub models: Option<Vec<ModelInfo>>,
+    pub caps: Option<Vec<(String, CapOverrides)>>,
+}
+
+/// One change to persisted state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Usage(UsageRow),
+    /// Returns the new lease id.
+    InsertLease {
+        platform: Arc<str>,
+        model_id: Arc<str>,
+        key_id: i64,
+        tokens: i64,
+        created_at_ms: i64,
+        expires_at_ms: i64,
+    },
+    DeleteLease(i64),
+    UpsertCooldown(CooldownRow),
+    DeleteCooldown { platform: Arc<str>, model_id: Arc<str>, key_id: i64 },
+    /// Returns the number of rows deleted.
+    DeleteCooldownsForKey(i64),
+    /// Deletes cooldowns with `expires_at_ms <= now`; returns the count.
+    DeleteExpiredCooldowns(i64),
+    UpsertKey(KeyInfo),
+    UpsertModel(ModelInfo),
+    SetCaps(String, CapOverrides),
+    ResetCaps(String),
+    /// Retention: usage older than `usage_before`, leases expired at `leases_expired_at`.
+    Sweep { usage_before: i64, leases_expired_at: i64 },
+    Log(LogRow),
+}
+
+/// Filter of `usage_events`.
+#[derive(Debug, Clone, Default)]
+pub struct UsageFilter {
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    pub platform: Option<String>,
+    pub model_id: Option<String>,
+    pub key_id: Option<i64>,
+}
+
+/// A storage backend.
+///
+/// Protocol: `begin(write)` opens an atomic section (with `write`, the exclusive
+/// cross-process write lock, waited for up to the busy timeout); inside it `pull`
+/// returns what others changed since the previous pull and `write` applies changes;
+/// `commit` makes them durable and visible to every other process. The engine reads
+/// the clock only after `begin`, so a writer that waited for the lock sees every row
+/// stamped before its own.
+pub trait Store: Send {
+    /// Opened read-only: every `write` fails with [`StoreError::ReadOnly`].
+    fn readonly(&self) -> bool;
+    /// Outside a section: true when another writer may have changed something since
+    /// the previous pull (cheap; used to skip a read section).
+    fn changed(&mut self) -> StoreResult<bool>;
+    fn begin(&mut self, write: bool) -> StoreResult<()>;
+    fn commit(&mut self) -> StoreResult<()>;
+    /// Abandons the section; never fails.
+    fn rollback(&mut self);
+    /// Inside a section: what others changed since the previous pull.
+    fn pull(&mut self) -> StoreResult<Changes>;
+    /// Inside a section: all usage rows with `created_at_ms >= since_ms`, and resets
+    /// the usage feed to follow on from them (start-up, or after the clock stepped back).
+    fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>>;
+    /// Inside a write section: applies one change. Returns the new row id for inserts,
+    /// the number of affected rows for deletes, 0 otherwise.
+    fn write(&mut self, w: &Write) -> StoreResult<i64>;
+    /// Waits at most this long for another process's lock (0: fail at once).
+    fn set_busy_timeout(&mut self, ms: i64);
+    /// Analysis reads (no section needed).
+    fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>>;
+    fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>>;
+}

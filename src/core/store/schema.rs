@@ -1,0 +1,112 @@
+//! The SQLite schema, versioned by `PRAGMA user_version` (SPEC §10).
+//!
+//! `rate_limit_usage`, `rate_limit_cooldowns` and `server_logs` keep the seed's names
+//! and columns so that plain `sqlite3` and pandas can read them. `quotaengine_meta`
+//! holds one version counter per small table, bumped by triggers, so that a change
+//! made by any connection (another engine, or a plain `sqlite3` session) is noticed
+//! without re-reading the tables.
+
+/// `MIGRATIONS[i]` takes a database from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE rate_limit_usage (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    platform      TEXT    NOT NULL,
+    model_id      TEXT    NOT NULL,
+    key_id        INTEGER NOT NULL,
+    kind          TEXT    NOT NULL CHECK (kind IN ('request', 'tokens')),
+    tokens        INTEGER NOT NULL DEFAULT 1,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE INDEX idx_rate_limit_usage_time ON rate_limit_usage (created_at_ms);
+
+CREATE TABLE rate_limit_cooldowns (
+    platform      TEXT    NOT NULL,
+    model_id      TEXT    NOT NULL,
+    key_id        INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    source        TEXT    NOT NULL CHECK (source IN ('heuristic', 'authoritative', 'credit', 'tier')),
+    set_at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (platform, model_id, key_id)
+);
+
+CREATE TABLE server_logs (
+    id            INTEGER PRIMARY KEY,
+    level         TEXT,
+    source        TEXT,
+    provider      TEXT,
+    model         TEXT,
+    event         TEXT,
+    request_id    TEXT,
+    message       TEXT,
+    created_at_ms INTEGER
+);
+CREATE INDEX idx_server_logs_time ON server_logs (created_at_ms);
+
+CREATE TABLE quota_leases (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    platform      TEXT    NOT NULL,
+    model_id      TEXT    NOT NULL,
+    key_id        INTEGER NOT NULL,
+    tokens        INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL
+);
+CREATE INDEX idx_quota_leases_expiry ON quota_leases (expires_at_ms);
+
+CREATE TABLE api_keys (
+    key_id   INTEGER PRIMARY KEY,
+    platform TEXT    NOT NULL,
+    base_url TEXT,
+    label    TEXT,
+    enabled  INTEGER NOT NULL DEFAULT 1
+);
+
+CREATE TABLE models (
+    platform             TEXT NOT NULL,
+    model_id             TEXT NOT NULL,
+    rpm_limit            INTEGER,
+    rpd_limit            INTEGER,
+    tpm_limit            INTEGER,
+    tpd_limit            INTEGER,
+    monthly_token_budget TEXT,
+    PRIMARY KEY (platform, model_id)
+);
+
+-- NULL: not set (env and defaults apply); -1: no cap; >= 0: the cap.
+CREATE TABLE provider_caps (
+    platform        TEXT PRIMARY KEY,
+    daily_requests  INTEGER,
+    minute_requests INTEGER,
+    daily_tokens    INTEGER
+);
+
+CREATE TABLE quotaengine_meta (
+    name    TEXT PRIMARY KEY,
+    version INTEGER NOT NULL
+);
+INSERT INTO quotaengine_meta (name, version) VALUES
+    ('rate_limit_cooldowns', 0), ('api_keys', 0), ('models', 0), ('provider_caps', 0);
+"#];
+
+/// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
+pub const VERSIONED_TABLES: [&str; 4] = ["rate_limit_cooldowns", "api_keys", "models", "provider_caps"];
+
+/// Triggers are (re)created after every migration, so that later versions can add
+/// tables to [`VERSIONED_TABLES`].
+pub fn triggers_sql() -> String {
+    let mut sql = String::new();
+    for t in VERSIONED_TABLES {
+        for op in ["INSERT", "UPDATE", "DELETE"] {
+            sql.push_str(&format!(
+                "CREATE TRIGGER IF NOT EXISTS qe_bump_{t}_{op} AFTER {op} ON {t} BEGIN \
+                 UPDATE quotaengine_meta SET version = version + 1 WHERE name = '{t}'; END;\n"
+            ));
+        }
+    }
+    sql
+}
+
+/// The newest schema version this engine knows.
+pub fn current_version() -> i64 {
+    MIGRATIONS.len() as i64
+}

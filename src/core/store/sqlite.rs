@@ -1,0 +1,575 @@
+//! The SQLite backend: one connection per engine, WAL mode, the system's SQLite.
+use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
+use super::{
+    Changes, CooldownRow, LeaseRow, LogRow, Store, StoreResult, UsageFilter, UsageKind, UsageRow,
+    Write,
+};
+use crate::core::error::StoreError;
+use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct SqliteStore {
+    conn: Connection,
+    readonly: bool,
+    in_section: bool,
+    /// `PRAGMA data_version` at the previous pull; `None` before the first.
+    data_version: Option<i64>,
+    /// Highest `rate_limit_usage.id` delivered (or written by us); `None` before the first load.
+    usage_cursor: Option<i64>,
+    /// `usage_cursor` as of the last pull or commit (rows the engine has applied),
+    /// restored by a rollback so that our abandoned inserts' ids are read again.
+    cursor_at_begin: Option<i64>,
+    versions: [i64; VERSIONED_TABLES.len()],
+}
+
+fn incompatible(path: &str, why: impl std::fmt::Display) -> StoreError {
+    StoreError::Incompatible(format!("cannot open {path:?} as a quotaengine database: {why}"))
+}
+
+/// The version of the SQLite library this process links (the system one, shared with
+/// Python's `sqlite3`).
+pub fn sqlite_version() -> &'static str {
+    rusqlite::version()
+}
+
+impl SqliteStore {
+    /// Opens (creating unless `readonly`) and migrates a database. A file that is not
+    /// SQLite, holds another application's tables, or has a newer schema is refused
+    /// before anything is written to it.
+    pub fn open(path: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
+        let memory = path == ":memory:";
+        let flags = if readonly {
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI
+        } else {
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI
+        };
+        if readonly && !memory && !std::path::Path::new(path).exists() {
+            return Err(incompatible(path, "no such file"));
+        }
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| incompatible(path, e))?;
+        conn.busy_timeout(Duration::from_millis(busy_timeout_ms.max(0) as u64))
+            .map_err(|e| incompatible(path, e))?;
+        // Reading the header fails on a file that is not a database; nothing is written yet.
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| incompatible(path, e))?;
+        if version > current_version() {
+            return Err(incompatible(
+                path,
+                format!("schema version {version} is newer than this engine's ({})", current_version()),
+            ));
+        }
+        let tables: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(|e| incompatible(path, e))?;
+        if version == 0 && !tables.is_empty() {
+            return Err(incompatible(path, "it holds another application's tables"));
+        }
+        if version > 0 && !tables.iter().any(|t| t == "quotaengine_meta") {
+            return Err(incompatible(path, "it is not a quotaengine database"));
+        }
+        if readonly && version == 0 {
+            return Err(incompatible(path, "the database is empty"));
+        }
+        if !readonly {
+            // SPEC §10: WAL. Set only now: switching journal mode writes the file header.
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                .map_err(|e| incompatible(path, e))?;
+            if !memory && !mode.eq_ignore_ascii_case("wal") {
+                return Err(incompatible(path, format!("cannot use WAL mode (got {mode})")));
+            }
+        }
+        // NORMAL in WAL mode: a commit survives a crash of the process (not of the OS).
+        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;")
+            .map_err(|e| incompatible(path, e))?;
+        let mut store = Self {
+            conn,
+            readonly,
+            in_section: false,
+            data_version: None,
+            usage_cursor: None,
+            cursor_at_begin: None,
+            versions: [-1; VERSIONED_TABLES.len()],
+        };
+        if !readonly {
+            store.migrate().map_err(|e| incompatible(path, e))?;
+        }
+        Ok(store)
+    }
+
+    fn migrate(&mut self) -> rusqlite::Result<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let result = (|| {
+            // Re-read inside the lock: another process may have migrated meanwhile.
+            let version: i64 = self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            for (i, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+                self.conn.execute_batch(sql)?;
+                self.conn.execute_batch(&format!("PRAGMA user_version = {}", i + 1))?;
+            }
+            self.conn.execute_batch(&triggers_sql())
+        })();
+        match result {
+            Ok(()) => self.conn.execute_batch("COMMIT"),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    fn data_version(&self) -> rusqlite::Result<i64> {
+        self.conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))
+    }
+
+    fn read_usage(&self, sql: &str, arg: i64) -> rusqlite::Result<(Vec<UsageRow>, i64)> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([arg])?;
+        let mut out = Vec::new();
+        let mut max_id = 0;
+        let mut names = Interner::default();
+        while let Some(r) = rows.next()? {
+            let id: i64 = r.get(0)?;
+            max_id = max_id.max(id);
+            let kind: String = r.get(4)?;
+            out.push(UsageRow {
+                platform: names.get(r.get_ref(1)?.as_str()?),
+                model_id: names.get(r.get_ref(2)?.as_str()?),
+                key_id: r.get(3)?,
+                kind: if kind == "request" { UsageKind::Request } else { UsageKind::Tokens },
+                tokens: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                created_at_ms: r.get(6)?,
+            });
+        }
+        Ok((out, max_id))
+    }
+
+    fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms FROM quota_leases",
+        )?;
+        let mut names = Interner::default();
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(LeaseRow {
+                id: r.get(0)?,
+                platform: names.get(r.get_ref(1)?.as_str()?),
+                model_id: names.get(r.get_ref(2)?.as_str()?),
+                key_id: r.get(3)?,
+                tokens: r.get(4)?,
+                created_at_ms: r.get(5)?,
+                expires_at_ms: r.get(6)?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn read_cooldowns(&self) -> rusqlite::Result<Vec<CooldownRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, model_id, key_id, expires_at_ms, source, set_at_ms FROM rate_limit_cooldowns",
+        )?;
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let source: String = r.get(4)?;
+            out.push(CooldownRow {
+                platform: Arc::from(r.get_ref(0)?.as_str()?),
+                model_id: Arc::from(r.get_ref(1)?.as_str()?),
+                key_id: r.get(2)?,
+                expires_at_ms: r.get(3)?,
+                source: source.parse().unwrap_or(CooldownSource::Heuristic),
+                set_at_ms: r.get(5)?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn read_keys(&self) -> rusqlite::Result<Vec<KeyInfo>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key_id, platform, base_url, label, enabled FROM api_keys")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(KeyInfo {
+                key_id: r.get(0)?,
+                platform: r.get(1)?,
+                base_url: r.get(2)?,
+                label: r.get(3)?,
+                enabled: r.get::<_, Option<i64>>(4)?.unwrap_or(1) != 0,
+            })
+        })?;
+        rows.collect()
+    }
+
+    fn read_models(&self) -> rusqlite::Result<Vec<ModelInfo>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget FROM models",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(ModelInfo {
+                platform: r.get(0)?,
+                model_id: r.get(1)?,
+                limits: Limits { rpm: r.get(2)?, rpd: r.get(3)?, tpm: r.get(4)?, tpd: r.get(5)? },
+                monthly_token_budget: r.get(6)?,
+            })
+        })?;
+        rows.collect()
+    }
+
+    fn read_caps(&self) -> rusqlite::Result<Vec<(String, CapOverrides)>> {
+        fn setting(v: Option<i64>) -> CapSetting {
+            match v {
+                None => CapSetting::Inherit,
+                Some(v) if v < 0 => CapSetting::NoCap,
+                Some(v) => CapSetting::Cap(v),
+            }
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, daily_requests, minute_requests, daily_tokens FROM provider_caps",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                CapOverrides {
+                    daily_requests: setting(r.get(1)?),
+                    minute_requests: setting(r.get(2)?),
+                    daily_tokens: setting(r.get(3)?),
+                },
+            ))
+        })?;
+        rows.collect()
+    }
+
+    fn pull_inner(&mut self) -> rusqlite::Result<Changes> {
+        let dv = self.data_version()?;
+        let mut changes = Changes::default();
+        if self.data_version == Some(dv) {
+            return Ok(changes);
+        }
+        if let Some(cursor) = self.usage_cursor {
+            let (rows, max_id) = self.read_usage(
+                "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms \
+                 FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
+                cursor,
+            )?;
+            self.usage_cursor = Some(cursor.max(max_id));
+            self.cursor_at_begin = self.usage_cursor;
+            changes.usage = rows;
+        }
+        changes.leases = Some(self.read_leases()?);
+        let mut versions = self.versions;
+        {
+            let mut stmt = self.conn.prepare_cached("SELECT name, version FROM quotaengine_meta")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let name = r.get_ref(0)?.as_str()?;
+                if let Some(i) = VERSIONED_TABLES.iter().position(|t| *t == name) {
+                    versions[i] = r.get(1)?;
+                }
+            }
+        }
+        if versions[0] != self.versions[0] {
+            changes.cooldowns = Some(self.read_cooldowns()?);
+        }
+        if versions[1] != self.versions[1] {
+            changes.keys = Some(self.read_keys()?);
+        }
+        if versions[2] != self.versions[2] {
+            changes.models = Some(self.read_models()?);
+        }
+        if versions[3] != self.versions[3] {
+            changes.caps = Some(self.read_caps()?);
+        }
+        self.versions = versions;
+        self.data_version = Some(dv);
+        Ok(changes)
+    }
+
+    fn write_inner(&mut self, w: &Write) -> rusqlite::Result<i64> {
+        let c = &self.conn;
+        Ok(match w {
+            Write::Usage(u) => {
+                c.prepare_cached(
+                    "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![&*u.platform, &*u.model_id, u.key_id, u.kind.as_str(), u.tokens, u.created_at_ms])?;
+                let id = c.last_insert_rowid();
+                if let Some(cur) = self.usage_cursor.as_mut() {
+                    *cur = (*cur).max(id);
+                }
+                id
+            }
+            Write::InsertLease { platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+                c.prepare_cached(
+                    "INSERT INTO quota_leases (platform, model_id, key_id, tokens, created_at_ms, expires_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![&**platform, &**model_id, key_id, tokens, created_at_ms, expires_at_ms])?;
+                c.last_insert_rowid()
+            }
+            Write::DeleteLease(id) => {
+                c.prepare_cached("DELETE FROM quota_leases WHERE id = ?1")?.execute([id])? as i64
+            }
+            Write::UpsertCooldown(cd) => {
+                c.prepare_cached(
+                    "INSERT INTO rate_limit_cooldowns (platform, model_id, key_id, expires_at_ms, source, set_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (platform, model_id, key_id) DO UPDATE SET \
+                     expires_at_ms = excluded.expires_at_ms, source = excluded.source, set_at_ms = excluded.set_at_ms",
+                )?
+                .execute(params![
+                    &*cd.platform,
+                    &*cd.model_id,
+                    cd.key_id,
+                    cd.expires_at_ms,
+                    cd.source.as_str(),
+                    cd.set_at_ms
+                ])?;
+                0
+            }
+            Write::DeleteCooldown { platform, model_id, key_id } => c
+                .prepare_cached(
+                    "DELETE FROM rate_limit_cooldowns WHERE platform = ?1 AND model_id = ?2 AND key_id = ?3",
+                )?
+                .execute(params![&**platform, &**model_id, key_id])? as i64,
+            Write::DeleteCooldownsForKey(key_id) => c
+                .prepare_cached("DELETE FROM rate_limit_cooldowns WHERE key_id = ?1")?
+                .execute([key_id])? as i64,
+            Write::DeleteExpiredCooldowns(now) => c
+                .prepare_cached("DELETE FROM rate_limit_cooldowns WHERE expires_at_ms <= ?1")?
+                .execute([now])? as i64,
+            Write::UpsertKey(k) => {
+                c.prepare_cached(
+                    "INSERT INTO api_keys (key_id, platform, base_url, label, enabled) VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (key_id) DO UPDATE SET platform = excluded.platform, base_url = excluded.base_url, \
+                     label = excluded.label, enabled = excluded.enabled",
+                )?
+                .execute(params![k.key_id, k.platform, k.base_url, k.label, k.enabled as i64])?;
+                0
+            }
+            Write::UpsertModel(m) => {
+                c.prepare_cached(
+                    "INSERT INTO models (platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (platform, model_id) DO UPDATE SET \
+                     rpm_limit = excluded.rpm_limit, rpd_limit = excluded.rpd_limit, tpm_limit = excluded.tpm_limit, \
+                     tpd_limit = excluded.tpd_limit, monthly_token_budget = excluded.monthly_token_budget",
+                )?
+                .execute(params![
+                    m.platform,
+                    m.model_id,
+                    m.limits.rpm,
+                    m.limits.rpd,
+                    m.limits.tpm,
+                    m.limits.tpd,
+                    m.monthly_token_budget
+                ])?;
+                0
+            }
+            Write::SetCaps(platform, caps) => {
+                fn col(s: CapSetting) -> Option<i64> {
+                    match s {
+                        CapSetting::Inherit => None,
+                        CapSetting::NoCap => Some(-1),
+                        CapSetting::Cap(v) => Some(v),
+                    }
+                }
+                c.prepare_cached(
+                    "INSERT INTO provider_caps (platform, daily_requests, minute_requests, daily_tokens) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (platform) DO UPDATE SET daily_requests = excluded.daily_requests, \
+                     minute_requests = excluded.minute_requests, daily_tokens = excluded.daily_tokens",
+                )?
+                .execute(params![
+                    platform,
+                    col(caps.daily_requests),
+                    col(caps.minute_requests),
+                    col(caps.daily_tokens)
+                ])?;
+                0
+            }
+            Write::ResetCaps(platform) => {
+                c.prepare_cached("DELETE FROM provider_caps WHERE platform = ?1")?.execute([platform])? as i64
+            }
+            Write::Sweep { usage_before, leases_expired_at } => {
+                let n = c
+                    .prepare_cached("DELETE FROM rate_limit_usage WHERE created_at_ms < ?1")?
+                    .execute([usage_before])?;
+                c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms <= ?1")?
+                    .execute([leases_expired_at])?;
+                n as i64
+            }
+            Write::Log(l) => {
+                c.prepare_cached(
+                    "INSERT INTO server_logs (level, source, provider, model, event, request_id, message, created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7)",
+                )?
+                .execute(params![l.level, l.source, l.provider, l.model, l.event, l.message, l.created_at_ms])?;
+                c.last_insert_rowid()
+            }
+        })
+    }
+}
+
+/// Shares one allocation per distinct name within a batch of rows.
+#[derive(Default)]
+struct Interner(Vec<Arc<str>>);
+
+impl Interner {
+    fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.0.iter().rev().take(8).find(|a| &***a == s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.0.push(a.clone());
+        a
+    }
+}
+
+impl Store for SqliteStore {
+    fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    fn changed(&mut self) -> StoreResult<bool> {
+        match self.data_version {
+            None => Ok(true),
+            Some(seen) => Ok(self.data_version()? != seen),
+        }
+    }
+
+    fn begin(&mut self, write: bool) -> StoreResult<()> {
+        if write && self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        if self.in_section {
+            self.rollback();
+        }
+        let sql = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
+        self.conn.prepare_cached(sql)?.execute([])?;
+        self.in_section = true;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> StoreResult<()> {
+        if !self.in_section {
+            return Ok(());
+        }
+        match self.conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([])) {
+            Ok(_) => {
+                self.in_section = false;
+                self.cursor_at_begin = self.usage_cursor;
+                Ok(())
+            }
+            Err(e) => {
+                self.rollback();
+                Err(e.into())
+            }
+        }
+    }
+
+    fn rollback(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        self.in_section = false;
+        self.usage_cursor = self.cursor_at_begin;
+        // What we delivered may include rows of the abandoned section: re-read on next pull.
+        self.data_version = None;
+        self.versions = [-1; VERSIONED_TABLES.len()];
+    }
+
+    fn pull(&mut self) -> StoreResult<Changes> {
+        Ok(self.pull_inner()?)
+    }
+
+    fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>> {
+        let (rows, _) = self.read_usage(
+            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms \
+             FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY created_at_ms",
+            since_ms,
+        )?;
+        let max_id: i64 =
+            self.conn.query_row("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage", [], |r| r.get(0))?;
+        self.usage_cursor = Some(max_id);
+        self.cursor_at_begin = self.usage_cursor;
+        Ok(rows)
+    }
+
+    fn write(&mut self, w: &Write) -> StoreResult<i64> {
+        if self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        Ok(self.write_inner(w)?)
+    }
+
+    fn set_busy_timeout(&mut self, ms: i64) {
+        let _ = self.conn.busy_timeout(Duration::from_millis(ms.max(0) as u64));
+    }
+
+    fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
+             WHERE created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
+             AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",
+        )?;
+        let mut rows = stmt.query(params![
+            f.since_ms.unwrap_or(i64::MIN),
+            f.until_ms.unwrap_or(i64::MAX),
+            f.platform,
+            f.model_id,
+            f.key_id
+        ])?;
+        let mut out = Vec::new();
+        let mut names = Interner::default();
+        while let Some(r) = rows.next()? {
+            let kind: String = r.get(4)?;
+            out.push(UsageRow {
+                platform: names.get(r.get_ref(1)?.as_str()?),
+                model_id: names.get(r.get_ref(2)?.as_str()?),
+                key_id: r.get(3)?,
+                kind: if kind == "request" { UsageKind::Request } else { UsageKind::Tokens },
+                tokens: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                created_at_ms: r.get(6)?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, level, source, provider, model, event, request_id, message, created_at_ms \
+             FROM server_logs ORDER BY created_at_ms DESC, id DESC LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([limit], |r| {
+            let level: Option<String> = r.get(1)?;
+            Ok((
+                r.get::<_, i64>(0)?,
+                LogRow {
+                    level: match level.as_deref() {
+                        Some("error") => "error",
+                        Some("warn") | Some("warning") => "warn",
+                        _ => "info",
+                    },
+                    source: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
+                    provider: r.get(3)?,
+                    model: r.get(4)?,
+                    event: r.get(5)?,
+                    message: r.get::<_, Option<String>>(7)?.unwrap_or_default(),
+                    created_at_ms: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
+                },
+                r.get::<_, Option<String>>(6)?,
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+}
+
+/// Reads `PRAGMA user_version` of a file without changing it (tests, CLI).
+pub fn user_version(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0)).optional()
+}

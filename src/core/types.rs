@@ -1,0 +1,203 @@
+//! Domain values shared by the core: routes, limits, admissions, cooldown sources.
+use crate::core::error::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// One (platform, model_id, key_id): the unit every window and cooldown is kept for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub platform: String,
+    pub model_id: String,
+    pub key_id: i64,
+}
+
+impl Route {
+    /// Validates and builds a route: platform and model_id must be non-empty.
+    pub fn new(platform: impl Into<String>, model_id: impl Into<String>, key_id: i64) -> Result<Self> {
+        let (platform, model_id) = (platform.into(), model_id.into());
+        check_name("platform", &platform)?;
+        check_name("model_id", &model_id)?;
+        Ok(Self { platform, model_id, key_id })
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.platform, self.model_id, self.key_id)
+    }
+}
+
+/// Rejects an empty name (SPEC §13).
+pub fn check_name(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid(format!("{what} must be a non-empty string")));
+    }
+    Ok(())
+}
+
+/// Rejects a negative amount (tokens, durations, limits).
+pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
+    if value < 0 {
+        return Err(Error::invalid(format!("{what} must be >= 0, got {value}")));
+    }
+    Ok(value)
+}
+
+/// A model's window limits; `None` is unlimited / unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Limits {
+    pub rpm: Option<i64>,
+    pub rpd: Option<i64>,
+    pub tpm: Option<i64>,
+    pub tpd: Option<i64>,
+}
+
+impl Limits {
+    pub fn validate(self) -> Result<Self> {
+        for (name, v) in [("rpm", self.rpm), ("rpd", self.rpd), ("tpm", self.tpm), ("tpd", self.tpd)] {
+            if let Some(v) = v {
+                check_non_negative(name, v)?;
+            }
+        }
+        Ok(self)
+    }
+    pub fn is_unlimited(&self) -> bool {
+        self.rpm.is_none() && self.rpd.is_none() && self.tpm.is_none() && self.tpd.is_none()
+    }
+}
+
+/// The gates of `check()`, in the order they are tried (SPEC §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Cooldown,
+    Rpm,
+    Rpd,
+    Tpm,
+    Tpd,
+    ProviderDailyRequests,
+    ProviderMinuteRequests,
+    ProviderDailyTokens,
+    KeyConcurrency,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Cooldown => "cooldown",
+            Reason::Rpm => "rpm",
+            Reason::Rpd => "rpd",
+            Reason::Tpm => "tpm",
+            Reason::Tpd => "tpd",
+            Reason::ProviderDailyRequests => "provider_daily_requests",
+            Reason::ProviderMinuteRequests => "provider_minute_requests",
+            Reason::ProviderDailyTokens => "provider_daily_tokens",
+            Reason::KeyConcurrency => "key_concurrency",
+        }
+    }
+}
+
+/// The answer of `check()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub allowed: bool,
+    pub reason: Option<Reason>,
+    pub retry_at_ms: Option<i64>,
+}
+
+impl Admission {
+    pub const ALLOWED: Admission = Admission { allowed: true, reason: None, retry_at_ms: None };
+    pub fn refused(reason: Reason, retry_at_ms: Option<i64>) -> Self {
+        Admission { allowed: false, reason: Some(reason), retry_at_ms }
+    }
+}
+
+/// Who decided a cooldown's expiry (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CooldownSource {
+    Heuristic,
+    Authoritative,
+    Credit,
+    Tier,
+}
+
+impl CooldownSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CooldownSource::Heuristic => "heuristic",
+            CooldownSource::Authoritative => "authoritative",
+            CooldownSource::Credit => "credit",
+            CooldownSource::Tier => "tier",
+        }
+    }
+}
+
+impl FromStr for CooldownSource {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "heuristic" => CooldownSource::Heuristic,
+            "authoritative" => CooldownSource::Authoritative,
+            "credit" => CooldownSource::Credit,
+            "tier" => CooldownSource::Tier,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown cooldown source {s:?}; expected heuristic, authoritative, credit or tier"
+                )))
+            }
+        })
+    }
+}
+
+/// An active bench of one route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cooldown {
+    pub route: Route,
+    pub expires_at_ms: i64,
+    pub source: CooldownSource,
+    pub set_at_ms: i64,
+}
+
+/// A registered API key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub key_id: i64,
+    pub platform: String,
+    pub base_url: Option<String>,
+    pub label: Option<String>,
+    pub enabled: bool,
+}
+
+/// A model's stored limits and budget label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub platform: String,
+    pub model_id: String,
+    pub limits: Limits,
+    pub monthly_token_budget: Option<String>,
+}
+
+/// One cap setting as persisted by `set_provider_caps`: not set (env/defaults apply),
+/// explicitly no cap, or a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CapSetting {
+    #[default]
+    Inherit,
+    NoCap,
+    Cap(i64),
+}
+
+/// Provider-wide caps of a platform (SPEC §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProviderCaps {
+    pub daily_requests: Option<i64>,
+    pub minute_requests: Option<i64>,
+    pub daily_tokens: Option<i64>,
+}
+
+/// What `set_provider_caps` persisted for a platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapOverrides {
+    pub daily_requests: CapSetting,
+    pub minute_requests: CapSetting,
+    pub daily_tokens: CapSetting,
+}

@@ -1,0 +1,104 @@
+//! Argument conversion with the SPEC §13 rules: a bool or a float where an int is
+//! asked is a TypeError, an int outside int64 an OverflowError, NaN a ValueError.
+use super::errors::{overflow_error, type_error};
+use super::types::PyLimits;
+use crate::core::types::Limits;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+
+/// An `int` argument (not a bool, not a float), within int64.
+pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
+        return Err(type_error(format!(
+            "{name} must be an int, not {}",
+            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        )));
+    }
+    obj.extract::<i64>().map_err(|_| overflow_error(format!("{name} does not fit in a signed 64-bit integer")))
+}
+
+pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<i64>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => int_arg(o, name).map(Some),
+    }
+}
+
+/// A non-negative int argument.
+pub fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    let v = int_arg(obj, name)?;
+    if v < 0 {
+        return Err(PyValueError::new_err(format!("{name} must be >= 0, got {v}")));
+    }
+    Ok(v)
+}
+
+/// A `str` argument.
+pub fn str_arg<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
+    let s = obj.cast::<PyString>().map_err(|_| {
+        type_error(format!(
+            "{name} must be a str, not {}",
+            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        ))
+    })?;
+    s.to_str()
+}
+
+/// A number of seconds (int or float), finite and non-negative.
+pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
+        return Err(type_error(format!("{name} must be a number of seconds")));
+    }
+    let v: f64 = obj.extract()?;
+    if !v.is_finite() {
+        return Err(PyValueError::new_err(format!("{name} must be finite")));
+    }
+    if v < 0.0 {
+        return Err(PyValueError::new_err(format!("{name} must be >= 0")));
+    }
+    Ok(v)
+}
+
+/// `limits=`: None, a `Limits`, or a dict with keys among rpm, rpd, tpm, tpd.
+pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Limits>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    if let Ok(l) = obj.cast::<PyLimits>() {
+        return Ok(Some(l.get().0));
+    }
+    let dict = obj
+        .cast::<PyDict>()
+        .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;
+    let mut l = Limits::default();
+    for (k, v) in dict.iter() {
+        let key: String = k.extract().map_err(|_| type_error("limits keys must be str"))?;
+        let slot = match key.as_str() {
+            "rpm" => &mut l.rpm,
+            "rpd" => &mut l.rpd,
+            "tpm" => &mut l.tpm,
+            "tpd" => &mut l.tpd,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown limit {other:?}; expected rpm, rpd, tpm or tpd"
+                )))
+            }
+        };
+        *slot = opt_limit(&v, &key)?;
+    }
+    Ok(Some(l))
+}
+
+/// One limit: None or an int >= 0.
+pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
+    if v.is_none() {
+        return Ok(None);
+    }
+    if v.is_instance_of::<PyFloat>() {
+        let f: f64 = v.extract()?;
+        if !f.is_finite() {
+            return Err(PyValueError::new_err(format!("{name} must be finite")));
+        }
+    }
+    count_arg(v, name).map(Some)
+}

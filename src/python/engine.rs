@@ -1,0 +1,640 @@
+//! `QuotaEngine`: argument conversion, then the core with the GIL released.
+use super::convert::{count_arg, int_arg, limits_arg, opt_int_arg, opt_limit, str_arg};
+use super::errors::to_pyerr;
+use super::lease::PyLease;
+use super::types::{PyAdmission, PyCooldown, PyLimits, PyManualClock, PyProviderCaps};
+use crate::core::clock::{Clock, SystemClock};
+use crate::core::engine::{Engine, Gate, Settings, StoreSpec, UsageReport};
+use crate::core::env::Env;
+use crate::core::error::Result as CoreResult;
+use crate::core::handle::Handle;
+use crate::core::store::{UsageFilter, UsageKind};
+use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyMapping};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
+/// works; it is safe to share one engine between threads.
+#[pyclass(frozen, name = "QuotaEngine", module = "quotaengine", subclass)]
+pub struct PyQuotaEngine {
+    handle: Handle,
+    clock: Arc<dyn Clock>,
+    path: String,
+    readonly: bool,
+}
+
+fn route(platform: &Bound<'_, PyAny>, model_id: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<Route> {
+    Route::new(str_arg(platform, "platform")?, str_arg(model_id, "model_id")?, int_arg(key_id, "key_id")?)
+        .map_err(to_pyerr)
+}
+
+/// A provider-level route: (platform, key_id) with no model.
+fn account(platform: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<Route> {
+    let platform = str_arg(platform, "platform")?;
+    crate::core::types::check_name("platform", platform).map_err(to_pyerr)?;
+    Ok(Route { platform: platform.to_string(), model_id: String::new(), key_id: int_arg(key_id, "key_id")? })
+}
+
+fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("used", used)?;
+    d.set_item("limit", limit)?;
+    Ok(d)
+}
+
+fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("rpm", window(py, u.rpm.used, u.rpm.limit)?)?;
+    d.set_item("rpd", window(py, u.rpd.used, u.rpd.limit)?)?;
+    d.set_item("tpm", window(py, u.tpm.used, u.tpm.limit)?)?;
+    d.set_item("tpd", window(py, u.tpd.used, u.tpd.limit)?)?;
+    d.set_item("in_flight", u.in_flight)?;
+    Ok(d)
+}
+
+fn cap_setting(v: &Bound<'_, PyAny>, name: &str) -> PyResult<CapSetting> {
+    Ok(match opt_limit(v, name)? {
+        None => CapSetting::NoCap,
+        Some(c) => CapSetting::Cap(c),
+    })
+}
+
+impl PyQuotaEngine {
+    /// The single way into the core: drop the GIL, lock, run; panics and errors come
+    /// back as Python exceptions.
+    fn run<T: Send>(&self, py: Python<'_>, op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send) -> PyResult<T> {
+        py.detach(|| self.handle.with(op)).map_err(to_pyerr)
+    }
+
+    fn gate(
+        &self,
+        py: Python<'_>,
+        gate: Gate,
+        route: Route,
+        est: i64,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let limits = limits_arg(limits)?;
+        self.run(py, move |e| e.gate(gate, &route, est, limits))
+    }
+
+    fn make_lease(&self, py: Python<'_>, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
+        Py::new(
+            py,
+            PyLease { handle: self.handle.clone(), id, route, estimated_tokens: est, done: AtomicBool::new(false) },
+        )
+    }
+}
+
+#[pymethods]
+impl PyQuotaEngine {
+    #[new]
+    #[pyo3(signature = (path=None, *, clock=None, env=None, retention_ms=None, lease_max_age_ms=None,
+                        window_usage_ttl_ms=None, busy_timeout_ms=None, flush_interval_ms=None, readonly=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
+        env: Option<&Bound<'_, PyAny>>,
+        retention_ms: Option<&Bound<'_, PyAny>>,
+        lease_max_age_ms: Option<&Bound<'_, PyAny>>,
+        window_usage_ttl_ms: Option<&Bound<'_, PyAny>>,
+        busy_timeout_ms: Option<&Bound<'_, PyAny>>,
+        flush_interval_ms: Option<&Bound<'_, PyAny>>,
+        readonly: bool,
+    ) -> PyResult<Self> {
+        // The environment is read once, here: a mapping replaces os.environ.
+        let env_obj = match env {
+            Some(e) if !e.is_none() => e.clone(),
+            _ => py.import("os")?.getattr("environ")?,
+        };
+        let mapping = env_obj.cast::<PyMapping>().map_err(|_| super::errors::type_error("env must be a mapping"))?;
+        let mut vars = HashMap::new();
+        for item in mapping.items()?.iter() {
+            let (k, v): (String, String) =
+                item.extract().map_err(|_| super::errors::type_error("env keys and values must be str"))?;
+            vars.insert(k, v);
+        }
+        let path: String = match path {
+            Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
+            _ => vars.get("QUOTAENGINE_DB").filter(|v| !v.is_empty()).cloned().unwrap_or_else(|| "./quota.db".into()),
+        };
+        let clock: Arc<dyn Clock> = match clock {
+            Some(c) if !c.is_none() => {
+                let c = c
+                    .cast::<PyManualClock>()
+                    .map_err(|_| super::errors::type_error("clock must be a quotaengine.ManualClock or None"))?;
+                c.get().0.clone()
+            }
+            _ => Arc::new(SystemClock),
+        };
+        let d = Settings::default();
+        let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
+            Some(v) if !v.is_none() => count_arg(v, name),
+            _ => Ok(default),
+        };
+        let settings = Settings {
+            retention_ms: ms(retention_ms, "retention_ms", d.retention_ms)?,
+            lease_max_age_ms: ms(lease_max_age_ms, "lease_max_age_ms", d.lease_max_age_ms)?,
+            window_usage_ttl_ms: ms(window_usage_ttl_ms, "window_usage_ttl_ms", d.window_usage_ttl_ms)?,
+            busy_timeout_ms: ms(busy_timeout_ms, "busy_timeout_ms", d.busy_timeout_ms)?,
+            flush_interval_ms: ms(flush_interval_ms, "flush_interval_ms", d.flush_interval_ms)?,
+            readonly,
+            env: Env::new(vars),
+        };
+        let spec = StoreSpec::Sqlite(path.clone());
+        let clock2 = clock.clone();
+        let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
+        Ok(Self { handle, clock, path, readonly })
+    }
+
+    /// The database path this engine opened.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
+    /// True while the database fails and the engine serves from memory (SPEC §10).
+    #[getter]
+    fn degraded(&self, py: Python<'_>) -> PyResult<bool> {
+        self.run(py, |e| Ok(e.degraded()))
+    }
+
+    /// The engine's current time (its clock), in ms since the epoch.
+    fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Writes what is buffered and closes the database. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.handle.close());
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("QuotaEngine({:?}{})", self.path, if self.readonly { ", readonly=True" } else { "" })
+    }
+
+    // ---- keys and models ---------------------------------------------------------
+
+    #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true))]
+    fn register_key(
+        &self,
+        py: Python<'_>,
+        key_id: &Bound<'_, PyAny>,
+        platform: &Bound<'_, PyAny>,
+        base_url: Option<String>,
+        label: Option<String>,
+        enabled: bool,
+    ) -> PyResult<()> {
+        let key = KeyInfo {
+            key_id: int_arg(key_id, "key_id")?,
+            platform: str_arg(platform, "platform")?.to_string(),
+            base_url,
+            label,
+            enabled,
+        };
+        self.run(py, move |e| e.register_key(key))
+    }
+
+    #[pyo3(signature = (platform, model_id, *, rpm=None, rpd=None, tpm=None, tpd=None, monthly_token_budget=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn set_model_limits(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        rpm: Option<&Bound<'_, PyAny>>,
+        rpd: Option<&Bound<'_, PyAny>>,
+        tpm: Option<&Bound<'_, PyAny>>,
+        tpd: Option<&Bound<'_, PyAny>>,
+        monthly_token_budget: Option<String>,
+    ) -> PyResult<()> {
+        let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
+        let model = ModelInfo {
+            platform: str_arg(platform, "platform")?.to_string(),
+            model_id: str_arg(model_id, "model_id")?.to_string(),
+            limits: crate::core::types::Limits {
+                rpm: get(rpm, "rpm")?,
+                rpd: get(rpd, "rpd")?,
+                tpm: get(tpm, "tpm")?,
+                tpd: get(tpd, "tpd")?,
+            },
+            monthly_token_budget,
+        };
+        self.run(py, move |e| e.set_model_limits(model))
+    }
+
+    fn model_limits(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<PyLimits>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        Ok(self.run(py, |e| e.model_limits(p, m))?.map(PyLimits))
+    }
+
+    // ---- usage -------------------------------------------------------------------
+
+    fn record_request(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let r = route(platform, model_id, key_id)?;
+        self.run(py, move |e| e.record_request(&r))
+    }
+
+    fn record_tokens(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let r = route(platform, model_id, key_id)?;
+        let t = count_arg(tokens, "tokens")?;
+        self.run(py, move |e| e.record_tokens(&r, t))
+    }
+
+    #[pyo3(signature = (platform, model_id, key_id, limits=None))]
+    fn usage<'py>(
+        &self,
+        py: Python<'py>,
+        platform: &Bound<'py, PyAny>,
+        model_id: &Bound<'py, PyAny>,
+        key_id: &Bound<'py, PyAny>,
+        limits: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let r = route(platform, model_id, key_id)?;
+        let l = limits_arg(limits)?;
+        let u = self.run(py, move |e| e.usage(&r, l))?;
+        usage_dict(py, &u)
+    }
+
+    // ---- gates -------------------------------------------------------------------
+
+    #[pyo3(signature = (platform, model_id, key_id, limits=None))]
+    fn can_make_request(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        self.gate(py, Gate::Request, route(platform, model_id, key_id)?, 0, limits)
+    }
+
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens, limits=None))]
+    fn can_use_tokens(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        estimated_tokens: &Bound<'_, PyAny>,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let est = count_arg(estimated_tokens, "estimated_tokens")?;
+        self.gate(py, Gate::Tokens, route(platform, model_id, key_id)?, est, limits)
+    }
+
+    fn can_use_provider(&self, py: Python<'_>, platform: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.gate(py, Gate::ProviderDaily, account(platform, key_id)?, 0, None)
+    }
+
+    fn can_use_provider_minute(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        self.gate(py, Gate::ProviderMinute, account(platform, key_id)?, 0, None)
+    }
+
+    fn can_use_provider_tokens(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        estimated_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let est = count_arg(estimated_tokens, "estimated_tokens")?;
+        self.gate(py, Gate::ProviderTokens, route(platform, model_id, key_id)?, est, None)
+    }
+
+    fn can_use_key_concurrency(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        self.gate(py, Gate::KeyConcurrency, account(platform, key_id)?, 0, None)
+    }
+
+    fn is_on_cooldown(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        Ok(!self.gate(py, Gate::Cooldown, route(platform, model_id, key_id)?, 0, None)?)
+    }
+
+    /// Every gate, in order; the first that fails names the reason (SPEC §4).
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
+    fn check(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyAdmission> {
+        let r = route(platform, model_id, key_id)?;
+        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+        let l = limits_arg(limits)?;
+        Ok(PyAdmission(self.run(py, move |e| e.check(&r, est, l))?))
+    }
+
+    // ---- leases ------------------------------------------------------------------
+
+    /// Takes a lease without checking any gate; returns its id.
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None))]
+    fn acquire_lease(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let r = route(platform, model_id, key_id)?;
+        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+        self.run(py, move |e| e.acquire_lease(&r, est))
+    }
+
+    /// Releases a lease; idempotent.
+    fn release_lease(&self, py: Python<'_>, lease_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = int_arg(lease_id, "lease_id")?;
+        self.run(py, move |e| e.release_lease(id))
+    }
+
+    /// Runs every gate and takes the lease as one atomic step (across threads and
+    /// processes); raises QuotaExceeded when a gate refuses.
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
+    fn lease(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyLease>> {
+        let r = route(platform, model_id, key_id)?;
+        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+        let l = limits_arg(limits)?;
+        let id = self.run(py, |e| e.lease(&r, est, l))?;
+        self.make_lease(py, id, r, est)
+    }
+
+    // ---- cooldowns ---------------------------------------------------------------
+
+    #[pyo3(signature = (platform, model_id, key_id, duration_ms=None, source="heuristic"))]
+    fn set_cooldown(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        duration_ms: Option<&Bound<'_, PyAny>>,
+        source: &str,
+    ) -> PyResult<()> {
+        let r = route(platform, model_id, key_id)?;
+        let d = duration_ms.map_or(Ok(60_000), |d| count_arg(d, "duration_ms"))?;
+        let s: CooldownSource = source.parse().map_err(to_pyerr)?;
+        self.run(py, move |e| e.set_cooldown(&r, d, s))
+    }
+
+    fn cooldown(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<PyCooldown>> {
+        let r = route(platform, model_id, key_id)?;
+        let (cd, now) = self.run(py, move |e| Ok((e.cooldown(&r)?, e.now_ms())))?;
+        Ok(cd.map(|c| PyCooldown::new(c, now)))
+    }
+
+    /// Active cooldowns, soonest expiry first.
+    #[pyo3(signature = (key_ids=None))]
+    fn active_cooldowns(&self, py: Python<'_>, key_ids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PyCooldown>> {
+        let ids: Option<Vec<i64>> = match key_ids {
+            Some(k) if !k.is_none() => {
+                Some(k.try_iter()?.map(|i| int_arg(&i?, "key_ids[]")).collect::<PyResult<Vec<i64>>>()?)
+            }
+            _ => None,
+        };
+        let (v, now) = self.run(py, move |e| Ok((e.active_cooldowns(ids.as_deref())?, e.now_ms())))?;
+        Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
+    }
+
+    /// Operator reset of a key: deletes its cooldowns; returns how many.
+    fn clear_cooldowns_for_key(&self, py: Python<'_>, key_id: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let k = int_arg(key_id, "key_id")?;
+        self.run(py, move |e| e.clear_cooldowns_for_key(k))
+    }
+
+    fn clear_cooldown_early(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let r = route(platform, model_id, key_id)?;
+        self.run(py, move |e| e.clear_cooldown_early(&r).map(|_| ()))
+    }
+
+    fn cleanup_expired_cooldowns(&self, py: Python<'_>) -> PyResult<i64> {
+        self.run(py, |e| e.cleanup_expired_cooldowns())
+    }
+
+    fn soonest_cooldown_expiry(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        self.run(py, |e| Ok(e.active_cooldowns(None)?.first().map(|c| c.expires_at_ms)))
+    }
+
+    // ---- provider pools ----------------------------------------------------------
+
+    fn provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<PyProviderCaps> {
+        let p = str_arg(platform, "platform")?;
+        Ok(PyProviderCaps(self.run(py, |e| e.provider_caps(p))?))
+    }
+
+    /// An int sets a cap (0 refuses everything), None means no cap, an omitted
+    /// argument keeps what is set. Persisted; wins over env and defaults.
+    #[pyo3(signature = (platform, **caps))]
+    fn set_provider_caps(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        caps: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let mut slots: [Option<CapSetting>; 3] = [None; 3];
+        if let Some(caps) = caps {
+            for (k, v) in caps.iter() {
+                let name: String = k.extract()?;
+                let i = match name.as_str() {
+                    "daily_requests" => 0,
+                    "minute_requests" => 1,
+                    "daily_tokens" => 2,
+                    _ => {
+                        return Err(super::errors::type_error(format!(
+                            "set_provider_caps() got an unexpected keyword argument {name:?}"
+                        )))
+                    }
+                };
+                slots[i] = Some(cap_setting(&v, &name)?);
+            }
+        }
+        let p = str_arg(platform, "platform")?;
+        self.run(py, |e| e.set_provider_caps(p, slots[0], slots[1], slots[2]))
+    }
+
+    fn reset_provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?;
+        self.run(py, |e| e.reset_provider_caps(p))
+    }
+
+    fn provider_daily_request_count(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        let a = account(platform, key_id)?;
+        self.run(py, move |e| e.provider_daily_request_count(&a.platform, a.key_id))
+    }
+
+    fn provider_minute_request_count(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        let a = account(platform, key_id)?;
+        self.run(py, move |e| e.provider_minute_request_count(&a.platform, a.key_id))
+    }
+
+    fn provider_daily_token_count(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<i64> {
+        let a = account(platform, key_id)?;
+        self.run(py, move |e| e.provider_daily_token_count(&a.platform, a.key_id))
+    }
+
+    // ---- analysis ----------------------------------------------------------------
+
+    /// Usage rows with `since_ms <= created_at_ms < until_ms`, oldest first.
+    #[pyo3(signature = (since_ms=None, until_ms=None, platform=None, model_id=None, key_id=None))]
+    fn usage_events<'py>(
+        &self,
+        py: Python<'py>,
+        since_ms: Option<&Bound<'py, PyAny>>,
+        until_ms: Option<&Bound<'py, PyAny>>,
+        platform: Option<String>,
+        model_id: Option<String>,
+        key_id: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let f = UsageFilter {
+            since_ms: opt_int_arg(since_ms, "since_ms")?,
+            until_ms: opt_int_arg(until_ms, "until_ms")?,
+            platform,
+            model_id,
+            key_id: opt_int_arg(key_id, "key_id")?,
+        };
+        let rows = self.run(py, move |e| e.usage_events(&f))?;
+        let out = PyList::empty(py);
+        for r in rows {
+            let d = PyDict::new(py);
+            d.set_item("platform", &*r.platform)?;
+            d.set_item("model_id", &*r.model_id)?;
+            d.set_item("key_id", r.key_id)?;
+            d.set_item("kind", r.kind.as_str())?;
+            d.set_item("tokens", if r.kind == UsageKind::Request { r.tokens.max(1) } else { r.tokens })?;
+            d.set_item("created_at_ms", r.created_at_ms)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// `server_logs` rows, newest first.
+    #[pyo3(signature = (limit=None))]
+    fn server_logs<'py>(&self, py: Python<'py>, limit: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyList>> {
+        let n = limit.map_or(Ok(100), |l| count_arg(l, "limit"))?;
+        let rows = self.run(py, move |e| e.server_logs(n))?;
+        let out = PyList::empty(py);
+        for (id, r, request_id) in rows {
+            let d = PyDict::new(py);
+            d.set_item("id", id)?;
+            d.set_item("level", r.level)?;
+            d.set_item("source", r.source)?;
+            d.set_item("provider", r.provider)?;
+            d.set_item("model", r.model)?;
+            d.set_item("event", r.event)?;
+            d.set_item("request_id", request_id)?;
+            d.set_item("message", r.message)?;
+            d.set_item("created_at_ms", r.created_at_ms)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Test hook: panics inside the engine; the panic must come back as an exception.
+    fn _debug_panic(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |e| e.debug_panic())
+    }
+
+    /// Number of changes waiting for the database (degraded mode, grouped writes).
+    fn _pending_writes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.run(py, |e| Ok(e.pending_writes()))
+    }
+}
+

@@ -1,0 +1,39 @@
+//! The one place that maps core errors to Python exceptions.
+use crate::core::error::{Error, StoreError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+// The exception classes live in Python (quotaengine/_errors.py) so they can carry
+// attributes and be pickled; Rust raises them by import.
+pyo3::import_exception!(quotaengine._errors, QuotaEngineError);
+pyo3::import_exception!(quotaengine._errors, QuotaExceeded);
+pyo3::import_exception!(quotaengine._errors, DatabaseError);
+pyo3::import_exception!(quotaengine._errors, EngineClosed);
+
+pub fn to_pyerr(err: Error) -> PyErr {
+    match err {
+        Error::Invalid(msg) => PyValueError::new_err(msg),
+        // must match _errors.QuotaExceeded.__init__ argument order
+        Error::Refused(r) => QuotaExceeded::new_err((
+            r.reason.as_str(),
+            r.retry_at_ms,
+            r.platform,
+            r.model_id,
+            r.key_id,
+        )),
+        Error::Closed => EngineClosed::new_err("engine is closed"),
+        Error::Store(StoreError::ReadOnly) => {
+            DatabaseError::new_err("the database was opened with readonly=True; this call writes")
+        }
+        Error::Store(e) => DatabaseError::new_err(e.to_string()),
+        Error::Internal(msg) => QuotaEngineError::new_err(format!("internal error: {msg}")),
+    }
+}
+
+pub fn type_error(msg: impl Into<String>) -> PyErr {
+    PyTypeError::new_err(msg.into())
+}
+
+pub fn overflow_error(msg: impl Into<String>) -> PyErr {
+    PyOverflowError::new_err(msg.into())
+}

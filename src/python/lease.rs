@@ -1,0 +1,157 @@
+//! `Lease`: one admitted request, a sync and async context manager.
+use super::errors::to_pyerr;
+use crate::core::handle::Handle;
+use crate::core::types::Route;
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// An in-flight request. Leaving a `with` block normally records
+/// `success(tokens=estimated_tokens)` unless an outcome was already given; leaving it
+/// by an exception records nothing. The lease is released either way.
+#[pyclass(frozen, name = "Lease", module = "quotaengine")]
+pub struct PyLease {
+    pub handle: Handle,
+    pub id: i64,
+    pub route: Route,
+    pub estimated_tokens: i64,
+    pub done: AtomicBool,
+}
+
+impl PyLease {
+    fn finish_success(&self, py: Python<'_>, tokens: Option<i64>) -> PyResult<()> {
+        if self.done.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (id, route) = (self.id, &self.route);
+        py.detach(|| self.handle.with(|e| e.finish_lease_success(id, route, tokens))).map_err(|e| {
+            self.done.store(false, Ordering::SeqCst);
+            to_pyerr(e)
+        })
+    }
+
+    fn finish_release(&self, py: Python<'_>) -> PyResult<()> {
+        if self.done.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let id = self.id;
+        py.detach(|| self.handle.with(|e| e.release_lease(id))).map_err(to_pyerr)
+    }
+
+    fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {
+        if exc_type.is_none() {
+            self.finish_success(py, Some(self.estimated_tokens))
+        } else {
+            self.finish_release(py)
+        }
+    }
+}
+
+#[pymethods]
+impl PyLease {
+    #[getter]
+    fn id(&self) -> i64 {
+        self.id
+    }
+    #[getter]
+    fn platform(&self) -> &str {
+        &self.route.platform
+    }
+    #[getter]
+    fn model_id(&self) -> &str {
+        &self.route.model_id
+    }
+    #[getter]
+    fn key_id(&self) -> i64 {
+        self.route.key_id
+    }
+    #[getter]
+    fn estimated_tokens(&self) -> i64 {
+        self.estimated_tokens
+    }
+    /// True once an outcome was recorded or the lease was released.
+    #[getter]
+    fn done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Records the request (and `tokens`, when given) and releases the lease, in one commit.
+    #[pyo3(signature = (tokens=None))]
+    fn success(&self, py: Python<'_>, tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let tokens = match tokens {
+            Some(t) if !t.is_none() => Some(super::convert::count_arg(t, "tokens")?),
+            _ => None,
+        };
+        self.finish_success(py, tokens)
+    }
+
+    /// Releases the lease without recording anything. Idempotent.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        self.finish_release(py)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        match exc_type {
+            Some(t) => self.exit(py, t)?,
+            None => self.finish_success(py, Some(self.estimated_tokens))?,
+        }
+        Ok(false)
+    }
+
+    fn __aenter__(slf: Py<Self>, py: Python<'_>) -> PyReady {
+        PyReady(Some(slf.into_any()).map(|o| o.clone_ref(py)))
+    }
+
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __aexit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyReady> {
+        self.__exit__(py, exc_type, None, None)?;
+        Ok(PyReady(Some(false.into_pyobject(py)?.to_owned().into_any().unbind())))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Lease(id={}, platform={:?}, model_id={:?}, key_id={}, estimated_tokens={}, done={})",
+            self.id,
+            self.route.platform,
+            self.route.model_id,
+            self.route.key_id,
+            self.estimated_tokens,
+            if self.done.load(Ordering::SeqCst) { "True" } else { "False" }
+        )
+    }
+}
+
+/// An awaitable that is already complete (the lease's work is synchronous and short).
+#[pyclass(frozen, name = "_Ready", module = "quotaengine")]
+pub struct PyReady(pub Option<Py<PyAny>>);
+
+#[pymethods]
+impl PyReady {
+    fn __await__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+    fn __next__(&self, py: Python<'_>) -> PyResult<()> {
+        let value = self.0.as_ref().map_or_else(|| py.None(), |v| v.clone_ref(py));
+        Err(PyStopIteration::new_err((value,)))
+    }
+}

@@ -1,0 +1,217 @@
+//! Value types seen from Python: frozen, comparable, with readable reprs.
+use super::convert::{int_arg, opt_limit};
+use crate::core::clock::{Clock, ManualClock};
+use crate::core::types::{Admission, Cooldown, Limits, ProviderCaps};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::Arc;
+
+fn opt(v: Option<i64>) -> String {
+    v.map_or_else(|| "None".to_string(), |v| v.to_string())
+}
+
+/// A model's window limits; `None` is unlimited.
+#[pyclass(frozen, eq, hash, name = "Limits", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PyLimits(pub Limits);
+
+#[pymethods]
+impl PyLimits {
+    #[new]
+    #[pyo3(signature = (rpm=None, rpd=None, tpm=None, tpd=None))]
+    fn new(
+        rpm: Option<&Bound<'_, PyAny>>,
+        rpd: Option<&Bound<'_, PyAny>>,
+        tpm: Option<&Bound<'_, PyAny>>,
+        tpd: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
+        Ok(Self(Limits { rpm: get(rpm, "rpm")?, rpd: get(rpd, "rpd")?, tpm: get(tpm, "tpm")?, tpd: get(tpd, "tpd")? }))
+    }
+    #[getter]
+    fn rpm(&self) -> Option<i64> {
+        self.0.rpm
+    }
+    #[getter]
+    fn rpd(&self) -> Option<i64> {
+        self.0.rpd
+    }
+    #[getter]
+    fn tpm(&self) -> Option<i64> {
+        self.0.tpm
+    }
+    #[getter]
+    fn tpd(&self) -> Option<i64> {
+        self.0.tpd
+    }
+    /// The limits as a dict {"rpm": .., "rpd": .., "tpm": .., "tpd": ..}.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("rpm", self.0.rpm)?;
+        d.set_item("rpd", self.0.rpd)?;
+        d.set_item("tpm", self.0.tpm)?;
+        d.set_item("tpd", self.0.tpd)?;
+        Ok(d)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Limits(rpm={}, rpd={}, tpm={}, tpd={})",
+            opt(self.0.rpm),
+            opt(self.0.rpd),
+            opt(self.0.tpm),
+            opt(self.0.tpd)
+        )
+    }
+}
+
+/// The answer of `check()`. Truthy when allowed.
+#[pyclass(frozen, eq, name = "Admission", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyAdmission(pub Admission);
+
+#[pymethods]
+impl PyAdmission {
+    #[getter]
+    fn allowed(&self) -> bool {
+        self.0.allowed
+    }
+    #[getter]
+    fn reason(&self) -> Option<&'static str> {
+        self.0.reason.map(|r| r.as_str())
+    }
+    #[getter]
+    fn retry_at_ms(&self) -> Option<i64> {
+        self.0.retry_at_ms
+    }
+    fn __bool__(&self) -> bool {
+        self.0.allowed
+    }
+    fn __repr__(&self) -> String {
+        match self.0.reason {
+            None => "Admission(allowed=True, reason=None, retry_at_ms=None)".into(),
+            Some(r) => format!(
+                "Admission(allowed=False, reason={:?}, retry_at_ms={})",
+                r.as_str(),
+                opt(self.0.retry_at_ms)
+            ),
+        }
+    }
+}
+
+/// An active bench of one (platform, model_id, key_id).
+#[pyclass(frozen, eq, name = "Cooldown", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyCooldown {
+    pub cd: Cooldown,
+    /// Computed at the time the object was read.
+    pub remaining_ms: i64,
+}
+
+#[pymethods]
+impl PyCooldown {
+    #[getter]
+    fn platform(&self) -> &str {
+        &self.cd.route.platform
+    }
+    #[getter]
+    fn model_id(&self) -> &str {
+        &self.cd.route.model_id
+    }
+    #[getter]
+    fn key_id(&self) -> i64 {
+        self.cd.route.key_id
+    }
+    #[getter]
+    fn expires_at_ms(&self) -> i64 {
+        self.cd.expires_at_ms
+    }
+    /// Milliseconds left when this object was read.
+    #[getter]
+    fn remaining_ms(&self) -> i64 {
+        self.remaining_ms
+    }
+    #[getter]
+    fn source(&self) -> &'static str {
+        self.cd.source.as_str()
+    }
+    #[getter]
+    fn set_at_ms(&self) -> i64 {
+        self.cd.set_at_ms
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Cooldown(platform={:?}, model_id={:?}, key_id={}, expires_at_ms={}, remaining_ms={}, source={:?}, set_at_ms={})",
+            self.cd.route.platform,
+            self.cd.route.model_id,
+            self.cd.route.key_id,
+            self.cd.expires_at_ms,
+            self.remaining_ms,
+            self.cd.source.as_str(),
+            self.cd.set_at_ms
+        )
+    }
+}
+
+impl PyCooldown {
+    pub fn new(cd: Cooldown, now: i64) -> Self {
+        let remaining_ms = cd.expires_at_ms.saturating_sub(now).max(0);
+        Self { cd, remaining_ms }
+    }
+}
+
+/// Provider-wide caps of a platform; `None` is no cap.
+#[pyclass(frozen, eq, name = "ProviderCaps", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyProviderCaps(pub ProviderCaps);
+
+#[pymethods]
+impl PyProviderCaps {
+    #[getter]
+    fn daily_requests(&self) -> Option<i64> {
+        self.0.daily_requests
+    }
+    #[getter]
+    fn minute_requests(&self) -> Option<i64> {
+        self.0.minute_requests
+    }
+    #[getter]
+    fn daily_tokens(&self) -> Option<i64> {
+        self.0.daily_tokens
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "ProviderCaps(daily_requests={}, minute_requests={}, daily_tokens={})",
+            opt(self.0.daily_requests),
+            opt(self.0.minute_requests),
+            opt(self.0.daily_tokens)
+        )
+    }
+}
+
+/// A clock that moves only when told to (SPEC §2). Shared with the engine and its
+/// background threads.
+#[pyclass(frozen, name = "ManualClock", module = "quotaengine")]
+pub struct PyManualClock(pub Arc<ManualClock>);
+
+#[pymethods]
+impl PyManualClock {
+    #[new]
+    fn new(now_ms: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Self(Arc::new(ManualClock::new(int_arg(now_ms, "now_ms")?))))
+    }
+    fn now_ms(&self) -> i64 {
+        self.0.now_ms()
+    }
+    /// Moves the clock by `ms` milliseconds (negative moves it back).
+    fn advance(&self, ms: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.0.advance(int_arg(ms, "ms")?);
+        Ok(())
+    }
+    fn set(&self, now_ms: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.0.set(int_arg(now_ms, "now_ms")?);
+        Ok(())
+    }
+    fn __repr__(&self) -> String {
+        format!("ManualClock(now_ms={})", self.0.now_ms())
+    }
+}
