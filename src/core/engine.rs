@@ -122,6 +122,7 @@ pub struct Engine {
     last_now: Option<i64>,
     last_sweep: Option<i64>,
     next_local_lease: i64,
+    lease_ids: LeaseIds,
     platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
     logs: Vec<LogRecord>,
 }
@@ -155,6 +156,7 @@ impl Engine {
             last_now: None,
             last_sweep: None,
             next_local_lease: -1,
+            lease_ids: LeaseIds::new(),
             platform_env: HashMap::new(),
             logs: Vec::new(),
         };
@@ -374,7 +376,7 @@ impl Engine {
     fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
         match w {
             Write::Usage(u) => self.mirror.add_usage_row(u, now),
-            Write::InsertLease { platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+            Write::InsertLease { platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, .. } => {
                 let rid = self.mirror.route_id(platform, model_id, *key_id);
                 self.mirror.add_lease(
                     id,
@@ -757,8 +759,9 @@ impl Engine {
 
     // ---- leases ------------------------------------------------------------------
 
-    fn lease_write(&self, route: &Route, est: i64, now: i64) -> Write {
+    fn lease_write(&mut self, route: &Route, est: i64, now: i64) -> Write {
         Write::InsertLease {
+            id: self.lease_ids.next(),
             platform: Arc::from(route.platform.as_str()),
             model_id: Arc::from(route.model_id.as_str()),
             key_id: route.key_id,
@@ -1016,4 +1019,35 @@ impl Engine {
 /// The limits a call uses: the given ones, else the model's stored row, else unlimited.
 pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<Limits>) -> Limits {
     given.unwrap_or_else(|| m.model(platform, model_id).map(|m| m.limits).unwrap_or_default())
+}
+
+/// Lease ids: random 63-bit numbers, distinct across processes without coordination
+/// (a random 40-bit prefix per engine and a 23-bit counter, re-randomised on wrap).
+struct LeaseIds {
+    prefix: i64,
+    counter: i64,
+}
+
+impl LeaseIds {
+    fn random() -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    }
+    fn new() -> Self {
+        Self { prefix: Self::prefix(), counter: 0 }
+    }
+    fn prefix() -> i64 {
+        // 40 bits, never zero, so that ids are > 0.
+        ((Self::random() >> 24) as i64 & ((1 << 40) - 1)).max(1)
+    }
+    fn next(&mut self) -> i64 {
+        self.counter += 1;
+        if self.counter >= (1 << 23) {
+            self.prefix = Self::prefix();
+            self.counter = 1;
+        }
+        (self.prefix << 23) | self.counter
+    }
 }

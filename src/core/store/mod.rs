@@ -90,8 +90,9 @@ pub struct Changes {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     Usage(UsageRow),
-    /// Returns the new lease id.
+    /// Returns `id`.
     InsertLease {
+        id: i64,
         platform: Arc<str>,
         model_id: Arc<str>,
         key_id: i64,

@@ -5,11 +5,17 @@
 //! holds one version counter per small table, bumped by triggers, so that a change
 //! made by any connection (another engine, or a plain `sqlite3` session) is noticed
 //! without re-reading the tables.
+//!
+//! Ids: `rate_limit_usage.id` only grows (the retention sweep always keeps the newest
+//! row, so SQLite never reuses an id), which lets every engine follow the table by id.
+//! Lease ids are random 63-bit numbers chosen by the engine, so a late, idempotent
+//! `release_lease` can never hit a newer lease. Neither table uses AUTOINCREMENT: it
+//! would add a page write to every commit.
 
 /// `MIGRATIONS[i]` takes a database from version `i` to `i + 1`.
 pub const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE rate_limit_usage (
-    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    id            INTEGER PRIMARY KEY,
     platform      TEXT    NOT NULL,
     model_id      TEXT    NOT NULL,
     key_id        INTEGER NOT NULL,
@@ -43,7 +49,7 @@ CREATE TABLE server_logs (
 CREATE INDEX idx_server_logs_time ON server_logs (created_at_ms);
 
 CREATE TABLE quota_leases (
-    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    id            INTEGER PRIMARY KEY,
     platform      TEXT    NOT NULL,
     model_id      TEXT    NOT NULL,
     key_id        INTEGER NOT NULL,

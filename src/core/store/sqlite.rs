@@ -77,6 +77,10 @@ impl SqliteStore {
         if readonly && version == 0 {
             return Err(incompatible(path, "the database is empty"));
         }
+        if !readonly && version == 0 {
+            // Small pages: a commit writes a few rows, and each WAL frame is a page.
+            conn.execute_batch("PRAGMA page_size = 1024").map_err(|e| incompatible(path, e))?;
+        }
         if !readonly {
             // SPEC §10: WAL. Set only now: switching journal mode writes the file header.
             let mode: String = conn
@@ -87,7 +91,10 @@ impl SqliteStore {
             }
         }
         // NORMAL in WAL mode: a commit survives a crash of the process (not of the OS).
-        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;")
+        // Checkpoint less often than SQLite's default (each one fsyncs twice).
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 8000;",
+        )
             .map_err(|e| incompatible(path, e))?;
         let mut store = Self {
             conn,
@@ -253,6 +260,15 @@ impl SqliteStore {
             return Ok(changes);
         }
         if let Some(cursor) = self.usage_cursor {
+            let newest: i64 = self
+                .conn
+                .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage")?
+                .query_row([], |r| r.get(0))?;
+            if newest < cursor {
+                // Someone emptied the table behind our back: follow from the start.
+                self.usage_cursor = Some(0);
+            }
+            let cursor = self.usage_cursor.unwrap_or(0);
             let (rows, max_id) = self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms \
                  FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
@@ -306,13 +322,13 @@ impl SqliteStore {
                 }
                 id
             }
-            Write::InsertLease { platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+            Write::InsertLease { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
                 c.prepare_cached(
-                    "INSERT INTO quota_leases (platform, model_id, key_id, tokens, created_at_ms, expires_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )?
-                .execute(params![&**platform, &**model_id, key_id, tokens, created_at_ms, expires_at_ms])?;
-                c.last_insert_rowid()
+                .execute(params![id, &**platform, &**model_id, key_id, tokens, created_at_ms, expires_at_ms])?;
+                *id
             }
             Write::DeleteLease(id) => {
                 c.prepare_cached("DELETE FROM quota_leases WHERE id = ?1")?.execute([id])? as i64
@@ -396,8 +412,12 @@ impl SqliteStore {
                 c.prepare_cached("DELETE FROM provider_caps WHERE platform = ?1")?.execute([platform])? as i64
             }
             Write::Sweep { usage_before, leases_expired_at } => {
+                // The newest row always stays, so that ids never go backwards.
                 let n = c
-                    .prepare_cached("DELETE FROM rate_limit_usage WHERE created_at_ms < ?1")?
+                    .prepare_cached(
+                        "DELETE FROM rate_limit_usage WHERE created_at_ms < ?1 \
+                         AND id < (SELECT MAX(id) FROM rate_limit_usage)",
+                    )?
                     .execute([usage_before])?;
                 c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms <= ?1")?
                     .execute([leases_expired_at])?;
