@@ -11,20 +11,49 @@ from ._errors import DatabaseError, EngineClosed, QuotaEngineError, QuotaExceede
 from ._quotaengine import (
     Admission,
     Cooldown,
+    CooldownDecision,
+    FailureOutcome,
+    LearnedLimit,
     Lease,
     Limits,
     ManualClock,
     ProviderCaps,
-    QuotaEngine,
     __version__,
+    infer_quota_pool_key,
+    is_shared_pool,
+    parse_provider_limit,
+    parse_retry_after_ms,
+    parse_stated_retry_ms,
     sqlite_version,
 )
+from ._quotaengine import _QuotaEngine
+from ._snapshot import QuotaSnapshot
+
+
+class QuotaEngine(_QuotaEngine):
+    """The quota and cooldown engine (see ``_QuotaEngine`` for every method).
+
+    ``QuotaEngine(path=None, *, clock=None, env=None, retention_ms=86_400_000,
+    lease_max_age_ms=120_000, window_usage_ttl_ms=5_000, busy_timeout_ms=5_000,
+    flush_interval_ms=0, readonly=False)``. Thread-safe: share one per process.
+    """
+
+    __slots__ = ()
+
+    def snapshot(self) -> QuotaSnapshot:
+        """Every route with usage today, a live lease or an active cooldown."""
+        taken_at, rows = self._snapshot_rows()
+        return QuotaSnapshot(rows, taken_at, self.path)
+
 
 __all__ = [
     "Admission",
     "Cooldown",
+    "CooldownDecision",
     "DatabaseError",
     "EngineClosed",
+    "FailureOutcome",
+    "LearnedLimit",
     "Lease",
     "Limits",
     "ManualClock",
@@ -32,6 +61,12 @@ __all__ = [
     "QuotaEngine",
     "QuotaEngineError",
     "QuotaExceeded",
+    "QuotaSnapshot",
     "__version__",
+    "infer_quota_pool_key",
+    "is_shared_pool",
+    "parse_provider_limit",
+    "parse_retry_after_ms",
+    "parse_stated_retry_ms",
     "sqlite_version",
 ]

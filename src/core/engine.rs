@@ -5,13 +5,22 @@
 //! the in-memory [`Mirror`], decide from the mirror, then write and commit. The mirror
 //! is updated per event, so no call scans history. When the store fails, the engine
 //! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
-use crate::core::clock::{midnight, Clock, MINUTE_MS};
+use crate::core::clock::{midnight, next_midnight, Clock, DAY_MS, MINUTE_MS};
+use crate::core::parse::{
+    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind, LearnedLimit,
+    LimitAxis,
+};
+use crate::core::cooldowns::{
+    decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
+    EMPTY_STREAK_BENCH, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
+};
+use crate::core::pools::is_local_base_url;
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
 use crate::core::state::{CooldownRec, GateContext, InFlight, LeaseRec, Mirror, RouteId};
 use crate::core::store::sqlite::SqliteStore;
 use crate::core::store::{
-    Changes, CooldownRow, LogRow, Store, UsageFilter, UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, Store, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource,
@@ -79,6 +88,61 @@ pub struct UsageReport {
     pub tpm: WindowReport,
     pub tpd: WindowReport,
     pub in_flight: i64,
+}
+
+/// `retry_after=` of `record_failure`: header text, or a delay already in ms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryAfter {
+    Text(String),
+    Millis(i64),
+}
+
+/// The inputs of `record_failure`.
+#[derive(Debug, Clone, Default)]
+pub struct FailureInput {
+    pub status: Option<i64>,
+    pub retry_after: Option<RetryAfter>,
+    pub message: Option<String>,
+    pub kind: Option<FailureKind>,
+    pub limits: Option<Limits>,
+}
+
+/// What `record_failure` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureOutcome {
+    pub kind: FailureKind,
+    pub cooldown: Option<CooldownDecision>,
+    pub learned: Option<LearnedLimit>,
+}
+
+/// One route of `snapshot()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub route: Route,
+    pub rpm_used: i64,
+    pub rpd_used: i64,
+    pub tpm_used: i64,
+    pub tpd_used: i64,
+    pub limits: Limits,
+    pub in_flight: i64,
+    pub cooldown: Option<CooldownRec>,
+}
+
+impl SnapshotRow {
+    /// The worst used/limit over the declared windows (a limit of 0 counts as full);
+    /// `None` without limits (SPEC §9, §12).
+    pub fn used_fraction(&self) -> Option<f64> {
+        let pairs = [
+            (self.rpm_used, self.limits.rpm),
+            (self.rpd_used, self.limits.rpd),
+            (self.tpm_used, self.limits.tpm),
+            (self.tpd_used, self.limits.tpd),
+        ];
+        pairs
+            .iter()
+            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { *used as f64 / l as f64 }))
+            .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
+    }
 }
 
 /// A log record for the host's logger, emitted after the engine lock is released.
@@ -284,6 +348,10 @@ impl Engine {
         if let Some(c) = ch.caps {
             self.mirror.caps = c.into_iter().collect();
         }
+        let tables_changed = tables_changed || ch.history.is_some();
+        if let Some(h) = ch.history {
+            self.mirror.replace_history(h);
+        }
         if tables_changed && !self.pending.is_empty() {
             // Our own buffered changes are newer than what the store holds.
             let pending = std::mem::take(&mut self.pending);
@@ -312,6 +380,7 @@ impl Engine {
                 _ => Some(Write::Sweep {
                     usage_before: now.saturating_sub(self.settings.retention_ms),
                     leases_expired_at: now,
+                    history_before: now.saturating_sub(DAY_MS),
                 }),
             };
             let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
@@ -430,7 +499,14 @@ impl Engine {
             Write::ResetCaps(p) => {
                 self.mirror.caps.remove(p);
             }
-            Write::Sweep { .. } | Write::Log(_) => {}
+            Write::InsertHistory(h) => self.mirror.add_history(h.clone()),
+            Write::DeleteHistory { key_id, route, kinds } => {
+                return self.mirror.remove_history(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
+            }
+            Write::Sweep { history_before, .. } => {
+                self.mirror.prune_history(*history_before);
+            }
+            Write::Log(_) => {}
         }
         0
     }
@@ -669,7 +745,26 @@ impl Engine {
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.clock.now_ms();
-        self.write_usage(vec![Self::usage_row(route, UsageKind::Request, 1, now)])
+        let mut writes = vec![Self::usage_row(route, UsageKind::Request, 1, now)];
+        self.clear_history_on_success(route, &mut writes);
+        self.write_usage(writes)
+    }
+
+    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit and
+    /// empty-completion history and its key's auth ladder. Only when there is some,
+    /// so the hot path writes nothing extra.
+    fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
+        let (route_rows, auth_rows) = self.mirror.has_history_to_clear(route);
+        if route_rows {
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                kinds: vec![HistoryKind::Ladder, HistoryKind::Unknown, HistoryKind::Empty],
+            });
+        }
+        if auth_rows {
+            writes.push(Write::DeleteHistory { key_id: route.key_id, route: None, kinds: vec![HistoryKind::Auth] });
+        }
     }
 
     pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
@@ -822,6 +917,7 @@ impl Engine {
         if let Some(t) = tokens {
             writes.push(Self::usage_row(route, UsageKind::Tokens, t, now));
         }
+        self.clear_history_on_success(route, &mut writes);
         if lease_id < 0 {
             self.mirror.remove_lease(lease_id);
         } else {
@@ -856,6 +952,10 @@ impl Engine {
             source,
             set_at_ms: now,
         });
+        self.logs.push((
+            log::Level::Info,
+            format!("cooldown {route} set for {duration_ms} ms ({}, by the operator)", source.as_str()),
+        ));
         self.leave(sec, vec![w]).map(|_| ())
     }
 
@@ -893,11 +993,23 @@ impl Engine {
             model_id: Arc::from(route.model_id.as_str()),
             key_id: route.key_id,
         }])?;
-        Ok(ids.first().copied().unwrap_or(0) > 0)
+        let cleared = ids.first().copied().unwrap_or(0) > 0;
+        if cleared {
+            self.logs.push((log::Level::Info, format!("cooldown {route} cleared early")));
+        }
+        Ok(cleared)
     }
 
+    /// Operator reset: the key's cooldowns and all its failure history.
     pub fn clear_cooldowns_for_key(&mut self, key_id: i64) -> Result<i64> {
-        let ids = self.write(vec![Write::DeleteCooldownsForKey(key_id)])?;
+        let ids = self.write(vec![
+            Write::DeleteCooldownsForKey(key_id),
+            Write::DeleteHistory {
+                key_id,
+                route: None,
+                kinds: vec![HistoryKind::Ladder, HistoryKind::Unknown, HistoryKind::Auth, HistoryKind::Empty],
+            },
+        ])?;
         Ok(ids.first().copied().unwrap_or(0))
     }
 
@@ -906,6 +1018,222 @@ impl Engine {
         let now = sec.now;
         let ids = self.leave(sec, vec![Write::DeleteExpiredCooldowns(now)])?;
         Ok(ids.first().copied().unwrap_or(0))
+    }
+
+    /// Active heuristic cooldowns (the ones a probe may clear), soonest first.
+    pub fn probeable_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
+        Ok(self.active_cooldowns(None)?.into_iter().filter(|c| c.source == CooldownSource::Heuristic).collect())
+    }
+
+    fn is_local(&self, key_id: i64) -> bool {
+        self.mirror.keys.get(&key_id).and_then(|k| k.base_url.as_deref()).is_some_and(is_local_base_url)
+    }
+
+    fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
+        let (platform, model_id): (Arc<str>, Arc<str>) = if kind == HistoryKind::Auth {
+            (Arc::from(route.platform.as_str()), Arc::from(""))
+        } else {
+            (Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))
+        };
+        Write::InsertHistory(HistoryRow { platform, model_id, key_id: route.key_id, kind, hit_at_ms: now })
+    }
+
+    /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
+    /// ladder step it counts.
+    fn limit_decision(
+        &mut self,
+        route: &Route,
+        limits: Limits,
+        retry_after_ms: Option<i64>,
+        quota_signal: bool,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> CooldownDecision {
+        if self.is_local(route.key_id) {
+            return CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
+        }
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.mirror.prune_route(rid, now);
+        let day = self.mirror.route(rid).win.day(now);
+        let daily_exhausted = limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
+        let mut effectively_exhausted = false;
+        if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
+            let earlier = self.mirror.history_count(route, HistoryKind::Unknown, now.saturating_sub(UNKNOWN_HIT_WINDOW_MS));
+            writes.push(Self::history_row(route, HistoryKind::Unknown, now));
+            effectively_exhausted = earlier + 1 >= 2;
+        }
+        let facts = LimitFacts {
+            daily_exhausted,
+            effectively_exhausted,
+            ladder_steps: self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
+        };
+        let (decision, stepped) = decide_limit(facts, retry_after_ms, now);
+        if stepped {
+            writes.push(Self::history_row(route, HistoryKind::Ladder, now));
+        }
+        decision
+    }
+
+    /// SPEC §6.1 as a call of its own: decides and counts, sets no cooldown.
+    pub fn cooldown_decision_for_limit(
+        &mut self,
+        route: &Route,
+        limits: Option<Limits>,
+        retry_after_ms: Option<i64>,
+        quota_signal: bool,
+    ) -> Result<CooldownDecision> {
+        let limits = limits.map(Limits::validate).transpose()?;
+        if let Some(ra) = retry_after_ms {
+            check_non_negative("retry_after_ms", ra)?;
+        }
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let mut writes = Vec::new();
+        let d = self.limit_decision(route, limits, retry_after_ms, quota_signal, now, &mut writes);
+        self.leave(sec, writes)?;
+        Ok(d)
+    }
+
+    /// SPEC §7 inside an open write section: the limit a message states, written only
+    /// when it tightens the stored one.
+    fn learn(&mut self, platform: &str, model_id: &str, message: Option<&str>, writes: &mut Vec<Write>) -> Option<LearnedLimit> {
+        let learned = parse_provider_limit(message)?;
+        let mut model = self.mirror.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
+            platform: platform.to_string(),
+            model_id: model_id.to_string(),
+            limits: Limits::default(),
+            monthly_token_budget: None,
+        });
+        let slot = match learned.kind {
+            LimitAxis::Rpm => &mut model.limits.rpm,
+            LimitAxis::Rpd => &mut model.limits.rpd,
+            LimitAxis::Tpm => &mut model.limits.tpm,
+            LimitAxis::Tpd => &mut model.limits.tpd,
+        };
+        if slot.is_some_and(|v| v <= learned.limit) {
+            return None;
+        }
+        *slot = Some(learned.limit);
+        self.logs.push((
+            log::Level::Info,
+            format!("learned {} = {} for {platform}/{model_id} from a provider error", learned.kind.as_str(), learned.limit),
+        ));
+        // Apply now so a decision in the same section sees it.
+        self.mirror.put_model(model.clone());
+        writes.push(Write::UpsertModel(model));
+        Some(learned)
+    }
+
+    pub fn learn_limit_from_error(&mut self, platform: &str, model_id: &str, message: Option<&str>) -> Result<Option<LearnedLimit>> {
+        check_name("platform", platform)?;
+        check_name("model_id", model_id)?;
+        if parse_provider_limit(message).is_none() {
+            return Ok(None);
+        }
+        let sec = self.enter(true)?;
+        let mut writes = Vec::new();
+        let learned = self.learn(platform, model_id, message, &mut writes);
+        self.leave(sec, writes)?;
+        Ok(learned)
+    }
+
+    /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
+    /// later-expiring cooldown), counts ladder/auth/streak history, learns limits.
+    pub fn record_failure(&mut self, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
+        let limits = f.limits.map(Limits::validate).transpose()?;
+        if let Some(RetryAfter::Millis(ms)) = f.retry_after {
+            check_non_negative("retry_after", ms)?;
+        }
+        let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let mut writes = Vec::new();
+        let retry_ms = match &f.retry_after {
+            Some(RetryAfter::Text(t)) => parse_retry_after_ms(Some(t), now),
+            Some(RetryAfter::Millis(ms)) => Some((*ms).min(DAY_MS)),
+            None => None,
+        }
+        .or_else(|| parse_stated_retry_ms(f.message.as_deref()));
+        let learned = if kind == FailureKind::Auth {
+            None
+        } else {
+            self.learn(&route.platform, &route.model_id, f.message.as_deref(), &mut writes)
+        };
+        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let local = self.is_local(route.key_id);
+        if kind != FailureKind::EmptyCompletion
+            && self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) > 0
+        {
+            // Any other outcome ends the empty-completion streak.
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                kinds: vec![HistoryKind::Empty],
+            });
+        }
+        let decision = match kind_rule(kind) {
+            KindRule::None => None,
+            _ if local => Some(CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic)),
+            KindRule::Fixed(d) => Some(d),
+            KindRule::AuthLadder => {
+                let n = self.mirror.history_count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
+                writes.push(Self::history_row(route, HistoryKind::Auth, now));
+                Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
+            }
+            KindRule::DailyQuota => Some(CooldownDecision::new(
+                retry_ms.unwrap_or_else(|| next_midnight(now).saturating_sub(now)).min(DAY_MS),
+                CooldownSource::Authoritative,
+            )),
+            KindRule::Limit { quota_signal } => {
+                Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, &mut writes))
+            }
+            KindRule::EmptyStreak => {
+                let n = self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) + 1;
+                writes.push(Self::history_row(route, HistoryKind::Empty, now));
+                (n >= EMPTY_STREAK_BENCH)
+                    .then(|| self.limit_decision(route, limits, retry_ms, false, now, &mut writes))
+            }
+        };
+        let cooldown = decision.map(|d| {
+            let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+            let expires = now.saturating_add(d.duration_ms);
+            match self.mirror.active_cooldown(rid, now) {
+                // Never shorten: a cooldown that lasts as long or longer stands.
+                Some(c) if c.expires_at_ms >= expires => {
+                    CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source)
+                }
+                _ => {
+                    writes.push(Write::UpsertCooldown(CooldownRow {
+                        platform: Arc::from(route.platform.as_str()),
+                        model_id: Arc::from(route.model_id.as_str()),
+                        key_id: route.key_id,
+                        expires_at_ms: expires,
+                        source: d.source,
+                        set_at_ms: now,
+                    }));
+                    self.logs.push((
+                        log::Level::Info,
+                        format!(
+                            "cooldown {route} for {} ms ({}, {})",
+                            d.duration_ms,
+                            d.source.as_str(),
+                            kind.as_str()
+                        ),
+                    ));
+                    d
+                }
+            }
+        });
+        self.leave(sec, writes)?;
+        Ok(FailureOutcome { kind, cooldown, learned })
+    }
+
+    /// A lease's failure: `record_failure` for its route, then the lease released.
+    pub fn finish_lease_failure(&mut self, lease_id: i64, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
+        let out = self.record_failure(route, f)?;
+        self.release_lease(lease_id)?;
+        Ok(out)
     }
 
     // ---- provider pools ----------------------------------------------------------
@@ -994,6 +1322,44 @@ impl Engine {
         self.read(|m, now| {
             m.prune_all(now);
             f(m, now)
+        })
+    }
+
+    /// One row per route that has usage today, a live lease or an active cooldown,
+    /// sorted by (platform, model_id, key_id) (SPEC §12).
+    pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
+        self.read(|m, now| {
+            m.prune_all(now);
+            let mut rows = Vec::new();
+            for (rid, r) in m.routes() {
+                let (minute, day) = (r.win.minute(), r.win.day(now));
+                let in_flight = m.route_in_flight(rid, now).count;
+                let cooldown = m.active_cooldown(rid, now);
+                if day.requests == 0 && day.tokens == 0 && minute.requests == 0 && minute.tokens == 0
+                    && in_flight == 0 && cooldown.is_none()
+                {
+                    continue;
+                }
+                let limits = m.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
+                rows.push(SnapshotRow {
+                    route: Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id },
+                    rpm_used: minute.requests,
+                    rpd_used: day.requests,
+                    tpm_used: minute.tokens,
+                    tpd_used: day.tokens,
+                    limits,
+                    in_flight,
+                    cooldown,
+                });
+            }
+            rows.sort_by(|a, b| {
+                (&a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
+                    &b.route.platform,
+                    &b.route.model_id,
+                    b.route.key_id,
+                ))
+            });
+            rows
         })
     }
 

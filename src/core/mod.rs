@@ -1,6 +1,7 @@
 //! The pure core: no Python, no system clock, no environment reads (the binding
 //! passes a clock and a copy of the environment in).
 pub mod clock;
+pub mod cooldowns;
 pub mod engine;
 pub mod env;
 pub mod error;

@@ -358,7 +358,7 @@ impl FromStr for LimitAxis {
 }
 
 /// A limit a provider stated in an error body.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LearnedLimit {
     pub kind: LimitAxis,
     pub limit: i64,

@@ -2,7 +2,7 @@
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
 //! incrementally from the store's change feed, and the only thing gates read.
 use crate::core::clock::next_midnight;
-use crate::core::store::{CooldownRow, LeaseRow, UsageKind, UsageRow};
+use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{
     Admission, CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo, ProviderCaps, Reason,
 };
@@ -80,6 +80,8 @@ pub struct Mirror {
     pub keys: HashMap<i64, KeyInfo>,
     models: HashMap<String, HashMap<String, ModelInfo>>,
     pub caps: HashMap<String, CapOverrides>,
+    /// `failure_history`, mirrored (small: pruned after 24 h, cleared by successes).
+    history: Vec<HistoryRow>,
 }
 
 /// Requests a `request` row stands for: its `tokens` column when above 1, else 1.
@@ -321,6 +323,63 @@ impl Mirror {
 
     pub fn active_cooldown(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
         self.cooldowns.get(&rid).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    // ---- failure history -----------------------------------------------------------
+
+    pub fn replace_history(&mut self, rows: Vec<HistoryRow>) {
+        self.history = rows;
+    }
+
+    pub fn prune_history(&mut self, before: i64) {
+        self.history.retain(|h| h.hit_at_ms >= before);
+    }
+
+    pub fn add_history(&mut self, row: HistoryRow) {
+        self.history.push(row);
+    }
+
+    /// Removes matching history; returns how many rows went.
+    pub fn remove_history(&mut self, key_id: i64, route: Option<(&str, &str)>, kinds: &[HistoryKind]) -> i64 {
+        let before = self.history.len();
+        self.history.retain(|h| {
+            !(h.key_id == key_id
+                && kinds.contains(&h.kind)
+                && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
+        });
+        (before - self.history.len()) as i64
+    }
+
+    /// Hits of one kind on a route (or, for `Auth`, on the key) with `hit_at_ms > since`.
+    pub fn history_count(&self, route: &crate::core::types::Route, kind: HistoryKind, since: i64) -> i64 {
+        self.history
+            .iter()
+            .filter(|h| {
+                h.kind == kind
+                    && h.key_id == route.key_id
+                    && h.hit_at_ms > since
+                    && (kind == HistoryKind::Auth
+                        || (&*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()))
+            })
+            .count() as i64
+    }
+
+    /// Whether a success on `route` has history to clear: the route's ladder,
+    /// unknown-limit and empty-completion rows, and the key's auth rows.
+    pub fn has_history_to_clear(&self, route: &crate::core::types::Route) -> (bool, bool) {
+        let mut route_rows = false;
+        let mut auth_rows = false;
+        for h in &self.history {
+            if h.key_id != route.key_id {
+                continue;
+            }
+            if h.kind == HistoryKind::Auth {
+                auth_rows = true;
+            } else if &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str() {
+                route_rows = true;
+            }
+        }
+        (route_rows, auth_rows)
     }
 
     // ---- provider accounts ---------------------------------------------------------

@@ -102,3 +102,42 @@ pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
     }
     count_arg(v, name).map(Some)
 }
+
+/// `retry_after=`: header text, or a number of seconds.
+pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::engine::RetryAfter>> {
+    use crate::core::engine::RetryAfter;
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Some(RetryAfter::Text(s.to_str()?.to_string())));
+    }
+    let secs = seconds_arg(obj, "retry_after")?;
+    let ms = (secs * 1000.0).round().min(86_400_000.0);
+    Ok(Some(RetryAfter::Millis(ms as i64)))
+}
+
+/// `kind=`: one of the SPEC §6.2 kinds.
+pub fn kind_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::parse::FailureKind>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    let s = str_arg(obj, "kind")?;
+    s.parse().map(Some).map_err(PyValueError::new_err)
+}
+
+/// A failure's keyword arguments.
+pub fn failure_args(
+    status: Option<&Bound<'_, PyAny>>,
+    retry_after: Option<&Bound<'_, PyAny>>,
+    message: Option<&Bound<'_, PyAny>>,
+    kind: Option<&Bound<'_, PyAny>>,
+    limits: Option<&Bound<'_, PyAny>>,
+) -> PyResult<crate::core::engine::FailureInput> {
+    Ok(crate::core::engine::FailureInput {
+        status: opt_int_arg(status, "status")?,
+        retry_after: retry_after_arg(retry_after)?,
+        message: match message.filter(|m| !m.is_none()) {
+            Some(m) => Some(str_arg(m, "message")?.to_string()),
+            None => None,
+        },
+        kind: kind_arg(kind)?,
+        limits: limits_arg(limits)?,
+    })
+}

@@ -2,7 +2,11 @@
 use super::convert::{count_arg, int_arg, limits_arg, opt_int_arg, opt_limit, str_arg};
 use super::errors::to_pyerr;
 use super::lease::PyLease;
-use super::types::{PyAdmission, PyCooldown, PyLimits, PyManualClock, PyProviderCaps};
+use super::types::{
+    PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits, PyManualClock,
+    PyProviderCaps,
+};
+use super::convert::failure_args;
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::engine::{Engine, Gate, Settings, StoreSpec, UsageReport};
 use crate::core::env::Env;
@@ -18,7 +22,7 @@ use std::sync::Arc;
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads.
-#[pyclass(frozen, name = "QuotaEngine", module = "quotaengine", subclass)]
+#[pyclass(frozen, name = "_QuotaEngine", module = "quotaengine._quotaengine", subclass)]
 pub struct PyQuotaEngine {
     handle: Handle,
     clock: Arc<dyn Clock>,
@@ -498,6 +502,67 @@ impl PyQuotaEngine {
         self.run(py, |e| Ok(e.active_cooldowns(None)?.first().map(|c| c.expires_at_ms)))
     }
 
+    /// Active heuristic cooldowns (those a probe may clear), soonest first.
+    fn probeable_cooldowns(&self, py: Python<'_>) -> PyResult<Vec<PyCooldown>> {
+        let (v, now) = self.run(py, |e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
+        Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
+    }
+
+    /// SPEC §6.1: decides (and counts hits and ladder steps) but sets no cooldown.
+    #[pyo3(signature = (platform, model_id, key_id, limits=None, retry_after_ms=None, quota_signal=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn cooldown_decision_for_limit(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        limits: Option<&Bound<'_, PyAny>>,
+        retry_after_ms: Option<&Bound<'_, PyAny>>,
+        quota_signal: bool,
+    ) -> PyResult<PyCooldownDecision> {
+        let r = route(platform, model_id, key_id)?;
+        let l = limits_arg(limits)?;
+        let ra = opt_int_arg(retry_after_ms, "retry_after_ms")?;
+        Ok(PyCooldownDecision(self.run(py, move |e| e.cooldown_decision_for_limit(&r, l, ra, quota_signal))?))
+    }
+
+    /// SPEC §6.2: one call for any failure; benches the route and learns limits.
+    #[pyo3(signature = (platform, model_id, key_id, *, status=None, retry_after=None, message=None, kind=None, limits=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn record_failure(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        status: Option<&Bound<'_, PyAny>>,
+        retry_after: Option<&Bound<'_, PyAny>>,
+        message: Option<&Bound<'_, PyAny>>,
+        kind: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyFailureOutcome> {
+        let r = route(platform, model_id, key_id)?;
+        let input = failure_args(status, retry_after, message, kind, limits)?;
+        Ok(PyFailureOutcome(self.run(py, move |e| e.record_failure(&r, input))?))
+    }
+
+    /// SPEC §7: writes the model's limit only when it tightens it; returns what changed.
+    fn learn_limit_from_error(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        message: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyLearnedLimit>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        let msg = match message.filter(|m| !m.is_none()) {
+            Some(x) => Some(str_arg(x, "message")?),
+            None => None,
+        };
+        Ok(self.run(py, |e| e.learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
+    }
+
     // ---- provider pools ----------------------------------------------------------
 
     fn provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<PyProviderCaps> {
@@ -625,6 +690,32 @@ impl PyQuotaEngine {
             out.append(d)?;
         }
         Ok(out)
+    }
+
+    /// Rows of the snapshot as dicts (wrapped by `quotaengine.QuotaSnapshot`).
+    fn _snapshot_rows<'py>(&self, py: Python<'py>) -> PyResult<(i64, Bound<'py, PyList>)> {
+        let (rows, now) = self.run(py, |e| Ok((e.snapshot()?, e.now_ms())))?;
+        let out = PyList::empty(py);
+        for r in rows {
+            let d = PyDict::new(py);
+            d.set_item("platform", &r.route.platform)?;
+            d.set_item("model_id", &r.route.model_id)?;
+            d.set_item("key_id", r.route.key_id)?;
+            d.set_item("rpm_used", r.rpm_used)?;
+            d.set_item("rpm_limit", r.limits.rpm)?;
+            d.set_item("rpd_used", r.rpd_used)?;
+            d.set_item("rpd_limit", r.limits.rpd)?;
+            d.set_item("tpm_used", r.tpm_used)?;
+            d.set_item("tpm_limit", r.limits.tpm)?;
+            d.set_item("tpd_used", r.tpd_used)?;
+            d.set_item("tpd_limit", r.limits.tpd)?;
+            d.set_item("used_fraction", r.used_fraction())?;
+            d.set_item("in_flight", r.in_flight)?;
+            d.set_item("cooldown_source", r.cooldown.map(|c| c.source.as_str()))?;
+            d.set_item("cooldown_expires_at_ms", r.cooldown.map(|c| c.expires_at_ms))?;
+            out.append(d)?;
+        }
+        Ok((now, out))
     }
 
     /// Test hook: panics inside the engine; the panic must come back as an exception.

@@ -85,6 +85,29 @@ impl PyLease {
         self.finish_success(py, tokens)
     }
 
+    /// `record_failure(...)` for this lease's route, then release. Returns the outcome
+    /// (None when the lease was already finished).
+    #[pyo3(signature = (*, status=None, retry_after=None, message=None, kind=None))]
+    fn failure(
+        &self,
+        py: Python<'_>,
+        status: Option<&Bound<'_, PyAny>>,
+        retry_after: Option<&Bound<'_, PyAny>>,
+        message: Option<&Bound<'_, PyAny>>,
+        kind: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
+        let input = super::convert::failure_args(status, retry_after, message, kind, None)?;
+        if self.done.swap(true, Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let (id, route) = (self.id, &self.route);
+        let out = py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
+            self.done.store(false, Ordering::SeqCst);
+            to_pyerr(e)
+        })?;
+        Ok(Some(super::types::PyFailureOutcome(out)))
+    }
+
     /// Releases the lease without recording anything. Idempotent.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         self.finish_release(py)

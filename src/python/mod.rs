@@ -17,7 +17,10 @@ mod _quotaengine {
     #[pymodule_export]
     use super::lease::{PyLease, PyReady};
     #[pymodule_export]
-    use super::types::{PyAdmission, PyCooldown, PyLimits, PyManualClock, PyProviderCaps};
+    use super::types::{
+        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits, PyManualClock,
+        PyProviderCaps,
+    };
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -25,6 +28,45 @@ mod _quotaengine {
         let _ = pyo3_log::try_init();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
+    }
+
+    /// SPEC §6.2: delta-seconds or an HTTP-date -> ms (clamped to 24 h); None if unparsable.
+    #[pyfunction]
+    #[pyo3(signature = (value, now_ms=None))]
+    fn parse_retry_after_ms(value: Option<&str>, now_ms: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+        use crate::core::clock::Clock;
+        let now = match now_ms {
+            Some(n) if !n.is_none() => super::convert::int_arg(n, "now_ms")?,
+            _ => crate::core::clock::SystemClock.now_ms(),
+        };
+        Ok(crate::core::parse::parse_retry_after_ms(value, now))
+    }
+
+    /// SPEC §6.2: a delay stated in an error body ("try again in 7.66s", retryDelay "17s").
+    #[pyfunction]
+    #[pyo3(signature = (message))]
+    fn parse_stated_retry_ms(message: Option<&str>) -> Option<i64> {
+        crate::core::parse::parse_stated_retry_ms(message)
+    }
+
+    /// SPEC §7: "limit N" plus a confident axis, else None.
+    #[pyfunction]
+    #[pyo3(signature = (message))]
+    fn parse_provider_limit(message: Option<&str>) -> Option<PyLearnedLimit> {
+        crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit)
+    }
+
+    /// SPEC §8.1: the quota pool a (platform, model) draws from.
+    #[pyfunction]
+    #[pyo3(signature = (platform, model_id=None))]
+    fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
+        crate::core::pools::infer_quota_pool_key(platform, model_id)
+    }
+
+    /// SPEC §8.1: true for platforms whose keys share one account-wide pool.
+    #[pyfunction]
+    fn is_shared_pool(platform: &str) -> bool {
+        crate::core::pools::is_shared_pool(platform)
     }
 
     /// The version of the SQLite library the engine runs on; equals `sqlite3.sqlite_version`.

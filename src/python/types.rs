@@ -215,3 +215,73 @@ impl PyManualClock {
         format!("ManualClock(now_ms={})", self.0.now_ms())
     }
 }
+
+/// A bench decided for a failure.
+#[pyclass(frozen, eq, name = "CooldownDecision", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyCooldownDecision(pub crate::core::cooldowns::CooldownDecision);
+
+#[pymethods]
+impl PyCooldownDecision {
+    #[getter]
+    fn duration_ms(&self) -> i64 {
+        self.0.duration_ms
+    }
+    #[getter]
+    fn source(&self) -> &'static str {
+        self.0.source.as_str()
+    }
+    fn __repr__(&self) -> String {
+        format!("CooldownDecision(duration_ms={}, source={:?})", self.0.duration_ms, self.0.source.as_str())
+    }
+}
+
+/// A limit read from a provider's error body.
+#[pyclass(frozen, eq, hash, name = "LearnedLimit", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PyLearnedLimit(pub crate::core::parse::LearnedLimit);
+
+#[pymethods]
+impl PyLearnedLimit {
+    /// "tpm", "tpd", "rpm" or "rpd".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.0.kind.as_str()
+    }
+    #[getter]
+    fn limit(&self) -> i64 {
+        self.0.limit
+    }
+    fn __repr__(&self) -> String {
+        format!("LearnedLimit(kind={:?}, limit={})", self.0.kind.as_str(), self.0.limit)
+    }
+}
+
+/// What `record_failure` decided.
+#[pyclass(frozen, eq, name = "FailureOutcome", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyFailureOutcome(pub crate::core::engine::FailureOutcome);
+
+#[pymethods]
+impl PyFailureOutcome {
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.0.kind.as_str()
+    }
+    #[getter]
+    fn cooldown(&self) -> Option<PyCooldownDecision> {
+        self.0.cooldown.map(PyCooldownDecision)
+    }
+    #[getter]
+    fn learned(&self) -> Option<PyLearnedLimit> {
+        self.0.learned.map(PyLearnedLimit)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "FailureOutcome(kind={:?}, cooldown={}, learned={})",
+            self.0.kind.as_str(),
+            self.cooldown().map_or("None".into(), |c| c.__repr__()),
+            self.learned().map_or("None".into(), |l| l.__repr__())
+        )
+    }
+}

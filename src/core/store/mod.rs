@@ -73,6 +73,45 @@ pub struct LogRow {
     pub created_at_ms: i64,
 }
 
+/// Kind of a `failure_history` row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HistoryKind {
+    Ladder,
+    Unknown,
+    Auth,
+    Empty,
+}
+
+impl HistoryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HistoryKind::Ladder => "ladder",
+            HistoryKind::Unknown => "unknown",
+            HistoryKind::Auth => "auth",
+            HistoryKind::Empty => "empty",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ladder" => HistoryKind::Ladder,
+            "unknown" => HistoryKind::Unknown,
+            "auth" => HistoryKind::Auth,
+            "empty" => HistoryKind::Empty,
+            _ => return None,
+        })
+    }
+}
+
+/// One `failure_history` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryRow {
+    pub platform: Arc<str>,
+    pub model_id: Arc<str>,
+    pub key_id: i64,
+    pub kind: HistoryKind,
+    pub hit_at_ms: i64,
+}
+
 /// What other writers changed since the previous pull. `None` means "unchanged".
 #[derive(Debug, Default)]
 pub struct Changes {
@@ -84,6 +123,7 @@ pub struct Changes {
     pub keys: Option<Vec<KeyInfo>>,
     pub models: Option<Vec<ModelInfo>>,
     pub caps: Option<Vec<(String, CapOverrides)>>,
+    pub history: Option<Vec<HistoryRow>>,
 }
 
 /// One change to persisted state.
@@ -111,8 +151,12 @@ pub enum Write {
     UpsertModel(ModelInfo),
     SetCaps(String, CapOverrides),
     ResetCaps(String),
+    InsertHistory(HistoryRow),
+    /// Deletes history of `key_id` with one of `kinds`; only of one route when
+    /// `route` is given. Returns the count.
+    DeleteHistory { key_id: i64, route: Option<(Arc<str>, Arc<str>)>, kinds: Vec<HistoryKind> },
     /// Retention: usage older than `usage_before`, leases expired at `leases_expired_at`.
-    Sweep { usage_before: i64, leases_expired_at: i64 },
+    Sweep { usage_before: i64, leases_expired_at: i64, history_before: i64 },
     Log(LogRow),
 }
 

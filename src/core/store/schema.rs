@@ -86,16 +86,30 @@ CREATE TABLE provider_caps (
     daily_tokens    INTEGER
 );
 
+-- Failure history that persists across restarts and processes (SPEC §6.1, §6.2):
+-- kind 'ladder' (a ladder step), 'unknown' (an unknown-limit hit), 'auth' (a 401 of
+-- the key; model_id is ''), 'empty' (an empty completion in a row).
+CREATE TABLE failure_history (
+    platform  TEXT    NOT NULL,
+    model_id  TEXT    NOT NULL,
+    key_id    INTEGER NOT NULL,
+    kind      TEXT    NOT NULL CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty')),
+    hit_at_ms INTEGER NOT NULL
+);
+CREATE INDEX idx_failure_history_key ON failure_history (key_id);
+
 CREATE TABLE quotaengine_meta (
     name    TEXT PRIMARY KEY,
     version INTEGER NOT NULL
 );
 INSERT INTO quotaengine_meta (name, version) VALUES
-    ('rate_limit_cooldowns', 0), ('api_keys', 0), ('models', 0), ('provider_caps', 0);
+    ('rate_limit_cooldowns', 0), ('api_keys', 0), ('models', 0), ('provider_caps', 0),
+    ('failure_history', 0);
 "#];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 4] = ["rate_limit_cooldowns", "api_keys", "models", "provider_caps"];
+pub const VERSIONED_TABLES: [&str; 5] =
+    ["rate_limit_cooldowns", "api_keys", "models", "provider_caps", "failure_history"];
 
 /// Triggers are (re)created after every migration, so that later versions can add
 /// tables to [`VERSIONED_TABLES`].

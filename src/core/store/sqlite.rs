@@ -1,7 +1,7 @@
 //! The SQLite backend: one connection per engine, WAL mode, the system's SQLite.
 use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
 use super::{
-    Changes, CooldownRow, LeaseRow, LogRow, Store, StoreResult, UsageFilter, UsageKind, UsageRow,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, Store, StoreResult, UsageFilter, UsageKind, UsageRow,
     Write,
 };
 use crate::core::error::StoreError;
@@ -253,6 +253,26 @@ impl SqliteStore {
         rows.collect()
     }
 
+    fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT platform, model_id, key_id, kind, hit_at_ms FROM failure_history")?;
+        let mut rows = stmt.query([])?;
+        let mut names = Interner::default();
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let Some(kind) = HistoryKind::parse(r.get_ref(3)?.as_str()?) else { continue };
+            out.push(HistoryRow {
+                platform: names.get(r.get_ref(0)?.as_str()?),
+                model_id: names.get(r.get_ref(1)?.as_str()?),
+                key_id: r.get(2)?,
+                kind,
+                hit_at_ms: r.get(4)?,
+            });
+        }
+        Ok(out)
+    }
+
     fn pull_inner(&mut self) -> rusqlite::Result<Changes> {
         let dv = self.data_version()?;
         let mut changes = Changes::default();
@@ -301,6 +321,9 @@ impl SqliteStore {
         }
         if versions[3] != self.versions[3] {
             changes.caps = Some(self.read_caps()?);
+        }
+        if versions[4] != self.versions[4] {
+            changes.history = Some(self.read_history()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);
@@ -411,7 +434,31 @@ impl SqliteStore {
             Write::ResetCaps(platform) => {
                 c.prepare_cached("DELETE FROM provider_caps WHERE platform = ?1")?.execute([platform])? as i64
             }
-            Write::Sweep { usage_before, leases_expired_at } => {
+            Write::InsertHistory(h) => {
+                c.prepare_cached(
+                    "INSERT INTO failure_history (platform, model_id, key_id, kind, hit_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?
+                .execute(params![&*h.platform, &*h.model_id, h.key_id, h.kind.as_str(), h.hit_at_ms])?;
+                0
+            }
+            Write::DeleteHistory { key_id, route, kinds } => {
+                let mut n = 0;
+                for k in kinds {
+                    n += match route {
+                        Some((p, m)) => c
+                            .prepare_cached(
+                                "DELETE FROM failure_history WHERE key_id = ?1 AND kind = ?2 AND platform = ?3 AND model_id = ?4",
+                            )?
+                            .execute(params![key_id, k.as_str(), &**p, &**m])?,
+                        None => c
+                            .prepare_cached("DELETE FROM failure_history WHERE key_id = ?1 AND kind = ?2")?
+                            .execute(params![key_id, k.as_str()])?,
+                    };
+                }
+                n as i64
+            }
+            Write::Sweep { usage_before, leases_expired_at, history_before } => {
+                c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?.execute([history_before])?;
                 // The newest row always stays, so that ids never go backwards.
                 let n = c
                     .prepare_cached(

@@ -1,0 +1,277 @@
+"""Type stubs and documentation of the Rust core (``quotaengine._quotaengine``).
+
+Every method of ``QuotaEngine`` and ``Lease`` releases the GIL while it does Rust
+work (locks, SQLite, arithmetic) and takes it again only to convert arguments and
+results. Times are ``int`` milliseconds since the Unix epoch, UTC.
+"""
+
+import os
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Final, Literal
+
+__version__: Final[str]
+
+_Reason = Literal[
+    "cooldown",
+    "rpm",
+    "rpd",
+    "tpm",
+    "tpd",
+    "provider_daily_requests",
+    "provider_minute_requests",
+    "provider_daily_tokens",
+    "key_concurrency",
+]
+_Source = Literal["heuristic", "authoritative", "credit", "tier"]
+_LimitsArg = Limits | Mapping[str, int | None] | None
+
+def sqlite_version() -> str:
+    """The version of the SQLite library the engine runs on (equals ``sqlite3.sqlite_version``)."""
+
+class ManualClock:
+    """A clock that moves only when told to; the engine and its threads read it."""
+
+    def __init__(self, now_ms: int) -> None: ...
+    def now_ms(self) -> int: ...
+    def advance(self, ms: int) -> None:
+        """Move the clock by ``ms`` (negative moves it back)."""
+    def set(self, now_ms: int) -> None: ...
+
+class Limits:
+    """A model's window limits; ``None`` is unlimited. Frozen, hashable."""
+
+    def __init__(
+        self, rpm: int | None = None, rpd: int | None = None, tpm: int | None = None, tpd: int | None = None
+    ) -> None: ...
+    @property
+    def rpm(self) -> int | None: ...
+    @property
+    def rpd(self) -> int | None: ...
+    @property
+    def tpm(self) -> int | None: ...
+    @property
+    def tpd(self) -> int | None: ...
+    def to_dict(self) -> dict[str, int | None]: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class Admission:
+    """The answer of ``check()``; truthy when allowed."""
+
+    @property
+    def allowed(self) -> bool: ...
+    @property
+    def reason(self) -> _Reason | None:
+        """The first failing gate, in SPEC order; None when allowed."""
+    @property
+    def retry_at_ms(self) -> int | None:
+        """Earliest time the failing gate can open; None when allowed or unknown."""
+    def __bool__(self) -> bool: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class Cooldown:
+    """An active bench of one (platform, model_id, key_id)."""
+
+    @property
+    def platform(self) -> str: ...
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def key_id(self) -> int: ...
+    @property
+    def expires_at_ms(self) -> int: ...
+    @property
+    def remaining_ms(self) -> int:
+        """Milliseconds left when this object was read."""
+    @property
+    def source(self) -> _Source: ...
+    @property
+    def set_at_ms(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class ProviderCaps:
+    """Provider-wide caps of a platform; None is no cap."""
+
+    @property
+    def daily_requests(self) -> int | None: ...
+    @property
+    def minute_requests(self) -> int | None: ...
+    @property
+    def daily_tokens(self) -> int | None: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class Lease:
+    """An admitted, in-flight request. A context manager, sync and async.
+
+    Leaving the block normally with no explicit outcome records
+    ``success(tokens=estimated_tokens)``; leaving it by an exception records nothing.
+    The lease is released either way.
+    """
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def platform(self) -> str: ...
+    @property
+    def model_id(self) -> str: ...
+    @property
+    def key_id(self) -> int: ...
+    @property
+    def estimated_tokens(self) -> int: ...
+    @property
+    def done(self) -> bool:
+        """True once an outcome was recorded or the lease released."""
+    def success(self, tokens: int | None = None) -> None:
+        """Record the request (and ``tokens`` when given) and release, in one commit."""
+    def release(self) -> None:
+        """Release without recording anything. Idempotent."""
+    def __enter__(self) -> Lease: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        _exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
+    ) -> bool: ...
+    def __aenter__(self) -> _Ready: ...
+    def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        _exc: BaseException | None = None,
+        _tb: TracebackType | None = None,
+    ) -> _Ready: ...
+
+class _Ready:
+    """An already-completed awaitable."""
+
+    def __await__(self) -> _Ready: ...
+    def __iter__(self) -> _Ready: ...
+    def __next__(self) -> None: ...
+
+class _QuotaEngine:
+    """The quota and cooldown engine. Thread-safe; share one per process.
+
+    ``path``: a SQLite file (None -> ``$QUOTAENGINE_DB`` from ``env``, else ``./quota.db``),
+    or ``":memory:"``. ``env`` replaces ``os.environ`` for this engine and is read once.
+    Raises ``DatabaseError`` when the file is not SQLite, holds another application's
+    tables, or has a newer schema; the file is then left unchanged.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        clock: ManualClock | None = None,
+        env: Mapping[str, str] | None = None,
+        retention_ms: int = 86_400_000,
+        lease_max_age_ms: int = 120_000,
+        window_usage_ttl_ms: int = 5_000,
+        busy_timeout_ms: int = 5_000,
+        flush_interval_ms: int = 0,
+        readonly: bool = False,
+    ) -> None: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def readonly(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def degraded(self) -> bool:
+        """True while database writes fail and the engine serves from memory."""
+    def now_ms(self) -> int:
+        """The engine clock's time."""
+    def close(self) -> None:
+        """Write what is buffered and close. Idempotent; later calls raise EngineClosed."""
+    def __enter__(self) -> QuotaEngine: ...
+    def __exit__(self, *_args: object) -> bool: ...
+    # keys and models
+    def register_key(
+        self, key_id: int, platform: str, *, base_url: str | None = None, label: str | None = None, enabled: bool = True
+    ) -> None:
+        """Insert or update an API key."""
+    def set_model_limits(
+        self,
+        platform: str,
+        model_id: str,
+        *,
+        rpm: int | None = None,
+        rpd: int | None = None,
+        tpm: int | None = None,
+        tpd: int | None = None,
+        monthly_token_budget: str | None = None,
+    ) -> None:
+        """Insert or update a model's limits (all four are replaced)."""
+    def model_limits(self, platform: str, model_id: str) -> Limits | None: ...
+    # usage
+    def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
+    def record_tokens(self, platform: str, model_id: str, key_id: int, tokens: int) -> None: ...
+    def usage(self, platform: str, model_id: str, key_id: int, limits: _LimitsArg = None) -> dict[str, Any]:
+        """``{"rpm": {"used", "limit"}, "rpd": .., "tpm": .., "tpd": .., "in_flight": int}``."""
+    # gates
+    def can_make_request(self, platform: str, model_id: str, key_id: int, limits: _LimitsArg = None) -> bool: ...
+    def can_use_tokens(
+        self, platform: str, model_id: str, key_id: int, estimated_tokens: int, limits: _LimitsArg = None
+    ) -> bool: ...
+    def can_use_provider(self, platform: str, key_id: int) -> bool: ...
+    def can_use_provider_minute(self, platform: str, key_id: int) -> bool: ...
+    def can_use_provider_tokens(self, platform: str, key_id: int, model_id: str, estimated_tokens: int) -> bool: ...
+    def can_use_key_concurrency(self, platform: str, key_id: int) -> bool: ...
+    def is_on_cooldown(self, platform: str, model_id: str, key_id: int) -> bool: ...
+    def check(
+        self, platform: str, model_id: str, key_id: int, estimated_tokens: int = 0, limits: _LimitsArg = None
+    ) -> Admission:
+        """Every gate in order; the first that fails names the reason."""
+    # leases
+    def acquire_lease(self, platform: str, model_id: str, key_id: int, estimated_tokens: int = 0) -> int:
+        """Take a lease without checking any gate; returns its id."""
+    def release_lease(self, lease_id: int) -> None:
+        """Release a lease. Idempotent."""
+    def lease(
+        self, platform: str, model_id: str, key_id: int, estimated_tokens: int = 0, limits: _LimitsArg = None
+    ) -> Lease:
+        """Run every gate and take the lease as one atomic step (across threads and
+        processes sharing the file). Raises QuotaExceeded when a gate refuses."""
+    # cooldowns
+    def set_cooldown(
+        self, platform: str, model_id: str, key_id: int, duration_ms: int = 60_000, source: _Source = "heuristic"
+    ) -> None:
+        """Bench a route (the operator's call: always overwrites)."""
+    def cooldown(self, platform: str, model_id: str, key_id: int) -> Cooldown | None: ...
+    def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
+        """Active cooldowns, soonest expiry first."""
+    def clear_cooldowns_for_key(self, key_id: int) -> int: ...
+    def clear_cooldown_early(self, platform: str, model_id: str, key_id: int) -> None: ...
+    def cleanup_expired_cooldowns(self) -> int: ...
+    def soonest_cooldown_expiry(self) -> int | None: ...
+    # provider pools
+    def provider_caps(self, platform: str) -> ProviderCaps: ...
+    def set_provider_caps(
+        self,
+        platform: str,
+        *,
+        daily_requests: int | None = ...,
+        minute_requests: int | None = ...,
+        daily_tokens: int | None = ...,
+    ) -> None:
+        """An int sets a cap (0 refuses everything), None means no cap, an omitted
+        argument keeps what is set. Persisted; wins over env and defaults."""
+    def reset_provider_caps(self, platform: str) -> None: ...
+    def provider_daily_request_count(self, platform: str, key_id: int) -> int: ...
+    def provider_minute_request_count(self, platform: str, key_id: int) -> int: ...
+    def provider_daily_token_count(self, platform: str, key_id: int) -> int: ...
+    # analysis
+    def usage_events(
+        self,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        platform: str | None = None,
+        model_id: str | None = None,
+        key_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Usage rows with ``since_ms <= created_at_ms < until_ms``, oldest first."""
+    def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
+        """``server_logs`` rows, newest first."""
+    def _debug_panic(self) -> None: ...
+    def _pending_writes(self) -> int: ...
+    def _snapshot_rows(self) -> tuple[int, list[dict[str, Any]]]: ...

@@ -1,0 +1,151 @@
+//! Cooldown decisions (SPEC §6.1, §6.2): pure rules over counts the engine supplies.
+use crate::core::clock::{next_midnight, DAY_MS};
+use crate::core::parse::FailureKind;
+use crate::core::types::CooldownSource;
+
+/// A bench chosen for a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CooldownDecision {
+    pub duration_ms: i64,
+    pub source: CooldownSource,
+}
+
+impl CooldownDecision {
+    pub const fn new(duration_ms: i64, source: CooldownSource) -> Self {
+        Self { duration_ms, source }
+    }
+}
+
+/// A local endpoint's bench: whatever the failure (SPEC §6.1 step 1).
+pub const LOCAL_BENCH_MS: i64 = 5_000;
+/// A transient rate-limit bench; takes no ladder step.
+pub const TRANSIENT_BENCH_MS: i64 = 90_000;
+/// The cap of a step taken only because limits are unknown.
+pub const UNKNOWN_LIMIT_MAX_MS: i64 = 600_000;
+/// Ladder steps per (platform, model_id, key_id) over a rolling 24 h.
+pub const LADDER_MS: [i64; 4] = [120_000, 600_000, 3_600_000, DAY_MS];
+/// A key's 401 ladder over a rolling 24 h.
+pub const AUTH_LADDER_MS: [i64; 4] = [300_000, 1_800_000, 7_200_000, DAY_MS];
+/// Window of the unknown-limit heuristic.
+pub const UNKNOWN_HIT_WINDOW_MS: i64 = 3_600_000;
+/// Empty completions in a row before the route is benched.
+pub const EMPTY_STREAK_BENCH: i64 = 3;
+
+/// The `n`-th step (1-based) of a ladder; later steps stay on the last rung.
+pub fn ladder_step(ladder: &[i64; 4], n: i64) -> i64 {
+    let i = usize::try_from(n.saturating_sub(1).clamp(0, 3)).unwrap_or(3);
+    ladder[i]
+}
+
+/// What step 2-5 of SPEC §6.1 need to know.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LimitFacts {
+    /// RPD used >= rpd, or TPD used >= tpd.
+    pub daily_exhausted: bool,
+    /// rpd and tpd both unknown, with a quota signal, and >= 2 unknown-limit hits
+    /// in the last hour (this one included).
+    pub effectively_exhausted: bool,
+    /// Ladder steps already taken in the last 24 h.
+    pub ladder_steps: i64,
+}
+
+/// SPEC §6.1 steps 4-5. Returns the decision and whether a ladder step was taken.
+pub fn decide_limit(facts: LimitFacts, retry_after_ms: Option<i64>, now: i64) -> (CooldownDecision, bool) {
+    let mut bench = TRANSIENT_BENCH_MS;
+    let mut stepped = false;
+    if facts.daily_exhausted || facts.effectively_exhausted {
+        bench = ladder_step(&LADDER_MS, facts.ladder_steps.saturating_add(1));
+        stepped = true;
+        if facts.daily_exhausted {
+            // The day windows that exhausted it reset at midnight.
+            bench = bench.min(next_midnight(now).saturating_sub(now));
+        } else {
+            bench = bench.min(UNKNOWN_LIMIT_MAX_MS);
+        }
+    }
+    let decision = match retry_after_ms {
+        Some(ra) if ra > bench => CooldownDecision::new(ra.min(DAY_MS), CooldownSource::Authoritative),
+        _ => CooldownDecision::new(bench, CooldownSource::Heuristic),
+    };
+    (decision, stepped)
+}
+
+/// How a kind benches (SPEC §6.2), before the local-endpoint override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindRule {
+    Fixed(CooldownDecision),
+    AuthLadder,
+    DailyQuota,
+    Limit { quota_signal: bool },
+    EmptyStreak,
+    None,
+}
+
+pub fn kind_rule(kind: FailureKind) -> KindRule {
+    match kind {
+        FailureKind::Payment => KindRule::Fixed(CooldownDecision::new(DAY_MS, CooldownSource::Credit)),
+        FailureKind::Forbidden => KindRule::Fixed(CooldownDecision::new(DAY_MS, CooldownSource::Tier)),
+        FailureKind::Auth => KindRule::AuthLadder,
+        FailureKind::DailyQuota => KindRule::DailyQuota,
+        FailureKind::RateLimit => KindRule::Limit { quota_signal: true },
+        FailureKind::Timeout | FailureKind::ServerError | FailureKind::Transport => {
+            KindRule::Limit { quota_signal: false }
+        }
+        FailureKind::EmptyCompletion => KindRule::EmptyStreak,
+        FailureKind::Other => KindRule::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOON: i64 = 1_767_268_800_000; // 2026-01-01 12:00 UTC
+
+    #[test]
+    fn transient_bench_takes_no_step() {
+        let (d, stepped) = decide_limit(LimitFacts::default(), None, NOON);
+        assert_eq!(d, CooldownDecision::new(90_000, CooldownSource::Heuristic));
+        assert!(!stepped);
+    }
+
+    #[test]
+    fn ladder_climbs_and_stays_on_last_rung() {
+        let steps: Vec<i64> = (0..6)
+            .map(|n| {
+                decide_limit(
+                    LimitFacts { daily_exhausted: true, ladder_steps: n, ..Default::default() },
+                    None,
+                    NOON,
+                )
+                .0
+                .duration_ms
+            })
+            .collect();
+        // 24 h would pass midnight: capped at the 12 h left.
+        assert_eq!(steps, vec![120_000, 600_000, 3_600_000, 43_200_000, 43_200_000, 43_200_000]);
+    }
+
+    #[test]
+    fn unknown_limits_cap_at_ten_minutes() {
+        let f = LimitFacts { effectively_exhausted: true, ladder_steps: 3, ..Default::default() };
+        assert_eq!(decide_limit(f, None, NOON).0.duration_ms, 600_000);
+    }
+
+    #[test]
+    fn longer_retry_after_wins_and_is_authoritative() {
+        let (d, _) = decide_limit(LimitFacts::default(), Some(120_000), NOON);
+        assert_eq!(d, CooldownDecision::new(120_000, CooldownSource::Authoritative));
+        let (d, _) = decide_limit(LimitFacts::default(), Some(30_000), NOON);
+        assert_eq!(d, CooldownDecision::new(90_000, CooldownSource::Heuristic));
+        let (d, _) = decide_limit(LimitFacts::default(), Some(10 * DAY_MS), NOON);
+        assert_eq!(d.duration_ms, DAY_MS);
+    }
+
+    #[test]
+    fn auth_ladder_steps() {
+        assert_eq!(ladder_step(&AUTH_LADDER_MS, 1), 300_000);
+        assert_eq!(ladder_step(&AUTH_LADDER_MS, 4), DAY_MS);
+        assert_eq!(ladder_step(&AUTH_LADDER_MS, 9), DAY_MS);
+    }
+}

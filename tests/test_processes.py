@@ -1,0 +1,328 @@
+"""Several processes on one file behave as one engine (SPEC §10): atomic admission across processes,
+rows written elsewhere seen by the next call, reopening keeps state, leases of a killed process expire,
+and every call that returned survives a SIGKILL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import quotaengine as q
+
+T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
+HOUR = 3_600_000
+TEN_AM = T0 + 10 * HOUR
+P, M, K = "groq", "llama-3.1-8b", 1
+
+
+@contextlib.contextmanager
+def spawn(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """Runs `script` in a fresh interpreter (the same venv) with `args` in sys.argv[1:]; kills it and
+    closes its pipes on the way out."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+def stderr_of(proc: subprocess.Popen[str]) -> str:
+    if proc.poll() is None:
+        proc.kill()
+    return proc.communicate()[1] or ""
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 20) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out
+
+
+def usage_at(db_path: Path, now_ms: int = TEN_AM, **kwargs: int) -> dict:
+    with q.QuotaEngine(db_path, clock=q.ManualClock(now_ms), env={}, **kwargs) as e:
+        return e.usage(P, M, K)
+
+
+RACE = """
+    import random, sys, threading, time
+    import quotaengine as q
+    db, now = sys.argv[1], int(sys.argv[2])
+    e = q.QuotaEngine(db, clock=q.ManualClock(now), env={})
+    held = []
+    counts = [0] * 8
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def worker(i):
+        try:
+            barrier.wait()
+            while True:
+                try:
+                    held.append(e.lease("groq", "llama-3.1-8b", 1))
+                    counts[i] += 1
+                    # spreads the admissions over time so that every process takes part in the race
+                    time.sleep(random.uniform(0, 0.004))
+                except q.QuotaExceeded as exc:
+                    if exc.reason != "rpm":
+                        errors.append(exc.reason)
+                    return
+        except BaseException as exc:
+            errors.append(repr(exc))
+
+    print("ready", flush=True)
+    sys.stdin.readline()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("admitted", sum(counts), "errors", len(errors), *errors, flush=True)
+    # The leases stay held: the process exits without releasing them.
+    import os
+    os._exit(0)
+"""
+
+
+def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path) -> None:
+    with q.QuotaEngine(db_path, clock=q.ManualClock(TEN_AM), env={}) as e:
+        e.set_model_limits(P, M, rpm=100)  # the children read it from the file
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(spawn(RACE, str(db_path), str(TEN_AM))) for _ in range(4)]
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready", stderr_of(p)
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [finish(p) for p in procs]
+    per_process = []
+    for out in outs:
+        words = out.split()
+        assert words[0] == "admitted" and words[2] == "errors" and words[3] == "0", out
+        per_process.append(int(words[1]))
+    assert sum(per_process) == 100
+    assert sum(1 for n in per_process if n) >= 2, per_process  # it was a race
+    u = usage_at(db_path)
+    assert u["in_flight"] == 100
+    assert u["rpm"]["limit"] == 100
+
+
+WRITE_ONE = """
+    import sys
+    import quotaengine as q
+    db, now = sys.argv[1], int(sys.argv[2])
+    with q.QuotaEngine(db, clock=q.ManualClock(now), env={}) as e:
+        e.record_request("groq", "llama-3.1-8b", 1)
+        e.record_tokens("groq", "llama-3.1-8b", 1, 70)
+        e.acquire_lease("groq", "llama-3.1-8b", 1, 30)
+        e.set_cooldown("groq", "other-model", 1, duration_ms=60_000)
+        e.set_model_limits("groq", "llama-3.1-8b", rpm=2)
+"""
+
+
+def test_rows_from_another_process_are_seen_by_the_next_call(db_path: Path, engine: q.QuotaEngine) -> None:
+    # The fixture engine has already read the (empty) file.
+    assert engine.usage(P, M, K)["rpm"]["used"] == 0
+    assert engine.can_make_request(P, M, K)
+    with spawn(WRITE_ONE, str(db_path), str(TEN_AM)) as proc:
+        finish(proc)
+    u = engine.usage(P, M, K)
+    assert (u["rpm"]["used"], u["rpd"]["used"], u["tpm"]["used"], u["tpd"]["used"]) == (1, 1, 70, 70)
+    assert u["in_flight"] == 1
+    assert u["rpm"]["limit"] == 2
+    assert engine.model_limits(P, M) == q.Limits(rpm=2)
+    assert not engine.can_make_request(P, M, K)  # 1 used + 1 leased >= 2
+    assert engine.is_on_cooldown(P, "other-model", K)
+    assert engine.check(P, "other-model", K).reason == "cooldown"
+
+
+def test_rows_from_plain_sqlite3_are_seen_by_the_next_call(db_path: Path, engine: q.QuotaEngine) -> None:
+    engine.set_model_limits(P, M, rpm=3, tpm=500)
+    engine.record_request(P, M, K)
+    assert engine.can_make_request(P, M, K)
+    now = engine.now_ms()
+    con = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        con.execute(
+            "INSERT INTO rate_limit_usage(platform, model_id, key_id, kind, tokens, created_at_ms) "
+            "VALUES (?, ?, ?, 'request', 1, ?)",
+            (P, M, K, now),
+        )
+        con.execute(
+            "INSERT INTO rate_limit_usage(platform, model_id, key_id, kind, tokens, created_at_ms) "
+            "VALUES (?, ?, ?, 'tokens', 450, ?)",
+            (P, M, K, now),
+        )
+    finally:
+        con.close()
+    u = engine.usage(P, M, K)
+    assert (u["rpm"]["used"], u["rpd"]["used"], u["tpm"]["used"], u["tpd"]["used"]) == (2, 2, 450, 450)
+    assert engine.can_use_tokens(P, M, K, 50)
+    assert not engine.can_use_tokens(P, M, K, 51)
+    # One more from sqlite3 fills rpm: the very next gate call must refuse.
+    con = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        con.execute(
+            "INSERT INTO rate_limit_usage(platform, model_id, key_id, kind, tokens, created_at_ms) "
+            "VALUES (?, ?, ?, 'request', 1, ?)",
+            (P, M, K, now),
+        )
+    finally:
+        con.close()
+    assert not engine.can_make_request(P, M, K)
+    with pytest.raises(q.QuotaExceeded):
+        engine.lease(P, M, K)
+
+
+def test_cooldown_from_plain_sqlite3_is_seen(db_path: Path, engine: q.QuotaEngine) -> None:
+    assert not engine.is_on_cooldown(P, M, K)
+    now = engine.now_ms()
+    con = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        con.execute(
+            "INSERT INTO rate_limit_cooldowns(platform, model_id, key_id, expires_at_ms, source, set_at_ms) "
+            "VALUES (?, ?, ?, ?, 'heuristic', ?)",
+            (P, M, K, now + 30_000, now),
+        )
+    finally:
+        con.close()
+    assert engine.is_on_cooldown(P, M, K)
+    adm = engine.check(P, M, K)
+    assert (adm.reason, adm.retry_at_ms) == ("cooldown", now + 30_000)
+
+
+def all_cells(db_path: Path) -> set[object]:
+    """Every value in every table of the file, read with plain sqlite3."""
+    con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        cells: set[object] = set()
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for t in tables:
+            for row in con.execute(f'SELECT * FROM "{t}"'):
+                cells.update(row)
+        return cells
+    finally:
+        con.close()
+
+
+def test_reopening_keeps_everything(db_path: Path) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        e.register_key(7, P, base_url="https://api.groq.example/v1", label="team-key-seven")
+        e.set_model_limits(P, M, rpm=5, rpd=100, tpm=1000, tpd=None)
+        e.record_request(P, M, K)
+        e.record_tokens(P, M, K, 321)
+        e.set_cooldown(P, "m2", K, duration_ms=90_000, source="authoritative")
+        e.acquire_lease(P, M, K, 10)
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        assert e.model_limits(P, M) == q.Limits(rpm=5, rpd=100, tpm=1000, tpd=None)
+        u = e.usage(P, M, K)
+        assert (u["rpm"]["used"], u["rpd"]["used"], u["tpm"]["used"], u["tpd"]["used"]) == (1, 1, 321, 321)
+        assert u["in_flight"] == 1
+        cd = e.cooldown(P, "m2", K)
+        assert cd is not None
+        assert (cd.expires_at_ms, cd.source) == (TEN_AM + 90_000, "authoritative")
+        assert e.is_on_cooldown(P, "m2", K)
+    cells = all_cells(db_path)
+    assert "team-key-seven" in cells and "https://api.groq.example/v1" in cells
+
+
+SIGKILL_LEASES = """
+    import sys, time
+    import quotaengine as q
+    db = sys.argv[1]
+    e = q.QuotaEngine(db, env={}, lease_max_age_ms=2_000)
+    held = [e.lease("groq", "llama-3.1-8b", 1, 10) for _ in range(3)]
+    print("leased", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_leases_of_a_killed_process_expire(db_path: Path) -> None:
+    # The real clock: each process has its own clock.
+    with q.QuotaEngine(db_path, env={}) as e:  # default max age 120 s in this engine
+        with spawn(SIGKILL_LEASES, str(db_path)) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "leased", stderr_of(proc)
+            t_leased = time.monotonic()
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        assert proc.returncode == -signal.SIGKILL
+        u = e.usage(P, M, K)
+        if time.monotonic() - t_leased < 1.5:
+            assert u["in_flight"] == 3
+            assert not e.can_make_request(P, M, K, limits={"rpm": 3})
+        deadline = time.monotonic() + 8
+        while e.usage(P, M, K)["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert e.usage(P, M, K)["in_flight"] == 0
+        assert time.monotonic() - t_leased >= 1.5  # not before their max age
+        assert e.can_make_request(P, M, K, limits={"rpm": 1})
+        assert e.usage(P, M, K)["rpm"]["used"] == 0  # the dead leases recorded nothing
+
+
+DURABLE = """
+    import sys
+    import quotaengine as q
+    db, now, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    e = q.QuotaEngine(db, clock=q.ManualClock(now), env={})
+    print("ready", flush=True)
+    i = 0
+    while True:
+        if how == "record":
+            e.record_request("groq", "llama-3.1-8b", 1)
+        else:
+            e.lease("groq", "llama-3.1-8b", 1, 5).success(tokens=5)
+        i += 1
+        print("done", i, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["record", "lease"])
+def test_sigkill_loses_nothing_that_returned(db_path: Path, how: str) -> None:
+    with spawn(DURABLE, str(db_path), str(TEN_AM), how) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready", stderr_of(proc)
+        last = 0
+        while last < 150:
+            line = proc.stdout.readline()
+            assert line.startswith("done"), line + stderr_of(proc)
+            last = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGKILL)
+        rest = proc.stdout.read()  # lines printed before the kill landed
+        proc.wait(10)
+        assert proc.returncode == -signal.SIGKILL
+    for line in rest.splitlines():
+        if line.startswith("done "):
+            last = max(last, int(line.split()[1]))
+    u = usage_at(db_path)
+    # Every call that returned is counted; at most the one in progress more.
+    assert last <= u["rpd"]["used"] <= last + 1
+    if how == "lease":
+        assert u["tpd"]["used"] == 5 * u["rpd"]["used"]
+    con = sqlite3.connect(db_path)
+    try:
+        (n,) = con.execute("SELECT COUNT(*) FROM rate_limit_usage WHERE kind = 'request'").fetchone()
+    finally:
+        con.close()
+    assert n == u["rpd"]["used"]
