@@ -34,9 +34,7 @@ impl ManualClock {
     }
     /// Moves the clock by `ms` (negative moves it back), saturating at the i64 range.
     pub fn advance(&self, ms: i64) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| Some(t.saturating_add(ms)));
+        let _ = self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| Some(t.saturating_add(ms)));
     }
 }
 

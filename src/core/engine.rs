@@ -6,25 +6,25 @@
 //! is updated per event, so no call scans history. When the store fails, the engine
 //! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
 use crate::core::clock::{midnight, next_midnight, Clock, DAY_MS, MINUTE_MS};
-use crate::core::parse::{
-    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind, LearnedLimit,
-    LimitAxis,
-};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
     EMPTY_STREAK_BENCH, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
 };
-use crate::core::pools::is_local_base_url;
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
+use crate::core::parse::{
+    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
+    LearnedLimit, LimitAxis,
+};
+use crate::core::pools::is_local_base_url;
 use crate::core::state::{CooldownRec, GateContext, InFlight, LeaseRec, Mirror, RouteId};
 use crate::core::store::sqlite::SqliteStore;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, Store, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::types::{
-    check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource,
-    KeyInfo, Limits, ModelInfo, ProviderCaps, Reason, Route,
+    check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
+    Limits, ModelInfo, ProviderCaps, Reason, Route,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -166,6 +166,9 @@ struct Section {
     write: bool,
 }
 
+/// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
+type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
+
 /// Above this many buffered writes, usage rows outside the minute window are merged
 /// per (route, kind, minute), so a long outage holds at most a day of minutes.
 const COMPACT_MIN: usize = 4096;
@@ -267,8 +270,7 @@ impl Engine {
             return Err(StoreError::ReadOnly.into());
         }
         let mut online = false;
-        let need_store =
-            write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true);
+        let need_store = write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true);
         if need_store {
             // While degraded, probe the store without waiting on its lock.
             if self.degraded {
@@ -445,7 +447,9 @@ impl Engine {
     fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
         match w {
             Write::Usage(u) => self.mirror.add_usage_row(u, now),
-            Write::InsertLease { platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, .. } => {
+            Write::InsertLease {
+                platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, ..
+            } => {
                 let rid = self.mirror.route_id(platform, model_id, *key_id);
                 self.mirror.add_lease(
                     id,
@@ -534,7 +538,7 @@ impl Engine {
     /// windows' widths while nothing is lost from the day counts.
     fn compact_pending(&mut self, now: i64) {
         let horizon = now.saturating_sub(MINUTE_MS);
-        let mut merged: HashMap<(Arc<str>, Arc<str>, i64, bool, i64), UsageRow> = HashMap::new();
+        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
         let mut kept = Vec::with_capacity(self.pending.len());
         let mut order = Vec::new();
         for w in self.pending.drain(..) {
@@ -566,12 +570,8 @@ impl Engine {
                 w => kept.push(w),
             }
         }
-        self.pending = order
-            .into_iter()
-            .filter_map(|k| merged.remove(&k))
-            .map(Write::Usage)
-            .chain(kept)
-            .collect();
+        self.pending =
+            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
     }
 
     fn store_failed(&mut self, e: &StoreError, write: bool) {
@@ -763,7 +763,11 @@ impl Engine {
             });
         }
         if auth_rows {
-            writes.push(Write::DeleteHistory { key_id: route.key_id, route: None, kinds: vec![HistoryKind::Auth] });
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: None,
+                kinds: vec![HistoryKind::Auth],
+            });
         }
     }
 
@@ -932,7 +936,11 @@ impl Engine {
         let c = m.active_cooldown(rid, now)?;
         let r = m.route(rid);
         Some(Cooldown {
-            route: Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id },
+            route: Route {
+                platform: r.platform.to_string(),
+                model_id: r.model_id.to_string(),
+                key_id: r.key_id,
+            },
             expires_at_ms: c.expires_at_ms,
             source: c.source,
             set_at_ms: c.set_at_ms,
@@ -973,7 +981,7 @@ impl Engine {
                 .cooldowns
                 .keys()
                 .filter_map(|rid| Self::cooldown_of(m, *rid, now))
-                .filter(|c| key_ids.map_or(true, |ks| ks.contains(&c.route.key_id)))
+                .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
                 .collect();
             v.sort_by(|a, b| {
                 (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
@@ -1022,7 +1030,11 @@ impl Engine {
 
     /// Active heuristic cooldowns (the ones a probe may clear), soonest first.
     pub fn probeable_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
-        Ok(self.active_cooldowns(None)?.into_iter().filter(|c| c.source == CooldownSource::Heuristic).collect())
+        Ok(self
+            .active_cooldowns(None)?
+            .into_iter()
+            .filter(|c| c.source == CooldownSource::Heuristic)
+            .collect())
     }
 
     fn is_local(&self, key_id: i64) -> bool {
@@ -1055,10 +1067,15 @@ impl Engine {
         let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         self.mirror.prune_route(rid, now);
         let day = self.mirror.route(rid).win.day(now);
-        let daily_exhausted = limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
+        let daily_exhausted =
+            limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
         if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
-            let earlier = self.mirror.history_count(route, HistoryKind::Unknown, now.saturating_sub(UNKNOWN_HIT_WINDOW_MS));
+            let earlier = self.mirror.history_count(
+                route,
+                HistoryKind::Unknown,
+                now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
+            );
             writes.push(Self::history_row(route, HistoryKind::Unknown, now));
             effectively_exhausted = earlier + 1 >= 2;
         }
@@ -1097,7 +1114,13 @@ impl Engine {
 
     /// SPEC §7 inside an open write section: the limit a message states, written only
     /// when it tightens the stored one.
-    fn learn(&mut self, platform: &str, model_id: &str, message: Option<&str>, writes: &mut Vec<Write>) -> Option<LearnedLimit> {
+    fn learn(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        message: Option<&str>,
+        writes: &mut Vec<Write>,
+    ) -> Option<LearnedLimit> {
         let learned = parse_provider_limit(message)?;
         let mut model = self.mirror.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
             platform: platform.to_string(),
@@ -1117,7 +1140,11 @@ impl Engine {
         *slot = Some(learned.limit);
         self.logs.push((
             log::Level::Info,
-            format!("learned {} = {} for {platform}/{model_id} from a provider error", learned.kind.as_str(), learned.limit),
+            format!(
+                "learned {} = {} for {platform}/{model_id} from a provider error",
+                learned.kind.as_str(),
+                learned.limit
+            ),
         ));
         // Apply now so a decision in the same section sees it.
         self.mirror.put_model(model.clone());
@@ -1125,7 +1152,12 @@ impl Engine {
         Some(learned)
     }
 
-    pub fn learn_limit_from_error(&mut self, platform: &str, model_id: &str, message: Option<&str>) -> Result<Option<LearnedLimit>> {
+    pub fn learn_limit_from_error(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        message: Option<&str>,
+    ) -> Result<Option<LearnedLimit>> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;
         if parse_provider_limit(message).is_none() {
@@ -1230,7 +1262,12 @@ impl Engine {
     }
 
     /// A lease's failure: `record_failure` for its route, then the lease released.
-    pub fn finish_lease_failure(&mut self, lease_id: i64, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
+    pub fn finish_lease_failure(
+        &mut self,
+        lease_id: i64,
+        route: &Route,
+        f: FailureInput,
+    ) -> Result<FailureOutcome> {
         let out = self.record_failure(route, f)?;
         self.release_lease(lease_id)?;
         Ok(out)
@@ -1335,14 +1372,22 @@ impl Engine {
                 let (minute, day) = (r.win.minute(), r.win.day(now));
                 let in_flight = m.route_in_flight(rid, now).count;
                 let cooldown = m.active_cooldown(rid, now);
-                if day.requests == 0 && day.tokens == 0 && minute.requests == 0 && minute.tokens == 0
-                    && in_flight == 0 && cooldown.is_none()
+                if day.requests == 0
+                    && day.tokens == 0
+                    && minute.requests == 0
+                    && minute.tokens == 0
+                    && in_flight == 0
+                    && cooldown.is_none()
                 {
                     continue;
                 }
                 let limits = m.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
                 rows.push(SnapshotRow {
-                    route: Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id },
+                    route: Route {
+                        platform: r.platform.to_string(),
+                        model_id: r.model_id.to_string(),
+                        key_id: r.key_id,
+                    },
                     rpm_used: minute.requests,
                     rpd_used: day.requests,
                     tpm_used: minute.tokens,

@@ -103,7 +103,8 @@ mod tests {
         assert_eq!(env(&[]).provider_caps("nvidia", &mut w).minute_requests, Some(40));
         assert_eq!(env(&[]).provider_caps("navy", &mut w).daily_tokens, Some(150_000));
         assert_eq!(env(&[]).provider_caps("groq", &mut w), ProviderCaps::default());
-        let e = env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
+        let e =
+            env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
         assert_eq!(e.provider_caps("openrouter", &mut w).daily_requests, None);
         assert_eq!(e.provider_caps("groq", &mut w).minute_requests, Some(7));
         assert!(w.is_empty());
@@ -115,10 +116,12 @@ mod tests {
     #[test]
     fn key_concurrency_prefers_platform_value() {
         assert_eq!(env(&[]).key_concurrency_cap("groq"), None);
-        let e = env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "2")]);
+        let e =
+            env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "2")]);
         assert_eq!(e.key_concurrency_cap("groq"), Some(2));
         assert_eq!(e.key_concurrency_cap("nvidia"), Some(4));
-        let e = env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "0")]);
+        let e =
+            env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "0")]);
         assert_eq!(e.key_concurrency_cap("groq"), Some(4));
     }
 }

@@ -36,7 +36,11 @@ impl Handle {
             .unwrap_or_else(|p| Err(Error::from_panic(p)))?;
         emit(engine.take_logs());
         let handle = Handle {
-            shared: Arc::new(Shared { engine: Mutex::new(Some(engine)), stop: Mutex::new(false), wake: Condvar::new() }),
+            shared: Arc::new(Shared {
+                engine: Mutex::new(Some(engine)),
+                stop: Mutex::new(false),
+                wake: Condvar::new(),
+            }),
             flusher: Arc::new(Mutex::new(None)),
         };
         if flush_ms > 0 {

@@ -121,9 +121,8 @@ fn days_in_month(year: i64, month: i64) -> i64 {
 }
 
 fn month_number(name: &str) -> Option<i64> {
-    const MONTHS: [&str; 12] = [
-        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-    ];
+    const MONTHS: [&str; 12] =
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
     let lower = name.to_ascii_lowercase();
     let index = MONTHS.iter().position(|m| *m == lower)?;
     i64::try_from(index).ok().map(|i| i + 1)
@@ -149,9 +148,8 @@ fn parse_http_date_ms(text: &str, now_ms: i64) -> Option<i64> {
         ),
     )?;
 
-    let num = |caps: &regex::Captures<'_>, i: usize| -> Option<i64> {
-        caps.get(i)?.as_str().parse::<i64>().ok()
-    };
+    let num =
+        |caps: &regex::Captures<'_>, i: usize| -> Option<i64> { caps.get(i)?.as_str().parse::<i64>().ok() };
     let (year, month, day, hour, minute, second) = if let Some(c) = imf.captures(text) {
         let year_text = c.get(3)?.as_str();
         let mut year = num(&c, 3)?;
@@ -163,24 +161,10 @@ fn parse_http_date_ms(text: &str, now_ms: i64) -> Option<i64> {
             }
         }
         let month = month_number(c.get(2)?.as_str())?;
-        (
-            year,
-            month,
-            num(&c, 1)?,
-            num(&c, 4)?,
-            num(&c, 5)?,
-            num(&c, 6)?,
-        )
+        (year, month, num(&c, 1)?, num(&c, 4)?, num(&c, 5)?, num(&c, 6)?)
     } else if let Some(c) = asctime.captures(text) {
         let month = month_number(c.get(1)?.as_str())?;
-        (
-            num(&c, 6)?,
-            month,
-            num(&c, 2)?,
-            num(&c, 3)?,
-            num(&c, 4)?,
-            num(&c, 5)?,
-        )
+        (num(&c, 6)?, month, num(&c, 2)?, num(&c, 3)?, num(&c, 4)?, num(&c, 5)?)
     } else {
         return None;
     };
@@ -221,10 +205,7 @@ pub fn parse_stated_retry_ms(message: Option<&str>) -> Option<i64> {
     static PHRASE: OnceLock<Option<Regex>> = OnceLock::new();
     static FIELD: OnceLock<Option<Regex>> = OnceLock::new();
     let message = message?;
-    let phrase = cached(
-        &PHRASE,
-        r"(?i)\b(?:try\s+again|retry(?:ing)?)\s+(?:in|after)\b[\s:]*",
-    )?;
+    let phrase = cached(&PHRASE, r"(?i)\b(?:try\s+again|retry(?:ing)?)\s+(?:in|after)\b[\s:]*")?;
     for m in phrase.find_iter(message) {
         let tail = message.get(m.end()..).unwrap_or_default();
         if let Some(ms) = parse_duration_ms(tail, None) {
@@ -272,10 +253,7 @@ fn parse_duration_ms(text: &str, default_unit_ms: Option<f64>) -> Option<f64> {
     static NEXT: OnceLock<Option<Regex>> = OnceLock::new();
     const PART: &str = r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(milliseconds?|millis|msecs?|ms|minutes?|mins?|m|hours?|hrs?|h|seconds?|secs?|s)?";
     let first = cached(&FIRST, &format!(r"(?i)^\s*{PART}"))?;
-    let next = cached(
-        &NEXT,
-        &format!(r"(?i)^(?:\s*,?\s*and\s+|\s*,\s*|\s*){PART}"),
-    )?;
+    let next = cached(&NEXT, &format!(r"(?i)^(?:\s*,?\s*and\s+|\s*,\s*|\s*){PART}"))?;
 
     let runs_on = |rest: &str| rest.chars().next().is_some_and(char::is_alphabetic);
     let mut total = 0.0f64;
@@ -324,12 +302,7 @@ pub enum LimitAxis {
 
 impl LimitAxis {
     /// Every axis, in the order [`parse_provider_limit`] tries them.
-    pub const ALL: [LimitAxis; 4] = [
-        LimitAxis::Tpd,
-        LimitAxis::Tpm,
-        LimitAxis::Rpd,
-        LimitAxis::Rpm,
-    ];
+    pub const ALL: [LimitAxis; 4] = [LimitAxis::Tpd, LimitAxis::Tpm, LimitAxis::Rpd, LimitAxis::Rpm];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -377,9 +350,8 @@ pub struct LearnedLimit {
 pub fn parse_provider_limit(message: Option<&str>) -> Option<LearnedLimit> {
     let message = message?;
     let limit = stated_limit(message)?;
-    let kind = LimitAxis::ALL
-        .into_iter()
-        .find(|axis| axis_regex(*axis).is_some_and(|re| re.is_match(message)))?;
+    let kind =
+        LimitAxis::ALL.into_iter().find(|axis| axis_regex(*axis).is_some_and(|re| re.is_match(message)))?;
     Some(LearnedLimit { kind, limit })
 }
 
@@ -387,10 +359,7 @@ pub fn parse_provider_limit(message: Option<&str>) -> Option<LearnedLimit> {
 /// fits in i64.
 fn stated_limit(message: &str) -> Option<i64> {
     static LIMIT: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = cached(
-        &LIMIT,
-        r"(?i)\blimit\b(?:\s*(?:[:=]|of\b|is\b))?\s*([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)",
-    )?;
+    let re = cached(&LIMIT, r"(?i)\blimit\b(?:\s*(?:[:=]|of\b|is\b))?\s*([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)")?;
     for caps in re.captures_iter(message) {
         let Some(number) = caps.get(1) else { continue };
         let after = message.get(number.end()..).unwrap_or_default();
@@ -403,11 +372,7 @@ fn stated_limit(message: &str) -> Option<i64> {
         if malformed {
             continue;
         }
-        let digits: String = number
-            .as_str()
-            .chars()
-            .filter(char::is_ascii_digit)
-            .collect();
+        let digits: String = number.as_str().chars().filter(char::is_ascii_digit).collect();
         return digits.parse::<i64>().ok().filter(|n| *n > 0);
     }
     None
@@ -429,10 +394,7 @@ fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
         LimitAxis::Rpd => (&RPD, "requests?", "day", "rpd"),
         LimitAxis::Rpm => (&RPM, "requests?", "minute", "rpm"),
     };
-    cached(
-        cell,
-        &format!(r"(?i){L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}"),
-    )
+    cached(cell, &format!(r"(?i){L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}"))
 }
 
 // ---------------------------------------------------------------------------
@@ -494,16 +456,10 @@ impl fmt::Display for FailureKind {
 impl FromStr for FailureKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FailureKind::ALL
-            .into_iter()
-            .find(|kind| kind.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-                format!(
-                    "unknown failure kind {s:?}; expected one of {}",
-                    names.join(", ")
-                )
-            })
+        FailureKind::ALL.into_iter().find(|kind| kind.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
+            format!("unknown failure kind {s:?}; expected one of {}", names.join(", "))
+        })
     }
 }
 
@@ -527,14 +483,8 @@ const RATE_LIMIT_PHRASES: &[&str] = &[
     "resource_exhausted",
     "quota",
 ];
-const TIMEOUT_PHRASES: &[&str] = &[
-    "timeout",
-    "timed out",
-    "time-out",
-    "deadline exceeded",
-    "deadline_exceeded",
-    "etimedout",
-];
+const TIMEOUT_PHRASES: &[&str] =
+    &["timeout", "timed out", "time-out", "deadline exceeded", "deadline_exceeded", "etimedout"];
 const TRANSPORT_PHRASES: &[&str] = &[
     "connection reset",
     "connection refused",
@@ -558,8 +508,7 @@ fn contains_word(haystack: &str, word: &str) -> bool {
     haystack.match_indices(word).any(|(start, _)| {
         let before = start.checked_sub(1).and_then(|i| bytes.get(i));
         let after = start.checked_add(word.len()).and_then(|i| bytes.get(i));
-        !before.is_some_and(u8::is_ascii_alphanumeric)
-            && !after.is_some_and(u8::is_ascii_alphanumeric)
+        !before.is_some_and(u8::is_ascii_alphanumeric) && !after.is_some_and(u8::is_ascii_alphanumeric)
     })
 }
 
@@ -654,10 +603,7 @@ mod tests {
     fn retry_after_clamps_to_a_day() {
         assert_eq!(parse_retry_after_ms(Some("86400"), 0), Some(DAY_MS));
         assert_eq!(parse_retry_after_ms(Some("86401"), 0), Some(DAY_MS));
-        assert_eq!(
-            parse_retry_after_ms(Some("99999999999999999999999999"), 0),
-            Some(DAY_MS)
-        );
+        assert_eq!(parse_retry_after_ms(Some("99999999999999999999999999"), 0), Some(DAY_MS));
         let huge = "9".repeat(400); // parses to +inf as f64
         assert_eq!(parse_retry_after_ms(Some(&huge), 0), Some(DAY_MS));
     }
@@ -691,54 +637,24 @@ mod tests {
     #[test]
     fn retry_after_imf_fixdate() {
         let now = BTTF_MS - 120_000;
-        assert_eq!(
-            parse_retry_after_ms(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
-            Some(120_000)
-        );
-        assert_eq!(
-            parse_retry_after_ms(Some("wed, 21 oct 2015 07:28:00 gmt"), now),
-            Some(120_000)
-        );
+        assert_eq!(parse_retry_after_ms(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now), Some(120_000));
+        assert_eq!(parse_retry_after_ms(Some("wed, 21 oct 2015 07:28:00 gmt"), now), Some(120_000));
         // The exact moment and the past give 0.
-        assert_eq!(
-            parse_retry_after_ms(Some("Wed, 21 Oct 2015 07:28:00 GMT"), BTTF_MS),
-            Some(0)
-        );
-        assert_eq!(
-            parse_retry_after_ms(Some("Wed, 21 Oct 2015 07:28:00 GMT"), BTTF_MS + 5),
-            Some(0)
-        );
-        assert_eq!(
-            parse_retry_after_ms(Some("Sun, 06 Nov 1994 08:49:37 GMT"), BTTF_MS),
-            Some(0)
-        );
+        assert_eq!(parse_retry_after_ms(Some("Wed, 21 Oct 2015 07:28:00 GMT"), BTTF_MS), Some(0));
+        assert_eq!(parse_retry_after_ms(Some("Wed, 21 Oct 2015 07:28:00 GMT"), BTTF_MS + 5), Some(0));
+        assert_eq!(parse_retry_after_ms(Some("Sun, 06 Nov 1994 08:49:37 GMT"), BTTF_MS), Some(0));
         // Far future clamps.
-        assert_eq!(
-            parse_retry_after_ms(Some("Fri, 01 Jan 2100 00:00:00 GMT"), BTTF_MS),
-            Some(DAY_MS)
-        );
+        assert_eq!(parse_retry_after_ms(Some("Fri, 01 Jan 2100 00:00:00 GMT"), BTTF_MS), Some(DAY_MS));
         // Without the weekday, or with "UTC".
-        assert_eq!(
-            parse_retry_after_ms(Some("21 Oct 2015 07:28:00 UTC"), now),
-            Some(120_000)
-        );
+        assert_eq!(parse_retry_after_ms(Some("21 Oct 2015 07:28:00 UTC"), now), Some(120_000));
     }
 
     #[test]
     fn retry_after_rfc850_and_asctime() {
         let now = BTTF_MS - 1_000;
-        assert_eq!(
-            parse_retry_after_ms(Some("Wednesday, 21-Oct-15 07:28:00 GMT"), now),
-            Some(1_000)
-        );
-        assert_eq!(
-            parse_retry_after_ms(Some("Wed Oct 21 07:28:00 2015"), now),
-            Some(1_000)
-        );
-        assert_eq!(
-            parse_retry_after_ms(Some("Wed Oct  1 07:28:00 2015"), 0),
-            Some(DAY_MS)
-        );
+        assert_eq!(parse_retry_after_ms(Some("Wednesday, 21-Oct-15 07:28:00 GMT"), now), Some(1_000));
+        assert_eq!(parse_retry_after_ms(Some("Wed Oct 21 07:28:00 2015"), now), Some(1_000));
+        assert_eq!(parse_retry_after_ms(Some("Wed Oct  1 07:28:00 2015"), 0), Some(DAY_MS));
         // Extreme clocks are fine.
         for now in [i64::MIN, i64::MAX, 0, -1] {
             let got = parse_retry_after_ms(Some("Wednesday, 21-Oct-15 07:28:00 GMT"), now);
@@ -747,34 +663,16 @@ mod tests {
             assert!(got.is_some_and(|ms| (0..=DAY_MS).contains(&ms)));
         }
         // RFC 850 two-digit year: "99" seen in 2015 is 1999 (in the past).
-        assert_eq!(
-            parse_retry_after_ms(Some("Friday, 31-Dec-99 23:59:59 GMT"), now),
-            Some(0)
-        );
+        assert_eq!(parse_retry_after_ms(Some("Friday, 31-Dec-99 23:59:59 GMT"), now), Some(0));
     }
 
     #[test]
     fn http_date_arithmetic() {
-        assert_eq!(
-            parse_http_date_ms("Thu, 01 Jan 1970 00:00:00 GMT", 0),
-            Some(0)
-        );
-        assert_eq!(
-            parse_http_date_ms("Wed, 21 Oct 2015 07:28:00 GMT", 0),
-            Some(BTTF_MS)
-        );
-        assert_eq!(
-            parse_http_date_ms("Sun, 06 Nov 1994 08:49:37 GMT", 0),
-            Some(784_111_777_000)
-        );
-        assert_eq!(
-            parse_http_date_ms("Tue, 29 Feb 2000 00:00:00 GMT", 0),
-            Some(951_782_400_000)
-        );
-        assert_eq!(
-            parse_http_date_ms("Wed, 31 Dec 1969 23:59:59 GMT", 0),
-            Some(-1_000)
-        );
+        assert_eq!(parse_http_date_ms("Thu, 01 Jan 1970 00:00:00 GMT", 0), Some(0));
+        assert_eq!(parse_http_date_ms("Wed, 21 Oct 2015 07:28:00 GMT", 0), Some(BTTF_MS));
+        assert_eq!(parse_http_date_ms("Sun, 06 Nov 1994 08:49:37 GMT", 0), Some(784_111_777_000));
+        assert_eq!(parse_http_date_ms("Tue, 29 Feb 2000 00:00:00 GMT", 0), Some(951_782_400_000));
+        assert_eq!(parse_http_date_ms("Wed, 31 Dec 1969 23:59:59 GMT", 0), Some(-1_000));
         // Impossible dates and times.
         for bad in [
             "Mon, 29 Feb 2100 00:00:00 GMT",
@@ -869,8 +767,7 @@ mod tests {
 }"#;
         assert_eq!(parse_stated_retry_ms(Some(gemini)), Some(17_000));
         // Gemini also states it in prose; the phrase is tried first.
-        let gemini_prose =
-            "* Quota exceeded for metric: x, limit: 50\nPlease retry in 17.382649323s.";
+        let gemini_prose = "* Quota exceeded for metric: x, limit: 50\nPlease retry in 17.382649323s.";
         assert_eq!(parse_stated_retry_ms(Some(gemini_prose)), Some(17_383));
     }
 
@@ -930,28 +827,16 @@ mod tests {
 
     #[test]
     fn stated_retry_clamps() {
-        assert_eq!(
-            parse_stated_retry_ms(Some("try again in 25h")),
-            Some(DAY_MS)
-        );
-        assert_eq!(
-            parse_stated_retry_ms(Some("try again in 24h")),
-            Some(DAY_MS)
-        );
-        assert_eq!(
-            parse_stated_retry_ms(Some("retry_after: 100000")),
-            Some(DAY_MS)
-        );
+        assert_eq!(parse_stated_retry_ms(Some("try again in 25h")), Some(DAY_MS));
+        assert_eq!(parse_stated_retry_ms(Some("try again in 24h")), Some(DAY_MS));
+        assert_eq!(parse_stated_retry_ms(Some("retry_after: 100000")), Some(DAY_MS));
         let huge = format!("try again in {}s", "9".repeat(400));
         assert_eq!(parse_stated_retry_ms(Some(&huge)), Some(DAY_MS));
     }
 
     #[test]
     fn stated_retry_unicode() {
-        assert_eq!(
-            parse_stated_retry_ms(Some("⚠️ try again in 2s ✅")),
-            Some(2_000)
-        );
+        assert_eq!(parse_stated_retry_ms(Some("⚠️ try again in 2s ✅")), Some(2_000));
         assert_eq!(parse_stated_retry_ms(Some("请稍后 try again in 3秒")), None);
         assert_eq!(parse_stated_retry_ms(Some("try again in ٣s")), None);
         assert_eq!(parse_stated_retry_ms(Some("try again in 2sé")), None);
@@ -969,85 +854,37 @@ mod tests {
 
     #[test]
     fn provider_limit_groq() {
-        assert_eq!(
-            parse_provider_limit(Some(GROQ_413)),
-            learned(LimitAxis::Tpm, 6_000)
-        );
-        assert_eq!(
-            parse_provider_limit(Some(GROQ_429_TPD)),
-            learned(LimitAxis::Tpd, 100_000)
-        );
-        assert_eq!(
-            parse_provider_limit(Some(GROQ_429_RPM)),
-            learned(LimitAxis::Rpm, 30)
-        );
+        assert_eq!(parse_provider_limit(Some(GROQ_413)), learned(LimitAxis::Tpm, 6_000));
+        assert_eq!(parse_provider_limit(Some(GROQ_429_TPD)), learned(LimitAxis::Tpd, 100_000));
+        assert_eq!(parse_provider_limit(Some(GROQ_429_RPM)), learned(LimitAxis::Rpm, 30));
         let rpd = "Rate limit reached for model `x` on requests per day (RPD): Limit 14400, Used 14400, Requested 1.";
-        assert_eq!(
-            parse_provider_limit(Some(rpd)),
-            learned(LimitAxis::Rpd, 14_400)
-        );
+        assert_eq!(parse_provider_limit(Some(rpd)), learned(LimitAxis::Rpd, 14_400));
         let seed = "...on tokens per minute (TPM): Limit 30000, Requested 33476";
-        assert_eq!(
-            parse_provider_limit(Some(seed)),
-            learned(LimitAxis::Tpm, 30_000)
-        );
+        assert_eq!(parse_provider_limit(Some(seed)), learned(LimitAxis::Tpm, 30_000));
     }
 
     #[test]
     fn provider_limit_forms() {
-        assert_eq!(
-            parse_provider_limit(Some("TPM limit: 1,000")),
-            learned(LimitAxis::Tpm, 1_000)
-        );
-        assert_eq!(
-            parse_provider_limit(Some("tpd LIMIT 1,234,567")),
-            learned(LimitAxis::Tpd, 1_234_567)
-        );
-        assert_eq!(
-            parse_provider_limit(Some("limit of 50 requests per day")),
-            learned(LimitAxis::Rpd, 50)
-        );
-        assert_eq!(
-            parse_provider_limit(Some("Requests-Per-Minute limit=60")),
-            learned(LimitAxis::Rpm, 60)
-        );
-        assert_eq!(
-            parse_provider_limit(Some("tokens_per_day limit 9")),
-            learned(LimitAxis::Tpd, 9)
-        );
-        assert_eq!(
-            parse_provider_limit(Some("rpm_limit ... limit 9")),
-            learned(LimitAxis::Rpm, 9)
-        );
-        assert_eq!(
-            parse_provider_limit(Some("Limit 6000, RPM")),
-            learned(LimitAxis::Rpm, 6_000)
-        );
+        assert_eq!(parse_provider_limit(Some("TPM limit: 1,000")), learned(LimitAxis::Tpm, 1_000));
+        assert_eq!(parse_provider_limit(Some("tpd LIMIT 1,234,567")), learned(LimitAxis::Tpd, 1_234_567));
+        assert_eq!(parse_provider_limit(Some("limit of 50 requests per day")), learned(LimitAxis::Rpd, 50));
+        assert_eq!(parse_provider_limit(Some("Requests-Per-Minute limit=60")), learned(LimitAxis::Rpm, 60));
+        assert_eq!(parse_provider_limit(Some("tokens_per_day limit 9")), learned(LimitAxis::Tpd, 9));
+        assert_eq!(parse_provider_limit(Some("rpm_limit ... limit 9")), learned(LimitAxis::Rpm, 9));
+        assert_eq!(parse_provider_limit(Some("Limit 6000, RPM")), learned(LimitAxis::Rpm, 6_000));
         // A malformed number is skipped; the next "limit N" is used.
-        assert_eq!(
-            parse_provider_limit(Some("limit 30k; TPM limit 500")),
-            learned(LimitAxis::Tpm, 500)
-        );
+        assert_eq!(parse_provider_limit(Some("limit 30k; TPM limit 500")), learned(LimitAxis::Tpm, 500));
     }
 
     #[test]
     fn provider_limit_axis_order() {
         // Day before minute, tokens before requests, wherever they appear.
         let text = "requests per minute exceeded; also tokens per day. Limit 10";
-        assert_eq!(
-            parse_provider_limit(Some(text)),
-            learned(LimitAxis::Tpd, 10)
-        );
+        assert_eq!(parse_provider_limit(Some(text)), learned(LimitAxis::Tpd, 10));
         let text = "RPD and TPM: Limit 10";
-        assert_eq!(
-            parse_provider_limit(Some(text)),
-            learned(LimitAxis::Tpm, 10)
-        );
+        assert_eq!(parse_provider_limit(Some(text)), learned(LimitAxis::Tpm, 10));
         let text = "RPM and RPD: Limit 10";
-        assert_eq!(
-            parse_provider_limit(Some(text)),
-            learned(LimitAxis::Rpd, 10)
-        );
+        assert_eq!(parse_provider_limit(Some(text)), learned(LimitAxis::Rpd, 10));
     }
 
     #[test]
@@ -1074,23 +911,14 @@ mod tests {
         assert_eq!(parse_provider_limit(None), None);
         // The largest i64 is fine.
         let max = format!("TPM limit {}", i64::MAX);
-        assert_eq!(
-            parse_provider_limit(Some(&max)),
-            learned(LimitAxis::Tpm, i64::MAX)
-        );
+        assert_eq!(parse_provider_limit(Some(&max)), learned(LimitAxis::Tpm, i64::MAX));
     }
 
     #[test]
     fn provider_limit_unicode() {
-        assert_eq!(
-            parse_provider_limit(Some("🚦 TPM — Limit 42 ✅")),
-            learned(LimitAxis::Tpm, 42)
-        );
+        assert_eq!(parse_provider_limit(Some("🚦 TPM — Limit 42 ✅")), learned(LimitAxis::Tpm, 42));
         assert_eq!(parse_provider_limit(Some("TPM Limit ٤٢")), None);
-        assert_eq!(
-            parse_provider_limit(Some("éTPM Limit 42")),
-            learned(LimitAxis::Tpm, 42)
-        );
+        assert_eq!(parse_provider_limit(Some("éTPM Limit 42")), learned(LimitAxis::Tpm, 42));
     }
 
     #[test]
@@ -1223,19 +1051,10 @@ mod tests {
         assert_eq!(kind(None, "tpd: limit 5"), DailyQuota);
         assert_eq!(kind(None, "you have used up today's tokens"), DailyQuota);
         // A bare "minutes" is no minute axis.
-        assert_eq!(
-            kind(Some(429), "Daily quota exhausted, try again in 30 minutes"),
-            DailyQuota
-        );
-        assert_eq!(
-            kind(Some(429), "daily limit reached; retry in 1 minute"),
-            DailyQuota
-        );
+        assert_eq!(kind(Some(429), "Daily quota exhausted, try again in 30 minutes"), DailyQuota);
+        assert_eq!(kind(Some(429), "daily limit reached; retry in 1 minute"), DailyQuota);
         // A minute axis anywhere rules it out.
-        assert_eq!(
-            kind(Some(429), "daily quota or per minute limit"),
-            RateLimit
-        );
+        assert_eq!(kind(Some(429), "daily quota or per minute limit"), RateLimit);
         assert_eq!(kind(Some(429), "daily limit; RPM exceeded"), RateLimit);
         assert_eq!(kind(Some(429), "TPM limit hit, retry today"), RateLimit);
         assert_eq!(kind(None, "per-minute quota; daily"), RateLimit);
@@ -1255,10 +1074,7 @@ mod tests {
             assert_eq!(k.to_string(), k.as_str());
         }
         let err = "ratelimit".parse::<FailureKind>().unwrap_err();
-        assert!(
-            err.contains("rate_limit") && err.contains("empty_completion"),
-            "{err}"
-        );
+        assert!(err.contains("rate_limit") && err.contains("empty_completion"), "{err}");
         assert!("Payment".parse::<FailureKind>().is_err());
     }
 
@@ -1362,9 +1178,8 @@ mod tests {
 
     /// Formats `ms` (whole seconds, years 1970..=9999) as an IMF-fixdate.
     fn format_imf(ms: i64) -> String {
-        const MONTHS: [&str; 12] = [
-            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-        ];
+        const MONTHS: [&str; 12] =
+            ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
         const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
         let days = ms.div_euclid(DAY_MS);
         let secs = ms.rem_euclid(DAY_MS) / 1000;

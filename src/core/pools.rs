@@ -50,12 +50,7 @@ pub fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
     let model = model_id.map(str::trim).filter(|m| !m.is_empty());
     if platform == "openrouter" {
         let free = model.is_some_and(|m| ends_with_ignore_ascii_case(m, ":free"));
-        return if free {
-            "openrouter::free"
-        } else {
-            "openrouter::account"
-        }
-        .to_owned();
+        return if free { "openrouter::free" } else { "openrouter::account" }.to_owned();
     }
     if let Some((_, key)) = FIXED_POOLS.iter().find(|(p, _)| *p == platform) {
         return (*key).to_owned();
@@ -81,9 +76,7 @@ pub fn is_shared_pool(platform: &str) -> bool {
 fn ends_with_ignore_ascii_case(text: &str, suffix: &str) -> bool {
     let (text, suffix) = (text.as_bytes(), suffix.as_bytes());
     text.len() >= suffix.len()
-        && text
-            .get(text.len() - suffix.len()..)
-            .is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
+        && text.get(text.len() - suffix.len()..).is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
 }
 
 /// Whether `base_url` points at a loopback or private host (SPEC §6.1 step 1):
@@ -180,15 +173,9 @@ mod tests {
     #[test]
     fn openrouter_pools() {
         let key = infer_quota_pool_key;
-        assert_eq!(
-            key("openrouter", Some("meta-llama/llama-3.3-70b-instruct:free")),
-            "openrouter::free"
-        );
+        assert_eq!(key("openrouter", Some("meta-llama/llama-3.3-70b-instruct:free")), "openrouter::free");
         assert_eq!(key("openrouter", Some("x:FREE")), "openrouter::free");
-        assert_eq!(
-            key("openrouter", Some("openai/gpt-4o")),
-            "openrouter::account"
-        );
+        assert_eq!(key("openrouter", Some("openai/gpt-4o")), "openrouter::account");
         assert_eq!(key("openrouter", Some("free")), "openrouter::account");
         assert_eq!(key("openrouter", None), "openrouter::account");
         assert_eq!(key("OpenRouter", Some("a:free")), "openrouter::free");
@@ -214,10 +201,7 @@ mod tests {
         for (platform, want) in cases {
             assert_eq!(infer_quota_pool_key(platform, Some("any-model")), want);
             assert_eq!(infer_quota_pool_key(platform, None), want);
-            assert_eq!(
-                infer_quota_pool_key(&platform.to_uppercase(), Some("m")),
-                want
-            );
+            assert_eq!(infer_quota_pool_key(&platform.to_uppercase(), Some("m")), want);
             assert!(is_shared_pool(platform), "{platform}");
         }
     }
@@ -248,27 +232,12 @@ mod tests {
 
     #[test]
     fn other_platforms() {
-        assert_eq!(
-            infer_quota_pool_key("together", Some("meta/llama-3")),
-            "together::meta/llama-3"
-        );
-        assert_eq!(
-            infer_quota_pool_key("Together", Some("Meta/Llama-3")),
-            "together::Meta/Llama-3"
-        );
-        assert_eq!(
-            infer_quota_pool_key("together", Some("  m  ")),
-            "together::m"
-        );
+        assert_eq!(infer_quota_pool_key("together", Some("meta/llama-3")), "together::meta/llama-3");
+        assert_eq!(infer_quota_pool_key("Together", Some("Meta/Llama-3")), "together::Meta/Llama-3");
+        assert_eq!(infer_quota_pool_key("together", Some("  m  ")), "together::m");
         assert_eq!(infer_quota_pool_key("together", None), "together::account");
-        assert_eq!(
-            infer_quota_pool_key("together", Some("")),
-            "together::account"
-        );
-        assert_eq!(
-            infer_quota_pool_key("together", Some("   ")),
-            "together::account"
-        );
+        assert_eq!(infer_quota_pool_key("together", Some("")), "together::account");
+        assert_eq!(infer_quota_pool_key("together", Some("   ")), "together::account");
         assert_eq!(infer_quota_pool_key("ünï", Some("módel")), "ünï::módel");
         assert_eq!(infer_quota_pool_key("", None), "::account");
         assert!(!is_shared_pool("together"));

@@ -12,6 +12,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 pub type RouteId = u32;
+/// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
+type RouteIndex = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, RouteId>>>;
 pub type AccountId = u32;
 
 #[derive(Debug)]
@@ -72,7 +74,7 @@ pub struct GateContext {
 #[derive(Debug, Default)]
 pub struct Mirror {
     routes: Vec<RouteState>,
-    index: HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, RouteId>>>,
+    index: RouteIndex,
     accounts: Vec<AccountState>,
     account_index: HashMap<Arc<str>, HashMap<i64, AccountId>>,
     leases: HashMap<i64, LeaseRec>,
@@ -95,7 +97,8 @@ impl Mirror {
         if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&key_id)) {
             return *a;
         }
-        let p: Arc<str> = self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
+        let p: Arc<str> =
+            self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let a = self.accounts.len() as AccountId;
         self.accounts.push(AccountState { win: Windows::default(), routes: vec![], leases: vec![] });
         self.account_index.entry(p).or_default().insert(key_id, a);
@@ -117,10 +120,12 @@ impl Mirror {
 
     /// The id of a route, created on first sight.
     pub fn route_id(&mut self, platform: &str, model_id: &str, key_id: i64) -> RouteId {
-        if let Some(id) = self.index.get(platform).and_then(|m| m.get(model_id)).and_then(|k| k.get(&key_id)) {
+        if let Some(id) = self.index.get(platform).and_then(|m| m.get(model_id)).and_then(|k| k.get(&key_id))
+        {
             return *id;
         }
-        let p: Arc<str> = self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
+        let p: Arc<str> =
+            self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
         let id = self.routes.len() as RouteId;
@@ -276,8 +281,11 @@ impl Mirror {
     /// Number of live leases of the account of `(platform, key_id)`.
     pub fn key_in_flight(&self, platform: &str, key_id: i64, now: i64) -> i64 {
         self.account_of(platform, key_id).map_or(0, |a| {
-            self.accounts[a as usize].leases.iter().filter(|id| self.leases.get(id).is_some_and(|l| l.live(now))).count()
-                as i64
+            self.accounts[a as usize]
+                .leases
+                .iter()
+                .filter(|id| self.leases.get(id).is_some_and(|l| l.live(now)))
+                .count() as i64
         })
     }
 
@@ -359,7 +367,8 @@ impl Mirror {
                     && h.key_id == route.key_id
                     && h.hit_at_ms > since
                     && (kind == HistoryKind::Auth
-                        || (&*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()))
+                        || (&*h.platform == route.platform.as_str()
+                            && &*h.model_id == route.model_id.as_str()))
             })
             .count() as i64
     }
@@ -469,14 +478,19 @@ impl Mirror {
 
     pub fn gate_rpd(&self, rid: RouteId, ctx: &GateContext, now: i64) -> Option<Admission> {
         let limit = ctx.limits.rpd?;
-        let used = self.routes[rid as usize].win.day(now).requests.saturating_add(self.route_in_flight(rid, now).count);
+        let used = self.routes[rid as usize]
+            .win
+            .day(now)
+            .requests
+            .saturating_add(self.route_in_flight(rid, now).count);
         (used >= limit).then(|| Admission::refused(Reason::Rpd, Some(next_midnight(now))))
     }
 
     pub fn gate_tpm(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
         let limit = ctx.limits.tpm?;
         let win = &self.routes[rid as usize].win;
-        let total = win.minute().tokens.saturating_add(self.route_in_flight(rid, now).tokens).saturating_add(est);
+        let total =
+            win.minute().tokens.saturating_add(self.route_in_flight(rid, now).tokens).saturating_add(est);
         (total > limit).then(|| {
             Admission::refused(Reason::Tpm, win.minute_release_time(total.saturating_sub(limit), true))
         })
@@ -495,8 +509,11 @@ impl Mirror {
 
     pub fn gate_provider_daily(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
         let cap = ctx.caps.daily_requests?;
-        let used =
-            self.accounts[a as usize].win.day(now).requests.saturating_add(self.account_in_flight(a, None, now).count);
+        let used = self.accounts[a as usize]
+            .win
+            .day(now)
+            .requests
+            .saturating_add(self.account_in_flight(a, None, now).count);
         (used >= cap).then(|| Admission::refused(Reason::ProviderDailyRequests, Some(next_midnight(now))))
     }
 

@@ -15,7 +15,8 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
             obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
         )));
     }
-    obj.extract::<i64>().map_err(|_| overflow_error(format!("{name} does not fit in a signed 64-bit integer")))
+    obj.extract::<i64>()
+        .map_err(|_| overflow_error(format!("{name} does not fit in a signed 64-bit integer")))
 }
 
 pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<i64>> {

@@ -1,4 +1,5 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
+use super::convert::failure_args;
 use super::convert::{count_arg, int_arg, limits_arg, opt_int_arg, opt_limit, str_arg};
 use super::errors::to_pyerr;
 use super::lease::PyLease;
@@ -6,7 +7,6 @@ use super::types::{
     PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits, PyManualClock,
     PyProviderCaps,
 };
-use super::convert::failure_args;
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::engine::{Engine, Gate, Settings, StoreSpec, UsageReport};
 use crate::core::env::Env;
@@ -30,7 +30,11 @@ pub struct PyQuotaEngine {
     readonly: bool,
 }
 
-fn route(platform: &Bound<'_, PyAny>, model_id: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<Route> {
+fn route(
+    platform: &Bound<'_, PyAny>,
+    model_id: &Bound<'_, PyAny>,
+    key_id: &Bound<'_, PyAny>,
+) -> PyResult<Route> {
     Route::new(str_arg(platform, "platform")?, str_arg(model_id, "model_id")?, int_arg(key_id, "key_id")?)
         .map_err(to_pyerr)
 }
@@ -69,7 +73,11 @@ fn cap_setting(v: &Bound<'_, PyAny>, name: &str) -> PyResult<CapSetting> {
 impl PyQuotaEngine {
     /// The single way into the core: drop the GIL, lock, run; panics and errors come
     /// back as Python exceptions.
-    fn run<T: Send>(&self, py: Python<'_>, op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send) -> PyResult<T> {
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
+    ) -> PyResult<T> {
         py.detach(|| self.handle.with(op)).map_err(to_pyerr)
     }
 
@@ -88,7 +96,13 @@ impl PyQuotaEngine {
     fn make_lease(&self, py: Python<'_>, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
         Py::new(
             py,
-            PyLease { handle: self.handle.clone(), id, route, estimated_tokens: est, done: AtomicBool::new(false) },
+            PyLease {
+                handle: self.handle.clone(),
+                id,
+                route,
+                estimated_tokens: est,
+                done: AtomicBool::new(false),
+            },
         )
     }
 }
@@ -116,7 +130,8 @@ impl PyQuotaEngine {
             Some(e) if !e.is_none() => e.clone(),
             _ => py.import("os")?.getattr("environ")?,
         };
-        let mapping = env_obj.cast::<PyMapping>().map_err(|_| super::errors::type_error("env must be a mapping"))?;
+        let mapping =
+            env_obj.cast::<PyMapping>().map_err(|_| super::errors::type_error("env must be a mapping"))?;
         let mut vars = HashMap::new();
         for item in mapping.items()?.iter() {
             let (k, v): (String, String) =
@@ -125,13 +140,17 @@ impl PyQuotaEngine {
         }
         let path: String = match path {
             Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
-            _ => vars.get("QUOTAENGINE_DB").filter(|v| !v.is_empty()).cloned().unwrap_or_else(|| "./quota.db".into()),
+            _ => vars
+                .get("QUOTAENGINE_DB")
+                .filter(|v| !v.is_empty())
+                .cloned()
+                .unwrap_or_else(|| "./quota.db".into()),
         };
         let clock: Arc<dyn Clock> = match clock {
             Some(c) if !c.is_none() => {
-                let c = c
-                    .cast::<PyManualClock>()
-                    .map_err(|_| super::errors::type_error("clock must be a quotaengine.ManualClock or None"))?;
+                let c = c.cast::<PyManualClock>().map_err(|_| {
+                    super::errors::type_error("clock must be a quotaengine.ManualClock or None")
+                })?;
                 c.get().0.clone()
             }
             _ => Arc::new(SystemClock),
@@ -331,7 +350,12 @@ impl PyQuotaEngine {
         self.gate(py, Gate::Tokens, route(platform, model_id, key_id)?, est, limits)
     }
 
-    fn can_use_provider(&self, py: Python<'_>, platform: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn can_use_provider(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
         self.gate(py, Gate::ProviderDaily, account(platform, key_id)?, 0, None)
     }
 
@@ -466,7 +490,11 @@ impl PyQuotaEngine {
 
     /// Active cooldowns, soonest expiry first.
     #[pyo3(signature = (key_ids=None))]
-    fn active_cooldowns(&self, py: Python<'_>, key_ids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PyCooldown>> {
+    fn active_cooldowns(
+        &self,
+        py: Python<'_>,
+        key_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<PyCooldown>> {
         let ids: Option<Vec<i64>> = match key_ids {
             Some(k) if !k.is_none() => {
                 Some(k.try_iter()?.map(|i| int_arg(&i?, "key_ids[]")).collect::<PyResult<Vec<i64>>>()?)
@@ -672,7 +700,11 @@ impl PyQuotaEngine {
 
     /// `server_logs` rows, newest first.
     #[pyo3(signature = (limit=None))]
-    fn server_logs<'py>(&self, py: Python<'py>, limit: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyList>> {
+    fn server_logs<'py>(
+        &self,
+        py: Python<'py>,
+        limit: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let n = limit.map_or(Ok(100), |l| count_arg(l, "limit"))?;
         let rows = self.run(py, move |e| e.server_logs(n))?;
         let out = PyList::empty(py);
@@ -728,4 +760,3 @@ impl PyQuotaEngine {
         self.run(py, |e| Ok(e.pending_writes()))
     }
 }
-

@@ -101,10 +101,11 @@ impl PyLease {
             return Ok(None);
         }
         let (id, route) = (self.id, &self.route);
-        let out = py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
-            self.done.store(false, Ordering::SeqCst);
-            to_pyerr(e)
-        })?;
+        let out =
+            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
+                self.done.store(false, Ordering::SeqCst);
+                to_pyerr(e)
+            })?;
         Ok(Some(super::types::PyFailureOutcome(out)))
     }
 

@@ -18,8 +18,8 @@ mod _quotaengine {
     use super::lease::{PyLease, PyReady};
     #[pymodule_export]
     use super::types::{
-        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits, PyManualClock,
-        PyProviderCaps,
+        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits,
+        PyManualClock, PyProviderCaps,
     };
 
     #[pymodule_init]

@@ -26,7 +26,12 @@ impl PyLimits {
         tpd: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
-        Ok(Self(Limits { rpm: get(rpm, "rpm")?, rpd: get(rpd, "rpd")?, tpm: get(tpm, "tpm")?, tpd: get(tpd, "tpd")? }))
+        Ok(Self(Limits {
+            rpm: get(rpm, "rpm")?,
+            rpd: get(rpd, "rpd")?,
+            tpm: get(tpm, "tpm")?,
+            tpd: get(tpd, "tpd")?,
+        }))
     }
     #[getter]
     fn rpm(&self) -> Option<i64> {

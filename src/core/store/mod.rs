@@ -142,7 +142,11 @@ pub enum Write {
     },
     DeleteLease(i64),
     UpsertCooldown(CooldownRow),
-    DeleteCooldown { platform: Arc<str>, model_id: Arc<str>, key_id: i64 },
+    DeleteCooldown {
+        platform: Arc<str>,
+        model_id: Arc<str>,
+        key_id: i64,
+    },
     /// Returns the number of rows deleted.
     DeleteCooldownsForKey(i64),
     /// Deletes cooldowns with `expires_at_ms <= now`; returns the count.
@@ -154,9 +158,17 @@ pub enum Write {
     InsertHistory(HistoryRow),
     /// Deletes history of `key_id` with one of `kinds`; only of one route when
     /// `route` is given. Returns the count.
-    DeleteHistory { key_id: i64, route: Option<(Arc<str>, Arc<str>)>, kinds: Vec<HistoryKind> },
+    DeleteHistory {
+        key_id: i64,
+        route: Option<(Arc<str>, Arc<str>)>,
+        kinds: Vec<HistoryKind>,
+    },
     /// Retention: usage older than `usage_before`, leases expired at `leases_expired_at`.
-    Sweep { usage_before: i64, leases_expired_at: i64, history_before: i64 },
+    Sweep {
+        usage_before: i64,
+        leases_expired_at: i64,
+        history_before: i64,
+    },
     Log(LogRow),
 }
 

@@ -1,8 +1,8 @@
 //! The SQLite backend: one connection per engine, WAL mode, the system's SQLite.
 use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
 use super::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, Store, StoreResult, UsageFilter, UsageKind, UsageRow,
-    Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, Store, StoreResult, UsageFilter,
+    UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
@@ -55,9 +55,8 @@ impl SqliteStore {
         conn.busy_timeout(Duration::from_millis(busy_timeout_ms.max(0) as u64))
             .map_err(|e| incompatible(path, e))?;
         // Reading the header fails on a file that is not a database; nothing is written yet.
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| incompatible(path, e))?;
+        let version: i64 =
+            conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| incompatible(path, e))?;
         if version > current_version() {
             return Err(incompatible(
                 path,
@@ -95,7 +94,7 @@ impl SqliteStore {
         conn.execute_batch(
             "PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 8000;",
         )
-            .map_err(|e| incompatible(path, e))?;
+        .map_err(|e| incompatible(path, e))?;
         let mut store = Self {
             conn,
             readonly,
@@ -199,9 +198,8 @@ impl SqliteStore {
     }
 
     fn read_keys(&self) -> rusqlite::Result<Vec<KeyInfo>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT key_id, platform, base_url, label, enabled FROM api_keys")?;
+        let mut stmt =
+            self.conn.prepare_cached("SELECT key_id, platform, base_url, label, enabled FROM api_keys")?;
         let rows = stmt.query_map([], |r| {
             Ok(KeyInfo {
                 key_id: r.get(0)?,
@@ -338,7 +336,14 @@ impl SqliteStore {
                     "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )?
-                .execute(params![&*u.platform, &*u.model_id, u.key_id, u.kind.as_str(), u.tokens, u.created_at_ms])?;
+                .execute(params![
+                    &*u.platform,
+                    &*u.model_id,
+                    u.key_id,
+                    u.kind.as_str(),
+                    u.tokens,
+                    u.created_at_ms
+                ])?;
                 let id = c.last_insert_rowid();
                 if let Some(cur) = self.usage_cursor.as_mut() {
                     *cur = (*cur).max(id);
@@ -372,11 +377,12 @@ impl SqliteStore {
                 ])?;
                 0
             }
-            Write::DeleteCooldown { platform, model_id, key_id } => c
-                .prepare_cached(
+            Write::DeleteCooldown { platform, model_id, key_id } => {
+                c.prepare_cached(
                     "DELETE FROM rate_limit_cooldowns WHERE platform = ?1 AND model_id = ?2 AND key_id = ?3",
                 )?
-                .execute(params![&**platform, &**model_id, key_id])? as i64,
+                .execute(params![&**platform, &**model_id, key_id])? as i64
+            }
             Write::DeleteCooldownsForKey(key_id) => c
                 .prepare_cached("DELETE FROM rate_limit_cooldowns WHERE key_id = ?1")?
                 .execute([key_id])? as i64,
@@ -458,7 +464,8 @@ impl SqliteStore {
                 n as i64
             }
             Write::Sweep { usage_before, leases_expired_at, history_before } => {
-                c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?.execute([history_before])?;
+                c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?
+                    .execute([history_before])?;
                 // The newest row always stays, so that ids never go backwards.
                 let n = c
                     .prepare_cached(

@@ -1,0 +1,267 @@
+"""``python -m quotaengine demo``: a simulated router against simulated providers.
+
+Router threads admit every call through ``engine.lease()`` and report the outcome
+with ``success()`` / ``failure()``. The providers enforce their own limits and
+answer over-limit calls with real-looking 429 bodies (Groq style, with a
+``Retry-After`` and the true limit in the text), a daily allocation error
+(Cloudflare style) and a local endpoint that refuses connections under load.
+Some published limits are looser than the provider's real ones, so the engine
+has to learn them from the error bodies. The summary proves zero overshoot of
+every published limit from the usage rows in the database.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+
+from . import QuotaEngine, QuotaExceeded
+
+KEY_BASE = 9000  # demo key ids, away from a real router's
+
+
+@dataclass
+class Model:
+    name: str
+    published: dict[str, int | None]
+    true_rpm: int | None = None  # what the provider really enforces (hidden)
+    true_tpm: int | None = None
+
+
+@dataclass
+class Provider:
+    platform: str
+    models: list[Model]
+    keys: list[int]
+    base_url: str = "https://api.example.invalid/v1"
+    latency: tuple[float, float] = (0.004, 0.02)
+    daily_allocation: int | None = None  # provider-side daily request allocation (per key)
+    max_concurrency: int | None = None  # a local server that refuses connections under load
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _minute: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=lambda: defaultdict(deque))
+    _day: Counter[int] = field(default_factory=Counter)
+    _active: int = 0
+
+    def call(self, model: Model, key: int, est: int, rng: random.Random) -> tuple[int, dict[str, str], str, int]:
+        """Returns (status, headers, body, tokens used)."""
+        now = time.monotonic()
+        tokens = max(1, int(est * rng.uniform(0.55, 1.15)))
+        with self._lock:
+            if self.max_concurrency is not None and self._active >= self.max_concurrency:
+                return 503, {}, "upstream connect error: connection refused", 0
+            if self.daily_allocation is not None and self._day[key] >= self.daily_allocation:
+                return 429, {}, "you have used up your daily free allocation of requests for today", 0
+            window = self._minute[(model.name, key)]
+            while window and window[0][0] <= now - 60:
+                window.popleft()
+            used_req = len(window)
+            used_tok = sum(t for _, t in window)
+            true_rpm = model.true_rpm or model.published.get("rpm")
+            true_tpm = model.true_tpm or model.published.get("tpm")
+            if true_rpm is not None and used_req >= true_rpm:
+                wait = 60 - (now - window[0][0])
+                body = (
+                    f"Rate limit reached for model `{model.name}` in organization `org_demo` service tier "
+                    f"`on_demand` on requests per minute (RPM): Limit {true_rpm}, Used {used_req}, "
+                    f"Requested 1. Please try again in {wait:.2f}s."
+                )
+                return 429, {"retry-after": str(max(1, int(wait)))}, body, 0
+            if true_tpm is not None and used_tok + tokens > true_tpm:
+                body = (
+                    f"Rate limit reached for model `{model.name}` in organization `org_demo` service tier "
+                    f"`on_demand` on tokens per minute (TPM): Limit {true_tpm}, Used {used_tok}, "
+                    f"Requested {tokens}. Please try again in 20s."
+                )
+                return 429, {"retry-after": "20"}, body, 0
+            window.append((now, tokens))
+            self._day[key] += 1
+            self._active += 1
+        try:
+            time.sleep(rng.uniform(*self.latency))
+        finally:
+            with self._lock:
+                self._active -= 1
+        return 200, {}, "", tokens
+
+
+def _providers() -> list[Provider]:
+    return [
+        Provider(
+            "demo-groq",
+            [
+                Model("llama-3.1-8b-instant", {"rpm": 30, "rpd": 14_400, "tpm": 6_000, "tpd": 500_000}),
+                # published 30 rpm, but this key's real limit is 12: the engine learns it
+                Model("llama-3.3-70b-versatile", {"rpm": 30, "rpd": 1_000, "tpm": None, "tpd": None}, true_rpm=12),
+            ],
+            keys=[KEY_BASE + 1, KEY_BASE + 2],
+        ),
+        Provider(
+            "demo-cerebras",
+            [Model("qwen-3-32b", {"rpm": 20, "rpd": 14_400, "tpm": 60_000, "tpd": 1_000_000})],
+            keys=[KEY_BASE + 3, KEY_BASE + 4],
+        ),
+        Provider(
+            "demo-workers-ai",
+            # no published limits at all: only the provider's daily allocation stops it
+            [Model("llama-3.1-8b", {"rpm": None, "rpd": None, "tpm": None, "tpd": None})],
+            keys=[KEY_BASE + 5],
+            daily_allocation=40,
+        ),
+        Provider(
+            "demo-openrouter",
+            [Model("deepseek-chat:free", {"rpm": 20, "rpd": None, "tpm": None, "tpd": None})],
+            keys=[KEY_BASE + 6],
+        ),
+        Provider(
+            "demo-ollama",
+            [Model("llama3.2:3b", {"rpm": None, "rpd": None, "tpm": None, "tpd": None})],
+            keys=[KEY_BASE + 7],
+            base_url="http://localhost:11434/v1",
+            latency=(0.02, 0.05),
+            max_concurrency=2,
+        ),
+    ]
+
+
+OPENROUTER_DAILY_CAP = 60
+
+
+def _setup(e: QuotaEngine, providers: list[Provider]) -> None:
+    for p in providers:
+        for k in p.keys:
+            e.register_key(k, p.platform, base_url=p.base_url, label=f"{p.platform} demo key")
+            e.clear_cooldowns_for_key(k)  # a fresh start for the demo's own keys
+        for m in p.models:
+            e.set_model_limits(p.platform, m.name, **m.published)
+    e.set_provider_caps("demo-openrouter", daily_requests=OPENROUTER_DAILY_CAP)
+
+
+def _overshoot(e: QuotaEngine, providers: list[Provider], since_ms: int) -> tuple[int, int]:
+    """Checks every published per-route limit over the run, from the usage rows.
+
+    Returns (windows checked, requests over a limit)."""
+    over = 0
+    checked = 0
+    day_start = since_ms - since_ms % 86_400_000
+    for p in providers:
+        for m in p.models:
+            for k in p.keys:
+                rows = [
+                    r["created_at_ms"]
+                    for r in e.usage_events(since_ms=day_start, platform=p.platform, model_id=m.name, key_id=k)
+                    if r["kind"] == "request"
+                ]
+                rpm, rpd = m.published.get("rpm"), m.published.get("rpd")
+                if rpm is not None:
+                    window: deque[int] = deque()
+                    for t in rows:
+                        window.append(t)
+                        while window[0] <= t - 60_000:
+                            window.popleft()
+                        checked += 1
+                        over += max(0, len(window) - rpm)
+                if rpd is not None:
+                    checked += 1
+                    over += max(0, len(rows) - rpd)
+    cap_rows = [
+        r for r in e.usage_events(since_ms=day_start, platform="demo-openrouter") if r["kind"] == "request"
+    ]
+    checked += 1
+    over += max(0, len(cap_rows) - OPENROUTER_DAILY_CAP)
+    return checked, over
+
+
+def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = False) -> int:
+    providers = _providers()
+    routes = [(p, m, k) for p in providers for m in p.models for k in p.keys]
+    stats_lock = threading.Lock()
+    admitted = 0
+    succeeded = 0
+    refused: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    benched: Counter[str] = Counter()
+    learned: dict[str, str] = {}
+    with QuotaEngine(db) as e:
+        _setup(e, providers)
+        start_ms = e.now_ms()
+        deadline = time.monotonic() + seconds
+        stop = threading.Event()
+
+        def worker(seed: int) -> None:
+            nonlocal admitted, succeeded
+            rng = random.Random(seed)
+            # about 40 attempts a second in all, like a busy router's traffic
+            pace = threads / 40
+            while time.monotonic() < deadline:
+                p, m, k = rng.choice(routes)
+                est = int(rng.lognormvariate(6.0, 0.5))
+                try:
+                    lease = e.lease(p.platform, m.name, k, est)
+                except QuotaExceeded as exc:
+                    with stats_lock:
+                        refused[exc.reason] += 1
+                    time.sleep(pace)
+                    continue
+                with stats_lock:
+                    admitted += 1
+                with lease:
+                    status, headers, body, tokens = p.call(m, k, est, rng)
+                    if status == 200:
+                        lease.success(tokens)
+                        with stats_lock:
+                            succeeded += 1
+                    else:
+                        out = lease.failure(status=status, retry_after=headers.get("retry-after"), message=body)
+                        if out is not None:
+                            with stats_lock:
+                                failed[out.kind] += 1
+                                if out.cooldown is not None:
+                                    benched[f"{out.kind} ({out.cooldown.source})"] += 1
+                                if out.learned is not None:
+                                    learned[f"{p.platform}/{m.name}"] = f"{out.learned.kind}={out.learned.limit}"
+                time.sleep(rng.uniform(0, 2 * pace))
+
+        def progress() -> None:
+            width = 30
+            while not stop.wait(0.2):
+                done = min(1.0, 1 - (deadline - time.monotonic()) / seconds)
+                bar = "#" * int(done * width) + "." * (width - int(done * width))
+                with stats_lock:
+                    line = (
+                        f"\r[{bar}] {done * seconds:4.1f}/{seconds:.0f}s  admitted {admitted}  "
+                        f"refused {sum(refused.values())}  failed {sum(failed.values())}"
+                    )
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            sys.stderr.write("\n")
+
+        pool = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+        bar = None if quiet else threading.Thread(target=progress, daemon=True)
+        if bar:
+            bar.start()
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        stop.set()
+        if bar:
+            bar.join()
+        checked, over = _overshoot(e, providers, start_ms)
+        cooldowns = [c for c in e.active_cooldowns() if c.platform.startswith("demo-")]
+
+    print(f"quotaengine demo: {threads} router threads for {seconds:g}s on {db}")
+    print(f"  admitted   {admitted} (succeeded {succeeded}, failed {sum(failed.values())})")
+    print(f"  refused    {sum(refused.values())}")
+    for reason, n in refused.most_common():
+        print(f"    {reason:<26}{n}")
+    print(f"  failures by kind: {dict(failed) or 'none'}")
+    print(f"  benched by kind:  {dict(benched) or 'none'}")
+    print(f"  limits learned:   {learned or 'none'}")
+    print(f"  active cooldowns: {len(cooldowns)}")
+    print(f"  overshoot: {over} requests over a published limit ({checked} windows checked)")
+    print(f"\nrun `python -m quotaengine status --db {db}` to see the windows and cooldowns")
+    return 0 if over == 0 else 1

@@ -1,0 +1,183 @@
+"""Degraded mode (SPEC §10) with a real lock: another connection holds BEGIN EXCLUSIVE past
+busy_timeout_ms. Also the proof that the GIL is released while the engine waits on that lock (STYLE §10)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import quotaengine as q
+
+T0 = 1_767_225_600_000
+TEN_AM = T0 + 10 * 3_600_000
+P, M, K = "groq", "llama-3.1-8b", 1
+
+
+@contextmanager
+def exclusive_lock(db_path: Path) -> Iterator[sqlite3.Connection]:
+    con = sqlite3.connect(db_path, isolation_level=None, timeout=10)
+    try:
+        con.execute("BEGIN EXCLUSIVE")
+        yield con
+        con.execute("ROLLBACK")
+    finally:
+        con.close()
+
+
+def rows(db_path: Path) -> list[tuple]:
+    con = sqlite3.connect(db_path)
+    try:
+        return con.execute(
+            "SELECT platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage "
+            "ORDER BY created_at_ms, kind"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("quotaengine")]
+
+
+def test_degraded_mode_keeps_enforcing_and_flushes(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = q.ManualClock(TEN_AM)
+    caplog.set_level(logging.INFO, logger="quotaengine")
+    with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=50) as e:
+        e.set_model_limits(P, M, rpm=3)
+        e.record_request("cerebras", "m", K)  # the file works
+        assert not e.degraded
+        caplog.clear()
+
+        with exclusive_lock(db_path):
+            e.record_request("cerebras", "m", K)  # fails to write: served from memory
+            assert e.degraded
+            clock.advance(1_000)
+            with e.lease(P, M, K, 10):  # 1st admission, success(tokens=10)
+                pass
+            clock.advance(1_000)
+            second = e.lease(P, M, K)
+            second.success(tokens=5)  # 2nd
+            clock.advance(1_000)
+            held = e.lease(P, M, K, 7)  # 3rd, held
+            with pytest.raises(q.QuotaExceeded) as exc:  # 4th refused
+                e.lease(P, M, K)
+            assert exc.value.reason == "rpm"
+            adm = e.check(P, M, K)
+            assert (adm.allowed, adm.reason, adm.retry_at_ms) == (False, "rpm", TEN_AM + 1_000 + 60_000)
+            u = e.usage(P, M, K)
+            assert (u["rpm"]["used"], u["tpm"]["used"], u["in_flight"]) == (2, 15, 1)
+            assert e.usage("cerebras", "m", K)["rpd"]["used"] == 2
+            assert e.degraded
+            # The file still holds only what was written before the lock.
+            assert rows(db_path) == [("cerebras", "m", K, "request", 1, TEN_AM)]
+
+        assert len(warnings_of(caplog)) == 1
+
+        # The lock is gone: the next write call lands everything, with the original timestamps.
+        clock.advance(5_000)
+        e.record_request("cerebras", "m", K)
+        assert not e.degraded
+        assert rows(db_path) == [
+            ("cerebras", "m", K, "request", 1, TEN_AM),
+            ("cerebras", "m", K, "request", 1, TEN_AM),
+            (P, M, K, "request", 1, TEN_AM + 1_000),
+            (P, M, K, "tokens", 10, TEN_AM + 1_000),
+            (P, M, K, "request", 1, TEN_AM + 2_000),
+            (P, M, K, "tokens", 5, TEN_AM + 2_000),
+            ("cerebras", "m", K, "request", 1, TEN_AM + 8_000),
+        ]
+        assert len(warnings_of(caplog)) == 1
+        assert any(
+            r.levelno == logging.INFO and r.name.startswith("quotaengine") for r in caplog.records
+        ), "one info line on recovery"
+        held.success(tokens=7)
+        u = e.usage(P, M, K)
+        assert (u["rpm"]["used"], u["tpm"]["used"], u["in_flight"]) == (3, 22, 0)
+        assert (P, M, K, "tokens", 7, TEN_AM + 8_000) in rows(db_path)
+
+
+def test_lease_taken_while_degraded_is_shared_after_recovery(db_path: Path) -> None:
+    # All state, leases included, lives in the file once it answers again: another process (here
+    # another engine) must count the lease, or the two together admit past the limit.
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=50) as e:
+        e.set_model_limits(P, M, rpm=2)
+        e.record_request(P, M, K)
+        with exclusive_lock(db_path):
+            held = e.lease(P, M, K, 7)
+            assert e.degraded
+        e.record_request("cerebras", "m", K)  # the next write call flushes
+        assert not e.degraded
+        assert e.usage(P, M, K)["in_flight"] == 1
+        with q.QuotaEngine(db_path, clock=clock, env={}) as other:
+            u = other.usage(P, M, K)
+            assert (u["rpm"]["used"], u["in_flight"]) == (1, 1)
+            with pytest.raises(q.QuotaExceeded):
+                other.lease(P, M, K)
+        held.release()
+        with q.QuotaEngine(db_path, clock=clock, env={}) as other:
+            assert other.usage(P, M, K)["in_flight"] == 0
+
+
+def test_one_warning_per_outage(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = q.ManualClock(TEN_AM)
+    caplog.set_level(logging.WARNING, logger="quotaengine")
+    with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=50) as e:
+        e.record_request(P, M, K)
+        caplog.clear()
+        with exclusive_lock(db_path):
+            for _ in range(5):
+                e.record_request(P, M, K)
+                clock.advance(10)
+            assert e.degraded
+        assert len(warnings_of(caplog)) == 1
+        e.record_request(P, M, K)
+        assert not e.degraded
+        with exclusive_lock(db_path):
+            e.record_request(P, M, K)
+            assert e.degraded
+        assert len(warnings_of(caplog)) == 2
+        e.record_request(P, M, K)
+        assert not e.degraded
+    assert len(rows(db_path)) == 9
+
+
+def test_gil_is_released_while_waiting_for_the_lock(db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=2_000) as e:
+        e.record_request(P, M, K)
+        errors: list[BaseException] = []
+        calling = threading.Event()
+
+        def blocked_call() -> None:
+            try:
+                calling.set()
+                e.record_request(P, M, K)  # waits up to busy_timeout_ms for the lock
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        with exclusive_lock(db_path):
+            t = threading.Thread(target=blocked_call)
+            t.start()
+            assert calling.wait(5)
+            time.sleep(0.05)  # let it enter the engine
+            counter = 0
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                counter += 1
+            # The engine call is still waiting on the lock, and Python ran meanwhile.
+            assert t.is_alive()
+            assert counter > 10_000
+        t.join(10)
+        assert not t.is_alive()
+        assert not errors
+        e.record_request(P, M, K)
+        assert e.usage(P, M, K)["rpm"]["used"] == 3
+    assert len(rows(db_path)) == 3

@@ -1,0 +1,354 @@
+"""The SQLite file (SPEC §3, §10): WAL, table layout, schema version, refusing foreign or newer files
+untouched, read-only engines, :memory:, the default path, close(), and the retention sweep."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import quotaengine as q
+
+T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
+SECOND = 1_000
+MINUTE = 60_000
+HOUR = 3_600_000
+TEN_AM = T0 + 10 * HOUR
+P, M, K = "groq", "llama-3.1-8b", 1
+
+
+def sql(db_path: Path, query: str, *params: object) -> list[tuple]:
+    con = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        return con.execute(query, params).fetchall()
+    finally:
+        con.close()
+
+
+def snapshot(db_path: Path) -> tuple[bytes, int]:
+    """The main file's bytes and the -wal file's size (0 when absent)."""
+    wal = Path(f"{db_path}-wal")
+    return db_path.read_bytes(), (wal.stat().st_size if wal.exists() else 0)
+
+
+# ---------------------------------------------------------------------------- layout
+
+
+def test_wal_mode(engine: q.QuotaEngine, db_path: Path) -> None:
+    engine.record_request(P, M, K)
+    assert sql(db_path, "PRAGMA journal_mode") == [("wal",)]
+
+
+@pytest.mark.parametrize(
+    ("table", "columns"),
+    [
+        ("rate_limit_usage", {"platform", "model_id", "key_id", "kind", "tokens", "created_at_ms"}),
+        ("rate_limit_cooldowns", {"platform", "model_id", "key_id", "expires_at_ms", "source", "set_at_ms"}),
+        (
+            "server_logs",
+            {"id", "level", "source", "provider", "model", "event", "request_id", "message", "created_at_ms"},
+        ),
+    ],
+)
+def test_spec_tables_and_columns(engine: q.QuotaEngine, db_path: Path, table: str, columns: set[str]) -> None:
+    cols = {row[1] for row in sql(db_path, f"PRAGMA table_info({table})")}
+    assert columns <= cols
+
+
+def test_usage_rows_readable_with_sqlite3(engine: q.QuotaEngine, db_path: Path, clock: q.ManualClock) -> None:
+    engine.record_request(P, M, K)
+    clock.advance(5)
+    engine.record_tokens(P, M, K, 42)
+    rows = sql(
+        db_path,
+        "SELECT platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage ORDER BY created_at_ms",
+    )
+    assert rows == [(P, M, K, "request", 1, TEN_AM), (P, M, K, "tokens", 42, TEN_AM + 5)]
+    engine.set_cooldown(P, M, K, duration_ms=30_000, source="credit")
+    rows = sql(db_path, "SELECT platform, model_id, key_id, expires_at_ms, source, set_at_ms FROM rate_limit_cooldowns")
+    assert rows == [(P, M, K, TEN_AM + 5 + 30_000, "credit", TEN_AM + 5)]
+
+
+def test_schema_version(engine: q.QuotaEngine, db_path: Path) -> None:
+    ((version,),) = sql(db_path, "PRAGMA user_version")
+    assert version > 0
+
+
+# ---------------------------------------------------------------------------- refusing files
+
+
+def test_newer_schema_refused_and_file_untouched(db_path: Path, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        e.record_request(P, M, K)
+    ((version,),) = sql(db_path, "PRAGMA user_version")
+    sql(db_path, f"PRAGMA user_version = {version + 1}")
+    before = db_path.read_bytes()
+    with pytest.raises(q.DatabaseError):
+        q.QuotaEngine(db_path, clock=clock, env={})
+    assert db_path.read_bytes() == before
+    with pytest.raises(q.DatabaseError):
+        q.QuotaEngine(db_path, clock=clock, env={}, readonly=True)
+    assert db_path.read_bytes() == before
+    assert sql(db_path, "PRAGMA user_version") == [(version + 1,)]
+
+
+def test_newer_schema_in_rollback_journal_file_untouched(db_path: Path, clock: q.ManualClock) -> None:
+    # A file made by someone else, not in WAL mode: switching it to WAL would rewrite its header.
+    con = sqlite3.connect(db_path)
+    con.execute("CREATE TABLE notes(x)")
+    con.execute("INSERT INTO notes VALUES ('keep me')")
+    con.commit()
+    con.execute("PRAGMA user_version = 999999")
+    con.close()
+    before = db_path.read_bytes()
+    with pytest.raises(q.DatabaseError):
+        q.QuotaEngine(db_path, clock=clock, env={})
+    assert db_path.read_bytes() == before
+    assert not Path(f"{db_path}-wal").exists() or Path(f"{db_path}-wal").stat().st_size == 0
+    assert sql(db_path, "PRAGMA journal_mode") == [("delete",)]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"this is not a database\n" * 200, b"SQLite format 3\x00" + b"\xff" * 4080, bytes(range(256)) * 16],
+)
+def test_not_sqlite_refused_and_file_untouched(db_path: Path, clock: q.ManualClock, content: bytes) -> None:
+    db_path.write_bytes(content)
+    with pytest.raises(q.DatabaseError):
+        q.QuotaEngine(db_path, clock=clock, env={})
+    assert db_path.read_bytes() == content
+    with pytest.raises(q.DatabaseError):
+        q.QuotaEngine(db_path, clock=clock, env={}, readonly=True)
+    assert db_path.read_bytes() == content
+    assert not Path(f"{db_path}-wal").exists()
+
+
+def test_database_error_is_a_quotaengine_error() -> None:
+    assert issubclass(q.DatabaseError, q.QuotaEngineError)
+    assert issubclass(q.EngineClosed, q.QuotaEngineError)
+
+
+# ---------------------------------------------------------------------------- read-only
+
+
+def test_readonly_reads_and_never_writes(db_path: Path, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(db_path, clock=clock, env={}) as writer:
+        writer.set_model_limits(P, M, rpm=10)
+        writer.record_request(P, M, K)
+        writer.record_tokens(P, M, K, 99)
+        writer.set_cooldown(P, "m2", K, duration_ms=MINUTE)
+    before = snapshot(db_path)
+    with q.QuotaEngine(db_path, clock=clock, env={}, readonly=True) as ro:
+        assert ro.readonly
+        u = ro.usage(P, M, K)
+        assert (u["rpm"]["used"], u["tpm"]["used"], u["rpm"]["limit"]) == (1, 99, 10)
+        assert ro.model_limits(P, M) == q.Limits(rpm=10)
+        assert ro.is_on_cooldown(P, "m2", K)
+        assert ro.check(P, M, K).allowed
+        assert ro.can_make_request(P, M, K)
+        clock.advance(2 * MINUTE)  # reads at a later time (a sweep would be due) change nothing either
+        assert ro.usage(P, M, K)["rpd"]["used"] == 1
+        for write in (
+            lambda: ro.record_request(P, M, K),
+            lambda: ro.record_tokens(P, M, K, 1),
+            lambda: ro.lease(P, M, K),
+            lambda: ro.acquire_lease(P, M, K),
+            lambda: ro.set_cooldown(P, M, K, duration_ms=1000),
+            lambda: ro.set_model_limits(P, M, rpm=1),
+            lambda: ro.register_key(3, P),
+            lambda: ro.set_provider_caps(P, daily_requests=1),
+        ):
+            with pytest.raises(q.DatabaseError):
+                write()
+        assert ro.usage(P, M, K)["rpd"]["used"] == 1
+        assert ro.usage(P, M, K)["in_flight"] == 0
+        assert ro.model_limits(P, M) == q.Limits(rpm=10)
+    assert snapshot(db_path) == before
+
+
+def test_readonly_sees_a_live_writer(db_path: Path, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(db_path, clock=clock, env={}) as writer:
+        writer.record_request(P, M, K)
+        with q.QuotaEngine(db_path, clock=clock, env={}, readonly=True) as ro:
+            assert ro.usage(P, M, K)["rpm"]["used"] == 1
+            writer.record_request(P, M, K)
+            writer.acquire_lease(P, M, K)
+            u = ro.usage(P, M, K)
+            assert (u["rpm"]["used"], u["in_flight"]) == (2, 1)
+
+
+# ---------------------------------------------------------------------------- paths
+
+
+def test_memory_database(clock: q.ManualClock) -> None:
+    with q.QuotaEngine(":memory:", clock=clock, env={}) as a, q.QuotaEngine(":memory:", clock=clock, env={}) as b:
+        a.set_model_limits(P, M, rpm=2)
+        a.record_request(P, M, K)
+        with a.lease(P, M, K, 10):
+            pass
+        with pytest.raises(q.QuotaExceeded):
+            a.lease(P, M, K)
+        assert a.usage(P, M, K)["rpm"] == {"used": 2, "limit": 2}
+        assert b.usage(P, M, K)["rpm"] == {"used": 0, "limit": None}  # each :memory: engine is its own
+    assert not Path(":memory:").exists()
+
+
+def test_default_path_from_env_mapping(
+    tmp_path: Path, clock: q.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "from-env.db"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QUOTAENGINE_DB", str(tmp_path / "from-os-environ.db"))
+    with q.QuotaEngine(clock=clock, env={"QUOTAENGINE_DB": str(target)}) as e:
+        e.record_request(P, M, K)
+        assert Path(e.path) == target
+    assert sql(target, "SELECT COUNT(*) FROM rate_limit_usage") == [(1,)]
+    assert not (tmp_path / "quota.db").exists()
+    assert not (tmp_path / "from-os-environ.db").exists()
+
+
+def test_default_path_is_cwd_quota_db(tmp_path: Path, clock: q.ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QUOTAENGINE_DB", str(tmp_path / "from-os-environ.db"))
+    with q.QuotaEngine(clock=clock, env={}) as e:
+        e.record_request(P, M, K)
+    assert sql(tmp_path / "quota.db", "SELECT COUNT(*) FROM rate_limit_usage") == [(1,)]
+    assert not (tmp_path / "from-os-environ.db").exists()
+
+
+def test_path_like_and_str(tmp_path: Path, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(tmp_path / "a.db", clock=clock, env={}) as e:
+        e.record_request(P, M, K)
+    with q.QuotaEngine(str(tmp_path / "a.db"), clock=clock, env={}) as e:
+        assert e.usage(P, M, K)["rpm"]["used"] == 1
+
+
+# ---------------------------------------------------------------------------- close
+
+
+def test_close_then_every_method_raises(engine: q.QuotaEngine) -> None:
+    lease_id = engine.acquire_lease(P, M, K)
+    engine.close()
+    assert engine.closed
+    engine.close()  # idempotent
+    calls = [
+        lambda: engine.record_request(P, M, K),
+        lambda: engine.record_tokens(P, M, K, 1),
+        lambda: engine.usage(P, M, K),
+        lambda: engine.check(P, M, K),
+        lambda: engine.lease(P, M, K),
+        lambda: engine.acquire_lease(P, M, K),
+        lambda: engine.release_lease(lease_id),
+        lambda: engine.can_make_request(P, M, K),
+        lambda: engine.can_use_tokens(P, M, K, 1),
+        lambda: engine.can_use_provider(P, K),
+        lambda: engine.can_use_key_concurrency(P, K),
+        lambda: engine.is_on_cooldown(P, M, K),
+        lambda: engine.set_cooldown(P, M, K),
+        lambda: engine.set_model_limits(P, M, rpm=1),
+        lambda: engine.model_limits(P, M),
+        lambda: engine.register_key(1, P),
+        lambda: engine.provider_caps(P),
+        lambda: engine.set_provider_caps(P, daily_requests=1),
+    ]
+    for call in calls:
+        with pytest.raises(q.EngineClosed):
+            call()
+
+
+def test_context_manager_closes(db_path: Path, clock: q.ManualClock) -> None:
+    e = q.QuotaEngine(db_path, clock=clock, env={})
+    with e as entered:
+        assert entered is e
+        e.record_request(P, M, K)
+    assert e.closed
+    with pytest.raises(q.EngineClosed):
+        e.usage(P, M, K)
+
+
+def test_context_manager_closes_on_exception(db_path: Path, clock: q.ManualClock) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+            e.record_request(P, M, K)
+            1 / 0  # noqa: B018
+    assert e.closed
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e2:
+        assert e2.usage(P, M, K)["rpm"]["used"] == 1
+
+
+def test_clean_close_with_grouped_writes_loses_nothing(db_path: Path, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as e:
+        for _ in range(5):
+            e.record_request(P, M, K)
+        e.record_tokens(P, M, K, 77)
+    assert sql(db_path, "SELECT COUNT(*), SUM(tokens) FROM rate_limit_usage WHERE kind = 'request'") == [(5, 5)]
+    assert sql(db_path, "SELECT SUM(tokens) FROM rate_limit_usage WHERE kind = 'tokens'") == [(77,)]
+
+
+# ---------------------------------------------------------------------------- retention
+
+
+def created_times(db_path: Path) -> list[int]:
+    return [r[0] for r in sql(db_path, "SELECT created_at_ms FROM rate_limit_usage ORDER BY created_at_ms")]
+
+
+def test_retention_sweep_at_most_once_a_minute(db_path: Path) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}, retention_ms=HOUR) as e:
+        x = TEN_AM
+        e.record_request(P, M, K)  # X at 10:00:00
+        clock.set(TEN_AM + 30 * SECOND)
+        y = clock.now_ms()
+        e.record_request(P, M, K)  # Y at 10:00:30
+
+        # 11:00:10: X is past retention, Y is not; more than a minute since any earlier sweep.
+        clock.set(TEN_AM + HOUR + 10 * SECOND)
+        z = clock.now_ms()
+        e.record_request(P, M, K)
+        assert created_times(db_path) == [y, z]
+
+        # 11:00:40: Y is now past retention, but only 30 s since the last sweep: not swept.
+        clock.set(TEN_AM + HOUR + 40 * SECOND)
+        w = clock.now_ms()
+        e.record_request(P, M, K)
+        assert created_times(db_path) == [y, z, w]
+
+        # 11:01:10: a minute since the last sweep: Y goes.
+        clock.set(TEN_AM + HOUR + 70 * SECOND)
+        v = clock.now_ms()
+        e.record_request(P, M, K)
+        assert created_times(db_path) == [z, w, v]
+
+        # A stale row from elsewhere; 10 s later it is not swept yet...
+        stale = TEN_AM - 2 * HOUR
+        sql(
+            db_path,
+            "INSERT INTO rate_limit_usage(platform, model_id, key_id, kind, tokens, created_at_ms) "
+            "VALUES (?, ?, ?, 'request', 1, ?)",
+            P, M, K, stale,
+        )
+        clock.set(TEN_AM + HOUR + 80 * SECOND)
+        u = clock.now_ms()
+        e.record_request(P, M, K)
+        assert created_times(db_path) == [stale, z, w, v, u]
+
+        # ... but the clock steps back 30 s: the next write sweeps again.
+        clock.set(TEN_AM + HOUR + 50 * SECOND)
+        t = clock.now_ms()
+        e.record_request(P, M, K)
+        assert created_times(db_path) == [z, w, t, v, u]
+        # Events "in the future" still count after the step back.
+        assert e.usage(P, M, K)["rpm"]["used"] == 5
+
+
+def test_retention_default_keeps_a_day(db_path: Path) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        e.record_request(P, M, K)
+        clock.advance(23 * HOUR)
+        e.record_request(P, M, K)
+        assert len(created_times(db_path)) == 2
+        clock.advance(HOUR + MINUTE)
+        e.record_request(P, M, K)
+        assert created_times(db_path) == [TEN_AM + 23 * HOUR, TEN_AM + 24 * HOUR + MINUTE]
