@@ -297,6 +297,13 @@ impl Engine {
             }
         }
         self.last_now = Some(now);
+        if !online && self.rebuild && !write {
+            // A read noticed the step back: open a read snapshot to reload from.
+            match self.store.begin(false) {
+                Ok(()) => online = true,
+                Err(e) => self.store_failed(&e, false),
+            }
+        }
         if online {
             if let Err(e) = self.sync(now) {
                 self.store.rollback();

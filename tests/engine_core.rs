@@ -1,0 +1,216 @@
+//! The core without Python: two engines on one file, clock steps, degraded mode,
+//! grouped writes, refusing foreign files.
+#![allow(clippy::unwrap_used)]
+
+use quotaengine::core::clock::ManualClock;
+use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
+use quotaengine::core::error::{Error, StoreError};
+use quotaengine::core::parse::FailureKind;
+use quotaengine::core::types::{CooldownSource, Limits, ModelInfo, Reason, Route};
+use rusqlite::Connection;
+use std::sync::Arc;
+
+const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
+
+fn open(path: &str, clock: &Arc<ManualClock>) -> Engine {
+    Engine::open(&StoreSpec::Sqlite(path.into()), clock.clone(), Settings::default()).unwrap()
+}
+
+fn route() -> Route {
+    Route::new("groq", "llama", 1).unwrap()
+}
+
+fn rpm(n: i64) -> Option<Limits> {
+    Some(Limits { rpm: Some(n), ..Limits::default() })
+}
+
+#[test]
+fn two_engines_share_one_truth() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let path = path.to_str().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(path, &clock);
+    let mut b = open(path, &clock);
+    a.lease(&route(), 10, rpm(2)).unwrap();
+    b.lease(&route(), 10, rpm(2)).unwrap();
+    // both leases are visible to both engines
+    for e in [&mut a, &mut b] {
+        let err = e.lease(&route(), 10, rpm(2)).unwrap_err();
+        assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
+    }
+    a.record_request(&Route::new("groq", "other", 1).unwrap()).unwrap();
+    assert_eq!(b.usage(&Route::new("groq", "other", 1).unwrap(), None).unwrap().rpm.used, 1);
+    // a cooldown set by one engine benches the route in the other
+    b.set_cooldown(&route(), 30_000, CooldownSource::Heuristic).unwrap();
+    assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
+}
+
+#[test]
+fn rows_from_a_plain_connection_are_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut e = open(path.to_str().unwrap(), &clock);
+    assert_eq!(e.usage(&route(), None).unwrap().rpd.used, 0);
+    let c = Connection::open(&path).unwrap();
+    c.execute(
+        "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
+         VALUES ('groq', 'llama', 1, 'request', 1, ?1)",
+        [T0],
+    )
+    .unwrap();
+    c.execute("INSERT INTO models (platform, model_id, rpm_limit) VALUES ('groq', 'llama', 1)", []).unwrap();
+    assert_eq!(e.usage(&route(), None).unwrap().rpd.used, 1);
+    assert_eq!(e.check(&route(), 0, None).unwrap().reason, Some(Reason::Rpm));
+}
+
+#[test]
+fn clock_stepping_back_reloads_the_minute_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut e = open(path.to_str().unwrap(), &clock);
+    e.record_request(&route()).unwrap();
+    clock.advance(61_000);
+    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 0);
+    clock.advance(-30_000); // back to T0 + 31 s: the event counts again
+    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 1);
+    clock.advance(-60_000); // before the event: it is "in the future" and still counts
+    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 1);
+}
+
+#[test]
+fn degraded_mode_buffers_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let settings = Settings { busy_timeout_ms: 20, ..Settings::default() };
+    let mut e =
+        Engine::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock.clone(), settings).unwrap();
+    let blocker = Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    for _ in 0..3 {
+        e.lease(&route(), 0, rpm(3)).unwrap();
+        e.record_request(&Route::new("groq", "m2", 1).unwrap()).unwrap();
+        clock.advance(10);
+    }
+    assert!(e.degraded());
+    // limits still hold from memory
+    assert!(matches!(e.lease(&route(), 0, rpm(3)), Err(Error::Refused(_))));
+    let warnings = e.take_logs().into_iter().filter(|(l, _)| *l == log::Level::Warn).count();
+    assert_eq!(warnings, 1);
+    blocker.execute_batch("COMMIT").unwrap();
+    e.record_request(&Route::new("groq", "m2", 1).unwrap()).unwrap();
+    assert!(!e.degraded());
+    let rows: Vec<i64> = blocker
+        .prepare("SELECT created_at_ms FROM rate_limit_usage WHERE model_id = 'm2' ORDER BY created_at_ms")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows, vec![T0, T0 + 10, T0 + 20, T0 + 30]);
+}
+
+#[test]
+fn long_outage_memory_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let settings = Settings { busy_timeout_ms: 0, ..Settings::default() };
+    let mut e =
+        Engine::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock.clone(), settings).unwrap();
+    let blocker = Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    // 100k events over ~3 hours on one route
+    for _ in 0..100_000 {
+        e.record_request(&route()).unwrap();
+        clock.advance(100);
+    }
+    assert!(e.pending_writes() < 2 * 4096 + 200, "pending {}", e.pending_writes());
+    assert_eq!(e.usage(&route(), None).unwrap().rpd.used, 100_000);
+    blocker.execute_batch("COMMIT").unwrap();
+    e.record_request(&route()).unwrap();
+    let n: i64 = blocker
+        .query_row("SELECT SUM(MAX(tokens, 1)) FROM rate_limit_usage WHERE kind = 'request'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(n, 100_001);
+    // and a fresh engine counts them all
+    let mut fresh = open(path.to_str().unwrap(), &clock);
+    assert_eq!(fresh.usage(&route(), None).unwrap().rpd.used, 100_001);
+}
+
+#[test]
+fn grouped_writes_keep_admission_exact_across_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let grouped = Settings { flush_interval_ms: 60_000, ..Settings::default() };
+    let mut a =
+        Engine::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock.clone(), grouped).unwrap();
+    let mut b = open(path.to_str().unwrap(), &clock);
+    let id = a.lease(&route(), 100, rpm(1)).unwrap();
+    a.finish_lease_success(id, &route(), Some(80)).unwrap();
+    assert!(a.pending_writes() > 0);
+    // b still sees the finished lease until a flushes, so it cannot over-admit
+    assert!(matches!(b.lease(&route(), 0, rpm(1)), Err(Error::Refused(_))));
+    a.flush().unwrap();
+    assert_eq!(b.usage(&route(), None).unwrap().rpm.used, 1);
+    assert_eq!(b.usage(&route(), None).unwrap().tpm.used, 80);
+    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
+}
+
+#[test]
+fn foreign_and_newer_files_are_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock: Arc<ManualClock> = Arc::new(ManualClock::new(T0));
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, b"this is not a database, just text that is long enough to look like a header")
+        .unwrap();
+    let newer = dir.path().join("newer.db");
+    {
+        let c = Connection::open(&newer).unwrap();
+        c.execute_batch("CREATE TABLE quotaengine_meta (name TEXT); PRAGMA user_version = 999;").unwrap();
+    }
+    let foreign = dir.path().join("foreign.db");
+    {
+        let c = Connection::open(&foreign).unwrap();
+        c.execute_batch("CREATE TABLE rate_limit_usage (x INTEGER);").unwrap();
+    }
+    for p in [&text, &newer, &foreign] {
+        let before = std::fs::read(p).unwrap();
+        let r =
+            Engine::open(&StoreSpec::Sqlite(p.to_str().unwrap().into()), clock.clone(), Settings::default());
+        assert!(matches!(r, Err(Error::Store(StoreError::Incompatible(_)))), "{p:?}");
+        assert_eq!(std::fs::read(p).unwrap(), before, "{p:?} changed");
+    }
+}
+
+#[test]
+fn ladder_persists_across_engines_and_success_clears_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(path.to_str().unwrap(), &clock);
+    a.set_model_limits(ModelInfo {
+        platform: "groq".into(),
+        model_id: "llama".into(),
+        limits: Limits { rpd: Some(1), ..Limits::default() },
+        monthly_token_budget: None,
+    })
+    .unwrap();
+    a.record_request(&route()).unwrap(); // the day is spent
+    let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
+    let d1 = a.record_failure(&route(), fail()).unwrap();
+    assert_eq!(d1.kind, FailureKind::RateLimit);
+    assert_eq!(d1.cooldown.unwrap().duration_ms, 120_000);
+    clock.advance(130_000);
+    let mut b = open(path.to_str().unwrap(), &clock); // another worker continues the ladder
+    assert_eq!(b.record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 600_000);
+    b.record_request(&route()).unwrap(); // a success clears it
+    clock.advance(700_000);
+    assert_eq!(a.record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 120_000);
+}
