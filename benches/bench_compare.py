@@ -322,14 +322,15 @@ def run_qe_threads(wl, n, db_dir, flush_ms: int = 0, threads: int = 4) -> dict:
     return out
 
 
-def run_limits(wl, n, strategy: str) -> dict:
+def run_limits(wl, n, strategy: str, real_clock: bool = False) -> dict:
     import limits
     import limits.storage.memory as lmem
     import limits.strategies as lstrat
 
     sim = SimTime(T0_MS)
-    lmem.time = sim  # the storage reads time.time(); feed it the simulated clock
-    lstrat.time = sim
+    if not real_clock:
+        lmem.time = sim  # the storage reads time.time(); feed it the simulated clock
+        lstrat.time = sim
     storage = limits.storage.storage_from_string("memory://")
     cls = {
         "mw": lstrat.MovingWindowRateLimiter,
@@ -358,7 +359,7 @@ def run_limits(wl, n, strategy: str) -> dict:
         return True
 
     res = drive(wl.ops[:n], sim.set, admit)
-    res["note"] = f"limits {limits.__version__}, memory://, simulated time"
+    res["note"] = f"limits {limits.__version__}, memory://, {'real' if real_clock else 'simulated'} time"
     return res
 
 
@@ -366,15 +367,22 @@ class _RouteBuckets:
     """pyrate-limiter BucketFactory: a request bucket and a token bucket per route,
     created on first use; items stamped with the simulated time."""
 
-    def __init__(self, wl, sim, kind: str, db_path: str | None = None):
+    def __init__(self, wl, sim, kind: str, db_path: str | None = None, real_clock: bool = False):
         from pyrate_limiter import BucketFactory, Duration, InMemoryBucket, Rate, RateItem, SQLiteBucket
         from pyrate_limiter.buckets.sqlite_bucket import Queries
 
         outer = self
 
         class Factory(BucketFactory):
-            def wrap_item(self, name, weight=1):
-                return RateItem(name, sim.ms, weight=weight)
+            if real_clock:
+
+                def wrap_item(self, name, weight=1):
+                    return RateItem(name, time.time_ns() // 1_000_000, weight=weight)
+
+            else:
+
+                def wrap_item(self, name, weight=1):
+                    return RateItem(name, sim.ms, weight=weight)
 
             def get(self, item):
                 b = outer.buckets.get(item.name)
@@ -416,12 +424,12 @@ class _RouteBuckets:
         return b
 
 
-def run_pyrate(wl, n, kind: str, db_dir: str) -> dict:
+def run_pyrate(wl, n, kind: str, db_dir: str, real_clock: bool = False) -> dict:
     import pyrate_limiter
     from pyrate_limiter import Limiter
 
     sim = SimTime(T0_MS)
-    rb = _RouteBuckets(wl, sim, kind, os.path.join(db_dir, "pyrate.db"))
+    rb = _RouteBuckets(wl, sim, kind, os.path.join(db_dir, "pyrate.db"), real_clock)
     limiter = Limiter(rb.factory)
     acquire = limiter.try_acquire
 
@@ -434,7 +442,7 @@ def run_pyrate(wl, n, kind: str, db_dir: str) -> dict:
         return acquire("tok|" + route, est, blocking=False)
 
     res = drive(wl.ops[:n], sim.set, admit)
-    res["note"] = f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, {kind}, simulated time"
+    res["note"] = f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, {kind}, {'real' if real_clock else 'simulated'} time"
     return res
 
 
@@ -494,46 +502,77 @@ def run_floor() -> dict:
 # ------------------------------------------------------------- multi-process workers
 
 
-def run_proc_worker(args) -> None:
-    """One of ``--workers`` processes on a shared file: takes ops i = w, w+W, ...
-    at their scheduled simulated times, after a go line on stdin."""
-    wl = Workload(args.ops)
-    n = args.run_ops
-    W, w = args.workers, args.worker_index
-    ops = wl.ops[w:n:W]
-    if args.system == "qe-proc":
-        import quotaengine
+def proc_worker(system, n_full, n, w, db, flush_ms, counter, limits_set, barrier, results) -> None:
+    """One of several processes on a shared file. Ops are claimed from a shared counter
+    (a queue of work both processes pull from); op i runs at simulated time
+    T0 + i * STEP_MS on this process's own ManualClock, so the processes' clocks stay
+    within an op or two of each other."""
+    try:
+        wl = Workload(n_full)
+        if w != 0:
+            limits_set.wait()
+        if system == "qe-proc":
+            import quotaengine
 
-        clock = quotaengine.ManualClock(T0_MS)
-        eng = _qe_engine(args.db, clock, args.flush_ms)
+            clock = quotaengine.ManualClock(T0_MS)
+            eng = _qe_engine(db, clock, flush_ms)
+            if w == 0:
+                _qe_setup_limits(eng, wl)
+            settime, admit = clock.set, _qe_admit(eng)
+        else:
+            sys.path.insert(0, HERE)
+            from baseline_sqlite import BaselineEngine, QuotaExceeded
+
+            sim = SimTime(T0_MS)
+            eng = BaselineEngine(db, clock=sim.now_ms)
+            if w == 0:
+                for (p, m), (rpm, rpd, tpm, tpd) in wl.limits.items():
+                    eng.set_model_limits(p, m, rpm=rpm, rpd=rpd, tpm=tpm, tpd=tpd)
+            lease = eng.lease
+
+            def admit(p, m, k, est, act):
+                try:
+                    lease(p, m, k, est).success(act)
+                    return True
+                except QuotaExceeded:
+                    return False
+
+            settime = sim.set
         if w == 0:
-            _qe_setup_limits(eng, wl)
-        settime, admit = clock.set, _qe_admit(eng)
-    else:
-        sys.path.insert(0, HERE)
-        from baseline_sqlite import BaselineEngine, QuotaExceeded
-
-        sim = SimTime(T0_MS)
-        eng = BaselineEngine(args.db, clock=sim.now_ms)
-        if w == 0:
-            for (p, m), (rpm, rpd, tpm, tpd) in wl.limits.items():
-                eng.set_model_limits(p, m, rpm=rpm, rpd=rpd, tpm=tpm, tpd=tpd)
-        lease = eng.lease
-
-        def admit(p, m, k, est, act):
-            try:
-                lease(p, m, k, est).success(act)
-                return True
-            except QuotaExceeded:
-                return False
-
-        settime = sim.set
-    print("READY", flush=True)
-    sys.stdin.readline()
-    res = drive(ops, settime, admit, start_index=w, stride=W)
-    eng.close()
-    res["peak_rss_mb"] = peak_rss_mb()
-    print(json.dumps(res), flush=True)
+            limits_set.set()
+        ops = wl.ops
+        lat = array.array("q")
+        refused = 0
+        lock = counter.get_lock()
+        pc = time.perf_counter_ns
+        barrier.wait()
+        wall_start = time.time()
+        while True:
+            with lock:
+                i = counter.value
+                counter.value = i + 1
+            if i >= n:
+                break
+            settime(T0_MS + i * STEP_MS)
+            p, m, k, est, act = ops[i]
+            s = pc()
+            if not admit(p, m, k, est, act):
+                refused += 1
+            lat.append(pc() - s)
+        wall_end = time.time()
+        eng.close()
+        sl = sorted(lat)
+        results.put(
+            {
+                "w": w, "ops": len(lat), "refused": refused, "wall_start": wall_start, "wall_end": wall_end,
+                "ops_s": len(lat) / (wall_end - wall_start), "p50_us": percentile(sl, 0.5) / 1000,
+                "p99_us": percentile(sl, 0.99) / 1000, "peak_rss_mb": peak_rss_mb(),
+            }
+        )  # fmt: skip
+    except BaseException as e:  # noqa: BLE001 -- reported by the parent
+        limits_set.set()
+        barrier.abort()
+        results.put({"w": w, "error": f"{type(e).__name__}: {e}"})
 
 
 def overshoot(db: str, wl: Workload) -> dict:
@@ -565,29 +604,29 @@ def overshoot(db: str, wl: Workload) -> dict:
 
 
 def run_procs(system: str, wl: Workload, n: int, workers: int, flush_ms: int = 0) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # fresh interpreters: each worker's RSS is its own
     tmp = tempfile.mkdtemp(prefix="qebench-procs-")
     db = os.path.join(tmp, "shared.db")
     try:
-        procs = []
-        for w in range(workers):
-            cmd = [
-                sys.executable, __file__, "--worker", "--system", system, "--ops", str(wl.n),
-                "--run-ops", str(n), "--workers", str(workers), "--worker-index", str(w),
-                "--db", db, "--flush-ms", str(flush_ms),
-            ]  # fmt: skip
-            pr = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            if pr.stdout.readline().strip() != "READY":  # worker 0 sets the limits first
-                raise RuntimeError(f"worker {w} failed to start")
-            procs.append(pr)
+        counter = ctx.Value("q", 0)
+        limits_set = ctx.Event()
+        barrier = ctx.Barrier(workers)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=proc_worker, args=(system, wl.n, n, w, db, flush_ms, counter, limits_set, barrier, results))
+            for w in range(workers)
+        ]
         for pr in procs:
-            pr.stdin.write("go\n")
-            pr.stdin.flush()
-        outs = []
+            pr.start()
+        outs = [results.get(timeout=900) for _ in procs]
         for pr in procs:
-            out, _ = pr.communicate(timeout=900)
-            if pr.returncode != 0:
-                raise RuntimeError(f"worker exited {pr.returncode}")
-            outs.append(json.loads(out.strip().splitlines()[-1]))
+            pr.join(timeout=60)
+        errs = [o["error"] for o in outs if "error" in o]
+        if errs:
+            raise RuntimeError("; ".join(errs))
+        outs.sort(key=lambda o: o["w"])
         start = min(o["wall_start"] for o in outs)
         end = max(o["wall_end"] for o in outs)
         total = sum(o["ops"] for o in outs)
@@ -617,8 +656,10 @@ SYSTEMS = {
     "qe-flush10": "quotaengine (file, flush_interval_ms=10)",
     "qe-memory": "quotaengine (:memory:)",
     "limits-swc": "limits sliding-window-counter (memory)",
+    "limits-swc-rt": "limits sliding-window-counter (memory), real clock",
     "limits-mw": "limits moving-window (memory)",
     "pyrate-mem": "pyrate-limiter InMemoryBucket",
+    "pyrate-mem-rt": "pyrate-limiter InMemoryBucket, real clock",
     "pyrate-sqlite": "pyrate-limiter SQLiteBucket (file)",
     "baseline": "hand-written sqlite3 baseline (file)",
     "qe-threads4": "quotaengine, 4 threads, one engine (flush=0)",
@@ -641,6 +682,10 @@ def child_main(args) -> None:
             res = run_qe(wl, n, db_dir, 0, memory=True)
         elif s == "limits-swc":
             res = run_limits(wl, n, "swc")
+        elif s == "limits-swc-rt":
+            res = run_limits(wl, n, "swc", real_clock=True)
+        elif s == "pyrate-mem-rt":
+            res = run_pyrate(wl, n, "memory", db_dir, real_clock=True)
         elif s == "limits-mw":
             res = run_limits(wl, n, "mw")
         elif s == "pyrate-mem":
@@ -706,7 +751,7 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         "| system | ops run | ops/s | p50 µs | p99 µs | refused | exact? | last/first tenth | peak RSS MB (Δ) |"
     )
     L.append("|---|---:|---:|---:|---:|---:|:---:|---:|---:|")
-    for key in ("qe", "qe-flush10", "qe-memory", "limits-swc", "limits-mw", "pyrate-mem", "pyrate-sqlite", "baseline"):
+    for key in ("qe", "qe-flush10", "qe-memory", "limits-swc", "limits-swc-rt", "limits-mw", "pyrate-mem", "pyrate-mem-rt", "pyrate-sqlite", "baseline"):
         r = R.get(key)
         if r is None:
             continue
@@ -741,7 +786,7 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     )
 
     L.append("\n## Ratios (quotaengine ops/s ÷ other ops/s)\n")
-    others = [k for k in ("limits-swc", "limits-mw", "pyrate-mem", "pyrate-sqlite", "baseline") if k in R and "error" not in R[k]]
+    others = [k for k in ("limits-swc", "limits-swc-rt", "limits-mw", "pyrate-mem", "pyrate-mem-rt", "pyrate-sqlite", "baseline") if k in R and "error" not in R[k]]
     L.append("| | " + " | ".join(SYSTEMS[k] for k in others) + " |")
     L.append("|---|" + "---:|" * len(others))
     for q in ("qe", "qe-flush10"):
@@ -782,8 +827,11 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         L.append(f"\n2 processes: quotaengine / baseline = {R['procs-qe']['ops_s'] / R['procs-baseline']['ops_s']:.1f}x.")
     L.append(
         "\nThreads take every 4th op and advance the shared ManualClock by 100 ms per op. "
-        "Processes take every 2nd op, each with its own ManualClock set to the op's scheduled time; "
-        "overshoot is checked afterwards from `rate_limit_usage` in the shared file."
+        "Processes pull ops from one shared counter (a lock-protected `multiprocessing.Value`, "
+        "taken outside the per-op latency but inside the total); op i runs at its scheduled time "
+        "T0 + i x 100 ms on the process's own ManualClock. Overshoot is checked afterwards from "
+        "`rate_limit_usage` in the shared file: requests per route in every sliding 60 s window ≤ rpm "
+        "and per UTC day ≤ rpd, and the request rows equal the admitted count."
     )
     if floor and "error" not in floor:
         L.append(
@@ -834,28 +882,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=200_000, help="ops in the stream (default 200000)")
     ap.add_argument("--quick", action="store_true", help="smoke test: 20k ops")
-    ap.add_argument("--slow-ops", type=int, default=None, help="ops for the hand-written baseline (default 20000, quick 5000)")
+    ap.add_argument("--slow-ops", type=int, default=None, help="ops for the hand-written baseline (default 50000, quick 5000)")
     ap.add_argument("--pyrate-sqlite-ops", type=int, default=None, help="ops for pyrate SQLite (default 10000, quick 2000)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--only", default=None, help="comma-separated subset of systems (debugging)")
     # child / worker mode
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--run-ops", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--db", help=argparse.SUPPRESS)
-    ap.add_argument("--flush-ms", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    if args.worker:
-        return run_proc_worker(args)
     if args.system:
         return child_main(args)
 
     if args.quick:
         args.ops = 20_000
-    slow = args.slow_ops or (5_000 if args.quick else 20_000)
+    slow = args.slow_ops or (5_000 if args.quick else 50_000)
     pyr_sql = args.pyrate_sqlite_ops or (2_000 if args.quick else 10_000)
     slow, pyr_sql = min(slow, args.ops), min(pyr_sql, args.ops)
     only = set(args.only.split(",")) if args.only else None
@@ -881,8 +922,10 @@ def main() -> None:
         ("qe-flush10", args.ops, args.ops),
         ("qe-memory", args.ops, args.ops),
         ("limits-swc", args.ops, args.ops),
+        ("limits-swc-rt", args.ops, args.ops),
         ("limits-mw", args.ops, args.ops),
         ("pyrate-mem", args.ops, args.ops),
+        ("pyrate-mem-rt", args.ops, args.ops),
         ("pyrate-sqlite", args.ops, pyr_sql),
         ("baseline", args.ops, slow),
         ("qe-threads4", args.ops, args.ops),

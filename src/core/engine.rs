@@ -183,6 +183,9 @@ pub struct Engine {
     /// Stored leases whose deletion is in `pending`.
     pending_deleted: HashSet<i64>,
     compact_at: usize,
+    /// Engine time of the oldest write in `pending`.
+    pending_since: Option<i64>,
+    flush_requested: bool,
     degraded: bool,
     loaded: bool,
     rebuild: bool,
@@ -217,6 +220,8 @@ impl Engine {
             pending: Vec::new(),
             pending_deleted: HashSet::new(),
             compact_at: COMPACT_MIN,
+            pending_since: None,
+            flush_requested: false,
             degraded: false,
             loaded: false,
             rebuild: false,
@@ -392,9 +397,16 @@ impl Engine {
                     history_before: now.saturating_sub(DAY_MS),
                 }),
             };
+            // Grouped writes (flush_interval_ms) wait until they are due; buffered
+            // writes of an outage go first thing.
+            let flush_pending = self.degraded
+                || self.flush_requested
+                || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
             let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
-                for w in &self.pending {
-                    self.store.write(w)?;
+                if flush_pending {
+                    for w in &self.pending {
+                        self.store.write(w)?;
+                    }
                 }
                 if let Some(s) = &sweep {
                     self.store.write(s)?;
@@ -411,10 +423,14 @@ impl Engine {
                     if sweep.is_some() {
                         self.last_sweep = Some(now);
                     }
-                    let flushed = self.pending.len();
-                    self.pending.clear();
-                    self.pending_deleted.clear();
-                    self.compact_at = COMPACT_MIN;
+                    let flushed = if flush_pending { self.pending.len() } else { 0 };
+                    if flush_pending {
+                        self.pending.clear();
+                        self.pending_deleted.clear();
+                        self.pending_since = None;
+                        self.compact_at = COMPACT_MIN;
+                    }
+                    self.flush_requested = false;
                     if self.degraded {
                         self.degraded = false;
                         self.logs.push((
@@ -524,6 +540,9 @@ impl Engine {
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
     fn buffer(&mut self, w: Write, now: i64) {
+        if self.pending_since.is_none() {
+            self.pending_since = Some(now);
+        }
         match w {
             // A lease taken while degraded lives in this process only.
             Write::InsertLease { .. } | Write::Sweep { .. } => return,
@@ -638,7 +657,10 @@ impl Engine {
         if self.pending.is_empty() || self.store.readonly() {
             return Ok(());
         }
-        self.write(Vec::new()).map(|_| ())
+        self.flush_requested = true;
+        let out = self.write(Vec::new()).map(|_| ());
+        self.flush_requested = false;
+        out
     }
 
     /// Flushes and reports whether anything stayed unwritten.

@@ -57,7 +57,8 @@ CREATE TABLE quota_leases (
     created_at_ms INTEGER NOT NULL,
     expires_at_ms INTEGER NOT NULL
 );
-CREATE INDEX idx_quota_leases_expiry ON quota_leases (expires_at_ms);
+-- No index: the table holds only live leases, and an index page would add a
+-- WAL frame to every commit.
 
 CREATE TABLE api_keys (
     key_id   INTEGER PRIMARY KEY,
