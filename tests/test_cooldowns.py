@@ -395,6 +395,9 @@ def test_cooldown_set_cleared_and_learned_are_logged(
         "http://169.254.10.20",
         "http://[fd00::1]:8080",
         "http://[fe80::1]/v1",
+        "http://[fc00::5]",
+        "http://user:pw@127.0.0.1:8080/v1",
+        "HTTP://LOCALHOST",
     ],
 )
 def test_local_endpoint_gets_5s_ignores_retry_after_no_escalation(
@@ -419,6 +422,11 @@ def test_local_endpoint_gets_5s_ignores_retry_after_no_escalation(
         "http://11.0.0.1",
         "http://192.169.0.1",
         "http://[2001:4860:4860::8888]",
+        "http://[fbff::1]",
+        "http://169.255.0.1",
+        "http://127.0.0.1.nip.io",
+        "http://localhost:11434@evil.example.com",
+        "http://evil.example.com/?next=127.0.0.1",
     ],
 )
 def test_non_local_endpoint_uses_normal_rules(qengine: q.QuotaEngine, base_url: str) -> None:

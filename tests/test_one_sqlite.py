@@ -29,6 +29,9 @@ def test_one_sqlite_library_mapped(engine: q.QuotaEngine) -> None:
     maps = Path("/proc/self/maps").read_text().splitlines()
     libs = {line.split()[-1] for line in maps if "libsqlite3" in line}
     assert len(libs) <= 1, libs
+    # The extension asks the dynamic loader for the shared library instead of carrying its own copy.
+    ext = Path(q._quotaengine.__file__).read_bytes()
+    assert b"libsqlite3.so" in ext
 
 
 def count_rows(db_path: Path) -> int:

@@ -65,8 +65,9 @@ def usage_at(db_path: Path, now_ms: int = TEN_AM, **kwargs: int) -> dict:
 RACE = """
     import random, sys, threading, time
     import quotaengine as q
-    db, now = sys.argv[1], int(sys.argv[2])
-    e = q.QuotaEngine(db, clock=q.ManualClock(now), env={})
+    db, now, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    flush = 50 if mode == "success" else 0
+    e = q.QuotaEngine(db, clock=q.ManualClock(now), env={}, flush_interval_ms=flush)
     held = []
     counts = [0] * 8
     errors = []
@@ -77,7 +78,11 @@ RACE = """
             barrier.wait()
             while True:
                 try:
-                    held.append(e.lease("groq", "llama-3.1-8b", 1))
+                    lease = e.lease("groq", "llama-3.1-8b", 1, 10)
+                    if mode == "success":
+                        lease.success(tokens=10)
+                    else:
+                        held.append(lease)
                     counts[i] += 1
                     # spreads the admissions over time so that every process takes part in the race
                     time.sleep(random.uniform(0, 0.004))
@@ -95,18 +100,23 @@ RACE = """
         t.start()
     for t in threads:
         t.join()
+    if mode == "success":
+        e.close()
     print("admitted", sum(counts), "errors", len(errors), *errors, flush=True)
-    # The leases stay held: the process exits without releasing them.
+    # In "hold" mode the leases stay held: the process exits without releasing them.
     import os
     os._exit(0)
 """
 
 
-def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["hold", "success"])
+def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path, mode: str) -> None:
+    # "hold": every admitted lease stays live. "success": each is completed at once, with grouped
+    # writes (flush_interval_ms=50), which must not loosen admission across processes.
     with q.QuotaEngine(db_path, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=100)  # the children read it from the file
     with contextlib.ExitStack() as stack:
-        procs = [stack.enter_context(spawn(RACE, str(db_path), str(TEN_AM))) for _ in range(4)]
+        procs = [stack.enter_context(spawn(RACE, str(db_path), str(TEN_AM), mode)) for _ in range(4)]
         for p in procs:
             assert p.stdout is not None
             assert p.stdout.readline().strip() == "ready", stderr_of(p)
@@ -123,8 +133,36 @@ def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path) -> None:
     assert sum(per_process) == 100
     assert sum(1 for n in per_process if n) >= 2, per_process  # it was a race
     u = usage_at(db_path)
-    assert u["in_flight"] == 100
     assert u["rpm"]["limit"] == 100
+    if mode == "hold":
+        assert (u["in_flight"], u["rpm"]["used"]) == (100, 0)
+    else:
+        assert (u["in_flight"], u["rpm"]["used"], u["tpm"]["used"]) == (0, 100, 1000)
+
+
+def test_grouped_writes_keep_admission_exact_between_engines(db_path: Path) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as a, \
+         q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as b:
+        a.set_model_limits(P, M, rpm=3)
+        outcomes = []
+        for e in (a, b, a, b, a, b):
+            try:
+                with e.lease(P, M, K, 10):
+                    pass
+                outcomes.append("ok")
+            except q.QuotaExceeded as exc:
+                outcomes.append(exc.reason)
+        assert outcomes == ["ok", "ok", "ok", "rpm", "rpm", "rpm"]
+        # Until the other engine's grouped events land, its finished lease still
+        # counts (as in flight): each engine sees all three requests.
+        for e in (a, b):
+            u = e.usage(P, M, K)
+            assert u["rpm"]["used"] + u["in_flight"] == 3
+    # after a clean close everything is in the file
+    with q.QuotaEngine(db_path, clock=clock, env={}) as c:
+        u = c.usage(P, M, K)
+        assert (u["rpm"]["used"], u["in_flight"]) == (3, 0)
 
 
 WRITE_ONE = """

@@ -182,6 +182,8 @@ pub struct Engine {
     pending: Vec<Write>,
     /// Stored leases whose deletion is in `pending`.
     pending_deleted: HashSet<i64>,
+    /// Leases whose insertion is in `pending` (taken while degraded).
+    pending_inserted: HashSet<i64>,
     compact_at: usize,
     /// Engine time of the oldest write in `pending`.
     pending_since: Option<i64>,
@@ -191,7 +193,6 @@ pub struct Engine {
     rebuild: bool,
     last_now: Option<i64>,
     last_sweep: Option<i64>,
-    next_local_lease: i64,
     lease_ids: LeaseIds,
     platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
     logs: Vec<LogRecord>,
@@ -219,6 +220,7 @@ impl Engine {
             mirror: Mirror::default(),
             pending: Vec::new(),
             pending_deleted: HashSet::new(),
+            pending_inserted: HashSet::new(),
             compact_at: COMPACT_MIN,
             pending_since: None,
             flush_requested: false,
@@ -227,7 +229,6 @@ impl Engine {
             rebuild: false,
             last_now: None,
             last_sweep: None,
-            next_local_lease: -1,
             lease_ids: LeaseIds::new(),
             platform_env: HashMap::new(),
             logs: Vec::new(),
@@ -346,7 +347,7 @@ impl Engine {
             self.mirror.add_usage_row(r, now);
         }
         if let Some(leases) = &ch.leases {
-            self.mirror.replace_stored_leases(leases, &self.pending_deleted);
+            self.mirror.replace_stored_leases(leases, &self.pending_deleted, &self.pending_inserted);
         }
         let tables_changed =
             ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
@@ -427,6 +428,7 @@ impl Engine {
                     if flush_pending {
                         self.pending.clear();
                         self.pending_deleted.clear();
+                        self.pending_inserted.clear();
                         self.pending_since = None;
                         self.compact_at = COMPACT_MIN;
                     }
@@ -453,14 +455,11 @@ impl Engine {
         }
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
-            let id = if matches!(w, Write::InsertLease { .. }) {
-                let id = self.next_local_lease;
-                self.next_local_lease -= 1;
-                id
-            } else {
-                0
+            let id = match &w {
+                Write::InsertLease { id, .. } => *id,
+                _ => 0,
             };
-            out.push(self.apply_local(&w, id, now).max(id.min(0)));
+            out.push(self.apply_local(&w, id, now).max(id));
             self.buffer(w, now);
         }
         Ok(out)
@@ -544,9 +543,13 @@ impl Engine {
             self.pending_since = Some(now);
         }
         match w {
-            // A lease taken while degraded lives in this process only.
-            Write::InsertLease { .. } | Write::Sweep { .. } => return,
-            Write::DeleteLease(id) if id < 0 => return,
+            Write::Sweep { .. } => return,
+            // A lease taken while degraded is written when the store answers again,
+            // so that other processes count it from then on.
+            Write::InsertLease { id, .. } => {
+                self.pending_inserted.insert(id);
+                self.pending.push(w);
+            }
             Write::DeleteLease(id) => {
                 self.pending_deleted.insert(id);
                 self.pending.push(w);
@@ -932,10 +935,6 @@ impl Engine {
 
     /// Idempotent.
     pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
-        if lease_id < 0 {
-            self.mirror.remove_lease(lease_id);
-            return Ok(());
-        }
         self.write_usage(vec![Write::DeleteLease(lease_id)])
     }
 
@@ -951,11 +950,7 @@ impl Engine {
             writes.push(Self::usage_row(route, UsageKind::Tokens, t, now));
         }
         self.clear_history_on_success(route, &mut writes);
-        if lease_id < 0 {
-            self.mirror.remove_lease(lease_id);
-        } else {
-            writes.push(Write::DeleteLease(lease_id));
-        }
+        writes.push(Write::DeleteLease(lease_id));
         self.write_usage(writes)
     }
 
@@ -1233,9 +1228,23 @@ impl Engine {
                 kinds: vec![HistoryKind::Empty],
             });
         }
+        let local_bench = CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
         let decision = match kind_rule(kind) {
             KindRule::None => None,
-            _ if local => Some(CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic)),
+            // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
+            // nothing escalates (the streak still counts, to know when it benches).
+            KindRule::EmptyStreak => {
+                let n = self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) + 1;
+                writes.push(Self::history_row(route, HistoryKind::Empty, now));
+                (n >= EMPTY_STREAK_BENCH).then(|| {
+                    if local {
+                        local_bench
+                    } else {
+                        self.limit_decision(route, limits, retry_ms, false, now, &mut writes)
+                    }
+                })
+            }
+            _ if local => Some(local_bench),
             KindRule::Fixed(d) => Some(d),
             KindRule::AuthLadder => {
                 let n = self.mirror.history_count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
@@ -1248,12 +1257,6 @@ impl Engine {
             )),
             KindRule::Limit { quota_signal } => {
                 Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, &mut writes))
-            }
-            KindRule::EmptyStreak => {
-                let n = self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) + 1;
-                writes.push(Self::history_row(route, HistoryKind::Empty, now));
-                (n >= EMPTY_STREAK_BENCH)
-                    .then(|| self.limit_decision(route, limits, retry_ms, false, now, &mut writes))
             }
         };
         let cooldown = decision.map(|d| {

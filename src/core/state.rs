@@ -227,10 +227,15 @@ impl Mirror {
         self.leases.get(&id)
     }
 
-    /// Replaces every stored lease (ids > 0) with `rows`, keeping local ones (ids < 0)
-    /// and skipping those whose deletion is still waiting to be written.
-    pub fn replace_stored_leases(&mut self, rows: &[LeaseRow], pending_deleted: &HashSet<i64>) {
-        let stored: Vec<i64> = self.leases.keys().copied().filter(|id| *id > 0).collect();
+    /// Replaces the leases with the stored `rows`, keeping those whose insertion is
+    /// still waiting to be written and skipping those whose deletion is.
+    pub fn replace_stored_leases(
+        &mut self,
+        rows: &[LeaseRow],
+        pending_deleted: &HashSet<i64>,
+        pending_inserted: &HashSet<i64>,
+    ) {
+        let stored: Vec<i64> = self.leases.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
         for id in stored {
             self.remove_lease(id);
         }

@@ -25,7 +25,11 @@ mod _quotaengine {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         // Rust `log` records -> Python `logging` under "quotaengine.*" (SPEC §12).
-        let _ = pyo3_log::try_init();
+        // Cache the logger objects but not their levels, so that a level set after
+        // the engine first logged still takes effect.
+        if let Ok(logger) = pyo3_log::Logger::new(m.py(), pyo3_log::Caching::Loggers) {
+            let _ = logger.install();
+        }
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         Ok(())
     }
