@@ -115,6 +115,19 @@ pub struct FailureOutcome {
     pub learned: Option<LearnedLimit>,
 }
 
+type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, [i64; 4]>>>;
+
+/// The routing guardrail's snapshot (SPEC §9): window usage per route and the
+/// routable keys per platform, reused for `window_usage_ttl_ms`.
+#[derive(Debug, Default)]
+struct WindowSnapshot {
+    built_at_ms: i64,
+    /// platform -> model_id -> key_id -> [rpm, rpd, tpm, tpd] used.
+    usage: SnapshotUsage,
+    /// platform -> registered, enabled keys.
+    keys: HashMap<String, Vec<i64>>,
+}
+
 /// One route of `snapshot()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRow {
@@ -196,6 +209,9 @@ pub struct Engine {
     lease_ids: LeaseIds,
     platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
     logs: Vec<LogRecord>,
+    window_snapshot: Option<WindowSnapshot>,
+    /// The last read section could not read the store.
+    read_failed: bool,
 }
 
 impl Engine {
@@ -232,6 +248,8 @@ impl Engine {
             lease_ids: LeaseIds::new(),
             platform_env: HashMap::new(),
             logs: Vec::new(),
+            window_snapshot: None,
+            read_failed: false,
         };
         // Load now, so that a broken database is reported by the constructor.
         let sec = engine.enter(false)?;
@@ -276,6 +294,7 @@ impl Engine {
             return Err(StoreError::ReadOnly.into());
         }
         let mut online = false;
+        self.read_failed = false;
         let need_store = write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true);
         if need_store {
             // While degraded, probe the store without waiting on its lock.
@@ -604,6 +623,7 @@ impl Engine {
     }
 
     fn store_failed(&mut self, e: &StoreError, write: bool) {
+        self.read_failed = true;
         if !write {
             // A failed read: keep serving from memory; writes decide degraded mode.
             self.logs.push((log::Level::Debug, format!("database read failed: {e}")));
@@ -1392,6 +1412,85 @@ impl Engine {
             m.prune_all(now);
             f(m, now)
         })
+    }
+
+    // ---- routing guardrail (SPEC §9) --------------------------------------------
+
+    /// Drops the guardrail snapshot; the next call rebuilds it.
+    pub fn invalidate_window_usage(&mut self) {
+        self.window_snapshot = None;
+    }
+
+    fn rebuild_window_snapshot(&mut self) -> Result<bool> {
+        let sec = self.enter(false)?;
+        let now = sec.now;
+        let failed = self.read_failed;
+        let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
+        self.mirror.prune_all(now);
+        for (_, r) in self.mirror.routes() {
+            let (minute, day) = (r.win.minute(), r.win.day(now));
+            let used = [minute.requests, day.requests, minute.tokens, day.tokens];
+            if used.iter().all(|u| *u == 0) {
+                continue;
+            }
+            snap.usage
+                .entry(r.platform.clone())
+                .or_default()
+                .entry(r.model_id.clone())
+                .or_default()
+                .insert(r.key_id, used);
+        }
+        for k in self.mirror.keys.values().filter(|k| k.enabled) {
+            snap.keys.entry(k.platform.clone()).or_default().push(k.key_id);
+        }
+        self.leave(sec, Vec::new())?;
+        if failed {
+            self.window_snapshot = None;
+            return Ok(false);
+        }
+        self.window_snapshot = Some(snap);
+        Ok(true)
+    }
+
+    /// SPEC §9: how much of its window quota a model has used, following the key
+    /// with the most headroom; `None` without window limits, without a routable key,
+    /// or when the database cannot be read. Served from a snapshot reused for
+    /// `window_usage_ttl_ms`; live leases are not counted.
+    pub fn model_window_used_fraction(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        limits: Option<Limits>,
+        key_id: Option<i64>,
+    ) -> Result<Option<f64>> {
+        let limits = limits.map(Limits::validate).transpose()?;
+        let now = self.clock.now_ms();
+        let fresh = self
+            .window_snapshot
+            .as_ref()
+            .is_some_and(|s| now >= s.built_at_ms && now - s.built_at_ms < self.settings.window_usage_ttl_ms);
+        if !fresh && !self.rebuild_window_snapshot()? {
+            return Ok(None);
+        }
+        let limits = self.limits_for(platform, model_id, limits);
+        let declared = [limits.rpm, limits.rpd, limits.tpm, limits.tpd];
+        if declared.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
+        let Some(keys) = snap.keys.get(platform) else { return Ok(None) };
+        let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
+        let mut best: Option<f64> = None;
+        for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
+            let used = per_model.and_then(|m| m.get(k)).copied().unwrap_or([0; 4]);
+            let worst = declared
+                .iter()
+                .zip(used)
+                .filter_map(|(l, u)| l.map(|l| if l <= 0 { 1.0 } else { u as f64 / l as f64 }))
+                .fold(0.0f64, f64::max);
+            best = Some(best.map_or(worst, |b| b.min(worst)));
+        }
+        Ok(best)
     }
 
     /// One row per route that has usage today, a live lease or an active cooldown,

@@ -235,7 +235,8 @@ impl Mirror {
         pending_deleted: &HashSet<i64>,
         pending_inserted: &HashSet<i64>,
     ) {
-        let stored: Vec<i64> = self.leases.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
+        let stored: Vec<i64> =
+            self.leases.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
         for id in stored {
             self.remove_lease(id);
         }

@@ -591,6 +591,32 @@ impl PyQuotaEngine {
         Ok(self.run(py, |e| e.learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
     }
 
+    /// SPEC §9: the used fraction of the model's windows on its key with the most
+    /// headroom, from a snapshot reused for `window_usage_ttl_ms`; None when it has no
+    /// window limit, no routable key, or the database cannot be read.
+    #[pyo3(signature = (platform, model_id, limits=None, key_id=None))]
+    fn model_window_used_fraction(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        limits: Option<&Bound<'_, PyAny>>,
+        key_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<f64>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        let l = limits_arg(limits)?;
+        let k = opt_int_arg(key_id, "key_id")?;
+        self.run(py, |e| e.model_window_used_fraction(p, m, l, k))
+    }
+
+    /// Drops the guardrail snapshot so the next call rebuilds it.
+    fn invalidate_window_usage(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |e| {
+            e.invalidate_window_usage();
+            Ok(())
+        })
+    }
+
     // ---- provider pools ----------------------------------------------------------
 
     fn provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<PyProviderCaps> {
