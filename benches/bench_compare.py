@@ -773,12 +773,13 @@ def build_report(args, wl, R, refs, floor, env) -> str:
             f"{fmt(r['p99_us'], '.1f')} | {r['refused_frac']:.1%} | {exact} | {flat} | "
             f"{fmt(r['peak_rss_mb'], '.0f')} ({fmt(r['peak_rss_mb'] - r['rss_before_mb'], '+.0f')}) |"
         )
-    slow = [k for k in ("pyrate-sqlite", "baseline") if k in R and "error" not in R[k] and R[k]["ops"] != wl.n]
+    slow = [k for k in ("limits-mw", "pyrate-sqlite", "baseline") if k in R and "error" not in R[k] and R[k]["ops"] != wl.n]
     if slow:
         L.append(
-            f"\n\\* run on the first {' / '.join(format(R[k]['ops'], ',') for k in slow)} ops of the same stream "
-            f"(too slow for all {wl.n:,}); both slow down as the day's rows pile up, so their full-stream "
-            f"figure would be lower and the ratios below are conservative."
+            "\n\\* run on a prefix of the same stream ("
+            + ", ".join(f"{SYSTEMS[k]}: first {R[k]['ops']:,} ops" for k in slow)
+            + f"), too slow for all {wl.n:,}; they slow down as the day's events pile up, so their "
+            "full-stream figure would be lower and the ratios below are conservative."
         )
     L.append(
         "\nexact? = refusal count equals the plain-Python reference on the same ops. "
@@ -850,13 +851,23 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         return all(k in R and "error" not in R[k] for k in keys)
 
     if ok("qe", "limits-swc"):
-        goal(f"flush=0 ≥ 1x limits-swc ({R['qe']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)", R["qe"]["ops_s"] >= R["limits-swc"]["ops_s"])
+        goal(f"flush=0 ≥ 1x limits-swc, same stream ({R['qe']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)", R["qe"]["ops_s"] >= R["limits-swc"]["ops_s"])
+    if ok("qe", "limits-swc-rt"):
+        goal(
+            f"flush=0 ≥ 1x limits-swc, real clock, mostly refusals ({R['qe']['ops_s'] / R['limits-swc-rt']['ops_s']:.2f}x)",
+            R["qe"]["ops_s"] >= R["limits-swc-rt"]["ops_s"],
+        )
     if ok("qe", "baseline"):
         goal(f"flush=0 ≥ 20x hand-written baseline ({R['qe']['ops_s'] / R['baseline']['ops_s']:.1f}x)", R["qe"]["ops_s"] >= 20 * R["baseline"]["ops_s"])
     if ok("qe", "pyrate-sqlite"):
         goal(f"flush=0 ≥ 50x pyrate SQLite ({R['qe']['ops_s'] / R['pyrate-sqlite']['ops_s']:.0f}x)", R["qe"]["ops_s"] >= 50 * R["pyrate-sqlite"]["ops_s"])
     if ok("qe-flush10", "limits-swc"):
-        goal(f"flush=10 ≥ 2x limits-swc ({R['qe-flush10']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)", R["qe-flush10"]["ops_s"] >= 2 * R["limits-swc"]["ops_s"])
+        goal(f"flush=10 ≥ 2x limits-swc, same stream ({R['qe-flush10']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)", R["qe-flush10"]["ops_s"] >= 2 * R["limits-swc"]["ops_s"])
+    if ok("qe-flush10", "limits-swc-rt"):
+        goal(
+            f"flush=10 ≥ 2x limits-swc, real clock ({R['qe-flush10']['ops_s'] / R['limits-swc-rt']['ops_s']:.2f}x)",
+            R["qe-flush10"]["ops_s"] >= 2 * R["limits-swc-rt"]["ops_s"],
+        )
     if ok("qe") and "flatness" in R["qe"]:
         goal(f"flat: last tenth ≥ 0.8x first (flush=0: {R['qe']['flatness']:.2f}x)", R["qe"]["flatness"] >= 0.8)
     if ok("qe"):
@@ -884,6 +895,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke test: 20k ops")
     ap.add_argument("--slow-ops", type=int, default=None, help="ops for the hand-written baseline (default 50000, quick 5000)")
     ap.add_argument("--pyrate-sqlite-ops", type=int, default=None, help="ops for pyrate SQLite (default 10000, quick 2000)")
+    ap.add_argument("--mw-ops", type=int, default=None, help="ops for limits moving-window (default 50000)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--only", default=None, help="comma-separated subset of systems (debugging)")
     # child / worker mode
@@ -898,7 +910,8 @@ def main() -> None:
         args.ops = 20_000
     slow = args.slow_ops or (5_000 if args.quick else 50_000)
     pyr_sql = args.pyrate_sqlite_ops or (2_000 if args.quick else 10_000)
-    slow, pyr_sql = min(slow, args.ops), min(pyr_sql, args.ops)
+    mw = args.mw_ops or 50_000
+    slow, pyr_sql, mw = min(slow, args.ops), min(pyr_sql, args.ops), min(mw, args.ops)
     only = set(args.only.split(",")) if args.only else None
 
     import quotaengine
@@ -913,7 +926,7 @@ def main() -> None:
     }
     t_all = time.perf_counter()
     wl = Workload(args.ops)
-    refs = {n: reference_refusals(wl, n) for n in sorted({args.ops, slow, pyr_sql})}
+    refs = {n: reference_refusals(wl, n) for n in sorted({args.ops, slow, pyr_sql, mw})}
     print(f"stream: {wl.n:,} ops; reference refuses {refs[wl.n]['refused'] / wl.n:.1%} {refs[wl.n]['by_reason']}", flush=True)
 
     plan = [
@@ -923,7 +936,7 @@ def main() -> None:
         ("qe-memory", args.ops, args.ops),
         ("limits-swc", args.ops, args.ops),
         ("limits-swc-rt", args.ops, args.ops),
-        ("limits-mw", args.ops, args.ops),
+        ("limits-mw", args.ops, mw),
         ("pyrate-mem", args.ops, args.ops),
         ("pyrate-mem-rt", args.ops, args.ops),
         ("pyrate-sqlite", args.ops, pyr_sql),

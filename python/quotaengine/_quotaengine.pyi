@@ -24,10 +24,40 @@ _Reason = Literal[
     "key_concurrency",
 ]
 _Source = Literal["heuristic", "authoritative", "credit", "tier"]
+_Kind = Literal[
+    "payment",
+    "forbidden",
+    "auth",
+    "daily_quota",
+    "rate_limit",
+    "timeout",
+    "server_error",
+    "transport",
+    "empty_completion",
+    "other",
+]
 _LimitsArg = Limits | Mapping[str, int | None] | None
 
 def sqlite_version() -> str:
     """The version of the SQLite library the engine runs on (equals ``sqlite3.sqlite_version``)."""
+
+def parse_retry_after_ms(value: str | None, now_ms: int | None = None) -> int | None:
+    """A Retry-After value (delta-seconds or HTTP-date) in ms, clamped to 24 h; a past
+    date gives 0; None when it cannot be parsed. ``now_ms`` defaults to the wall clock."""
+
+def parse_stated_retry_ms(message: str | None) -> int | None:
+    """A delay stated in an error body ("try again in 7.66s", ``"retryDelay": "17s"``),
+    in ms, clamped to 24 h; None when nothing is stated. A bare number is never a delay."""
+
+def parse_provider_limit(message: str | None) -> LearnedLimit | None:
+    """The limit an error body states: needs "limit N" and a confident axis (tried TPD,
+    TPM, RPD, RPM); else None."""
+
+def infer_quota_pool_key(platform: str, model_id: str | None = None) -> str:
+    """The quota pool a (platform, model) draws from, e.g. ``openrouter::free``."""
+
+def is_shared_pool(platform: str) -> bool:
+    """True for platforms whose keys share one account-wide or free pool."""
 
 class ManualClock:
     """A clock that moves only when told to; the engine and its threads read it."""
@@ -101,6 +131,89 @@ class ProviderCaps:
     def daily_tokens(self) -> int | None: ...
     def __eq__(self, other: object) -> bool: ...
 
+class CooldownDecision:
+    """A bench chosen for a failure."""
+
+    @property
+    def duration_ms(self) -> int: ...
+    @property
+    def source(self) -> _Source: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class LearnedLimit:
+    """A limit read from a provider's error body."""
+
+    @property
+    def kind(self) -> Literal["tpm", "tpd", "rpm", "rpd"]: ...
+    @property
+    def limit(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class FailureOutcome:
+    """What ``record_failure`` decided: the kind, the bench (None when the kind does not
+    bench; an active later-expiring cooldown is reported when it stands) and a learned limit."""
+
+    @property
+    def kind(self) -> _Kind: ...
+    @property
+    def cooldown(self) -> CooldownDecision | None: ...
+    @property
+    def learned(self) -> LearnedLimit | None: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class QuotaObservation:
+    """One observation of a provider's quota, from headers or an error response."""
+
+    @property
+    def platform(self) -> str: ...
+    @property
+    def key_id(self) -> int: ...
+    @property
+    def model_id(self) -> str | None: ...
+    @property
+    def pool_key(self) -> str: ...
+    @property
+    def metric(self) -> Literal["requests", "tokens"]: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def remaining(self) -> int | None: ...
+    @property
+    def reset_at_ms(self) -> int | None: ...
+    @property
+    def retry_after_ms(self) -> int | None: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def status(self) -> int: ...
+
+class QuotaState:
+    """The merged quota of one (platform, key_id, pool_key, metric)."""
+
+    @property
+    def platform(self) -> str: ...
+    @property
+    def key_id(self) -> int: ...
+    @property
+    def pool_key(self) -> str: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def limit(self) -> int | None: ...
+    @property
+    def remaining(self) -> int | None: ...
+    @property
+    def reset_at_ms(self) -> int | None: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def observed_at_ms(self) -> int: ...
+
 class Lease:
     """An admitted, in-flight request. A context manager, sync and async.
 
@@ -124,6 +237,15 @@ class Lease:
         """True once an outcome was recorded or the lease released."""
     def success(self, tokens: int | None = None) -> None:
         """Record the request (and ``tokens`` when given) and release, in one commit."""
+    def failure(
+        self,
+        *,
+        status: int | None = None,
+        retry_after: str | int | float | None = None,
+        message: str | None = None,
+        kind: _Kind | None = None,
+    ) -> FailureOutcome | None:
+        """``record_failure(...)`` for this route, then release. None if already finished."""
     def release(self) -> None:
         """Release without recording anything. Idempotent."""
     def __enter__(self) -> Lease: ...
@@ -244,6 +366,55 @@ class _QuotaEngine:
     def clear_cooldown_early(self, platform: str, model_id: str, key_id: int) -> None: ...
     def cleanup_expired_cooldowns(self) -> int: ...
     def soonest_cooldown_expiry(self) -> int | None: ...
+    def probeable_cooldowns(self) -> list[Cooldown]:
+        """Active heuristic cooldowns (those the probe may clear), soonest first."""
+    def cooldown_decision_for_limit(
+        self,
+        platform: str,
+        model_id: str,
+        key_id: int,
+        limits: _LimitsArg = None,
+        retry_after_ms: int | None = None,
+        quota_signal: bool = True,
+    ) -> CooldownDecision:
+        """SPEC 6.1: decides (and counts hits and ladder steps) but sets no cooldown."""
+    def record_failure(
+        self,
+        platform: str,
+        model_id: str,
+        key_id: int,
+        *,
+        status: int | None = None,
+        retry_after: str | int | float | None = None,
+        message: str | None = None,
+        kind: _Kind | None = None,
+        limits: _LimitsArg = None,
+    ) -> FailureOutcome:
+        """One call for any failure: infers the kind, benches the route (never shortening
+        a later-expiring cooldown), learns a limit stated in ``message``. Records no usage."""
+    def learn_limit_from_error(self, platform: str, model_id: str, message: str | None) -> LearnedLimit | None:
+        """Writes the stated limit only when it tightens the stored one; returns it then."""
+    # observed provider quota
+    def record_quota_headers(
+        self,
+        platform: str,
+        key_id: int,
+        headers: Mapping[str, str],
+        *,
+        model_id: str | None = None,
+        status: int = 200,
+    ) -> list[QuotaObservation]:
+        """Reads x-ratelimit-*, anthropic-ratelimit-* and retry-after; merges into the state."""
+    def quota_state(self) -> list[QuotaState]: ...
+    def key_quota_headroom(self, platform: str) -> dict[int, float]:
+        """key_id -> worst min(1, remaining/limit) over confident rows; cached up to 5 s."""
+    # routing guardrail
+    def model_window_used_fraction(
+        self, platform: str, model_id: str, limits: _LimitsArg = None, key_id: int | None = None
+    ) -> float | None:
+        """The model's window use on its key with the most headroom, from a snapshot reused
+        for ``window_usage_ttl_ms``; None without window limits or a routable key."""
+    def invalidate_window_usage(self) -> None: ...
     # provider pools
     def provider_caps(self, platform: str) -> ProviderCaps: ...
     def set_provider_caps(

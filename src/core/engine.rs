@@ -20,7 +20,8 @@ use crate::core::pools::is_local_base_url;
 use crate::core::state::{CooldownRec, GateContext, InFlight, LeaseRec, Mirror, RouteId};
 use crate::core::store::sqlite::SqliteStore;
 use crate::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, Store, UsageFilter, UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
+    UsageRow, Write,
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
@@ -128,6 +129,44 @@ struct WindowSnapshot {
     keys: HashMap<String, Vec<i64>>,
 }
 
+/// One observation of a provider's quota (SPEC §8.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaObservation {
+    pub platform: String,
+    pub key_id: i64,
+    pub model_id: Option<String>,
+    pub pool_key: String,
+    pub metric: &'static str,
+    pub limit: Option<i64>,
+    pub remaining: Option<i64>,
+    pub reset_at_ms: Option<i64>,
+    pub retry_after_ms: Option<i64>,
+    pub source: &'static str,
+    pub confidence: f64,
+    pub status: i64,
+}
+
+/// Confidence of an observation by its source (SPEC §8.2).
+pub fn source_confidence(source: &str) -> f64 {
+    match source {
+        "header" => 1.0,
+        "error_body" => 0.75,
+        "probe" => 0.6,
+        "local_usage" => 0.45,
+        "documentation" => 0.35,
+        _ => 0.0,
+    }
+}
+
+/// A state row as it reads at `now`: past its reset, the window is full again.
+fn replenished(mut row: QuotaStateRow, now: i64) -> QuotaStateRow {
+    if row.reset_at_ms.is_some_and(|t| t <= now) {
+        row.remaining = row.limit;
+        row.reset_at_ms = None;
+    }
+    row
+}
+
 /// One route of `snapshot()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRow {
@@ -210,6 +249,8 @@ pub struct Engine {
     platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
     logs: Vec<LogRecord>,
     window_snapshot: Option<WindowSnapshot>,
+    /// `key_quota_headroom` per platform: (built at, key -> headroom).
+    headroom_cache: HashMap<String, (i64, Vec<(i64, f64)>)>,
     /// The last read section could not read the store.
     read_failed: bool,
 }
@@ -249,6 +290,7 @@ impl Engine {
             platform_env: HashMap::new(),
             logs: Vec::new(),
             window_snapshot: None,
+            headroom_cache: HashMap::new(),
             read_failed: false,
         };
         // Load now, so that a broken database is reported by the constructor.
@@ -551,7 +593,7 @@ impl Engine {
             Write::Sweep { history_before, .. } => {
                 self.mirror.prune_history(*history_before);
             }
-            Write::Log(_) => {}
+            Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         0
     }
@@ -1313,6 +1355,48 @@ impl Engine {
         Ok(FailureOutcome { kind, cooldown, learned })
     }
 
+    /// A probe passed for `key_id` (SPEC §11): clears every heuristic cooldown of the
+    /// key, on every model, keeping the ladder history; logs `cooldown_recovered`.
+    /// Returns how many cooldowns went.
+    pub fn recover_key(&mut self, key_id: i64) -> Result<i64> {
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let mut writes = Vec::new();
+        let mut cleared = Vec::new();
+        for (rid, c) in self.mirror.cooldowns.iter() {
+            let r = self.mirror.route(*rid);
+            if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
+                cleared.push(format!("{}/{}", r.platform, r.model_id));
+                writes.push(Write::DeleteCooldown {
+                    platform: r.platform.clone(),
+                    model_id: r.model_id.clone(),
+                    key_id,
+                });
+            }
+        }
+        if writes.is_empty() {
+            self.leave(sec, writes)?;
+            return Ok(0);
+        }
+        let n = writes.len() as i64;
+        cleared.sort();
+        let message =
+            format!("cooldown_recovered: key {key_id} passed a probe; cleared {}", cleared.join(", "));
+        let platform = cleared.first().and_then(|r| r.split('/').next()).map(str::to_string);
+        self.logs.push((log::Level::Info, message.clone()));
+        writes.push(Write::Log(LogRow {
+            level: "info",
+            source: "cooldown-probe".into(),
+            provider: platform,
+            model: None,
+            event: Some("cooldown_recovered".into()),
+            message,
+            created_at_ms: now,
+        }));
+        self.leave(sec, writes)?;
+        Ok(n)
+    }
+
     /// A lease's failure: `record_failure` for its route, then the lease released.
     pub fn finish_lease_failure(
         &mut self,
@@ -1412,6 +1496,174 @@ impl Engine {
             m.prune_all(now);
             f(m, now)
         })
+    }
+
+    // ---- observed provider quota (SPEC §8.2) -----------------------------------
+
+    /// Reads quota headers of one response; merges what they say into the state and
+    /// returns the observations. A 429 or 402 adds an error-body observation.
+    pub fn record_quota_headers(
+        &mut self,
+        platform: &str,
+        key_id: i64,
+        headers: &[(String, String)],
+        model_id: Option<&str>,
+        status: i64,
+    ) -> Result<Vec<QuotaObservation>> {
+        check_name("platform", platform)?;
+        if let Some(m) = model_id {
+            check_name("model_id", m)?;
+        }
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let parsed = crate::core::headers::parse_quota_headers(headers, now);
+        let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
+        let mut obs: Vec<QuotaObservation> = parsed
+            .quotas
+            .iter()
+            .map(|q| QuotaObservation {
+                platform: platform.to_string(),
+                key_id,
+                model_id: model_id.map(str::to_string),
+                pool_key: pool_key.clone(),
+                metric: q.metric.as_str(),
+                limit: q.limit,
+                remaining: q.remaining,
+                reset_at_ms: q.reset_at_ms,
+                retry_after_ms: parsed.retry_after_ms,
+                source: "header",
+                confidence: source_confidence("header"),
+                status,
+            })
+            .collect();
+        if status == 429 || status == 402 {
+            obs.push(QuotaObservation {
+                platform: platform.to_string(),
+                key_id,
+                model_id: model_id.map(str::to_string),
+                pool_key: pool_key.clone(),
+                metric: "requests",
+                limit: None,
+                remaining: Some(0),
+                reset_at_ms: parsed.retry_after_ms.map(|ms| now.saturating_add(ms)),
+                retry_after_ms: parsed.retry_after_ms,
+                source: "error_body",
+                confidence: source_confidence("error_body"),
+                status,
+            });
+        }
+        if obs.is_empty() {
+            self.leave(sec, Vec::new())?;
+            return Ok(obs);
+        }
+        let existing = match self.store.quota_states(Some(platform)) {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.store.rollback();
+                self.store_failed(&e, true);
+                Vec::new()
+            }
+        };
+        let mut merged: Vec<QuotaStateRow> = Vec::new();
+        for o in &obs {
+            let old = merged
+                .iter()
+                .position(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
+                .map(|i| merged.remove(i))
+                .or_else(|| {
+                    existing
+                        .iter()
+                        .find(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
+                        .cloned()
+                });
+            let row = match old {
+                // Known values replace, missing ones keep the old, confidence is the max.
+                Some(old) => QuotaStateRow {
+                    limit: o.limit.or(old.limit),
+                    remaining: o.remaining.or(old.remaining),
+                    reset_at_ms: o.reset_at_ms.or(old.reset_at_ms),
+                    source: o.source.to_string(),
+                    confidence: o.confidence.max(old.confidence),
+                    observed_at_ms: now,
+                    ..old
+                },
+                None => QuotaStateRow {
+                    platform: platform.to_string(),
+                    key_id,
+                    pool_key: o.pool_key.clone(),
+                    metric: o.metric.to_string(),
+                    limit: o.limit,
+                    remaining: o.remaining,
+                    reset_at_ms: o.reset_at_ms,
+                    source: o.source.to_string(),
+                    confidence: o.confidence,
+                    observed_at_ms: now,
+                },
+            };
+            merged.push(replenished(row, now));
+        }
+        self.leave(sec, merged.into_iter().map(Write::UpsertQuotaState).collect())?;
+        self.headroom_cache.remove(platform);
+        Ok(obs)
+    }
+
+    /// The merged quota rows; rows past their reset read (and are stored) full again.
+    pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
+        let write = !self.store.readonly();
+        let sec = self.enter(write)?;
+        let now = sec.now;
+        let rows =
+            if sec.online || !write { self.store.quota_states(None).unwrap_or_default() } else { Vec::new() };
+        let mut writes = Vec::new();
+        let rows: Vec<QuotaStateRow> = rows
+            .into_iter()
+            .map(|r| {
+                let fresh = replenished(r.clone(), now);
+                if fresh != r && write {
+                    writes.push(Write::UpsertQuotaState(fresh.clone()));
+                }
+                fresh
+            })
+            .collect();
+        self.leave(sec, writes)?;
+        Ok(rows)
+    }
+
+    /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
+    /// its confident rows (a row past its reset counts 1.0). Cached for 5 s; a new
+    /// observation through this engine drops the cache.
+    pub fn key_quota_headroom(&mut self, platform: &str) -> Result<Vec<(i64, f64)>> {
+        check_name("platform", platform)?;
+        let now = self.clock.now_ms();
+        if let Some((at, v)) = self.headroom_cache.get(platform) {
+            if now >= *at && now - *at < 5_000 {
+                return Ok(v.clone());
+            }
+        }
+        let sec = self.enter(false)?;
+        let rows = self.store.quota_states(Some(platform)).unwrap_or_default();
+        self.leave(sec, Vec::new())?;
+        let mut worst: HashMap<i64, f64> = HashMap::new();
+        for r in rows {
+            if r.confidence < 0.7 {
+                continue;
+            }
+            let (Some(remaining), Some(limit)) = (r.remaining, r.limit) else { continue };
+            if limit <= 0 {
+                continue;
+            }
+            let h = if r.reset_at_ms.is_some_and(|t| t <= now) {
+                1.0
+            } else {
+                (remaining.max(0) as f64 / limit as f64).min(1.0)
+            };
+            let e = worst.entry(r.key_id).or_insert(h);
+            *e = e.min(h);
+        }
+        let mut v: Vec<(i64, f64)> = worst.into_iter().collect();
+        v.sort_by_key(|(k, _)| *k);
+        self.headroom_cache.insert(platform.to_string(), (now, v.clone()));
+        Ok(v)
     }
 
     // ---- routing guardrail (SPEC §9) --------------------------------------------

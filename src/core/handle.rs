@@ -3,6 +3,7 @@
 use crate::core::clock::Clock;
 use crate::core::engine::{Engine, LogRecord, Settings, StoreSpec};
 use crate::core::error::{Error, Result};
+use crate::core::probe::{ProbeState, Validator};
 use parking_lot::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -13,6 +14,38 @@ struct Shared {
     engine: Mutex<Option<Engine>>,
     stop: Mutex<bool>,
     wake: Condvar,
+    /// Passes never overlap; the pacing state lives with this lock.
+    probe: Mutex<ProbeState>,
+    probe_thread: Mutex<Option<ProbeThread>>,
+}
+
+/// The background probe thread: stopped through `stop`, reports its exit on `done`.
+struct ProbeThread {
+    stop: Arc<(Mutex<ProbeFlags>, Condvar)>,
+    thread_id: std::thread::ThreadId,
+}
+
+#[derive(Default)]
+struct ProbeFlags {
+    stop: bool,
+    done: bool,
+    /// The thread is inside a validator call (stop does not wait for it).
+    in_validator: bool,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbePassResult {
+    pub probed_key_ids: Vec<i64>,
+    pub cleared_cooldowns: i64,
+}
+
+/// A uniform number in [0, 1) for first-probe jitter (no external RNG).
+pub fn default_jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x9e37_79b9_7f4a_7c15);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Cloneable handle; all clones share one engine.
@@ -40,6 +73,8 @@ impl Handle {
                 engine: Mutex::new(Some(engine)),
                 stop: Mutex::new(false),
                 wake: Condvar::new(),
+                probe: Mutex::new(ProbeState::default()),
+                probe_thread: Mutex::new(None),
             }),
             flusher: Arc::new(Mutex::new(None)),
         };
@@ -101,8 +136,136 @@ impl Handle {
         self.shared.engine.lock().is_none()
     }
 
+    /// One probe pass (SPEC §11). The validator and `jitter` run with no engine lock
+    /// held; passes never overlap.
+    pub fn run_probe_pass(
+        &self,
+        validator: &dyn Validator,
+        jitter: &mut dyn FnMut() -> f64,
+        max_probes: usize,
+    ) -> Result<ProbePassResult> {
+        self.probe_pass(validator, jitter, max_probes, None)
+    }
+
+    fn probe_pass(
+        &self,
+        validator: &dyn Validator,
+        jitter: &mut dyn FnMut() -> f64,
+        max_probes: usize,
+        flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
+    ) -> Result<ProbePassResult> {
+        let mut state = self.shared.probe.lock();
+        let (cds, now) = self.with(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
+        let due = state.plan(&cds, now, max_probes, jitter);
+        let mut result = ProbePassResult::default();
+        for key in due {
+            if let Some((f, _)) = flags {
+                let mut f = f.lock();
+                if f.stop {
+                    break;
+                }
+                f.in_validator = true;
+            }
+            let passed = validator.probe(key);
+            if let Some((f, _)) = flags {
+                let mut f = f.lock();
+                f.in_validator = false;
+                if f.stop {
+                    break;
+                }
+            }
+            result.probed_key_ids.push(key);
+            let cleared = self.with(|e| {
+                let now = e.now_ms();
+                state.record(key, passed, now);
+                if passed {
+                    e.recover_key(key)
+                } else {
+                    Ok(0)
+                }
+            })?;
+            result.cleared_cooldowns += cleared;
+        }
+        Ok(result)
+    }
+
+    /// Starts the background probe; false when one is already running.
+    pub fn start_probe(
+        &self,
+        validator: Arc<dyn Validator>,
+        interval: Duration,
+        max_per_pass: usize,
+    ) -> Result<bool> {
+        let mut slot = self.shared.probe_thread.lock();
+        if let Some(t) = slot.as_ref() {
+            if !t.stop.0.lock().done {
+                return Ok(false);
+            }
+        }
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        let flags: Arc<(Mutex<ProbeFlags>, Condvar)> =
+            Arc::new((Mutex::new(ProbeFlags::default()), Condvar::new()));
+        let me = self.clone();
+        let f2 = flags.clone();
+        let t = std::thread::Builder::new()
+            .name("quotaengine-probe".into())
+            .spawn(move || {
+                let (lock, cv) = &*f2;
+                loop {
+                    {
+                        let mut f = lock.lock();
+                        if !f.stop {
+                            cv.wait_for(&mut f, interval);
+                        }
+                        if f.stop {
+                            break;
+                        }
+                    }
+                    let mut jitter = default_jitter;
+                    if let Err(Error::Closed) =
+                        me.probe_pass(&*validator, &mut jitter, max_per_pass, Some(&f2))
+                    {
+                        break;
+                    }
+                }
+                let mut f = lock.lock();
+                f.done = true;
+                cv.notify_all();
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the probe thread: {e}")))?;
+        *slot = Some(ProbeThread { stop: flags, thread_id: t.thread().id() });
+        Ok(true)
+    }
+
+    /// Stops the background probe and waits for it to finish, unless it is inside a
+    /// validator call or this is the probe thread itself (it then ends on its own).
+    pub fn stop_probe(&self) {
+        let t = self.shared.probe_thread.lock().take();
+        let Some(t) = t else { return };
+        let (lock, cv) = &*t.stop;
+        let mut f = lock.lock();
+        f.stop = true;
+        cv.notify_all();
+        if std::thread::current().id() == t.thread_id {
+            return;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !f.done && !f.in_validator {
+            if cv.wait_until(&mut f, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
+    pub fn probe_running(&self) -> bool {
+        self.shared.probe_thread.lock().as_ref().is_some_and(|t| !t.stop.0.lock().done)
+    }
+
     /// Stops the flusher, writes what is buffered, closes the store. Idempotent.
     pub fn close(&self) {
+        self.stop_probe();
         {
             *self.shared.stop.lock() = true;
             self.shared.wake.notify_all();

@@ -7,6 +7,7 @@ use super::types::{
     PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits, PyManualClock,
     PyProviderCaps,
 };
+use super::validator::PyValidator;
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::engine::{Engine, Gate, Settings, StoreSpec, UsageReport};
 use crate::core::env::Env;
@@ -28,6 +29,10 @@ pub struct PyQuotaEngine {
     clock: Arc<dyn Clock>,
     path: String,
     readonly: bool,
+    /// The validator given to `start_probe` (used by `run_probe_pass(None)`).
+    validator: parking_lot::Mutex<Option<Arc<PyValidator>>>,
+    probe_disabled: bool,
+    probe_max_per_pass: usize,
 }
 
 fn route(
@@ -169,10 +174,20 @@ impl PyQuotaEngine {
             readonly,
             env: Env::new(vars),
         };
+        let probe_disabled = settings.env.probe_disabled();
+        let probe_max_per_pass = settings.env.probe_max_per_pass();
         let spec = StoreSpec::Sqlite(path.clone());
         let clock2 = clock.clone();
         let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
-        Ok(Self { handle, clock, path, readonly })
+        Ok(Self {
+            handle,
+            clock,
+            path,
+            readonly,
+            validator: parking_lot::Mutex::new(None),
+            probe_disabled,
+            probe_max_per_pass,
+        })
     }
 
     /// The database path this engine opened.
@@ -609,12 +624,154 @@ impl PyQuotaEngine {
         self.run(py, |e| e.model_window_used_fraction(p, m, l, k))
     }
 
+    /// SPEC §8.2: reads x-ratelimit-*, anthropic-ratelimit-* and retry-after headers
+    /// (names case-insensitive); merges them into the quota state.
+    #[pyo3(signature = (platform, key_id, headers, *, model_id=None, status=None))]
+    fn record_quota_headers(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        headers: &Bound<'_, PyAny>,
+        model_id: Option<&Bound<'_, PyAny>>,
+        status: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<super::types::PyQuotaObservation>> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        let m = match model_id.filter(|m| !m.is_none()) {
+            Some(m) => Some(str_arg(m, "model_id")?),
+            None => None,
+        };
+        let st = opt_int_arg(status, "status")?.unwrap_or(200);
+        let mapping = headers
+            .cast::<PyMapping>()
+            .map_err(|_| super::errors::type_error("headers must be a mapping of str to str"))?;
+        let mut hs: Vec<(String, String)> = Vec::new();
+        for item in mapping.items()?.iter() {
+            let (name, value): (String, String) =
+                item.extract().map_err(|_| super::errors::type_error("headers must map str to str"))?;
+            hs.push((name, value));
+        }
+        let obs = self.run(py, |e| e.record_quota_headers(p, k, &hs, m, st))?;
+        Ok(obs.into_iter().map(super::types::PyQuotaObservation).collect())
+    }
+
+    /// The merged quota rows, one per (platform, key_id, pool_key, metric).
+    fn quota_state(&self, py: Python<'_>) -> PyResult<Vec<super::types::PyQuotaState>> {
+        Ok(self.run(py, |e| e.quota_state())?.into_iter().map(super::types::PyQuotaState).collect())
+    }
+
+    /// SPEC §8.2: key_id -> worst remaining/limit over its confident rows (<= 1.0).
+    fn key_quota_headroom<'py>(
+        &self,
+        py: Python<'py>,
+        platform: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let p = str_arg(platform, "platform")?;
+        let v = self.run(py, |e| e.key_quota_headroom(p))?;
+        let d = PyDict::new(py);
+        for (k, h) in v {
+            d.set_item(k, h)?;
+        }
+        Ok(d)
+    }
+
     /// Drops the guardrail snapshot so the next call rebuilds it.
     fn invalidate_window_usage(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |e| {
             e.invalidate_window_usage();
             Ok(())
         })
+    }
+
+    // ---- background probe (SPEC §11) ----------------------------------------------
+
+    /// Starts the background probe thread; True when it runs (a second call starts
+    /// nothing and returns True); False with COOLDOWN_PROBE_DISABLED=1. A coroutine
+    /// validator needs `loop` (ValueError otherwise).
+    #[pyo3(signature = (validator, *, interval_s=None, max_per_pass=None, r#loop=None))]
+    fn start_probe(
+        &self,
+        py: Python<'_>,
+        validator: &Bound<'_, PyAny>,
+        interval_s: Option<&Bound<'_, PyAny>>,
+        max_per_pass: Option<&Bound<'_, PyAny>>,
+        r#loop: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        if !validator.is_callable() {
+            return Err(super::errors::type_error("validator must be callable"));
+        }
+        let interval = match interval_s.filter(|v| !v.is_none()) {
+            Some(v) => super::convert::seconds_arg(v, "interval_s")?,
+            None => 60.0,
+        };
+        let max = match max_per_pass.filter(|v| !v.is_none()) {
+            Some(v) => usize::try_from(count_arg(v, "max_per_pass")?).unwrap_or(usize::MAX),
+            None => self.probe_max_per_pass,
+        };
+        let event_loop = r#loop.filter(|l| !l.is_none()).map(|l| l.clone().unbind());
+        if event_loop.is_none() && PyValidator::is_coroutine_function(py, validator)? {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "a coroutine validator needs loop= (the event loop to run it on)",
+            ));
+        }
+        let v = Arc::new(PyValidator::new(validator.clone().unbind(), event_loop));
+        *self.validator.lock() = Some(v.clone());
+        if self.probe_disabled {
+            return Ok(false);
+        }
+        if self.handle.probe_running() {
+            return Ok(true);
+        }
+        let period = std::time::Duration::from_secs_f64(interval.max(0.001));
+        py.detach(|| self.handle.start_probe(v, period, max)).map_err(to_pyerr)?;
+        Ok(true)
+    }
+
+    /// Stops the background probe; returns promptly, also while a validator runs.
+    fn stop_probe(&self, py: Python<'_>) {
+        py.detach(|| self.handle.stop_probe());
+    }
+
+    /// One probe pass in the calling thread (SPEC §11). `validator=None` uses the one
+    /// given to `start_probe` (ValueError when there is none); `jitter()` returns a
+    /// number in [0, 1) for first-sighting schedules.
+    #[pyo3(signature = (validator=None, *, jitter=None, max_probes=None))]
+    fn run_probe_pass(
+        &self,
+        py: Python<'_>,
+        validator: Option<&Bound<'_, PyAny>>,
+        jitter: Option<&Bound<'_, PyAny>>,
+        max_probes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<super::types::PyProbePassResult> {
+        let v: Arc<PyValidator> = match validator.filter(|v| !v.is_none()) {
+            Some(f) => {
+                if !f.is_callable() {
+                    return Err(super::errors::type_error("validator must be callable"));
+                }
+                Arc::new(PyValidator::new(f.clone().unbind(), None))
+            }
+            None => self.validator.lock().clone().ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err("no validator: pass one or call start_probe first")
+            })?,
+        };
+        let max = match max_probes.filter(|v| !v.is_none()) {
+            Some(m) => usize::try_from(count_arg(m, "max_probes")?).unwrap_or(usize::MAX),
+            None => self.probe_max_per_pass,
+        };
+        let jitter_fn: Option<Py<PyAny>> = jitter.filter(|j| !j.is_none()).map(|j| j.clone().unbind());
+        let out = py.detach(|| {
+            let mut jit = || -> f64 {
+                match &jitter_fn {
+                    Some(f) => Python::attach(|py| {
+                        f.bind(py).call0().and_then(|v| v.extract::<f64>()).unwrap_or(0.0)
+                    }),
+                    None => crate::core::handle::default_jitter(),
+                }
+            };
+            self.handle.run_probe_pass(&*v, &mut jit, max)
+        });
+        Ok(super::types::PyProbePassResult(out.map_err(to_pyerr)?))
     }
 
     // ---- provider pools ----------------------------------------------------------

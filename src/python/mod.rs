@@ -5,6 +5,7 @@ mod engine;
 mod errors;
 mod lease;
 mod types;
+mod validator;
 
 use pyo3::prelude::*;
 
@@ -19,7 +20,7 @@ mod _quotaengine {
     #[pymodule_export]
     use super::types::{
         PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits,
-        PyManualClock, PyProviderCaps,
+        PyManualClock, PyProbePassResult, PyProviderCaps, PyQuotaObservation, PyQuotaState,
     };
 
     #[pymodule_init]

@@ -290,3 +290,167 @@ impl PyFailureOutcome {
         )
     }
 }
+
+fn opt_f(v: Option<i64>) -> String {
+    opt(v)
+}
+
+/// One observation of a provider's quota (SPEC §8.2).
+#[pyclass(frozen, name = "QuotaObservation", module = "quotaengine")]
+pub struct PyQuotaObservation(pub crate::core::engine::QuotaObservation);
+
+#[pymethods]
+impl PyQuotaObservation {
+    #[getter]
+    fn platform(&self) -> &str {
+        &self.0.platform
+    }
+    #[getter]
+    fn key_id(&self) -> i64 {
+        self.0.key_id
+    }
+    #[getter]
+    fn model_id(&self) -> Option<&str> {
+        self.0.model_id.as_deref()
+    }
+    #[getter]
+    fn pool_key(&self) -> &str {
+        &self.0.pool_key
+    }
+    /// "requests" or "tokens".
+    #[getter]
+    fn metric(&self) -> &'static str {
+        self.0.metric
+    }
+    #[getter]
+    fn limit(&self) -> Option<i64> {
+        self.0.limit
+    }
+    #[getter]
+    fn remaining(&self) -> Option<i64> {
+        self.0.remaining
+    }
+    #[getter]
+    fn reset_at_ms(&self) -> Option<i64> {
+        self.0.reset_at_ms
+    }
+    #[getter]
+    fn retry_after_ms(&self) -> Option<i64> {
+        self.0.retry_after_ms
+    }
+    /// "header", "error_body", "probe", "local_usage" or "documentation".
+    #[getter]
+    fn source(&self) -> &'static str {
+        self.0.source
+    }
+    #[getter]
+    fn confidence(&self) -> f64 {
+        self.0.confidence
+    }
+    #[getter]
+    fn status(&self) -> i64 {
+        self.0.status
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "QuotaObservation(platform={:?}, key_id={}, pool_key={:?}, metric={:?}, limit={}, remaining={}, reset_at_ms={}, source={:?}, confidence={:?})",
+            self.0.platform,
+            self.0.key_id,
+            self.0.pool_key,
+            self.0.metric,
+            opt_f(self.0.limit),
+            opt_f(self.0.remaining),
+            opt_f(self.0.reset_at_ms),
+            self.0.source,
+            self.0.confidence
+        )
+    }
+}
+
+/// The merged quota of one (platform, key_id, pool_key, metric) (SPEC §8.2).
+#[pyclass(frozen, name = "QuotaState", module = "quotaengine")]
+pub struct PyQuotaState(pub crate::core::store::QuotaStateRow);
+
+#[pymethods]
+impl PyQuotaState {
+    #[getter]
+    fn platform(&self) -> &str {
+        &self.0.platform
+    }
+    #[getter]
+    fn key_id(&self) -> i64 {
+        self.0.key_id
+    }
+    #[getter]
+    fn pool_key(&self) -> &str {
+        &self.0.pool_key
+    }
+    #[getter]
+    fn metric(&self) -> &str {
+        &self.0.metric
+    }
+    #[getter]
+    fn limit(&self) -> Option<i64> {
+        self.0.limit
+    }
+    #[getter]
+    fn remaining(&self) -> Option<i64> {
+        self.0.remaining
+    }
+    #[getter]
+    fn reset_at_ms(&self) -> Option<i64> {
+        self.0.reset_at_ms
+    }
+    #[getter]
+    fn source(&self) -> &str {
+        &self.0.source
+    }
+    #[getter]
+    fn confidence(&self) -> f64 {
+        self.0.confidence
+    }
+    #[getter]
+    fn observed_at_ms(&self) -> i64 {
+        self.0.observed_at_ms
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "QuotaState(platform={:?}, key_id={}, pool_key={:?}, metric={:?}, limit={}, remaining={}, reset_at_ms={}, source={:?}, confidence={:?}, observed_at_ms={})",
+            self.0.platform,
+            self.0.key_id,
+            self.0.pool_key,
+            self.0.metric,
+            opt_f(self.0.limit),
+            opt_f(self.0.remaining),
+            opt_f(self.0.reset_at_ms),
+            self.0.source,
+            self.0.confidence,
+            self.0.observed_at_ms
+        )
+    }
+}
+
+/// What one probe pass did.
+#[pyclass(frozen, eq, name = "ProbePassResult", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyProbePassResult(pub crate::core::handle::ProbePassResult);
+
+#[pymethods]
+impl PyProbePassResult {
+    /// Keys whose validator ran in this pass, in order.
+    #[getter]
+    fn probed_key_ids(&self) -> Vec<i64> {
+        self.0.probed_key_ids.clone()
+    }
+    /// Heuristic cooldowns cleared by passing keys.
+    #[getter]
+    fn cleared_cooldowns(&self) -> i64 {
+        self.0.cleared_cooldowns
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "ProbePassResult(probed_key_ids={:?}, cleared_cooldowns={})",
+            self.0.probed_key_ids, self.0.cleared_cooldowns
+        )
+    }
+}

@@ -126,8 +126,23 @@ pub struct Changes {
     pub history: Option<Vec<HistoryRow>>,
 }
 
+/// One merged `provider_quota_state` row (SPEC §8.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaStateRow {
+    pub platform: String,
+    pub key_id: i64,
+    pub pool_key: String,
+    pub metric: String,
+    pub limit: Option<i64>,
+    pub remaining: Option<i64>,
+    pub reset_at_ms: Option<i64>,
+    pub source: String,
+    pub confidence: f64,
+    pub observed_at_ms: i64,
+}
+
 /// One change to persisted state.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Write {
     Usage(UsageRow),
     /// Returns `id`.
@@ -156,6 +171,7 @@ pub enum Write {
     SetCaps(String, CapOverrides),
     ResetCaps(String),
     InsertHistory(HistoryRow),
+    UpsertQuotaState(QuotaStateRow),
     /// Deletes history of `key_id` with one of `kinds`; only of one route when
     /// `route` is given. Returns the count.
     DeleteHistory {
@@ -212,5 +228,8 @@ pub trait Store: Send {
     fn set_busy_timeout(&mut self, ms: i64);
     /// Analysis reads (no section needed).
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>>;
+    /// Inside a section (or outside, for reads): the observed quota rows, of one
+    /// platform or all.
+    fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>>;
     fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>>;
 }

@@ -99,6 +99,21 @@ CREATE TABLE failure_history (
 );
 CREATE INDEX idx_failure_history_key ON failure_history (key_id);
 
+-- Observed provider quota (SPEC §8.2): one merged row per key, pool and metric.
+CREATE TABLE provider_quota_state (
+    platform       TEXT    NOT NULL,
+    key_id         INTEGER NOT NULL,
+    pool_key       TEXT    NOT NULL,
+    metric         TEXT    NOT NULL,
+    limit_value    INTEGER,
+    remaining      INTEGER,
+    reset_at_ms    INTEGER,
+    source         TEXT    NOT NULL,
+    confidence     REAL    NOT NULL,
+    observed_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (platform, key_id, pool_key, metric)
+);
+
 CREATE TABLE quotaengine_meta (
     name    TEXT PRIMARY KEY,
     version INTEGER NOT NULL

@@ -1,8 +1,8 @@
 //! The SQLite backend: one connection per engine, WAL mode, the system's SQLite.
 use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
 use super::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, Store, StoreResult, UsageFilter,
-    UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
+    UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
@@ -440,6 +440,28 @@ impl SqliteStore {
             Write::ResetCaps(platform) => {
                 c.prepare_cached("DELETE FROM provider_caps WHERE platform = ?1")?.execute([platform])? as i64
             }
+            Write::UpsertQuotaState(q) => {
+                c.prepare_cached(
+                    "INSERT INTO provider_quota_state (platform, key_id, pool_key, metric, limit_value, remaining, \
+                     reset_at_ms, source, confidence, observed_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                     ON CONFLICT (platform, key_id, pool_key, metric) DO UPDATE SET limit_value = excluded.limit_value, \
+                     remaining = excluded.remaining, reset_at_ms = excluded.reset_at_ms, source = excluded.source, \
+                     confidence = excluded.confidence, observed_at_ms = excluded.observed_at_ms",
+                )?
+                .execute(params![
+                    q.platform,
+                    q.key_id,
+                    q.pool_key,
+                    q.metric,
+                    q.limit,
+                    q.remaining,
+                    q.reset_at_ms,
+                    q.source,
+                    q.confidence,
+                    q.observed_at_ms
+                ])?;
+                0
+            }
             Write::InsertHistory(h) => {
                 c.prepare_cached(
                     "INSERT INTO failure_history (platform, model_id, key_id, kind, hit_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -612,6 +634,29 @@ impl Store for SqliteStore {
             });
         }
         Ok(out)
+    }
+
+    fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, key_id, pool_key, metric, limit_value, remaining, reset_at_ms, source, confidence, \
+             observed_at_ms FROM provider_quota_state WHERE ?1 IS NULL OR platform = ?1 \
+             ORDER BY platform, key_id, pool_key, metric",
+        )?;
+        let rows = stmt.query_map([platform], |r| {
+            Ok(QuotaStateRow {
+                platform: r.get(0)?,
+                key_id: r.get(1)?,
+                pool_key: r.get(2)?,
+                metric: r.get(3)?,
+                limit: r.get(4)?,
+                remaining: r.get(5)?,
+                reset_at_ms: r.get(6)?,
+                source: r.get(7)?,
+                confidence: r.get(8)?,
+                observed_at_ms: r.get(9)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
 
     fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>> {
