@@ -7,6 +7,10 @@ file), and benches failing keys. The core is Rust; every call releases the GIL.
 
 from __future__ import annotations
 
+import atexit as _atexit
+import weakref as _weakref
+from typing import Any as _Any
+
 from ._errors import DatabaseError, EngineClosed, QuotaEngineError, QuotaExceeded
 from ._quotaengine import (
     Admission,
@@ -43,10 +47,27 @@ class QuotaEngine(_QuotaEngine):
 
     __slots__ = ()
 
+    def __init__(self, *args: _Any, **kwargs: _Any) -> None:
+        # Construction happened in Rust; remember the engine so that interpreter exit
+        # stops its probe thread and flushes it before Python finalizes.
+        _live_engines.add(self)
+
     def snapshot(self) -> QuotaSnapshot:
         """Every route with usage today, a live lease or an active cooldown."""
         taken_at, rows = self._snapshot_rows()
         return QuotaSnapshot(rows, taken_at, self.path)
+
+
+_live_engines: _weakref.WeakSet[QuotaEngine] = _weakref.WeakSet()
+
+
+@_atexit.register
+def _close_engines_at_exit() -> None:
+    for engine in list(_live_engines):
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - nothing useful to do at exit
+            pass
 
 
 __all__ = [

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads.
-#[pyclass(frozen, name = "_QuotaEngine", module = "quotaengine._quotaengine", subclass)]
+#[pyclass(frozen, weakref, name = "_QuotaEngine", module = "quotaengine._quotaengine", subclass)]
 pub struct PyQuotaEngine {
     handle: Handle,
     clock: Arc<dyn Clock>,
@@ -73,6 +73,15 @@ fn cap_setting(v: &Bound<'_, PyAny>, name: &str) -> PyResult<CapSetting> {
         None => CapSetting::NoCap,
         Some(c) => CapSetting::Cap(c),
     })
+}
+
+impl Drop for PyQuotaEngine {
+    /// An engine dropped without `close()`: stop its threads and write what is
+    /// buffered, with the GIL released (the threads may be waiting for it).
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        Python::attach(|py| py.detach(|| handle.close()));
+    }
 }
 
 impl PyQuotaEngine {
