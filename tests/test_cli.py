@@ -1,0 +1,61 @@
+"""The command line, run as a user would: through a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import quotaengine as qe
+
+
+def run(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quotaengine", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_demo_runs_and_proves_zero_overshoot(tmp_path: Path) -> None:
+    r = run("demo", "--seconds", "2", "--threads", "4", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "overshoot: 0 requests over a published limit" in r.stdout
+    assert "admitted" in r.stdout and "refused" in r.stdout
+    assert (tmp_path / "quota.db").exists()  # the default database is ./quota.db
+    status = run("status", "--db", str(tmp_path / "quota.db"))
+    assert status.returncode == 0, status.stderr
+    assert "demo-groq" in status.stdout
+    assert "degraded: False" in status.stdout
+
+
+def test_status_cooldowns_events_and_clear(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with qe.QuotaEngine(db, env={}) as e:
+        e.set_model_limits("groq", "llama", rpm=10)
+        e.record_request("groq", "llama", 7)
+        e.set_cooldown("groq", "llama", 7, 600_000, "tier")
+    r = run("status", "--db", str(db))
+    assert r.returncode == 0 and "groq" in r.stdout and "1/10" in r.stdout, r.stdout
+    r = run("cooldowns", "--db", str(db))
+    assert r.returncode == 0 and "groq/llama/7" in r.stdout and "tier" in r.stdout
+    r = run("events", "--db", str(db), "--since", "1h")
+    assert r.returncode == 0 and "1 event(s)" in r.stdout
+    r = run("clear-cooldowns", "7", "--db", str(db))
+    assert r.returncode == 0 and "cleared 1" in r.stdout
+    assert "no active cooldowns" in run("cooldowns", "--db", str(db)).stdout
+
+
+def test_help_for_every_subcommand() -> None:
+    for sub in ("status", "cooldowns", "clear-cooldowns", "events", "demo"):
+        r = run(sub, "--help")
+        assert r.returncode == 0 and "--db" in r.stdout
+
+
+def test_bad_databases_are_one_line_errors(tmp_path: Path) -> None:
+    missing = run("status", "--db", str(tmp_path / "nope.db"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database at all, just some text to fill a header " * 10)
+    r = run("status", "--db", str(text))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,29 @@
+"""The README's Python examples run as written, and print what their comments say."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 4
+
+
+@pytest.mark.parametrize("i", range(len(BLOCKS)))
+def test_readme_example_runs(i: int, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", BLOCKS[i]], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # a comment of the form `print(...)  # value` names what the line prints
+    expected = [m.strip() for m in re.findall(r"^print\(.*\)[ \t]+# (.+)$", BLOCKS[i], re.M)]
+    printed = r.stdout.splitlines()
+    for want in expected:
+        value = want.split(":")[0].split(" ")[0]
+        assert any(value in line for line in printed), (want, printed)
