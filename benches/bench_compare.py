@@ -738,7 +738,8 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     L.append(
         f"`python benches/bench_compare.py --ops {args.ops}{' --quick' if args.quick else ''}` -- "
         f"{env['when']}, {env['machine']}, Python {env['python']}, quotaengine {env['qe_version']} "
-        f"(SQLite {env['sqlite']}), {env['cpus']} CPUs.\n"
+        f"(SQLite {env['sqlite']}), {env['cpus']} CPUs, load average {env['load']:.1f} at start / "
+        f"{os.getloadavg()[0]:.1f} at end (other work on the machine skews the figures).\n"
     )
     L.append(
         f"Stream: {wl.n:,} ops (lease + success), 1000 routes (10 platforms x 20 models x 5 keys), "
@@ -923,6 +924,7 @@ def main() -> None:
         "qe_version": quotaengine.__version__,
         "sqlite": quotaengine.sqlite_version(),
         "cpus": os.cpu_count(),
+        "load": os.getloadavg()[0],
     }
     t_all = time.perf_counter()
     wl = Workload(args.ops)
