@@ -167,6 +167,46 @@ fn replenished(mut row: QuotaStateRow, now: i64) -> QuotaStateRow {
     row
 }
 
+/// A hot-path operation that can share a commit with other callers' (group commit).
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    /// `check = false`: `acquire_lease`, no gates.
+    Lease {
+        route: Route,
+        est: i64,
+        limits: Option<Limits>,
+        check: bool,
+    },
+    Success {
+        lease_id: i64,
+        route: Route,
+        tokens: Option<i64>,
+    },
+    Release(i64),
+}
+
+/// The result of one [`BatchOp`].
+#[derive(Debug)]
+pub enum BatchOut {
+    Lease(Result<i64>),
+    Done(Result<()>),
+}
+
+impl BatchOut {
+    pub fn lease_id(self) -> Result<i64> {
+        match self {
+            BatchOut::Lease(r) => r,
+            BatchOut::Done(r) => r.and(Err(Error::Internal("not a lease".into()))),
+        }
+    }
+    pub fn done(self) -> Result<()> {
+        match self {
+            BatchOut::Lease(r) => r.map(|_| ()),
+            BatchOut::Done(r) => r,
+        }
+    }
+}
+
 /// One route of `snapshot()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRow {
@@ -438,9 +478,74 @@ impl Engine {
         }
     }
 
-    /// Ends a section: writes (after anything buffered) and commits. Returns, per
-    /// write, the new id of an insert (a negative local id for a lease taken while
-    /// degraded) or the number of rows a delete removed.
+    /// Inside an online write section: writes what is buffered (when due), the
+    /// retention sweep and `writes`, then commits. Returns the per-write results, or
+    /// `None` when the store failed (the engine is then degraded).
+    fn commit_section(&mut self, now: i64, writes: &[Write]) -> Option<Vec<i64>> {
+        let sweep = match self.last_sweep {
+            Some(t) if now >= t && now - t < MINUTE_MS => None,
+            _ => Some(Write::Sweep {
+                usage_before: now.saturating_sub(self.settings.retention_ms),
+                leases_expired_at: now,
+                history_before: now.saturating_sub(DAY_MS),
+            }),
+        };
+        // Grouped writes (flush_interval_ms) wait until they are due; buffered
+        // writes of an outage go first thing.
+        let flush_pending = self.degraded
+            || self.flush_requested
+            || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+        let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
+            if flush_pending {
+                for w in &self.pending {
+                    self.store.write(w)?;
+                }
+            }
+            if let Some(s) = &sweep {
+                self.store.write(s)?;
+            }
+            let mut ids = Vec::with_capacity(writes.len());
+            for w in writes {
+                ids.push(self.store.write(w)?);
+            }
+            self.store.commit()?;
+            Ok(ids)
+        })();
+        match result {
+            Ok(ids) => {
+                if sweep.is_some() {
+                    self.last_sweep = Some(now);
+                }
+                let flushed = if flush_pending { self.pending.len() } else { 0 };
+                if flush_pending {
+                    self.pending.clear();
+                    self.pending_deleted.clear();
+                    self.pending_inserted.clear();
+                    self.pending_since = None;
+                    self.compact_at = COMPACT_MIN;
+                }
+                self.flush_requested = false;
+                if self.degraded {
+                    self.degraded = false;
+                    self.logs.push((
+                        log::Level::Info,
+                        format!("database answers again: wrote {flushed} buffered changes"),
+                    ));
+                }
+                Some(ids)
+            }
+            Err(e) => {
+                self.store.rollback();
+                self.store_failed(&e, true);
+                None
+            }
+        }
+    }
+
+    /// Ends a section: writes (after anything buffered), commits, then applies the
+    /// writes to the mirror. Returns, per write, the id of an insert or the number of
+    /// rows a delete removed. When the store fails, the writes are applied and kept
+    /// for later (degraded mode).
     fn leave(&mut self, sec: Section, writes: Vec<Write>) -> Result<Vec<i64>> {
         let now = sec.now;
         if !sec.write {
@@ -451,67 +556,13 @@ impl Engine {
             return Ok(Vec::new());
         }
         if sec.online {
-            let sweep = match self.last_sweep {
-                Some(t) if now >= t && now - t < MINUTE_MS => None,
-                _ => Some(Write::Sweep {
-                    usage_before: now.saturating_sub(self.settings.retention_ms),
-                    leases_expired_at: now,
-                    history_before: now.saturating_sub(DAY_MS),
-                }),
-            };
-            // Grouped writes (flush_interval_ms) wait until they are due; buffered
-            // writes of an outage go first thing.
-            let flush_pending = self.degraded
-                || self.flush_requested
-                || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
-            let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
-                if flush_pending {
-                    for w in &self.pending {
-                        self.store.write(w)?;
-                    }
+            if let Some(ids) = self.commit_section(now, &writes) {
+                let mut out = Vec::with_capacity(ids.len());
+                for (w, id) in writes.iter().zip(ids) {
+                    let local = self.apply_local(w, id, now);
+                    out.push(if matches!(w, Write::InsertLease { .. }) { id } else { local.max(id) });
                 }
-                if let Some(s) = &sweep {
-                    self.store.write(s)?;
-                }
-                let mut ids = Vec::with_capacity(writes.len());
-                for w in &writes {
-                    ids.push(self.store.write(w)?);
-                }
-                self.store.commit()?;
-                Ok(ids)
-            })();
-            match result {
-                Ok(ids) => {
-                    if sweep.is_some() {
-                        self.last_sweep = Some(now);
-                    }
-                    let flushed = if flush_pending { self.pending.len() } else { 0 };
-                    if flush_pending {
-                        self.pending.clear();
-                        self.pending_deleted.clear();
-                        self.pending_inserted.clear();
-                        self.pending_since = None;
-                        self.compact_at = COMPACT_MIN;
-                    }
-                    self.flush_requested = false;
-                    if self.degraded {
-                        self.degraded = false;
-                        self.logs.push((
-                            log::Level::Info,
-                            format!("database answers again: wrote {flushed} buffered changes"),
-                        ));
-                    }
-                    let mut out = Vec::with_capacity(ids.len());
-                    for (w, id) in writes.iter().zip(ids) {
-                        let local = self.apply_local(w, id, now);
-                        out.push(if matches!(w, Write::InsertLease { .. }) { id } else { local.max(id) });
-                    }
-                    return Ok(out);
-                }
-                Err(e) => {
-                    self.store.rollback();
-                    self.store_failed(&e, true);
-                }
+                return Ok(out);
             }
         }
         let mut out = Vec::with_capacity(writes.len());
@@ -524,6 +575,136 @@ impl Engine {
             self.buffer(w, now);
         }
         Ok(out)
+    }
+
+    /// Ends a write section whose writes were already applied to the mirror (a
+    /// batch: later operations had to see earlier ones).
+    fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) {
+        let now = sec.now;
+        if sec.online && self.commit_section(now, &writes).is_some() {
+            return;
+        }
+        for w in writes {
+            self.buffer(w, now);
+        }
+    }
+
+    /// Runs hot-path operations of several callers in ONE section and one commit
+    /// (group commit): each sees the effects of the ones before it, exactly as if
+    /// they had run one after another, and every one has committed when this returns.
+    pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
+        let deferred = self.settings.flush_interval_ms > 0 && !self.store.readonly();
+        let needs_section = ops.iter().any(|op| matches!(op, BatchOp::Lease { .. }) || !deferred);
+        let sec = if needs_section {
+            match self.enter(true) {
+                Ok(sec) => Some(sec),
+                Err(e) => {
+                    return ops
+                        .iter()
+                        .map(|op| match op {
+                            BatchOp::Lease { .. } => BatchOut::Lease(Err(e.replicate())),
+                            _ => BatchOut::Done(Err(e.replicate())),
+                        })
+                        .collect()
+                }
+            }
+        } else {
+            None
+        };
+        let now = sec.as_ref().map_or_else(|| self.clock.now_ms(), |s| s.now);
+        let mut writes: Vec<Write> = Vec::new();
+        let mut outs = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                BatchOp::Lease { route, est, limits, check } => {
+                    outs.push(BatchOut::Lease(self.batch_lease(
+                        &route,
+                        est,
+                        limits,
+                        check,
+                        now,
+                        &mut writes,
+                    )));
+                }
+                BatchOp::Success { lease_id, route, tokens } => {
+                    let out = self.batch_success(lease_id, &route, tokens, now, deferred, &mut writes);
+                    outs.push(BatchOut::Done(out));
+                }
+                BatchOp::Release(lease_id) => {
+                    let w = Write::DeleteLease(lease_id);
+                    self.apply_local(&w, 0, now);
+                    if deferred {
+                        self.buffer(w, now);
+                    } else {
+                        writes.push(w);
+                    }
+                    outs.push(BatchOut::Done(Ok(())));
+                }
+            }
+        }
+        if let Some(sec) = sec {
+            self.leave_applied(sec, writes);
+        }
+        outs
+    }
+
+    fn batch_lease(
+        &mut self,
+        route: &Route,
+        est: i64,
+        limits: Option<Limits>,
+        check: bool,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> Result<i64> {
+        check_non_negative("estimated_tokens", est)?;
+        let limits = limits.map(Limits::validate).transpose()?;
+        if check {
+            let adm = self.decide(route, est, limits, now);
+            if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
+                return Err(Error::Refused(Box::new(Refusal {
+                    reason,
+                    retry_at_ms: adm.retry_at_ms,
+                    platform: route.platform.clone(),
+                    model_id: route.model_id.clone(),
+                    key_id: route.key_id,
+                })));
+            }
+        }
+        let w = self.lease_write(route, est, now);
+        let Write::InsertLease { id, .. } = w else { unreachable!("lease_write builds an InsertLease") };
+        self.apply_local(&w, id, now);
+        writes.push(w);
+        Ok(id)
+    }
+
+    fn batch_success(
+        &mut self,
+        lease_id: i64,
+        route: &Route,
+        tokens: Option<i64>,
+        now: i64,
+        deferred: bool,
+        writes: &mut Vec<Write>,
+    ) -> Result<()> {
+        if let Some(t) = tokens {
+            check_non_negative("tokens", t)?;
+        }
+        let mut ws = vec![Self::usage_row(route, UsageKind::Request, 1, now)];
+        if let Some(t) = tokens {
+            ws.push(Self::usage_row(route, UsageKind::Tokens, t, now));
+        }
+        self.clear_history_on_success(route, &mut ws);
+        ws.push(Write::DeleteLease(lease_id));
+        for w in ws {
+            self.apply_local(&w, 0, now);
+            if deferred {
+                self.buffer(w, now);
+            } else {
+                writes.push(w);
+            }
+        }
+        Ok(())
     }
 
     /// Applies a write to the mirror. Returns the count of a delete (0 otherwise).
@@ -964,56 +1145,30 @@ impl Engine {
         }
     }
 
+    fn single(&mut self, op: BatchOp) -> BatchOut {
+        self.run_batch(vec![op]).pop().unwrap_or(BatchOut::Done(Err(Error::Internal("empty batch".into()))))
+    }
+
     /// Takes a lease without checking any gate.
     pub fn acquire_lease(&mut self, route: &Route, est: i64) -> Result<i64> {
-        check_non_negative("estimated_tokens", est)?;
-        let sec = self.enter(true)?;
-        let w = self.lease_write(route, est, sec.now);
-        let ids = self.leave(sec, vec![w])?;
-        ids.first().copied().ok_or_else(|| Error::Internal("no lease id".into()))
+        self.single(BatchOp::Lease { route: route.clone(), est, limits: None, check: false }).lease_id()
     }
 
     /// SPEC §5: every gate of `check()` and the lease, as one atomic step across
     /// threads and processes (the store's write lock is held throughout).
     pub fn lease(&mut self, route: &Route, est: i64, limits: Option<Limits>) -> Result<i64> {
-        check_non_negative("estimated_tokens", est)?;
-        let limits = limits.map(Limits::validate).transpose()?;
-        let sec = self.enter(true)?;
-        let adm = self.decide(route, est, limits, sec.now);
-        if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
-            self.leave(sec, Vec::new())?;
-            return Err(Error::Refused(Box::new(Refusal {
-                reason,
-                retry_at_ms: adm.retry_at_ms,
-                platform: route.platform.clone(),
-                model_id: route.model_id.clone(),
-                key_id: route.key_id,
-            })));
-        }
-        let w = self.lease_write(route, est, sec.now);
-        let ids = self.leave(sec, vec![w])?;
-        ids.first().copied().ok_or_else(|| Error::Internal("no lease id".into()))
+        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true }).lease_id()
     }
 
     /// Idempotent.
     pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
-        self.write_usage(vec![Write::DeleteLease(lease_id)])
+        self.single(BatchOp::Release(lease_id)).done()
     }
 
     /// A lease's success: its request (and tokens, when given) recorded and the lease
     /// released, in one commit.
     pub fn finish_lease_success(&mut self, lease_id: i64, route: &Route, tokens: Option<i64>) -> Result<()> {
-        if let Some(t) = tokens {
-            check_non_negative("tokens", t)?;
-        }
-        let now = self.clock.now_ms();
-        let mut writes = vec![Self::usage_row(route, UsageKind::Request, 1, now)];
-        if let Some(t) = tokens {
-            writes.push(Self::usage_row(route, UsageKind::Tokens, t, now));
-        }
-        self.clear_history_on_success(route, &mut writes);
-        writes.push(Write::DeleteLease(lease_id));
-        self.write_usage(writes)
+        self.single(BatchOp::Success { lease_id, route: route.clone(), tokens }).done()
     }
 
     // ---- cooldowns ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! A thread-safe handle on an engine: one lock, panics turned into errors, log
 //! records emitted after the lock is released, and the background flusher.
 use crate::core::clock::Clock;
-use crate::core::engine::{Engine, LogRecord, Settings, StoreSpec};
+use crate::core::engine::{BatchOp, BatchOut, Engine, LogRecord, Settings, StoreSpec};
 use crate::core::error::{Error, Result};
 use crate::core::probe::{ProbeState, Validator};
 use parking_lot::{Condvar, Mutex};
@@ -17,6 +17,14 @@ struct Shared {
     /// Passes never overlap; the pacing state lives with this lock.
     probe: Mutex<ProbeState>,
     probe_thread: Mutex<Option<ProbeThread>>,
+    /// Hot-path operations waiting for the engine lock (group commit).
+    queue: Mutex<Vec<Arc<Job>>>,
+}
+
+/// One caller's operation in the group-commit queue.
+struct Job {
+    op: Mutex<Option<BatchOp>>,
+    out: Mutex<Option<BatchOut>>,
 }
 
 /// The background probe thread: stopped through `stop`, reports its exit on `done`.
@@ -75,6 +83,7 @@ impl Handle {
                 wake: Condvar::new(),
                 probe: Mutex::new(ProbeState::default()),
                 probe_thread: Mutex::new(None),
+                queue: Mutex::new(Vec::new()),
             }),
             flusher: Arc::new(Mutex::new(None)),
         };
@@ -130,6 +139,43 @@ impl Handle {
         };
         emit(logs);
         out
+    }
+
+    /// Runs a hot-path operation with group commit: callers that queue while another
+    /// holds the engine lock are served together by whichever takes the lock next,
+    /// in one section and one commit. Each still sees the others' effects in order.
+    pub fn batch(&self, op: BatchOp) -> BatchOut {
+        let job = Arc::new(Job { op: Mutex::new(Some(op)), out: Mutex::new(None) });
+        self.shared.queue.lock().push(job.clone());
+        let logs = {
+            let mut guard = self.shared.engine.lock();
+            let done = job.out.lock().take();
+            if let Some(out) = done {
+                // A caller that held the lock before us already ran our operation.
+                return out;
+            }
+            let jobs: Vec<Arc<Job>> = std::mem::take(&mut *self.shared.queue.lock());
+            let ops: Vec<BatchOp> = jobs.iter().filter_map(|j| j.op.lock().take()).collect();
+            let n = ops.len();
+            let outs: Vec<BatchOut> = match guard.as_mut() {
+                None => (0..n).map(|_| BatchOut::Done(Err(Error::Closed))).collect(),
+                Some(engine) => match catch_unwind(AssertUnwindSafe(|| engine.run_batch(ops))) {
+                    Ok(outs) => outs,
+                    Err(p) => {
+                        engine.recover_after_panic();
+                        let e = Error::from_panic(p);
+                        (0..n).map(|_| BatchOut::Done(Err(e.replicate()))).collect()
+                    }
+                },
+            };
+            for (j, o) in jobs.iter().zip(outs) {
+                *j.out.lock() = Some(o);
+            }
+            guard.as_mut().map(Engine::take_logs).unwrap_or_default()
+        };
+        emit(logs);
+        let out = job.out.lock().take();
+        out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into()))))
     }
 
     pub fn is_closed(&self) -> bool {

@@ -9,7 +9,7 @@ use super::types::{
 };
 use super::validator::PyValidator;
 use crate::core::clock::{Clock, SystemClock};
-use crate::core::engine::{Engine, Gate, Settings, StoreSpec, UsageReport};
+use crate::core::engine::{BatchOp, Engine, Gate, Settings, StoreSpec, UsageReport};
 use crate::core::env::Env;
 use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
@@ -454,13 +454,14 @@ impl PyQuotaEngine {
     ) -> PyResult<i64> {
         let r = route(platform, model_id, key_id)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-        self.run(py, move |e| e.acquire_lease(&r, est))
+        let op = BatchOp::Lease { route: r, est, limits: None, check: false };
+        py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)
     }
 
     /// Releases a lease; idempotent.
     fn release_lease(&self, py: Python<'_>, lease_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = int_arg(lease_id, "lease_id")?;
-        self.run(py, move |e| e.release_lease(id))
+        py.detach(|| self.handle.batch(BatchOp::Release(id)).done()).map_err(to_pyerr)
     }
 
     /// Runs every gate and takes the lease as one atomic step (across threads and
@@ -478,7 +479,8 @@ impl PyQuotaEngine {
         let r = route(platform, model_id, key_id)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
         let l = limits_arg(limits)?;
-        let id = self.run(py, |e| e.lease(&r, est, l))?;
+        let op = BatchOp::Lease { route: r.clone(), est, limits: l, check: true };
+        let id = py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)?;
         self.make_lease(py, id, r, est)
     }
 

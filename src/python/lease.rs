@@ -1,5 +1,6 @@
 //! `Lease`: one admitted request, a sync and async context manager.
 use super::errors::to_pyerr;
+use crate::core::engine::BatchOp;
 use crate::core::handle::Handle;
 use crate::core::types::Route;
 use pyo3::exceptions::PyStopIteration;
@@ -23,8 +24,8 @@ impl PyLease {
         if self.done.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let (id, route) = (self.id, &self.route);
-        py.detach(|| self.handle.with(|e| e.finish_lease_success(id, route, tokens))).map_err(|e| {
+        let op = BatchOp::Success { lease_id: self.id, route: self.route.clone(), tokens };
+        py.detach(|| self.handle.batch(op).done()).map_err(|e| {
             self.done.store(false, Ordering::SeqCst);
             to_pyerr(e)
         })
@@ -35,7 +36,7 @@ impl PyLease {
             return Ok(());
         }
         let id = self.id;
-        py.detach(|| self.handle.with(|e| e.release_lease(id))).map_err(to_pyerr)
+        py.detach(|| self.handle.batch(BatchOp::Release(id)).done()).map_err(to_pyerr)
     }
 
     fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {

@@ -64,14 +64,16 @@ mod _quotaengine {
     /// SPEC §8.1: the quota pool a (platform, model) draws from.
     #[pyfunction]
     #[pyo3(signature = (platform, model_id=None))]
-    fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
-        crate::core::pools::infer_quota_pool_key(platform, model_id)
+    fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> PyResult<String> {
+        crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
+        Ok(crate::core::pools::infer_quota_pool_key(platform, model_id))
     }
 
     /// SPEC §8.1: true for platforms whose keys share one account-wide pool.
     #[pyfunction]
-    fn is_shared_pool(platform: &str) -> bool {
-        crate::core::pools::is_shared_pool(platform)
+    fn is_shared_pool(platform: &str) -> PyResult<bool> {
+        crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
+        Ok(crate::core::pools::is_shared_pool(platform))
     }
 
     /// The version of the SQLite library the engine runs on; equals `sqlite3.sqlite_version`.
