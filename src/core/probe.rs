@@ -24,8 +24,9 @@ struct Pacing {
     next_probe_at_ms: i64,
     /// Failed probes in a row.
     failures: u32,
-    /// Last pass that saw the key holding a probeable cooldown.
-    last_seen_ms: i64,
+    /// When the key's last probeable cooldown went (or will go: its latest expiry
+    /// while it still holds one).
+    gone_at_ms: i64,
 }
 
 /// Per-key pacing across passes.
@@ -54,15 +55,23 @@ impl ProbeState {
         budget: usize,
         jitter: &mut dyn FnMut() -> f64,
     ) -> Vec<i64> {
-        let holding: BTreeSet<i64> = probeable.iter().map(|c| c.route.key_id).collect();
-        for k in &holding {
-            if let Some(p) = self.keys.get_mut(k) {
-                p.last_seen_ms = now;
+        let mut holding: BTreeMap<i64, i64> = BTreeMap::new();
+        for c in probeable {
+            let e = holding.entry(c.route.key_id).or_insert(c.expires_at_ms);
+            *e = (*e).max(c.expires_at_ms);
+        }
+        for (k, p) in self.keys.iter_mut() {
+            match holding.get(k) {
+                Some(expires) => p.gone_at_ms = *expires,
+                // Cleared before its expiry (a probe, the operator): it went by now.
+                None if p.gone_at_ms > now => p.gone_at_ms = now,
+                None => {}
             }
         }
-        // Forget keys that have held no probeable cooldown for 15 min; a key benched
+        // Forget keys whose last probeable cooldown went 15 min ago; a key benched
         // again sooner keeps its backoff.
-        self.keys.retain(|k, p| holding.contains(k) || now.saturating_sub(p.last_seen_ms) < PACING_FORGET_MS);
+        self.keys
+            .retain(|k, p| holding.contains_key(k) || now.saturating_sub(p.gone_at_ms) < PACING_FORGET_MS);
         let ripe: BTreeSet<i64> =
             probeable.iter().filter(|c| is_ripe(c, now)).map(|c| c.route.key_id).collect();
         let mut due = Vec::new();
@@ -78,7 +87,7 @@ impl ProbeState {
                         Pacing {
                             next_probe_at_ms: now.saturating_add(delay),
                             failures: 0,
-                            last_seen_ms: now,
+                            gone_at_ms: holding.get(&k).copied().unwrap_or(now),
                         },
                     );
                 }
@@ -91,7 +100,7 @@ impl ProbeState {
 
     /// Records a probe's result: a failure backs the key off.
     pub fn record(&mut self, key_id: i64, passed: bool, now: i64) {
-        let p = self.keys.entry(key_id).or_insert(Pacing { last_seen_ms: now, ..Pacing::default() });
+        let p = self.keys.entry(key_id).or_insert(Pacing { gone_at_ms: now, ..Pacing::default() });
         if passed {
             p.failures = 0;
             p.next_probe_at_ms = now;

@@ -23,7 +23,9 @@ CREATE TABLE rate_limit_usage (
     tokens        INTEGER NOT NULL DEFAULT 1,
     created_at_ms INTEGER NOT NULL
 );
-CREATE INDEX idx_rate_limit_usage_time ON rate_limit_usage (created_at_ms);
+-- No time index: it would add a WAL frame to every commit. Ids follow commit order,
+-- so "the first id with created_at_ms >= t" bounds every row stamped at or after t
+-- (see SqliteStore): time ranges are scans from that id, exact and cheap.
 
 CREATE TABLE rate_limit_cooldowns (
     platform      TEXT    NOT NULL,

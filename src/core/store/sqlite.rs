@@ -22,7 +22,22 @@ pub struct SqliteStore {
     /// restored by a rollback so that our abandoned inserts' ids are read again.
     cursor_at_begin: Option<i64>,
     versions: [i64; VERSIONED_TABLES.len()],
+    /// Retention without a time index: rows arrive in id order and almost in time
+    /// order; the few stamped well before the newest seen ("stragglers": another
+    /// process's slow clock, a plain sqlite3 insert) are remembered by id.
+    stragglers: Vec<(i64, i64)>,
+    newest_seen_ms: i64,
+    /// Until the first sweep has scanned the whole table, rows older than this
+    /// engine may hide anywhere.
+    full_sweep_done: bool,
+    /// The cutoff of a sweep in the open section (applied to the above on commit).
+    sweep_cutoff: Option<i64>,
 }
+
+/// A row stamped this much before the newest one seen is a straggler.
+const STRAGGLER_SLACK_MS: i64 = 60_000;
+/// Past this many stragglers, the next sweep scans the table instead.
+const MAX_STRAGGLERS: usize = 100_000;
 
 fn incompatible(path: &str, why: impl std::fmt::Display) -> StoreError {
     StoreError::Incompatible(format!("cannot open {path:?} as a quotaengine database: {why}"))
@@ -103,6 +118,10 @@ impl SqliteStore {
             usage_cursor: None,
             cursor_at_begin: None,
             versions: [-1; VERSIONED_TABLES.len()],
+            stragglers: Vec::new(),
+            newest_seen_ms: i64::MIN,
+            full_sweep_done: false,
+            sweep_cutoff: None,
         };
         if !readonly {
             store.migrate().map_err(|e| incompatible(path, e))?;
@@ -134,15 +153,29 @@ impl SqliteStore {
         self.conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))
     }
 
-    fn read_usage(&self, sql: &str, arg: i64) -> rusqlite::Result<(Vec<UsageRow>, i64)> {
+    fn note_row(&mut self, id: i64, t: i64) {
+        if t.saturating_add(STRAGGLER_SLACK_MS) < self.newest_seen_ms {
+            if self.stragglers.len() < MAX_STRAGGLERS {
+                self.stragglers.push((id, t));
+            } else {
+                self.full_sweep_done = false;
+            }
+        } else {
+            self.newest_seen_ms = self.newest_seen_ms.max(t);
+        }
+    }
+
+    fn read_usage(&mut self, sql: &str, arg: i64) -> rusqlite::Result<(Vec<UsageRow>, i64)> {
         let mut stmt = self.conn.prepare_cached(sql)?;
         let mut rows = stmt.query([arg])?;
         let mut out = Vec::new();
         let mut max_id = 0;
         let mut names = Interner::default();
+        let mut seen = Vec::new();
         while let Some(r) = rows.next()? {
             let id: i64 = r.get(0)?;
             max_id = max_id.max(id);
+            seen.push((id, r.get::<_, i64>(6)?));
             let kind: String = r.get(4)?;
             out.push(UsageRow {
                 platform: names.get(r.get_ref(1)?.as_str()?),
@@ -152,6 +185,11 @@ impl SqliteStore {
                 tokens: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
                 created_at_ms: r.get(6)?,
             });
+        }
+        drop(rows);
+        drop(stmt);
+        for (id, t) in seen {
+            self.note_row(id, t);
         }
         Ok((out, max_id))
     }
@@ -348,6 +386,7 @@ impl SqliteStore {
                 if let Some(cur) = self.usage_cursor.as_mut() {
                     *cur = (*cur).max(id);
                 }
+                self.note_row(id, u.created_at_ms);
                 id
             }
             Write::InsertLease { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
@@ -489,12 +528,34 @@ impl SqliteStore {
                 c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?
                     .execute([history_before])?;
                 // The newest row always stays, so that ids never go backwards.
-                let n = c
-                    .prepare_cached(
+                let n = if self.full_sweep_done {
+                    // Every row below the first id stamped at or after the cutoff is
+                    // older than it (ids follow commit order): the scan stops there.
+                    // Stragglers above it are deleted by id.
+                    let mut n = c
+                        .prepare_cached(
+                            "DELETE FROM rate_limit_usage WHERE id < COALESCE(\
+                             (SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
+                             (SELECT MAX(id) FROM rate_limit_usage))",
+                        )?
+                        .execute([usage_before])?;
+                    for (id, _) in self.stragglers.iter().filter(|(_, t)| *t < *usage_before) {
+                        n += c
+                            .prepare_cached(
+                                "DELETE FROM rate_limit_usage WHERE id = ?1 \
+                                 AND id < (SELECT MAX(id) FROM rate_limit_usage)",
+                            )?
+                            .execute([id])?;
+                    }
+                    n
+                } else {
+                    c.prepare_cached(
                         "DELETE FROM rate_limit_usage WHERE created_at_ms < ?1 \
                          AND id < (SELECT MAX(id) FROM rate_limit_usage)",
                     )?
-                    .execute([usage_before])?;
+                    .execute([usage_before])?
+                };
+                self.sweep_cutoff = Some(*usage_before);
                 c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms <= ?1")?
                     .execute([leases_expired_at])?;
                 n as i64
@@ -559,6 +620,10 @@ impl Store for SqliteStore {
             Ok(_) => {
                 self.in_section = false;
                 self.cursor_at_begin = self.usage_cursor;
+                if let Some(cutoff) = self.sweep_cutoff.take() {
+                    self.stragglers.retain(|(_, t)| *t >= cutoff);
+                    self.full_sweep_done = true;
+                }
                 Ok(())
             }
             Err(e) => {
@@ -573,6 +638,7 @@ impl Store for SqliteStore {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
         self.in_section = false;
+        self.sweep_cutoff = None;
         self.usage_cursor = self.cursor_at_begin;
         // What we delivered may include rows of the abandoned section: re-read on next pull.
         self.data_version = None;
@@ -585,8 +651,9 @@ impl Store for SqliteStore {
 
     fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>> {
         let (rows, _) = self.read_usage(
-            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms \
-             FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY created_at_ms",
+            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
+             WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
+             9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
             since_ms,
         )?;
         let max_id: i64 =
@@ -610,7 +677,8 @@ impl Store for SqliteStore {
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
-             WHERE created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
+             WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
+             9223372036854775807) AND created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
              AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",
         )?;
         let mut rows = stmt.query(params![
