@@ -159,18 +159,30 @@ class BaselineEngine:
             minute_start = now - MINUTE_MS
             n_live, tok_live = c.execute(_Q_LEASES, (platform, model_id, key_id, now)).fetchone()
             reason = None
-            if rpm is not None and c.execute(_Q_COUNT, (platform, model_id, key_id, minute_start)).fetchone()[0] + n_live >= rpm:
+            if (
+                rpm is not None
+                and c.execute(_Q_COUNT, (platform, model_id, key_id, minute_start)).fetchone()[0] + n_live >= rpm
+            ):
                 reason = "rpm"
-            elif rpd is not None and c.execute(_Q_COUNT_DAY, (platform, model_id, key_id, midnight)).fetchone()[0] + n_live >= rpd:
+            elif (
+                rpd is not None
+                and c.execute(_Q_COUNT_DAY, (platform, model_id, key_id, midnight)).fetchone()[0] + n_live >= rpd
+            ):
                 reason = "rpd"
             elif (
                 tpm is not None
-                and c.execute(_Q_SUM, (platform, model_id, key_id, minute_start)).fetchone()[0] + tok_live + estimated_tokens > tpm
+                and c.execute(_Q_SUM, (platform, model_id, key_id, minute_start)).fetchone()[0]
+                + tok_live
+                + estimated_tokens
+                > tpm
             ):
                 reason = "tpm"
             elif (
                 tpd is not None
-                and c.execute(_Q_SUM_DAY, (platform, model_id, key_id, midnight)).fetchone()[0] + tok_live + estimated_tokens > tpd
+                and c.execute(_Q_SUM_DAY, (platform, model_id, key_id, midnight)).fetchone()[0]
+                + tok_live
+                + estimated_tokens
+                > tpd
             ):
                 reason = "tpd"
             if reason is not None:

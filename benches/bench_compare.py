@@ -270,9 +270,9 @@ def run_qe(wl, n, db_dir, flush_ms: int = 0, memory: bool = False) -> dict:
     eng.close()
     res["close_s"] = time.perf_counter() - t
     if not memory:
-        res["db_mb"] = sum(
-            os.path.getsize(os.path.join(db_dir, f)) for f in os.listdir(db_dir) if f.startswith("qe.db")
-        ) / 2**20
+        res["db_mb"] = (
+            sum(os.path.getsize(os.path.join(db_dir, f)) for f in os.listdir(db_dir) if f.startswith("qe.db")) / 2**20
+        )
     return res
 
 
@@ -350,7 +350,12 @@ def run_limits(wl, n, strategy: str, real_clock: bool = False) -> dict:
     def admit(p, m, k, est, act):
         rpm, rpd, tpm, tpd = items[(p, m)]
         ks = str(k)
-        if not (test(rpm, p, m, ks) and test(rpd, p, m, ks) and test(tpm, p, m, ks, cost=est) and test(tpd, p, m, ks, cost=est)):
+        if not (
+            test(rpm, p, m, ks)
+            and test(rpd, p, m, ks)
+            and test(tpm, p, m, ks, cost=est)
+            and test(tpd, p, m, ks, cost=est)
+        ):
             return False
         hit(rpm, p, m, ks)
         hit(rpd, p, m, ks)
@@ -442,7 +447,9 @@ def run_pyrate(wl, n, kind: str, db_dir: str, real_clock: bool = False) -> dict:
         return acquire("tok|" + route, est, blocking=False)
 
     res = drive(wl.ops[:n], sim.set, admit)
-    res["note"] = f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, {kind}, {'real' if real_clock else 'simulated'} time"
+    res["note"] = (
+        f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, {kind}, {'real' if real_clock else 'simulated'} time"
+    )
     return res
 
 
@@ -615,7 +622,9 @@ def run_procs(system: str, wl: Workload, n: int, workers: int, flush_ms: int = 0
         barrier = ctx.Barrier(workers)
         results = ctx.Queue()
         procs = [
-            ctx.Process(target=proc_worker, args=(system, wl.n, n, w, db, flush_ms, counter, limits_set, barrier, results))
+            ctx.Process(
+                target=proc_worker, args=(system, wl.n, n, w, db, flush_ms, counter, limits_set, barrier, results)
+            )
             for w in range(workers)
         ]
         for pr in procs:
@@ -734,7 +743,7 @@ def fmt(x, spec=",.0f", missing="–"):
 
 def build_report(args, wl, R, refs, floor, env) -> str:
     L = []
-    L.append(f"# quotaengine hot-path benchmark\n")
+    L.append("# quotaengine hot-path benchmark\n")
     L.append(
         f"`python benches/bench_compare.py --ops {args.ops}{' --quick' if args.quick else ''}` -- "
         f"{env['when']}, {env['machine']}, Python {env['python']}, quotaengine {env['qe_version']} "
@@ -748,11 +757,20 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         f"{refs[wl.n]['refused'] / wl.n:.1%} of the stream ({refs[wl.n]['by_reason']}).\n"
     )
     L.append("## Single thread, same stream\n")
-    L.append(
-        "| system | ops run | ops/s | p50 µs | p99 µs | refused | exact? | last/first tenth | peak RSS MB (Δ) |"
-    )
+    L.append("| system | ops run | ops/s | p50 µs | p99 µs | refused | exact? | last/first tenth | peak RSS MB (Δ) |")
     L.append("|---|---:|---:|---:|---:|---:|:---:|---:|---:|")
-    for key in ("qe", "qe-flush10", "qe-memory", "limits-swc", "limits-swc-rt", "limits-mw", "pyrate-mem", "pyrate-mem-rt", "pyrate-sqlite", "baseline"):
+    for key in (
+        "qe",
+        "qe-flush10",
+        "qe-memory",
+        "limits-swc",
+        "limits-swc-rt",
+        "limits-mw",
+        "pyrate-mem",
+        "pyrate-mem-rt",
+        "pyrate-sqlite",
+        "baseline",
+    ):
         r = R.get(key)
         if r is None:
             continue
@@ -774,7 +792,9 @@ def build_report(args, wl, R, refs, floor, env) -> str:
             f"{fmt(r['p99_us'], '.1f')} | {r['refused_frac']:.1%} | {exact} | {flat} | "
             f"{fmt(r['peak_rss_mb'], '.0f')} ({fmt(r['peak_rss_mb'] - r['rss_before_mb'], '+.0f')}) |"
         )
-    slow = [k for k in ("limits-mw", "pyrate-sqlite", "baseline") if k in R and "error" not in R[k] and R[k]["ops"] != wl.n]
+    slow = [
+        k for k in ("limits-mw", "pyrate-sqlite", "baseline") if k in R and "error" not in R[k] and R[k]["ops"] != wl.n
+    ]
     if slow:
         L.append(
             "\n\\* run on a prefix of the same stream ("
@@ -788,17 +808,29 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     )
 
     L.append("\n## Ratios (quotaengine ops/s ÷ other ops/s)\n")
-    others = [k for k in ("limits-swc", "limits-swc-rt", "limits-mw", "pyrate-mem", "pyrate-mem-rt", "pyrate-sqlite", "baseline") if k in R and "error" not in R[k]]
+    others = [
+        k
+        for k in (
+            "limits-swc",
+            "limits-swc-rt",
+            "limits-mw",
+            "pyrate-mem",
+            "pyrate-mem-rt",
+            "pyrate-sqlite",
+            "baseline",
+        )
+        if k in R and "error" not in R[k]
+    ]
     L.append("| | " + " | ".join(SYSTEMS[k] for k in others) + " |")
     L.append("|---|" + "---:|" * len(others))
     for q in ("qe", "qe-flush10"):
         if q in R and "error" not in R[q]:
-            L.append(
-                f"| {SYSTEMS[q]} | " + " | ".join(f"{R[q]['ops_s'] / R[k]['ops_s']:.1f}x" for k in others) + " |"
-            )
+            L.append(f"| {SYSTEMS[q]} | " + " | ".join(f"{R[q]['ops_s'] / R[k]['ops_s']:.1f}x" for k in others) + " |")
 
     L.append("\n## Concurrency\n")
-    L.append("| mode | ops | total ops/s | vs single thread | p50 µs | p99 µs | refused | overshoot (rpm / rpd windows over) |")
+    L.append(
+        "| mode | ops | total ops/s | vs single thread | p50 µs | p99 µs | refused | overshoot (rpm / rpd windows over) |"
+    )
     L.append("|---|---:|---:|---:|---:|---:|---:|---|")
     for key, single in (("qe-threads4", "qe"), ("qe-flush10-threads4", "qe-flush10")):
         r = R.get(key)
@@ -812,7 +844,10 @@ def build_report(args, wl, R, refs, floor, env) -> str:
             f"| {SYSTEMS[key]} | {r['ops']:,} | {fmt(r['ops_s'])} | {vs} | {fmt(r['p50_us'], '.1f')} | "
             f"{fmt(r['p99_us'], '.1f')} | {r['refused_frac']:.1%} | – |"
         )
-    for key, label in (("procs-qe", "quotaengine, 2 processes, one file (flush=0)"), ("procs-baseline", "hand-written baseline, 2 processes, one file")):
+    for key, label in (
+        ("procs-qe", "quotaengine, 2 processes, one file (flush=0)"),
+        ("procs-baseline", "hand-written baseline, 2 processes, one file"),
+    ):
         r = R.get(key)
         if r is None:
             continue
@@ -825,8 +860,15 @@ def build_report(args, wl, R, refs, floor, env) -> str:
             f"| {label} | {r['ops']:,} | {fmt(r['ops_s'])} (per process: {', '.join(fmt(x) for x in r['per_worker_ops_s'])}) | – | "
             f"{fmt(r['p50_us'], '.1f')} | {fmt(r['p99_us'], '.1f')} | {r['refused_frac']:.1%} | {ok}{rows_ok} |"
         )
-    if "procs-qe" in R and "procs-baseline" in R and "error" not in R["procs-qe"] and "error" not in R["procs-baseline"]:
-        L.append(f"\n2 processes: quotaengine / baseline = {R['procs-qe']['ops_s'] / R['procs-baseline']['ops_s']:.1f}x.")
+    if (
+        "procs-qe" in R
+        and "procs-baseline" in R
+        and "error" not in R["procs-qe"]
+        and "error" not in R["procs-baseline"]
+    ):
+        L.append(
+            f"\n2 processes: quotaengine / baseline = {R['procs-qe']['ops_s'] / R['procs-baseline']['ops_s']:.1f}x."
+        )
     L.append(
         "\nThreads take every 4th op and advance the shared ManualClock by 100 ms per op. "
         "Processes pull ops from one shared counter (a lock-protected `multiprocessing.Value`, "
@@ -852,18 +894,30 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         return all(k in R and "error" not in R[k] for k in keys)
 
     if ok("qe", "limits-swc"):
-        goal(f"flush=0 ≥ 1x limits-swc, same stream ({R['qe']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)", R["qe"]["ops_s"] >= R["limits-swc"]["ops_s"])
+        goal(
+            f"flush=0 ≥ 1x limits-swc, same stream ({R['qe']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)",
+            R["qe"]["ops_s"] >= R["limits-swc"]["ops_s"],
+        )
     if ok("qe", "limits-swc-rt"):
         goal(
             f"flush=0 ≥ 1x limits-swc, real clock, mostly refusals ({R['qe']['ops_s'] / R['limits-swc-rt']['ops_s']:.2f}x)",
             R["qe"]["ops_s"] >= R["limits-swc-rt"]["ops_s"],
         )
     if ok("qe", "baseline"):
-        goal(f"flush=0 ≥ 20x hand-written baseline ({R['qe']['ops_s'] / R['baseline']['ops_s']:.1f}x)", R["qe"]["ops_s"] >= 20 * R["baseline"]["ops_s"])
+        goal(
+            f"flush=0 ≥ 20x hand-written baseline ({R['qe']['ops_s'] / R['baseline']['ops_s']:.1f}x)",
+            R["qe"]["ops_s"] >= 20 * R["baseline"]["ops_s"],
+        )
     if ok("qe", "pyrate-sqlite"):
-        goal(f"flush=0 ≥ 50x pyrate SQLite ({R['qe']['ops_s'] / R['pyrate-sqlite']['ops_s']:.0f}x)", R["qe"]["ops_s"] >= 50 * R["pyrate-sqlite"]["ops_s"])
+        goal(
+            f"flush=0 ≥ 50x pyrate SQLite ({R['qe']['ops_s'] / R['pyrate-sqlite']['ops_s']:.0f}x)",
+            R["qe"]["ops_s"] >= 50 * R["pyrate-sqlite"]["ops_s"],
+        )
     if ok("qe-flush10", "limits-swc"):
-        goal(f"flush=10 ≥ 2x limits-swc, same stream ({R['qe-flush10']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)", R["qe-flush10"]["ops_s"] >= 2 * R["limits-swc"]["ops_s"])
+        goal(
+            f"flush=10 ≥ 2x limits-swc, same stream ({R['qe-flush10']['ops_s'] / R['limits-swc']['ops_s']:.2f}x)",
+            R["qe-flush10"]["ops_s"] >= 2 * R["limits-swc"]["ops_s"],
+        )
     if ok("qe-flush10", "limits-swc-rt"):
         goal(
             f"flush=10 ≥ 2x limits-swc, real clock ({R['qe-flush10']['ops_s'] / R['limits-swc-rt']['ops_s']:.2f}x)",
@@ -872,18 +926,27 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     if ok("qe") and "flatness" in R["qe"]:
         goal(f"flat: last tenth ≥ 0.8x first (flush=0: {R['qe']['flatness']:.2f}x)", R["qe"]["flatness"] >= 0.8)
     if ok("qe"):
-        goal(f"p50 ≤ 25 µs ({R['qe']['p50_us']:.1f}), p99 ≤ 250 µs ({R['qe']['p99_us']:.1f})", R["qe"]["p50_us"] <= 25 and R["qe"]["p99_us"] <= 250)
-        goal(f"peak RSS ≤ 100 MB beyond the stream ({R['qe']['peak_rss_mb'] - R['qe']['rss_before_mb']:.0f} MB)", R["qe"]["peak_rss_mb"] - R["qe"]["rss_before_mb"] <= 100)
+        goal(
+            f"p50 ≤ 25 µs ({R['qe']['p50_us']:.1f}), p99 ≤ 250 µs ({R['qe']['p99_us']:.1f})",
+            R["qe"]["p50_us"] <= 25 and R["qe"]["p99_us"] <= 250,
+        )
+        goal(
+            f"peak RSS ≤ 100 MB beyond the stream ({R['qe']['peak_rss_mb'] - R['qe']['rss_before_mb']:.0f} MB)",
+            R["qe"]["peak_rss_mb"] - R["qe"]["rss_before_mb"] <= 100,
+        )
     if ok("procs-qe", "procs-baseline"):
         ratio = R["procs-qe"]["ops_s"] / R["procs-baseline"]["ops_s"]
         goal(f"2 processes ≥ 10x baseline in the same mode ({ratio:.1f}x)", ratio >= 10)
     if ok("procs-qe"):
-        goal("2 processes: zero overshoot", R["procs-qe"]["over_rpm"] == 0 and R["procs-qe"]["over_rpd"] == 0 and R["procs-qe"]["admitted_match_rows"])
+        goal(
+            "2 processes: zero overshoot",
+            R["procs-qe"]["over_rpm"] == 0 and R["procs-qe"]["over_rpd"] == 0 and R["procs-qe"]["admitted_match_rows"],
+        )
     if ok("qe-threads4", "qe"):
         ratio = R["qe-threads4"]["ops_s"] / R["qe"]["ops_s"]
         goal(f"4 threads ≥ 1.2x single thread ({ratio:.2f}x)", ratio >= 1.2)
     if G:
-        L.append("\n## Goals (issue 2, \"Speed\")\n")
+        L.append('\n## Goals (issue 2, "Speed")\n')
         L.append("| goal | |")
         L.append("|---|---|")
         L.extend(G)
@@ -894,8 +957,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=200_000, help="ops in the stream (default 200000)")
     ap.add_argument("--quick", action="store_true", help="smoke test: 20k ops")
-    ap.add_argument("--slow-ops", type=int, default=None, help="ops for the hand-written baseline (default 50000, quick 5000)")
-    ap.add_argument("--pyrate-sqlite-ops", type=int, default=None, help="ops for pyrate SQLite (default 10000, quick 2000)")
+    ap.add_argument(
+        "--slow-ops", type=int, default=None, help="ops for the hand-written baseline (default 50000, quick 5000)"
+    )
+    ap.add_argument(
+        "--pyrate-sqlite-ops", type=int, default=None, help="ops for pyrate SQLite (default 10000, quick 2000)"
+    )
     ap.add_argument("--mw-ops", type=int, default=None, help="ops for limits moving-window (default 50000)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--only", default=None, help="comma-separated subset of systems (debugging)")
@@ -929,7 +996,10 @@ def main() -> None:
     t_all = time.perf_counter()
     wl = Workload(args.ops)
     refs = {n: reference_refusals(wl, n) for n in sorted({args.ops, slow, pyr_sql, mw})}
-    print(f"stream: {wl.n:,} ops; reference refuses {refs[wl.n]['refused'] / wl.n:.1%} {refs[wl.n]['by_reason']}", flush=True)
+    print(
+        f"stream: {wl.n:,} ops; reference refuses {refs[wl.n]['refused'] / wl.n:.1%} {refs[wl.n]['by_reason']}",
+        flush=True,
+    )
 
     plan = [
         ("floor", args.ops, 0),
@@ -958,7 +1028,12 @@ def main() -> None:
             print(r if "error" in r else f"{r['sqlite_version_ns']:.0f} ns/call", flush=True)
             continue
         R[name] = r
-        print(r["error"] if "error" in r else f"{r['ops_s']:,.0f} ops/s, refused {r['refused_frac']:.1%} ({r['child_s']:.1f}s)", flush=True)
+        print(
+            r["error"]
+            if "error" in r
+            else f"{r['ops_s']:,.0f} ops/s, refused {r['refused_frac']:.1%} ({r['child_s']:.1f}s)",
+            flush=True,
+        )
     for name, system, n in (("procs-qe", "qe-proc", args.ops), ("procs-baseline", "baseline-proc", slow)):
         if only and name not in only:
             continue

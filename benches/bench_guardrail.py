@@ -36,9 +36,7 @@ def build(path: str, rows: int, routes: int) -> list[tuple[str, str, int]]:
     c = sqlite3.connect(path)
     # spread over the morning (00:00 .. 10:00), one request row per event
     step = 36_000_000 // rows
-    batch = [
-        (*route_list[i % len(route_list)], "request", 1, T0 - 36_000_000 + i * step) for i in range(rows)
-    ]
+    batch = [(*route_list[i % len(route_list)], "request", 1, T0 - 36_000_000 + i * step) for i in range(rows)]
     c.executemany(
         "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) VALUES (?,?,?,?,?,?)",
         batch,

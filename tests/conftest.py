@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
-
 import quotaengine as q
+from hypothesis import HealthCheck, settings
 
 # 2026-01-01 00:00:00.000 UTC, a midnight.
 T0 = 1_767_225_600_000

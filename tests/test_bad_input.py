@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import quotaengine as q
 from hypothesis import given
 from hypothesis import strategies as st
-
-import quotaengine as q
 
 T0 = 1_767_225_600_000
 MINUTE = 60_000

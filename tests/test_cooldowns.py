@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
@@ -84,9 +83,7 @@ def test_unknown_cooldown_source_is_value_error(qengine: q.QuotaEngine) -> None:
     assert qengine.active_cooldowns() == []
 
 
-def test_cooldown_is_active_while_now_before_expiry(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_cooldown_is_active_while_now_before_expiry(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qengine.set_cooldown(P, M, K, MINUTE, "heuristic")
     assert qengine.is_on_cooldown(P, M, K)
     qclock.advance(MINUTE - 1)
@@ -122,9 +119,7 @@ def test_set_cooldown_always_overwrites_even_shorter(qengine: q.QuotaEngine) -> 
     assert cd is not None and cd.source == "credit" and cd.expires_at_ms == NOON + 2 * HOUR
 
 
-def test_active_cooldowns_sorted_soonest_first_with_key_filter(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_active_cooldowns_sorted_soonest_first_with_key_filter(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qengine.set_cooldown(P, "m-a", 1, 30 * MINUTE, "heuristic")
     qengine.set_cooldown(P, "m-b", 2, 5 * MINUTE, "tier")
     qengine.set_cooldown(P, "m-c", 3, 20 * MINUTE, "credit")
@@ -155,9 +150,7 @@ def test_active_cooldowns_sorted_soonest_first_with_key_filter(
     ]
 
 
-def test_probeable_cooldowns_are_active_heuristic_only(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_probeable_cooldowns_are_active_heuristic_only(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qengine.set_cooldown(P, "h-long", 1, 30 * MINUTE, "heuristic")
     qengine.set_cooldown(P, "h-short", 2, 1 * MINUTE, "heuristic")
     qengine.set_cooldown(P, "auth", 1, 10 * MINUTE, "authoritative")
@@ -182,9 +175,7 @@ def test_soonest_cooldown_expiry(qengine: q.QuotaEngine, qclock: q.ManualClock) 
     assert qengine.soonest_cooldown_expiry() is None
 
 
-def test_cleanup_expired_cooldowns_returns_count(
-    qengine: q.QuotaEngine, qclock: q.ManualClock, qdb: Path
-) -> None:
+def test_cleanup_expired_cooldowns_returns_count(qengine: q.QuotaEngine, qclock: q.ManualClock, qdb: Path) -> None:
     assert qengine.cleanup_expired_cooldowns() == 0
     qengine.set_cooldown(P, "a", 1, 1 * MINUTE)
     qengine.set_cooldown(P, "b", 2, 2 * MINUTE, "tier")
@@ -268,9 +259,7 @@ def decide_key(e: q.QuotaEngine, key: int) -> int:
 # --------------------------------------------------------------------------- persistence
 
 
-def test_cooldown_shared_by_second_engine_and_survives_reopen(
-    qdb: Path, qclock: q.ManualClock
-) -> None:
+def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: Path, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     b = q.QuotaEngine(qdb, clock=qclock, env={})
     try:
@@ -351,9 +340,7 @@ def _qe_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith("quotaengine")]
 
 
-def test_cooldown_set_cleared_and_learned_are_logged(
-    qengine: q.QuotaEngine, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_cooldown_set_cleared_and_learned_are_logged(qengine: q.QuotaEngine, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="quotaengine")
 
     caplog.clear()
@@ -400,9 +387,7 @@ def test_cooldown_set_cleared_and_learned_are_logged(
         "HTTP://LOCALHOST",
     ],
 )
-def test_local_endpoint_gets_5s_ignores_retry_after_no_escalation(
-    qengine: q.QuotaEngine, base_url: str
-) -> None:
+def test_local_endpoint_gets_5s_ignores_retry_after_no_escalation(qengine: q.QuotaEngine, base_url: str) -> None:
     qengine.register_key(K, P, base_url=base_url)
     exhaust_daily(qengine)
     for _ in range(5):
@@ -497,9 +482,7 @@ def test_daily_exhaustion_by_explicit_limits(qengine: q.QuotaEngine) -> None:
     )
 
 
-def test_daily_24h_step_at_8pm_benches_until_midnight(
-    qclock: q.ManualClock, qengine: q.QuotaEngine
-) -> None:
+def test_daily_24h_step_at_8pm_benches_until_midnight(qclock: q.ManualClock, qengine: q.QuotaEngine) -> None:
     qclock.set(MIDNIGHT + 20 * HOUR - 3 * HOUR)  # 17:00
     exhaust_daily(qengine)
     assert decide(qengine) == (2 * MINUTE, "heuristic")
@@ -509,9 +492,7 @@ def test_daily_24h_step_at_8pm_benches_until_midnight(
     assert decide(qengine) == (4 * HOUR, "heuristic")
 
 
-def test_daily_step_capped_even_for_first_step_near_midnight(
-    qclock: q.ManualClock, qengine: q.QuotaEngine
-) -> None:
+def test_daily_step_capped_even_for_first_step_near_midnight(qclock: q.ManualClock, qengine: q.QuotaEngine) -> None:
     qclock.set(MIDNIGHT + DAY - MINUTE)  # 23:59:00
     exhaust_daily(qengine)
     assert decide(qengine) == (MINUTE, "heuristic")
@@ -564,9 +545,7 @@ def test_unknown_limits_with_only_minute_limits_still_unknown(qengine: q.QuotaEn
     assert decide(qengine) == (2 * MINUTE, "heuristic")
 
 
-def test_unknown_limit_hits_older_than_an_hour_do_not_count(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_unknown_limit_hits_older_than_an_hour_do_not_count(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     assert decide(qengine) == (90 * SECOND, "heuristic")
     qclock.advance(HOUR + MINUTE)
     assert decide(qengine) == (90 * SECOND, "heuristic")
@@ -638,9 +617,7 @@ def test_ladder_is_rolling_24h(qclock: q.ManualClock, qengine: q.QuotaEngine) ->
     assert decide(qengine, limits=exhausted) == (2 * MINUTE, "heuristic")
 
 
-def test_ladder_steps_older_than_24h_forgotten_on_guessed_path(
-    qclock: q.ManualClock, qengine: q.QuotaEngine
-) -> None:
+def test_ladder_steps_older_than_24h_forgotten_on_guessed_path(qclock: q.ManualClock, qengine: q.QuotaEngine) -> None:
     assert decide(qengine) == (90 * SECOND, "heuristic")
     assert decide(qengine) == (2 * MINUTE, "heuristic")
     assert decide(qengine) == (10 * MINUTE, "heuristic")
@@ -697,9 +674,7 @@ def test_released_lease_is_no_success(qengine: q.QuotaEngine) -> None:
     assert decide(qengine) == (10 * MINUTE, "heuristic")
 
 
-def test_log_level_raised_after_first_use_is_honoured(
-    qengine: q.QuotaEngine, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_log_level_raised_after_first_use_is_honoured(qengine: q.QuotaEngine, caplog: pytest.LogCaptureFixture) -> None:
     """Python logging configured after the engine already logged once still gets the records."""
     caplog.set_level(logging.WARNING, logger="quotaengine")
     qengine.set_cooldown(P, M, K, MINUTE, "tier")  # an INFO record, filtered out at WARNING

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000
@@ -178,7 +177,10 @@ def test_one_warning_and_one_info_line_per_outage(db_path: Path) -> None:
     # In a fresh interpreter, logging set up before the engine exists.
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(RECOVERY_LOG), str(db_path)],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout.split()
     assert out.count("WARNING") == 1, out
     assert out.count("INFO") == 1, out
@@ -220,7 +222,10 @@ def test_logging_level_raised_later_takes_effect(db_path: Path) -> None:
     # outage must reach Python's logging like any logger's would (SPEC §10 "one info line on recovery").
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LEVEL_RAISED_LATER), str(db_path)],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     ).stdout.split()
     assert out == ["WARNING", "|", "WARNING", "INFO"]
 

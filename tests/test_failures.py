@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
@@ -38,8 +37,7 @@ CLOUDFLARE_NEURONS = (
 
 def gemini_body(quota_id: str, retry_delay: str | None) -> str:
     retry = (
-        ', {"@type": "type.googleapis.com/google.rpc.RetryInfo", '
-        f'"retryDelay": "{retry_delay}"}}'
+        f', {{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "{retry_delay}"}}'
         if retry_delay
         else ""
     )
@@ -133,9 +131,7 @@ def stored(e: q.QuotaEngine, model: str = M, key: int = K) -> tuple[int, str] | 
         (422, "other", None),
     ],
 )
-def test_kind_from_status(
-    qengine: q.QuotaEngine, status: int, kind: str, expected: tuple[int, str] | None
-) -> None:
+def test_kind_from_status(qengine: q.QuotaEngine, status: int, kind: str, expected: tuple[int, str] | None) -> None:
     o = qengine.record_failure(P, M, K, status=status)
     assert o.kind == kind
     assert bench(o) == expected
@@ -223,9 +219,7 @@ def test_kind_from_message(qengine: q.QuotaEngine, message: str, kind: str) -> N
         (404, "socket hang up", "transport"),
     ],
 )
-def test_first_matching_row_wins(
-    qengine: q.QuotaEngine, status: int, message: str, kind: str
-) -> None:
+def test_first_matching_row_wins(qengine: q.QuotaEngine, status: int, message: str, kind: str) -> None:
     assert qengine.record_failure(P, M, K, status=status, message=message).kind == kind
 
 
@@ -254,9 +248,7 @@ def test_403_is_24h_tier_ignoring_retry_after(qengine: q.QuotaEngine) -> None:
     assert stored(qengine) == (NOON + DAY, "tier")
 
 
-def test_cloudflare_daily_allocation_until_midnight(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_cloudflare_daily_allocation_until_midnight(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     o = qengine.record_failure(P, M, K, status=429, message=CLOUDFLARE_NEURONS)
     assert o.kind == "daily_quota"
     assert bench(o) == (12 * HOUR, "authoritative")
@@ -314,9 +306,7 @@ def test_groq_per_day_429_is_daily_with_stated_delay(qengine: q.QuotaEngine) -> 
     assert lim is not None and lim.rpd == 14400
 
 
-def test_rate_limit_goes_through_6_1_with_quota_signal(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_rate_limit_goes_through_6_1_with_quota_signal(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     assert bench(qengine.record_failure(P, M, K, status=429)) == (90 * SECOND, "heuristic")
     qclock.advance(2 * MINUTE)
     assert bench(qengine.record_failure(P, M, K, status=429)) == (2 * MINUTE, "heuristic")
@@ -350,9 +340,7 @@ def test_record_failure_honours_explicit_limits(qengine: q.QuotaEngine) -> None:
     assert bench(o) == (2 * MINUTE, "heuristic")
 
 
-def test_rate_limit_daily_exhausted_ladder_via_record_failure(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_rate_limit_daily_exhausted_ladder_via_record_failure(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qengine.set_model_limits(P, M, rpd=1)
     qengine.record_request(P, M, K)
     got = []
@@ -386,9 +374,7 @@ def test_auth_ladder_counts_any_model_and_platform_of_the_key(qengine: q.QuotaEn
     assert bench(qengine.record_failure("groq", "b", K, status=401)) == (30 * MINUTE, "heuristic")
 
 
-def test_auth_ladder_forgets_401s_older_than_24h(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_auth_ladder_forgets_401s_older_than_24h(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     assert bench(qengine.record_failure(P, "a", K, status=401))[0] == 5 * MINUTE  # type: ignore[index]
     qclock.advance(HOUR)
     assert bench(qengine.record_failure(P, "b", K, status=401))[0] == 30 * MINUTE  # type: ignore[index]
@@ -493,9 +479,7 @@ def test_empty_completion_streak_ended_by_other_failure(
     assert qengine.record_failure(P, M, K, kind="empty_completion").cooldown is not None
 
 
-def test_empty_completion_streak_ended_by_benching_failure(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_empty_completion_streak_ended_by_benching_failure(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qengine.record_failure(P, M, K, kind="empty_completion")
     qengine.record_failure(P, M, K, kind="empty_completion")
     qengine.record_failure(P, M, K, status=503)
@@ -620,9 +604,7 @@ def http_date(ms: int) -> str:
         ("999999999", DAY),
     ],
 )
-def test_retry_after_forms_on_429(
-    qengine: q.QuotaEngine, retry_after: str | int | float, expected_ms: int
-) -> None:
+def test_retry_after_forms_on_429(qengine: q.QuotaEngine, retry_after: str | int | float, expected_ms: int) -> None:
     o = qengine.record_failure(P, M, K, status=429, retry_after=retry_after)
     assert bench(o) == (expected_ms, "authoritative")
     assert stored(qengine) == (NOON + expected_ms, "authoritative")
@@ -638,9 +620,7 @@ def test_unparsable_retry_after_falls_back_to_stated_delay(qengine: q.QuotaEngin
         P, M, K, status=429, retry_after="soon", message="Rate limit reached. Please try again in 150s."
     )
     assert bench(o) == (150 * SECOND, "authoritative")
-    o = qengine.record_failure(
-        P, M, K + 1, status=429, retry_after="soon", message="Please try again in 7.66s"
-    )
+    o = qengine.record_failure(P, M, K + 1, status=429, retry_after="soon", message="Please try again in 7.66s")
     assert bench(o) == (90 * SECOND, "heuristic")
 
 
@@ -650,9 +630,7 @@ def test_missing_retry_after_uses_stated_delay(qengine: q.QuotaEngine) -> None:
 
 
 def test_parsable_retry_after_wins_over_stated_delay(qengine: q.QuotaEngine) -> None:
-    o = qengine.record_failure(
-        P, M, K, status=429, retry_after="120", message="Please try again in 300s"
-    )
+    o = qengine.record_failure(P, M, K, status=429, retry_after="120", message="Please try again in 300s")
     assert bench(o) == (120 * SECOND, "authoritative")
 
 
@@ -675,9 +653,7 @@ def test_bad_retry_after_float_is_value_error(qengine: q.QuotaEngine) -> None:
 # --------------------------------------------------------------------------- never shorten
 
 
-def test_longer_active_cooldown_stands_and_is_reported(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_longer_active_cooldown_stands_and_is_reported(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qengine.set_cooldown(P, M, K, HOUR, "tier")
     qclock.advance(10 * MINUTE)
     o = qengine.record_failure(P, M, K, status=429)
@@ -895,9 +871,7 @@ def test_expired_cooldown_does_not_stand(qengine: q.QuotaEngine, qclock: q.Manua
     assert stored(qengine) == (NOON + HOUR + 90 * SECOND, "heuristic")
 
 
-def test_daily_quota_at_exact_midnight_benches_a_full_day(
-    qengine: q.QuotaEngine, qclock: q.ManualClock
-) -> None:
+def test_daily_quota_at_exact_midnight_benches_a_full_day(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     qclock.set(MIDNIGHT + DAY)
     o = qengine.record_failure(P, M, K, status=429, message=CLOUDFLARE_NEURONS)
     assert bench(o) == (DAY, "authoritative")

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
@@ -235,9 +234,7 @@ def test_env_garbage_is_ignored_with_a_warning(
     try:
         assert e.provider_caps("nvidia").minute_requests == 40  # default stands
         assert e.provider_caps(P).daily_requests is None  # no default for groq
-        warnings = [
-            r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("quotaengine")
-        ]
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("quotaengine")]
         assert any("PROVIDER_MINUTE_REQUEST_CAP_NVIDIA" in r.getMessage() for r in warnings)
         assert any("PROVIDER_DAILY_REQUEST_CAP_GROQ" in r.getMessage() for r in warnings)
         assert e.check("nvidia", "m", K).allowed

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
@@ -254,9 +253,10 @@ def test_custom_ttl(guard_db: Path, guard_clock: q.ManualClock) -> None:
 
 
 def test_snapshot_sees_other_engines_usage(guard_db: Path, guard_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(guard_db, clock=guard_clock, env={}) as a, q.QuotaEngine(
-        guard_db, clock=guard_clock, env={}
-    ) as b:
+    with (
+        q.QuotaEngine(guard_db, clock=guard_clock, env={}) as a,
+        q.QuotaEngine(guard_db, clock=guard_clock, env={}) as b,
+    ):
         a.set_model_limits(P, M, rpm=10)
         a.register_key(1, P)
         a.register_key(2, P)

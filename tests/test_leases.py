@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
@@ -53,8 +52,11 @@ def test_live_lease_counts_in_every_window(engine: q.QuotaEngine) -> None:
 
 
 def test_live_lease_counts_in_provider_counts(db_path: Path, clock: q.ManualClock) -> None:
-    env = {"PROVIDER_DAILY_REQUEST_CAP_GROQ": "1", "PROVIDER_MINUTE_REQUEST_CAP_GROQ": "1",
-           "PROVIDER_DAILY_TOKEN_CAP_GROQ": "100"}
+    env = {
+        "PROVIDER_DAILY_REQUEST_CAP_GROQ": "1",
+        "PROVIDER_MINUTE_REQUEST_CAP_GROQ": "1",
+        "PROVIDER_DAILY_TOKEN_CAP_GROQ": "100",
+    }
     with q.QuotaEngine(db_path, clock=clock, env=env) as e:
         lease = e.lease(P, "a", K, 60)
         assert not e.can_use_provider(P, K)
@@ -209,8 +211,10 @@ def test_default_lease_max_age_is_two_minutes(engine: q.QuotaEngine, clock: q.Ma
 
 
 def test_each_lease_keeps_the_max_age_of_its_engine(db_path: Path, clock: q.ManualClock) -> None:
-    with q.QuotaEngine(db_path, clock=clock, env={}, lease_max_age_ms=5_000) as short, \
-         q.QuotaEngine(db_path, clock=clock, env={}, lease_max_age_ms=50_000) as long:
+    with (
+        q.QuotaEngine(db_path, clock=clock, env={}, lease_max_age_ms=5_000) as short,
+        q.QuotaEngine(db_path, clock=clock, env={}, lease_max_age_ms=50_000) as long,
+    ):
         short.acquire_lease(P, M, K)
         long.acquire_lease(P, M, K)
         assert counts(short)[4] == 2 and counts(long)[4] == 2

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import quotaengine as q
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
@@ -56,7 +55,8 @@ def held_exclusive(db: Path) -> Iterator[None]:
 
 def engine_records(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[logging.LogRecord]:
     return [
-        r for r in caplog.records
+        r
+        for r in caplog.records
         if (r.name == "quotaengine" or r.name.startswith("quotaengine.")) and (level is None or r.levelno == level)
     ]
 
@@ -105,8 +105,9 @@ def check_rows(rows: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------- Python logging
 
 
-def test_set_cooldown_logs_under_the_quotaengine_logger(ldb: Path, lclock: q.ManualClock,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_set_cooldown_logs_under_the_quotaengine_logger(
+    ldb: Path, lclock: q.ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="quotaengine")
     with q.QuotaEngine(ldb, clock=lclock, env={}) as e:
         caplog.clear()
@@ -116,8 +117,9 @@ def test_set_cooldown_logs_under_the_quotaengine_logger(ldb: Path, lclock: q.Man
     assert any(r.levelno == logging.INFO for r in records)
 
 
-def test_info_level_set_after_the_engine_exists_takes_effect(lengine: q.QuotaEngine,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_info_level_set_after_the_engine_exists_takes_effect(
+    lengine: q.QuotaEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     lengine.set_cooldown(P, M, 1, 10 * MINUTE, "heuristic")  # before INFO is on
     caplog.set_level(logging.INFO, logger="quotaengine")
     caplog.clear()

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000

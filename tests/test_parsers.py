@@ -6,10 +6,9 @@ import email.utils
 import time
 
 import pytest
+import quotaengine as q
 from hypothesis import given
 from hypothesis import strategies as st
-
-import quotaengine as q
 
 NOON = 1_767_268_800_000  # 2026-01-01 12:00:00 UTC
 DAY = 86_400_000

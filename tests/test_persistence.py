@@ -7,7 +7,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
@@ -194,9 +193,7 @@ def test_memory_database(clock: q.ManualClock) -> None:
     assert not Path(":memory:").exists()
 
 
-def test_default_path_from_env_mapping(
-    tmp_path: Path, clock: q.ManualClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_default_path_from_env_mapping(tmp_path: Path, clock: q.ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "from-env.db"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QUOTAENGINE_DB", str(tmp_path / "from-os-environ.db"))
@@ -296,7 +293,6 @@ def created_times(db_path: Path) -> list[int]:
 def test_retention_sweep_at_most_once_a_minute(db_path: Path) -> None:
     clock = q.ManualClock(TEN_AM)
     with q.QuotaEngine(db_path, clock=clock, env={}, retention_ms=HOUR) as e:
-        x = TEN_AM
         e.record_request(P, M, K)  # X at 10:00:00
         clock.set(TEN_AM + 30 * SECOND)
         y = clock.now_ms()
@@ -326,7 +322,10 @@ def test_retention_sweep_at_most_once_a_minute(db_path: Path) -> None:
             db_path,
             "INSERT INTO rate_limit_usage(platform, model_id, key_id, kind, tokens, created_at_ms) "
             "VALUES (?, ?, ?, 'request', 1, ?)",
-            P, M, K, stale,
+            P,
+            M,
+            K,
+            stale,
         )
         clock.set(TEN_AM + HOUR + 80 * SECOND)
         u = clock.now_ms()

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC, a midnight
@@ -145,9 +144,7 @@ def test_env_garbage_is_ignored_with_a_warning(
         assert caps_of(e, "navy") == (None, None, 150_000)
         assert caps_of(e, "groq") == (None, None, None)
         warned = [
-            r.getMessage()
-            for r in caplog.records
-            if r.levelno >= logging.WARNING and r.name.startswith("quotaengine")
+            r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("quotaengine")
         ]
         for var in (DAILY + "OPENROUTER", MINUTELY + "NVIDIA", TOKENS + "NAVY", DAILY + "GROQ"):
             assert any(var in m for m in warned), (var, warned)
@@ -295,9 +292,7 @@ def test_reset_provider_caps_restores_env_and_defaults(pools_db: Path, pools_clo
 # ============================================================================ the three counts
 
 
-def test_daily_request_count_all_models_since_midnight(
-    pools_engine: q.QuotaEngine, pools_clock: q.ManualClock
-) -> None:
+def test_daily_request_count_all_models_since_midnight(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
     e = pools_engine
     pools_clock.set(T0 - 1)  # 23:59:59.999 the day before: not today
     e.record_request("groq", "a", K)
@@ -352,9 +347,7 @@ def test_counts_include_lease_success(pools_engine: q.QuotaEngine) -> None:
     assert e.provider_daily_token_count("groq", K) == 133
 
 
-def test_daily_token_count_raw_without_a_token_cap(
-    pools_engine: q.QuotaEngine, pools_clock: q.ManualClock
-) -> None:
+def test_daily_token_count_raw_without_a_token_cap(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
     e = pools_engine
     # groq has no daily token cap: the label's multiplier does not apply.
     e.set_model_limits("groq", "a", tpd=100, monthly_token_budget="150K/day · 2x")
@@ -605,9 +598,10 @@ def test_lease_refused_by_provider_gate_takes_nothing(pools_engine: q.QuotaEngin
 
 
 def test_provider_caps_visible_across_engines_for_gates(pools_db: Path, pools_clock: q.ManualClock) -> None:
-    with open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as a, open_engine(
-        pools_db, pools_clock, {MINUTELY + "GROQ": "2"}
-    ) as b:
+    with (
+        open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as a,
+        open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as b,
+    ):
         a.record_request("groq", "x", K)
         lease = b.acquire_lease("groq", "y", K)
         assert a.provider_minute_request_count("groq", K) == 1

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import quotaengine as q
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
@@ -142,8 +141,9 @@ def recovered_rows(e: q.QuotaEngine) -> list[dict[str, Any]]:
     return [r for r in e.server_logs(1000) if r["event"] == "cooldown_recovered"]
 
 
-def tick_until(pred: Callable[[], bool], clock: q.ManualClock, *, timeout: float = 10.0,
-               step_ms: int = 46_000, sleep: float = 0.02) -> bool:
+def tick_until(
+    pred: Callable[[], bool], clock: q.ManualClock, *, timeout: float = 10.0, step_ms: int = 46_000, sleep: float = 0.02
+) -> bool:
     """Advance the clock by step_ms (past any first-sighting jitter) every `sleep` s until pred()."""
     deadline = time.monotonic() + timeout
     while not pred():
@@ -208,18 +208,22 @@ def run_script(tmp_path: Path, body: str, *, timeout: float = 30.0) -> tuple[dic
     try:
         proc = subprocess.run(
             [sys.executable, str(script), str(tmp_path / "scenario.db")],
-            capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"scenario did not finish within {timeout} s (deadlock?); stdout={exc.stdout!r} "
-                    f"stderr={exc.stderr!r}")
+        pytest.fail(
+            f"scenario did not finish within {timeout} s (deadlock?); stdout={exc.stdout!r} stderr={exc.stderr!r}"
+        )
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, f"exit code {proc.returncode}; stderr:\n{proc.stderr}"
     assert "panicked" not in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"no result; stdout={proc.stdout!r} stderr={proc.stderr!r}"
-    return json.loads(lines[-1][len("RESULT "):]), elapsed
+    return json.loads(lines[-1][len("RESULT ") :]), elapsed
 
 
 # --------------------------------------------------------------------------- ripeness
@@ -239,8 +243,9 @@ def run_script(tmp_path: Path, body: str, *, timeout: float = 30.0) -> tuple[dic
         pytest.param(DAY, 0, False, id="24h-just-set"),
     ],
 )
-def test_ripeness_boundaries(pengine: q.QuotaEngine, pclock: q.ManualClock,
-                             bench_ms: int, served_ms: int, ripe: bool) -> None:
+def test_ripeness_boundaries(
+    pengine: q.QuotaEngine, pclock: q.ManualClock, bench_ms: int, served_ms: int, ripe: bool
+) -> None:
     pengine.set_cooldown(P, M, 1, bench_ms, "heuristic")
     before = cd_state(pengine, P, M, 1)
     pclock.advance(served_ms)
@@ -255,10 +260,10 @@ def test_ripeness_boundaries(pengine: q.QuotaEngine, pclock: q.ManualClock,
 
 
 def test_ripeness_of_several_keys_at_one_instant(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    pengine.set_cooldown(P, M, 1, 2 * MINUTE)          # at +60 s: 60 s left, half served -> ripe
-    pengine.set_cooldown(P, M, 2, 2 * MINUTE + 1)      # 60.001 s left, but 1 ms short of half
-    pengine.set_cooldown(P, M, 3, 2 * MINUTE - 1)      # more than half served, 59.999 s left
-    pengine.set_cooldown(P, M, 4, 10 * MINUTE)         # 1 of 10 min served
+    pengine.set_cooldown(P, M, 1, 2 * MINUTE)  # at +60 s: 60 s left, half served -> ripe
+    pengine.set_cooldown(P, M, 2, 2 * MINUTE + 1)  # 60.001 s left, but 1 ms short of half
+    pengine.set_cooldown(P, M, 3, 2 * MINUTE - 1)  # more than half served, 59.999 s left
+    pengine.set_cooldown(P, M, 4, 10 * MINUTE)  # 1 of 10 min served
     pclock.advance(MINUTE)
     v = Recorder(False)
     assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
@@ -280,8 +285,7 @@ def test_key_is_first_sighted_only_once_ripe(pengine: q.QuotaEngine, pclock: q.M
 
 
 @pytest.mark.parametrize("source", ["authoritative", "credit", "tier"])
-def test_non_heuristic_cooldowns_are_never_probed(pengine: q.QuotaEngine, pclock: q.ManualClock,
-                                                 source: str) -> None:
+def test_non_heuristic_cooldowns_are_never_probed(pengine: q.QuotaEngine, pclock: q.ManualClock, source: str) -> None:
     pengine.set_cooldown(P, M, 1, DAY, "heuristic")
     pengine.set_cooldown(P, M, 2, DAY, source)
     pengine.set_cooldown(P, "other-model", 3, DAY, source)
@@ -349,8 +353,7 @@ def test_first_sightings_use_no_budget(pengine: q.QuotaEngine, pclock: q.ManualC
     assert sorted(pengine.run_probe_pass(v, jitter=zero, max_probes=5).probed_key_ids) == [1, 2, 3, 4, 5]
 
 
-def test_first_sightings_do_not_eat_the_budget_of_due_keys(pengine: q.QuotaEngine,
-                                                          pclock: q.ManualClock) -> None:
+def test_first_sightings_do_not_eat_the_budget_of_due_keys(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
     pengine.set_cooldown(P, M, 1, HOUR)
     pclock.advance(10 * MINUTE)
     for k in (2, 3, 4):
@@ -375,8 +378,13 @@ def test_first_sightings_do_not_eat_the_budget_of_due_keys(pengine: q.QuotaEngin
         pytest.param({}, 1, [1, 1, 1, 1, 1], id="argument-1"),
     ],
 )
-def test_per_pass_budget(pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine], pclock: q.ManualClock,
-                         env: dict[str, str], max_probes: int | None, expected: list[int]) -> None:
+def test_per_pass_budget(
+    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
+    pclock: q.ManualClock,
+    env: dict[str, str],
+    max_probes: int | None,
+    expected: list[int],
+) -> None:
     e = pengine_with_env(env)
     bench_ripe(e, pclock, [1, 2, 3, 4, 5])
     v = Recorder(False)
@@ -403,8 +411,11 @@ def test_per_pass_budget(pengine_with_env: Callable[[dict[str, str]], q.QuotaEng
     ],
 )
 def test_background_thread_respects_max_per_pass(
-    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine], pclock: q.ManualClock,
-    env: dict[str, str], max_per_pass: int | None, batches: list[int],
+    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
+    pclock: q.ManualClock,
+    env: dict[str, str],
+    max_per_pass: int | None,
+    batches: list[int],
 ) -> None:
     e = pengine_with_env(env)
     bench_ripe(e, pclock, [1, 2, 3, 4, 5])
@@ -426,7 +437,7 @@ def test_background_thread_respects_max_per_pass(
     for i, _ in enumerate(batches):
         before = v.count
         pclock.set(ripe_at + JITTER_SPAN_MS + (i + 1) * SECOND)  # all sighted keys due, none failed yet due
-        wait_until(lambda: v.count > before, timeout=5)
+        wait_until(lambda before=before: v.count > before, timeout=5)
         time.sleep(0.25)  # more passes, all at the unripe time
         sizes.append(v.count - before)
     e.stop_probe()
@@ -474,9 +485,11 @@ def test_pass_clears_every_heuristic_cooldown_of_the_key(
     assert len(rows) == 1
     assert rows[0]["level"] == "info"
     assert rows[0]["created_at_ms"] == pclock.now_ms()
-    records = [r for r in caplog.records
-               if r.name.startswith("quotaengine") and r.levelno == logging.INFO
-               and "recover" in r.getMessage().lower()]
+    records = [
+        r
+        for r in caplog.records
+        if r.name.startswith("quotaengine") and r.levelno == logging.INFO and "recover" in r.getMessage().lower()
+    ]
     assert records, [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
 
 
@@ -553,8 +566,9 @@ FAILURES = [
 
 
 @pytest.mark.parametrize("answer", FAILURES)
-def test_failure_never_touches_a_cooldown(pengine: q.QuotaEngine, pclock: q.ManualClock,
-                                          answer: Callable[[int], Any]) -> None:
+def test_failure_never_touches_a_cooldown(
+    pengine: q.QuotaEngine, pclock: q.ManualClock, answer: Callable[[int], Any]
+) -> None:
     e = pengine
     e.set_cooldown(P, M, 1, DAY, "heuristic")
     e.set_cooldown(P, "other", 1, DAY, "heuristic")
@@ -642,8 +656,9 @@ def test_pacing_kept_continues_the_backoff(pengine: q.QuotaEngine, pclock: q.Man
 
 
 @pytest.mark.parametrize("how", ["cleared", "expired"])
-def test_pacing_dropped_15_min_after_the_last_cooldown_went(pengine: q.QuotaEngine, pclock: q.ManualClock,
-                                                            how: str) -> None:
+def test_pacing_dropped_15_min_after_the_last_cooldown_went(
+    pengine: q.QuotaEngine, pclock: q.ManualClock, how: str
+) -> None:
     e = pengine
     bench_ripe(e, pclock, [1], ms=4 * HOUR)
     _fail_once(e)
@@ -741,8 +756,9 @@ def test_start_probe_twice_starts_one_thread(pengine: q.QuotaEngine, pclock: q.M
 
 
 @pytest.mark.parametrize(("value", "runs"), [("1", False), ("0", True)])
-def test_cooldown_probe_disabled_kill_switch(pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
-                                             pclock: q.ManualClock, value: str, runs: bool) -> None:
+def test_cooldown_probe_disabled_kill_switch(
+    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine], pclock: q.ManualClock, value: str, runs: bool
+) -> None:
     e = pengine_with_env({"COOLDOWN_PROBE_DISABLED": value})
     bench_ripe(e, pclock, [1])
     before_cd = cd_state(e, P, M, 1)
@@ -784,8 +800,7 @@ def test_coroutine_validator_without_loop_is_value_error(pengine: q.QuotaEngine,
 # --------------------------------------------------------------------------- the background thread
 
 
-def test_background_thread_probes_from_another_thread_and_clears(pengine: q.QuotaEngine,
-                                                                 pclock: q.ManualClock) -> None:
+def test_background_thread_probes_from_another_thread_and_clears(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
     bench_ripe(pengine, pclock, [1, 2, 3])
     v = Recorder(True)
     assert pengine.start_probe(v, interval_s=0.02) is True
@@ -854,8 +869,9 @@ def test_stop_probe_stops_the_passes(pengine: q.QuotaEngine, pclock: q.ManualClo
 # --------------------------------------------------------------------------- async validators
 
 
-def test_async_validator_runs_on_the_given_loop(probe_loop: tuple[asyncio.AbstractEventLoop, int],
-                                               pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
+def test_async_validator_runs_on_the_given_loop(
+    probe_loop: tuple[asyncio.AbstractEventLoop, int], pengine: q.QuotaEngine, pclock: q.ManualClock
+) -> None:
     loop, loop_thread = probe_loop
     ran_on: list[int] = []
     keys: list[int] = []
@@ -878,8 +894,9 @@ def test_async_validator_runs_on_the_given_loop(probe_loop: tuple[asyncio.Abstra
 
 
 @pytest.mark.parametrize("verdict", ["valid", False, "raise"])
-def test_async_validator_verdicts(probe_loop: tuple[asyncio.AbstractEventLoop, int],
-                                  pengine: q.QuotaEngine, pclock: q.ManualClock, verdict: object) -> None:
+def test_async_validator_verdicts(
+    probe_loop: tuple[asyncio.AbstractEventLoop, int], pengine: q.QuotaEngine, pclock: q.ManualClock, verdict: object
+) -> None:
     loop, loop_thread = probe_loop
     ran_on: list[int] = []
 
@@ -906,7 +923,9 @@ def test_async_validator_verdicts(probe_loop: tuple[asyncio.AbstractEventLoop, i
 
 
 def test_stop_probe_while_a_slow_validator_runs(tmp_path: Path) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         entered, left, calls = threading.Event(), threading.Event(), []
         def v(key):
             calls.append(key)
@@ -926,7 +945,8 @@ def test_stop_probe_while_a_slow_validator_runs(tmp_path: Path) -> None:
         out["calls_after_stop"] = len(calls) - n
         t = time.monotonic(); e.close(); out["close_s"] = time.monotonic() - t
         done()
-    """)
+    """,
+    )
     assert out["started"] is True
     assert out["entered"] is True
     assert out["stop_s"] < 1.0, out
@@ -936,7 +956,9 @@ def test_stop_probe_while_a_slow_validator_runs(tmp_path: Path) -> None:
 
 
 def test_stop_probe_from_inside_the_validator(tmp_path: Path) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         calls, returned = [], threading.Event()
         def v(key):
             calls.append(key)
@@ -955,7 +977,8 @@ def test_stop_probe_from_inside_the_validator(tmp_path: Path) -> None:
         out["cooldowns"] = len(e.probeable_cooldowns())
         t = time.monotonic(); e.close(); out["close_s"] = time.monotonic() - t
         done()
-    """)
+    """,
+    )
     assert out["returned"] is True
     assert out["stop_in_validator_s"] < 1.0
     assert out["calls_after_stop"] == 0
@@ -964,7 +987,9 @@ def test_stop_probe_from_inside_the_validator(tmp_path: Path) -> None:
 
 
 def test_close_during_a_pass(tmp_path: Path) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         entered, left = threading.Event(), threading.Event()
         def v(key):
             entered.set()
@@ -986,7 +1011,8 @@ def test_close_during_a_pass(tmp_path: Path) -> None:
         with q.QuotaEngine(sys.argv[1], clock=clock, env={}) as again:
             out["reopened_cooldowns"] = len(again.active_cooldowns())
         done()
-    """)
+    """,
+    )
     assert out["entered"] is True
     assert out["close_s"] < 1.0, out
     assert out["closed"] is True
@@ -996,7 +1022,9 @@ def test_close_during_a_pass(tmp_path: Path) -> None:
 
 
 def test_close_from_inside_the_validator(tmp_path: Path) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         returned = threading.Event()
         def v(key):
             t = time.monotonic(); e.close(); out["close_in_validator_s"] = time.monotonic() - t
@@ -1008,7 +1036,8 @@ def test_close_from_inside_the_validator(tmp_path: Path) -> None:
         time.sleep(0.3)
         out["closed"] = e.closed
         done()
-    """)
+    """,
+    )
     assert out["returned"] is True
     assert out["close_in_validator_s"] < 1.0
     assert out["closed"] is True
@@ -1016,7 +1045,9 @@ def test_close_from_inside_the_validator(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("method", ["stop_probe", "close"])
 def test_stop_or_close_in_the_middle_of_an_interval(tmp_path: Path, method: str) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         calls = []
         bench(1)
         out["started"] = e.start_probe(lambda k: calls.append(k), interval_s=30.0)
@@ -1024,13 +1055,16 @@ def test_stop_or_close_in_the_middle_of_an_interval(tmp_path: Path, method: str)
         t = time.monotonic(); e.METHOD(); out["s"] = time.monotonic() - t
         e.close()
         done()
-    """.replace("METHOD", method))
+    """.replace("METHOD", method),
+    )
     assert out["started"] is True
     assert out["s"] < 1.0, out
 
 
 def test_validator_blocked_on_an_event_set_later(tmp_path: Path) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         entered, release = threading.Event(), threading.Event()
         def v(key):
             entered.set()
@@ -1060,11 +1094,11 @@ def test_validator_blocked_on_an_event_set_later(tmp_path: Path) -> None:
         out["timings"] = timings
         t = time.monotonic(); e.close(); timings["close"] = time.monotonic() - t
         done()
-    """)
+    """,
+    )
     assert out["entered"] is True
     timings = out["timings"]
-    for name in ("record_request", "set_cooldown", "active_cooldowns", "probeable_cooldowns", "server_logs",
-                 "close"):
+    for name in ("record_request", "set_cooldown", "active_cooldowns", "probeable_cooldowns", "server_logs", "close"):
         assert timings[name] < 1.0, (name, timings)
     assert timings["run_probe_pass"] < 5.0, timings
     assert out["released"] is True
@@ -1072,7 +1106,9 @@ def test_validator_blocked_on_an_event_set_later(tmp_path: Path) -> None:
 
 
 def test_passes_never_overlap(tmp_path: Path) -> None:
-    out, _ = run_script(tmp_path, """
+    out, _ = run_script(
+        tmp_path,
+        """
         lock = threading.Lock()
         state = {"active": 0, "max": 0}
         main = threading.get_ident()
@@ -1098,7 +1134,9 @@ def test_passes_never_overlap(tmp_path: Path) -> None:
         out.update(by_thread)
         e.close()
         done()
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert out["max"] == 1, out
     assert out["main"] >= 1, out
     assert out["other"] >= 1, out

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
@@ -142,8 +141,10 @@ def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path, mode: str
 
 def test_grouped_writes_keep_admission_exact_between_engines(db_path: Path) -> None:
     clock = q.ManualClock(TEN_AM)
-    with q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as a, \
-         q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as b:
+    with (
+        q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as a,
+        q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as b,
+    ):
         a.set_model_limits(P, M, rpm=3)
         outcomes = []
         for e in (a, b, a, b, a, b):

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
@@ -164,7 +163,12 @@ def test_groq_429_headers_with_retry_after(hdr_engine: q.QuotaEngine) -> None:
     assert err.reset_at_ms == NOW + 2_000
     assert err.retry_after_ms == 2_000
     assert err.status == 429
-    assert (err.platform, err.key_id, err.model_id, err.pool_key) == ("groq", 3, "llama-3.1-8b-instant", "groq::account")
+    assert (err.platform, err.key_id, err.model_id, err.pool_key) == (
+        "groq",
+        3,
+        "llama-3.1-8b-instant",
+        "groq::account",
+    )
     assert len(obs) == 3
 
 
@@ -296,7 +300,9 @@ def test_reset_header_alone_and_tokens_reset(hdr_engine: q.QuotaEngine) -> None:
 
 @pytest.mark.parametrize("status", [429, 402])
 def test_error_status_adds_error_body_observation(hdr_engine: q.QuotaEngine, status: int) -> None:
-    obs = hdr_engine.record_quota_headers("openai", 5, {**req(60, 12), "retry-after": "30"}, model_id="gpt-4o", status=status)
+    obs = hdr_engine.record_quota_headers(
+        "openai", 5, {**req(60, 12), "retry-after": "30"}, model_id="gpt-4o", status=status
+    )
     assert len(obs) == 2
     assert by_metric(obs)["requests"].remaining == 12
     (err,) = error_obs(obs)

@@ -4,7 +4,6 @@ the clock going back, and where limits come from (SPEC §3.1)."""
 from __future__ import annotations
 
 import pytest
-
 import quotaengine as q
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC

@@ -26,6 +26,7 @@ from ._quotaengine import (
     QuotaObservation,
     QuotaState,
     __version__,
+    _QuotaEngine,
     infer_quota_pool_key,
     is_shared_pool,
     parse_provider_limit,
@@ -33,7 +34,6 @@ from ._quotaengine import (
     parse_stated_retry_ms,
     sqlite_version,
 )
-from ._quotaengine import _QuotaEngine
 from ._snapshot import QuotaSnapshot
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 
 from . import DatabaseError, QuotaEngine
@@ -23,7 +22,20 @@ def _default_db() -> str:
 def _open_existing(path: str, readonly: bool = True) -> QuotaEngine:
     if path != ":memory:" and not os.path.exists(path):
         raise DatabaseError(f"no database at {path!r}")
+    if not readonly and path != ":memory:":
+        # A write command must not turn an empty or foreign file into a quotaengine
+        # database: check it read-only first (which refuses an empty file).
+        QuotaEngine(path, readonly=True).close()
     return QuotaEngine(path, readonly=readonly)
+
+
+def _table(head: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -32,18 +44,29 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(snap)
         platforms = sorted({r["platform"] for r in snap.rows})
         if platforms:
-            print("\nprovider caps:")
-            for p in platforms:
-                c = e.provider_caps(p)
-                print(
-                    f"  {p}: daily_requests={c.daily_requests} minute_requests={c.minute_requests} "
-                    f"daily_tokens={c.daily_tokens}"
-                )
+            print("\nprovider caps (per key; - = none):")
+            caps = [(p, e.provider_caps(p)) for p in platforms]
+            rows = [[p, _opt(c.daily_requests), _opt(c.minute_requests), _opt(c.daily_tokens)] for p, c in caps]
+            print("\n".join(_table(["platform", "requests/day", "requests/min", "tokens/day"], rows)))
         cds = e.active_cooldowns()
         print(f"\nactive cooldowns: {len(cds)}")
-        for c in cds:
-            print(f"  {c.platform}/{c.model_id}/{c.key_id}: {c.source}, {_fmt_left(c.remaining_ms)} left")
+        if cds:
+            rows = [
+                [
+                    f"{c.platform}/{c.model_id}/{c.key_id}",
+                    c.source,
+                    _fmt_left(c.remaining_ms),
+                    f"until {_fmt_time(c.expires_at_ms)}",
+                ]
+                for c in cds
+            ]
+            print("\n".join(_table(["route", "source", "time left", "expires"], rows)))
         print(f"\ndegraded: {e.degraded}")
+        outages = [r for r in e.server_logs(1000) if r.get("event") == "degraded"]
+        if outages:
+            last = outages[0]
+            when = _fmt_time(last["created_at_ms"])
+            print(f"  last database outage logged by a writer: {when}: {last['message']}")
     return 0
 
 

@@ -136,7 +136,10 @@ def _setup(e: QuotaEngine, providers: list[Provider]) -> None:
             e.register_key(k, p.platform, base_url=p.base_url, label=f"{p.platform} demo key")
             e.clear_cooldowns_for_key(k)  # a fresh start for the demo's own keys
         for m in p.models:
-            e.set_model_limits(p.platform, m.name, **m.published)
+            lim = m.published
+            e.set_model_limits(
+                p.platform, m.name, rpm=lim.get("rpm"), rpd=lim.get("rpd"), tpm=lim.get("tpm"), tpd=lim.get("tpd")
+            )
     e.set_provider_caps("demo-openrouter", daily_requests=OPENROUTER_DAILY_CAP)
 
 
@@ -167,9 +170,7 @@ def _overshoot(e: QuotaEngine, providers: list[Provider], since_ms: int) -> tupl
                 if rpd is not None:
                     checked += 1
                     over += max(0, len(rows) - rpd)
-    cap_rows = [
-        r for r in e.usage_events(since_ms=day_start, platform="demo-openrouter") if r["kind"] == "request"
-    ]
+    cap_rows = [r for r in e.usage_events(since_ms=day_start, platform="demo-openrouter") if r["kind"] == "request"]
     checked += 1
     over += max(0, len(cap_rows) - OPENROUTER_DAILY_CAP)
     return checked, over

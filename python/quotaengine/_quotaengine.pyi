@@ -5,10 +5,13 @@ work (locks, SQLite, arithmetic) and takes it again only to convert arguments an
 results. Times are ``int`` milliseconds since the Unix epoch, UTC.
 """
 
+import asyncio
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias, final
+
+from typing_extensions import Self
 
 __version__: Final[str]
 
@@ -36,7 +39,6 @@ _Kind = Literal[
     "empty_completion",
     "other",
 ]
-_LimitsArg = Limits | Mapping[str, int | None] | None
 
 def sqlite_version() -> str:
     """The version of the SQLite library the engine runs on (equals ``sqlite3.sqlite_version``)."""
@@ -59,21 +61,23 @@ def infer_quota_pool_key(platform: str, model_id: str | None = None) -> str:
 def is_shared_pool(platform: str) -> bool:
     """True for platforms whose keys share one account-wide or free pool."""
 
+@final
 class ManualClock:
     """A clock that moves only when told to; the engine and its threads read it."""
 
-    def __init__(self, now_ms: int) -> None: ...
+    def __new__(cls, now_ms: int) -> ManualClock: ...
     def now_ms(self) -> int: ...
     def advance(self, ms: int) -> None:
         """Move the clock by ``ms`` (negative moves it back)."""
     def set(self, now_ms: int) -> None: ...
 
+@final
 class Limits:
     """A model's window limits; ``None`` is unlimited. Frozen, hashable."""
 
-    def __init__(
-        self, rpm: int | None = None, rpd: int | None = None, tpm: int | None = None, tpd: int | None = None
-    ) -> None: ...
+    def __new__(
+        cls, rpm: int | None = None, rpd: int | None = None, tpm: int | None = None, tpd: int | None = None
+    ) -> Limits: ...
     @property
     def rpm(self) -> int | None: ...
     @property
@@ -83,9 +87,12 @@ class Limits:
     @property
     def tpd(self) -> int | None: ...
     def to_dict(self) -> dict[str, int | None]: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+_LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | None
+
+@final
 class Admission:
     """The answer of ``check()``; truthy when allowed."""
 
@@ -98,8 +105,9 @@ class Admission:
     def retry_at_ms(self) -> int | None:
         """Earliest time the failing gate can open; None when allowed or unknown."""
     def __bool__(self) -> bool: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class Cooldown:
     """An active bench of one (platform, model_id, key_id)."""
 
@@ -118,8 +126,9 @@ class Cooldown:
     def source(self) -> _Source: ...
     @property
     def set_at_ms(self) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class ProviderCaps:
     """Provider-wide caps of a platform; None is no cap."""
 
@@ -129,8 +138,9 @@ class ProviderCaps:
     def minute_requests(self) -> int | None: ...
     @property
     def daily_tokens(self) -> int | None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class CooldownDecision:
     """A bench chosen for a failure."""
 
@@ -138,8 +148,9 @@ class CooldownDecision:
     def duration_ms(self) -> int: ...
     @property
     def source(self) -> _Source: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class LearnedLimit:
     """A limit read from a provider's error body."""
 
@@ -147,9 +158,10 @@ class LearnedLimit:
     def kind(self) -> Literal["tpm", "tpd", "rpm", "rpd"]: ...
     @property
     def limit(self) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class FailureOutcome:
     """What ``record_failure`` decided: the kind, the bench (None when the kind does not
     bench; an active later-expiring cooldown is reported when it stands) and a learned limit."""
@@ -160,8 +172,9 @@ class FailureOutcome:
     def cooldown(self) -> CooldownDecision | None: ...
     @property
     def learned(self) -> LearnedLimit | None: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class QuotaObservation:
     """One observation of a provider's quota, from headers or an error response."""
 
@@ -190,6 +203,7 @@ class QuotaObservation:
     @property
     def status(self) -> int: ...
 
+@final
 class QuotaState:
     """The merged quota of one (platform, key_id, pool_key, metric)."""
 
@@ -214,6 +228,19 @@ class QuotaState:
     @property
     def observed_at_ms(self) -> int: ...
 
+@final
+class ProbePassResult:
+    """What one probe pass did."""
+
+    @property
+    def probed_key_ids(self) -> list[int]:
+        """Keys whose validator ran in this pass, in order."""
+    @property
+    def cleared_cooldowns(self) -> int:
+        """Heuristic cooldowns cleared by passing keys."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
 class Lease:
     """An admitted, in-flight request. A context manager, sync and async.
 
@@ -263,6 +290,7 @@ class Lease:
         _tb: TracebackType | None = None,
     ) -> _Ready: ...
 
+@final
 class _Ready:
     """An already-completed awaitable."""
 
@@ -279,8 +307,8 @@ class _QuotaEngine:
     tables, or has a newer schema; the file is then left unchanged.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: str | os.PathLike[str] | None = None,
         *,
         clock: ManualClock | None = None,
@@ -291,7 +319,7 @@ class _QuotaEngine:
         busy_timeout_ms: int = 5_000,
         flush_interval_ms: int = 0,
         readonly: bool = False,
-    ) -> None: ...
+    ) -> _QuotaEngine: ...
     @property
     def path(self) -> str: ...
     @property
@@ -305,7 +333,7 @@ class _QuotaEngine:
         """The engine clock's time."""
     def close(self) -> None:
         """Write what is buffered and close. Idempotent; later calls raise EngineClosed."""
-    def __enter__(self) -> QuotaEngine: ...
+    def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
     # keys and models
     def register_key(
@@ -415,6 +443,29 @@ class _QuotaEngine:
         """The model's window use on its key with the most headroom, from a snapshot reused
         for ``window_usage_ttl_ms``; None without window limits or a routable key."""
     def invalidate_window_usage(self) -> None: ...
+    # background probe
+    def start_probe(
+        self,
+        validator: Callable[[int], object],
+        *,
+        interval_s: float = 60.0,
+        max_per_pass: int | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> bool:
+        """Start the background probe thread (True; a second call starts nothing and
+        returns True); False with COOLDOWN_PROBE_DISABLED=1. ``validator(key_id)``
+        returning True or "valid" is a pass. A coroutine validator needs ``loop``."""
+    def stop_probe(self) -> None:
+        """Stop the probe; returns promptly, also while a validator runs."""
+    def run_probe_pass(
+        self,
+        validator: Callable[[int], object] | None = None,
+        *,
+        jitter: Callable[[], float] | None = None,
+        max_probes: int | None = None,
+    ) -> ProbePassResult:
+        """One probe pass in the calling thread; ``validator=None`` uses the one given to
+        ``start_probe`` (ValueError when there is none)."""
     # provider pools
     def provider_caps(self, platform: str) -> ProviderCaps: ...
     def set_provider_caps(

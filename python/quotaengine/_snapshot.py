@@ -58,10 +58,32 @@ class QuotaSnapshot:
         return self.rows[i]
 
     def to_pandas(self) -> Any:
-        """The rows as a pandas DataFrame with the SPEC §12 columns (needs pandas)."""
+        """The rows as a pandas DataFrame with exactly the SPEC §12 columns (needs pandas).
+
+        ``platform``/``model_id``/``cooldown_source`` are strings; ``key_id``, the
+        ``*_used`` counts (requests for rpm/rpd, tokens for tpm/tpd) and ``in_flight``
+        are int64; the ``*_limit`` columns and ``cooldown_expires_at_ms`` (epoch ms)
+        are nullable ``Int64`` (``<NA>``: no limit / no cooldown); ``used_fraction`` is
+        float64 (NaN without limits).
+        """
         import pandas as pd
 
-        return pd.DataFrame(self.rows, columns=COLUMNS)
+        def col(name: str) -> list[Any]:
+            return [r[name] for r in self.rows]
+
+        data: dict[str, Any] = {}
+        for name in COLUMNS:
+            if name in ("platform", "model_id"):
+                data[name] = pd.Series(col(name), dtype=str)
+            elif name == "cooldown_source":
+                data[name] = pd.Series(col(name), dtype=object)
+            elif name == "used_fraction":
+                data[name] = pd.Series([None if v is None else float(v) for v in col(name)], dtype="float64")
+            elif name.endswith("_limit") or name == "cooldown_expires_at_ms":
+                data[name] = pd.Series(col(name), dtype="Int64")
+            else:
+                data[name] = pd.Series(col(name), dtype="int64")
+        return pd.DataFrame(data, columns=COLUMNS)
 
     def _cells(self, row: dict[str, Any]) -> list[str]:
         def win(name: str) -> str:
@@ -91,37 +113,85 @@ class QuotaSnapshot:
         head = f"quota snapshot of {self.path} at {_fmt_time(self.taken_at_ms)}: {len(self.rows)} routes"
         table = [self._HEAD] + [self._cells(r) for r in self.rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(self._HEAD))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
         return "\n".join([head, *lines])
 
     def __repr__(self) -> str:
         return f"<QuotaSnapshot of {self.path!r}: {len(self.rows)} routes at {self.taken_at_ms}>"
 
+    _WINDOW_HELP = {
+        "rpm": "requests in the last 60 s",
+        "rpd": "requests since 00:00 UTC",
+        "tpm": "tokens in the last 60 s",
+        "tpd": "tokens since 00:00 UTC",
+    }
+
     def _repr_html_(self) -> str:
+        """An HTML table for Jupyter: a header line (which file, when), then per route
+        the four windows as used/limit with a small utilisation bar, the worst
+        fraction, the leases in flight and the cooldown (source and time left)."""
+        esc = html.escape
+
         def bar(frac: float | None) -> str:
             if frac is None:
                 return ""
             pct = max(0.0, min(1.0, frac)) * 100
             color = "#2e7d32" if pct < 70 else "#f9a825" if pct < 90 else "#c62828"
             return (
-                f'<div style="width:60px;height:6px;background:#eee;display:inline-block">'
-                f'<div style="width:{pct:.0f}%;height:6px;background:{color}"></div></div>'
+                '<div class="qe-bar" style="width:64px;height:5px;background:rgba(127,127,127,.25);'
+                f'margin-top:2px"><div style="width:{pct:.0f}%;height:5px;background:{color}"></div></div>'
             )
 
+        def window(row: dict[str, Any], name: str) -> str:
+            used, limit = row[f"{name}_used"], row[f"{name}_limit"]
+            if limit is None:
+                frac, shown, tip = None, f"{used:,}/∞", f"{self._WINDOW_HELP[name]}: {used:,}, no limit"
+            else:
+                frac = 1.0 if limit <= 0 else used / limit
+                shown = f"{used:,}/{limit:,}"
+                tip = f"{self._WINDOW_HELP[name]}: {used:,} of {limit:,} ({frac:.0%})"
+            return f'<td class="qe-{name}" title="{esc(tip)}" style="text-align:right">{esc(shown)}{bar(frac)}</td>'
+
+        rows = sorted(self.rows, key=lambda r: (r["platform"], r["model_id"], r["key_id"]))
+        benched = sum(1 for r in rows if r["cooldown_source"] is not None)
+        in_flight = sum(r["in_flight"] for r in rows)
         out = [
-            "<div>",
-            f"<p><b>quotaengine</b> snapshot of <code>{html.escape(self.path)}</code> "
-            f"at {_fmt_time(self.taken_at_ms)} &middot; {len(self.rows)} routes</p>",
-            '<table class="quotaengine-snapshot"><thead><tr>',
-            *[f"<th>{html.escape(h)}</th>" for h in self._HEAD],
+            '<div class="quotaengine-snapshot">',
+            f'<p class="qe-header"><b>quotaengine</b> snapshot of <code>{esc(self.path)}</code> '
+            f"at {esc(_fmt_time(self.taken_at_ms))}: {len(rows)} route{'' if len(rows) == 1 else 's'}, "
+            f"{benched} on cooldown, {in_flight} lease{'' if in_flight == 1 else 's'} in flight</p>",
+            "<table><thead><tr>",
+            *[f"<th>{esc(h)}</th>" for h in self._HEAD],
             "</tr></thead><tbody>",
         ]
-        for r in self.rows:
-            cells = self._cells(r)
-            out.append("<tr>")
-            for i, c in enumerate(cells):
-                extra = bar(r["used_fraction"]) if i == 7 else ""
-                out.append(f"<td>{html.escape(c)} {extra}</td>")
+        if not rows:
+            out.append(
+                f'<tr><td colspan="{len(self._HEAD)}"><i>no route has usage today, '
+                "a live lease or an active cooldown</i></td></tr>"
+            )
+        for r in rows:
+            frac = r["used_fraction"]
+            cooldown = r["cooldown_source"] is not None
+            out.append('<tr style="background:rgba(198,40,40,.08)">' if cooldown else "<tr>")
+            out.append(f'<td class="qe-platform">{esc(r["platform"])}</td>')
+            out.append(f'<td class="qe-model">{esc(r["model_id"])}</td>')
+            out.append(f'<td class="qe-key">{esc(str(r["key_id"]))}</td>')
+            out.extend(window(r, w) for w in ("rpm", "rpd", "tpm", "tpd"))
+            out.append(
+                '<td class="qe-used" style="text-align:right">'
+                + ("-" if frac is None else f"{frac:.0%}{bar(frac)}")
+                + "</td>"
+            )
+            out.append(f'<td class="qe-in-flight" style="text-align:right">{r["in_flight"]}</td>')
+            if cooldown:
+                expires = r["cooldown_expires_at_ms"]
+                left = _fmt_left(expires - self.taken_at_ms)
+                out.append(
+                    f'<td class="qe-cooldown" title="until {esc(_fmt_time(expires))}">'
+                    f"<b>{esc(r['cooldown_source'])}</b>, {esc(left)} left</td>"
+                )
+            else:
+                out.append('<td class="qe-cooldown">-</td>')
             out.append("</tr>")
         out.append("</tbody></table></div>")
         return "".join(out)

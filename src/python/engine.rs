@@ -126,6 +126,9 @@ impl PyQuotaEngine {
     #[new]
     #[pyo3(signature = (path=None, *, clock=None, env=None, retention_ms=None, lease_max_age_ms=None,
                         window_usage_ttl_ms=None, busy_timeout_ms=None, flush_interval_ms=None, readonly=false))]
+    #[pyo3(
+        text_signature = "(path=None, *, clock=None, env=None, retention_ms=86400000, lease_max_age_ms=120000, window_usage_ttl_ms=5000, busy_timeout_ms=5000, flush_interval_ms=0, readonly=False)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -424,7 +427,7 @@ impl PyQuotaEngine {
     }
 
     /// Every gate, in order; the first that fails names the reason (SPEC §4).
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None)")]
     fn check(
         &self,
         py: Python<'_>,
@@ -443,7 +446,7 @@ impl PyQuotaEngine {
     // ---- leases ------------------------------------------------------------------
 
     /// Takes a lease without checking any gate; returns its id.
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None))]
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0)")]
     fn acquire_lease(
         &self,
         py: Python<'_>,
@@ -466,7 +469,7 @@ impl PyQuotaEngine {
 
     /// Runs every gate and takes the lease as one atomic step (across threads and
     /// processes); raises QuotaExceeded when a gate refuses.
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None)")]
     fn lease(
         &self,
         py: Python<'_>,
@@ -486,7 +489,7 @@ impl PyQuotaEngine {
 
     // ---- cooldowns ---------------------------------------------------------------
 
-    #[pyo3(signature = (platform, model_id, key_id, duration_ms=None, source="heuristic"))]
+    #[pyo3(signature = (platform, model_id, key_id, duration_ms=None, source="heuristic"), text_signature = "(self, platform, model_id, key_id, duration_ms=60000, source='heuristic')")]
     fn set_cooldown(
         &self,
         py: Python<'_>,
@@ -637,7 +640,7 @@ impl PyQuotaEngine {
 
     /// SPEC §8.2: reads x-ratelimit-*, anthropic-ratelimit-* and retry-after headers
     /// (names case-insensitive); merges them into the quota state.
-    #[pyo3(signature = (platform, key_id, headers, *, model_id=None, status=None))]
+    #[pyo3(signature = (platform, key_id, headers, *, model_id=None, status=None), text_signature = "(self, platform, key_id, headers, *, model_id=None, status=200)")]
     fn record_quota_headers(
         &self,
         py: Python<'_>,
@@ -700,7 +703,7 @@ impl PyQuotaEngine {
     /// Starts the background probe thread; True when it runs (a second call starts
     /// nothing and returns True); False with COOLDOWN_PROBE_DISABLED=1. A coroutine
     /// validator needs `loop` (ValueError otherwise).
-    #[pyo3(signature = (validator, *, interval_s=None, max_per_pass=None, r#loop=None))]
+    #[pyo3(signature = (validator, *, interval_s=None, max_per_pass=None, r#loop=None), text_signature = "(self, validator, *, interval_s=60.0, max_per_pass=None, loop=None)")]
     fn start_probe(
         &self,
         py: Python<'_>,
@@ -893,7 +896,7 @@ impl PyQuotaEngine {
     }
 
     /// `server_logs` rows, newest first.
-    #[pyo3(signature = (limit=None))]
+    #[pyo3(signature = (limit=None), text_signature = "(self, limit=100)")]
     fn server_logs<'py>(
         &self,
         py: Python<'py>,

@@ -1,0 +1,507 @@
+"""Quota analysis for notebooks: DataFrames of a database and matplotlib plots.
+
+Needs the optional extra ``analysis`` (``pip install quotaengine[analysis]``: pandas
+and matplotlib). Both are imported inside the functions, so ``import quotaengine``
+(and even ``import quotaengine.analysis``) never imports them.
+
+Every function takes ``source``: a :class:`quotaengine.QuotaEngine` (used as is,
+left open) or a path (``str`` or ``os.PathLike``), which is opened with
+``readonly=True`` and closed before the function returns. A read-only engine never
+writes to the file and never blocks a router that is writing to it, and it sees
+that router's newest rows.
+
+Units: timestamps in the database and in every ``*_ms`` argument are milliseconds
+since the Unix epoch (UTC); the ``time``, ``set_at`` and ``expires_at`` columns are
+``datetime64[ns, UTC]``; ``remaining_s`` is in seconds; ``tokens`` are the
+provider's tokens (prompt + completion, as recorded by ``record_tokens`` or
+``Lease.success``).
+
+The plot functions build a :class:`matplotlib.figure.Figure` without pyplot (no
+global figure state, nothing to close, works under the Agg backend and in headless
+CI) and return it; they never call ``plt.show()``. In Jupyter the Figure renders as
+an image when it is the value of a cell (``%matplotlib inline``, the default). On a
+database with nothing to show they return a Figure with a single "no data" text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Union
+
+from . import QuotaEngine
+from ._quotaengine import _QuotaEngine
+from ._snapshot import COLUMNS as STATE_COLUMNS
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+Source = Union[_QuotaEngine, str, "os.PathLike[str]"]
+
+__all__ = [
+    "COOLDOWN_COLUMNS",
+    "EVENT_COLUMNS",
+    "STATE_COLUMNS",
+    "WINDOWS",
+    "cooldowns_frame",
+    "events_frame",
+    "plot_cooldowns",
+    "plot_usage",
+    "plot_utilisation",
+    "state_frame",
+]
+
+#: Columns of :func:`events_frame`, in order.
+EVENT_COLUMNS = ["time", "platform", "model_id", "key_id", "kind", "tokens", "created_at_ms"]
+#: Columns of :func:`cooldowns_frame`, in order.
+COOLDOWN_COLUMNS = ["platform", "model_id", "key_id", "source", "set_at", "expires_at", "remaining_s"]
+#: The four windows, in the order of the heat map's columns.
+WINDOWS = ["rpm", "rpd", "tpm", "tpd"]
+#: One colour per cooldown source (SPEC §6), used by :func:`plot_cooldowns`.
+SOURCE_COLORS = {
+    "heuristic": "#f9a825",
+    "authoritative": "#1565c0",
+    "credit": "#6a1b9a",
+    "tier": "#c62828",
+}
+
+_UTC = "datetime64[ns, UTC]"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _engine(source: Source) -> Iterator[QuotaEngine]:
+    """The engine itself, or a read-only engine on a path, closed on exit."""
+    if isinstance(source, QuotaEngine):
+        yield source
+        return
+    if isinstance(source, (str, os.PathLike)):
+        engine = QuotaEngine(os.fspath(source), readonly=True)
+        try:
+            yield engine
+        finally:
+            engine.close()
+        return
+    raise TypeError(f"expected a QuotaEngine or a database path, got {type(source).__name__}")
+
+
+def _utc(ms: Any) -> Any:
+    """Epoch milliseconds (a sequence or Series of ints) as ``datetime64[ns, UTC]``."""
+    import pandas as pd
+
+    values = pd.Series(ms, dtype="int64")
+    return pd.to_datetime(values, unit="ms", utc=True).astype(_UTC)
+
+
+def _route_label(platform: str, model_id: str, key_id: int) -> str:
+    return f"{platform} / {model_id} / key {key_id}"
+
+
+def _compact(value: float) -> str:
+    """A short number for labels: 950, 14.4k, 1M, 0.333."""
+    if value == 0:
+        return "0"
+    if abs(value) < 10 and value != int(value):
+        return f"{value:.3g}"
+    for size, suffix in ((1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.0f}"
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _no_data(title: str, what: str) -> Figure:
+    fig = _new_figure(6.4, 2.4)
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, f"no data: {what}", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    return fig
+
+
+def _naive_utc(times: Any) -> Any:
+    """tz-aware UTC datetimes as naive UTC ``datetime64[ns]`` for matplotlib's axis."""
+    return times.dt.tz_convert(None) if hasattr(times, "dt") else times.tz_convert(None)
+
+
+def _format_time_axis(ax: Any) -> None:
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+
+
+# ----------------------------------------------------------------------------- frames
+
+
+def events_frame(
+    source: Source,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    platform: str | None = None,
+    *,
+    model_id: str | None = None,
+    key_id: int | None = None,
+) -> pd.DataFrame:
+    """Usage events as a DataFrame, oldest first.
+
+    One row per row of ``rate_limit_usage`` with ``since_ms <= created_at_ms <
+    until_ms`` (epoch milliseconds; ``None`` = unbounded), optionally for one
+    ``platform`` / ``model_id`` / ``key_id``. Columns (:data:`EVENT_COLUMNS`):
+
+    * ``time`` -- ``created_at_ms`` as ``datetime64[ns, UTC]``;
+    * ``platform``, ``model_id`` (strings), ``key_id`` (int64);
+    * ``kind`` -- ``"request"`` (one request; ``tokens`` is 1) or ``"tokens"``
+      (``tokens`` tokens used by one call);
+    * ``tokens`` (int64), ``created_at_ms`` (int64, epoch milliseconds).
+
+    Requests per minute: ``df[df.kind == "request"].resample("1min", on="time").size()``;
+    tokens per minute: ``df[df.kind == "tokens"].resample("1min", on="time").tokens.sum()``.
+    """
+    import pandas as pd
+
+    with _engine(source) as e:
+        rows = e.usage_events(since_ms=since_ms, until_ms=until_ms, platform=platform, model_id=model_id, key_id=key_id)
+    raw = {
+        "platform": pd.Series([r["platform"] for r in rows], dtype=str),
+        "model_id": pd.Series([r["model_id"] for r in rows], dtype=str),
+        "key_id": pd.Series([r["key_id"] for r in rows], dtype="int64"),
+        "kind": pd.Series([r["kind"] for r in rows], dtype=str),
+        "tokens": pd.Series([r["tokens"] for r in rows], dtype="int64"),
+        "created_at_ms": pd.Series([r["created_at_ms"] for r in rows], dtype="int64"),
+    }
+    df = pd.DataFrame(raw)
+    df.insert(0, "time", _utc(df["created_at_ms"]))
+    return df[EVENT_COLUMNS]
+
+
+def state_frame(source: Source) -> pd.DataFrame:
+    """The engine's snapshot (SPEC §12) as a DataFrame.
+
+    One row per (platform, model_id, key_id) with usage today, a live lease or an
+    active cooldown, sorted by platform, model_id, key_id; the columns are exactly
+    :data:`STATE_COLUMNS` (= ``QuotaSnapshot.to_pandas()``): ``*_used`` are requests
+    (rpm: last 60 s, rpd: since UTC midnight) or tokens (tpm, tpd) and ``*_limit``
+    the declared limits (``<NA>`` when unlimited); ``used_fraction`` is the worst
+    used/limit over the declared windows (NaN without limits); ``in_flight`` counts
+    live leases; ``cooldown_source`` and ``cooldown_expires_at_ms`` (epoch ms)
+    describe an active cooldown, else they are missing.
+    """
+    with _engine(source) as e:
+        return e.snapshot().to_pandas()
+
+
+def cooldowns_frame(source: Source) -> pd.DataFrame:
+    """Active cooldowns, soonest expiry first.
+
+    Columns (:data:`COOLDOWN_COLUMNS`): ``platform``, ``model_id``, ``key_id``,
+    ``source`` (``"heuristic"``, ``"authoritative"``, ``"credit"`` or ``"tier"``,
+    see SPEC §6), ``set_at`` and ``expires_at`` (``datetime64[ns, UTC]``), and
+    ``remaining_s`` (float64, seconds left at the engine's clock).
+    """
+    import pandas as pd
+
+    with _engine(source) as e:
+        cds = e.active_cooldowns()
+    df = pd.DataFrame(
+        {
+            "platform": pd.Series([c.platform for c in cds], dtype=str),
+            "model_id": pd.Series([c.model_id for c in cds], dtype=str),
+            "key_id": pd.Series([c.key_id for c in cds], dtype="int64"),
+            "source": pd.Series([c.source for c in cds], dtype=str),
+            "set_at": _utc([c.set_at_ms for c in cds]),
+            "expires_at": _utc([c.expires_at_ms for c in cds]),
+            "remaining_s": pd.Series([c.remaining_ms / 1000 for c in cds], dtype="float64"),
+        }
+    )
+    return df[COOLDOWN_COLUMNS]
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _limit_per_minute(e: _QuotaEngine, platform: str, routes: set[tuple[str, int]], window: str) -> int | None:
+    """A provider's capacity per minute over ``routes`` (its (model, key) pairs seen).
+
+    The sum over the routes of each model's declared per-minute limit (``rpm`` or
+    ``tpm``); for requests, a key's sum is capped by the provider's per-key
+    ``minute_requests`` cap when one is set. ``None`` when any route has no such
+    limit (the provider is then unbounded per minute, as far as the engine knows).
+    """
+    per_key: dict[int, int] = {}
+    for model_id, key_id in routes:
+        limits = e.model_limits(platform, model_id)
+        value = None if limits is None else getattr(limits, window)
+        if value is None:
+            return None
+        per_key[key_id] = per_key.get(key_id, 0) + value
+    if not per_key:
+        return None
+    if window == "rpm":
+        cap = e.provider_caps(platform).minute_requests
+        if cap is not None:
+            per_key = {k: min(v, cap) for k, v in per_key.items()}
+    return sum(per_key.values())
+
+
+def plot_usage(
+    source: Source,
+    freq: str = "1min",
+    platform: str | None = None,
+    since_ms: int | None = None,
+) -> Figure:
+    """Requests and tokens over time per provider, against their per-minute limits.
+
+    Two axes rows sharing the time axis (UTC): requests per ``freq`` bin and tokens
+    per ``freq`` bin, one solid line per provider (platform), summed over its models
+    and keys. ``freq`` is a fixed pandas offset ("30s", "1min", "5min", "1h", ...);
+    bins without events count 0. ``since_ms`` (epoch ms) and ``platform`` filter the
+    events; by default every event still in the database (the retention, a day by
+    default).
+
+    Reference lines (dashed, same colour, labelled): a provider's capacity per bin =
+    (sum over the (model, key) routes it used of the model's ``rpm`` -- or ``tpm``
+    for tokens; for requests each key's sum capped by the provider's per-key
+    ``minute_requests`` cap) x bin length in minutes. That is the most the provider
+    could have admitted per bin on those routes. No line when a route has no such
+    limit (unbounded). Returns the Figure; axes ``fig.axes[0]`` (requests) and
+    ``fig.axes[1]`` (tokens).
+    """
+    import numpy as np
+    import pandas as pd
+
+    with _engine(source) as e:
+        df = events_frame(e, since_ms=since_ms, platform=platform)
+        if df.empty:
+            return _no_data("usage over time", "no usage events" + (f" for {platform}" if platform else ""))
+        bin_minutes = pd.Timedelta(pd.tseries.frequencies.to_offset(freq)).total_seconds() / 60
+        routes: dict[str, set[tuple[str, int]]] = {}
+        for p, m, k in df[["platform", "model_id", "key_id"]].drop_duplicates().itertuples(index=False):
+            routes.setdefault(p, set()).add((m, int(k)))
+        limits = {(p, w): _limit_per_minute(e, p, rs, w) for p, rs in routes.items() for w in ("rpm", "tpm")}
+
+    df["bin"] = df["time"].dt.floor(freq)
+    index = pd.date_range(df["bin"].min(), df["bin"].max(), freq=freq, name="bin")
+    platforms = sorted(routes)
+    requests = (
+        df[df["kind"] == "request"]
+        .groupby(["bin", "platform"])
+        .size()
+        .unstack("platform")
+        .reindex(index=index, columns=platforms)
+        .fillna(0)
+    )
+    tokens = (
+        df[df["kind"] == "tokens"]
+        .groupby(["bin", "platform"])["tokens"]
+        .sum()
+        .unstack("platform")
+        .reindex(index=index, columns=platforms)
+        .fillna(0)
+    )
+
+    from matplotlib import colormaps
+
+    colors = colormaps["tab10"]
+    fig = _new_figure(10, 6)
+    ax_req, ax_tok = fig.subplots(2, 1, sharex=True)
+    # One more point at the end of the last bin, so that every bin is a full step.
+    x = _naive_utc(index.append(pd.DatetimeIndex([index[-1] + index.freq])))
+    unit = freq if freq[0].isdigit() else f"1{freq}"
+    for i, p in enumerate(platforms):
+        color = colors(i % 10)
+        for ax, data, window in ((ax_req, requests, "rpm"), (ax_tok, tokens, "tpm")):
+            y = data[p].to_numpy()
+            ax.plot(x, np.append(y, y[-1]), color=color, label=p, drawstyle="steps-post")
+            limit = limits[(p, window)]
+            if limit is not None:
+                per_bin = limit * bin_minutes
+                ax.axhline(
+                    per_bin,
+                    color=color,
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"{p} limit {_compact(per_bin)}/{unit} ({window})",
+                )
+    ax_req.set_ylabel(f"requests per {unit}")
+    ax_tok.set_ylabel(f"tokens per {unit}")
+    ax_tok.set_xlabel("time (UTC)")
+    title = "usage over time" + (f": {platform}" if platform else " per provider")
+    ax_req.set_title(f"{title} (dashed: per-{unit} capacity from declared limits)")
+    for ax in (ax_req, ax_tok):
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(x[0], x[-1])
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
+    _format_time_axis(ax_tok)
+    return fig
+
+
+def _fraction(used: Any, limit: Any) -> float:
+    import math
+
+    if limit is None or (isinstance(limit, float) and math.isnan(limit)):
+        return math.nan
+    try:
+        import pandas as pd
+
+        if pd.isna(limit):
+            return math.nan
+    except (TypeError, ValueError):
+        pass
+    limit = int(limit)
+    if limit <= 0:
+        return 1.0  # a declared limit of 0 counts as fully used (SPEC §9)
+    return int(used) / limit
+
+
+def plot_utilisation(source: Source) -> Figure:
+    """Heat map of used/limit: one row per route of the snapshot, one column per window.
+
+    Rows are the snapshot's routes (platform / model / key, sorted); columns are
+    ``rpm``, ``rpd``, ``tpm`` and ``tpd`` (:data:`WINDOWS`). A cell is the window's
+    used/limit (a fraction; 1.0 = the limit is reached; a declared limit of 0 counts
+    as 1.0) and NaN, drawn grey, where the window has no limit. Each cell is
+    annotated with ``used/limit`` (``used/∞`` without a limit; 14.4k = 14 400,
+    1M = 1 000 000). The colour scale runs from 0 to 1 (values
+    over 1 show as 1); a colorbar is attached. The image is ``fig.axes[0].images[0]``;
+    its data has shape (routes, 4).
+    """
+    import numpy as np
+
+    with _engine(source) as e:
+        snap = e.snapshot()
+    rows = sorted(snap.rows, key=lambda r: (r["platform"], r["model_id"], r["key_id"]))
+    if not rows:
+        return _no_data("window utilisation", "no route has usage today, a lease or a cooldown")
+    data = np.array([[_fraction(r[f"{w}_used"], r[f"{w}_limit"]) for w in WINDOWS] for r in rows], dtype=float)
+
+    from matplotlib import colormaps
+
+    cmap = colormaps["YlOrRd"].with_extremes(bad="#d9d9d9", over=colormaps["YlOrRd"](1.0))
+    fig = _new_figure(7.5, 1.2 + 0.42 * len(rows))
+    ax = fig.add_subplot()
+    image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")  # NaN: the "bad" colour
+    ax.set_xticks(range(len(WINDOWS)), [w.upper() for w in WINDOWS])
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(len(rows)), [_route_label(r["platform"], r["model_id"], r["key_id"]) for r in rows])
+    for i, r in enumerate(rows):
+        for j, w in enumerate(WINDOWS):
+            used, limit = r[f"{w}_used"], r[f"{w}_limit"]
+            text = f"{_compact(used)}/" + ("∞" if limit is None else _compact(limit))
+            dark = not np.isnan(data[i, j]) and data[i, j] >= 0.6
+            ax.text(j, i, text, ha="center", va="center", fontsize="x-small", color="white" if dark else "black")
+    ax.set_title(f"window utilisation (used / limit) at {_when(snap.taken_at_ms)}", fontsize="medium")
+    fig.colorbar(image, ax=ax, label="used / limit", fraction=0.05, pad=0.02)
+    return fig
+
+
+def _when(ms: int) -> str:
+    from ._snapshot import _fmt_time
+
+    return _fmt_time(ms)
+
+
+def _stored_cooldowns(e: QuotaEngine) -> list[tuple[str, str, int, str, int, int]]:
+    """Every row of ``rate_limit_cooldowns``, expired ones included (until the engine
+    cleans them up), read through a read-only SQLite connection; the engine's active
+    cooldowns for an in-memory database or when the file cannot be read."""
+    active: list[tuple[str, str, int, str, int, int]] = [
+        (c.platform, c.model_id, c.key_id, str(c.source), c.set_at_ms, c.expires_at_ms) for c in e.active_cooldowns()
+    ]
+    path = e.path
+    if path == ":memory:" or not os.path.exists(path):
+        return active
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=1.0)
+        try:
+            stored = conn.execute(
+                "SELECT platform, model_id, key_id, source, set_at_ms, expires_at_ms FROM rate_limit_cooldowns"
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return active
+    # The engine's view wins for active cooldowns (e.g. an engine that buffers writes).
+    merged = {(r[0], r[1], r[2]): r for r in stored}
+    merged.update({(r[0], r[1], r[2]): r for r in active})
+    return list(merged.values())
+
+
+def plot_cooldowns(source: Source, since_ms: int | None = None) -> Figure:
+    """Cooldown timelines: one row per route, a bar from ``set_at`` to ``expires_at``.
+
+    Shows every cooldown the database still holds -- the active ones and expired
+    ones the engine has not cleaned up yet (the table keeps one cooldown per route,
+    the latest) -- that ends at or after ``since_ms`` (epoch ms; ``None`` = all).
+    Bars are coloured by source (:data:`SOURCE_COLORS`, legend), expired ones are
+    paler, and a vertical line marks the engine's now. The time axis is UTC. Returns
+    the Figure; the bars are ``fig.axes[0].patches`` (one per cooldown).
+    """
+    with _engine(source) as e:
+        now = e.now_ms()
+        rows = _stored_cooldowns(e)
+    if since_ms is not None:
+        rows = [r for r in rows if r[5] >= since_ms]
+    if not rows:
+        return _no_data("cooldowns", "no cooldowns" + ("" if since_ms is None else " since then"))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+
+    import matplotlib.dates as mdates
+    from matplotlib.patches import Patch
+
+    def num(ms: int) -> float:
+        return mdates.date2num(_np_datetime(ms))
+
+    fig = _new_figure(10, 1.4 + 0.38 * len(rows))
+    ax = fig.add_subplot()
+    for i, (_p, _m, _k, src, set_at, expires_at) in enumerate(rows):
+        start, end = num(set_at), num(expires_at)
+        expired = expires_at <= now
+        ax.barh(
+            i,
+            end - start,
+            left=start,
+            height=0.6,
+            color=SOURCE_COLORS.get(src, "0.5"),
+            alpha=0.4 if expired else 0.9,
+            edgecolor="black",
+            linewidth=0.5,
+        )
+        left = "expired" if expired else f"{(expires_at - now) / 1000:,.0f} s left"
+        ax.annotate(f" {src}, {left}", (end, i), va="center", fontsize="x-small")
+    ax.axvline(num(now), color="black", linestyle=":", linewidth=1, label="now", zorder=3)
+    lo = min(num(min(r[4] for r in rows)), num(now))
+    hi = max(num(max(r[5] for r in rows)), num(now))
+    span = max(hi - lo, 1 / 86_400)  # at least a second wide (units: days)
+    ax.set_xlim(lo - 0.02 * span, hi + 0.3 * span)  # room on the right for the labels
+    ax.set_yticks(range(len(rows)), [_route_label(r[0], r[1], r[2]) for r in rows])
+    ax.invert_yaxis()
+    ax.xaxis_date()
+    _format_time_axis(ax)
+    ax.set_xlabel("time (UTC)")
+    ax.set_title("cooldowns (bar: set at -> expires at)", fontsize="medium")
+    handles: list[Any] = [Patch(color=c, label=s) for s, c in SOURCE_COLORS.items() if any(r[3] == s for r in rows)]
+    handles.append(ax.get_lines()[0])
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
+    return fig
+
+
+def _np_datetime(ms: int) -> Any:
+    import numpy as np
+
+    return np.datetime64(int(ms), "ms")
