@@ -1,0 +1,82 @@
+//! Core hot paths without Python: `cargo bench --no-default-features --bench core`.
+//!
+//! Times `check`, `lease` + `finish_lease_success`, `record_request` and a grouped
+//! batch of 8 leases on `:memory:` and on a file (a plain harness: no extra crates).
+#![allow(clippy::unwrap_used, clippy::print_stdout)]
+
+use quotaengine::core::clock::ManualClock;
+use quotaengine::core::engine::{BatchOp, Engine, Settings, StoreSpec};
+use quotaengine::core::types::{Limits, Route};
+use std::sync::Arc;
+use std::time::Instant;
+
+const T0: i64 = 1_767_261_600_000;
+
+fn engine(spec: &StoreSpec, clock: &Arc<ManualClock>) -> Engine {
+    Engine::open(spec, clock.clone(), Settings::default()).unwrap()
+}
+
+/// Runs `f` `n` times; each run does `ops` operations.
+fn time<F: FnMut(usize)>(name: &str, n: usize, ops: usize, mut f: F) {
+    let t = Instant::now();
+    for i in 0..n {
+        f(i);
+    }
+    let per = t.elapsed().as_secs_f64() / (n * ops) as f64 * 1e6;
+    println!("{name:<44} {per:>9.2} µs/op  {:>10.0} ops/s", 1e6 / per);
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!("qe-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bench.db");
+    let limits =
+        Some(Limits { rpm: Some(1 << 40), rpd: Some(1 << 40), tpm: Some(1 << 50), tpd: Some(1 << 50) });
+    let routes: Vec<Route> = (0..1000)
+        .map(|i| Route::new(format!("p{}", i % 10), format!("m{}", i % 20), i % 5).unwrap())
+        .collect();
+    for (label, spec) in [
+        ("memory", StoreSpec::Sqlite(":memory:".into())),
+        ("file", StoreSpec::Sqlite(file.to_str().unwrap().into())),
+    ] {
+        let clock = Arc::new(ManualClock::new(T0));
+        let mut e = engine(&spec, &clock);
+        let n = 20_000;
+        time(&format!("[{label}] record_request"), n, 1, |i| {
+            clock.advance(1);
+            e.record_request(&routes[i % routes.len()]).unwrap();
+        });
+        time(&format!("[{label}] check"), n * 5, 1, |i| {
+            e.check(&routes[i % routes.len()], 600, limits).unwrap();
+        });
+        time(&format!("[{label}] lease + success"), n, 1, |i| {
+            clock.advance(1);
+            let r = &routes[i % routes.len()];
+            let id = e.lease(r, 600, limits).unwrap();
+            e.finish_lease_success(id, r, Some(500)).unwrap();
+        });
+        time(&format!("[{label}] lease + success, 8 callers grouped"), n / 8, 8, |i| {
+            clock.advance(1);
+            let ops: Vec<BatchOp> = (0..8)
+                .map(|j| BatchOp::Lease {
+                    route: routes[(i * 8 + j) % routes.len()].clone(),
+                    est: 600,
+                    limits,
+                    check: true,
+                })
+                .collect();
+            let ids: Vec<i64> = e.run_batch(ops).into_iter().map(|o| o.lease_id().unwrap()).collect();
+            let ops: Vec<BatchOp> = ids
+                .iter()
+                .enumerate()
+                .map(|(j, id)| BatchOp::Success {
+                    lease_id: *id,
+                    route: routes[(i * 8 + j) % routes.len()].clone(),
+                    tokens: Some(500),
+                })
+                .collect();
+            e.run_batch(ops);
+        });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
