@@ -34,6 +34,7 @@
 //!   is not representable in i64 ms is unknown. An HTTP-date is also accepted
 //!   as a reset value.
 
+use crate::core::parse::{cached, days_from_civil, days_in_month, parse_http_date_ms};
 use regex::Regex;
 use std::sync::OnceLock;
 
@@ -416,54 +417,6 @@ fn parse_go_duration_ms(text: &str) -> Option<f64> {
     (parts > 0 && total.is_finite()).then_some(total)
 }
 
-/// Compiles `pattern` once into `cell`; `None` if it does not compile (the
-/// tests compile every pattern, so this never happens).
-fn cached(cell: &'static OnceLock<Option<Regex>>, pattern: &str) -> Option<&'static Regex> {
-    cell.get_or_init(|| Regex::new(pattern).ok()).as_ref()
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
-/// `days_from_civil`). Exact for the years parsed here (0..=9999).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400; // [0, 399]
-    let mp = (month + 9) % 12; // March = 0
-    let doy = (153 * mp + 2) / 5 + day - 1; // [0, 365]
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy; // [0, 146096]
-    era * 146_097 + doe - 719_468
-}
-
-/// The Gregorian year that contains `ms` since the epoch.
-fn year_of_ms(ms: i64) -> i64 {
-    let z = ms.div_euclid(DAY_MS) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097; // [0, 146096]
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
-    let mp = (5 * doy + 2) / 153; // [0, 11], March = 0
-    let year = yoe + era * 400;
-    if mp >= 10 {
-        year + 1
-    } else {
-        year
-    }
-}
-
-fn is_leap_year(year: i64) -> bool {
-    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
-}
-
-fn days_in_month(year: i64, month: i64) -> i64 {
-    match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap_year(year) => 29,
-        2 => 28,
-        _ => 0,
-    }
-}
-
 /// Epoch ms of a validated UTC date and time (leap second 60 allowed).
 fn civil_to_ms(year: i64, month: i64, day: i64, hour: i64, minute: i64, second: i64) -> Option<i64> {
     let valid = (0..=9999).contains(&year)
@@ -519,48 +472,6 @@ fn parse_rfc3339_ms(text: &str) -> Option<i64> {
         None => 0,
     };
     base.checked_add(frac_ms)?.checked_sub(offset_ms)
-}
-
-fn month_number(name: &str) -> Option<i64> {
-    const MONTHS: [&str; 12] =
-        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
-    let lower = name.to_ascii_lowercase();
-    let index = MONTHS.iter().position(|m| *m == lower)?;
-    i64::try_from(index).ok().map(|i| i + 1)
-}
-
-/// An HTTP-date (IMF-fixdate, RFC 850 or asctime) as epoch ms. Two-digit
-/// RFC 850 years follow RFC 9110: a year more than 50 years after `now_ms`'s
-/// year is taken from the previous century.
-fn parse_http_date_ms(text: &str, now_ms: i64) -> Option<i64> {
-    static IMF_OR_850: OnceLock<Option<Regex>> = OnceLock::new();
-    static ASCTIME: OnceLock<Option<Regex>> = OnceLock::new();
-    let imf = cached(
-        &IMF_OR_850,
-        r"(?i)^(?:(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*\s*,?\s*)?([0-9]{1,2})[\s-]+([a-z]{3})[\s-]+([0-9]{4}|[0-9]{2})\s+([0-9]{1,2}):([0-9]{2}):([0-9]{2})(?:\s*(?:gmt|utc|ut|z|[+-]0000))?$",
-    )?;
-    let asctime = cached(
-        &ASCTIME,
-        r"(?i)^(?:(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*\s*,?\s*)?([a-z]{3})\s+([0-9]{1,2})\s+([0-9]{1,2}):([0-9]{2}):([0-9]{2})\s+([0-9]{4})(?:\s*(?:gmt|utc|ut|z))?$",
-    )?;
-    let num = |c: &regex::Captures<'_>, i: usize| -> Option<i64> { c.get(i)?.as_str().parse::<i64>().ok() };
-    if let Some(c) = imf.captures(text) {
-        let mut year = num(&c, 3)?;
-        if c.get(3)?.as_str().len() == 2 {
-            let now_year = year_of_ms(now_ms);
-            year = year.checked_add(now_year.div_euclid(100).checked_mul(100)?)?;
-            if year > now_year.saturating_add(50) {
-                year -= 100;
-            }
-        }
-        let month = month_number(c.get(2)?.as_str())?;
-        civil_to_ms(year, month, num(&c, 1)?, num(&c, 4)?, num(&c, 5)?, num(&c, 6)?)
-    } else if let Some(c) = asctime.captures(text) {
-        let month = month_number(c.get(1)?.as_str())?;
-        civil_to_ms(num(&c, 6)?, month, num(&c, 2)?, num(&c, 3)?, num(&c, 4)?, num(&c, 5)?)
-    } else {
-        None
-    }
 }
 
 /// A `retry-after` value as a delay from `now_ms`: delta seconds (fraction

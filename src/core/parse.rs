@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 pub const DAY_MS: i64 = 86_400_000;
 
 /// Compiles `pattern` once into `cell`; `None` if it does not compile.
-fn cached(cell: &'static OnceLock<Option<Regex>>, pattern: &str) -> Option<&'static Regex> {
+pub(crate) fn cached(cell: &'static OnceLock<Option<Regex>>, pattern: &str) -> Option<&'static Regex> {
     cell.get_or_init(|| Regex::new(pattern).ok()).as_ref()
 }
 
@@ -79,7 +79,7 @@ fn parse_plain_decimal(text: &str) -> Option<f64> {
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
 /// `days_from_civil`). Valid for every year this module produces (1..=9999).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let yoe = y - era * 400; // [0, 399]
@@ -91,7 +91,7 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 /// The Gregorian year that contains `ms` since the epoch (the inverse of
 /// [`days_from_civil`], year part only).
-fn year_of_ms(ms: i64) -> i64 {
+pub(crate) fn year_of_ms(ms: i64) -> i64 {
     let z = ms.div_euclid(DAY_MS) + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097; // [0, 146096]
@@ -106,11 +106,11 @@ fn year_of_ms(ms: i64) -> i64 {
     }
 }
 
-fn is_leap_year(year: i64) -> bool {
+pub(crate) fn is_leap_year(year: i64) -> bool {
     (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
 }
 
-fn days_in_month(year: i64, month: i64) -> i64 {
+pub(crate) fn days_in_month(year: i64, month: i64) -> i64 {
     match month {
         1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
         4 | 6 | 9 | 11 => 30,
@@ -120,7 +120,7 @@ fn days_in_month(year: i64, month: i64) -> i64 {
     }
 }
 
-fn month_number(name: &str) -> Option<i64> {
+pub(crate) fn month_number(name: &str) -> Option<i64> {
     const MONTHS: [&str; 12] =
         ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
     let lower = name.to_ascii_lowercase();
@@ -131,7 +131,7 @@ fn month_number(name: &str) -> Option<i64> {
 /// An HTTP-date (IMF-fixdate, RFC 850 or asctime) as ms since the epoch.
 /// Two-digit RFC 850 years use RFC 9110's rule: a year more than 50 years
 /// after `now_ms`'s year is taken from the previous century.
-fn parse_http_date_ms(text: &str, now_ms: i64) -> Option<i64> {
+pub(crate) fn parse_http_date_ms(text: &str, now_ms: i64) -> Option<i64> {
     static IMF_OR_850: OnceLock<Option<Regex>> = OnceLock::new();
     static ASCTIME: OnceLock<Option<Regex>> = OnceLock::new();
     const WEEKDAY: &str = r"(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*";
