@@ -82,8 +82,8 @@ pub struct Mirror {
     pub keys: HashMap<i64, KeyInfo>,
     models: HashMap<String, HashMap<String, ModelInfo>>,
     pub caps: HashMap<String, CapOverrides>,
-    /// `failure_history`, mirrored (small: pruned after 24 h, cleared by successes).
-    history: Vec<HistoryRow>,
+    /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
+    history: HashMap<i64, Vec<HistoryRow>>,
 }
 
 /// Requests a `request` row stands for: its `tokens` column when above 1, else 1.
@@ -342,35 +342,43 @@ impl Mirror {
     // ---- failure history -----------------------------------------------------------
 
     pub fn replace_history(&mut self, rows: Vec<HistoryRow>) {
-        self.history = rows;
+        self.history.clear();
+        for r in rows {
+            self.add_history(r);
+        }
     }
 
     pub fn prune_history(&mut self, before: i64) {
-        self.history.retain(|h| h.hit_at_ms >= before);
+        self.history.retain(|_, rows| {
+            rows.retain(|h| h.hit_at_ms >= before);
+            !rows.is_empty()
+        });
     }
 
     pub fn add_history(&mut self, row: HistoryRow) {
-        self.history.push(row);
+        self.history.entry(row.key_id).or_default().push(row);
     }
 
     /// Removes matching history; returns how many rows went.
     pub fn remove_history(&mut self, key_id: i64, route: Option<(&str, &str)>, kinds: &[HistoryKind]) -> i64 {
-        let before = self.history.len();
-        self.history.retain(|h| {
-            !(h.key_id == key_id
-                && kinds.contains(&h.kind)
-                && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
+        let Some(rows) = self.history.get_mut(&key_id) else { return 0 };
+        let before = rows.len();
+        rows.retain(|h| {
+            !(kinds.contains(&h.kind) && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
         });
-        (before - self.history.len()) as i64
+        let removed = (before - rows.len()) as i64;
+        if rows.is_empty() {
+            self.history.remove(&key_id);
+        }
+        removed
     }
 
     /// Hits of one kind on a route (or, for `Auth`, on the key) with `hit_at_ms > since`.
     pub fn history_count(&self, route: &crate::core::types::Route, kind: HistoryKind, since: i64) -> i64 {
-        self.history
-            .iter()
+        let Some(rows) = self.history.get(&route.key_id) else { return 0 };
+        rows.iter()
             .filter(|h| {
                 h.kind == kind
-                    && h.key_id == route.key_id
                     && h.hit_at_ms > since
                     && (kind == HistoryKind::Auth
                         || (&*h.platform == route.platform.as_str()
@@ -380,14 +388,13 @@ impl Mirror {
     }
 
     /// Whether a success on `route` has history to clear: the route's ladder,
-    /// unknown-limit and empty-completion rows, and the key's auth rows.
+    /// unknown-limit and empty-completion rows, and the key's auth rows. O(1) for a
+    /// key without failures (the hot path).
     pub fn has_history_to_clear(&self, route: &crate::core::types::Route) -> (bool, bool) {
+        let Some(rows) = self.history.get(&route.key_id) else { return (false, false) };
         let mut route_rows = false;
         let mut auth_rows = false;
-        for h in &self.history {
-            if h.key_id != route.key_id {
-                continue;
-            }
+        for h in rows {
             if h.kind == HistoryKind::Auth {
                 auth_rows = true;
             } else if &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str() {
