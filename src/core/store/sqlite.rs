@@ -55,6 +55,27 @@ impl SqliteStore {
     /// before anything is written to it.
     pub fn open(path: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
         let memory = path == ":memory:";
+        let sides = [format!("{path}-wal"), format!("{path}-shm")];
+        let existed: Vec<bool> = sides.iter().map(|f| std::path::Path::new(f).exists()).collect();
+        let result = Self::open_inner(path, readonly, busy_timeout_ms);
+        if result.is_err() && !memory {
+            // A refused file is left as it was: remove the side files opening it made
+            // (SQLite creates them to read a WAL-mode file, even read-only). The
+            // connection is closed by now.
+            let wal_empty = std::fs::metadata(&sides[0]).map(|m| m.len() == 0).unwrap_or(true);
+            if wal_empty {
+                for (f, e) in sides.iter().zip(existed) {
+                    if !e {
+                        let _ = std::fs::remove_file(f);
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    fn open_inner(path: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
+        let memory = path == ":memory:";
         let flags = if readonly {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI
         } else {
@@ -90,6 +111,9 @@ impl SqliteStore {
         }
         if readonly && version == 0 {
             return Err(incompatible(path, "the database is empty"));
+        }
+        if version > 0 {
+            check_schema(&conn, version).map_err(|e| incompatible(path, e))?;
         }
         if !readonly && version == 0 {
             // Small pages: a commit writes a few rows, and each WAL frame is a page.
@@ -570,6 +594,43 @@ impl SqliteStore {
             }
         })
     }
+}
+
+/// Refuses a file whose pages are damaged, or whose tables are not the ones this
+/// engine's migrations made at `version` (same table names, other columns: another
+/// application's file). Reads only.
+fn check_schema(conn: &Connection, version: i64) -> std::result::Result<(), String> {
+    let ok: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+    if ok != "ok" {
+        return Err(format!("the file is damaged ({ok})"));
+    }
+    // The expected schema: this engine's migrations up to `version`, in memory.
+    let expected = Connection::open_in_memory().map_err(|e| e.to_string())?;
+    for sql in MIGRATIONS.iter().take(version.max(0) as usize) {
+        expected.execute_batch(sql).map_err(|e| e.to_string())?;
+    }
+    let columns = |c: &Connection, table: &str| -> rusqlite::Result<Vec<String>> {
+        let mut stmt = c.prepare("SELECT name FROM pragma_table_info(?1) ORDER BY cid")?;
+        let rows = stmt.query_map([table], |r| r.get(0))?;
+        rows.collect()
+    };
+    let tables: Vec<String> = expected
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(|e| e.to_string())?;
+    for t in tables {
+        let want = columns(&expected, &t).map_err(|e| e.to_string())?;
+        let have = columns(conn, &t).map_err(|e| e.to_string())?;
+        if have.is_empty() {
+            return Err(format!("table {t} is missing: not a quotaengine database"));
+        }
+        if have != want {
+            return Err(format!(
+                "table {t} has columns {have:?}, expected {want:?}: another application's database"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Shares one allocation per distinct name within a batch of rows.
