@@ -471,7 +471,13 @@ impl Engine {
         if tables_changed && !self.pending.is_empty() {
             // Our own buffered changes are newer than what the store holds.
             let pending = std::mem::take(&mut self.pending);
-            for w in pending.iter().filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_))) {
+            // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
+            // pending deletes skipped); re-applying an insert would resurrect a
+            // lease finished while its writes waited.
+            for w in pending
+                .iter()
+                .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease { .. }))
+            {
                 self.apply_local(w, 0, now);
             }
             self.pending = pending;

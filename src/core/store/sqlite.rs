@@ -90,6 +90,14 @@ impl SqliteStore {
         let conn = Connection::open_with_flags(path, flags).map_err(|e| incompatible(path, e))?;
         conn.busy_timeout(Duration::from_millis(busy_timeout_ms.max(0) as u64))
             .map_err(|e| incompatible(path, e))?;
+        if !readonly && !memory && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            // SQLite falls back to read-only when it cannot write the file: say so now
+            // rather than serve from memory forever.
+            return Err(incompatible(
+                path,
+                "the file (or its directory) is not writable; open it with readonly=True",
+            ));
+        }
         // Reading the header fails on a file that is not a database; nothing is written yet.
         let version: i64 =
             conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| incompatible(path, e))?;
