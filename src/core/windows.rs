@@ -35,8 +35,11 @@ fn day_of(t: i64) -> i64 {
 }
 
 impl Windows {
-    /// Adds an event. An event already outside both windows at `now` is dropped.
+    /// Adds an event. An event already outside both windows at `now` is dropped, and
+    /// so is whatever has left them: memory stays bounded by the windows' widths even
+    /// for a route that is only ever recorded, never checked.
     pub fn add(&mut self, t: i64, requests: i64, tokens: i64, now: i64) {
+        self.prune(now);
         if t > now.saturating_sub(MINUTE_MS) {
             let ev = Event { t, requests, tokens };
             // Events arrive almost always in time order: push at the back; otherwise
@@ -183,6 +186,18 @@ mod tests {
         assert_eq!(w.minute_release_time(3, false), None);
         assert_eq!(w.minute_release_time(150, true), Some(T0 + 61_000));
         assert_eq!(w.minute_release_time(301, true), None);
+    }
+
+    #[test]
+    fn recording_alone_keeps_memory_bounded() {
+        let mut w = Windows::default();
+        for i in 0..100_000 {
+            let t = T0 + i * 10;
+            w.add(t, 1, 1, t);
+        }
+        // 60 s at 10 ms: 6,000 events in the minute window, not 100,000
+        assert!(w.minute.len() <= 6_001, "{}", w.minute.len());
+        assert_eq!(w.minute().requests, 6_000);
     }
 
     #[test]
