@@ -45,8 +45,24 @@ fn clamp_ms(ms: f64) -> i64 {
 /// (`"Wed Oct 21 07:28:00 2015"`). A date in the past gives 0. Results are
 /// rounded to the nearest millisecond and clamped to `[0, 24 h]`. Signs,
 /// exponents, `inf`/`nan`, empty text and anything else give `None`.
+/// Provider error bodies are small; a hostile multi-megabyte one is read only this far,
+/// so that no parser can stall a failure call.
+pub const MAX_PARSED_BYTES: usize = 16 * 1024;
+
+/// The first `MAX_PARSED_BYTES` of `text`, cut at a character boundary.
+pub(crate) fn head(text: &str) -> &str {
+    if text.len() <= MAX_PARSED_BYTES {
+        return text;
+    }
+    let mut end = MAX_PARSED_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 pub fn parse_retry_after_ms(value: Option<&str>, now_ms: i64) -> Option<i64> {
-    let text = value?.trim();
+    let text = head(value?).trim();
     if text.is_empty() {
         return None;
     }
@@ -204,7 +220,7 @@ pub(crate) fn parse_http_date_ms(text: &str, now_ms: i64) -> Option<i64> {
 pub fn parse_stated_retry_ms(message: Option<&str>) -> Option<i64> {
     static PHRASE: OnceLock<Option<Regex>> = OnceLock::new();
     static FIELD: OnceLock<Option<Regex>> = OnceLock::new();
-    let message = message?;
+    let message = head(message?);
     let phrase = cached(&PHRASE, r"(?i)\b(?:try\s+again|retry(?:ing)?)\s+(?:in|after)\b[\s:]*")?;
     for m in phrase.find_iter(message) {
         let tail = message.get(m.end()..).unwrap_or_default();
@@ -348,7 +364,7 @@ pub struct LearnedLimit {
 /// "limit" is the limit (`limit 30k` or `limit 1.5` are not well-formed and are
 /// skipped). Otherwise `None`.
 pub fn parse_provider_limit(message: Option<&str>) -> Option<LearnedLimit> {
-    let message = message?;
+    let message = head(message?);
     let limit = stated_limit(message)?;
     let kind =
         LimitAxis::ALL.into_iter().find(|axis| axis_regex(*axis).is_some_and(|re| re.is_match(message)))?;
@@ -527,7 +543,7 @@ fn contains_any_word(haystack: &str, words: &[&str]) -> bool {
 /// too), transport (connection reset/refused/aborted, ...), else other.
 /// `empty_completion` is never inferred.
 pub fn infer_failure_kind(status: Option<i64>, message: Option<&str>) -> FailureKind {
-    let text = message.map(str::to_lowercase).unwrap_or_default();
+    let text = message.map(|m| head(m).to_lowercase()).unwrap_or_default();
     let text = text.as_str();
     let has = |phrases: &[&str]| contains_any(text, phrases);
 
@@ -568,6 +584,16 @@ mod tests {
 
     // 2015-10-21T07:28:00Z
     const BTTF_MS: i64 = 1_445_412_480_000;
+
+    #[test]
+    fn huge_bodies_are_read_only_so_far() {
+        let mut body = "9".repeat(1 << 20);
+        body.push_str(" try again in 5s");
+        assert_eq!(parse_stated_retry_ms(Some(&body)), None);
+        let body = format!("try again in 5s {}", "é".repeat(1 << 20));
+        assert_eq!(parse_stated_retry_ms(Some(&body)), Some(5000));
+        assert!(head(&body).len() <= MAX_PARSED_BYTES);
+    }
 
     #[test]
     fn every_regex_compiles() {
