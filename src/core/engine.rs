@@ -17,7 +17,7 @@ use crate::core::parse::{
     LearnedLimit, LimitAxis,
 };
 use crate::core::pools::is_local_base_url;
-use crate::core::state::{CooldownRec, GateContext, InFlight, LeaseRec, Mirror, RouteId};
+use crate::core::state::{CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
 use crate::core::store::sqlite::SqliteStore;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
@@ -25,7 +25,7 @@ use crate::core::store::{
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
-    Limits, ModelInfo, ProviderCaps, Reason, Route,
+    Limits, ModelInfo, ProviderCaps, Route,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -339,10 +339,6 @@ impl Engine {
         Ok(engine)
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }
@@ -599,7 +595,7 @@ impl Engine {
     /// (group commit): each sees the effects of the ones before it, exactly as if
     /// they had run one after another, and every one has committed when this returns.
     pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
-        let deferred = self.settings.flush_interval_ms > 0 && !self.store.readonly();
+        let deferred = self.groups_usage();
         let needs_section = ops.iter().any(|op| matches!(op, BatchOp::Lease { .. }) || !deferred);
         let sec = if needs_section {
             match self.enter(true) {
@@ -608,8 +604,8 @@ impl Engine {
                     return ops
                         .iter()
                         .map(|op| match op {
-                            BatchOp::Lease { .. } => BatchOut::Lease(Err(e.replicate())),
-                            _ => BatchOut::Done(Err(e.replicate())),
+                            BatchOp::Lease { .. } => BatchOut::Lease(Err(e.clone())),
+                            _ => BatchOut::Done(Err(e.clone())),
                         })
                         .collect()
                 }
@@ -890,9 +886,14 @@ impl Engine {
         self.leave(sec, writes)
     }
 
+    /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
+    fn groups_usage(&self) -> bool {
+        self.settings.flush_interval_ms > 0 && !self.store.readonly()
+    }
+
     /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
     fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
-        if self.settings.flush_interval_ms > 0 && !self.store.readonly() {
+        if self.groups_usage() {
             let now = self.clock.now_ms();
             for w in writes {
                 self.apply_local(&w, 0, now);
@@ -980,18 +981,6 @@ impl Engine {
         self.write(vec![Write::UpsertKey(key)]).map(|_| ())
     }
 
-    pub fn key(&mut self, key_id: i64) -> Result<Option<KeyInfo>> {
-        self.read(|m, _| m.keys.get(&key_id).cloned())
-    }
-
-    pub fn keys(&mut self) -> Result<Vec<KeyInfo>> {
-        self.read(|m, _| {
-            let mut v: Vec<KeyInfo> = m.keys.values().cloned().collect();
-            v.sort_by_key(|k| k.key_id);
-            v
-        })
-    }
-
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
         check_name("platform", &model.platform)?;
         check_name("model_id", &model.model_id)?;
@@ -1001,14 +990,6 @@ impl Engine {
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
         self.read(|m, _| m.model(platform, model_id).map(|m| m.limits))
-    }
-
-    pub fn model_info(&mut self, platform: &str, model_id: &str) -> Result<Option<ModelInfo>> {
-        self.read(|m, _| m.model(platform, model_id).cloned())
-    }
-
-    pub fn models(&mut self) -> Result<Vec<ModelInfo>> {
-        self.read(|m, _| m.models().cloned().collect())
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -1073,14 +1054,6 @@ impl Engine {
                 tpd: WindowReport { used: day.tokens, limit: l.tpd },
                 in_flight: m.route_in_flight(rid, now).count,
             }
-        })
-    }
-
-    /// Live leases of a route.
-    pub fn in_flight(&mut self, route: &Route) -> Result<InFlight> {
-        self.read(|m, now| {
-            let rid = m.route_id(&route.platform, &route.model_id, route.key_id);
-            m.route_in_flight(rid, now)
         })
     }
 
@@ -1651,14 +1624,6 @@ impl Engine {
         self.write(vec![Write::Log(row)]).map(|_| ())
     }
 
-    /// Routes with usage today, a live lease or an active cooldown (for snapshots).
-    pub fn with_mirror<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
-        self.read(|m, now| {
-            m.prune_all(now);
-            f(m, now)
-        })
-    }
-
     // ---- observed provider quota (SPEC §8.2) -----------------------------------
 
     /// Reads quota headers of one response; merges what they say into the state and
@@ -1956,19 +1921,6 @@ impl Engine {
     pub fn debug_panic(&mut self) -> Result<()> {
         panic!("debug_panic: a deliberate panic inside the engine")
     }
-
-    /// Gate reason order, for documentation and tests.
-    pub const REASONS: [Reason; 9] = [
-        Reason::Cooldown,
-        Reason::Rpm,
-        Reason::Rpd,
-        Reason::Tpm,
-        Reason::Tpd,
-        Reason::ProviderDailyRequests,
-        Reason::ProviderMinuteRequests,
-        Reason::ProviderDailyTokens,
-        Reason::KeyConcurrency,
-    ];
 }
 
 /// The limits a call uses: the given ones, else the model's stored row, else unlimited.

@@ -2,7 +2,7 @@
 use crate::core::types::Reason;
 
 /// Why a store operation failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The file cannot be used as this engine's database (not SQLite, newer schema,
     /// another application's tables). Nothing in the file was changed.
@@ -38,7 +38,7 @@ pub struct Refusal {
     pub key_id: i64,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// Bad input: negative tokens, empty platform, unknown source... (Python: ValueError)
     #[error("{0}")]
@@ -63,19 +63,6 @@ impl Error {
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::Invalid(msg.into())
     }
-    /// The same error again (for each caller of a batch that failed as a whole).
-    pub fn replicate(&self) -> Self {
-        match self {
-            Error::Invalid(m) => Error::Invalid(m.clone()),
-            Error::Refused(r) => Error::Refused(r.clone()),
-            Error::Closed => Error::Closed,
-            Error::Store(StoreError::Incompatible(m)) => Error::Store(StoreError::Incompatible(m.clone())),
-            Error::Store(StoreError::ReadOnly) => Error::Store(StoreError::ReadOnly),
-            Error::Store(StoreError::Unavailable(m)) => Error::Store(StoreError::Unavailable(m.clone())),
-            Error::Internal(m) => Error::Internal(m.clone()),
-        }
-    }
-
     /// Turns a caught panic payload into an ordinary error.
     pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
         let msg = if let Some(s) = payload.downcast_ref::<&str>() {

@@ -164,7 +164,7 @@ impl Handle {
                     Err(p) => {
                         engine.recover_after_panic();
                         let e = Error::from_panic(p);
-                        (0..n).map(|_| BatchOut::Done(Err(e.replicate()))).collect()
+                        (0..n).map(|_| BatchOut::Done(Err(e.clone()))).collect()
                     }
                 },
             };

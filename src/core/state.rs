@@ -6,7 +6,7 @@ use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKi
 use crate::core::types::{
     Admission, CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo, ProviderCaps, Reason,
 };
-use crate::core::windows::{Counts, Windows};
+use crate::core::windows::Windows;
 use regex::Regex;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -223,10 +223,6 @@ impl Mirror {
         Some(rec)
     }
 
-    pub fn lease(&self, id: i64) -> Option<&LeaseRec> {
-        self.leases.get(&id)
-    }
-
     /// Replaces the leases with the stored `rows`, keeping those whose insertion is
     /// still waiting to be written and skipping those whose deletion is.
     pub fn replace_stored_leases(
@@ -284,29 +280,10 @@ impl Mirror {
         f
     }
 
-    /// Number of live leases of the account of `(platform, key_id)`.
-    pub fn key_in_flight(&self, platform: &str, key_id: i64, now: i64) -> i64 {
-        self.account_of(platform, key_id).map_or(0, |a| {
-            self.accounts[a as usize]
-                .leases
-                .iter()
-                .filter(|id| self.leases.get(id).is_some_and(|l| l.live(now)))
-                .count() as i64
-        })
-    }
-
-    pub fn live_lease_count(&self, now: i64) -> usize {
-        self.leases.values().filter(|l| l.live(now)).count()
-    }
-
     // ---- keys, models, caps, cooldowns ---------------------------------------------
 
     pub fn model(&self, platform: &str, model_id: &str) -> Option<&ModelInfo> {
         self.models.get(platform)?.get(model_id)
-    }
-
-    pub fn models(&self) -> impl Iterator<Item = &ModelInfo> {
-        self.models.values().flat_map(|m| m.values())
     }
 
     pub fn put_model(&mut self, m: ModelInfo) {
@@ -445,15 +422,6 @@ impl Mirror {
             total = total.saturating_add(billed);
         }
         total
-    }
-
-    pub fn prune_account(&mut self, platform: &str, key_id: i64, now: i64) {
-        if let Some(a) = self.account_of(platform, key_id) {
-            let routes = self.accounts[a as usize].routes.clone();
-            for rid in routes {
-                self.prune_route(rid, now);
-            }
-        }
     }
 
     // ---- gates ---------------------------------------------------------------------
@@ -599,9 +567,6 @@ pub fn parse_multiplier(label: &str) -> Option<Multiplier> {
     let num = int.checked_mul(den)?.checked_add(frac)?;
     (num > 0).then_some(Multiplier { num, den })
 }
-
-/// Counts of one window, re-exported for reports.
-pub type WindowCounts = Counts;
 
 #[cfg(test)]
 mod tests {

@@ -101,11 +101,6 @@ impl Windows {
         c
     }
 
-    /// True when nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.minute.is_empty() && self.days.is_empty()
-    }
-
     /// When enough of the oldest events have left the minute window that `excess`
     /// requests (or tokens, with `tokens = true`) are gone; `None` when the recorded
     /// events cannot free that much.

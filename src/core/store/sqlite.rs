@@ -6,7 +6,7 @@ use super::{
 };
 use crate::core::error::StoreError;
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use rusqlite::{params, Connection, OpenFlags};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -823,9 +823,4 @@ impl Store for SqliteStore {
         })?;
         Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
-}
-
-/// Reads `PRAGMA user_version` of a file without changing it (tests, CLI).
-pub fn user_version(conn: &Connection) -> rusqlite::Result<Option<i64>> {
-    conn.query_row("PRAGMA user_version", [], |r| r.get(0)).optional()
 }
