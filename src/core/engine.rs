@@ -18,6 +18,7 @@ use crate::core::parse::{
 };
 use crate::core::pools::is_local_base_url;
 use crate::core::state::{CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
+use crate::core::store::redis::RedisStore;
 use crate::core::store::sqlite::SqliteStore;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
@@ -72,6 +73,19 @@ impl Settings {
 pub enum StoreSpec {
     /// A SQLite file, or `":memory:"` for a private in-memory database.
     Sqlite(String),
+    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`.
+    Redis(String),
+}
+
+impl StoreSpec {
+    /// A Redis URL names a server; anything else is a SQLite path.
+    pub fn from_path(path: &str) -> StoreSpec {
+        if crate::core::store::redis::is_redis_url(path) {
+            StoreSpec::Redis(path.to_string())
+        } else {
+            StoreSpec::Sqlite(path.to_string())
+        }
+    }
 }
 
 /// One window of a usage report.
@@ -303,6 +317,9 @@ impl Engine {
             StoreSpec::Sqlite(path) => {
                 Box::new(SqliteStore::open(path, settings.readonly, settings.busy_timeout_ms)?)
             }
+            StoreSpec::Redis(url) => {
+                Box::new(RedisStore::open(url, settings.readonly, settings.busy_timeout_ms)?)
+            }
         };
         Self::with_store(store, clock, settings)
     }
@@ -368,6 +385,12 @@ impl Engine {
     // ---- sections ----------------------------------------------------------------
 
     fn enter(&mut self, write: bool) -> Result<Section> {
+        self.enter_as(write, false)
+    }
+
+    /// `append`: a write section whose writes decide nothing (usage rows, finished
+    /// leases); a networked store may then skip taking its lock first.
+    fn enter_as(&mut self, write: bool, append: bool) -> Result<Section> {
         if write && self.store.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
@@ -379,7 +402,7 @@ impl Engine {
             if self.degraded {
                 self.store.set_busy_timeout(0);
             }
-            let began = self.store.begin(write);
+            let began = if write && append { self.store.begin_append() } else { self.store.begin(write) };
             if self.degraded {
                 self.store.set_busy_timeout(self.settings.busy_timeout_ms);
             }
@@ -597,8 +620,9 @@ impl Engine {
     pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
         let deferred = self.groups_usage();
         let needs_section = ops.iter().any(|op| matches!(op, BatchOp::Lease { .. }) || !deferred);
+        let appends_only = !ops.iter().any(|op| matches!(op, BatchOp::Lease { .. }));
         let sec = if needs_section {
-            match self.enter(true) {
+            match self.enter_as(true, appends_only) {
                 Ok(sec) => Some(sec),
                 Err(e) => {
                     return ops
@@ -1935,12 +1959,17 @@ struct LeaseIds {
     counter: i64,
 }
 
+/// 64 random bits (std's per-process random hasher keys, plus the pid).
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 impl LeaseIds {
     fn random() -> u64 {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.finish()
+        random_u64()
     }
     fn new() -> Self {
         Self { prefix: Self::prefix(), counter: 0 }

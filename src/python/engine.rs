@@ -188,7 +188,7 @@ impl PyQuotaEngine {
         };
         let probe_disabled = settings.env.probe_disabled();
         let probe_max_per_pass = settings.env.probe_max_per_pass();
-        let spec = StoreSpec::Sqlite(path.clone());
+        let spec = StoreSpec::from_path(&path);
         let clock2 = clock.clone();
         let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
         Ok(Self {

@@ -2,6 +2,7 @@
 //! talks to a store only through [`Store`]: atomic sections, a feed of what other
 //! processes changed, and typed writes. SQLite is the first backend; a networked one
 //! (Redis) implements the same trait.
+pub mod redis;
 pub mod schema;
 pub mod sqlite;
 
@@ -213,6 +214,12 @@ pub trait Store: Send {
     /// the previous pull (cheap; used to skip a read section).
     fn changed(&mut self) -> StoreResult<bool>;
     fn begin(&mut self, write: bool) -> StoreResult<()>;
+    /// Opens a write section whose writes only append (usage rows, finished leases)
+    /// and decide nothing, so nothing needs to be read first. A networked store
+    /// may then write in one round trip at commit; the default takes the lock.
+    fn begin_append(&mut self) -> StoreResult<()> {
+        self.begin(true)
+    }
     fn commit(&mut self) -> StoreResult<()>;
     /// Abandons the section; never fails.
     fn rollback(&mut self);

@@ -1,0 +1,219 @@
+-- quotaengine's one server-side script (see redis.rs for the layout of every key).
+-- Every call is atomic: Redis runs no other command while it runs.
+--
+-- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
+--       known versions of the 5 versioned tables, then the writes (opcode + fields).
+-- mode: 'begin'  takes the write lock, then reads what changed;
+--       'commit' applies the writes and drops the lock;
+--       'append' applies the writes without taking the lock (fails while another
+--                owner holds it), after reading what changed;
+--       'read'   only reads what changed;
+--       'unlock' drops the lock if we own it.
+-- Reply: {status, head, more, entries, versions, tables, leases, results}
+--        or {'busy', pttl} when another owner holds the lock.
+local P = ARGV[1]
+local mode = ARGV[2]
+local owner = ARGV[3]
+local ttl = tonumber(ARGV[4])
+local cursor = ARGV[5]
+local max_entries = tonumber(ARGV[6])
+local need_leases = ARGV[7] == '1'
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history'}
+local known = {ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]}
+local FIRST_WRITE = 13
+local SEP = '\31'
+
+local LOG, LOCK, LASTMS, VER = P .. ':log', P .. ':lock', P .. ':lastms', P .. ':ver'
+
+local holder = redis.call('GET', LOCK)
+if mode == 'unlock' then
+  if holder == owner then redis.call('DEL', LOCK) end
+  return {'ok'}
+end
+if holder and holder ~= owner then
+  return {'busy', redis.call('PTTL', LOCK)}
+end
+
+local bumped = {}
+local function bump(t)
+  if not bumped[t] then
+    redis.call('HINCRBY', VER, t, 1)
+    bumped[t] = true
+  end
+end
+
+-- Stream ids follow the writers' clocks (never below an entry's own time), so that
+-- a range read from a time finds every entry stamped at or after it.
+local function xadd(ms, data)
+  local last = tonumber(redis.call('GET', LASTMS) or '0')
+  ms = tonumber(ms)
+  if ms < last then ms = last end
+  redis.call('SET', LASTMS, string.format('%d', ms))
+  -- Entries carry their writer, who skips them when reading.
+  return redis.call('XADD', LOG, string.format('%d', ms) .. '-*', 'd', owner .. SEP .. data)
+end
+
+local function field(s, n)
+  local i = 1
+  for part in string.gmatch(s .. SEP, '([^' .. SEP .. ']*)' .. SEP) do
+    if i == n then return part end
+    i = i + 1
+  end
+  return nil
+end
+
+local function read_changes()
+  local entries = {}
+  local more = 0
+  local head = cursor
+  local rows = redis.call('XRANGE', LOG, '(' .. cursor, '+', 'COUNT', max_entries)
+  for i, e in ipairs(rows) do
+    entries[i] = e[2][2]
+    head = e[1]
+  end
+  if #rows >= max_entries then more = 1 end
+  if #rows == 0 then
+    -- Nothing after the cursor: follow on from the newest entry (the cursor may
+    -- predate a trim).
+    local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
+    if last[1] then head = last[1][1] end
+  end
+  local versions = redis.call('HMGET', VER, unpack(TABLES))
+  local tables = {}
+  for i, t in ipairs(TABLES) do
+    local v = versions[i] or '0'
+    versions[i] = v
+    if v ~= known[i] then
+      tables[i] = redis.call('HGETALL', P .. ':' .. t)
+    else
+      tables[i] = false
+    end
+  end
+  local leases = false
+  if need_leases then leases = redis.call('HGETALL', P .. ':leases') end
+  return head, more, entries, versions, tables, leases
+end
+
+local function delete_matching(key, keep, table_name)
+  local all = redis.call('HGETALL', key)
+  local n = 0
+  for i = 1, #all, 2 do
+    if not keep(all[i], all[i + 1]) then
+      redis.call('HDEL', key, all[i])
+      n = n + 1
+    end
+  end
+  if n > 0 and table_name then bump(table_name) end
+  return n
+end
+
+local function apply_writes()
+  local results = {}
+  local i = FIRST_WRITE
+  while i <= #ARGV do
+    local op = ARGV[i]
+    local r = 0
+    if op == 'U' then -- created_ms, entry
+      xadd(ARGV[i + 1], ARGV[i + 2])
+      i = i + 3
+    elseif op == 'L' then -- id, created_ms, value
+      redis.call('HSET', P .. ':leases', ARGV[i + 1], ARGV[i + 3])
+      xadd(ARGV[i + 2], 'L' .. SEP .. ARGV[i + 1] .. SEP .. ARGV[i + 3])
+      r = 1
+      i = i + 4
+    elseif op == 'D' then -- id
+      r = redis.call('HDEL', P .. ':leases', ARGV[i + 1])
+      if r > 0 then xadd(0, 'D' .. SEP .. ARGV[i + 1]) end
+      i = i + 2
+    elseif op == 'HSET' then -- table, field, value
+      redis.call('HSET', P .. ':' .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+      if ARGV[i + 1] ~= 'quota' then bump(ARGV[i + 1]) end
+      i = i + 4
+    elseif op == 'HDEL' then -- table, field
+      r = redis.call('HDEL', P .. ':' .. ARGV[i + 1], ARGV[i + 2])
+      if r > 0 then bump(ARGV[i + 1]) end
+      i = i + 3
+    elseif op == 'CK' then -- key_id: cooldowns of one key (fields start with it)
+      local prefix = ARGV[i + 1] .. SEP
+      r = delete_matching(P .. ':cooldowns', function(f, _)
+        return string.sub(f, 1, #prefix) ~= prefix
+      end, 'cooldowns')
+      i = i + 2
+    elseif op == 'CE' then -- now: expired cooldowns (value starts with expires_at)
+      local now = tonumber(ARGV[i + 1])
+      r = delete_matching(P .. ':cooldowns', function(_, v)
+        return tonumber(field(v, 1)) > now
+      end, 'cooldowns')
+      i = i + 2
+    elseif op == 'H' then -- value
+      local id = redis.call('INCR', P .. ':history_id')
+      redis.call('HSET', P .. ':history', id, ARGV[i + 1])
+      bump('history')
+      i = i + 2
+    elseif op == 'HD' then -- key_id, route ('' = any), kinds (',k1,k2,')
+      local key, route, kinds = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+      r = delete_matching(P .. ':history', function(_, v)
+        -- value: key, kind, hit_at, route...
+        if field(v, 1) ~= key then return true end
+        if not string.find(kinds, ',' .. field(v, 2) .. ',', 1, true) then return true end
+        if route ~= '' then
+          local rest = string.sub(v, #field(v, 1) + #field(v, 2) + #field(v, 3) + 4)
+          if rest ~= route then return true end
+        end
+        return false
+      end, 'history')
+      i = i + 4
+    elseif op == 'S' then -- usage_before, leases_expired_at, history_before
+      local before, leases_at, hist = ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+      r = redis.call('XTRIM', LOG, 'MINID', before)
+      local all = redis.call('HGETALL', P .. ':leases')
+      for j = 1, #all, 2 do
+        if tonumber(field(all[j + 1], 2)) <= leases_at then
+          redis.call('HDEL', P .. ':leases', all[j])
+          xadd(0, 'D' .. SEP .. all[j])
+        end
+      end
+      delete_matching(P .. ':history', function(_, v)
+        return tonumber(field(v, 3)) >= hist
+      end, 'history')
+      i = i + 4
+    elseif op == 'G' then -- log value
+      r = redis.call('INCR', P .. ':log_id')
+      redis.call('XADD', P .. ':logs', 'MAXLEN', '~', 10000, '*', 'd', r .. SEP .. ARGV[i + 1])
+      i = i + 2
+    else
+      return redis.error_reply('quotaengine: unknown write ' .. tostring(op))
+    end
+    results[#results + 1] = r
+  end
+  return results
+end
+
+if mode == 'begin' then
+  redis.call('SET', LOCK, owner, 'PX', ttl)
+  local head, more, entries, versions, tables, leases = read_changes()
+  return {'ok', head, more, entries, versions, tables, leases, {}}
+elseif mode == 'read' then
+  local head, more, entries, versions, tables, leases = read_changes()
+  return {'ok', head, more, entries, versions, tables, leases, {}}
+elseif mode == 'append' then
+  local head, more, entries, versions, tables, leases = read_changes()
+  -- Our own entries follow: the caller's cursor moves past them only when nothing
+  -- more of others' remains to read.
+  local results = apply_writes()
+  if more == 0 then
+    local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
+    if last[1] then head = last[1][1] end
+  end
+  return {'ok', head, more, entries, versions, tables, leases, results}
+elseif mode == 'commit' then
+  local results = apply_writes()
+  redis.call('DEL', LOCK)
+  local head = cursor
+  local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
+  if last[1] then head = last[1][1] end
+  local versions = redis.call('HMGET', VER, unpack(TABLES))
+  for i = 1, #TABLES do versions[i] = versions[i] or '0' end
+  return {'ok', head, 0, {}, versions, {false, false, false, false, false}, false, results}
+end
+return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

@@ -1,0 +1,1066 @@
+//! The Redis backend: one quota truth for router workers on several hosts.
+//!
+//! Everything under one key prefix `P` (default `quotaengine`, `?prefix=` in the URL):
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `P:log` | stream | every usage row and every lease insert/delete, in commit order |
+//! | `P:leases` | hash | live leases: id -> key, expires, tokens, created, route |
+//! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables |
+//! | `P:ver` | hash | a version per small table, bumped by every change to it |
+//! | `P:quota` | hash | observed provider quota state |
+//! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
+//! | `P:lock` | string | the write lock: its owner, with a time to live |
+//!
+//! All access goes through one Lua script (`redis.lua`), so each step is atomic on the
+//! server. A section that decides (a lease, a failure) takes the lock and reads what
+//! changed in one round trip (`begin`), then writes and drops the lock in a second
+//! (`commit`). A section that only appends (`success`, `release`) is one round trip:
+//! it reads what changed and writes, and is refused while another engine holds the
+//! lock, so it never lands inside someone else's decision. A read (`check()`) is one
+//! round trip. Stream ids follow the writers' clocks, so usage since a time is a range
+//! read; each entry names its writer, which skips it when it reads the feed.
+//!
+//! The lock has a time to live (10 s) so that a host that dies holding it does not
+//! stop the fleet; a section takes microseconds, so only a process stopped for that
+//! long inside a section could let two decisions overlap.
+use super::{
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
+    UsageFilter, UsageKind, UsageRow, Write,
+};
+use crate::core::error::StoreError;
+use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use redis::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SCRIPT: &str = include_str!("redis.lua");
+const SEP: char = '\u{1f}';
+const TABLES: [&str; 5] = ["cooldowns", "keys", "models", "caps", "history"];
+const LOCK_TTL_MS: i64 = 10_000;
+const MAX_ENTRIES: usize = 10_000;
+/// After a failed connect, calls fail at once for this long (a blackholed host would
+/// otherwise cost its connect timeout on every call while degraded).
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Read,
+    Write,
+    Append,
+}
+
+pub struct RedisStore {
+    client: redis::Client,
+    con: Option<redis::Connection>,
+    next_connect: Option<Instant>,
+    script: Arc<redis::Script>,
+    prefix: String,
+    owner: String,
+    readonly: bool,
+    busy_timeout_ms: i64,
+    section: Option<Section>,
+    /// Stream id of the last feed entry read.
+    cursor: String,
+    versions: [String; 5],
+    need_leases: bool,
+    leases: HashMap<i64, LeaseRow>,
+    /// What the last round trips brought, for the next `pull`.
+    pending: Changes,
+    leases_changed: bool,
+    /// Writes of the open section, as script arguments.
+    args: Vec<String>,
+    /// Lease writes of the open section, applied to `leases` once committed.
+    lease_writes: Vec<Write>,
+    round_trips: u64,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("redis: {e}"))
+}
+
+/// Escapes the separator (and the escape) out of a name.
+fn esc(s: &str) -> String {
+    if !s.contains(['\\', SEP]) {
+        return s.to_string();
+    }
+    s.replace('\\', "\\\\").replace(SEP, "\\u")
+}
+
+fn unesc(s: &str) -> String {
+    if !s.contains('\\') {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.next() {
+                Some('u') => out.push(SEP),
+                Some(c) => out.push(c),
+                None => {}
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn route(p: &str, m: &str) -> String {
+    format!("{}{SEP}{}", esc(p), esc(m))
+}
+
+fn opt(v: Option<&str>) -> String {
+    match v {
+        None => "-".to_string(),
+        Some(s) => format!("+{}", esc(s)),
+    }
+}
+
+fn unopt(s: &str) -> Option<String> {
+    s.strip_prefix('+').map(unesc)
+}
+
+fn opt_i64(v: Option<i64>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+fn parse_i64(s: &str) -> StoreResult<i64> {
+    s.parse().map_err(|_| unavailable(format!("unexpected number {s:?} in a stored value")))
+}
+
+fn parse_opt_i64(s: &str) -> StoreResult<Option<i64>> {
+    if s.is_empty() {
+        Ok(None)
+    } else {
+        parse_i64(s).map(Some)
+    }
+}
+
+fn cap_setting(s: CapSetting) -> String {
+    match s {
+        CapSetting::Inherit => String::new(),
+        CapSetting::NoCap => "-1".into(),
+        CapSetting::Cap(v) => v.to_string(),
+    }
+}
+
+fn parse_cap(s: &str) -> StoreResult<CapSetting> {
+    Ok(match parse_opt_i64(s)? {
+        None => CapSetting::Inherit,
+        Some(v) if v < 0 => CapSetting::NoCap,
+        Some(v) => CapSetting::Cap(v),
+    })
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> StoreResult<String> {
+    match v {
+        Value::Int(i) => Ok(i.to_string()),
+        Value::Okay => Ok("OK".into()),
+        _ => bytes(v)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .ok_or_else(|| unavailable(format!("unexpected reply {v:?}"))),
+    }
+}
+
+fn array(v: &Value) -> StoreResult<&[Value]> {
+    match v {
+        Value::Array(a) => Ok(a),
+        Value::Nil => Ok(&[]),
+        _ => Err(unavailable(format!("unexpected reply {v:?}"))),
+    }
+}
+
+fn int(v: &Value) -> StoreResult<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        _ => parse_i64(&text(v)?),
+    }
+}
+
+/// Field/value pairs of an `HGETALL` reply.
+fn pairs(v: &Value) -> StoreResult<Vec<(String, String)>> {
+    let a = array(v)?;
+    a.chunks(2)
+        .map(|c| match c {
+            [f, v] => Ok((text(f)?, text(v)?)),
+            _ => Err(unavailable("odd HGETALL reply")),
+        })
+        .collect()
+}
+
+fn split(s: &str, n: usize) -> StoreResult<Vec<&str>> {
+    let parts: Vec<&str> = s.splitn(n, SEP).collect();
+    if parts.len() != n {
+        return Err(unavailable(format!("malformed stored value {s:?}")));
+    }
+    Ok(parts)
+}
+
+/// The stored form of the route fields that end a value (`platform SEP model`).
+fn parse_route(p: &str, m: &str) -> (Arc<str>, Arc<str>) {
+    (Arc::from(unesc(p)), Arc::from(unesc(m)))
+}
+
+/// One usage feed entry after its writer: `U key kind tokens created platform model`.
+fn parse_usage(body: &str) -> StoreResult<UsageRow> {
+    let f = split(body, 7)?;
+    let (platform, model_id) = parse_route(f[5], f[6]);
+    Ok(UsageRow {
+        platform,
+        model_id,
+        key_id: parse_i64(f[1])?,
+        kind: if f[2] == "r" { UsageKind::Request } else { UsageKind::Tokens },
+        tokens: parse_i64(f[3])?,
+        created_at_ms: parse_i64(f[4])?,
+    })
+}
+
+/// A lease value: `key expires tokens created platform model`.
+fn lease_value(key_id: i64, expires: i64, tokens: i64, created: i64, p: &str, m: &str) -> String {
+    format!("{key_id}{SEP}{expires}{SEP}{tokens}{SEP}{created}{SEP}{}", route(p, m))
+}
+
+fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
+    let f = split(v, 6)?;
+    let (platform, model_id) = parse_route(f[4], f[5]);
+    Ok(LeaseRow {
+        id,
+        platform,
+        model_id,
+        key_id: parse_i64(f[0])?,
+        tokens: parse_i64(f[2])?,
+        created_at_ms: parse_i64(f[3])?,
+        expires_at_ms: parse_i64(f[1])?,
+    })
+}
+
+fn parse_cooldown(field: &str, v: &str) -> StoreResult<CooldownRow> {
+    let k = split(field, 3)?;
+    let f = split(v, 3)?;
+    let (platform, model_id) = parse_route(k[1], k[2]);
+    Ok(CooldownRow {
+        platform,
+        model_id,
+        key_id: parse_i64(k[0])?,
+        expires_at_ms: parse_i64(f[0])?,
+        source: f[1].parse().unwrap_or(CooldownSource::Heuristic),
+        set_at_ms: parse_i64(f[2])?,
+    })
+}
+
+fn parse_key(v: &str) -> StoreResult<KeyInfo> {
+    let f = split(v, 5)?;
+    Ok(KeyInfo {
+        key_id: parse_i64(f[0])?,
+        enabled: f[1] == "1",
+        base_url: unopt(f[2]),
+        label: unopt(f[3]),
+        platform: unesc(f[4]),
+    })
+}
+
+fn parse_model(field: &str, v: &str) -> StoreResult<ModelInfo> {
+    let k = split(field, 2)?;
+    let f = split(v, 5)?;
+    Ok(ModelInfo {
+        platform: unesc(k[0]),
+        model_id: unesc(k[1]),
+        limits: Limits {
+            rpm: parse_opt_i64(f[0])?,
+            rpd: parse_opt_i64(f[1])?,
+            tpm: parse_opt_i64(f[2])?,
+            tpd: parse_opt_i64(f[3])?,
+        },
+        monthly_token_budget: unopt(f[4]),
+    })
+}
+
+fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
+    let f = split(v, 3)?;
+    Ok((
+        unesc(field),
+        CapOverrides {
+            daily_requests: parse_cap(f[0])?,
+            minute_requests: parse_cap(f[1])?,
+            daily_tokens: parse_cap(f[2])?,
+        },
+    ))
+}
+
+fn parse_history(v: &str) -> StoreResult<Option<HistoryRow>> {
+    let f = split(v, 5)?;
+    let Some(kind) = HistoryKind::parse(f[1]) else { return Ok(None) };
+    let (platform, model_id) = parse_route(f[3], f[4]);
+    Ok(Some(HistoryRow { platform, model_id, key_id: parse_i64(f[0])?, kind, hit_at_ms: parse_i64(f[2])? }))
+}
+
+fn quota_field(q: &QuotaStateRow) -> String {
+    format!("{}{SEP}{}{SEP}{}{SEP}{}", q.key_id, esc(&q.platform), esc(&q.pool_key), esc(&q.metric))
+}
+
+fn parse_quota(field: &str, v: &str) -> StoreResult<QuotaStateRow> {
+    let k = split(field, 4)?;
+    let f = split(v, 6)?;
+    Ok(QuotaStateRow {
+        platform: unesc(k[1]),
+        key_id: parse_i64(k[0])?,
+        pool_key: unesc(k[2]),
+        metric: unesc(k[3]),
+        limit: parse_opt_i64(f[0])?,
+        remaining: parse_opt_i64(f[1])?,
+        reset_at_ms: parse_opt_i64(f[2])?,
+        confidence: f[3].parse().unwrap_or(0.0),
+        observed_at_ms: parse_i64(f[4])?,
+        source: unesc(f[5]),
+    })
+}
+
+fn parse_log(v: &str) -> StoreResult<(i64, LogRow, Option<String>)> {
+    let f = split(v, 8)?;
+    let level = match f[1] {
+        "error" => "error",
+        "warn" => "warn",
+        _ => "info",
+    };
+    Ok((
+        parse_i64(f[0])?,
+        LogRow {
+            level,
+            source: unesc(f[2]),
+            provider: unopt(f[3]),
+            model: unopt(f[4]),
+            event: unopt(f[5]),
+            created_at_ms: parse_i64(f[6])?,
+            message: unesc(f[7]),
+        },
+        None,
+    ))
+}
+
+/// Parsed `redis://...` address: the client's URL and the key prefix.
+pub fn split_prefix(url: &str) -> (String, String) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), "quotaengine".to_string());
+    };
+    let mut prefix = "quotaengine".to_string();
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.strip_prefix("prefix=") {
+            Some(p) => {
+                prefix = p.to_string();
+                false
+            }
+            None => !kv.is_empty(),
+        })
+        .collect();
+    if rest.is_empty() {
+        (base.to_string(), prefix)
+    } else {
+        (format!("{base}?{}", rest.join("&")), prefix)
+    }
+}
+
+/// True when `path` names a Redis server rather than a file.
+pub fn is_redis_url(path: &str) -> bool {
+    ["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| path.starts_with(s))
+}
+
+impl RedisStore {
+    /// Connects (failing at once when the server does not answer) and checks the
+    /// prefix's data is this engine's.
+    pub fn open(url: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
+        let (base, prefix) = split_prefix(url);
+        if prefix.is_empty() || prefix.contains(char::is_whitespace) {
+            return Err(StoreError::Incompatible(format!("bad key prefix {prefix:?} in {url:?}")));
+        }
+        let client = redis::Client::open(base.as_str())
+            .map_err(|e| StoreError::Incompatible(format!("{url:?} is not a usable Redis URL: {e}")))?;
+        let owner = format!("{:016x}", crate::core::engine::random_u64());
+        let mut store = RedisStore {
+            client,
+            con: None,
+            next_connect: None,
+            script: Arc::new(redis::Script::new(SCRIPT)),
+            prefix,
+            owner,
+            readonly,
+            busy_timeout_ms,
+            section: None,
+            cursor: "0-0".into(),
+            versions: Default::default(),
+            need_leases: true,
+            leases: HashMap::new(),
+            pending: Changes::default(),
+            leases_changed: false,
+            args: Vec::new(),
+            lease_writes: Vec::new(),
+            round_trips: 0,
+        };
+        store.connection()?;
+        store.check_layout()?;
+        Ok(store)
+    }
+
+    /// Round trips to the server so far (one per script call or command).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips
+    }
+
+    fn connection(&mut self) -> StoreResult<&mut redis::Connection> {
+        if self.con.is_none() {
+            if self.next_connect.is_some_and(|t| Instant::now() < t) {
+                return Err(unavailable("server did not answer (retrying shortly)"));
+            }
+            let timeout = Duration::from_millis(self.busy_timeout_ms.clamp(100, 5_000) as u64);
+            match self.client.get_connection_with_timeout(timeout) {
+                Ok(con) => {
+                    let io = Some(Duration::from_millis(self.busy_timeout_ms.clamp(1_000, 30_000) as u64));
+                    con.set_read_timeout(io).map_err(unavailable)?;
+                    con.set_write_timeout(io).map_err(unavailable)?;
+                    self.con = Some(con);
+                    self.next_connect = None;
+                    // A new connection may reach a server that lost our state (a restart
+                    // without persistence): read everything afresh.
+                    self.resync();
+                }
+                Err(e) => {
+                    self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
+                    return Err(unavailable(e));
+                }
+            }
+        }
+        self.con.as_mut().ok_or_else(|| unavailable("not connected"))
+    }
+
+    /// Forgets what was read, so that the next read brings all the small tables and
+    /// the leases again.
+    fn resync(&mut self) {
+        self.versions = Default::default();
+        self.need_leases = true;
+    }
+
+    /// Runs a command; a failed connection is dropped so the next call reconnects.
+    fn query(&mut self, cmd: &redis::Cmd) -> StoreResult<Value> {
+        self.round_trips += 1;
+        let con = self.connection()?;
+        match cmd.query::<Value>(con) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                    self.con = None;
+                }
+                Err(unavailable(e))
+            }
+        }
+    }
+
+    fn check_layout(&mut self) -> StoreResult<()> {
+        let mut cmd = redis::cmd("TYPE");
+        cmd.arg(format!("{}:log", self.prefix));
+        let t = text(&self.query(&cmd)?)?;
+        if t != "none" && t != "stream" {
+            return Err(StoreError::Incompatible(format!(
+                "key {}:log holds a {t}, not this engine's data: pick another ?prefix=",
+                self.prefix
+            )));
+        }
+        Ok(())
+    }
+
+    fn invoke(&mut self, mode: &str, writes: &[String]) -> StoreResult<Value> {
+        self.round_trips += 1;
+        self.connection()?;
+        let script = Arc::clone(&self.script);
+        let mut inv = script.prepare_invoke();
+        inv.arg(&self.prefix)
+            .arg(mode)
+            .arg(&self.owner)
+            .arg(LOCK_TTL_MS)
+            .arg(&self.cursor)
+            .arg(MAX_ENTRIES)
+            .arg(if self.need_leases { "1" } else { "0" });
+        for v in &self.versions {
+            inv.arg(v);
+        }
+        for w in writes {
+            inv.arg(w);
+        }
+        let con = self.con.as_mut().ok_or_else(|| unavailable("not connected"))?;
+        match inv.invoke::<Value>(con) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                    self.con = None;
+                }
+                Err(unavailable(e))
+            }
+        }
+    }
+
+    /// Calls the script, waiting (up to the busy timeout) while another engine holds
+    /// the lock. Returns the reply after its status.
+    fn call(&mut self, mode: &str, writes: &[String]) -> StoreResult<Vec<Value>> {
+        let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(0) as u64);
+        let mut pause = Duration::from_micros(50);
+        loop {
+            let reply = self.invoke(mode, writes)?;
+            let parts = array(&reply)?.to_vec();
+            let status = parts.first().map(text).transpose()?.unwrap_or_default();
+            match status.as_str() {
+                "ok" => return Ok(parts),
+                "busy" => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(unavailable("locked by another engine past the busy timeout"));
+                    }
+                    std::thread::sleep(pause.min(deadline - now));
+                    pause = (pause * 2).min(Duration::from_millis(2));
+                }
+                other => return Err(unavailable(format!("unexpected script status {other:?}"))),
+            }
+        }
+    }
+
+    /// Takes in what a script reply says changed: `{status, head, more, entries,
+    /// versions, tables, leases, results}`. Returns `more`.
+    fn absorb(&mut self, parts: &[Value]) -> StoreResult<bool> {
+        let [_, head, more, entries, versions, tables, leases, _] = parts else {
+            return Err(unavailable("short script reply"));
+        };
+        for e in array(entries)? {
+            let e = text(e)?;
+            let Some((who, body)) = e.split_once(SEP) else { continue };
+            if who == self.owner {
+                continue;
+            }
+            if body.starts_with('U') {
+                self.pending.usage.push(parse_usage(body)?);
+            } else {
+                self.lease_entry(body)?;
+            }
+        }
+        self.cursor = text(head)?;
+        let versions = array(versions)?;
+        let tables = array(tables)?;
+        for (i, t) in tables.iter().enumerate().take(TABLES.len()) {
+            if matches!(t, Value::Nil | Value::Boolean(false)) {
+                continue;
+            }
+            let rows = pairs(t)?;
+            match i {
+                0 => {
+                    self.pending.cooldowns =
+                        Some(rows.iter().map(|(f, v)| parse_cooldown(f, v)).collect::<StoreResult<_>>()?)
+                }
+                1 => {
+                    self.pending.keys =
+                        Some(rows.iter().map(|(_, v)| parse_key(v)).collect::<StoreResult<_>>()?)
+                }
+                2 => {
+                    self.pending.models =
+                        Some(rows.iter().map(|(f, v)| parse_model(f, v)).collect::<StoreResult<_>>()?)
+                }
+                3 => {
+                    self.pending.caps =
+                        Some(rows.iter().map(|(f, v)| parse_caps(f, v)).collect::<StoreResult<_>>()?)
+                }
+                _ => {
+                    let mut hist = Vec::new();
+                    for (_, v) in &rows {
+                        hist.extend(parse_history(v)?);
+                    }
+                    self.pending.history = Some(hist);
+                }
+            }
+            if let Some(v) = versions.get(i) {
+                self.versions[i] = text(v)?;
+            }
+        }
+        if !matches!(leases, Value::Nil | Value::Boolean(false)) {
+            self.leases.clear();
+            for (id, v) in pairs(leases)? {
+                let id = parse_i64(&id)?;
+                self.leases.insert(id, parse_lease(id, &v)?);
+            }
+            self.need_leases = false;
+            self.leases_changed = true;
+        }
+        Ok(int(more)? != 0)
+    }
+
+    /// Reads the rest of the feed when a reply said there was more.
+    fn drain(&mut self, mut more: bool) -> StoreResult<()> {
+        while more {
+            let parts = self.call("read", &[])?;
+            more = self.absorb(&parts)?;
+        }
+        Ok(())
+    }
+
+    fn encode(&self, w: &Write, out: &mut Vec<String>) {
+        match w {
+            Write::Usage(u) => {
+                let kind = if u.kind == UsageKind::Request { "r" } else { "t" };
+                out.extend([
+                    "U".into(),
+                    u.created_at_ms.to_string(),
+                    format!(
+                        "U{SEP}{}{SEP}{kind}{SEP}{}{SEP}{}{SEP}{}",
+                        u.key_id,
+                        u.tokens,
+                        u.created_at_ms,
+                        route(&u.platform, &u.model_id)
+                    ),
+                ]);
+            }
+            Write::InsertLease { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+                out.extend([
+                    "L".into(),
+                    id.to_string(),
+                    created_at_ms.to_string(),
+                    lease_value(*key_id, *expires_at_ms, *tokens, *created_at_ms, platform, model_id),
+                ]);
+            }
+            Write::DeleteLease(id) => out.extend(["D".into(), id.to_string()]),
+            Write::UpsertCooldown(c) => out.extend([
+                "HSET".into(),
+                "cooldowns".into(),
+                format!("{}{SEP}{}", c.key_id, route(&c.platform, &c.model_id)),
+                format!("{}{SEP}{}{SEP}{}", c.expires_at_ms, c.source.as_str(), c.set_at_ms),
+            ]),
+            Write::DeleteCooldown { platform, model_id, key_id } => out.extend([
+                "HDEL".into(),
+                "cooldowns".into(),
+                format!("{key_id}{SEP}{}", route(platform, model_id)),
+            ]),
+            Write::DeleteCooldownsForKey(k) => out.extend(["CK".into(), k.to_string()]),
+            Write::DeleteExpiredCooldowns(now) => out.extend(["CE".into(), now.to_string()]),
+            Write::UpsertKey(k) => out.extend([
+                "HSET".into(),
+                "keys".into(),
+                k.key_id.to_string(),
+                format!(
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    k.key_id,
+                    if k.enabled { "1" } else { "0" },
+                    opt(k.base_url.as_deref()),
+                    opt(k.label.as_deref()),
+                    esc(&k.platform)
+                ),
+            ]),
+            Write::UpsertModel(m) => out.extend([
+                "HSET".into(),
+                "models".into(),
+                route(&m.platform, &m.model_id),
+                format!(
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    opt_i64(m.limits.rpm),
+                    opt_i64(m.limits.rpd),
+                    opt_i64(m.limits.tpm),
+                    opt_i64(m.limits.tpd),
+                    opt(m.monthly_token_budget.as_deref())
+                ),
+            ]),
+            Write::SetCaps(platform, c) => out.extend([
+                "HSET".into(),
+                "caps".into(),
+                esc(platform),
+                format!(
+                    "{}{SEP}{}{SEP}{}",
+                    cap_setting(c.daily_requests),
+                    cap_setting(c.minute_requests),
+                    cap_setting(c.daily_tokens)
+                ),
+            ]),
+            Write::ResetCaps(platform) => out.extend(["HDEL".into(), "caps".into(), esc(platform)]),
+            Write::UpsertQuotaState(q) => out.extend([
+                "HSET".into(),
+                "quota".into(),
+                quota_field(q),
+                format!(
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    opt_i64(q.limit),
+                    opt_i64(q.remaining),
+                    opt_i64(q.reset_at_ms),
+                    q.confidence,
+                    q.observed_at_ms,
+                    esc(&q.source)
+                ),
+            ]),
+            Write::InsertHistory(h) => out.extend([
+                "H".into(),
+                format!(
+                    "{}{SEP}{}{SEP}{}{SEP}{}",
+                    h.key_id,
+                    h.kind.as_str(),
+                    h.hit_at_ms,
+                    route(&h.platform, &h.model_id)
+                ),
+            ]),
+            Write::DeleteHistory { key_id, route: r, kinds } => {
+                let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+                out.extend([
+                    "HD".into(),
+                    key_id.to_string(),
+                    r.as_ref().map_or_else(String::new, |(p, m)| route(p, m)),
+                    format!(",{},", kinds.join(",")),
+                ]);
+            }
+            Write::Sweep { usage_before, leases_expired_at, history_before } => out.extend([
+                "S".into(),
+                usage_before.max(&0).to_string(),
+                leases_expired_at.to_string(),
+                history_before.to_string(),
+            ]),
+            Write::Log(l) => out.extend([
+                "G".into(),
+                format!(
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    l.level,
+                    esc(&l.source),
+                    opt(l.provider.as_deref()),
+                    opt(l.model.as_deref()),
+                    opt(l.event.as_deref()),
+                    l.created_at_ms,
+                    esc(&l.message)
+                ),
+            ]),
+        }
+    }
+
+    /// After a commit: our own lease writes, which the feed will not bring back to us.
+    fn apply_own_leases(&mut self) {
+        for w in std::mem::take(&mut self.lease_writes) {
+            match w {
+                Write::InsertLease {
+                    id,
+                    platform,
+                    model_id,
+                    key_id,
+                    tokens,
+                    created_at_ms,
+                    expires_at_ms,
+                } => {
+                    self.leases.insert(
+                        id,
+                        LeaseRow { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms },
+                    );
+                }
+                Write::DeleteLease(id) => {
+                    self.leases.remove(&id);
+                }
+                Write::Sweep { leases_expired_at, .. } => {
+                    self.leases.retain(|_, l| l.expires_at_ms > leases_expired_at);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Feed entries (all writers) with ids from `start`, page by page: `(id, writer,
+    /// body)`. Returns the last id read (empty when none).
+    fn scan(
+        &mut self,
+        start: String,
+        mut each: impl FnMut(&str, &str, &str) -> StoreResult<()>,
+    ) -> StoreResult<String> {
+        let mut from = start;
+        let mut last = String::new();
+        loop {
+            let mut cmd = redis::cmd("XRANGE");
+            cmd.arg(format!("{}:log", self.prefix)).arg(&from).arg("+").arg("COUNT").arg(MAX_ENTRIES);
+            let reply = self.query(&cmd)?;
+            let rows = array(&reply)?;
+            for e in rows {
+                let e = array(e)?;
+                let (Some(id), Some(fields)) = (e.first(), e.get(1)) else { continue };
+                last = text(id)?;
+                let fields = array(fields)?;
+                let Some(data) = fields.get(1) else { continue };
+                let data = text(data)?;
+                let Some((who, body)) = data.split_once(SEP) else { continue };
+                each(&last, who, body)?;
+            }
+            if rows.len() < MAX_ENTRIES {
+                return Ok(last);
+            }
+            from = format!("({last}");
+        }
+    }
+
+    /// Applies a lease entry of the feed (`L id value` or `D id`) of another writer.
+    fn lease_entry(&mut self, body: &str) -> StoreResult<()> {
+        match body.as_bytes().first() {
+            Some(b'L') => {
+                let (id, v) = body[2..].split_once(SEP).unwrap_or(("", ""));
+                let id = parse_i64(id)?;
+                self.leases.insert(id, parse_lease(id, v)?);
+                self.leases_changed = true;
+            }
+            Some(b'D') => {
+                let id = parse_i64(&body[2..])?;
+                self.leases.remove(&id);
+                self.leases_changed = true;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A stream id as numbers, for ordering.
+fn stream_id(s: &str) -> (u64, u64) {
+    let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+impl Store for RedisStore {
+    fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    fn changed(&mut self) -> StoreResult<bool> {
+        // Knowing would cost the same round trip as reading.
+        Ok(true)
+    }
+
+    fn begin(&mut self, write: bool) -> StoreResult<()> {
+        if write && self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        if self.section.is_some() {
+            self.rollback();
+        }
+        let parts = self.call(if write { "begin" } else { "read" }, &[])?;
+        self.section = Some(if write { Section::Write } else { Section::Read });
+        let more = self.absorb(&parts);
+        match more.and_then(|more| self.drain(more)) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    fn begin_append(&mut self) -> StoreResult<()> {
+        if self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        if self.section.is_some() {
+            self.rollback();
+        }
+        // Checked here so that a dead server degrades the engine before it decides.
+        self.connection()?;
+        self.section = Some(Section::Append);
+        Ok(())
+    }
+
+    fn commit(&mut self) -> StoreResult<()> {
+        let Some(section) = self.section else { return Ok(()) };
+        let args = std::mem::take(&mut self.args);
+        let result = match section {
+            Section::Read => Ok(None),
+            Section::Write => self.call("commit", &args).map(Some),
+            Section::Append if args.is_empty() => Ok(None),
+            Section::Append => self.call("append", &args).map(Some),
+        };
+        match result {
+            Ok(reply) => {
+                self.section = None;
+                if let Some(parts) = reply {
+                    if section == Section::Write {
+                        // Only our own writes happened since `begin`: follow on after them.
+                        let [_, head, _, _, versions, ..] = parts.as_slice() else {
+                            return Err(unavailable("short script reply"));
+                        };
+                        self.cursor = text(head)?;
+                        for (i, v) in array(versions)?.iter().enumerate().take(TABLES.len()) {
+                            self.versions[i] = text(v)?;
+                        }
+                    } else {
+                        let more = self.absorb(&parts)?;
+                        // Our own entries follow the others': skipped when read.
+                        if more {
+                            self.drain(true)?;
+                        }
+                    }
+                }
+                self.apply_own_leases();
+                Ok(())
+            }
+            Err(e) => {
+                self.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    fn rollback(&mut self) {
+        if self.section == Some(Section::Write) && self.con.is_some() {
+            let _ = self.invoke("unlock", &[]);
+        }
+        self.section = None;
+        self.args.clear();
+        self.lease_writes.clear();
+        self.pending = Changes::default();
+        self.resync();
+    }
+
+    fn pull(&mut self) -> StoreResult<Changes> {
+        let mut ch = std::mem::take(&mut self.pending);
+        if self.leases_changed {
+            ch.leases = Some(self.leases.values().cloned().collect());
+            self.leases_changed = false;
+        }
+        Ok(ch)
+    }
+
+    fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>> {
+        let mut rows = Vec::new();
+        let mut lease_entries = Vec::new();
+        let seen = stream_id(&self.cursor);
+        let owner = self.owner.clone();
+        let last = self.scan(since_ms.max(0).to_string(), |id, who, body| {
+            if body.starts_with('U') {
+                let u = parse_usage(body)?;
+                if u.created_at_ms >= since_ms {
+                    rows.push(u);
+                }
+            } else if who != owner && stream_id(id) > seen {
+                lease_entries.push(body.to_string());
+            }
+            Ok(())
+        })?;
+        // The rows just loaded include what the section's read brought; lease entries
+        // past that read still count.
+        self.pending.usage.clear();
+        for body in lease_entries {
+            self.lease_entry(&body)?;
+        }
+        if !last.is_empty() && stream_id(&last) > seen {
+            self.cursor = last;
+        }
+        Ok(rows)
+    }
+
+    fn write(&mut self, w: &Write) -> StoreResult<i64> {
+        if self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        let mut args = std::mem::take(&mut self.args);
+        self.encode(w, &mut args);
+        self.args = args;
+        if matches!(w, Write::InsertLease { .. } | Write::DeleteLease(_) | Write::Sweep { .. }) {
+            self.lease_writes.push(w.clone());
+        }
+        Ok(match w {
+            Write::InsertLease { id, .. } => *id,
+            _ => 0,
+        })
+    }
+
+    fn set_busy_timeout(&mut self, ms: i64) {
+        self.busy_timeout_ms = ms;
+    }
+
+    fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
+        let start = f.since_ms.map_or_else(|| "-".to_string(), |s| s.max(0).to_string());
+        let mut out = Vec::new();
+        self.scan(start, |_, _, body| {
+            if !body.starts_with('U') {
+                return Ok(());
+            }
+            let u = parse_usage(body)?;
+            let keep = f.since_ms.is_none_or(|s| u.created_at_ms >= s)
+                && f.until_ms.is_none_or(|s| u.created_at_ms < s)
+                && f.platform.as_deref().is_none_or(|p| *u.platform == *p)
+                && f.model_id.as_deref().is_none_or(|m| *u.model_id == *m)
+                && f.key_id.is_none_or(|k| u.key_id == k);
+            if keep {
+                out.push(u);
+            }
+            Ok(())
+        })?;
+        out.sort_by_key(|u| u.created_at_ms);
+        Ok(out)
+    }
+
+    fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(format!("{}:quota", self.prefix));
+        let reply = self.query(&cmd)?;
+        let mut out = Vec::new();
+        for (f, v) in pairs(&reply)? {
+            let row = parse_quota(&f, &v)?;
+            if platform.is_none_or(|p| p == row.platform) {
+                out.push(row);
+            }
+        }
+        out.sort_by(|a, b| {
+            (&a.platform, a.key_id, &a.pool_key, &a.metric).cmp(&(
+                &b.platform,
+                b.key_id,
+                &b.pool_key,
+                &b.metric,
+            ))
+        });
+        Ok(out)
+    }
+
+    fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(format!("{}:logs", self.prefix)).arg("+").arg("-").arg("COUNT").arg(limit.max(0));
+        let reply = self.query(&cmd)?;
+        let mut out = Vec::new();
+        for e in array(&reply)? {
+            let e = array(e)?;
+            let Some(fields) = e.get(1) else { continue };
+            let Some(data) = array(fields)?.get(1) else { continue };
+            out.push(parse_log(&text(data)?)?);
+        }
+        out.sort_by(|a, b| (b.1.created_at_ms, b.0).cmp(&(a.1.created_at_ms, a.0)));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_with_separators_round_trip() {
+        for s in ["plain", "a\u{1f}b", "back\\slash", "\\u", "\u{1f}\\\u{1f}", ""] {
+            assert_eq!(unesc(&esc(s)), s);
+            assert!(!esc(s).contains(SEP));
+        }
+        let row =
+            parse_usage(&format!("U{SEP}7{SEP}r{SEP}1{SEP}42{SEP}{}", route("p\u{1f}x", "m\\y"))).unwrap();
+        assert_eq!(
+            (&*row.platform, &*row.model_id, row.key_id, row.created_at_ms),
+            ("p\u{1f}x", "m\\y", 7, 42)
+        );
+    }
+
+    #[test]
+    fn prefix_comes_out_of_the_url() {
+        assert_eq!(split_prefix("redis://h:1/0"), ("redis://h:1/0".into(), "quotaengine".into()));
+        assert_eq!(split_prefix("redis://h:1/0?prefix=fleet"), ("redis://h:1/0".into(), "fleet".into()));
+        assert_eq!(
+            split_prefix("redis://h/0?protocol=resp3&prefix=a"),
+            ("redis://h/0?protocol=resp3".into(), "a".into())
+        );
+        assert!(is_redis_url("rediss://x") && !is_redis_url("/tmp/redis://x"));
+    }
+}
