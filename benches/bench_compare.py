@@ -39,6 +39,7 @@ import platform as _platform
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -732,6 +733,34 @@ def run_child(system: str, ops: int, run_ops: int, timeout: float) -> dict:
     return res
 
 
+def combine(runs: list[dict]) -> dict:
+    """Median over runs of the same system: every number (and every list of numbers,
+    element by element) is the median across runs, except overshoot counts, which are
+    the worst run's; ``runs_ops_s`` keeps each run's ops/s. An error in any run wins."""
+    errs = [r for r in runs if "error" in r]
+    if errs:
+        return errs[0]
+    if len(runs) == 1:
+        return runs[0] | {"runs_ops_s": [runs[0].get("ops_s", float("nan"))]}
+    out = {}
+    for k, v in runs[0].items():
+        vals = [r.get(k) for r in runs]
+        if k.startswith("over_"):
+            out[k] = max(vals)
+        elif isinstance(v, bool):
+            out[k] = all(vals)
+        elif isinstance(v, int) and all(isinstance(x, int) for x in vals):
+            out[k] = statistics.median_low(vals)  # counts stay integers
+        elif isinstance(v, (int, float)) and all(isinstance(x, (int, float)) for x in vals):
+            out[k] = statistics.median(vals)
+        elif isinstance(v, list) and all(isinstance(x, list) and len(x) == len(v) for x in vals):
+            out[k] = [statistics.median(col) for col in zip(*vals, strict=True)]
+        else:
+            out[k] = v
+    out["runs_ops_s"] = [r.get("ops_s", float("nan")) for r in runs]
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -745,7 +774,7 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     L = []
     L.append("# quotaengine hot-path benchmark\n")
     L.append(
-        f"`python benches/bench_compare.py --ops {args.ops}{' --quick' if args.quick else ''}` -- "
+        f"`python benches/bench_compare.py --ops {args.ops}{' --quick' if args.quick else ''} --runs {args.runs}` -- "
         f"{env['when']}, {env['machine']}, Python {env['python']}, quotaengine {env['qe_version']} "
         f"(SQLite {env['sqlite']}), {env['cpus']} CPUs, load average {env['load']:.1f} at start / "
         f"{os.getloadavg()[0]:.1f} at end (other work on the machine skews the figures).\n"
@@ -756,6 +785,11 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         f"{STEP_MS} ms/op from 06:00 UTC. Reference (exact semantics, plain Python) refuses "
         f"{refs[wl.n]['refused'] / wl.n:.1%} of the stream ({refs[wl.n]['by_reason']}).\n"
     )
+    if args.runs > 1:
+        L.append(
+            f"Every figure is the median of {args.runs} runs (each run a fresh child process); p50 and p99 are "
+            "the medians of the runs' percentiles, and the per-run ops/s are listed under 'Runs'.\n"
+        )
     L.append("## Single thread, same stream\n")
     L.append("| system | ops run | ops/s | p50 µs | p99 µs | refused | exact? | last/first tenth | peak RSS MB (Δ) |")
     L.append("|---|---:|---:|---:|---:|---:|:---:|---:|---:|")
@@ -877,6 +911,19 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         "`rate_limit_usage` in the shared file: requests per route in every sliding 60 s window ≤ rpm "
         "and per UTC day ≤ rpd, and the request rows equal the admitted count."
     )
+    if args.runs > 1:
+        L.append(f"\n## Runs\n\nops/s of each run (the tables above show the median of the {args.runs}):\n")
+        L.append("| system | " + " | ".join(f"run {i + 1}" for i in range(args.runs)) + " | spread (max/min) |")
+        L.append("|---|" + "---:|" * (args.runs + 1))
+        for key, r in R.items():
+            if "error" in r or "runs_ops_s" not in r:
+                continue
+            xs = r["runs_ops_s"]
+            label = SYSTEMS.get(key) or {
+                "procs-qe": "quotaengine, 2 processes",
+                "procs-baseline": "baseline, 2 processes",
+            }.get(key, key)
+            L.append(f"| {label} | " + " | ".join(fmt(x) for x in xs) + f" | {max(xs) / min(xs):.2f}x |")
     if floor and "error" not in floor:
         L.append(
             f"\n## Floor\n\nA no-op PyO3 call: `quotaengine.sqlite_version()` {floor['sqlite_version_ns']:.0f} ns, "
@@ -966,6 +1013,7 @@ def main() -> None:
     ap.add_argument("--mw-ops", type=int, default=None, help="ops for limits moving-window (default 50000)")
     ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
     ap.add_argument("--only", default=None, help="comma-separated subset of systems (debugging)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each system; the report shows the median (default 3)")
     # child / worker mode
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--run-ops", type=int, default=0, help=argparse.SUPPRESS)
@@ -1018,11 +1066,12 @@ def main() -> None:
     ]
     R = {}
     floor = None
+    runs_note = f", median of {args.runs} runs" if args.runs > 1 else ""
     for name, ops, run_ops in plan:
         if only and name not in only:
             continue
-        print(f"running {name} ({run_ops or ops:,} ops) ...", end=" ", flush=True)
-        r = run_child(name, ops, run_ops, timeout=900)
+        print(f"running {name} ({run_ops or ops:,} ops{runs_note}) ...", end=" ", flush=True)
+        r = combine([run_child(name, ops, run_ops, timeout=900) for _ in range(args.runs)])
         if name == "floor":
             floor = r
             print(r if "error" in r else f"{r['sqlite_version_ns']:.0f} ns/call", flush=True)
@@ -1031,15 +1080,16 @@ def main() -> None:
         print(
             r["error"]
             if "error" in r
-            else f"{r['ops_s']:,.0f} ops/s, refused {r['refused_frac']:.1%} ({r['child_s']:.1f}s)",
+            else f"{r['ops_s']:,.0f} ops/s ({' / '.join(f'{x:,.0f}' for x in r['runs_ops_s'])}), "
+            f"refused {r['refused_frac']:.1%} ({r['child_s']:.1f}s)",
             flush=True,
         )
     for name, system, n in (("procs-qe", "qe-proc", args.ops), ("procs-baseline", "baseline-proc", slow)):
         if only and name not in only:
             continue
-        print(f"running {name} ({n:,} ops, 2 processes) ...", end=" ", flush=True)
+        print(f"running {name} ({n:,} ops, 2 processes{runs_note}) ...", end=" ", flush=True)
         try:
-            R[name] = run_procs(system, wl, n, 2)
+            R[name] = combine([run_procs(system, wl, n, 2) for _ in range(args.runs)])
             r = R[name]
             print(f"{r['ops_s']:,.0f} ops/s, overshoot rpm/rpd {r['over_rpm']}/{r['over_rpd']}", flush=True)
         except Exception as e:  # report and go on

@@ -1030,7 +1030,7 @@ impl Store for RedisStore {
             let Some(data) = array(fields)?.get(1) else { continue };
             out.push(parse_log(&text(data)?)?);
         }
-        out.sort_by(|a, b| (b.1.created_at_ms, b.0).cmp(&(a.1.created_at_ms, a.0)));
+        out.sort_by_key(|r| std::cmp::Reverse((r.1.created_at_ms, r.0)));
         Ok(out)
     }
 }
@@ -1045,8 +1045,8 @@ mod tests {
             assert_eq!(unesc(&esc(s)), s);
             assert!(!esc(s).contains(SEP));
         }
-        let row =
-            parse_usage(&format!("U{SEP}7{SEP}r{SEP}1{SEP}42{SEP}{}", route("p\u{1f}x", "m\\y"))).unwrap();
+        let row = parse_usage(&format!("U{SEP}7{SEP}r{SEP}1{SEP}42{SEP}{}", route("p\u{1f}x", "m\\y")))
+            .expect("parses");
         assert_eq!(
             (&*row.platform, &*row.model_id, row.key_id, row.created_at_ms),
             ("p\u{1f}x", "m\\y", 7, 42)
