@@ -1,7 +1,17 @@
-"""Shared fixtures: a manual clock, a database path under tmp_path and an engine on it."""
+"""Shared fixtures: a manual clock, a store (a SQLite file, or a prefix on a real
+redis-server this session starts) and an engine on it.
+
+Tests that take ``engine`` or ``store`` run once per backend. ``QE_BACKENDS=sqlite``
+runs only the SQLite half (when no ``redis-server`` is installed)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,13 +41,92 @@ def clock() -> q.ManualClock:
     return q.ManualClock(TEN_AM)
 
 
+BACKENDS = [b for b in os.environ.get("QE_BACKENDS", "sqlite,redis").split(",") if b]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """A real ``redis-server`` on loopback, without persistence, in its own directory."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed (apt-get install redis-server, or QE_BACKENDS=sqlite)")
+        self.exe = exe
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            cwd=self.workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.kill()
+
+
+def redis_location(server: RedisServer) -> str:
+    """A fresh key prefix on the session's server: a store of its own."""
+    return f"{server.url}?prefix=t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where an engine keeps its state: a SQLite file, or a Redis prefix. A test
+    marked ``sqlite_only`` reads the file itself and runs on SQLite only."""
+    if request.param == "redis":
+        if request.node.get_closest_marker("sqlite_only"):
+            pytest.skip("reads the SQLite file itself")
+        return redis_location(request.getfixturevalue("redis_server"))
+    return str(tmp_path / "quota.db")
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
+    """A SQLite file (tests that read the file itself, or SQLite-only behaviour)."""
     return tmp_path / "quota.db"
 
 
 @pytest.fixture
-def engine(db_path: Path, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(db_path, clock=clock, env={})
+def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=clock, env={})
     yield e
     e.close()

@@ -109,9 +109,9 @@ def known(engine: q.QuotaEngine, clock: q.ManualClock) -> q.QuotaEngine:
 
 
 @pytest.fixture
-def reader(known: q.QuotaEngine, db_path: Path, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def reader(known: q.QuotaEngine, store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     """A read-only engine on the known database, next to the (still open) writer."""
-    r = q.QuotaEngine(db_path, clock=clock, readonly=True)
+    r = q.QuotaEngine(store, clock=clock, readonly=True)
     yield r
     r.close()
 
@@ -257,9 +257,9 @@ def parse_html(page: str) -> _Table:
     return parser
 
 
-def test_html_header_says_when_and_which_file(known: q.QuotaEngine, db_path: Path) -> None:
+def test_html_header_says_when_and_which_file(known: q.QuotaEngine, store: str) -> None:
     page = parse_html(known.snapshot()._repr_html_())
-    assert str(db_path) in page.header
+    assert store in page.header
     assert "2026-01-01 10:05:01 UTC" in page.header
     assert "4 routes" in page.header and "1 on cooldown" in page.header and "1 lease in flight" in page.header
     assert page.head == ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown"]
@@ -339,6 +339,7 @@ def read_everything(r: q.QuotaEngine) -> None:
     analysis.plot_cooldowns(r)
 
 
+@pytest.mark.sqlite_only
 def test_readonly_engine_never_writes(known: q.QuotaEngine, reader: q.QuotaEngine, db_path: Path) -> None:
     wal = Path(str(db_path) + "-wal")
     monitor = sqlite3.connect(db_path)
@@ -379,6 +380,7 @@ def test_readonly_engine_sees_the_writers_new_rows(
     assert len(analysis.cooldowns_frame(reader)) == 2
 
 
+@pytest.mark.sqlite_only
 def test_readonly_engine_is_not_blocked_by_a_writer_holding_the_lock(
     known: q.QuotaEngine, db_path: Path, clock: q.ManualClock
 ) -> None:
@@ -431,6 +433,7 @@ def test_events_frame(reader: q.QuotaEngine) -> None:
     assert len(analysis.events_frame(reader, platform="groq", key_id=1)) == 5
 
 
+@pytest.mark.sqlite_only
 def test_events_frame_from_a_path_and_empty(reader: q.QuotaEngine, db_path: Path, empty_db: Path) -> None:
     assert len(analysis.events_frame(db_path)) == 6
     assert len(analysis.events_frame(str(db_path))) == 6
@@ -551,6 +554,7 @@ def test_plot_utilisation(reader: q.QuotaEngine) -> None:
     fig.canvas.draw()
 
 
+@pytest.mark.sqlite_only
 def test_plot_cooldowns(reader: q.QuotaEngine, known: q.QuotaEngine, clock: q.ManualClock) -> None:
     fig = analysis.plot_cooldowns(reader)
     assert isinstance(fig, Figure) and len(fig.axes) == 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import quotaengine as q
@@ -31,12 +30,12 @@ def qclock() -> q.ManualClock:
 
 
 @pytest.fixture
-def qdb(tmp_path: Path) -> Path:
-    return tmp_path / "q.db"
+def qdb(store: str) -> str:
+    return store
 
 
 @pytest.fixture
-def qengine(qdb: Path, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def qengine(qdb: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(qdb, clock=qclock, env={})
     yield e
     e.close()
@@ -175,7 +174,8 @@ def test_soonest_cooldown_expiry(qengine: q.QuotaEngine, qclock: q.ManualClock) 
     assert qengine.soonest_cooldown_expiry() is None
 
 
-def test_cleanup_expired_cooldowns_returns_count(qengine: q.QuotaEngine, qclock: q.ManualClock, qdb: Path) -> None:
+@pytest.mark.sqlite_only
+def test_cleanup_expired_cooldowns_returns_count(qengine: q.QuotaEngine, qclock: q.ManualClock, qdb: str) -> None:
     assert qengine.cleanup_expired_cooldowns() == 0
     qengine.set_cooldown(P, "a", 1, 1 * MINUTE)
     qengine.set_cooldown(P, "b", 2, 2 * MINUTE, "tier")
@@ -259,7 +259,7 @@ def decide_key(e: q.QuotaEngine, key: int) -> int:
 # --------------------------------------------------------------------------- persistence
 
 
-def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: Path, qclock: q.ManualClock) -> None:
+def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     b = q.QuotaEngine(qdb, clock=qclock, env={})
     try:
@@ -286,7 +286,7 @@ def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: Path, qclock:
         c.close()
 
 
-def test_ladder_continues_across_engines_and_reopen(qdb: Path, qclock: q.ManualClock) -> None:
+def test_ladder_continues_across_engines_and_reopen(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     b = q.QuotaEngine(qdb, clock=qclock, env={})
     try:
@@ -305,7 +305,7 @@ def test_ladder_continues_across_engines_and_reopen(qdb: Path, qclock: q.ManualC
         c.close()
 
 
-def test_unknown_limit_hits_shared_across_engines(qdb: Path, qclock: q.ManualClock) -> None:
+def test_unknown_limit_hits_shared_across_engines(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     try:
         assert decide(a) == (90 * SECOND, "heuristic")
@@ -319,7 +319,7 @@ def test_unknown_limit_hits_shared_across_engines(qdb: Path, qclock: q.ManualClo
         b.close()
 
 
-def test_record_failure_cooldown_seen_by_other_engine(qdb: Path, qclock: q.ManualClock) -> None:
+def test_record_failure_cooldown_seen_by_other_engine(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     b = q.QuotaEngine(qdb, clock=qclock, env={})
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import email.utils
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import quotaengine as q
@@ -90,12 +89,12 @@ def qclock() -> q.ManualClock:
 
 
 @pytest.fixture
-def qdb(tmp_path: Path) -> Path:
-    return tmp_path / "q.db"
+def qdb(store: str) -> str:
+    return store
 
 
 @pytest.fixture
-def qengine(qdb: Path, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def qengine(qdb: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(qdb, clock=qclock, env={})
     yield e
     e.close()
@@ -416,7 +415,7 @@ def test_auth_ladder_not_cleared_by_clear_cooldown_early(qengine: q.QuotaEngine)
     assert bench(qengine.record_failure(P, "a", K, status=401)) == (30 * MINUTE, "heuristic")
 
 
-def test_auth_ladder_persists_across_engines(qdb: Path, qclock: q.ManualClock) -> None:
+def test_auth_ladder_persists_across_engines(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     try:
         a.record_failure(P, "a", K, status=401)
@@ -495,7 +494,7 @@ def test_empty_completion_streak_is_per_route(qengine: q.QuotaEngine) -> None:
     assert qengine.record_failure(P, M, K, kind="empty_completion").cooldown is not None
 
 
-def test_empty_completion_streak_lives_in_the_file(qdb: Path, qclock: q.ManualClock) -> None:
+def test_empty_completion_streak_lives_in_the_file(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     b = q.QuotaEngine(qdb, clock=qclock, env={})
     try:
@@ -794,7 +793,7 @@ def test_learn_limit_from_error_returns_only_changes(qengine: q.QuotaEngine) -> 
     assert qengine.model_limits(P, M).tpm == 100  # type: ignore[union-attr]
 
 
-def test_learned_limit_is_per_model_and_shared(qdb: Path, qclock: q.ManualClock) -> None:
+def test_learned_limit_is_per_model_and_shared(qdb: str, qclock: q.ManualClock) -> None:
     a = q.QuotaEngine(qdb, clock=qclock, env={})
     b = q.QuotaEngine(qdb, clock=qclock, env={})
     try:

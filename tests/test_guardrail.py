@@ -5,7 +5,6 @@ which never use the snapshot."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import quotaengine as q
@@ -26,12 +25,12 @@ def guard_clock() -> q.ManualClock:
 
 
 @pytest.fixture
-def guard_db(tmp_path: Path) -> Path:
-    return tmp_path / "guard.db"
+def guard_db(store: str) -> str:
+    return store
 
 
 @pytest.fixture
-def guard(guard_db: Path, guard_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def guard(guard_db: str, guard_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(guard_db, clock=guard_clock, env={})
     yield e
     e.close()
@@ -240,7 +239,7 @@ def test_invalidate_window_usage(guard: q.QuotaEngine) -> None:
     assert e.model_window_used_fraction(P, M) == pytest.approx(0.3)
 
 
-def test_custom_ttl(guard_db: Path, guard_clock: q.ManualClock) -> None:
+def test_custom_ttl(guard_db: str, guard_clock: q.ManualClock) -> None:
     with q.QuotaEngine(guard_db, clock=guard_clock, env={}, window_usage_ttl_ms=60_000) as e:
         e.set_model_limits(P, M, rpd=10)
         e.register_key(1, P)
@@ -252,7 +251,7 @@ def test_custom_ttl(guard_db: Path, guard_clock: q.ManualClock) -> None:
         assert e.model_window_used_fraction(P, M) == pytest.approx(0.2)
 
 
-def test_snapshot_sees_other_engines_usage(guard_db: Path, guard_clock: q.ManualClock) -> None:
+def test_snapshot_sees_other_engines_usage(guard_db: str, guard_clock: q.ManualClock) -> None:
     with (
         q.QuotaEngine(guard_db, clock=guard_clock, env={}) as a,
         q.QuotaEngine(guard_db, clock=guard_clock, env={}) as b,

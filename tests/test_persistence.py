@@ -34,11 +34,13 @@ def snapshot(db_path: Path) -> tuple[bytes, int]:
 # ---------------------------------------------------------------------------- layout
 
 
+@pytest.mark.sqlite_only
 def test_wal_mode(engine: q.QuotaEngine, db_path: Path) -> None:
     engine.record_request(P, M, K)
     assert sql(db_path, "PRAGMA journal_mode") == [("wal",)]
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize(
     ("table", "columns"),
     [
@@ -55,6 +57,7 @@ def test_spec_tables_and_columns(engine: q.QuotaEngine, db_path: Path, table: st
     assert columns <= cols
 
 
+@pytest.mark.sqlite_only
 def test_usage_rows_readable_with_sqlite3(engine: q.QuotaEngine, db_path: Path, clock: q.ManualClock) -> None:
     engine.record_request(P, M, K)
     clock.advance(5)
@@ -69,6 +72,7 @@ def test_usage_rows_readable_with_sqlite3(engine: q.QuotaEngine, db_path: Path, 
     assert rows == [(P, M, K, TEN_AM + 5 + 30_000, "credit", TEN_AM + 5)]
 
 
+@pytest.mark.sqlite_only
 def test_schema_version(engine: q.QuotaEngine, db_path: Path) -> None:
     ((version,),) = sql(db_path, "PRAGMA user_version")
     assert version > 0

@@ -31,12 +31,12 @@ def pools_clock() -> q.ManualClock:
 
 
 @pytest.fixture
-def pools_db(tmp_path: Path) -> Path:
-    return tmp_path / "pools.db"
+def pools_db(store: str) -> str:
+    return store
 
 
 @pytest.fixture
-def pools_engine(pools_db: Path, pools_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def pools_engine(pools_db: str, pools_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(pools_db, clock=pools_clock, env={})
     yield e
     e.close()
@@ -78,7 +78,7 @@ def test_default_modelscope_daily_cap_is_enforced(pools_clock: q.ManualClock) ->
         assert e.can_use_provider("modelscope", 2)
 
 
-def test_env_overrides_each_cap(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_env_overrides_each_cap(pools_db: str, pools_clock: q.ManualClock) -> None:
     env = {
         DAILY + "OPENROUTER": "5",  # replaces a default
         MINUTELY + "NVIDIA": "7",
@@ -95,13 +95,13 @@ def test_env_overrides_each_cap(pools_db: Path, pools_clock: q.ManualClock) -> N
         assert caps_of(e, "modelscope") == (1800, None, None)  # untouched default
 
 
-def test_env_platform_name_is_upper_cased(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_env_platform_name_is_upper_cased(pools_db: str, pools_clock: q.ManualClock) -> None:
     # The variable for platform "cerebras" is ..._CEREBRAS; a lower-case variable name is not it.
     with open_engine(pools_db, pools_clock, {DAILY + "CEREBRAS": "3", MINUTELY + "cerebras": "9"}) as e:
         assert caps_of(e, "cerebras") == (3, None, None)
 
 
-def test_env_override_is_enforced(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_env_override_is_enforced(pools_db: str, pools_clock: q.ManualClock) -> None:
     with open_engine(pools_db, pools_clock, {DAILY + "OPENROUTER": "2"}) as e:
         e.record_request("openrouter", "a:free", K)
         assert e.can_use_provider("openrouter", K)
@@ -109,7 +109,7 @@ def test_env_override_is_enforced(pools_db: Path, pools_clock: q.ManualClock) ->
         assert not e.can_use_provider("openrouter", K)
 
 
-def test_env_zero_disables_each_default_cap(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_env_zero_disables_each_default_cap(pools_db: str, pools_clock: q.ManualClock) -> None:
     env = {DAILY + "OPENROUTER": "0", DAILY + "MODELSCOPE": "0", MINUTELY + "NVIDIA": "0", TOKENS + "NAVY": "0"}
     with open_engine(pools_db, pools_clock, env) as e:
         assert caps_of(e, "openrouter") == (None, None, None)
@@ -127,7 +127,7 @@ def test_env_zero_disables_each_default_cap(pools_db: Path, pools_clock: q.Manua
 
 @pytest.mark.parametrize("garbage", ["lots", "1.5", "-3", "12abc", "0x10"])
 def test_env_garbage_is_ignored_with_a_warning(
-    pools_db: Path, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture, garbage: str
+    pools_db: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture, garbage: str
 ) -> None:
     env = {
         DAILY + "OPENROUTER": garbage,
@@ -153,7 +153,7 @@ def test_env_garbage_is_ignored_with_a_warning(
 
 
 def test_valid_env_gives_no_warning(
-    pools_db: Path, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture
+    pools_db: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
         e = open_engine(pools_db, pools_clock, {DAILY + "GROQ": "10", MINUTELY + "NVIDIA": "0"})
@@ -217,7 +217,7 @@ def test_cap_of_zero_refuses_everything(pools_engine: q.QuotaEngine) -> None:
     assert e.check("mistral", "m", K, 1).reason == "provider_daily_tokens"
 
 
-def test_set_provider_caps_wins_over_env(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_set_provider_caps_wins_over_env(pools_db: str, pools_clock: q.ManualClock) -> None:
     env = {DAILY + "GROQ": "5", MINUTELY + "NVIDIA": "7", TOKENS + "NAVY": "0", DAILY + "OPENROUTER": "0"}
     with open_engine(pools_db, pools_clock, env) as e:
         assert caps_of(e, "groq") == (5, None, None)
@@ -236,7 +236,7 @@ def test_set_provider_caps_wins_over_env(pools_db: Path, pools_clock: q.ManualCl
         assert not e.can_use_provider("openrouter", K)
 
 
-def test_set_provider_caps_persisted_across_reopen(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_set_provider_caps_persisted_across_reopen(pools_db: str, pools_clock: q.ManualClock) -> None:
     with open_engine(pools_db, pools_clock) as e:
         e.set_provider_caps("groq", daily_requests=10, minute_requests=0, daily_tokens=777)
         e.set_provider_caps("openrouter", daily_requests=None)
@@ -248,7 +248,7 @@ def test_set_provider_caps_persisted_across_reopen(pools_db: Path, pools_clock: 
         assert not e.can_use_provider_minute("groq", K)  # minute cap 0 refuses
 
 
-def test_set_provider_caps_visible_to_second_engine(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_set_provider_caps_visible_to_second_engine(pools_db: str, pools_clock: q.ManualClock) -> None:
     with open_engine(pools_db, pools_clock) as a, open_engine(pools_db, pools_clock, {DAILY + "GROQ": "100"}) as b:
         assert caps_of(b, "groq") == (100, None, None)
         a.set_provider_caps("groq", daily_requests=2)
@@ -265,7 +265,7 @@ def test_set_provider_caps_visible_to_second_engine(pools_db: Path, pools_clock:
         assert b.can_use_provider("groq", K)
 
 
-def test_reset_provider_caps_restores_env_and_defaults(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_reset_provider_caps_restores_env_and_defaults(pools_db: str, pools_clock: q.ManualClock) -> None:
     env = {DAILY + "GROQ": "5", DAILY + "MODELSCOPE": "0"}
     with open_engine(pools_db, pools_clock, env) as e:
         e.set_provider_caps("groq", daily_requests=50, minute_requests=6, daily_tokens=7)
@@ -597,7 +597,7 @@ def test_lease_refused_by_provider_gate_takes_nothing(pools_engine: q.QuotaEngin
     lease.release()
 
 
-def test_provider_caps_visible_across_engines_for_gates(pools_db: Path, pools_clock: q.ManualClock) -> None:
+def test_provider_caps_visible_across_engines_for_gates(pools_db: str, pools_clock: q.ManualClock) -> None:
     with (
         open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as a,
         open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as b,

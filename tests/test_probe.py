@@ -52,19 +52,19 @@ def pclock() -> q.ManualClock:
 
 
 @pytest.fixture
-def pdb(tmp_path: Path) -> Path:
-    return tmp_path / "probe.db"
+def pdb(store: str) -> str:
+    return store
 
 
 @pytest.fixture
-def pengine(pdb: Path, pclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def pengine(pdb: str, pclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(pdb, clock=pclock, env={})
     yield e
     e.close()
 
 
 @pytest.fixture
-def pengine_with_env(pdb: Path, pclock: q.ManualClock) -> Iterator[Callable[[dict[str, str]], q.QuotaEngine]]:
+def pengine_with_env(pdb: str, pclock: q.ManualClock) -> Iterator[Callable[[dict[str, str]], q.QuotaEngine]]:
     made: list[q.QuotaEngine] = []
 
     def make(env: dict[str, str]) -> q.QuotaEngine:
@@ -513,7 +513,7 @@ def test_pass_keeps_the_ladder_history(pengine: q.QuotaEngine, pclock: q.ManualC
     assert second.cooldown.duration_ms == 10 * MINUTE
 
 
-def test_cleared_cooldowns_survive_a_reopen(pdb: Path, pclock: q.ManualClock) -> None:
+def test_cleared_cooldowns_survive_a_reopen(pdb: str, pclock: q.ManualClock) -> None:
     with q.QuotaEngine(pdb, clock=pclock, env={}) as e:
         bench_ripe(e, pclock, [1, 2])
         e.run_probe_pass(Recorder(True), jitter=zero)

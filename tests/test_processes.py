@@ -179,11 +179,11 @@ WRITE_ONE = """
 """
 
 
-def test_rows_from_another_process_are_seen_by_the_next_call(db_path: Path, engine: q.QuotaEngine) -> None:
+def test_rows_from_another_process_are_seen_by_the_next_call(store: str, engine: q.QuotaEngine) -> None:
     # The fixture engine has already read the (empty) file.
     assert engine.usage(P, M, K)["rpm"]["used"] == 0
     assert engine.can_make_request(P, M, K)
-    with spawn(WRITE_ONE, str(db_path), str(TEN_AM)) as proc:
+    with spawn(WRITE_ONE, store, str(TEN_AM)) as proc:
         finish(proc)
     u = engine.usage(P, M, K)
     assert (u["rpm"]["used"], u["rpd"]["used"], u["tpm"]["used"], u["tpd"]["used"]) == (1, 1, 70, 70)
@@ -195,6 +195,7 @@ def test_rows_from_another_process_are_seen_by_the_next_call(db_path: Path, engi
     assert engine.check(P, "other-model", K).reason == "cooldown"
 
 
+@pytest.mark.sqlite_only
 def test_rows_from_plain_sqlite3_are_seen_by_the_next_call(db_path: Path, engine: q.QuotaEngine) -> None:
     engine.set_model_limits(P, M, rpm=3, tpm=500)
     engine.record_request(P, M, K)
@@ -233,6 +234,7 @@ def test_rows_from_plain_sqlite3_are_seen_by_the_next_call(db_path: Path, engine
         engine.lease(P, M, K)
 
 
+@pytest.mark.sqlite_only
 def test_cooldown_from_plain_sqlite3_is_seen(db_path: Path, engine: q.QuotaEngine) -> None:
     assert not engine.is_on_cooldown(P, M, K)
     now = engine.now_ms()

@@ -24,12 +24,12 @@ def hdr_clock() -> q.ManualClock:
 
 
 @pytest.fixture
-def hdr_db(tmp_path: Path) -> Path:
-    return tmp_path / "headers.db"
+def hdr_db(store: str) -> str:
+    return store
 
 
 @pytest.fixture
-def hdr_engine(hdr_db: Path, hdr_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+def hdr_engine(hdr_db: str, hdr_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(hdr_db, clock=hdr_clock, env={})
     yield e
     e.close()
@@ -452,7 +452,8 @@ def _quota_table(con: sqlite3.Connection) -> tuple[str, list[str]]:
     return found[0]
 
 
-def test_quota_state_past_reset_is_stored(hdr_db: Path, hdr_clock: q.ManualClock) -> None:
+@pytest.mark.sqlite_only
+def test_quota_state_past_reset_is_stored(hdr_db: str, hdr_clock: q.ManualClock) -> None:
     with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as e:
         e.record_quota_headers("groq", 1, req(100, 0, "2s"))
         hdr_clock.set(NOW + 3_000)
@@ -471,7 +472,7 @@ def test_quota_state_past_reset_is_stored(hdr_db: Path, hdr_clock: q.ManualClock
         assert (s.limit, s.remaining, s.reset_at_ms) == (100, 100, None)
 
 
-def test_quota_state_persisted_and_shared(hdr_db: Path, hdr_clock: q.ManualClock) -> None:
+def test_quota_state_persisted_and_shared(hdr_db: str, hdr_clock: q.ManualClock) -> None:
     with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as a, q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as b:
         a.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o")
         assert len(b.quota_state()) == 2
@@ -558,7 +559,8 @@ def _copy_row_with(db: Path, key_id: int, confidence: float) -> None:
         con.close()
 
 
-def test_headroom_confidence_floor(hdr_db: Path, hdr_clock: q.ManualClock) -> None:
+@pytest.mark.sqlite_only
+def test_headroom_confidence_floor(hdr_db: str, hdr_clock: q.ManualClock) -> None:
     with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as e:
         e.record_quota_headers("groq", 1, req(100, 40))
     _copy_row_with(hdr_db, 2, 0.6)  # a probe's confidence: below the floor
@@ -569,7 +571,7 @@ def test_headroom_confidence_floor(hdr_db: Path, hdr_clock: q.ManualClock) -> No
         assert e.key_quota_headroom("groq") == {1: pytest.approx(0.4), 3: pytest.approx(0.4)}
 
 
-def test_headroom_cache_other_engine_not_seen_for_5s(hdr_db: Path, hdr_clock: q.ManualClock) -> None:
+def test_headroom_cache_other_engine_not_seen_for_5s(hdr_db: str, hdr_clock: q.ManualClock) -> None:
     with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as a, q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as b:
         a.record_quota_headers("groq", 1, req(100, 50))
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}  # cache built at NOW
@@ -584,7 +586,7 @@ def test_headroom_cache_other_engine_not_seen_for_5s(hdr_db: Path, hdr_clock: q.
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.1), 2: pytest.approx(0.8)}
 
 
-def test_headroom_cache_invalidated_by_own_observation(hdr_db: Path, hdr_clock: q.ManualClock) -> None:
+def test_headroom_cache_invalidated_by_own_observation(hdr_db: str, hdr_clock: q.ManualClock) -> None:
     with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as a, q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as b:
         a.record_quota_headers("groq", 1, req(100, 50))
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}

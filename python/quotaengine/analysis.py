@@ -417,7 +417,7 @@ def _when(ms: int) -> str:
 def _stored_cooldowns(e: QuotaEngine) -> list[tuple[str, str, int, str, int, int]]:
     """Every row of ``rate_limit_cooldowns``, expired ones included (until the engine
     cleans them up), read through a read-only SQLite connection; the engine's active
-    cooldowns for an in-memory database or when the file cannot be read."""
+    cooldowns for an in-memory database, a Redis store, or when the file cannot be read."""
     active: list[tuple[str, str, int, str, int, int]] = [
         (c.platform, c.model_id, c.key_id, str(c.source), c.set_at_ms, c.expires_at_ms) for c in e.active_cooldowns()
     ]
