@@ -56,7 +56,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 20) -> str:
     return out
 
 
-def usage_at(db_path: Path, now_ms: int = TEN_AM, **kwargs: int) -> dict:
+def usage_at(db_path: Path | str, now_ms: int = TEN_AM, **kwargs: int) -> dict:
     with q.QuotaEngine(db_path, clock=q.ManualClock(now_ms), env={}, **kwargs) as e:
         return e.usage(P, M, K)
 
@@ -109,13 +109,13 @@ RACE = """
 
 
 @pytest.mark.parametrize("mode", ["hold", "success"])
-def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path, mode: str) -> None:
+def test_four_processes_eight_threads_admit_exactly_rpm(store: str, mode: str) -> None:
     # "hold": every admitted lease stays live. "success": each is completed at once, with grouped
     # writes (flush_interval_ms=50), which must not loosen admission across processes.
-    with q.QuotaEngine(db_path, clock=q.ManualClock(TEN_AM), env={}) as e:
+    with q.QuotaEngine(store, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=100)  # the children read it from the file
     with contextlib.ExitStack() as stack:
-        procs = [stack.enter_context(spawn(RACE, str(db_path), str(TEN_AM), mode)) for _ in range(4)]
+        procs = [stack.enter_context(spawn(RACE, store, str(TEN_AM), mode)) for _ in range(4)]
         for p in procs:
             assert p.stdout is not None
             assert p.stdout.readline().strip() == "ready", stderr_of(p)
@@ -131,7 +131,7 @@ def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path, mode: str
         per_process.append(int(words[1]))
     assert sum(per_process) == 100
     assert sum(1 for n in per_process if n) >= 2, per_process  # it was a race
-    u = usage_at(db_path)
+    u = usage_at(store)
     assert u["rpm"]["limit"] == 100
     if mode == "hold":
         assert (u["in_flight"], u["rpm"]["used"]) == (100, 0)
@@ -139,11 +139,11 @@ def test_four_processes_eight_threads_admit_exactly_rpm(db_path: Path, mode: str
         assert (u["in_flight"], u["rpm"]["used"], u["tpm"]["used"]) == (0, 100, 1000)
 
 
-def test_grouped_writes_keep_admission_exact_between_engines(db_path: Path) -> None:
+def test_grouped_writes_keep_admission_exact_between_engines(store: str) -> None:
     clock = q.ManualClock(TEN_AM)
     with (
-        q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as a,
-        q.QuotaEngine(db_path, clock=clock, env={}, flush_interval_ms=60_000) as b,
+        q.QuotaEngine(store, clock=clock, env={}, flush_interval_ms=60_000) as a,
+        q.QuotaEngine(store, clock=clock, env={}, flush_interval_ms=60_000) as b,
     ):
         a.set_model_limits(P, M, rpm=3)
         outcomes = []
@@ -161,7 +161,7 @@ def test_grouped_writes_keep_admission_exact_between_engines(db_path: Path) -> N
             u = e.usage(P, M, K)
             assert u["rpm"]["used"] + u["in_flight"] == 3
     # after a clean close everything is in the file
-    with q.QuotaEngine(db_path, clock=clock, env={}) as c:
+    with q.QuotaEngine(store, clock=clock, env={}) as c:
         u = c.usage(P, M, K)
         assert (u["rpm"]["used"], u["in_flight"]) == (3, 0)
 
@@ -299,10 +299,10 @@ SIGKILL_LEASES = """
 """
 
 
-def test_leases_of_a_killed_process_expire(db_path: Path) -> None:
+def test_leases_of_a_killed_process_expire(store: str) -> None:
     # The real clock: each process has its own clock.
-    with q.QuotaEngine(db_path, env={}) as e:  # default max age 120 s in this engine
-        with spawn(SIGKILL_LEASES, str(db_path)) as proc:
+    with q.QuotaEngine(store, env={}) as e:  # default max age 120 s in this engine
+        with spawn(SIGKILL_LEASES, store) as proc:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "leased", stderr_of(proc)
             t_leased = time.monotonic()

@@ -1,0 +1,251 @@
+"""The Redis backend's own behaviour (the shared contract runs on both backends
+through the ``store`` fixture): URLs, passwords and prefixes, the server going away
+and coming back, a fleet of processes racing through one server, and round trips."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import quotaengine as q
+from conftest import BACKENDS, TEN_AM, RedisServer, free_port, redis_location
+
+P, M, K = "groq", "llama", 1
+
+pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
+
+
+def command(port: int, *args: str, password: str | None = None) -> bytes:
+    """One command on a fresh connection, in RESP; returns the raw reply."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+        parts = ([["AUTH", password]] if password else []) + [list(args)]
+        for cmd in parts:
+            c.sendall(f"*{len(cmd)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in cmd))
+        time.sleep(0.05)
+        return c.recv(1 << 20)
+
+
+def evalsha_calls(port: int) -> int:
+    """How many script calls (EVALSHA and EVAL) the server has answered."""
+    info = command(port, "INFO", "commandstats").decode()
+    n = 0
+    for line in info.splitlines():
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+            n += int(line.split("calls=")[1].split(",")[0])
+    return n
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of this test's own, which it may kill and restart."""
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.kill()
+
+
+def test_nothing_listening_is_a_database_error() -> None:
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(q.DatabaseError, match="redis"):
+        q.QuotaEngine(f"redis://127.0.0.1:{port}/0", env={})
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:notaport/0", "redis://127.0.0.1:6379/0?prefix=", "redis://127.0.0.1:6379/0?prefix=a b"],
+)
+def test_bad_urls_are_database_errors(url: str) -> None:
+    with pytest.raises(q.DatabaseError):
+        q.QuotaEngine(url, env={})
+
+
+def test_a_prefix_holding_other_data_is_refused(redis_server: RedisServer) -> None:
+    command(redis_server.port, "SET", "foreign:log", "not ours")
+    with pytest.raises(q.DatabaseError, match="prefix"):
+        q.QuotaEngine(f"{redis_server.url}?prefix=foreign", env={})
+    assert command(redis_server.port, "GET", "foreign:log") == b"$8\r\nnot ours\r\n"
+
+
+def test_prefixes_keep_engines_apart(redis_server: RedisServer) -> None:
+    clock = q.ManualClock(TEN_AM)
+    a_url, b_url = redis_location(redis_server), redis_location(redis_server)
+    with q.QuotaEngine(a_url, clock=clock, env={}) as a, q.QuotaEngine(b_url, clock=clock, env={}) as b:
+        a.set_model_limits(P, M, rpm=1)
+        a.lease(P, M, K, 10).success(tokens=10)
+        a.set_cooldown(P, "other", K, 60_000)
+        assert b.usage(P, M, K)["rpm"]["used"] == 0
+        assert b.model_limits(P, M) is None and b.active_cooldowns() == []
+        with q.QuotaEngine(a_url, clock=clock, env={}) as a2:
+            assert a2.usage(P, M, K)["rpm"] == {"used": 1, "limit": 1}
+            assert not a2.can_make_request(P, M, K)
+
+
+def test_password(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--requirepass", "s3cret"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError):
+                if command(port, "PING", password="s3cret").endswith(b"+PONG\r\n"):
+                    break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with q.QuotaEngine(f"redis://:s3cret@127.0.0.1:{port}/0", env={}) as e:
+            e.record_request(P, M, K)
+            assert e.usage(P, M, K)["rpd"]["used"] == 1
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(f"redis://:wrong@127.0.0.1:{port}/0", env={})
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(f"redis://127.0.0.1:{port}/0", env={})
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_readonly_engine_writes_nothing(redis_server: RedisServer) -> None:
+    url = redis_location(redis_server)
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(url, clock=clock, env={}) as w, q.QuotaEngine(url, clock=clock, readonly=True) as r:
+        w.record_request(P, M, K)
+        assert r.usage(P, M, K)["rpd"]["used"] == 1
+        with pytest.raises(q.DatabaseError):
+            r.record_request(P, M, K)
+        assert w.usage(P, M, K)["rpd"]["used"] == 1
+
+
+def test_round_trips_per_operation(own_server: RedisServer) -> None:
+    """lease() takes the lock and reads (1), then writes and unlocks (1); success()
+    writes in one; check() reads in one."""
+    with q.QuotaEngine(own_server.url, clock=q.ManualClock(TEN_AM), env={}) as e:
+        e.set_model_limits(P, M, rpm=1000)
+        e.check(P, M, K)
+        before = evalsha_calls(own_server.port)
+        for _ in range(50):
+            e.lease(P, M, K, 10).success(tokens=12)
+        assert evalsha_calls(own_server.port) - before == 50 * 3
+        before = evalsha_calls(own_server.port)
+        for _ in range(50):
+            e.check(P, M, K)
+        assert evalsha_calls(own_server.port) - before == 50
+
+
+def test_server_restart_degrades_then_replays(own_server: RedisServer) -> None:
+    """Redis killed: the engine enforces from memory and buffers; Redis back (empty,
+    no persistence): the buffered rows are written again and other engines see them."""
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
+        for _ in range(3):
+            e.lease(P, M, K, 10, limits={"rpm": 5}).success(tokens=10)
+        own_server.kill()
+        # Degraded: counts from memory, two more admitted, then refused.
+        for _ in range(2):
+            e.lease(P, M, K, 10, limits={"rpm": 5}).success(tokens=10)
+        assert e.degraded
+        with pytest.raises(q.QuotaExceeded):
+            e.lease(P, M, K, 10, limits={"rpm": 5})
+        own_server.start()
+        deadline = time.monotonic() + 5
+        while e.degraded and time.monotonic() < deadline:
+            time.sleep(0.25)  # reconnects are paced (200 ms)
+            e.usage(P, M, K)
+        e.record_request(P, M, K)  # a write: flushes what was buffered
+        assert not e.degraded
+        with q.QuotaEngine(own_server.url, clock=clock, env={}) as other:
+            # The two rows written while Redis was down, and the last one.
+            assert other.usage(P, M, K)["rpm"]["used"] == 3
+
+
+FLEET = """
+    import sys, time
+    import quotaengine as q
+    url, now, phase_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    e = q.QuotaEngine(url, clock=q.ManualClock(now), env={}, busy_timeout_ms=300)
+    print("ready", flush=True)
+    admitted = {"before": 0, "down": 0, "after": 0}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        phase = open(phase_file).read().strip()
+        if phase == "stop":
+            break
+        if phase == "before" and admitted["before"] >= 10:
+            e.usage("groq", "llama", 1)  # idle, but reading what the others write
+            time.sleep(0.005)
+            continue
+        try:
+            e.lease("groq", "llama", 1, 10, limits={"rpm": 100}).success(tokens=10)
+            admitted[phase] += 1
+        except q.QuotaExceeded:
+            time.sleep(0.005)
+    print(admitted["before"], admitted["down"], admitted["after"], int(e.degraded), flush=True)
+    e.close()
+"""
+
+
+def test_fleet_through_a_restart_overshoots_no_more_than_the_readme_says(
+    own_server: RedisServer, tmp_path: Path
+) -> None:
+    """4 processes race on rpm=100 through one Redis. Each admits 10, Redis is killed,
+    each enforces from memory while it is down (the README's bound: each engine may
+    use what remained of the limit as it last saw it), Redis comes back and replays:
+    after that, nothing more is admitted within the minute."""
+    phase = tmp_path / "phase"
+    phase.write_text("before")
+    n = 4
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(FLEET), own_server.url, str(TEN_AM), str(phase)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 20
+        with q.QuotaEngine(own_server.url, clock=q.ManualClock(TEN_AM), env={}) as watcher:
+            while watcher.usage(P, M, K)["rpm"]["used"] < 10 * n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen_before_kill = watcher.usage(P, M, K)["rpm"]["used"]
+        time.sleep(0.3)  # every process has read all 40
+        own_server.kill()
+        phase.write_text("down")
+        time.sleep(1.5)
+        own_server.start()
+        phase.write_text("after")
+        time.sleep(2.5)
+        phase.write_text("stop")
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=30)
+            assert p.returncode == 0, err
+            results.append([int(x) for x in out.split()])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    before = sum(r[0] for r in results)
+    down = sum(r[1] for r in results)
+    after = sum(r[2] for r in results)
+    assert before == seen_before_kill == 10 * n
+    # While Redis was down each engine admitted at most what remained as it last saw it.
+    assert before + down <= 100 + (n - 1) * (100 - 10 * n), results
+    assert down > 0  # it did run from memory
+    # Once the rows were replayed, the fleet saw the minute was spent.
+    assert after == 0, results
+    assert all(r[3] == 0 for r in results), results  # all reconnected
