@@ -1,0 +1,147 @@
+//! The core on the Redis backend, without Python: a real `redis-server` started on a
+//! free loopback port for each test (Debian's package; `.ci/run` installs it).
+#![allow(clippy::unwrap_used)]
+
+use quotaengine::core::clock::ManualClock;
+use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
+use quotaengine::core::error::Error;
+use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
+
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (apt-get install redis-server)");
+        let server = Server { child, port, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self, prefix: &str) -> String {
+        format!("redis://127.0.0.1:{}/0?prefix={prefix}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn open(url: &str, clock: &Arc<ManualClock>) -> Engine {
+    Engine::open(&StoreSpec::from_path(url), clock.clone(), Settings::default()).unwrap()
+}
+
+fn route() -> Route {
+    Route::new("groq", "llama", 1).unwrap()
+}
+
+fn rpm(n: i64) -> Option<Limits> {
+    Some(Limits { rpm: Some(n), ..Limits::default() })
+}
+
+#[test]
+fn two_engines_share_one_truth() {
+    let server = Server::start();
+    let url = server.url("share");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(&url, &clock);
+    let mut b = open(&url, &clock);
+    a.lease(&route(), 10, rpm(2)).unwrap();
+    b.lease(&route(), 10, rpm(2)).unwrap();
+    for e in [&mut a, &mut b] {
+        let err = e.lease(&route(), 10, rpm(2)).unwrap_err();
+        assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
+    }
+    b.set_cooldown(&route(), 3_600_000, CooldownSource::Heuristic).unwrap();
+    assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
+    // The ladder's history is shared: a 429 in one engine, the next step in the other.
+    let other = Route::new("groq", "other", 1).unwrap();
+    let f = || FailureInput { status: Some(429), ..FailureInput::default() };
+    let first = a.record_failure(&other, f()).unwrap().cooldown.unwrap();
+    clock.advance(first.duration_ms);
+    let second = b.record_failure(&other, f()).unwrap().cooldown.unwrap();
+    assert!(second.duration_ms > first.duration_ms, "{first:?} then {second:?}");
+    // A third engine opened later loads all of it.
+    let mut c = open(&url, &clock);
+    assert_eq!(c.usage(&route(), None).unwrap().in_flight, 2);
+    assert!(c.cooldown(&route()).unwrap().is_some());
+}
+
+#[test]
+fn threads_with_engines_of_their_own_admit_exactly_the_limit() {
+    let server = Server::start();
+    let url = server.url("race");
+    let clock = Arc::new(ManualClock::new(T0));
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, clock, barrier) = (url.clone(), clock.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut e = open(&url, &clock);
+                barrier.wait();
+                let mut admitted = 0;
+                loop {
+                    match e.lease(&route(), 10, rpm(50)) {
+                        Ok(id) => {
+                            e.finish_lease_success(id, &route(), Some(10)).unwrap();
+                            admitted += 1;
+                        }
+                        Err(Error::Refused(_)) => return admitted,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let counts: Vec<i64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(counts.iter().sum::<i64>(), 50, "{counts:?}");
+    let mut check = open(&url, &clock);
+    let u = check.usage(&route(), rpm(50)).unwrap();
+    assert_eq!((u.rpm.used, u.tpm.used, u.in_flight), (50, 500, 0));
+}
+
+#[test]
+fn usage_since_midnight_is_loaded_and_retention_trims_the_feed() {
+    let server = Server::start();
+    let url = server.url("days");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(&url, &clock);
+    for _ in 0..3 {
+        a.record_request(&route()).unwrap();
+    }
+    clock.set(T0 + 86_400_000); // the next day, same time
+    a.record_request(&route()).unwrap();
+    let mut b = open(&url, &clock);
+    let u = b.usage(&route(), None).unwrap();
+    assert_eq!((u.rpd.used, u.rpm.used), (1, 1));
+    // Retention (one day by default): a sweep a day later drops the first day's rows.
+    clock.set(T0 + 2 * 86_400_000 - 60_000);
+    b.record_request(&route()).unwrap();
+    let all = b.usage_events(&Default::default()).unwrap();
+    assert!(all.iter().all(|r| r.created_at_ms >= T0 + 86_400_000), "{all:?}");
+    assert_eq!(all.len(), 2);
+}
