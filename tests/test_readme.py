@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import BACKENDS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
@@ -18,8 +20,15 @@ def test_readme_has_examples() -> None:
 
 
 @pytest.mark.parametrize("i", range(len(BLOCKS)))
-def test_readme_example_runs(i: int, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", BLOCKS[i]], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def test_readme_example_runs(i: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    env = dict(os.environ)
+    if "QE_REDIS_URL" in BLOCKS[i]:
+        if "redis" not in BACKENDS:
+            pytest.skip("QE_BACKENDS leaves Redis out")
+        env["QE_REDIS_URL"] = request.getfixturevalue("redis_server").url
+    r = subprocess.run(
+        [sys.executable, "-c", BLOCKS[i]], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stderr
     # a comment of the form `print(...)  # value` names what the line prints
     expected = [m.strip() for m in re.findall(r"^print\(.*\)[ \t]+# (.+)$", BLOCKS[i], re.M)]
