@@ -249,3 +249,29 @@ def test_fleet_through_a_restart_overshoots_no_more_than_the_readme_says(
     # Once the rows were replayed, the fleet saw the minute was spent.
     assert after == 0, results
     assert all(r[3] == 0 for r in results), results  # all reconnected
+
+
+def test_one_engine_of_a_fleet_probes_a_key(redis_server: RedisServer) -> None:
+    """Two engines on one Redis: the one that probes a benched key first keeps it for
+    two minutes; the other leaves it alone (its validator is never called)."""
+    url = redis_location(redis_server)
+    clock = q.ManualClock(TEN_AM)
+    calls: dict[str, list[int]] = {"a": [], "b": []}
+
+    def validator(name: str):  # type: ignore[no-untyped-def]
+        def probe(key_id: int) -> bool:
+            calls[name].append(key_id)
+            return False  # still failing: the cooldown stays, so both would probe it
+
+        return probe
+
+    with q.QuotaEngine(url, clock=clock, env={}) as a, q.QuotaEngine(url, clock=clock, env={}) as b:
+        a.set_cooldown(P, M, 1, 3_600_000, "heuristic")
+        a.set_cooldown(P, M, 2, 3_600_000, "heuristic")
+        clock.advance(30 * 60_000)
+        for e, name in ((a, "a"), (b, "b")):
+            e.run_probe_pass(validator(name), jitter=lambda: 0.0)  # first sightings
+        assert a.run_probe_pass(validator("a"), jitter=lambda: 0.0).probed_key_ids == [1, 2]
+        assert b.run_probe_pass(validator("b"), jitter=lambda: 0.0).probed_key_ids == []
+        assert calls == {"a": [1, 2], "b": []}
+        assert len(b.probeable_cooldowns()) == 2  # b does see them: it leaves them to a

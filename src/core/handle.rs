@@ -10,6 +10,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How long a key probed by one engine is left to it by the others of a fleet (the
+/// first step of the probe backoff).
+const PROBE_CLAIM_MS: i64 = 120_000;
+
 struct Shared {
     engine: Mutex<Option<Engine>>,
     stop: Mutex<bool>,
@@ -205,6 +209,10 @@ impl Handle {
         let due = state.plan(&cds, now, max_probes, jitter);
         let mut result = ProbePassResult::default();
         for key in due {
+            // Another engine of the fleet probes this key now: leave it to that one.
+            if !self.with(|e| Ok(e.claim_probe(key, PROBE_CLAIM_MS)))? {
+                continue;
+            }
             if let Some((f, _)) = flags {
                 let mut f = f.lock();
                 if f.stop {

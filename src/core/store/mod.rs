@@ -231,6 +231,12 @@ pub trait Store: Send {
     /// Inside a write section: applies one change. Returns the new row id for inserts,
     /// the number of affected rows for deletes, 0 otherwise.
     fn write(&mut self, w: &Write) -> StoreResult<i64>;
+    /// Claims `name` for this engine for `ttl_ms` (real time): false while another
+    /// engine holds it. Re-entrant for the holder. Used so that one engine of a
+    /// fleet probes a key; a store on one host may always say yes.
+    fn try_claim(&mut self, _name: &str, _ttl_ms: i64) -> StoreResult<bool> {
+        Ok(true)
+    }
     /// Waits at most this long for another process's lock (0: fail at once).
     fn set_busy_timeout(&mut self, ms: i64);
     /// Analysis reads (no section needed).

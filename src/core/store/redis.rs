@@ -975,6 +975,18 @@ impl Store for RedisStore {
         self.busy_timeout_ms = ms;
     }
 
+    fn try_claim(&mut self, name: &str, ttl_ms: i64) -> StoreResult<bool> {
+        let key = format!("{}:claim:{name}", self.prefix);
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(&self.owner).arg("NX").arg("PX").arg(ttl_ms.max(1));
+        if !matches!(self.query(&set)?, Value::Nil) {
+            return Ok(true);
+        }
+        let mut get = redis::cmd("GET");
+        get.arg(&key);
+        Ok(text(&self.query(&get)?).is_ok_and(|holder| holder == self.owner))
+    }
+
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let start = f.since_ms.map_or_else(|| "-".to_string(), |s| s.max(0).to_string());
         let mut out = Vec::new();
