@@ -925,7 +925,9 @@ impl Engine {
             }
             Ok(())
         } else {
-            self.write(writes).map(|_| ())
+            // Appends decide nothing: no need to take the store's lock first.
+            let sec = self.enter_as(true, true)?;
+            self.leave(sec, writes).map(|_| ())
         }
     }
 
@@ -935,7 +937,8 @@ impl Engine {
             return Ok(());
         }
         self.flush_requested = true;
-        let out = self.write(Vec::new()).map(|_| ());
+        // Buffered writes were decided when they were made: they only append now.
+        let out = self.enter_as(true, true).and_then(|sec| self.leave(sec, Vec::new())).map(|_| ());
         self.flush_requested = false;
         out
     }

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Redis backend: quotaengine against what a router fleet would use instead.
+
+    python benches/bench_redis.py [--ops N] [--runs R] [--out benches/RESULTS-redis.md]
+
+Starts its own ``redis-server`` on a free loopback port (no persistence) and runs,
+in one process session, the deterministic stream of ``bench_compare.py`` (1000
+routes, Zipf models, four limits per route, about 10% refused; op = admit, then
+record the actual tokens) through:
+
+* quotaengine on ``redis://`` (``lease(est)`` then ``success(tokens)``);
+* ``limits`` moving window on its Redis storage (test all four limits, then hit
+  all four: the same as ``bench_compare``'s memory rows);
+* ``pyrate-limiter``'s ``RedisBucket`` (a request and a token bucket per route).
+
+Every system gets the same simulated time. Round trips are counted on the server
+(``INFO commandstats``: every command and script call it answered), per op.
+Each system runs ``--runs`` times on a fresh prefix/database; the table shows the
+median run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_compare import T0_MS, SimTime, Workload, _qe_admit, _qe_setup_limits, drive  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(workdir: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    exe = shutil.which("redis-server")
+    if exe is None:
+        sys.exit("redis-server is not installed (apt-get install redis-server)")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import redis
+
+    r = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            r.ping()
+            return proc, port
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def server_calls(port: int) -> int:
+    import redis
+
+    stats = redis.Redis(port=port).info("commandstats")
+    # the INFO call itself is counted too: subtract it by measuring before and after
+    return sum(v["calls"] for v in stats.values())
+
+
+def run_qe(wl, n: int, port: int, run: int) -> dict:
+    import quotaengine
+
+    clock = quotaengine.ManualClock(T0_MS)
+    eng = quotaengine.QuotaEngine(f"redis://127.0.0.1:{port}/0?prefix=qe{run}", clock=clock, env={})
+    _qe_setup_limits(eng, wl)
+    before = server_calls(port)
+    res = drive(wl.ops[:n], clock.set, _qe_admit(eng))
+    res["calls"] = server_calls(port) - before - 1
+    eng.close()
+    return res
+
+
+def run_limits(wl, n: int, port: int, run: int) -> dict:
+    import limits
+    import limits.storage.redis as lredis
+    import limits.strategies as lstrat
+
+    sim = SimTime(T0_MS)
+    lredis.time = sim  # the storage reads time.time(): feed it the simulated clock
+    lstrat.time = sim
+    storage = limits.storage.storage_from_string(f"redis://127.0.0.1:{port}/{run % 16}")
+    limiter = lstrat.MovingWindowRateLimiter(storage)
+    items = {}
+    for (p, m), (rpm, rpd, tpm, tpd) in wl.limits.items():
+        items[(p, m)] = (
+            limits.RateLimitItemPerMinute(rpm, namespace="rpm"),
+            limits.RateLimitItemPerDay(rpd, namespace="rpd"),
+            limits.RateLimitItemPerMinute(tpm, namespace="tpm"),
+            limits.RateLimitItemPerDay(tpd, namespace="tpd"),
+        )
+    test, hit = limiter.test, limiter.hit
+
+    def admit(p, m, k, est, act):
+        rpm, rpd, tpm, tpd = items[(p, m)]
+        ks = str(k)
+        if not (
+            test(rpm, p, m, ks)
+            and test(rpd, p, m, ks)
+            and test(tpm, p, m, ks, cost=est)
+            and test(tpd, p, m, ks, cost=est)
+        ):
+            return False
+        hit(rpm, p, m, ks)
+        hit(rpd, p, m, ks)
+        hit(tpm, p, m, ks, cost=est)
+        hit(tpd, p, m, ks, cost=est)
+        return True
+
+    before = server_calls(port)
+    res = drive(wl.ops[:n], sim.set, admit)
+    res["calls"] = server_calls(port) - before - 1
+    res["note"] = f"limits {limits.__version__}, moving window, redis storage"
+    return res
+
+
+def run_pyrate(wl, n: int, port: int, run: int) -> dict:
+    import pyrate_limiter
+    import redis
+    from pyrate_limiter import BucketFactory, Duration, Limiter, Rate, RateItem, RedisBucket
+
+    sim = SimTime(T0_MS)
+    conn = redis.Redis(port=port, db=run % 16)
+    buckets: dict = {}
+
+    class Factory(BucketFactory):
+        def wrap_item(self, name, weight=1):
+            return RateItem(name, sim.ms, weight=weight)
+
+        def get(self, item):
+            b = buckets.get(item.name)
+            if b is None:
+                what, p, m, k = item.name.split("|")
+                rpm, rpd, tpm, tpd = wl.limits[(p, m)]
+                rates = (
+                    [Rate(rpm, Duration.MINUTE), Rate(rpd, Duration.DAY)]
+                    if what == "req"
+                    else [Rate(tpm, Duration.MINUTE), Rate(tpd, Duration.DAY)]
+                )
+                b = buckets[item.name] = RedisBucket.init(rates, conn, item.name)
+            return b
+
+    acquire = Limiter(Factory()).try_acquire
+
+    def admit(p, m, k, est, act):
+        route = f"{p}|{m}|{k}"
+        if not acquire("req|" + route, 1, blocking=False):
+            return False
+        return acquire("tok|" + route, est, blocking=False)
+
+    before = server_calls(port)
+    res = drive(wl.ops[:n], sim.set, admit)
+    res["calls"] = server_calls(port) - before - 1
+    res["note"] = f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, RedisBucket"
+    return res
+
+
+SYSTEMS = {
+    "quotaengine redis://": run_qe,
+    "limits moving window, redis": run_limits,
+    "pyrate-limiter RedisBucket": run_pyrate,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=20_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(HERE, "RESULTS-redis.md"))
+    args = ap.parse_args()
+    wl = Workload(args.ops)
+    workdir = tempfile.mkdtemp(prefix="bench-redis-")
+    proc, port = start_server(workdir)
+    results: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
+    try:
+        for run in range(args.runs):
+            for name, fn in SYSTEMS.items():
+                r = fn(wl, args.ops, port, run)
+                results[name].append(r)
+                print(
+                    f"run {run} {name}: {r['ops_s']:,.0f} ops/s, {r['calls'] / args.ops:.2f} round trips/op", flush=True
+                )
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    def median_run(rs: list[dict]) -> dict:
+        return sorted(rs, key=lambda r: r["ops_s"])[len(rs) // 2]
+
+    med = {name: median_run(rs) for name, rs in results.items()}
+    ours = med["quotaengine redis://"]["ops_s"]
+    lines = [
+        "# Redis backend: lease() + success() against limits and pyrate-limiter on Redis",
+        "",
+        f"`python benches/bench_redis.py --ops {args.ops} --runs {args.runs}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},",
+        f"redis-server on loopback (no persistence), Python {sys.version.split()[0]}, {os.cpu_count()} cores.",
+        f"Median of {args.runs} runs of {args.ops:,} ops (same stream and simulated time for every system).",
+        "",
+        "| system | ops/s | p50 µs | p99 µs | refused | round trips / op | quotaengine is |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in med.items():
+        ratio = "–" if name.startswith("quotaengine") else f"{ours / r['ops_s']:.1f}×"
+        lines.append(
+            f"| {name} | {r['ops_s']:,.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['refused_frac']:.1%} "
+            f"| {r['calls'] / r['ops']:.2f} | {ratio} |"
+        )
+    lines += [
+        "",
+        "Round trips are counted by the server (`INFO commandstats`) over the run, divided by ops:",
+        "quotaengine makes 2 per admission (lock + read, then write + unlock) and 1 per `success()`;",
+        "a refused op is 1 (lock + read, then unlock) + 1.",
+        "",
+        "All runs (ops/s): "
+        + "; ".join(name + ": " + ", ".join(f"{r['ops_s']:,.0f}" for r in rs) for name, rs in results.items()),
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print("median ops/s", {k: round(statistics.median(r["ops_s"] for r in v)) for k, v in results.items()})
+
+
+if __name__ == "__main__":
+    main()
