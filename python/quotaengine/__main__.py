@@ -20,6 +20,8 @@ def _default_db() -> str:
 
 
 def _open_existing(path: str, readonly: bool = True) -> QuotaEngine:
+    if path.startswith(("redis://", "rediss://", "redis+unix://", "unix://")):
+        return QuotaEngine(path, readonly=readonly)
     if path != ":memory:" and not os.path.exists(path):
         raise DatabaseError(f"no database at {path!r}")
     if not readonly and path != ":memory:":
