@@ -230,9 +230,7 @@ def main() -> None:
             for name, fn in SYSTEMS.items():
                 r = fn(wl, args.ops, port, run)
                 results[name].append(r)
-                print(
-                    f"run {run} {name}: {r['ops_s']:,.0f} ops/s, {r['calls'] / args.ops:.2f} round trips/op", flush=True
-                )
+                print(f"run {run} {name}: {r['ops_s']:,.0f} ops/s", flush=True)
     finally:
         proc.kill()
         proc.wait()
