@@ -1,0 +1,1 @@
+//! Empty: the benches live in `benches/`.
