@@ -788,7 +788,9 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     if args.runs > 1:
         L.append(
             f"Every figure is the median of {args.runs} runs (each run a fresh child process); p50 and p99 are "
-            "the medians of the runs' percentiles, and the per-run ops/s are listed under 'Runs'.\n"
+            "the medians of the runs' percentiles, 'last/first tenth' shows the medians of the first-tenth and "
+            "last-tenth rates and the median of the runs' ratios (not the ratio of the two medians), and the "
+            "per-run ops/s are listed under 'Runs'.\n"
         )
     L.append("## Single thread, same stream\n")
     L.append("| system | ops run | ops/s | p50 µs | p99 µs | refused | exact? | last/first tenth | peak RSS MB (Δ) |")

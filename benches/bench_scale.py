@@ -185,6 +185,8 @@ def timed_loop(ops, clock, admit, t_start: int) -> dict:
     first = lat[0]
     rest = (t1 - t0 - first) / 1e9
     worst = max(range(1, n), key=lat.__getitem__)
+    per_min = MINUTE_MS // STEP_MS  # the op that opens each new minute of engine time runs the retention sweep
+    sweeps = sorted(lat[j] for j in range(per_min, n, per_min))
     s = sorted(lat[1:])
     return {
         "ops": n,
@@ -195,6 +197,8 @@ def timed_loop(ops, clock, admit, t_start: int) -> dict:
         "p99_us": percentile(s, 0.99) / 1000,
         "max_us": s[-1] / 1000,
         "max_at": worst,
+        "sweep_op_p50_us": percentile(sweeps, 0.5) / 1000 if sweeps else float("nan"),
+        "sweep_share": sum(sweeps) / (t1 - t0 - first),
         "over_10ms": sum(1 for x in s if x > 10_000_000),
         "first_op_ms": first / 1e6,
         "refused": refused,
@@ -512,6 +516,13 @@ def med(runs, key):
     return median([r[key] for r in runs if key in r])
 
 
+def best(runs):
+    """The least disturbed run: on a shared VM a run that lands beside other work is
+    slower as a whole (p50 ~36 µs against ~50-60 µs), so the best run is the other
+    robust view of the cost."""
+    return max(r["ops_s"] for r in runs)
+
+
 def plots(R: dict, outdir: str) -> list[str]:
     import matplotlib
 
@@ -520,37 +531,37 @@ def plots(R: dict, outdir: str) -> list[str]:
 
     made = []
     if "rows" in R or "routes" in R:
-        fig = Figure(figsize=(11, 4.2))
+        fig = Figure(figsize=(11, 4.4))
         axes = fig.subplots(1, 2)
+        panels = []
         if "rows" in R:
-            ax = axes[0]
-            for mode, res in R["rows"]["modes"].items():
-                xs = [x["rows"] for x in res]
-                ys = [med(x["runs"], "ops_s") for x in res]
-                ax.plot(xs, ys, marker="o", label=mode)
-                if mode == "history" or len(R["rows"]["modes"]) == 1:
-                    ax.axhspan(ys[0] * 0.8, ys[0] * 1.2, alpha=0.1, color="grey", label="±20% of history @ smallest")
-            ax.set_xscale("log")
-            ax.set_ylim(bottom=0)
-            ax.set_xlabel("usage rows in the file before the run")
-            ax.set_ylabel("lease + success, ops/s (median)")
-            ax.set_title("rows in the file (file, flush=0)")
-            ax.legend()
-            ax.grid(alpha=0.3)
+            panels.append(
+                (axes[0], R["rows"]["modes"], "rows", "usage rows in the file before the run", "rows in the file")
+            )
         if "routes" in R:
-            ax = axes[1]
-            for dist, res in R["routes"]["dists"].items():
-                xs = [x["routes"] for x in res]
-                ys = [med(x["runs"], "ops_s") for x in res]
-                ax.plot(xs, ys, marker="o", label=f"{dist} picks")
-                if dist == "uniform":
-                    ax.axhspan(ys[0] * 0.8, ys[0] * 1.2, alpha=0.1, color="grey", label="±20% of uniform @ smallest")
+            panels.append((axes[1], R["routes"]["dists"], "routes", "distinct routes", "routes"))
+        for ax, curves, key, xlabel, title in panels:
+            for i, (name, res) in enumerate(curves.items()):
+                xs = [x[key] for x in res]
+                m0, b0 = med(res[0]["runs"], "ops_s"), best(res[0]["runs"])
+                c = f"C{i}"
+                ax.plot(xs, [med(x["runs"], "ops_s") / m0 for x in res], marker="o", color=c, label=f"{name} (median)")
+                ax.plot(
+                    xs,
+                    [best(x["runs"]) / b0 for x in res],
+                    ls="--",
+                    marker=".",
+                    color=c,
+                    alpha=0.6,
+                    label=f"{name} (best run)",
+                )
+            ax.axhspan(0.8, 1.2, alpha=0.12, color="grey", label="±20%")
             ax.set_xscale("log")
-            ax.set_ylim(bottom=0)
-            ax.set_xlabel("distinct routes")
-            ax.set_ylabel("lease + success, ops/s (median)")
-            ax.set_title("routes (file, flush=0)")
-            ax.legend()
+            ax.set_ylim(0, 1.6)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("ops/s relative to the smallest case")
+            ax.set_title(f"lease + success against {title} (file, flush=0)")
+            ax.legend(fontsize=7, ncol=2, loc="lower left")
             ax.grid(alpha=0.3)
         fig.tight_layout()
         p = os.path.join(outdir, "scale_curves.png")
@@ -615,12 +626,15 @@ def checks(R: dict) -> list[str]:
     def flat(label, res, key):
         base = med(res[0]["runs"], "ops_s")
         ratios = [med(x["runs"], "ops_s") / base for x in res]
-        ok = all(0.8 <= r <= 1.2 for r in ratios)
+        b0 = best(res[0]["runs"])
+        bratios = [best(x["runs"]) / b0 for x in res]
         span = f"{res[0][key]:,} .. {res[-1][key]:,} {key}"
-        L.append(
-            f"| {label}: ops/s within ±20% of the {res[0][key]:,}-{key} case, {span} "
-            f"(ratios {', '.join(f'{r:.2f}' for r in ratios)}) | {'PASS' if ok else '**FAIL**'} |"
-        )
+        for what, rs in (("median", ratios), ("best run", bratios)):
+            ok = all(0.8 <= r <= 1.2 for r in rs)
+            L.append(
+                f"| {label}: ops/s ({what}) within ±20% of the {res[0][key]:,}-{key} case, {span} "
+                f"(ratios {', '.join(f'{r:.2f}' for r in rs)}) | {'PASS' if ok else '**FAIL**'} |"
+            )
 
     for mode, res in R.get("rows", {}).get("modes", {}).items():
         flat(f"rows, `{mode}`", res, "rows")
@@ -653,13 +667,18 @@ def report(R: dict) -> str:
     L.append(
         "Generated by `benches/bench_scale.py` from `benches/scale-results.json`. Each part records the "
         "command, date and machine it ran with. Figures are medians of the runs; the machine is a shared 2-core VM, "
-        "so absolute ops/s move by ±10-15% between runs, and the ratios matter more.\n"
+        "so absolute ops/s move by ±15-25% between runs, and the ratios matter more.\n"
     )
     if env:
         L.append(
-            f"Last run: {env.get('when')}, {env.get('machine')}, Python {env.get('python')}, quotaengine {env.get('qe_version')} (SQLite {env.get('sqlite')}), {env.get('cpus')} CPUs.\n"
+            f"Last run: {env.get('when')}, {env.get('machine')}, Python {env.get('python')}, quotaengine {env.get('qe_version')} (SQLite {env.get('sqlite')}).\n"
         )
     L.extend(checks(R))
+    notes = os.path.join(HERE, "scale-notes.md")
+    if os.path.exists(notes):
+        with open(notes) as f:
+            L.append("## Findings\n")
+            L.append(f.read())
     if "rows" in R:
         X = R["rows"]
         L.append("## Cost per op against rows already in the file\n")
@@ -690,19 +709,24 @@ def report(R: dict) -> str:
         for mode, res in X["modes"].items():
             L.append(f"### `{mode}`: {notes[mode]}\n")
             L.append(
-                "| rows in file | file MB | ops/s | µs/op | vs smallest | p50 µs | p99 µs | max µs | ops > 10 ms "
-                "| open ms | quick_check ms | first op ms | RSS after open MB | peak RSS MB |"
+                "| rows in file | file MB | ops/s | best ops/s | µs/op | vs smallest (median / best) | p50 µs | p99 µs "
+                "| max µs | ops > 10 ms | sweep op µs | sweep share | open ms | quick_check ms | first op ms "
+                "| RSS after open MB | peak RSS MB |"
             )
-            L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             base = med(res[0]["runs"], "ops_s")
+            best0 = best(res[0]["runs"])
             for x in res:
                 rs = x["runs"]
                 ops = med(rs, "ops_s")
                 qc = f"{x['quick_check_ms']:,.0f}" if "quick_check_ms" in x else "–"
                 over = f"{med(rs, 'over_10ms'):.0f}" if all("over_10ms" in r for r in rs) else "–"
+                sw = f"{med(rs, 'sweep_op_p50_us'):,.0f}" if all("sweep_op_p50_us" in r for r in rs) else "–"
+                sh = f"{med(rs, 'sweep_share'):.1%}" if all("sweep_share" in r for r in rs) else "–"
                 L.append(
-                    f"| {x['rows']:,} | {x['file_mb']:.0f} | {ops:,.0f} | {med(rs, 'us_op'):.1f} | {ops / base:.2f}x | "
-                    f"{med(rs, 'p50_us'):.1f} | {med(rs, 'p99_us'):.1f} | {med(rs, 'max_us'):,.0f} | {over} | "
+                    f"| {x['rows']:,} | {x['file_mb']:.0f} | {ops:,.0f} | {best(rs):,.0f} | {med(rs, 'us_op'):.1f} | "
+                    f"{ops / base:.2f}x / {best(rs) / best0:.2f}x | "
+                    f"{med(rs, 'p50_us'):.1f} | {med(rs, 'p99_us'):.1f} | {med(rs, 'max_us'):,.0f} | {over} | {sw} | {sh} | "
                     f"{med(rs, 'open_ms'):,.0f} | {qc} | {med(rs, 'first_op_ms'):,.1f} | {med(rs, 'rss_load_mb'):.1f} | "
                     f"{med(rs, 'hwm_mb'):,.0f} |"
                 )
@@ -719,19 +743,27 @@ def report(R: dict) -> str:
         )
         for dist, res in X["dists"].items():
             L.append(f"### {dist} picks\n")
-            L.append("| routes | ops/s | µs/op | vs smallest | p50 µs | p99 µs | max µs | RSS for routes MB |")
-            L.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
+            L.append(
+                "| routes | ops/s | best ops/s | µs/op | vs smallest (median / best) | p50 µs | p99 µs | max µs "
+                "| RSS for routes MB |"
+            )
+            L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             base = med(res[0]["runs"], "ops_s")
+            best0 = best(res[0]["runs"])
             for x in res:
                 rs = x["runs"]
                 ops = med(rs, "ops_s")
                 L.append(
-                    f"| {x['routes']:,} | {ops:,.0f} | {med(rs, 'us_op'):.1f} | {ops / base:.2f}x | {med(rs, 'p50_us'):.1f} | "
+                    f"| {x['routes']:,} | {ops:,.0f} | {best(rs):,.0f} | {med(rs, 'us_op'):.1f} | "
+                    f"{ops / base:.2f}x / {best(rs) / best0:.2f}x | {med(rs, 'p50_us'):.1f} | "
                     f"{med(rs, 'p99_us'):.1f} | {med(rs, 'max_us'):,.0f} | {med(rs, 'rss_routes_mb'):.1f} |"
                 )
             L.append("")
     if "rows" in R or "routes" in R:
-        L.append("![ops/s against rows and routes](scale_curves.png)\n")
+        L.append(
+            "![ops/s against rows and routes](scale_curves.png)\n\nThe plot shows each curve relative to its own "
+            "smallest case (solid: median of the runs; dashed: best run), with the ±20% band.\n"
+        )
     if "rss" in R:
         X = R["rss"]
         L.append(
