@@ -44,13 +44,18 @@ end
 
 -- Stream ids follow the writers' clocks (never below an entry's own time), so that
 -- a range read from a time finds every entry stamped at or after it.
+-- The newest id's time is read once per call and stored once, after the writes.
+local lastms = nil
 local function xadd(ms, data)
-  local last = tonumber(redis.call('GET', LASTMS) or '0')
+  if lastms == nil then lastms = tonumber(redis.call('GET', LASTMS) or '0') end
   ms = tonumber(ms)
-  if ms < last then ms = last end
-  redis.call('SET', LASTMS, string.format('%d', ms))
+  if ms < lastms then ms = lastms end
+  lastms = ms
   -- Entries carry their writer, who skips them when reading.
   return redis.call('XADD', LOG, string.format('%d', ms) .. '-*', 'd', owner .. SEP .. data)
+end
+local function save_lastms()
+  if lastms ~= nil then redis.call('SET', LASTMS, string.format('%d', lastms)) end
 end
 
 local function field(s, n)
@@ -182,18 +187,17 @@ local function apply_writes()
       redis.call('XADD', P .. ':logs', 'MAXLEN', '~', 10000, '*', 'd', r .. SEP .. ARGV[i + 1])
       i = i + 2
     else
+      save_lastms()
       return redis.error_reply('quotaengine: unknown write ' .. tostring(op))
     end
     results[#results + 1] = r
   end
+  save_lastms()
   return results
 end
 
-if mode == 'begin' then
-  redis.call('SET', LOCK, owner, 'PX', ttl)
-  local head, more, entries, versions, tables, leases = read_changes()
-  return {'ok', head, more, entries, versions, tables, leases, {}}
-elseif mode == 'read' then
+if mode == 'begin' or mode == 'read' then
+  if mode == 'begin' then redis.call('SET', LOCK, owner, 'PX', ttl) end
   local head, more, entries, versions, tables, leases = read_changes()
   return {'ok', head, more, entries, versions, tables, leases, {}}
 elseif mode == 'append' then

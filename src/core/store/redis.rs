@@ -73,7 +73,6 @@ pub struct RedisStore {
     args: Vec<String>,
     /// Lease writes of the open section, applied to `leases` once committed.
     lease_writes: Vec<Write>,
-    round_trips: u64,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -405,16 +404,10 @@ impl RedisStore {
             leases_changed: false,
             args: Vec::new(),
             lease_writes: Vec::new(),
-            round_trips: 0,
         };
         store.connection()?;
         store.check_layout()?;
         Ok(store)
-    }
-
-    /// Round trips to the server so far (one per script call or command).
-    pub fn round_trips(&self) -> u64 {
-        self.round_trips
     }
 
     fn connection(&mut self) -> StoreResult<&mut redis::Connection> {
@@ -450,19 +443,23 @@ impl RedisStore {
         self.need_leases = true;
     }
 
-    /// Runs a command; a failed connection is dropped so the next call reconnects.
-    fn query(&mut self, cmd: &redis::Cmd) -> StoreResult<Value> {
-        self.round_trips += 1;
+    /// One round trip on the connection; a failed connection is dropped so the next
+    /// call reconnects.
+    fn round_trip(
+        &mut self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<Value>,
+    ) -> StoreResult<Value> {
         let con = self.connection()?;
-        match cmd.query::<Value>(con) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                    self.con = None;
-                }
-                Err(unavailable(e))
+        f(con).map_err(|e| {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                self.con = None;
             }
-        }
+            unavailable(e)
+        })
+    }
+
+    fn query(&mut self, cmd: &redis::Cmd) -> StoreResult<Value> {
+        self.round_trip(|con| cmd.query(con))
     }
 
     fn check_layout(&mut self) -> StoreResult<()> {
@@ -479,8 +476,6 @@ impl RedisStore {
     }
 
     fn invoke(&mut self, mode: &str, writes: &[String]) -> StoreResult<Value> {
-        self.round_trips += 1;
-        self.connection()?;
         let script = Arc::clone(&self.script);
         let mut inv = script.prepare_invoke();
         inv.arg(&self.prefix)
@@ -496,16 +491,7 @@ impl RedisStore {
         for w in writes {
             inv.arg(w);
         }
-        let con = self.con.as_mut().ok_or_else(|| unavailable("not connected"))?;
-        match inv.invoke::<Value>(con) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                    self.con = None;
-                }
-                Err(unavailable(e))
-            }
-        }
+        self.round_trip(|con| inv.invoke(con))
     }
 
     /// Calls the script, waiting (up to the busy timeout) while another engine holds
@@ -514,8 +500,10 @@ impl RedisStore {
         let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(0) as u64);
         let mut pause = Duration::from_micros(50);
         loop {
-            let reply = self.invoke(mode, writes)?;
-            let parts = array(&reply)?.to_vec();
+            let parts = match self.invoke(mode, writes)? {
+                Value::Array(parts) => parts,
+                other => return Err(unavailable(format!("unexpected reply {other:?}"))),
+            };
             let status = parts.first().map(text).transpose()?.unwrap_or_default();
             match status.as_str() {
                 "ok" => return Ok(parts),
