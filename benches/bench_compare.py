@@ -323,21 +323,11 @@ def run_qe_threads(wl, n, db_dir, flush_ms: int = 0, threads: int = 4) -> dict:
     return out
 
 
-def run_limits(wl, n, strategy: str, real_clock: bool = False) -> dict:
+def _limits_admit(limiter, wl):
+    """``limits``' admission of one op: four items per route (RPM, RPD, TPM, TPD with
+    ``cost=tokens``); test all four, then hit all four."""
     import limits
-    import limits.storage.memory as lmem
-    import limits.strategies as lstrat
 
-    sim = SimTime(T0_MS)
-    if not real_clock:
-        lmem.time = sim  # the storage reads time.time(); feed it the simulated clock
-        lstrat.time = sim
-    storage = limits.storage.storage_from_string("memory://")
-    cls = {
-        "mw": lstrat.MovingWindowRateLimiter,
-        "swc": lstrat.SlidingWindowCounterRateLimiter,
-    }[strategy]
-    limiter = cls(storage)
     items = {}
     for (p, m), (rpm, rpd, tpm, tpd) in wl.limits.items():
         items[(p, m)] = (
@@ -364,6 +354,24 @@ def run_limits(wl, n, strategy: str, real_clock: bool = False) -> dict:
         hit(tpd, p, m, ks, cost=est)
         return True
 
+    return admit
+
+
+def run_limits(wl, n, strategy: str, real_clock: bool = False) -> dict:
+    import limits
+    import limits.storage.memory as lmem
+    import limits.strategies as lstrat
+
+    sim = SimTime(T0_MS)
+    if not real_clock:
+        lmem.time = sim  # the storage reads time.time(); feed it the simulated clock
+        lstrat.time = sim
+    storage = limits.storage.storage_from_string("memory://")
+    cls = {
+        "mw": lstrat.MovingWindowRateLimiter,
+        "swc": lstrat.SlidingWindowCounterRateLimiter,
+    }[strategy]
+    admit = _limits_admit(cls(storage), wl)
     res = drive(wl.ops[:n], sim.set, admit)
     res["note"] = f"limits {limits.__version__}, memory://, {'real' if real_clock else 'simulated'} time"
     return res

@@ -13,8 +13,9 @@ record the actual tokens) through:
   all four: the same as ``bench_compare``'s memory rows);
 * ``pyrate-limiter``'s ``RedisBucket`` (a request and a token bucket per route).
 
-Every system gets the same simulated time. Round trips are counted on the server
-(``INFO commandstats``: every command and script call it answered), per op.
+Every system gets the same simulated time. Round trips are the requests clients
+sent, seen by ``MONITOR`` in a separate pass (commands a script runs inside the
+server are not round trips), per op.
 Each system runs ``--runs`` times on a fresh prefix/database; the table shows the
 median run.
 """
@@ -34,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_compare import T0_MS, SimTime, Workload, _qe_admit, _qe_setup_limits, drive  # noqa: E402
+from bench_compare import T0_MS, SimTime, Workload, _limits_admit, _qe_admit, _qe_setup_limits, drive  # noqa: E402
 
 
 def free_port() -> int:
@@ -68,14 +69,6 @@ def start_server(workdir: str) -> tuple[subprocess.Popen, int]:
             time.sleep(0.05)
 
 
-def server_calls(port: int) -> int:
-    """Commands answered so far (including those a script ran: for speed only)."""
-    import redis
-
-    stats = redis.Redis(port=port).info("commandstats")
-    return sum(v["calls"] for v in stats.values())
-
-
 def count_round_trips(fn, wl, port: int, run: int, n: int = 500) -> float:
     """Requests the clients sent per op over ``n`` ops, seen by ``MONITOR`` (commands
     a Lua script runs inside the server are tagged ``lua`` and not counted)."""
@@ -106,8 +99,7 @@ def count_round_trips(fn, wl, port: int, run: int, n: int = 500) -> float:
     stop.set()
     redis.Redis(port=port).echo("STOP-COUNTING")
     t.join(10)
-    # the INFO calls of the speed count are not the system's
-    return sum(1 for c in seen if not c.startswith("INFO")) / n
+    return len(seen) / n
 
 
 def run_qe(wl, n: int, port: int, run: int) -> dict:
@@ -116,9 +108,7 @@ def run_qe(wl, n: int, port: int, run: int) -> dict:
     clock = quotaengine.ManualClock(T0_MS)
     eng = quotaengine.QuotaEngine(f"redis://127.0.0.1:{port}/0?prefix=qe{run}", clock=clock, env={})
     _qe_setup_limits(eng, wl)
-    before = server_calls(port)
     res = drive(wl.ops[:n], clock.set, _qe_admit(eng))
-    res["calls"] = server_calls(port) - before - 1
     eng.close()
     return res
 
@@ -132,36 +122,9 @@ def run_limits(wl, n: int, port: int, run: int) -> dict:
     lredis.time = sim  # the storage reads time.time(): feed it the simulated clock
     lstrat.time = sim
     storage = limits.storage.storage_from_string(f"redis://127.0.0.1:{port}/{run % 16}")
-    limiter = lstrat.MovingWindowRateLimiter(storage)
-    items = {}
-    for (p, m), (rpm, rpd, tpm, tpd) in wl.limits.items():
-        items[(p, m)] = (
-            limits.RateLimitItemPerMinute(rpm, namespace="rpm"),
-            limits.RateLimitItemPerDay(rpd, namespace="rpd"),
-            limits.RateLimitItemPerMinute(tpm, namespace="tpm"),
-            limits.RateLimitItemPerDay(tpd, namespace="tpd"),
-        )
-    test, hit = limiter.test, limiter.hit
+    admit = _limits_admit(lstrat.MovingWindowRateLimiter(storage), wl)
 
-    def admit(p, m, k, est, act):
-        rpm, rpd, tpm, tpd = items[(p, m)]
-        ks = str(k)
-        if not (
-            test(rpm, p, m, ks)
-            and test(rpd, p, m, ks)
-            and test(tpm, p, m, ks, cost=est)
-            and test(tpd, p, m, ks, cost=est)
-        ):
-            return False
-        hit(rpm, p, m, ks)
-        hit(rpd, p, m, ks)
-        hit(tpm, p, m, ks, cost=est)
-        hit(tpd, p, m, ks, cost=est)
-        return True
-
-    before = server_calls(port)
     res = drive(wl.ops[:n], sim.set, admit)
-    res["calls"] = server_calls(port) - before - 1
     res["note"] = f"limits {limits.__version__}, moving window, redis storage"
     return res
 
@@ -200,9 +163,7 @@ def run_pyrate(wl, n: int, port: int, run: int) -> dict:
             return False
         return acquire("tok|" + route, est, blocking=False)
 
-    before = server_calls(port)
     res = drive(wl.ops[:n], sim.set, admit)
-    res["calls"] = server_calls(port) - before - 1
     res["note"] = f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, RedisBucket"
     return res
 
