@@ -54,24 +54,29 @@ def free_port() -> int:
 class RedisServer:
     """A real ``redis-server`` on loopback, without persistence, in its own directory."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed (apt-get install redis-server, or QE_BACKENDS=sqlite)")
         self.exe = exe
         self.workdir = workdir
         self.port = port or free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [self.exe, *args],
             cwd=self.workdir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -80,8 +85,10 @@ class RedisServer:
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
-                    c.sendall(b"PING\r\n")
-                    if c.recv(16).startswith(b"+PONG"):
+                    auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                    c.sendall(auth + b"PING\r\n")
+                    time.sleep(0.01)
+                    if c.recv(64).endswith(b"+PONG\r\n"):
                         return
             except OSError:
                 pass

@@ -30,13 +30,8 @@ def qclock() -> q.ManualClock:
 
 
 @pytest.fixture
-def qdb(store: str) -> str:
-    return store
-
-
-@pytest.fixture
-def qengine(qdb: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(qdb, clock=qclock, env={})
+def qengine(store: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=qclock, env={})
     yield e
     e.close()
 
@@ -175,7 +170,7 @@ def test_soonest_cooldown_expiry(qengine: q.QuotaEngine, qclock: q.ManualClock) 
 
 
 @pytest.mark.sqlite_only
-def test_cleanup_expired_cooldowns_returns_count(qengine: q.QuotaEngine, qclock: q.ManualClock, qdb: str) -> None:
+def test_cleanup_expired_cooldowns_returns_count(qengine: q.QuotaEngine, qclock: q.ManualClock, store: str) -> None:
     assert qengine.cleanup_expired_cooldowns() == 0
     qengine.set_cooldown(P, "a", 1, 1 * MINUTE)
     qengine.set_cooldown(P, "b", 2, 2 * MINUTE, "tier")
@@ -185,7 +180,7 @@ def test_cleanup_expired_cooldowns_returns_count(qengine: q.QuotaEngine, qclock:
     assert qengine.cleanup_expired_cooldowns() == 2
     assert qengine.cleanup_expired_cooldowns() == 0
     assert [c.model_id for c in qengine.active_cooldowns()] == ["c"]
-    with sqlite3.connect(qdb) as con:
+    with sqlite3.connect(store) as con:
         rows = con.execute("SELECT model_id FROM rate_limit_cooldowns").fetchall()
     con.close()
     assert rows == [("c",)]
@@ -259,9 +254,9 @@ def decide_key(e: q.QuotaEngine, key: int) -> int:
 # --------------------------------------------------------------------------- persistence
 
 
-def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_cooldown_shared_by_second_engine_and_survives_reopen(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         a.set_cooldown(P, M, K, HOUR, "tier")
         cd = b.cooldown(P, M, K)
@@ -276,7 +271,7 @@ def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: str, qclock: 
     finally:
         a.close()
         b.close()
-    c = q.QuotaEngine(qdb, clock=qclock, env={})
+    c = q.QuotaEngine(store, clock=qclock, env={})
     try:
         cd = c.cooldown(P, M, K)
         assert cd is not None
@@ -286,9 +281,9 @@ def test_cooldown_shared_by_second_engine_and_survives_reopen(qdb: str, qclock: 
         c.close()
 
 
-def test_ladder_continues_across_engines_and_reopen(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_ladder_continues_across_engines_and_reopen(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         exhaust_daily(a)
         assert decide(a) == (2 * MINUTE, "heuristic")
@@ -297,7 +292,7 @@ def test_ladder_continues_across_engines_and_reopen(qdb: str, qclock: q.ManualCl
     finally:
         a.close()
         b.close()
-    c = q.QuotaEngine(qdb, clock=qclock, env={})
+    c = q.QuotaEngine(store, clock=qclock, env={})
     try:
         # 4th step is 24 h, capped at the next midnight (12 h away at noon)
         assert decide(c) == (12 * HOUR, "heuristic")
@@ -305,13 +300,13 @@ def test_ladder_continues_across_engines_and_reopen(qdb: str, qclock: q.ManualCl
         c.close()
 
 
-def test_unknown_limit_hits_shared_across_engines(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_unknown_limit_hits_shared_across_engines(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
     try:
         assert decide(a) == (90 * SECOND, "heuristic")
     finally:
         a.close()
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         qclock.advance(MINUTE)
         assert decide(b) == (2 * MINUTE, "heuristic")
@@ -319,9 +314,9 @@ def test_unknown_limit_hits_shared_across_engines(qdb: str, qclock: q.ManualCloc
         b.close()
 
 
-def test_record_failure_cooldown_seen_by_other_engine(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_record_failure_cooldown_seen_by_other_engine(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         a.record_failure(P, M, K, status=402)
         cd = b.cooldown(P, M, K)

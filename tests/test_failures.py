@@ -89,13 +89,8 @@ def qclock() -> q.ManualClock:
 
 
 @pytest.fixture
-def qdb(store: str) -> str:
-    return store
-
-
-@pytest.fixture
-def qengine(qdb: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(qdb, clock=qclock, env={})
+def qengine(store: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=qclock, env={})
     yield e
     e.close()
 
@@ -415,13 +410,13 @@ def test_auth_ladder_not_cleared_by_clear_cooldown_early(qengine: q.QuotaEngine)
     assert bench(qengine.record_failure(P, "a", K, status=401)) == (30 * MINUTE, "heuristic")
 
 
-def test_auth_ladder_persists_across_engines(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_auth_ladder_persists_across_engines(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
     try:
         a.record_failure(P, "a", K, status=401)
     finally:
         a.close()
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         assert bench(b.record_failure(P, "b", K, status=401)) == (30 * MINUTE, "heuristic")
     finally:
@@ -494,16 +489,16 @@ def test_empty_completion_streak_is_per_route(qengine: q.QuotaEngine) -> None:
     assert qengine.record_failure(P, M, K, kind="empty_completion").cooldown is not None
 
 
-def test_empty_completion_streak_lives_in_the_file(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_empty_completion_streak_lives_in_the_file(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         assert a.record_failure(P, M, K, kind="empty_completion").cooldown is None
         assert b.record_failure(P, M, K, kind="empty_completion").cooldown is None
     finally:
         a.close()
         b.close()
-    c = q.QuotaEngine(qdb, clock=qclock, env={})
+    c = q.QuotaEngine(store, clock=qclock, env={})
     try:
         o = c.record_failure(P, M, K, kind="empty_completion")
         assert bench(o) == (90 * SECOND, "heuristic")
@@ -793,9 +788,9 @@ def test_learn_limit_from_error_returns_only_changes(qengine: q.QuotaEngine) -> 
     assert qengine.model_limits(P, M).tpm == 100  # type: ignore[union-attr]
 
 
-def test_learned_limit_is_per_model_and_shared(qdb: str, qclock: q.ManualClock) -> None:
-    a = q.QuotaEngine(qdb, clock=qclock, env={})
-    b = q.QuotaEngine(qdb, clock=qclock, env={})
+def test_learned_limit_is_per_model_and_shared(store: str, qclock: q.ManualClock) -> None:
+    a = q.QuotaEngine(store, clock=qclock, env={})
+    b = q.QuotaEngine(store, clock=qclock, env={})
     try:
         a.learn_limit_from_error(P, M, groq_413(6000))
         assert b.model_limits(P, M).tpm == 6000  # type: ignore[union-attr]

@@ -25,13 +25,8 @@ def guard_clock() -> q.ManualClock:
 
 
 @pytest.fixture
-def guard_db(store: str) -> str:
-    return store
-
-
-@pytest.fixture
-def guard(guard_db: str, guard_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(guard_db, clock=guard_clock, env={})
+def guard(store: str, guard_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=guard_clock, env={})
     yield e
     e.close()
 
@@ -239,8 +234,8 @@ def test_invalidate_window_usage(guard: q.QuotaEngine) -> None:
     assert e.model_window_used_fraction(P, M) == pytest.approx(0.3)
 
 
-def test_custom_ttl(guard_db: str, guard_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(guard_db, clock=guard_clock, env={}, window_usage_ttl_ms=60_000) as e:
+def test_custom_ttl(store: str, guard_clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=guard_clock, env={}, window_usage_ttl_ms=60_000) as e:
         e.set_model_limits(P, M, rpd=10)
         e.register_key(1, P)
         assert e.model_window_used_fraction(P, M) == 0.0
@@ -251,10 +246,10 @@ def test_custom_ttl(guard_db: str, guard_clock: q.ManualClock) -> None:
         assert e.model_window_used_fraction(P, M) == pytest.approx(0.2)
 
 
-def test_snapshot_sees_other_engines_usage(guard_db: str, guard_clock: q.ManualClock) -> None:
+def test_snapshot_sees_other_engines_usage(store: str, guard_clock: q.ManualClock) -> None:
     with (
-        q.QuotaEngine(guard_db, clock=guard_clock, env={}) as a,
-        q.QuotaEngine(guard_db, clock=guard_clock, env={}) as b,
+        q.QuotaEngine(store, clock=guard_clock, env={}) as a,
+        q.QuotaEngine(store, clock=guard_clock, env={}) as b,
     ):
         a.set_model_limits(P, M, rpm=10)
         a.register_key(1, P)

@@ -31,13 +31,8 @@ def pools_clock() -> q.ManualClock:
 
 
 @pytest.fixture
-def pools_db(store: str) -> str:
-    return store
-
-
-@pytest.fixture
-def pools_engine(pools_db: str, pools_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(pools_db, clock=pools_clock, env={})
+def pools_engine(store: str, pools_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=pools_clock, env={})
     yield e
     e.close()
 
@@ -78,7 +73,7 @@ def test_default_modelscope_daily_cap_is_enforced(pools_clock: q.ManualClock) ->
         assert e.can_use_provider("modelscope", 2)
 
 
-def test_env_overrides_each_cap(pools_db: str, pools_clock: q.ManualClock) -> None:
+def test_env_overrides_each_cap(store: str, pools_clock: q.ManualClock) -> None:
     env = {
         DAILY + "OPENROUTER": "5",  # replaces a default
         MINUTELY + "NVIDIA": "7",
@@ -87,7 +82,7 @@ def test_env_overrides_each_cap(pools_db: str, pools_clock: q.ManualClock) -> No
         MINUTELY + "GROQ": "12",
         TOKENS + "GROQ": "13",
     }
-    with open_engine(pools_db, pools_clock, env) as e:
+    with open_engine(store, pools_clock, env) as e:
         assert caps_of(e, "openrouter") == (5, None, None)
         assert caps_of(e, "nvidia") == (None, 7, None)
         assert caps_of(e, "navy") == (None, None, 1234)
@@ -95,23 +90,23 @@ def test_env_overrides_each_cap(pools_db: str, pools_clock: q.ManualClock) -> No
         assert caps_of(e, "modelscope") == (1800, None, None)  # untouched default
 
 
-def test_env_platform_name_is_upper_cased(pools_db: str, pools_clock: q.ManualClock) -> None:
+def test_env_platform_name_is_upper_cased(store: str, pools_clock: q.ManualClock) -> None:
     # The variable for platform "cerebras" is ..._CEREBRAS; a lower-case variable name is not it.
-    with open_engine(pools_db, pools_clock, {DAILY + "CEREBRAS": "3", MINUTELY + "cerebras": "9"}) as e:
+    with open_engine(store, pools_clock, {DAILY + "CEREBRAS": "3", MINUTELY + "cerebras": "9"}) as e:
         assert caps_of(e, "cerebras") == (3, None, None)
 
 
-def test_env_override_is_enforced(pools_db: str, pools_clock: q.ManualClock) -> None:
-    with open_engine(pools_db, pools_clock, {DAILY + "OPENROUTER": "2"}) as e:
+def test_env_override_is_enforced(store: str, pools_clock: q.ManualClock) -> None:
+    with open_engine(store, pools_clock, {DAILY + "OPENROUTER": "2"}) as e:
         e.record_request("openrouter", "a:free", K)
         assert e.can_use_provider("openrouter", K)
         e.record_request("openrouter", "b", K)
         assert not e.can_use_provider("openrouter", K)
 
 
-def test_env_zero_disables_each_default_cap(pools_db: str, pools_clock: q.ManualClock) -> None:
+def test_env_zero_disables_each_default_cap(store: str, pools_clock: q.ManualClock) -> None:
     env = {DAILY + "OPENROUTER": "0", DAILY + "MODELSCOPE": "0", MINUTELY + "NVIDIA": "0", TOKENS + "NAVY": "0"}
-    with open_engine(pools_db, pools_clock, env) as e:
+    with open_engine(store, pools_clock, env) as e:
         assert caps_of(e, "openrouter") == (None, None, None)
         assert caps_of(e, "modelscope") == (None, None, None)
         assert caps_of(e, "nvidia") == (None, None, None)
@@ -127,7 +122,7 @@ def test_env_zero_disables_each_default_cap(pools_db: str, pools_clock: q.Manual
 
 @pytest.mark.parametrize("garbage", ["lots", "1.5", "-3", "12abc", "0x10"])
 def test_env_garbage_is_ignored_with_a_warning(
-    pools_db: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture, garbage: str
+    store: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture, garbage: str
 ) -> None:
     env = {
         DAILY + "OPENROUTER": garbage,
@@ -136,7 +131,7 @@ def test_env_garbage_is_ignored_with_a_warning(
         DAILY + "GROQ": garbage,
     }
     with caplog.at_level(logging.WARNING):
-        e = open_engine(pools_db, pools_clock, env)
+        e = open_engine(store, pools_clock, env)
     try:
         # The defaults stand; a platform without a default keeps no cap.
         assert caps_of(e, "openrouter") == (1000, None, None)
@@ -152,11 +147,9 @@ def test_env_garbage_is_ignored_with_a_warning(
         e.close()
 
 
-def test_valid_env_gives_no_warning(
-    pools_db: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_valid_env_gives_no_warning(store: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        e = open_engine(pools_db, pools_clock, {DAILY + "GROQ": "10", MINUTELY + "NVIDIA": "0"})
+        e = open_engine(store, pools_clock, {DAILY + "GROQ": "10", MINUTELY + "NVIDIA": "0"})
     e.close()
     assert not [r for r in caplog.records if "PROVIDER_" in r.getMessage()]
 
@@ -217,9 +210,9 @@ def test_cap_of_zero_refuses_everything(pools_engine: q.QuotaEngine) -> None:
     assert e.check("mistral", "m", K, 1).reason == "provider_daily_tokens"
 
 
-def test_set_provider_caps_wins_over_env(pools_db: str, pools_clock: q.ManualClock) -> None:
+def test_set_provider_caps_wins_over_env(store: str, pools_clock: q.ManualClock) -> None:
     env = {DAILY + "GROQ": "5", MINUTELY + "NVIDIA": "7", TOKENS + "NAVY": "0", DAILY + "OPENROUTER": "0"}
-    with open_engine(pools_db, pools_clock, env) as e:
+    with open_engine(store, pools_clock, env) as e:
         assert caps_of(e, "groq") == (5, None, None)
         e.set_provider_caps("groq", daily_requests=50)
         assert caps_of(e, "groq") == (50, None, None)
@@ -236,20 +229,20 @@ def test_set_provider_caps_wins_over_env(pools_db: str, pools_clock: q.ManualClo
         assert not e.can_use_provider("openrouter", K)
 
 
-def test_set_provider_caps_persisted_across_reopen(pools_db: str, pools_clock: q.ManualClock) -> None:
-    with open_engine(pools_db, pools_clock) as e:
+def test_set_provider_caps_persisted_across_reopen(store: str, pools_clock: q.ManualClock) -> None:
+    with open_engine(store, pools_clock) as e:
         e.set_provider_caps("groq", daily_requests=10, minute_requests=0, daily_tokens=777)
         e.set_provider_caps("openrouter", daily_requests=None)
     # A later engine, with an env that says otherwise, still sees the set caps.
     env = {DAILY + "GROQ": "1", MINUTELY + "GROQ": "2", TOKENS + "GROQ": "3", DAILY + "OPENROUTER": "4"}
-    with open_engine(pools_db, pools_clock, env) as e:
+    with open_engine(store, pools_clock, env) as e:
         assert caps_of(e, "groq") == (10, 0, 777)
         assert caps_of(e, "openrouter") == (None, None, None)
         assert not e.can_use_provider_minute("groq", K)  # minute cap 0 refuses
 
 
-def test_set_provider_caps_visible_to_second_engine(pools_db: str, pools_clock: q.ManualClock) -> None:
-    with open_engine(pools_db, pools_clock) as a, open_engine(pools_db, pools_clock, {DAILY + "GROQ": "100"}) as b:
+def test_set_provider_caps_visible_to_second_engine(store: str, pools_clock: q.ManualClock) -> None:
+    with open_engine(store, pools_clock) as a, open_engine(store, pools_clock, {DAILY + "GROQ": "100"}) as b:
         assert caps_of(b, "groq") == (100, None, None)
         a.set_provider_caps("groq", daily_requests=2)
         assert caps_of(b, "groq") == (2, None, None)
@@ -265,9 +258,9 @@ def test_set_provider_caps_visible_to_second_engine(pools_db: str, pools_clock: 
         assert b.can_use_provider("groq", K)
 
 
-def test_reset_provider_caps_restores_env_and_defaults(pools_db: str, pools_clock: q.ManualClock) -> None:
+def test_reset_provider_caps_restores_env_and_defaults(store: str, pools_clock: q.ManualClock) -> None:
     env = {DAILY + "GROQ": "5", DAILY + "MODELSCOPE": "0"}
-    with open_engine(pools_db, pools_clock, env) as e:
+    with open_engine(store, pools_clock, env) as e:
         e.set_provider_caps("groq", daily_requests=50, minute_requests=6, daily_tokens=7)
         e.set_provider_caps("openrouter", daily_requests=None, daily_tokens=10)
         e.set_provider_caps("modelscope", daily_requests=9)
@@ -282,7 +275,7 @@ def test_reset_provider_caps_restores_env_and_defaults(pools_db: str, pools_cloc
         assert caps_of(e, "nvidia") == (None, 1, None)
         e.reset_provider_caps("cerebras")  # nothing set: harmless
         assert caps_of(e, "cerebras") == (None, None, None)
-    with open_engine(pools_db, pools_clock) as e:  # the reset is persisted
+    with open_engine(store, pools_clock) as e:  # the reset is persisted
         assert caps_of(e, "groq") == (None, None, None)
         assert caps_of(e, "openrouter") == (1000, None, None)
         assert caps_of(e, "modelscope") == (1800, None, None)
@@ -597,10 +590,10 @@ def test_lease_refused_by_provider_gate_takes_nothing(pools_engine: q.QuotaEngin
     lease.release()
 
 
-def test_provider_caps_visible_across_engines_for_gates(pools_db: str, pools_clock: q.ManualClock) -> None:
+def test_provider_caps_visible_across_engines_for_gates(store: str, pools_clock: q.ManualClock) -> None:
     with (
-        open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as a,
-        open_engine(pools_db, pools_clock, {MINUTELY + "GROQ": "2"}) as b,
+        open_engine(store, pools_clock, {MINUTELY + "GROQ": "2"}) as a,
+        open_engine(store, pools_clock, {MINUTELY + "GROQ": "2"}) as b,
     ):
         a.record_request("groq", "x", K)
         lease = b.acquire_lease("groq", "y", K)

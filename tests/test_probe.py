@@ -52,23 +52,18 @@ def pclock() -> q.ManualClock:
 
 
 @pytest.fixture
-def pdb(store: str) -> str:
-    return store
-
-
-@pytest.fixture
-def pengine(pdb: str, pclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(pdb, clock=pclock, env={})
+def pengine(store: str, pclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=pclock, env={})
     yield e
     e.close()
 
 
 @pytest.fixture
-def pengine_with_env(pdb: str, pclock: q.ManualClock) -> Iterator[Callable[[dict[str, str]], q.QuotaEngine]]:
+def pengine_with_env(store: str, pclock: q.ManualClock) -> Iterator[Callable[[dict[str, str]], q.QuotaEngine]]:
     made: list[q.QuotaEngine] = []
 
     def make(env: dict[str, str]) -> q.QuotaEngine:
-        e = q.QuotaEngine(pdb, clock=pclock, env=env)
+        e = q.QuotaEngine(store, clock=pclock, env=env)
         made.append(e)
         return e
 
@@ -513,12 +508,12 @@ def test_pass_keeps_the_ladder_history(pengine: q.QuotaEngine, pclock: q.ManualC
     assert second.cooldown.duration_ms == 10 * MINUTE
 
 
-def test_cleared_cooldowns_survive_a_reopen(pdb: str, pclock: q.ManualClock) -> None:
-    with q.QuotaEngine(pdb, clock=pclock, env={}) as e:
+def test_cleared_cooldowns_survive_a_reopen(store: str, pclock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=pclock, env={}) as e:
         bench_ripe(e, pclock, [1, 2])
         e.run_probe_pass(Recorder(True), jitter=zero)
         assert e.run_probe_pass(Recorder(True), jitter=zero).cleared_cooldowns == 2
-    with q.QuotaEngine(pdb, clock=pclock, env={}) as e:
+    with q.QuotaEngine(store, clock=pclock, env={}) as e:
         assert e.active_cooldowns() == []
         assert len(recovered_rows(e)) == 2
 

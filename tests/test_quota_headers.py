@@ -24,13 +24,8 @@ def hdr_clock() -> q.ManualClock:
 
 
 @pytest.fixture
-def hdr_db(store: str) -> str:
-    return store
-
-
-@pytest.fixture
-def hdr_engine(hdr_db: str, hdr_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(hdr_db, clock=hdr_clock, env={})
+def hdr_engine(store: str, hdr_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
+    e = q.QuotaEngine(store, clock=hdr_clock, env={})
     yield e
     e.close()
 
@@ -453,13 +448,13 @@ def _quota_table(con: sqlite3.Connection) -> tuple[str, list[str]]:
 
 
 @pytest.mark.sqlite_only
-def test_quota_state_past_reset_is_stored(hdr_db: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as e:
+def test_quota_state_past_reset_is_stored(store: str, hdr_clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as e:
         e.record_quota_headers("groq", 1, req(100, 0, "2s"))
         hdr_clock.set(NOW + 3_000)
         (s,) = e.quota_state()
         assert (s.remaining, s.reset_at_ms) == (100, None)
-        con = sqlite3.connect(hdr_db)
+        con = sqlite3.connect(store)
         try:
             name, _cols = _quota_table(con)
             rows = con.execute(f'SELECT remaining, reset_at_ms FROM "{name}" WHERE key_id = 1').fetchall()
@@ -467,18 +462,18 @@ def test_quota_state_past_reset_is_stored(hdr_db: str, hdr_clock: q.ManualClock)
             con.close()
         assert rows == [(100, None)]
     # A second engine whose clock is BEFORE the old reset time still reads the replenished row: it was stored.
-    with q.QuotaEngine(hdr_db, clock=q.ManualClock(NOW), env={}) as e2:
+    with q.QuotaEngine(store, clock=q.ManualClock(NOW), env={}) as e2:
         (s,) = e2.quota_state()
         assert (s.limit, s.remaining, s.reset_at_ms) == (100, 100, None)
 
 
-def test_quota_state_persisted_and_shared(hdr_db: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as a, q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as b:
+def test_quota_state_persisted_and_shared(store: str, hdr_clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as a, q.QuotaEngine(store, clock=hdr_clock, env={}) as b:
         a.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o")
         assert len(b.quota_state()) == 2
         b.record_quota_headers("openai", 1, req(None, 10), model_id="gpt-4o")
         assert state_rows(a)[(1, "openai::gpt-4o", "requests")].remaining == 10
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as c:
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as c:
         rows = state_rows(c)
         assert (rows[(1, "openai::gpt-4o", "requests")].limit, rows[(1, "openai::gpt-4o", "requests")].remaining) == (
             60,
@@ -560,19 +555,19 @@ def _copy_row_with(db: Path, key_id: int, confidence: float) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_headroom_confidence_floor(hdr_db: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as e:
+def test_headroom_confidence_floor(store: str, hdr_clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as e:
         e.record_quota_headers("groq", 1, req(100, 40))
-    _copy_row_with(hdr_db, 2, 0.6)  # a probe's confidence: below the floor
-    _copy_row_with(hdr_db, 3, 0.7)  # exactly the floor
-    _copy_row_with(hdr_db, 4, 0.45)
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as e:
+    _copy_row_with(store, 2, 0.6)  # a probe's confidence: below the floor
+    _copy_row_with(store, 3, 0.7)  # exactly the floor
+    _copy_row_with(store, 4, 0.45)
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as e:
         assert len(e.quota_state()) == 4
         assert e.key_quota_headroom("groq") == {1: pytest.approx(0.4), 3: pytest.approx(0.4)}
 
 
-def test_headroom_cache_other_engine_not_seen_for_5s(hdr_db: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as a, q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as b:
+def test_headroom_cache_other_engine_not_seen_for_5s(store: str, hdr_clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as a, q.QuotaEngine(store, clock=hdr_clock, env={}) as b:
         a.record_quota_headers("groq", 1, req(100, 50))
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}  # cache built at NOW
         b.record_quota_headers("groq", 2, req(100, 80))
@@ -586,8 +581,8 @@ def test_headroom_cache_other_engine_not_seen_for_5s(hdr_db: str, hdr_clock: q.M
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.1), 2: pytest.approx(0.8)}
 
 
-def test_headroom_cache_invalidated_by_own_observation(hdr_db: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as a, q.QuotaEngine(hdr_db, clock=hdr_clock, env={}) as b:
+def test_headroom_cache_invalidated_by_own_observation(store: str, hdr_clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=hdr_clock, env={}) as a, q.QuotaEngine(store, clock=hdr_clock, env={}) as b:
         a.record_quota_headers("groq", 1, req(100, 50))
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}
         b.record_quota_headers("groq", 2, req(100, 80))

@@ -4,7 +4,6 @@ and coming back, a fleet of processes racing through one server, and round trips
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import subprocess
 import sys
@@ -22,12 +21,10 @@ P, M, K = "groq", "llama", 1
 pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
 
 
-def command(port: int, *args: str, password: str | None = None) -> bytes:
+def command(port: int, *args: str) -> bytes:
     """One command on a fresh connection, in RESP; returns the raw reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-        parts = ([["AUTH", password]] if password else []) + [list(args)]
-        for cmd in parts:
-            c.sendall(f"*{len(cmd)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in cmd))
+        c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
         time.sleep(0.05)
         return c.recv(1 << 20)
 
@@ -89,31 +86,17 @@ def test_prefixes_keep_engines_apart(redis_server: RedisServer) -> None:
 
 
 def test_password(tmp_path: Path) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--requirepass", "s3cret"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = RedisServer(tmp_path / "redis", password="s3cret")
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError):
-                if command(port, "PING", password="s3cret").endswith(b"+PONG\r\n"):
-                    break
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        with q.QuotaEngine(f"redis://:s3cret@127.0.0.1:{port}/0", env={}) as e:
+        with q.QuotaEngine(server.url, env={}) as e:
             e.record_request(P, M, K)
             assert e.usage(P, M, K)["rpd"]["used"] == 1
         with pytest.raises(q.DatabaseError):
-            q.QuotaEngine(f"redis://:wrong@127.0.0.1:{port}/0", env={})
+            q.QuotaEngine(f"redis://:wrong@127.0.0.1:{server.port}/0", env={})
         with pytest.raises(q.DatabaseError):
-            q.QuotaEngine(f"redis://127.0.0.1:{port}/0", env={})
+            q.QuotaEngine(f"redis://127.0.0.1:{server.port}/0", env={})
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
 
 
 def test_readonly_engine_writes_nothing(redis_server: RedisServer) -> None:
