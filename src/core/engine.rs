@@ -910,6 +910,13 @@ impl Engine {
         self.leave(sec, writes)
     }
 
+    /// Writes that decide nothing (usage rows, buffered changes): no need to take the
+    /// store's lock first.
+    fn append(&mut self, writes: Vec<Write>) -> Result<()> {
+        let sec = self.enter_as(true, true)?;
+        self.leave(sec, writes).map(|_| ())
+    }
+
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
     fn groups_usage(&self) -> bool {
         self.settings.flush_interval_ms > 0 && !self.store.readonly()
@@ -925,9 +932,7 @@ impl Engine {
             }
             Ok(())
         } else {
-            // Appends decide nothing: no need to take the store's lock first.
-            let sec = self.enter_as(true, true)?;
-            self.leave(sec, writes).map(|_| ())
+            self.append(writes)
         }
     }
 
@@ -938,7 +943,7 @@ impl Engine {
         }
         self.flush_requested = true;
         // Buffered writes were decided when they were made: they only append now.
-        let out = self.enter_as(true, true).and_then(|sec| self.leave(sec, Vec::new())).map(|_| ());
+        let out = self.append(Vec::new());
         self.flush_requested = false;
         out
     }
