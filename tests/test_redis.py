@@ -111,19 +111,70 @@ def test_readonly_engine_writes_nothing(redis_server: RedisServer) -> None:
 
 
 def test_round_trips_per_operation(own_server: RedisServer) -> None:
-    """lease() takes the lock and reads (1), then writes and unlocks (1); success()
-    writes in one; check() reads in one."""
+    """An admitted lease() is one round trip (decided on what the engine knows, written
+    if nothing it read has changed); success() writes in one; check() reads in one; a
+    refusal is confirmed by one read."""
     with q.QuotaEngine(own_server.url, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=1000)
         e.check(P, M, K)
         before = evalsha_calls(own_server.port)
         for _ in range(50):
+            e.lease(P, M, K, 10)
+        assert evalsha_calls(own_server.port) - before == 50
+        before = evalsha_calls(own_server.port)
+        for _ in range(50):
             e.lease(P, M, K, 10).success(tokens=12)
-        assert evalsha_calls(own_server.port) - before == 50 * 3
+        assert evalsha_calls(own_server.port) - before == 50 * 2
         before = evalsha_calls(own_server.port)
         for _ in range(50):
             e.check(P, M, K)
         assert evalsha_calls(own_server.port) - before == 50
+        before = evalsha_calls(own_server.port)
+        with pytest.raises(q.QuotaExceeded):
+            e.lease(P, M, K, 10, limits={"rpm": 1})
+        assert evalsha_calls(own_server.port) - before == 1
+
+
+def test_lease_conflicts_only_on_the_same_account(own_server: RedisServer) -> None:
+    """Another engine's writes to the same (platform, key) since this engine last read
+    make its optimistic lease conflict: it takes in what changed and decides again (one
+    more round trip). Writes to other keys do not."""
+    clock = q.ManualClock(TEN_AM)
+    with (
+        q.QuotaEngine(own_server.url, clock=clock, env={}) as a,
+        q.QuotaEngine(own_server.url, clock=clock, env={}) as b,
+    ):
+        a.set_model_limits(P, M, rpm=1000)
+        a.check(P, M, K)
+        b.check(P, M, K)
+        before = evalsha_calls(own_server.port)
+        for _ in range(20):
+            b.lease(P, M, K + 1, 1).success(tokens=1)  # 2 round trips
+            a.lease(P, M, K, 1).success(tokens=1)  # 2: no conflict
+        assert evalsha_calls(own_server.port) - before == 20 * 4
+        before = evalsha_calls(own_server.port)
+        for _ in range(20):
+            b.lease(P, M, K, 1).success(tokens=1)  # conflicts on a's rows: 3
+            a.lease(P, M, K, 1).success(tokens=1)  # conflicts on b's rows: 3
+        assert evalsha_calls(own_server.port) - before == 20 * 6
+        assert a.usage(P, M, K)["rpd"]["used"] == 60
+        assert b.usage(P, M, K)["rpd"]["used"] == 60
+
+
+def test_a_refusal_is_confirmed_on_fresh_data(own_server: RedisServer) -> None:
+    """A lease that what the engine knows would refuse is decided again after a read:
+    capacity another host freed meanwhile is used, not refused."""
+    clock = q.ManualClock(TEN_AM)
+    with (
+        q.QuotaEngine(own_server.url, clock=clock, env={}) as a,
+        q.QuotaEngine(own_server.url, clock=clock, env={}) as b,
+    ):
+        held = a.lease(P, M, K, 1, limits={"rpm": 1})
+        assert not b.check(P, M, K, limits={"rpm": 1}).allowed  # b knows a's lease
+        held.release()
+        b.lease(P, M, K, 1, limits={"rpm": 1}).success(tokens=1)
+        with pytest.raises(q.QuotaExceeded):
+            a.lease(P, M, K, 1, limits={"rpm": 1})
 
 
 def test_server_restart_degrades_then_replays(own_server: RedisServer) -> None:

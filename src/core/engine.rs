@@ -270,7 +270,34 @@ struct Section {
     now: i64,
     online: bool,
     write: bool,
+    /// Decisions rest on what the engine knew before the section (an optimistic
+    /// section): a refusal is confirmed on fresh data, and the commit may conflict.
+    stale: bool,
 }
+
+/// What a write section asks of the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    /// The write lock, held from the read to the commit.
+    Write,
+    /// Writes that decide nothing (usage rows, finished leases): no lock first.
+    Append,
+    /// Admissions decided on what is known, checked at commit (`begin_optimistic`).
+    Decide,
+}
+
+/// How a write section ended.
+enum Committed {
+    Done(Vec<i64>),
+    /// An optimistic section's decisions were stale: nothing was written.
+    Conflict,
+    /// The store failed: the engine is degraded.
+    Failed,
+}
+
+/// Optimistic attempts of a lease batch before it takes the store's lock.
+const OPTIMISTIC_ATTEMPTS: usize = 3;
 
 /// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
 type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
@@ -385,16 +412,16 @@ impl Engine {
     // ---- sections ----------------------------------------------------------------
 
     fn enter(&mut self, write: bool) -> Result<Section> {
-        self.enter_as(write, false)
+        self.enter_as(if write { Access::Write } else { Access::Read })
     }
 
-    /// `append`: a write section whose writes decide nothing (usage rows, finished
-    /// leases); a networked store may then skip taking its lock first.
-    fn enter_as(&mut self, write: bool, append: bool) -> Result<Section> {
+    fn enter_as(&mut self, access: Access) -> Result<Section> {
+        let write = access != Access::Read;
         if write && self.store.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
         let mut online = false;
+        let mut stale = false;
         self.read_failed = false;
         let need_store = write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true);
         if need_store {
@@ -402,7 +429,11 @@ impl Engine {
             if self.degraded {
                 self.store.set_busy_timeout(0);
             }
-            let began = if write && append { self.store.begin_append() } else { self.store.begin(write) };
+            let began = match access {
+                Access::Read | Access::Write => self.store.begin(write),
+                Access::Append => self.store.begin_append(),
+                Access::Decide => self.store.begin_optimistic().map(|s| stale = s),
+            };
             if self.degraded {
                 self.store.set_busy_timeout(self.settings.busy_timeout_ms);
             }
@@ -437,7 +468,7 @@ impl Engine {
                 online = false;
             }
         }
-        Ok(Section { now, online, write })
+        Ok(Section { now, online, write, stale: stale && online })
     }
 
     fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
@@ -504,9 +535,8 @@ impl Engine {
     }
 
     /// Inside an online write section: writes what is buffered (when due), the
-    /// retention sweep and `writes`, then commits. Returns the per-write results, or
-    /// `None` when the store failed (the engine is then degraded).
-    fn commit_section(&mut self, now: i64, writes: &[Write]) -> Option<Vec<i64>> {
+    /// retention sweep and `writes`, then commits. Returns the per-write results.
+    fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
         let sweep = match self.last_sweep {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
@@ -557,12 +587,14 @@ impl Engine {
                         format!("database answers again: wrote {flushed} buffered changes"),
                     ));
                 }
-                Some(ids)
+                Committed::Done(ids)
             }
+            // The store took in what changed; the section is over.
+            Err(StoreError::Conflict) => Committed::Conflict,
             Err(e) => {
                 self.store.rollback();
                 self.store_failed(&e, true);
-                None
+                Committed::Failed
             }
         }
     }
@@ -581,7 +613,8 @@ impl Engine {
             return Ok(Vec::new());
         }
         if sec.online {
-            if let Some(ids) = self.commit_section(now, &writes) {
+            // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
+            if let Committed::Done(ids) = self.commit_section(now, &writes) {
                 let mut out = Vec::with_capacity(ids.len());
                 for (w, id) in writes.iter().zip(ids) {
                     let local = self.apply_local(w, id, now);
@@ -603,35 +636,85 @@ impl Engine {
     }
 
     /// Ends a write section whose writes were already applied to the mirror (a
-    /// batch: later operations had to see earlier ones).
-    fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) {
+    /// batch: later operations had to see earlier ones). On a conflict the writes are
+    /// handed back, still applied to the mirror.
+    fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Option<Vec<Write>> {
         let now = sec.now;
-        if sec.online && self.commit_section(now, &writes).is_some() {
-            return;
+        if sec.online {
+            match self.commit_section(now, &writes) {
+                Committed::Done(_) => return None,
+                Committed::Conflict => return Some(writes),
+                Committed::Failed => {}
+            }
         }
         for w in writes {
             self.buffer(w, now);
+        }
+        None
+    }
+
+    /// Takes back a batch's lease inserts from the mirror (their commit conflicted,
+    /// or a refusal among them is to be confirmed on fresh data). A lease batch
+    /// writes nothing else.
+    fn undo_leases(&mut self, writes: &[Write], now: i64) {
+        for w in writes {
+            if let Write::InsertLease { id, .. } = w {
+                self.apply_local(&Write::DeleteLease(*id), 0, now);
+            }
         }
     }
 
     /// Runs hot-path operations of several callers in ONE section and one commit
     /// (group commit): each sees the effects of the ones before it, exactly as if
     /// they had run one after another, and every one has committed when this returns.
+    ///
+    /// A batch of leases alone is decided optimistically where the store allows it
+    /// (`Store::begin_optimistic`): on what the engine knows, in one round trip to a
+    /// networked store. A refusal is confirmed on freshly read data, and a decision
+    /// whose inputs another writer changed meanwhile is taken back and made again;
+    /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
     pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
+        let leases = ops.iter().filter(|op| matches!(op, BatchOp::Lease { .. })).count();
+        let mut access = match leases {
+            0 => Access::Append,
+            n if n == ops.len() => Access::Decide,
+            _ => Access::Write,
+        };
+        let mut fresh = false;
+        for attempt in 1.. {
+            if attempt > OPTIMISTIC_ATTEMPTS {
+                access = Access::Write;
+            }
+            match self.run_batch_as(&ops, access, fresh) {
+                Ok(outs) => return outs,
+                // Decided again on what the conflict (or the confirming read) brought.
+                Err(()) => fresh = true,
+            }
+        }
+        unreachable!("the loop returns once the batch holds the lock")
+    }
+
+    /// One attempt of `run_batch`. `Err(())`: an optimistic attempt to make again
+    /// (the mirror is as it was before it, and now up to date).
+    fn run_batch_as(
+        &mut self,
+        ops: &[BatchOp],
+        access: Access,
+        fresh: bool,
+    ) -> std::result::Result<Vec<BatchOut>, ()> {
         let deferred = self.groups_usage();
-        let needs_section = ops.iter().any(|op| matches!(op, BatchOp::Lease { .. }) || !deferred);
-        let appends_only = !ops.iter().any(|op| matches!(op, BatchOp::Lease { .. }));
+        let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
-            match self.enter_as(true, appends_only) {
+            match self.enter_as(access) {
                 Ok(sec) => Some(sec),
                 Err(e) => {
-                    return ops
+                    return Ok(ops
                         .iter()
                         .map(|op| match op {
                             BatchOp::Lease { .. } => BatchOut::Lease(Err(e.clone())),
                             _ => BatchOut::Done(Err(e.clone())),
                         })
-                        .collect()
+                        .collect())
                 }
             }
         } else {
@@ -644,20 +727,20 @@ impl Engine {
             match op {
                 BatchOp::Lease { route, est, limits, check } => {
                     outs.push(BatchOut::Lease(self.batch_lease(
-                        &route,
-                        est,
-                        limits,
-                        check,
+                        route,
+                        *est,
+                        *limits,
+                        *check,
                         now,
                         &mut writes,
                     )));
                 }
                 BatchOp::Success { lease_id, route, tokens } => {
-                    let out = self.batch_success(lease_id, &route, tokens, now, deferred, &mut writes);
+                    let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
                     outs.push(BatchOut::Done(out));
                 }
                 BatchOp::Release(lease_id) => {
-                    let w = Write::DeleteLease(lease_id);
+                    let w = Write::DeleteLease(*lease_id);
                     self.apply_local(&w, 0, now);
                     if deferred {
                         self.buffer(w, now);
@@ -668,10 +751,22 @@ impl Engine {
                 }
             }
         }
-        if let Some(sec) = sec {
-            self.leave_applied(sec, writes);
+        let Some(sec) = sec else { return Ok(outs) };
+        let refused = outs.iter().any(|o| matches!(o, BatchOut::Lease(Err(Error::Refused(_)))));
+        if sec.stale && refused && !fresh {
+            // What refused may have been freed meanwhile: read, then decide again.
+            self.undo_leases(&writes, now);
+            self.store.rollback();
+            let _ = self.read(|_, _| ());
+            return Err(());
         }
-        outs
+        match self.leave_applied(sec, writes) {
+            None => Ok(outs),
+            Some(writes) => {
+                self.undo_leases(&writes, now);
+                Err(())
+            }
+        }
     }
 
     fn batch_lease(
@@ -913,7 +1008,7 @@ impl Engine {
     /// Writes that decide nothing (usage rows, buffered changes): no need to take the
     /// store's lock first.
     fn append(&mut self, writes: Vec<Write>) -> Result<()> {
-        let sec = self.enter_as(true, true)?;
+        let sec = self.enter_as(Access::Append)?;
         self.leave(sec, writes).map(|_| ())
     }
 

@@ -14,6 +14,10 @@ pub enum StoreError {
     /// The database did not answer (locked past the busy timeout, I/O error, disk full...).
     #[error("{0}")]
     Unavailable(String),
+    /// An optimistic section's decision rested on data another writer has since
+    /// changed: nothing was written (see `Store::begin_optimistic`).
+    #[error("another writer changed what the decision read")]
+    Conflict,
 }
 
 impl From<rusqlite::Error> for StoreError {

@@ -220,6 +220,16 @@ pub trait Store: Send {
     fn begin_append(&mut self) -> StoreResult<()> {
         self.begin(true)
     }
+    /// Opens a write section for admissions decided on what the engine already knows,
+    /// with no round trip first. `commit` then applies the writes only if no other
+    /// writer has changed what such a decision reads since the previous pull (usage
+    /// or leases of the accounts of the inserted leases, or any small table);
+    /// otherwise it writes nothing, reads what changed (for the next `pull`) and
+    /// fails with [`StoreError::Conflict`]. Returns false when the section holds the
+    /// write lock instead (the default): then nothing can conflict.
+    fn begin_optimistic(&mut self) -> StoreResult<bool> {
+        self.begin(true).map(|()| false)
+    }
     fn commit(&mut self) -> StoreResult<()>;
     /// Abandons the section; never fails.
     fn rollback(&mut self);

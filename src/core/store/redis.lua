@@ -2,11 +2,18 @@
 -- Every call is atomic: Redis runs no other command while it runs.
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
---       known versions of the 5 versioned tables, then the writes (opcode + fields).
+--       known versions of the 5 versioned tables, [mode 'lease': the number of
+--       accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
 --       'append' applies the writes without taking the lock (fails while another
 --                owner holds it), after reading what changed;
+--       'lease'  as 'append', for admissions the caller decided on what it had read
+--                up to its cursor: the writes are applied only if no other writer
+--                has since touched the usage or leases of the given accounts
+--                ('key SEP platform') nor any versioned table; else status 'conflict'
+--                and nothing is written (the caller takes in what changed and decides
+--                again);
 --       'read'   only reads what changed;
 --       'unlock' drops the lock if we own it.
 -- Reply: {status, head, more, entries, versions, tables, leases, results}
@@ -20,7 +27,13 @@ local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
 local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history'}
 local known = {ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]}
-local FIRST_WRITE = 13
+local first_write = 13
+local accounts = {}
+if mode == 'lease' then
+  local n = tonumber(ARGV[13])
+  for i = 14, 13 + n do accounts[ARGV[i]] = true end
+  first_write = 14 + n
+end
 local SEP = '\31'
 
 local LOG, LOCK, LASTMS, VER = P .. ':log', P .. ':lock', P .. ':lastms', P .. ':ver'
@@ -114,7 +127,7 @@ end
 
 local function apply_writes()
   local results = {}
-  local i = FIRST_WRITE
+  local i = first_write
   while i <= #ARGV do
     local op = ARGV[i]
     local r = 0
@@ -196,12 +209,37 @@ local function apply_writes()
   return results
 end
 
+-- A feed entry ('owner SEP body') touching one of `accounts`: usage rows
+-- ('U key kind tokens created platform model') and lease inserts ('L id key expires
+-- tokens created platform model'). Lease deletes only free capacity.
+local U_ACCOUNT = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. '([^' .. SEP .. ']*)' .. SEP
+  .. string.rep('[^' .. SEP .. ']*' .. SEP, 3) .. '([^' .. SEP .. ']*)'
+local L_ACCOUNT = '^[^' .. SEP .. ']*' .. SEP .. 'L' .. SEP .. '[^' .. SEP .. ']*' .. SEP .. '([^' .. SEP .. ']*)'
+  .. SEP .. string.rep('[^' .. SEP .. ']*' .. SEP, 3) .. '([^' .. SEP .. ']*)'
+local function conflicts(more, entries, tables, leases)
+  if more == 1 or leases then return true end
+  for i = 1, #TABLES do
+    if tables[i] then return true end
+  end
+  for _, e in ipairs(entries) do
+    local key, platform = string.match(e, U_ACCOUNT)
+    if not key then key, platform = string.match(e, L_ACCOUNT) end
+    if key and string.sub(e, 1, #owner + 1) ~= owner .. SEP and accounts[key .. SEP .. platform] then
+      return true
+    end
+  end
+  return false
+end
+
 if mode == 'begin' or mode == 'read' then
   if mode == 'begin' then redis.call('SET', LOCK, owner, 'PX', ttl) end
   local head, more, entries, versions, tables, leases = read_changes()
   return {'ok', head, more, entries, versions, tables, leases, {}}
-elseif mode == 'append' then
+elseif mode == 'append' or mode == 'lease' then
   local head, more, entries, versions, tables, leases = read_changes()
+  if mode == 'lease' and conflicts(more, entries, tables, leases) then
+    return {'conflict', head, more, entries, versions, tables, leases, {}}
+  end
   -- Our own entries follow: the caller's cursor moves past them only when nothing
   -- more of others' remains to read.
   local results = apply_writes()

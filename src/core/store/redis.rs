@@ -49,6 +49,9 @@ enum Section {
     Read,
     Write,
     Append,
+    /// Admissions decided on what was read up to the cursor: committed only if what
+    /// they read is unchanged (mode `lease`), else [`StoreError::Conflict`].
+    Optimistic,
 }
 
 pub struct RedisStore {
@@ -73,6 +76,8 @@ pub struct RedisStore {
     args: Vec<String>,
     /// Lease writes of the open section, applied to `leases` once committed.
     lease_writes: Vec<Write>,
+    /// Accounts (`key SEP platform`) of the leases an optimistic section inserts.
+    accounts: Vec<String>,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -404,6 +409,7 @@ impl RedisStore {
             leases_changed: false,
             args: Vec::new(),
             lease_writes: Vec::new(),
+            accounts: Vec::new(),
         };
         store.connection()?;
         store.check_layout()?;
@@ -443,6 +449,12 @@ impl RedisStore {
         self.need_leases = true;
     }
 
+    /// Drops what a failed read half took in, and reads everything afresh next time.
+    fn forget(&mut self) {
+        self.pending = Changes::default();
+        self.resync();
+    }
+
     /// One round trip on the connection; a failed connection is dropped so the next
     /// call reconnects.
     fn round_trip(
@@ -476,6 +488,12 @@ impl RedisStore {
     }
 
     fn invoke(&mut self, mode: &str, writes: &[String]) -> StoreResult<Value> {
+        self.invoke_with(mode, &[], writes)
+    }
+
+    /// `extra` goes between the fixed arguments and the writes (mode `lease`: the
+    /// count of accounts, then the accounts).
+    fn invoke_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Value> {
         let script = Arc::clone(&self.script);
         let mut inv = script.prepare_invoke();
         inv.arg(&self.prefix)
@@ -488,25 +506,29 @@ impl RedisStore {
         for v in &self.versions {
             inv.arg(v);
         }
-        for w in writes {
+        for w in extra.iter().chain(writes) {
             inv.arg(w);
         }
         self.round_trip(|con| inv.invoke(con))
     }
 
     /// Calls the script, waiting (up to the busy timeout) while another engine holds
-    /// the lock. Returns the reply after its status.
+    /// the lock. Returns the reply (status `ok`, or `conflict` in mode `lease`).
     fn call(&mut self, mode: &str, writes: &[String]) -> StoreResult<Vec<Value>> {
+        self.call_with(mode, &[], writes)
+    }
+
+    fn call_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
         let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(0) as u64);
         let mut pause = Duration::from_micros(50);
         loop {
-            let parts = match self.invoke(mode, writes)? {
+            let parts = match self.invoke_with(mode, extra, writes)? {
                 Value::Array(parts) => parts,
                 other => return Err(unavailable(format!("unexpected reply {other:?}"))),
             };
             let status = parts.first().map(text).transpose()?.unwrap_or_default();
             match status.as_str() {
-                "ok" => return Ok(parts),
+                "ok" | "conflict" => return Ok(parts),
                 "busy" => {
                     let now = Instant::now();
                     if now >= deadline {
@@ -727,6 +749,20 @@ impl RedisStore {
         }
     }
 
+    /// Opens a write section that reads nothing first (its one round trip is at commit).
+    fn open_unlocked(&mut self, section: Section) -> StoreResult<()> {
+        if self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        if self.section.is_some() {
+            self.rollback();
+        }
+        // Checked here so that a dead server degrades the engine before it decides.
+        self.connection()?;
+        self.section = Some(section);
+        Ok(())
+    }
+
     /// After a commit: our own lease writes, which the feed will not bring back to us.
     fn apply_own_leases(&mut self) {
         for w in std::mem::take(&mut self.lease_writes) {
@@ -843,31 +879,44 @@ impl Store for RedisStore {
     }
 
     fn begin_append(&mut self) -> StoreResult<()> {
-        if self.readonly {
-            return Err(StoreError::ReadOnly);
-        }
-        if self.section.is_some() {
-            self.rollback();
-        }
-        // Checked here so that a dead server degrades the engine before it decides.
-        self.connection()?;
-        self.section = Some(Section::Append);
-        Ok(())
+        self.open_unlocked(Section::Append)
+    }
+
+    fn begin_optimistic(&mut self) -> StoreResult<bool> {
+        self.open_unlocked(Section::Optimistic).map(|()| true)
     }
 
     fn commit(&mut self) -> StoreResult<()> {
         let Some(section) = self.section else { return Ok(()) };
         let args = std::mem::take(&mut self.args);
+        let accounts = std::mem::take(&mut self.accounts);
         let result = match section {
             Section::Read => Ok(None),
             Section::Write => self.call("commit", &args).map(Some),
-            Section::Append if args.is_empty() => Ok(None),
-            Section::Append => self.call("append", &args).map(Some),
+            Section::Append | Section::Optimistic if args.is_empty() => Ok(None),
+            Section::Optimistic if !accounts.is_empty() => {
+                let mut extra = Vec::with_capacity(accounts.len() + 1);
+                extra.push(accounts.len().to_string());
+                extra.extend(accounts);
+                self.call_with("lease", &extra, &args).map(Some)
+            }
+            Section::Append | Section::Optimistic => self.call("append", &args).map(Some),
         };
         match result {
             Ok(reply) => {
                 self.section = None;
                 if let Some(parts) = reply {
+                    if matches!(parts.first().map(text), Some(Ok(s)) if s == "conflict") {
+                        // Nothing was written: take in what changed, for the next pull.
+                        self.lease_writes.clear();
+                        let more = self.absorb(&parts).and_then(|more| self.drain(more));
+                        if let Err(e) = more {
+                            self.rollback();
+                            self.forget();
+                            return Err(e);
+                        }
+                        return Err(StoreError::Conflict);
+                    }
                     if section == Section::Write {
                         // Only our own writes happened since `begin`: follow on after them.
                         let [_, head, _, _, versions, ..] = parts.as_slice() else {
@@ -890,6 +939,7 @@ impl Store for RedisStore {
             }
             Err(e) => {
                 self.rollback();
+                self.forget();
                 Err(e)
             }
         }
@@ -899,11 +949,16 @@ impl Store for RedisStore {
         if self.section == Some(Section::Write) && self.con.is_some() {
             let _ = self.invoke("unlock", &[]);
         }
+        // A section that reads nothing before its commit has nothing half-read to
+        // forget (a failed commit forgets it there).
+        let read = !matches!(self.section, Some(Section::Append | Section::Optimistic));
         self.section = None;
         self.args.clear();
         self.lease_writes.clear();
-        self.pending = Changes::default();
-        self.resync();
+        self.accounts.clear();
+        if read {
+            self.forget();
+        }
     }
 
     fn pull(&mut self) -> StoreResult<Changes> {
@@ -950,6 +1005,14 @@ impl Store for RedisStore {
         let mut args = std::mem::take(&mut self.args);
         self.encode(w, &mut args);
         self.args = args;
+        if let Write::InsertLease { platform, key_id, .. } = w {
+            if self.section == Some(Section::Optimistic) {
+                let account = format!("{key_id}{SEP}{}", esc(platform));
+                if !self.accounts.contains(&account) {
+                    self.accounts.push(account);
+                }
+            }
+        }
         if matches!(w, Write::InsertLease { .. } | Write::DeleteLease(_) | Write::Sweep { .. }) {
             self.lease_writes.push(w.clone());
         }
