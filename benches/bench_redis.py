@@ -222,8 +222,9 @@ def main() -> None:
         "",
         "Round trips: the requests clients sent, seen by `MONITOR` over the first 500 ops of the stream",
         "(a separate pass; commands a script runs inside the server are not round trips), divided by ops.",
-        "quotaengine makes 2 per admission (lock + read, then write + unlock) and 1 per `success()`;",
-        "a refused op is 2 (lock + read, then unlock). The setup calls (`set_model_limits`) are included.",
+        "quotaengine makes 1 per admission (decided on what the engine knows, written if nothing it read",
+        "has changed) and 1 per `success()`; a refusal is confirmed by 1 read. The setup calls",
+        "(`set_model_limits`) are included.",
         "",
         "All runs (ops/s): "
         + "; ".join(name + ": " + ", ".join(f"{r['ops_s']:,.0f}" for r in rs) for name, rs in results.items()),

@@ -367,3 +367,87 @@ def test_sigkill_loses_nothing_that_returned(db_path: Path, how: str) -> None:
     finally:
         con.close()
     assert n == u["rpd"]["used"]
+
+
+# ------------------------------------------------------------------ a sole engine keeps the lock
+
+PACED = """
+    import sys, time
+    import quotaengine as q
+    db, now, seconds, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    e = q.QuotaEngine(db, clock=q.ManualClock(now), env={}, flush_interval_ms=50, busy_timeout_ms=1000)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    admitted, slowest = 0, 0.0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t = time.monotonic()
+        try:
+            e.lease("groq", "llama-3.1-8b", 1, 10).success(tokens=10)
+            admitted += 1
+        except q.QuotaExceeded:
+            pass
+        slowest = max(slowest, time.monotonic() - t)
+        if pause:
+            time.sleep(pause)
+    print("admitted", admitted, "degraded", e.degraded, "slowest_ms", round(slowest * 1000, 1), flush=True)
+    e.close()
+"""
+
+
+@pytest.mark.sqlite_only
+def test_a_sole_engine_yields_the_lock_to_one_that_opens_later(tmp_path: Path) -> None:
+    """With grouped writes an engine alone on a file keeps SQLite's write lock from one call to the
+    next (at most 10 ms at a time). A second process that opens the file while it does must get its
+    turns well within its busy timeout, never degrade, and the two together admit exactly the limit."""
+    db = tmp_path / "q.db"
+    with q.QuotaEngine(db, clock=q.ManualClock(TEN_AM), env={}) as e:
+        e.set_model_limits(P, M, rpm=600)
+    with spawn(PACED, str(db), str(TEN_AM), "1.5", "0.001") as first:
+        assert first.stdout is not None and first.stdin is not None
+        assert first.stdout.readline().strip() == "ready", stderr_of(first)
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        time.sleep(0.3)  # the first runs alone, holding the lock across calls
+        with spawn(PACED, str(db), str(TEN_AM), "0.8", "0") as second:
+            assert second.stdout is not None and second.stdin is not None
+            assert second.stdout.readline().strip() == "ready", stderr_of(second)
+            second.stdin.write("go\n")
+            second.stdin.flush()
+            outs = [finish(second), finish(first)]
+    results = []
+    for out in outs:
+        words = out.split()
+        assert words[0] == "admitted" and words[2] == "degraded", out
+        results.append((int(words[1]), words[3], float(words[5])))
+    assert [r[1] for r in results] == ["False", "False"], results
+    assert all(r[0] > 0 for r in results), results
+    assert sum(r[0] for r in results) == 600, results
+    assert results[0][2] < 500, results  # the second never waited near its busy timeout
+    assert usage_at(db)["rpm"]["used"] == 600
+
+
+@pytest.mark.sqlite_only
+def test_a_held_lock_ends_on_time_when_calls_stop(tmp_path: Path) -> None:
+    """An idle engine does not keep the write lock: within its hold period (plus scheduling) its
+    writes are committed and a plain sqlite3 writer gets the lock at once."""
+    db = tmp_path / "q.db"
+    with q.QuotaEngine(db, clock=q.ManualClock(TEN_AM), env={}, flush_interval_ms=60_000) as e:
+        assert Path(f"{db}-engines").exists()  # its registration: others see it is not alone
+        e.lease(P, M, K, 10).success(tokens=10)
+        deadline = time.monotonic() + 5
+        while True:
+            con = sqlite3.connect(db, timeout=0)
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                rows = con.execute("SELECT kind, tokens FROM rate_limit_usage ORDER BY kind").fetchall()
+                con.execute("ROLLBACK")
+                break
+            except sqlite3.OperationalError:
+                assert time.monotonic() < deadline, "the engine kept the write lock"
+                time.sleep(0.005)
+            finally:
+                con.close()
+        assert rows == [("request", 1), ("tokens", 10)]
+        assert e.usage(P, M, K)["rpm"]["used"] == 1
+    assert not Path(f"{db}-engines").exists()  # the last engine out removes it

@@ -30,6 +30,7 @@ use crate::core::types::{
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Construction settings (SPEC §3). The environment is a copy read once.
 #[derive(Debug, Clone)]
@@ -270,6 +271,11 @@ struct Section {
     now: i64,
     online: bool,
     write: bool,
+    /// Inside the write lock this engine keeps across calls (`Engine::held`).
+    held: bool,
+    /// A hot-path section (`Access::Decide` or `Access::Append`): its writes may wait
+    /// in the held lock.
+    hot: bool,
     /// Decisions rest on what the engine knew before the section (an optimistic
     /// section): a refusal is confirmed on fresh data, and the commit may conflict.
     stale: bool,
@@ -295,6 +301,10 @@ enum Committed {
     /// The store failed: the engine is degraded.
     Failed,
 }
+
+/// Longest a sole engine keeps the write lock across calls (grouped writes): another
+/// engine opening the file waits at most this long for it.
+const HOLD_MAX_MS: i64 = 10;
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
@@ -334,6 +344,15 @@ pub struct Engine {
     headroom_cache: HashMap<String, (i64, Vec<(i64, f64)>)>,
     /// The last read section could not read the store.
     read_failed: bool,
+    /// With grouped writes, how long the write lock may be kept from one call to the
+    /// next while this engine is the store's only one (`None`: never).
+    hold_for: Option<Duration>,
+    /// Since when this engine keeps the store's write lock (an open transaction)
+    /// across calls: nobody else can write meanwhile, so calls neither read nor
+    /// write the store; the writes wait in `pending` for the commit that ends it.
+    held: Option<Instant>,
+    /// When to ask the store again whether this engine is its only one.
+    next_sole_check: Option<Instant>,
 }
 
 impl Engine {
@@ -376,7 +395,14 @@ impl Engine {
             window_snapshot: None,
             headroom_cache: HashMap::new(),
             read_failed: false,
+            hold_for: None,
+            held: None,
+            next_sole_check: None,
         };
+        if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
+            engine.hold_for =
+                Some(Duration::from_millis(engine.settings.flush_interval_ms.min(HOLD_MAX_MS) as u64));
+        }
         // Load now, so that a broken database is reported by the constructor.
         let sec = engine.enter(false)?;
         engine.leave(sec, Vec::new())?;
@@ -402,6 +428,10 @@ impl Engine {
     pub fn recover_after_panic(&mut self) {
         self.store.rollback();
         self.rebuild = true;
+        if self.held.take().is_some() {
+            // What the held lock's calls decided is still in `pending`: write it next.
+            self.flush_requested = true;
+        }
     }
 
     /// Number of writes waiting for the store.
@@ -415,15 +445,23 @@ impl Engine {
         self.enter_as(if write { Access::Write } else { Access::Read })
     }
 
-    fn enter_as(&mut self, access: Access) -> Result<Section> {
+    fn enter_as(&mut self, mut access: Access) -> Result<Section> {
         let write = access != Access::Read;
         if write && self.store.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
-        let mut online = false;
+        let hot = matches!(access, Access::Decide | Access::Append);
+        let start_hold = hot && self.held.is_none() && self.may_hold();
+        if start_hold {
+            access = Access::Write;
+        }
+        let held = self.held.is_some();
+        let mut online = held;
         let mut stale = false;
         self.read_failed = false;
-        let need_store = write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true);
+        // Holding the write lock, nothing can have changed under us.
+        let need_store =
+            !held && (write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true));
         if need_store {
             // While degraded, probe the store without waiting on its lock.
             if self.degraded {
@@ -461,14 +499,47 @@ impl Engine {
                 Err(e) => self.store_failed(&e, false),
             }
         }
-        if online {
+        if online && (!held || self.rebuild) {
             if let Err(e) = self.sync(now) {
                 self.store.rollback();
+                self.held = None;
                 self.store_failed(&e, write);
                 online = false;
             }
         }
-        Ok(Section { now, online, write, stale: stale && online })
+        if online && start_hold {
+            self.held = Some(Instant::now());
+        }
+        let held = online && self.held.is_some();
+        Ok(Section { now, online, write, held, hot, stale: stale && online })
+    }
+
+    /// Whether a hot-path section may take the write lock and keep it across calls:
+    /// grouped writes are on, the store answers, and no other engine has it open
+    /// (asked at most once per hold period while others do).
+    fn may_hold(&mut self) -> bool {
+        let Some(period) = self.hold_for else { return false };
+        if self.degraded {
+            return false;
+        }
+        let now = Instant::now();
+        if self.next_sole_check.is_some_and(|t| now < t) {
+            return false;
+        }
+        if self.store.sole_writer() {
+            return true;
+        }
+        self.next_sole_check = Some(now + period);
+        false
+    }
+
+    /// A held write lock is kept for this hot-path section's writes (its period is
+    /// not over, and no flush asked for it to end).
+    fn keeps_holding(&self, sec: &Section) -> bool {
+        sec.held
+            && sec.hot
+            && !self.flush_requested
+            && self.held.zip(self.hold_for).is_some_and(|(t, period)| t.elapsed() < period)
     }
 
     fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
@@ -548,12 +619,21 @@ impl Engine {
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
         let flush_pending = self.degraded
+            || self.held.is_some()
             || self.flush_requested
             || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
         let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
             if flush_pending {
                 for w in &self.pending {
-                    self.store.write(w)?;
+                    // A lease taken and finished while both waited here never reaches the store.
+                    let cancelled = match w {
+                        Write::InsertLease { id, .. } => self.pending_deleted.contains(id),
+                        Write::DeleteLease(id) => self.pending_inserted.contains(id),
+                        _ => false,
+                    };
+                    if !cancelled {
+                        self.store.write(w)?;
+                    }
                 }
             }
             if let Some(s) = &sweep {
@@ -566,6 +646,8 @@ impl Engine {
             self.store.commit()?;
             Ok(ids)
         })();
+        // The commit (or the rollback) ends a held lock.
+        self.held = None;
         match result {
             Ok(ids) => {
                 if sweep.is_some() {
@@ -606,13 +688,13 @@ impl Engine {
     fn leave(&mut self, sec: Section, writes: Vec<Write>) -> Result<Vec<i64>> {
         let now = sec.now;
         if !sec.write {
-            if sec.online {
+            if sec.online && !sec.held {
                 // Ends the read snapshot.
                 let _ = self.store.commit();
             }
             return Ok(Vec::new());
         }
-        if sec.online {
+        if sec.online && !self.keeps_holding(&sec) {
             // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
             if let Committed::Done(ids) = self.commit_section(now, &writes) {
                 let mut out = Vec::with_capacity(ids.len());
@@ -640,7 +722,7 @@ impl Engine {
     /// handed back, still applied to the mirror.
     fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Option<Vec<Write>> {
         let now = sec.now;
-        if sec.online {
+        if sec.online && !self.keeps_holding(&sec) {
             match self.commit_section(now, &writes) {
                 Committed::Done(_) => return None,
                 Committed::Conflict => return Some(writes),
@@ -1033,7 +1115,7 @@ impl Engine {
 
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() || self.store.readonly() {
+        if (self.pending.is_empty() && self.held.is_none()) || self.store.readonly() {
             return Ok(());
         }
         self.flush_requested = true;
@@ -1041,6 +1123,21 @@ impl Engine {
         let out = self.append(Vec::new());
         self.flush_requested = false;
         out
+    }
+
+    /// Ends a held write lock whose period is over (the flusher thread: an idle
+    /// engine does not keep others waiting).
+    pub fn end_hold_if_due(&mut self) -> Result<()> {
+        match self.held.zip(self.hold_for) {
+            Some((t, period)) if t.elapsed() >= period => self.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The period of the flusher thread: the hold period when a write lock may be
+    /// held across calls, else `flush_interval_ms`.
+    pub fn tick_period(&self) -> Duration {
+        self.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
     }
 
     /// Flushes and reports whether anything stayed unwritten.

@@ -80,6 +80,7 @@ impl Handle {
         let mut engine = catch_unwind(AssertUnwindSafe(|| Engine::open(spec, clock, settings)))
             .unwrap_or_else(|p| Err(Error::from_panic(p)))?;
         emit(engine.take_logs());
+        let tick = engine.tick_period();
         let handle = Handle {
             shared: Arc::new(Shared {
                 engine: Mutex::new(Some(engine)),
@@ -94,6 +95,7 @@ impl Handle {
         if flush_ms > 0 {
             let weak = Arc::downgrade(&handle.shared);
             let period = Duration::from_millis(flush_ms as u64);
+            let mut last_flush = std::time::Instant::now();
             let t = std::thread::Builder::new()
                 .name("quotaengine-flush".into())
                 .spawn(move || loop {
@@ -101,7 +103,10 @@ impl Handle {
                     {
                         let mut stop = shared.stop.lock();
                         if !*stop {
-                            shared.wake.wait_for(&mut stop, period);
+                            // Wakes every hold period (a write lock kept across calls
+                            // ends on time even when no call comes), flushes every
+                            // `flush_interval_ms`.
+                            shared.wake.wait_for(&mut stop, tick);
                         }
                         if *stop {
                             return;
@@ -111,7 +116,14 @@ impl Handle {
                         let mut g = shared.engine.lock();
                         match g.as_mut() {
                             Some(e) => {
-                                let _ = catch_unwind(AssertUnwindSafe(|| e.flush()));
+                                let _ = catch_unwind(AssertUnwindSafe(|| {
+                                    if last_flush.elapsed() >= period {
+                                        last_flush = std::time::Instant::now();
+                                        e.flush()
+                                    } else {
+                                        e.end_hold_if_due()
+                                    }
+                                }));
                                 e.take_logs()
                             }
                             None => return,

@@ -3,6 +3,7 @@
 //! processes changed, and typed writes. SQLite is the first backend; a networked one
 //! (Redis) implements the same trait.
 pub mod redis;
+pub mod registry;
 pub mod schema;
 pub mod sqlite;
 
@@ -246,6 +247,12 @@ pub trait Store: Send {
     /// fleet probes a key; a store on one host may always say yes.
     fn try_claim(&mut self, _name: &str, _ttl_ms: i64) -> StoreResult<bool> {
         Ok(true)
+    }
+    /// True when no other engine has this store open (checked now): this engine may
+    /// then keep its write lock from one call to the next. A store shared across
+    /// hosts, or that cannot tell, says false (the default).
+    fn sole_writer(&mut self) -> bool {
+        false
     }
     /// Waits at most this long for another process's lock (0: fail at once).
     fn set_busy_timeout(&mut self, ms: i64);

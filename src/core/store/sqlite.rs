@@ -32,6 +32,9 @@ pub struct SqliteStore {
     full_sweep_done: bool,
     /// The cutoff of a sweep in the open section (applied to the above on commit).
     sweep_cutoff: Option<i64>,
+    /// This engine's registration on the file (writable files only).
+    registry: Option<super::registry::Registry>,
+    memory: bool,
 }
 
 /// A row stamped this much before the newest one seen is a straggler.
@@ -154,8 +157,14 @@ impl SqliteStore {
             newest_seen_ms: i64::MIN,
             full_sweep_done: false,
             sweep_cutoff: None,
+            registry: None,
+            memory,
         };
         if !readonly {
+            // A `file:` URI names no plain path to put the side file next to.
+            if !memory && !path.starts_with("file:") {
+                store.registry = super::registry::Registry::join(path);
+            }
             store.migrate().map_err(|e| incompatible(path, e))?;
         }
         Ok(store)
@@ -679,6 +688,11 @@ impl Store for SqliteStore {
         self.conn.prepare_cached(sql)?.execute([])?;
         self.in_section = true;
         Ok(())
+    }
+
+    fn sole_writer(&mut self) -> bool {
+        // An in-memory database is this connection's alone.
+        self.registry.as_ref().map_or(self.memory, |r| r.alone())
     }
 
     fn commit(&mut self) -> StoreResult<()> {
