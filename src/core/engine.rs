@@ -624,17 +624,18 @@ impl Engine {
             || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
         let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
             if flush_pending {
-                for w in &self.pending {
-                    // A lease taken and finished while both waited here never reaches the store.
-                    let cancelled = match w {
-                        Write::InsertLease { id, .. } => self.pending_deleted.contains(id),
-                        Write::DeleteLease(id) => self.pending_inserted.contains(id),
-                        _ => false,
-                    };
-                    if !cancelled {
-                        self.store.write(w)?;
-                    }
-                }
+                // A lease taken and finished while both waited here never reaches the store.
+                let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
+                let live: Vec<&Write> = self
+                    .pending
+                    .iter()
+                    .filter(|w| match w {
+                        Write::InsertLease { id, .. } => !deleted.contains(id),
+                        Write::DeleteLease(id) => !inserted.contains(id),
+                        _ => true,
+                    })
+                    .collect();
+                self.store.write_all(&live)?;
             }
             if let Some(s) = &sweep {
                 self.store.write(s)?;
@@ -893,9 +894,9 @@ impl Engine {
         if let Some(t) = tokens {
             check_non_negative("tokens", t)?;
         }
-        let mut ws = vec![Self::usage_row(route, UsageKind::Request, 1, now)];
+        let mut ws = vec![self.usage_row(route, UsageKind::Request, 1, now)];
         if let Some(t) = tokens {
-            ws.push(Self::usage_row(route, UsageKind::Tokens, t, now));
+            ws.push(self.usage_row(route, UsageKind::Tokens, t, now));
         }
         self.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));
@@ -1001,7 +1002,8 @@ impl Engine {
             }
             w => self.pending.push(w),
         }
-        if self.pending.len() >= self.compact_at {
+        // A held lock's writes are committed within its period: nothing to merge.
+        if self.pending.len() >= self.compact_at && self.held.is_none() {
             self.compact_pending(now);
             self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
         }
@@ -1218,20 +1220,21 @@ impl Engine {
 
     // ---- usage -------------------------------------------------------------------
 
-    fn usage_row(route: &Route, kind: UsageKind, tokens: i64, t: i64) -> Write {
-        Write::Usage(UsageRow {
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(route.model_id.as_str()),
-            key_id: route.key_id,
-            kind,
-            tokens,
-            created_at_ms: t,
-        })
+    /// The route's names as the mirror holds them (shared, not copied per write).
+    fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        let r = self.mirror.route(rid);
+        (r.platform.clone(), r.model_id.clone())
+    }
+
+    fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, t: i64) -> Write {
+        let (platform, model_id) = self.route_names(route);
+        Write::Usage(UsageRow { platform, model_id, key_id: route.key_id, kind, tokens, created_at_ms: t })
     }
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.clock.now_ms();
-        let mut writes = vec![Self::usage_row(route, UsageKind::Request, 1, now)];
+        let mut writes = vec![self.usage_row(route, UsageKind::Request, 1, now)];
         self.clear_history_on_success(route, &mut writes);
         self.write_usage(writes)
     }
@@ -1260,7 +1263,8 @@ impl Engine {
     pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
         check_non_negative("tokens", tokens)?;
         let now = self.clock.now_ms();
-        self.write_usage(vec![Self::usage_row(route, UsageKind::Tokens, tokens, now)])
+        let row = self.usage_row(route, UsageKind::Tokens, tokens, now);
+        self.write_usage(vec![row])
     }
 
     pub fn usage(&mut self, route: &Route, limits: Option<Limits>) -> Result<UsageReport> {
@@ -1337,10 +1341,11 @@ impl Engine {
     // ---- leases ------------------------------------------------------------------
 
     fn lease_write(&mut self, route: &Route, est: i64, now: i64) -> Write {
+        let (platform, model_id) = self.route_names(route);
         Write::InsertLease {
             id: self.lease_ids.next(),
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(route.model_id.as_str()),
+            platform,
+            model_id,
             key_id: route.key_id,
             tokens: est,
             created_at_ms: now,

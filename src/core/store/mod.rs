@@ -242,6 +242,14 @@ pub trait Store: Send {
     /// Inside a write section: applies one change. Returns the new row id for inserts,
     /// the number of affected rows for deletes, 0 otherwise.
     fn write(&mut self, w: &Write) -> StoreResult<i64>;
+    /// Inside a write section: applies several changes in order (buffered writes), as
+    /// `write` would one by one.
+    fn write_all(&mut self, ws: &[&Write]) -> StoreResult<()> {
+        for w in ws {
+            self.write(w)?;
+        }
+        Ok(())
+    }
     /// Claims `name` for this engine for `ttl_ms` (real time): false while another
     /// engine holds it. Re-entrant for the holder. Used so that one engine of a
     /// fleet probes a key; a store on one host may always say yes.

@@ -37,6 +37,9 @@ pub struct SqliteStore {
     memory: bool,
 }
 
+/// Usage rows per multi-row insert when many are written at once.
+const USAGE_CHUNK: usize = 32;
+
 /// A row stamped this much before the newest one seen is a straggler.
 const STRAGGLER_SLACK_MS: i64 = 60_000;
 /// Past this many stragglers, the next sweep scans the table instead.
@@ -407,6 +410,46 @@ impl SqliteStore {
         Ok(changes)
     }
 
+    /// Inserts `USAGE_CHUNK` usage rows with one statement.
+    fn insert_usage_chunk(&mut self, ws: &[&Write]) -> rusqlite::Result<()> {
+        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let sql = SQL.get_or_init(|| {
+            let values = vec!["(?, ?, ?, ?, ?, ?)"; USAGE_CHUNK].join(", ");
+            format!(
+                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) VALUES {values}"
+            )
+        });
+        let rows: Vec<&UsageRow> = ws
+            .iter()
+            .filter_map(|w| match w {
+                Write::Usage(u) => Some(u),
+                _ => None,
+            })
+            .collect();
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        for (n, u) in rows.iter().enumerate() {
+            let at = n * 6 + 1;
+            stmt.raw_bind_parameter(at, &*u.platform)?;
+            stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
+            stmt.raw_bind_parameter(at + 2, u.key_id)?;
+            stmt.raw_bind_parameter(at + 3, u.kind.as_str())?;
+            stmt.raw_bind_parameter(at + 4, u.tokens)?;
+            stmt.raw_bind_parameter(at + 5, u.created_at_ms)?;
+        }
+        stmt.raw_execute()?;
+        drop(stmt);
+        // One statement under the write lock: the new ids are consecutive.
+        let last = self.conn.last_insert_rowid();
+        let first = last - rows.len() as i64 + 1;
+        if let Some(cur) = self.usage_cursor.as_mut() {
+            *cur = (*cur).max(last);
+        }
+        for (n, u) in rows.iter().enumerate() {
+            self.note_row(first + n as i64, u.created_at_ms);
+        }
+        Ok(())
+    }
+
     fn write_inner(&mut self, w: &Write) -> rusqlite::Result<i64> {
         let c = &self.conn;
         Ok(match w {
@@ -751,6 +794,25 @@ impl Store for SqliteStore {
             return Err(StoreError::ReadOnly);
         }
         Ok(self.write_inner(w)?)
+    }
+
+    fn write_all(&mut self, ws: &[&Write]) -> StoreResult<()> {
+        if self.readonly {
+            return Err(StoreError::ReadOnly);
+        }
+        let mut i = 0;
+        while i < ws.len() {
+            // Runs of usage rows go in statements of USAGE_CHUNK rows.
+            let run = ws[i..].iter().take(USAGE_CHUNK).take_while(|w| matches!(w, Write::Usage(_))).count();
+            if run == USAGE_CHUNK {
+                self.insert_usage_chunk(&ws[i..i + run])?;
+                i += run;
+            } else {
+                self.write_inner(ws[i])?;
+                i += 1;
+            }
+        }
+        Ok(())
     }
 
     fn set_busy_timeout(&mut self, ms: i64) {
