@@ -214,3 +214,23 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     clock.advance(700_000);
     assert_eq!(a.record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 120_000);
 }
+
+#[test]
+fn every_commit_of_another_engine_is_seen_by_the_next_read() {
+    // Reads skip the store while the WAL index header is unchanged: each engine's own
+    // commits change it too, and must not hide the other's.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let path = path.to_str().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(path, &clock);
+    let mut b = open(path, &clock);
+    for i in 0..50 {
+        a.record_request(&route()).unwrap();
+        assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 1);
+        assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 1);
+        b.record_request(&route()).unwrap();
+        assert_eq!(a.usage(&route(), None).unwrap().rpd.used, 2 * i + 2);
+        assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 2);
+    }
+}

@@ -35,7 +35,15 @@ pub struct SqliteStore {
     /// This engine's registration on the file (writable files only).
     registry: Option<super::registry::Registry>,
     memory: bool,
+    /// The WAL index (`<db>-shm`), read to learn cheaply that nothing was committed.
+    shm: Option<std::fs::File>,
+    /// Its header as read just before `data_version` was last taken.
+    shm_seen: Option<[u8; SHM_HEADER]>,
 }
+
+/// The first copy of the WAL index header: every commit changes it (frame count and
+/// checksums; a restarted WAL, its salts).
+const SHM_HEADER: usize = 48;
 
 /// Usage rows per multi-row insert when many are written at once.
 const USAGE_CHUNK: usize = 32;
@@ -162,6 +170,8 @@ impl SqliteStore {
             sweep_cutoff: None,
             registry: None,
             memory,
+            shm: None,
+            shm_seen: None,
         };
         if !readonly {
             // A `file:` URI names no plain path to put the side file next to.
@@ -195,6 +205,25 @@ impl SqliteStore {
 
     fn data_version(&self) -> rusqlite::Result<i64> {
         self.conn.prepare_cached("PRAGMA data_version")?.query_row([], |r| r.get(0))
+    }
+
+    /// The WAL index header now (`None` when it cannot be read: then `data_version`
+    /// decides alone).
+    fn shm_header(&mut self) -> Option<[u8; SHM_HEADER]> {
+        if self.shm.is_none() {
+            let path = self.conn.path().filter(|p| !p.is_empty())?;
+            self.shm = std::fs::File::open(format!("{path}-shm")).ok();
+        }
+        let mut hdr = [0u8; SHM_HEADER];
+        read_exact_at(self.shm.as_ref()?, &mut hdr)?;
+        Some(hdr)
+    }
+
+    /// `data_version` with the WAL index header read just before it: while the
+    /// header stays the same, nothing was committed after that `data_version`.
+    fn versioned_header(&mut self) -> rusqlite::Result<(Option<[u8; SHM_HEADER]>, i64)> {
+        let hdr = self.shm_header();
+        Ok((hdr, self.data_version()?))
     }
 
     fn note_row(&mut self, id: i64, t: i64) {
@@ -354,9 +383,10 @@ impl SqliteStore {
     }
 
     fn pull_inner(&mut self) -> rusqlite::Result<Changes> {
-        let dv = self.data_version()?;
+        let (hdr, dv) = self.versioned_header()?;
         let mut changes = Changes::default();
         if self.data_version == Some(dv) {
+            self.shm_seen = hdr;
             return Ok(changes);
         }
         if let Some(cursor) = self.usage_cursor {
@@ -407,6 +437,7 @@ impl SqliteStore {
         }
         self.versions = versions;
         self.data_version = Some(dv);
+        self.shm_seen = hdr;
         Ok(changes)
     }
 
@@ -714,10 +745,18 @@ impl Store for SqliteStore {
     }
 
     fn changed(&mut self) -> StoreResult<bool> {
-        match self.data_version {
-            None => Ok(true),
-            Some(seen) => Ok(self.data_version()? != seen),
+        let Some(seen) = self.data_version else { return Ok(true) };
+        if self.shm_seen.is_some() && self.shm_header() == self.shm_seen {
+            // A read of a page the kernel holds, against a statement.
+            return Ok(false);
         }
+        // Changed, or our own commit: `data_version` tells.
+        let (hdr, dv) = self.versioned_header()?;
+        if dv != seen {
+            return Ok(true);
+        }
+        self.shm_seen = hdr;
+        Ok(false)
     }
 
     fn begin(&mut self, write: bool) -> StoreResult<()> {
@@ -768,6 +807,7 @@ impl Store for SqliteStore {
         self.usage_cursor = self.cursor_at_begin;
         // What we delivered may include rows of the abandoned section: re-read on next pull.
         self.data_version = None;
+        self.shm_seen = None;
         self.versions = [-1; VERSIONED_TABLES.len()];
     }
 
@@ -899,4 +939,14 @@ impl Store for SqliteStore {
         })?;
         Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
+}
+
+#[cfg(unix)]
+fn read_exact_at(f: &std::fs::File, buf: &mut [u8]) -> Option<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, 0).ok()
+}
+
+#[cfg(not(unix))]
+fn read_exact_at(_f: &std::fs::File, _buf: &mut [u8]) -> Option<()> {
+    None
 }
