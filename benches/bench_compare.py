@@ -508,9 +508,25 @@ def run_floor() -> dict:
                 e = pc()
             best = min(best, (e - s) / reps)
         out[name] = best
+    # check() on a file engine against a no-op method taking the same arguments.
+    with tempfile.TemporaryDirectory() as d:
+        eng = quotaengine.QuotaEngine(os.path.join(d, "floor.db"), clock=clock, env={})
+        eng.set_model_limits("groq", "llama-3.1-8b", rpm=30, rpd=14_400, tpm=6_000, tpd=500_000)
+        for name, fn in (("check", eng.check), ("noop_check", eng._noop_check)):
+            best = float("inf")
+            for _ in range(5):
+                s = pc()
+                for _ in range(reps // 5):
+                    fn("groq", "llama-3.1-8b", 1, 100)
+                e = pc()
+                best = min(best, (e - s) / (reps // 5))
+            out[name] = best
+        eng.close()
     return {
         "sqlite_version_ns": out["sqlite_version"] - out["empty"],
         "clock_now_ms_ns": out["clock_now_ms"] - out["empty"],
+        "check_ns": out["check"] - out["empty"],
+        "noop_check_ns": out["noop_check"] - out["empty"],
         "loop_ns": out["empty"],
     }
 
@@ -938,7 +954,10 @@ def build_report(args, wl, R, refs, floor, env) -> str:
         L.append(
             f"\n## Floor\n\nA no-op PyO3 call: `quotaengine.sqlite_version()` {floor['sqlite_version_ns']:.0f} ns, "
             f"`ManualClock.now_ms()` {floor['clock_now_ms_ns']:.0f} ns (empty Python loop iteration "
-            f"{floor['loop_ns']:.0f} ns, subtracted)."
+            f"{floor['loop_ns']:.0f} ns, subtracted).\n\n"
+            f"`check(platform, model, key, 100)` on a file engine: {floor['check_ns']:.0f} ns; a no-op method "
+            f"of the engine taking the same arguments (`_noop_check`): {floor['noop_check_ns']:.0f} ns "
+            f"({floor['check_ns'] / floor['noop_check_ns']:.1f}x)."
         )
 
     # goals of issue 2
@@ -1002,8 +1021,24 @@ def build_report(args, wl, R, refs, floor, env) -> str:
     if ok("qe-threads4", "qe"):
         ratio = R["qe-threads4"]["ops_s"] / R["qe"]["ops_s"]
         goal(f"4 threads ≥ 1.2x single thread ({ratio:.2f}x)", ratio >= 1.2)
+    if ok("qe-flush10"):
+        goal(
+            f"flush=10 ≥ 100k ops/s, every event persisted within 10 ms ({R['qe-flush10']['ops_s']:,.0f})",
+            R["qe-flush10"]["ops_s"] >= 100_000,
+        )
+    if floor is not None and "check_ns" in floor:
+        ratio = floor["check_ns"] / floor["noop_check_ns"]
+        goal(f"check() ≤ 3x a no-op method with the same arguments ({ratio:.1f}x)", ratio <= 3)
+    if ok("qe-flush10-threads4", "qe-flush10"):
+        ratio = R["qe-flush10-threads4"]["ops_s"] / R["qe-flush10"]["ops_s"]
+        goal(f"4 threads ≥ 1.5x single thread, flush=10 ({ratio:.2f}x)", ratio >= 1.5)
+    if ok("qe-flush10", "baseline"):
+        goal(
+            f"flush=10 ≥ 50x hand-written baseline ({R['qe-flush10']['ops_s'] / R['baseline']['ops_s']:.1f}x)",
+            R["qe-flush10"]["ops_s"] >= 50 * R["baseline"]["ops_s"],
+        )
     if G:
-        L.append('\n## Goals (issue 2, "Speed")\n')
+        L.append('\n## Goals (issues 2 and 7, "Speed")\n')
         L.append("| goal | |")
         L.append("|---|---|")
         L.extend(G)

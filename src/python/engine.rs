@@ -444,6 +444,20 @@ impl PyQuotaEngine {
         Ok(PyAdmission(self.run(py, move |e| e.check(&r, est, l))?))
     }
 
+    /// Benchmark floor, not part of the API: takes `check()`'s arguments and does
+    /// nothing (`benches/bench_compare.py` compares `check()` with it).
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
+    fn _noop_check(
+        &self,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
+    ) {
+        let _ = (platform, model_id, key_id, estimated_tokens, limits);
+    }
+
     // ---- leases ------------------------------------------------------------------
 
     /// Takes a lease without checking any gate; returns its id.
