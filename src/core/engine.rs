@@ -400,8 +400,10 @@ impl Engine {
             next_sole_check: None,
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
-            engine.hold_for =
-                Some(Duration::from_millis(engine.settings.flush_interval_ms.min(HOLD_MAX_MS) as u64));
+            // Half the interval: a held lock ends at most one flusher tick after its
+            // period, so nothing waits longer than `flush_interval_ms`.
+            let ms = (engine.settings.flush_interval_ms / 2).clamp(1, HOLD_MAX_MS);
+            engine.hold_for = Some(Duration::from_millis(ms as u64));
         }
         // Load now, so that a broken database is reported by the constructor.
         let sec = engine.enter(false)?;
