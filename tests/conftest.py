@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import uuid
@@ -52,9 +53,17 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A real ``redis-server`` on loopback, without persistence, in its own directory."""
+    """A real ``redis-server`` on loopback, without persistence, in its own directory. With ``tls``
+    (CA file, certificate file, key file) it speaks only TLS."""
 
-    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        password: str | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
+        bind: tuple[str, ...] = ("127.0.0.1",),
+    ) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed (apt-get install redis-server, or QE_BACKENDS=sqlite)")
@@ -62,19 +71,28 @@ class RedisServer:
         self.workdir = workdir
         self.port = port or free_port()
         self.password = password
+        self.tls = tls
+        self.bind = bind
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = ["--port", str(self.port), "--bind", *self.bind, "--save", "", "--appendonly", "no"]
+        if self.bind != ("127.0.0.1",):
+            args += ["--protected-mode", "no"]  # only on the addresses given
         if self.password:
             args += ["--requirepass", self.password]
+        if self.tls:
+            ca, cert, key = self.tls
+            args[1] = "0"  # no plain port
+            args += ["--tls-port", str(self.port), "--tls-ca-cert-file", str(ca)]
+            args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no"]
         self.proc = subprocess.Popen(
             [self.exe, *args],
             cwd=self.workdir,
@@ -84,7 +102,7 @@ class RedisServer:
         deadline = time.monotonic() + 10
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                with self._connect() as c:
                     auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
                     c.sendall(auth + b"PING\r\n")
                     time.sleep(0.01)
@@ -95,6 +113,12 @@ class RedisServer:
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server did not start on port {self.port}")
             time.sleep(0.02)
+
+    def _connect(self) -> socket.socket:
+        c = socket.create_connection(("127.0.0.1", self.port), timeout=0.2)
+        if not self.tls:
+            return c
+        return ssl.create_default_context(cafile=str(self.tls[0])).wrap_socket(c, server_hostname="127.0.0.1")
 
     def kill(self) -> None:
         if self.proc is not None:

@@ -451,3 +451,41 @@ def test_a_held_lock_ends_on_time_when_calls_stop(tmp_path: Path) -> None:
         assert rows == [("request", 1), ("tokens", 10)]
         assert e.usage(P, M, K)["rpm"]["used"] == 1
     assert not Path(f"{db}-engines").exists()  # the last engine out removes it
+
+
+@pytest.mark.sqlite_only
+def test_threads_of_a_sole_engine_holding_the_lock_admit_exactly_rpm(tmp_path: Path) -> None:
+    """8 threads race one engine that keeps the write lock across calls (alone on its file,
+    grouped writes): exactly rpm admitted, and every one of them is in the file after close."""
+    import threading
+
+    db = tmp_path / "q.db"
+    admitted: list[int] = []
+    with q.QuotaEngine(db, clock=q.ManualClock(TEN_AM), env={}, flush_interval_ms=10) as e:
+        e.set_model_limits(P, M, rpm=100)
+
+        def work() -> None:
+            n = 0
+            for _ in range(200):
+                try:
+                    with e.lease(P, M, K, 10) as lease:
+                        lease.success(tokens=10)
+                    n += 1
+                except q.QuotaExceeded:
+                    pass
+            admitted.append(n)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(admitted) == 100, admitted
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT kind, COUNT(*), SUM(tokens) FROM rate_limit_usage GROUP BY kind").fetchall()
+        leases = con.execute("SELECT COUNT(*) FROM quota_leases").fetchone()
+    finally:
+        con.close()
+    assert sorted(rows) == [("request", 100, 100), ("tokens", 100, 1000)]
+    assert leases == (0,)

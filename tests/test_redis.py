@@ -4,6 +4,9 @@ and coming back, a fleet of processes racing through one server, and round trips
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -95,6 +98,47 @@ def test_password(tmp_path: Path) -> None:
             q.QuotaEngine(f"redis://:wrong@127.0.0.1:{server.port}/0", env={})
         with pytest.raises(q.DatabaseError):
             q.QuotaEngine(f"redis://127.0.0.1:{server.port}/0", env={})
+    finally:
+        server.kill()
+
+
+def make_tls_files(d: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a certificate for 127.0.0.1 signed by it: (CA file, cert file, key file)."""
+    d.mkdir(parents=True, exist_ok=True)
+
+    def openssl(args: str) -> None:
+        subprocess.run(["openssl", *args.split()], cwd=d, check=True, capture_output=True)
+
+    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=qe-test-ca -keyout ca.key -out ca.pem")
+    openssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    openssl(
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out server.pem"
+    )
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+def test_rediss_with_a_private_ca(tmp_path: Path) -> None:
+    """rediss:// with ?ssl_ca_certs= (redis-py's name) trusts that CA; without it the server's
+    certificate is not trusted, and a plain redis:// client gets no answer: DatabaseError both."""
+    ca, cert, key = make_tls_files(tmp_path / "tls")
+    server = RedisServer(tmp_path / "redis", tls=(ca, cert, key))
+    try:
+        url = f"{server.url}?ssl_ca_certs={ca}&prefix=tls"
+        clock = q.ManualClock(TEN_AM)
+        with q.QuotaEngine(url, clock=clock, env={}) as a, q.QuotaEngine(url, clock=clock, env={}) as b:
+            a.set_model_limits(P, M, rpm=2)
+            a.lease(P, M, K, 10).success(tokens=10)
+            b.lease(P, M, K, 10).success(tokens=10)
+            with pytest.raises(q.QuotaExceeded):
+                a.lease(P, M, K, 10)
+            assert b.usage(P, M, K)["rpm"]["used"] == 2
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(server.url, env={})  # the built-in roots do not include the private CA
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(f"redis://127.0.0.1:{server.port}/0", env={}, busy_timeout_ms=300)
+        with pytest.raises(q.DatabaseError, match="ssl_ca_certs"):
+            q.QuotaEngine(f"{server.url}?ssl_ca_certs={tmp_path / 'missing.pem'}", env={})
     finally:
         server.kill()
 
@@ -229,24 +273,133 @@ FLEET = """
 """
 
 
+@contextlib.contextmanager
+def network_namespaces(n: int) -> Iterator[list[tuple[str, str]]]:
+    """`n` network namespaces, each joined to this one by a veth pair: yields (namespace,
+    address of this side). Skips the test where namespaces cannot be made (not root, no
+    CAP_NET_ADMIN, no `ip`)."""
+    tag = f"qe{os.getpid() % 100000}"
+    made: list[str] = []
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+    hosts = []
+    try:
+        if shutil.which("ip") is None:
+            pytest.skip("no `ip` tool: network namespaces unavailable")
+        for i in range(1, n + 1):
+            ns, host_if, ns_if = f"{tag}n{i}", f"{tag}h{i}", f"{tag}p{i}"
+            host_ip, ns_ip = f"10.213.{i}.1", f"10.213.{i}.2"
+            try:
+                ip("netns", "add", ns)
+                made.append(ns)
+                ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+                ip("link", "set", ns_if, "netns", ns)
+                ip("addr", "add", f"{host_ip}/30", "dev", host_if)
+                ip("link", "set", host_if, "up")
+                for cmd in (["addr", "add", f"{ns_ip}/30", "dev", ns_if], ["link", "set", ns_if, "up"]):
+                    ip("netns", "exec", ns, "ip", *cmd)
+                ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+                err = getattr(e, "stderr", b"") or b""
+                pytest.skip(f"network namespaces unavailable here: {err.decode(errors='replace').strip() or e}")
+            hosts.append((ns, host_ip))
+        yield hosts
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def in_namespace(ns: str | None, script: str, *args: str) -> subprocess.Popen[str]:
+    """A Python process running `script`, inside network namespace `ns` when given."""
+    cmd = [sys.executable, "-c", textwrap.dedent(script), *args]
+    if ns is not None:
+        cmd = ["ip", "netns", "exec", ns, *cmd]
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+NETNS_RACE = """
+    import sys, threading
+    import quotaengine as q
+    url, now = sys.argv[1], int(sys.argv[2])
+    e = q.QuotaEngine(url, clock=q.ManualClock(now), env={}, busy_timeout_ms=5000)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    admitted = [0] * 8
+    def work(i):
+        while True:
+            try:
+                e.lease("groq", "llama", 1, 10, limits={"rpm": 100}).success(tokens=10)
+                admitted[i] += 1
+            except q.QuotaExceeded:
+                return
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(sum(admitted), int(e.degraded), flush=True)
+    e.close()
+"""
+
+
+def test_hosts_in_separate_network_namespaces_admit_exactly_rpm(tmp_path: Path) -> None:
+    """4 "hosts" (network namespaces joined to this one by veth pairs, so each reaches Redis
+    over its own link) × 8 threads race lease() on rpm=100 through one Redis: exactly 100."""
+    with network_namespaces(4) as hosts:
+        server = RedisServer(tmp_path / "redis", bind=("127.0.0.1", *(h for _, h in hosts)))
+        procs = []
+        try:
+            for ns, host_ip in hosts:
+                url = f"redis://{host_ip}:{server.port}/0?prefix=netns"
+                procs.append(in_namespace(ns, NETNS_RACE, url, str(TEN_AM)))
+            for p in procs:
+                assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.communicate()[1]
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            outs = [p.communicate(timeout=60) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+            server.kill()
+    results = [[int(x) for x in out.split()] for out, _ in outs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    assert sum(r[0] for r in results) == 100, results
+    assert sum(1 for r in results if r[0]) >= 2, results  # it was a race
+    assert all(r[1] == 0 for r in results), results
+
+
+@pytest.mark.parametrize("network", ["loopback", "netns"])
 def test_fleet_through_a_restart_overshoots_no_more_than_the_readme_says(
-    own_server: RedisServer, tmp_path: Path
+    own_server: RedisServer, tmp_path: Path, network: str
 ) -> None:
-    """4 processes race on rpm=100 through one Redis. Each admits 10, Redis is killed,
-    each enforces from memory while it is down (the README's bound: each engine may
-    use what remained of the limit as it last saw it), Redis comes back and replays:
-    after that, nothing more is admitted within the minute."""
+    """4 processes race on rpm=100 through one Redis (on loopback, or each in its own network
+    namespace). Each admits 10, Redis is killed, each enforces from memory while it is down
+    (the README's bound: each engine may use what remained of the limit as it last saw it),
+    Redis comes back and replays: after that, nothing more is admitted within the minute."""
+    with contextlib.ExitStack() as stack:
+        if network == "netns":
+            hosts: list[tuple[str | None, str]] = list(stack.enter_context(network_namespaces(4)))
+            own_server.kill()
+            own_server.bind = ("127.0.0.1", *(h for _, h in hosts))
+            own_server.start()
+        else:
+            hosts = [(None, "127.0.0.1")] * 4
+        fleet_through_a_restart(own_server, tmp_path, hosts)
+
+
+def fleet_through_a_restart(own_server: RedisServer, tmp_path: Path, hosts: list[tuple[str | None, str]]) -> None:
     phase = tmp_path / "phase"
     phase.write_text("before")
-    n = 4
+    n = len(hosts)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(FLEET), own_server.url, str(TEN_AM), str(phase)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(n)
+        in_namespace(ns, FLEET, f"redis://{host_ip}:{own_server.port}/0", str(TEN_AM), str(phase))
+        for ns, host_ip in hosts
     ]
     try:
         for p in procs:

@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,
-/// `":memory:"`, or a Redis URL (`redis://[:password@]host:port/db[?prefix=name]`).
+/// `":memory:"`, or a Redis URL (`redis://[:password@]host:port/db[?prefix=name]`, `rediss://` with
+/// `?ssl_ca_certs=ca.pem` for a private CA).
 #[pyclass(frozen, weakref, name = "_QuotaEngine", module = "quotaengine._quotaengine", subclass)]
 pub struct PyQuotaEngine {
     handle: Handle,

@@ -352,27 +352,37 @@ fn parse_log(v: &str) -> StoreResult<(i64, LogRow, Option<String>)> {
     ))
 }
 
-/// Parsed `redis://...` address: the client's URL and the key prefix.
-pub fn split_prefix(url: &str) -> (String, String) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_string(), "quotaengine".to_string());
-    };
-    let mut prefix = "quotaengine".to_string();
+/// A `redis://...` address taken apart: what the client gets, and this engine's own
+/// query parameters.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RedisAddress {
+    /// The URL without this engine's parameters.
+    pub base: String,
+    /// `?prefix=` (default `quotaengine`).
+    pub prefix: String,
+    /// `?ssl_ca_certs=` (as in redis-py): a PEM file of the CAs to trust for
+    /// `rediss://` instead of the built-in web roots (a private CA).
+    pub ca_file: Option<String>,
+}
+
+pub fn parse_address(url: &str) -> RedisAddress {
+    let mut addr = RedisAddress { base: url.to_string(), prefix: "quotaengine".to_string(), ca_file: None };
+    let Some((base, query)) = url.split_once('?') else { return addr };
     let rest: Vec<&str> = query
         .split('&')
-        .filter(|kv| match kv.strip_prefix("prefix=") {
-            Some(p) => {
-                prefix = p.to_string();
-                false
+        .filter(|kv| {
+            if let Some(p) = kv.strip_prefix("prefix=") {
+                addr.prefix = p.to_string();
+            } else if let Some(f) = kv.strip_prefix("ssl_ca_certs=") {
+                addr.ca_file = Some(f.to_string());
+            } else {
+                return !kv.is_empty();
             }
-            None => !kv.is_empty(),
+            false
         })
         .collect();
-    if rest.is_empty() {
-        (base.to_string(), prefix)
-    } else {
-        (format!("{base}?{}", rest.join("&")), prefix)
-    }
+    addr.base = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
+    addr
 }
 
 /// True when `path` names a Redis server rather than a file.
@@ -384,12 +394,21 @@ impl RedisStore {
     /// Connects (failing at once when the server does not answer) and checks the
     /// prefix's data is this engine's.
     pub fn open(url: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
-        let (base, prefix) = split_prefix(url);
+        let RedisAddress { base, prefix, ca_file } = parse_address(url);
         if prefix.is_empty() || prefix.contains(char::is_whitespace) {
             return Err(StoreError::Incompatible(format!("bad key prefix {prefix:?} in {url:?}")));
         }
-        let client = redis::Client::open(base.as_str())
-            .map_err(|e| StoreError::Incompatible(format!("{url:?} is not a usable Redis URL: {e}")))?;
+        let unusable = |e: &dyn std::fmt::Display| {
+            StoreError::Incompatible(format!("{url:?} is not a usable Redis URL: {e}"))
+        };
+        let client = match ca_file {
+            None => redis::Client::open(base.as_str()).map_err(|e| unusable(&e))?,
+            Some(f) => {
+                let pem = std::fs::read(&f).map_err(|e| unusable(&format!("ssl_ca_certs={f}: {e}")))?;
+                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
+                redis::Client::build_with_tls(base.as_str(), certs).map_err(|e| unusable(&e))?
+            }
+        };
         let owner = format!("{:016x}", crate::core::engine::random_u64());
         let mut store = RedisStore {
             client,
@@ -1117,12 +1136,21 @@ mod tests {
     }
 
     #[test]
-    fn prefix_comes_out_of_the_url() {
-        assert_eq!(split_prefix("redis://h:1/0"), ("redis://h:1/0".into(), "quotaengine".into()));
-        assert_eq!(split_prefix("redis://h:1/0?prefix=fleet"), ("redis://h:1/0".into(), "fleet".into()));
+    fn prefix_and_ca_come_out_of_the_url() {
+        let addr = |base: &str, prefix: &str, ca: Option<&str>| RedisAddress {
+            base: base.into(),
+            prefix: prefix.into(),
+            ca_file: ca.map(Into::into),
+        };
+        assert_eq!(parse_address("redis://h:1/0"), addr("redis://h:1/0", "quotaengine", None));
+        assert_eq!(parse_address("redis://h:1/0?prefix=fleet"), addr("redis://h:1/0", "fleet", None));
         assert_eq!(
-            split_prefix("redis://h/0?protocol=resp3&prefix=a"),
-            ("redis://h/0?protocol=resp3".into(), "a".into())
+            parse_address("redis://h/0?protocol=resp3&prefix=a"),
+            addr("redis://h/0?protocol=resp3", "a", None)
+        );
+        assert_eq!(
+            parse_address("rediss://h/0?ssl_ca_certs=/etc/ca.pem&prefix=a"),
+            addr("rediss://h/0", "a", Some("/etc/ca.pem"))
         );
         assert!(is_redis_url("rediss://x") && !is_redis_url("/tmp/redis://x"));
     }
