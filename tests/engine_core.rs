@@ -24,14 +24,19 @@ fn rpm(n: i64) -> Option<Limits> {
     Some(Limits { rpm: Some(n), ..Limits::default() })
 }
 
-#[test]
-fn two_engines_share_one_truth() {
-    let dir = tempfile::tempdir().unwrap();
+/// Two engines on one file in `dir`, on one clock at `T0`.
+fn two_engines(dir: &tempfile::TempDir) -> (Arc<ManualClock>, Engine, Engine) {
     let path = dir.path().join("q.db");
     let path = path.to_str().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let mut a = open(path, &clock);
-    let mut b = open(path, &clock);
+    let (a, b) = (open(path, &clock), open(path, &clock));
+    (clock, a, b)
+}
+
+#[test]
+fn two_engines_share_one_truth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
     a.lease(&route(), 10, rpm(2)).unwrap();
     b.lease(&route(), 10, rpm(2)).unwrap();
     // both leases are visible to both engines
@@ -220,11 +225,7 @@ fn every_commit_of_another_engine_is_seen_by_the_next_read() {
     // Reads skip the store while the WAL index header is unchanged: each engine's own
     // commits change it too, and must not hide the other's.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("q.db");
-    let path = path.to_str().unwrap();
-    let clock = Arc::new(ManualClock::new(T0));
-    let mut a = open(path, &clock);
-    let mut b = open(path, &clock);
+    let (_clock, mut a, mut b) = two_engines(&dir);
     for i in 0..50 {
         a.record_request(&route()).unwrap();
         assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 1);
