@@ -16,7 +16,11 @@ impl Registry {
     /// Registers an engine on `db_path`. `None` when the side file cannot be used
     /// (the engine then never counts itself alone).
     pub fn join(db_path: &str) -> Option<Registry> {
-        let path = PathBuf::from(format!("{db_path}-engines"));
+        // One side file per database, whatever path (relative, through a symlink) an
+        // engine opened it by; removed by that name even after a chdir.
+        let mut name = std::fs::canonicalize(db_path).ok()?.into_os_string();
+        name.push("-engines");
+        let path = PathBuf::from(name);
         for _ in 0..8 {
             let file =
                 OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).ok()?;
@@ -72,6 +76,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("qe-registry-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let db = dir.join("q.db").to_string_lossy().into_owned();
+        std::fs::write(&db, b"").unwrap(); // SQLite has created it by the time engines join
         let a = Registry::join(&db).unwrap();
         assert!(a.alone());
         assert!(a.alone(), "checking keeps the registration");
@@ -83,6 +88,15 @@ mod tests {
         assert!(std::path::Path::new(&format!("{db}-engines")).exists());
         drop(b);
         assert!(!std::path::Path::new(&format!("{db}-engines")).exists());
+        // The same file through a symlink is the same registration.
+        #[cfg(unix)]
+        {
+            let link = dir.join("link.db");
+            std::os::unix::fs::symlink(&db, &link).unwrap();
+            let a = Registry::join(&db).unwrap();
+            let b = Registry::join(link.to_str().unwrap()).unwrap();
+            assert!(!a.alone() && !b.alone());
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
