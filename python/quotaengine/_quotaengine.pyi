@@ -306,6 +306,12 @@ class _QuotaEngine:
     ``rediss://...[?ssl_ca_certs=ca.pem]``) shared by engines on several hosts. ``env`` replaces ``os.environ`` for this engine and is read once.
     Raises ``DatabaseError`` when the file is not SQLite, holds another application's
     tables, or has a newer schema; the file is then left unchanged.
+
+    ``flush_interval_ms=N > 0`` groups writes: a crash may lose the last N ms of events.
+    An engine alone on its SQLite file then keeps the write lock for min(N/2, 10) ms at
+    a time and commits once per period (registered in ``<path>-engines`` so that
+    another engine opening the file ends that at once); with several engines only
+    usage events are grouped.
     """
 
     def __new__(
