@@ -438,14 +438,8 @@ class _RouteBuckets:
         return b
 
 
-def run_pyrate(wl, n, kind: str, db_dir: str, real_clock: bool = False) -> dict:
-    import pyrate_limiter
-    from pyrate_limiter import Limiter
-
-    sim = SimTime(T0_MS)
-    rb = _RouteBuckets(wl, sim, kind, os.path.join(db_dir, "pyrate.db"), real_clock)
-    limiter = Limiter(rb.factory)
-    acquire = limiter.try_acquire
+def _pyrate_admit(acquire):
+    """Admission through pyrate-limiter: the route's request bucket, then its token bucket."""
 
     def admit(p, m, k, est, act):
         # two buckets, no atomicity between them: a request admitted by the first and
@@ -455,6 +449,16 @@ def run_pyrate(wl, n, kind: str, db_dir: str, real_clock: bool = False) -> dict:
             return False
         return acquire("tok|" + route, est, blocking=False)
 
+    return admit
+
+
+def run_pyrate(wl, n, kind: str, db_dir: str, real_clock: bool = False) -> dict:
+    import pyrate_limiter
+    from pyrate_limiter import Limiter
+
+    sim = SimTime(T0_MS)
+    rb = _RouteBuckets(wl, sim, kind, os.path.join(db_dir, "pyrate.db"), real_clock)
+    admit = _pyrate_admit(Limiter(rb.factory).try_acquire)
     res = drive(wl.ops[:n], sim.set, admit)
     res["note"] = (
         f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, {kind}, {'real' if real_clock else 'simulated'} time"

@@ -36,7 +36,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_compare import T0_MS, SimTime, Workload, _limits_admit, _qe_admit, _qe_setup_limits, drive  # noqa: E402
+from bench_compare import (  # noqa: E402
+    T0_MS,
+    SimTime,
+    Workload,
+    _limits_admit,
+    _pyrate_admit,
+    _qe_admit,
+    _qe_setup_limits,
+    drive,
+)
 
 
 def free_port() -> int:
@@ -157,15 +166,7 @@ def run_pyrate(wl, n: int, port: int, run: int) -> dict:
                 b = buckets[item.name] = RedisBucket.init(rates, conn, item.name)
             return b
 
-    acquire = Limiter(Factory()).try_acquire
-
-    def admit(p, m, k, est, act):
-        route = f"{p}|{m}|{k}"
-        if not acquire("req|" + route, 1, blocking=False):
-            return False
-        return acquire("tok|" + route, est, blocking=False)
-
-    res = drive(wl.ops[:n], sim.set, admit)
+    res = drive(wl.ops[:n], sim.set, _pyrate_admit(Limiter(Factory()).try_acquire))
     res["note"] = f"pyrate-limiter {getattr(pyrate_limiter, '__version__', '?')}, RedisBucket"
     return res
 

@@ -51,7 +51,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_compare import DAY_MS, MINUTE_MS, STEP_MS, T0_MS, Workload, percentile  # noqa: E402
+from bench_compare import DAY_MS, MINUTE_MS, STEP_MS, T0_MS, Workload, _qe_admit, percentile  # noqa: E402
 
 MIDNIGHT_MS = T0_MS - T0_MS % DAY_MS  # 00:00 UTC of the run's day
 BIG = {"rpm": 10**12, "rpd": 10**15, "tpm": 10**15, "tpd": 10**18}
@@ -149,21 +149,6 @@ def copy_synced(src: str, dst: str) -> None:
 # ----------------------------------------------------------------------------- children
 
 
-def _admit(eng):
-    from quotaengine import QuotaExceeded
-
-    lease = eng.lease
-
-    def admit(p, m, k, est, act):
-        try:
-            lease(p, m, k, est).success(act)
-            return True
-        except QuotaExceeded:
-            return False
-
-    return admit
-
-
 def timed_loop(ops, clock, admit, t_start: int) -> dict:
     """bench_compare's loop: set the clock, time ``admit``; the first op is reported
     apart (it carries the first write section's full retention sweep)."""
@@ -220,7 +205,7 @@ def child_rows(a) -> dict:
     eng.check(p, m, k, 0)  # the constructor has loaded today's rows already
     load_ms = (time.perf_counter() - t) * 1000
     rss_loaded = status_kb("VmRSS")
-    res = timed_loop(wl.ops, clock, _admit(eng), T0_MS)
+    res = timed_loop(wl.ops, clock, _qe_admit(eng), T0_MS)
     eng.close()
     return res | {
         "open_ms": open_ms,
@@ -267,7 +252,7 @@ def child_routes(a) -> dict:
         for m in range(n_models):
             eng.set_model_limits(f"plat{p}", f"model-{m:05d}", **BIG)
     rss0 = status_kb("VmRSS")
-    admit = _admit(eng)
+    admit = _qe_admit(eng)
     t = time.perf_counter()
     for j, (p, m, k) in enumerate(routes):  # touch every route once
         clock.set(warm_start + j)
