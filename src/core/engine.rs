@@ -538,10 +538,12 @@ impl Engine {
     /// A held write lock is kept for this hot-path section's writes (its period is
     /// not over, and no flush asked for it to end).
     fn keeps_holding(&self, sec: &Section) -> bool {
-        sec.held
-            && sec.hot
-            && !self.flush_requested
-            && self.held.zip(self.hold_for).is_some_and(|(t, period)| t.elapsed() < period)
+        sec.held && sec.hot && !self.flush_requested && !self.hold_period_over()
+    }
+
+    /// A write lock is kept across calls and its period has not run out.
+    fn hold_period_over(&self) -> bool {
+        self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
     }
 
     fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
@@ -1132,10 +1134,10 @@ impl Engine {
     /// Ends a held write lock whose period is over (the flusher thread: an idle
     /// engine does not keep others waiting).
     pub fn end_hold_if_due(&mut self) -> Result<()> {
-        match self.held.zip(self.hold_for) {
-            Some((t, period)) if t.elapsed() >= period => self.flush(),
-            _ => Ok(()),
+        if self.held.is_some() && self.hold_period_over() {
+            return self.flush();
         }
+        Ok(())
     }
 
     /// The period of the flusher thread: the hold period when a write lock may be

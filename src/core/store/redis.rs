@@ -768,6 +768,19 @@ impl RedisStore {
         }
     }
 
+    /// After a locked section's commit: the feed's head and the table versions,
+    /// which only our own writes changed.
+    fn follow_own_commit(&mut self, parts: &[Value]) -> StoreResult<()> {
+        let [_, head, _, _, versions, ..] = parts else {
+            return Err(unavailable("short script reply"));
+        };
+        self.cursor = text(head)?;
+        for (i, v) in array(versions)?.iter().enumerate().take(TABLES.len()) {
+            self.versions[i] = text(v)?;
+        }
+        Ok(())
+    }
+
     /// Opens a write section that reads nothing first (its one round trip is at commit).
     fn open_unlocked(&mut self, section: Section) -> StoreResult<()> {
         if self.readonly {
@@ -921,47 +934,36 @@ impl Store for RedisStore {
             }
             Section::Append | Section::Optimistic => self.call("append", &args).map(Some),
         };
-        match result {
-            Ok(reply) => {
-                self.section = None;
-                if let Some(parts) = reply {
-                    if matches!(parts.first().map(text), Some(Ok(s)) if s == "conflict") {
-                        // Nothing was written: take in what changed, for the next pull.
-                        self.lease_writes.clear();
-                        let more = self.absorb(&parts).and_then(|more| self.drain(more));
-                        if let Err(e) = more {
-                            self.rollback();
-                            self.forget();
-                            return Err(e);
-                        }
-                        return Err(StoreError::Conflict);
-                    }
-                    if section == Section::Write {
-                        // Only our own writes happened since `begin`: follow on after them.
-                        let [_, head, _, _, versions, ..] = parts.as_slice() else {
-                            return Err(unavailable("short script reply"));
-                        };
-                        self.cursor = text(head)?;
-                        for (i, v) in array(versions)?.iter().enumerate().take(TABLES.len()) {
-                            self.versions[i] = text(v)?;
-                        }
-                    } else {
-                        let more = self.absorb(&parts)?;
-                        // Our own entries follow the others': skipped when read.
-                        if more {
-                            self.drain(true)?;
-                        }
-                    }
-                }
-                self.apply_own_leases();
-                Ok(())
-            }
+        let reply = match result {
+            Ok(reply) => reply,
             Err(e) => {
                 self.rollback();
                 self.forget();
-                Err(e)
+                return Err(e);
             }
+        };
+        self.section = None;
+        let conflict =
+            matches!(reply.as_deref().and_then(|p| p.first()).map(text), Some(Ok(s)) if s == "conflict");
+        let taken = match reply {
+            None => Ok(()),
+            // Only our own writes happened since `begin`: follow on after them.
+            Some(parts) if section == Section::Write => self.follow_own_commit(&parts),
+            // What others wrote before our entries (ours are skipped when read); after
+            // a conflict, what changed, for the next pull (nothing was written).
+            Some(parts) => self.absorb(&parts).and_then(|more| self.drain(more)),
+        };
+        if let Err(e) = taken {
+            self.lease_writes.clear();
+            self.forget();
+            return Err(e);
         }
+        if conflict {
+            self.lease_writes.clear();
+            return Err(StoreError::Conflict);
+        }
+        self.apply_own_leases();
+        Ok(())
     }
 
     fn rollback(&mut self) {

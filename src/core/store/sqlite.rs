@@ -441,7 +441,7 @@ impl SqliteStore {
         Ok(changes)
     }
 
-    /// Inserts `USAGE_CHUNK` usage rows with one statement.
+    /// Inserts `USAGE_CHUNK` usage rows (`ws` holds nothing else) with one statement.
     fn insert_usage_chunk(&mut self, ws: &[&Write]) -> rusqlite::Result<()> {
         static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let sql = SQL.get_or_init(|| {
@@ -450,15 +450,14 @@ impl SqliteStore {
                 "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) VALUES {values}"
             )
         });
-        let rows: Vec<&UsageRow> = ws
-            .iter()
-            .filter_map(|w| match w {
+        let rows = || {
+            ws.iter().filter_map(|w| match w {
                 Write::Usage(u) => Some(u),
                 _ => None,
             })
-            .collect();
+        };
         let mut stmt = self.conn.prepare_cached(sql)?;
-        for (n, u) in rows.iter().enumerate() {
+        for (n, u) in rows().enumerate() {
             let at = n * 6 + 1;
             stmt.raw_bind_parameter(at, &*u.platform)?;
             stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
@@ -471,11 +470,11 @@ impl SqliteStore {
         drop(stmt);
         // One statement under the write lock: the new ids are consecutive.
         let last = self.conn.last_insert_rowid();
-        let first = last - rows.len() as i64 + 1;
+        let first = last - ws.len() as i64 + 1;
         if let Some(cur) = self.usage_cursor.as_mut() {
             *cur = (*cur).max(last);
         }
-        for (n, u) in rows.iter().enumerate() {
+        for (n, u) in rows().enumerate() {
             self.note_row(first + n as i64, u.created_at_ms);
         }
         Ok(())
@@ -840,16 +839,16 @@ impl Store for SqliteStore {
         if self.readonly {
             return Err(StoreError::ReadOnly);
         }
-        let mut i = 0;
-        while i < ws.len() {
-            // Runs of usage rows go in statements of USAGE_CHUNK rows.
-            let run = ws[i..].iter().take(USAGE_CHUNK).take_while(|w| matches!(w, Write::Usage(_))).count();
+        // Full chunks of consecutive usage rows go in one statement each.
+        let mut rest = ws;
+        while let Some((first, tail)) = rest.split_first() {
+            let run = rest.iter().take(USAGE_CHUNK).take_while(|w| matches!(w, Write::Usage(_))).count();
             if run == USAGE_CHUNK {
-                self.insert_usage_chunk(&ws[i..i + run])?;
-                i += run;
+                self.insert_usage_chunk(&rest[..run])?;
+                rest = &rest[run..];
             } else {
-                self.write_inner(ws[i])?;
-                i += 1;
+                self.write_inner(first)?;
+                rest = tail;
             }
         }
         Ok(())
