@@ -186,25 +186,48 @@ def test_lease_refused_on_tokens(engine: q.QuotaEngine) -> None:
     engine.lease(P, M, K, 40, limits={"tpm": 100})
 
 
-def test_leaked_leases_stop_counting(db_path: Path, clock: q.ManualClock) -> None:
-    with q.QuotaEngine(db_path, clock=clock, env={}, lease_max_age_ms=10_000) as e:
+def test_leaked_leases_stop_counting(store: str, clock: q.ManualClock) -> None:
+    # SPEC §5: a lease counts until it is OLDER than lease_max_age_ms.
+    with q.QuotaEngine(store, clock=clock, env={}, lease_max_age_ms=10_000) as e:
         e.lease(P, M, K, 50)  # leaked: never released
         e.acquire_lease(P, M, K, 50)
         assert counts(e)[4] == 2
         assert not e.can_make_request(P, M, K, limits={"rpm": 2})
         clock.advance(9_999)
         assert counts(e)[4] == 2
+        clock.advance(1)  # exactly lease_max_age_ms old: still counts
+        assert counts(e)[4] == 2
         assert not e.can_make_request(P, M, K, limits={"rpm": 2})
-        clock.advance(1)
+        assert not e.check(P, M, K, 1, limits={"tpm": 100}).allowed
+        clock.advance(1)  # one millisecond older: no longer counts
         assert counts(e)[4] == 0
         assert e.can_make_request(P, M, K, limits={"rpm": 1})
         assert e.can_use_tokens(P, M, K, 100, limits={"tpm": 100})
         e.lease(P, M, K, limits={"rpm": 1})
 
 
+def test_an_expired_lease_counts_in_another_engine_until_the_same_millisecond(
+    store: str, clock: q.ManualClock
+) -> None:
+    """The boundary holds for a lease read back from the store, and the sweep of one
+    engine does not delete a lease another engine still counts."""
+    with (
+        q.QuotaEngine(store, clock=clock, env={}, lease_max_age_ms=10_000) as a,
+        q.QuotaEngine(store, clock=clock, env={}) as b,
+    ):
+        a.acquire_lease(P, M, K)
+        clock.advance(10_000)
+        a.record_request(P, "other", K)  # a write section: sweeps expired leases
+        assert not b.can_make_request(P, M, K, limits={"rpm": 1})
+        assert not a.can_make_request(P, M, K, limits={"rpm": 1})
+        clock.advance(1)
+        a.record_request(P, "other", K)
+        assert b.can_make_request(P, M, K, limits={"rpm": 1})
+
+
 def test_default_lease_max_age_is_two_minutes(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
     engine.acquire_lease(P, M, K)
-    clock.advance(119_999)
+    clock.advance(120_000)
     assert counts(engine)[4] == 1
     clock.advance(1)
     assert counts(engine)[4] == 0
@@ -218,7 +241,7 @@ def test_each_lease_keeps_the_max_age_of_its_engine(db_path: Path, clock: q.Manu
         short.acquire_lease(P, M, K)
         long.acquire_lease(P, M, K)
         assert counts(short)[4] == 2 and counts(long)[4] == 2
-        clock.advance(5_000)
+        clock.advance(5_001)
         assert counts(short)[4] == 1 and counts(long)[4] == 1
         clock.advance(45_000)
         assert counts(short)[4] == 0 and counts(long)[4] == 0

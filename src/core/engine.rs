@@ -616,7 +616,7 @@ impl Engine {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
                 usage_before: now.saturating_sub(self.settings.retention_ms),
-                leases_expired_at: now,
+                leases_expired_before: now,
                 history_before: now.saturating_sub(DAY_MS),
             }),
         };

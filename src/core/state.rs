@@ -43,9 +43,10 @@ pub struct LeaseRec {
 }
 
 impl LeaseRec {
-    /// A lease counts until it is `lease_max_age_ms` old (SPEC §5).
+    /// A lease counts until it is older than `lease_max_age_ms` (SPEC §5): at exactly
+    /// that age (`now == expires_at_ms`) it still counts.
     fn live(&self, now: i64) -> bool {
-        now < self.expires_at_ms
+        now <= self.expires_at_ms
     }
 }
 
@@ -605,7 +606,10 @@ mod tests {
         m.add_lease(7, LeaseRec { route: rid, tokens: 5, created_at_ms: 0, expires_at_ms: 100 });
         // only the lease blocks: no retry time for a sliding window
         assert_eq!(m.evaluate(rid, 0, &ctx, 50), Admission::refused(Reason::Rpm, None));
+        // at exactly its max age it still counts; one millisecond later it does not
         m.prune_route(rid, 100);
-        assert!(m.evaluate(rid, 0, &ctx, 100).allowed);
+        assert_eq!(m.evaluate(rid, 0, &ctx, 100), Admission::refused(Reason::Rpm, None));
+        m.prune_route(rid, 101);
+        assert!(m.evaluate(rid, 0, &ctx, 101).allowed);
     }
 }

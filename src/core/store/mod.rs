@@ -181,10 +181,11 @@ pub enum Write {
         route: Option<(Arc<str>, Arc<str>)>,
         kinds: Vec<HistoryKind>,
     },
-    /// Retention: usage older than `usage_before`, leases expired at `leases_expired_at`.
+    /// Retention: usage older than `usage_before`, leases whose expiry is before
+    /// `leases_expired_before` (a lease counts up to and including its expiry).
     Sweep {
         usage_before: i64,
-        leases_expired_at: i64,
+        leases_expired_before: i64,
         history_before: i64,
     },
     Log(LogRow),

@@ -181,12 +181,12 @@ local function apply_writes()
         return false
       end, 'history')
       i = i + 4
-    elseif op == 'S' then -- usage_before, leases_expired_at, history_before
+    elseif op == 'S' then -- usage_before, leases_expired_before, history_before
       local before, leases_at, hist = ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
       r = redis.call('XTRIM', LOG, 'MINID', before)
       local all = redis.call('HGETALL', P .. ':leases')
       for j = 1, #all, 2 do
-        if tonumber(field(all[j + 1], 2)) <= leases_at then
+        if tonumber(field(all[j + 1], 2)) < leases_at then
           redis.call('HDEL', P .. ':leases', all[j])
           xadd(0, 'D' .. SEP .. all[j])
         end

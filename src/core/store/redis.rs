@@ -746,10 +746,10 @@ impl RedisStore {
                     format!(",{},", kinds.join(",")),
                 ]);
             }
-            Write::Sweep { usage_before, leases_expired_at, history_before } => out.extend([
+            Write::Sweep { usage_before, leases_expired_before, history_before } => out.extend([
                 "S".into(),
                 usage_before.max(&0).to_string(),
-                leases_expired_at.to_string(),
+                leases_expired_before.to_string(),
                 history_before.to_string(),
             ]),
             Write::Log(l) => out.extend([
@@ -816,8 +816,8 @@ impl RedisStore {
                 Write::DeleteLease(id) => {
                     self.leases.remove(&id);
                 }
-                Write::Sweep { leases_expired_at, .. } => {
-                    self.leases.retain(|_, l| l.expires_at_ms > leases_expired_at);
+                Write::Sweep { leases_expired_before, .. } => {
+                    self.leases.retain(|_, l| l.expires_at_ms >= leases_expired_before);
                 }
                 _ => {}
             }

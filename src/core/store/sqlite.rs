@@ -638,7 +638,7 @@ impl SqliteStore {
                 }
                 n as i64
             }
-            Write::Sweep { usage_before, leases_expired_at, history_before } => {
+            Write::Sweep { usage_before, leases_expired_before, history_before } => {
                 c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?
                     .execute([history_before])?;
                 // The newest row always stays, so that ids never go backwards.
@@ -670,8 +670,8 @@ impl SqliteStore {
                     .execute([usage_before])?
                 };
                 self.sweep_cutoff = Some(*usage_before);
-                c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms <= ?1")?
-                    .execute([leases_expired_at])?;
+                c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms < ?1")?
+                    .execute([leases_expired_before])?;
                 n as i64
             }
             Write::Log(l) => {
