@@ -279,3 +279,36 @@ def test_hard_gates_do_not_use_the_snapshot(guard: q.QuotaEngine, guard_clock: q
     guard_clock.advance(MINUTE)  # rpm slides free; tpd is still full
     assert e.check(P, M, 1, 1).reason == "tpd"
     assert e.model_window_used_fraction(P, M) == 1.0  # the snapshot was rebuilt (TTL passed): tpd 100/100
+
+
+# ======================================================== key and limit changes (issue: at once)
+
+
+def test_key_and_limit_changes_through_the_engine_count_at_once(guard: q.QuotaEngine) -> None:
+    """SPEC §9: the snapshot is reused for window_usage_ttl_ms, but a key registered, enabled
+    or disabled, or a limit set, through this engine shows in its very next answer."""
+    guard.set_model_limits(P, M, rpm=10)
+    guard.register_key(1, P)
+    requests(guard, 5, 1)
+    assert frac(guard) == 0.5  # builds the snapshot; no invalidation from here on
+    use = guard.model_window_used_fraction
+    guard.register_key(2, P)  # a new, unused key: the most headroom
+    assert use(P, M) == 0.0
+    guard.register_key(2, P, enabled=False)
+    assert use(P, M) == 0.5
+    guard.register_key(2, P, enabled=True)
+    assert use(P, M) == 0.0
+    guard.register_key(2, "other-platform")  # moved away: no longer serves P
+    assert use(P, M) == 0.5
+    assert use(P, M, key_id=2) is None
+    guard.register_key(1, P, enabled=False)  # no routable key left
+    assert use(P, M) is None
+    guard.register_key(1, P)
+    guard.set_model_limits(P, M, rpm=20)
+    assert use(P, M) == 0.25
+    guard.set_model_limits(P, M, rpd=5)
+    assert use(P, M) == 1.0
+    assert [r["used_fraction"] for r in guard.snapshot()] == [1.0]
+    guard.set_model_limits(P, M)
+    assert use(P, M) is None
+    assert [r["used_fraction"] for r in guard.snapshot()] == [None]

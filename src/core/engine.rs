@@ -133,15 +133,14 @@ pub struct FailureOutcome {
 
 type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, [i64; 4]>>>;
 
-/// The routing guardrail's snapshot (SPEC §9): window usage per route and the
-/// routable keys per platform, reused for `window_usage_ttl_ms`.
+/// The routing guardrail's snapshot (SPEC §9): window usage per route, reused for
+/// `window_usage_ttl_ms`. Keys and limits are not part of it: they are read from the
+/// mirror at each call, so a key or limit changed through this engine counts at once.
 #[derive(Debug, Default)]
 struct WindowSnapshot {
     built_at_ms: i64,
     /// platform -> model_id -> key_id -> [rpm, rpd, tpm, tpd] used.
     usage: SnapshotUsage,
-    /// platform -> registered, enabled keys.
-    keys: HashMap<String, Vec<i64>>,
 }
 
 /// One observation of a provider's quota (SPEC §8.2).
@@ -965,9 +964,7 @@ impl Engine {
                 self.mirror.cooldowns.retain(|_, c| c.expires_at_ms > *t);
                 return (before - self.mirror.cooldowns.len()) as i64;
             }
-            Write::UpsertKey(k) => {
-                self.mirror.keys.insert(k.key_id, k.clone());
-            }
+            Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
             Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
             Write::SetCaps(p, c) => {
                 self.mirror.caps.insert(p.clone(), *c);
@@ -2057,9 +2054,6 @@ impl Engine {
                 .or_default()
                 .insert(r.key_id, used);
         }
-        for k in self.mirror.keys.values().filter(|k| k.enabled) {
-            snap.keys.entry(k.platform.clone()).or_default().push(k.key_id);
-        }
         self.leave(sec, Vec::new())?;
         if failed {
             self.window_snapshot = None;
@@ -2095,7 +2089,7 @@ impl Engine {
             return Ok(None);
         }
         let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
-        let Some(keys) = snap.keys.get(platform) else { return Ok(None) };
+        let keys = self.mirror.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
         let mut best: Option<f64> = None;
         for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {

@@ -80,7 +80,10 @@ pub struct Mirror {
     account_index: HashMap<Arc<str>, HashMap<i64, AccountId>>,
     leases: HashMap<i64, LeaseRec>,
     pub cooldowns: HashMap<RouteId, CooldownRec>,
+    /// Registered keys; change them through `put_key` / `replace_keys`.
     pub keys: HashMap<i64, KeyInfo>,
+    /// platform -> its registered, enabled keys, kept with `keys`.
+    routable: HashMap<String, Vec<i64>>,
     models: HashMap<String, HashMap<String, ModelInfo>>,
     pub caps: HashMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
@@ -300,6 +303,28 @@ impl Mirror {
 
     pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {
         self.keys = rows.into_iter().map(|k| (k.key_id, k)).collect();
+        self.routable = HashMap::new();
+        for k in self.keys.values().filter(|k| k.enabled) {
+            self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
+        }
+    }
+
+    /// Registers (or updates) one key; the routable keys follow at once.
+    pub fn put_key(&mut self, k: KeyInfo) {
+        if let Some(old) = self.keys.get(&k.key_id) {
+            if let Some(ids) = self.routable.get_mut(&old.platform) {
+                ids.retain(|id| *id != k.key_id);
+            }
+        }
+        if k.enabled {
+            self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
+        }
+        self.keys.insert(k.key_id, k);
+    }
+
+    /// The registered, enabled keys of a platform (SPEC §9's routable keys).
+    pub fn routable_keys(&self, platform: &str) -> &[i64] {
+        self.routable.get(platform).map_or(&[], Vec::as_slice)
     }
 
     pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
