@@ -206,9 +206,7 @@ def test_leaked_leases_stop_counting(store: str, clock: q.ManualClock) -> None:
         e.lease(P, M, K, limits={"rpm": 1})
 
 
-def test_an_expired_lease_counts_in_another_engine_until_the_same_millisecond(
-    store: str, clock: q.ManualClock
-) -> None:
+def test_an_expired_lease_counts_in_another_engine_until_the_same_millisecond(store: str, clock: q.ManualClock) -> None:
     """The boundary holds for a lease read back from the store, and the sweep of one
     engine does not delete a lease another engine still counts."""
     with (

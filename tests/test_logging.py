@@ -207,3 +207,45 @@ def test_server_logs_are_shared_through_the_file(ldb: Path, lclock: q.ManualCloc
         assert [r["created_at_ms"] for r in rows] == [at]
     with q.QuotaEngine(ldb, clock=lclock, env={}) as c:
         assert [r["created_at_ms"] for r in c.server_logs() if r["event"] == "cooldown_recovered"] == [at]
+
+
+@pytest.mark.parametrize("flush_interval_ms", [0, 10])
+def test_a_construction_warning_lands_in_server_logs_for_every_reader(
+    store: str, lclock: q.ManualClock, flush_interval_ms: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SPEC §12: an unparsable PROVIDER_*_CAP_* override is a warning in Python's logging AND a
+    `server_logs` row, so a second engine on the same store (or a notebook) sees why a cap is not
+    what the operator set. It is written by the constructor, before any other call."""
+    env = {"PROVIDER_DAILY_REQUEST_CAP_OPENROUTER": "lots", "PROVIDER_DAILY_TOKEN_CAP_GROQ": "1000"}
+    with caplog.at_level(logging.WARNING, logger="quotaengine"):
+        first = q.QuotaEngine(store, clock=lclock, env=env, flush_interval_ms=flush_interval_ms)
+    try:
+        assert any("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER" in r.getMessage() for r in caplog.records)
+        with q.QuotaEngine(store, clock=lclock, env={}) as second:
+            rows = [r for r in second.server_logs() if "PROVIDER_" in r["message"]]
+        assert len(rows) == 1, rows  # only the bad one; a valid override is no warning
+        row = rows[0]
+        assert row["level"] == "warn" and row["event"] == "config" and row["source"] == "quotaengine"
+        assert "PROVIDER_DAILY_REQUEST_CAP_OPENROUTER" in row["message"] and '"lots"' in row["message"]
+        assert row["created_at_ms"] == NOON
+        assert first.provider_caps("openrouter").daily_requests == 1000  # the default stands
+        assert first.provider_caps(P).daily_tokens == 1000
+    finally:
+        first.close()
+    if "://" not in store:
+        with sqlite3.connect(store) as con:
+            n = con.execute("SELECT COUNT(*) FROM server_logs WHERE message LIKE '%CAP_OPENROUTER%'").fetchone()
+        assert n == (1,)
+
+
+def test_a_readonly_engine_logs_a_construction_warning_without_writing(
+    ldb: Path, lclock: q.ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    q.QuotaEngine(ldb, clock=lclock, env={}).close()
+    with caplog.at_level(logging.WARNING, logger="quotaengine"):
+        ro = q.QuotaEngine(ldb, clock=lclock, env={"PROVIDER_MINUTE_REQUEST_CAP_NVIDIA": "x"}, readonly=True)
+    try:
+        assert any("PROVIDER_MINUTE_REQUEST_CAP_NVIDIA" in r.getMessage() for r in caplog.records)
+        assert ro.server_logs() == []
+    finally:
+        ro.close()

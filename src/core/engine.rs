@@ -407,6 +407,12 @@ impl Engine {
         // Load now, so that a broken database is reported by the constructor.
         let sec = engine.enter(false)?;
         engine.leave(sec, Vec::new())?;
+        // What is wrong in the environment is said once, here, and lands in
+        // `server_logs` for every other reader of the store (SPEC §12).
+        for w in engine.settings.env.warnings() {
+            engine.note(log::Level::Warn, Some("config"), w);
+        }
+        engine.flush()?;
         Ok(engine)
     }
 
@@ -1063,17 +1069,26 @@ impl Engine {
             let msg = format!(
                 "database write failed ({e}); serving from memory and buffering changes until it answers"
             );
-            self.logs.push((log::Level::Warn, msg.clone()));
+            self.note(log::Level::Warn, Some("degraded"), msg);
+        }
+    }
+
+    /// A record for the host's logger. Warnings and errors also become a
+    /// `server_logs` row (SPEC §12), written with the next commit, so that every
+    /// engine and notebook on the store sees them.
+    fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
+        if level <= log::Level::Warn && !self.store.readonly() {
             self.pending.push(Write::Log(LogRow {
-                level: "warn",
+                level: if level == log::Level::Error { "error" } else { "warn" },
                 source: "quotaengine".into(),
                 provider: None,
                 model: None,
-                event: Some("degraded".into()),
-                message: msg,
+                event: event.map(str::to_string),
+                message: message.clone(),
                 created_at_ms: self.clock.now_ms(),
             }));
         }
+        self.logs.push((level, message));
     }
 
     /// Runs `f` on the mirror inside a read section.
@@ -1162,12 +1177,8 @@ impl Engine {
         if let Some(v) = self.platform_env.get(platform) {
             return *v;
         }
-        let mut warnings = Vec::new();
-        let caps = self.settings.env.provider_caps(platform, &mut warnings);
+        let caps = self.settings.env.provider_caps(platform);
         let conc = self.settings.env.key_concurrency_cap(platform);
-        for w in warnings {
-            self.logs.push((log::Level::Warn, w));
-        }
         self.platform_env.insert(platform.to_string(), (caps, conc));
         (caps, conc)
     }

@@ -31,8 +31,28 @@ impl Env {
             .or_else(|| self.positive("MAX_CONCURRENT_REQUESTS_PER_KEY"))
     }
 
-    /// SPEC §8: defaults, then env overrides (0 disables; garbage is ignored with a warning).
-    pub fn provider_caps(&self, platform: &str, warnings: &mut Vec<EnvWarning>) -> ProviderCaps {
+    /// What is wrong in the environment, found once at construction (SPEC §3: read
+    /// once): every `PROVIDER_*_CAP_<PLATFORM>` override that is not a non-negative
+    /// integer, whatever platform it names. Sorted by variable name.
+    pub fn warnings(&self) -> Vec<EnvWarning> {
+        let mut bad: Vec<(&String, &String)> = self
+            .vars
+            .iter()
+            .filter(|(k, v)| {
+                CAP_VARS.iter().any(|p| k.len() > p.len() && k.starts_with(p)) && cap_override(v).is_none()
+            })
+            .collect();
+        bad.sort();
+        bad.into_iter()
+            .map(|(var, raw)| {
+                format!("ignoring {var}={raw:?}: not a non-negative integer; the default stands")
+            })
+            .collect()
+    }
+
+    /// SPEC §8: defaults, then env overrides (0 disables; garbage is ignored, and
+    /// reported by [`Env::warnings`]).
+    pub fn provider_caps(&self, platform: &str) -> ProviderCaps {
         let lower = platform.to_ascii_lowercase();
         let mut caps = ProviderCaps {
             daily_requests: match lower.as_str() {
@@ -50,20 +70,14 @@ impl Env {
             },
         };
         let suffix = env_suffix(platform);
+        let [daily, minute, tokens] = CAP_VARS;
         for (name, slot) in [
-            ("PROVIDER_DAILY_REQUEST_CAP_", &mut caps.daily_requests),
-            ("PROVIDER_MINUTE_REQUEST_CAP_", &mut caps.minute_requests),
-            ("PROVIDER_DAILY_TOKEN_CAP_", &mut caps.daily_tokens),
+            (daily, &mut caps.daily_requests),
+            (minute, &mut caps.minute_requests),
+            (tokens, &mut caps.daily_tokens),
         ] {
-            let var = format!("{name}{suffix}");
-            if let Some(raw) = self.get(&var) {
-                match raw.trim().parse::<i64>() {
-                    Ok(0) => *slot = None,
-                    Ok(v) if v > 0 => *slot = Some(v),
-                    _ => warnings.push(format!(
-                        "ignoring {var}={raw:?}: not a non-negative integer; the default stands"
-                    )),
-                }
+            if let Some(v) = self.get(&format!("{name}{suffix}")).and_then(cap_override) {
+                *slot = v;
             }
         }
         caps
@@ -83,6 +97,20 @@ impl Env {
     }
 }
 
+/// The provider cap overrides (SPEC §8), each followed by `<PLATFORM>`.
+const CAP_VARS: [&str; 3] =
+    ["PROVIDER_DAILY_REQUEST_CAP_", "PROVIDER_MINUTE_REQUEST_CAP_", "PROVIDER_DAILY_TOKEN_CAP_"];
+
+/// A cap override's value: `Some(None)` for 0 (no cap), `Some(Some(v))` for a positive
+/// cap, `None` when it is not a non-negative integer (ignored).
+fn cap_override(raw: &str) -> Option<Option<i64>> {
+    match raw.trim().parse::<i64>() {
+        Ok(0) => Some(None),
+        Ok(v) if v > 0 => Some(Some(v)),
+        _ => None,
+    }
+}
+
 /// `<PLATFORM>` in variable names: the platform upper-cased.
 pub fn env_suffix(platform: &str) -> String {
     platform.to_uppercase()
@@ -98,19 +126,26 @@ mod tests {
 
     #[test]
     fn caps_defaults_and_overrides() {
-        let mut w = vec![];
-        assert_eq!(env(&[]).provider_caps("openrouter", &mut w).daily_requests, Some(1000));
-        assert_eq!(env(&[]).provider_caps("nvidia", &mut w).minute_requests, Some(40));
-        assert_eq!(env(&[]).provider_caps("navy", &mut w).daily_tokens, Some(150_000));
-        assert_eq!(env(&[]).provider_caps("groq", &mut w), ProviderCaps::default());
+        assert_eq!(env(&[]).provider_caps("openrouter").daily_requests, Some(1000));
+        assert_eq!(env(&[]).provider_caps("nvidia").minute_requests, Some(40));
+        assert_eq!(env(&[]).provider_caps("navy").daily_tokens, Some(150_000));
+        assert_eq!(env(&[]).provider_caps("groq"), ProviderCaps::default());
         let e =
             env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
-        assert_eq!(e.provider_caps("openrouter", &mut w).daily_requests, None);
-        assert_eq!(e.provider_caps("groq", &mut w).minute_requests, Some(7));
-        assert!(w.is_empty());
-        let e = env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "lots")]);
-        assert_eq!(e.provider_caps("openrouter", &mut w).daily_requests, Some(1000));
-        assert_eq!(w.len(), 1);
+        assert_eq!(e.provider_caps("openrouter").daily_requests, None);
+        assert_eq!(e.provider_caps("groq").minute_requests, Some(7));
+        assert!(e.warnings().is_empty());
+        let e = env(&[
+            ("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "lots"),
+            ("PROVIDER_DAILY_TOKEN_CAP_NEVERSEEN", "-3"),
+            ("PROVIDER_DAILY_TOKEN_CAP_", "x"), // no platform: not an override
+            ("OTHER", "x"),
+        ]);
+        assert_eq!(e.provider_caps("openrouter").daily_requests, Some(1000));
+        let w = e.warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER=\"lots\""), "{w:?}");
+        assert!(w[1].contains("PROVIDER_DAILY_TOKEN_CAP_NEVERSEEN"), "{w:?}");
     }
 
     #[test]
