@@ -78,7 +78,7 @@ def test_degraded_mode_keeps_enforcing_and_flushes(db_path: Path, caplog: pytest
             assert e.usage("cerebras", "m", K)["rpd"]["used"] == 2
             assert e.degraded
             # The file still holds only what was written before the lock.
-            assert rows(db_path) == [("cerebras", "m", K, "request", 1, TEN_AM)]
+            assert rows(db_path) == [("cerebras", "m", K, "request", 0, TEN_AM)]
 
         assert len(warnings_of(caplog)) == 1
 
@@ -87,13 +87,13 @@ def test_degraded_mode_keeps_enforcing_and_flushes(db_path: Path, caplog: pytest
         e.record_request("cerebras", "m", K)
         assert not e.degraded
         assert rows(db_path) == [
-            ("cerebras", "m", K, "request", 1, TEN_AM),
-            ("cerebras", "m", K, "request", 1, TEN_AM),
-            (P, M, K, "request", 1, TEN_AM + 1_000),
+            ("cerebras", "m", K, "request", 0, TEN_AM),
+            ("cerebras", "m", K, "request", 0, TEN_AM),
+            (P, M, K, "request", 0, TEN_AM + 1_000),
             (P, M, K, "tokens", 10, TEN_AM + 1_000),
-            (P, M, K, "request", 1, TEN_AM + 2_000),
+            (P, M, K, "request", 0, TEN_AM + 2_000),
             (P, M, K, "tokens", 5, TEN_AM + 2_000),
-            ("cerebras", "m", K, "request", 1, TEN_AM + 8_000),
+            ("cerebras", "m", K, "request", 0, TEN_AM + 8_000),
         ]
         assert len(warnings_of(caplog)) == 1
         held.success(tokens=7)
@@ -262,3 +262,50 @@ def test_gil_is_released_while_waiting_for_the_lock(db_path: Path, caplog: pytes
         e.record_request(P, M, K)
         assert e.usage(P, M, K)["rpm"]["used"] == 3
     assert len(rows(db_path)) == 3
+
+
+def test_rows_merged_during_an_outage_land_as_one_row_per_request(db_path: Path) -> None:
+    """SPEC §10: while degraded, events older than the minute window are merged in memory (the
+    memory bound); what lands in the file is still one `request` row per request with tokens 0,
+    at its original minute, so a notebook's COUNT(*) and SUM(tokens) are right."""
+    clock = q.ManualClock(TEN_AM)
+    calls = 0
+    tokens = 0
+    per_minute: dict[int, int] = {}
+    with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=20) as e:
+        with exclusive_lock(db_path):
+            for i in range(6_000):  # past the merge threshold, over 10 minutes
+                e.record_request(P, M, K)
+                e.record_tokens(P, M, K, 1 + i % 7)
+                minute = clock.now_ms() // 60_000
+                per_minute[minute] = per_minute.get(minute, 0) + 1
+                calls += 1
+                tokens += 1 + i % 7
+                clock.advance(100)
+            assert e.degraded
+            assert e._pending_writes() < 2 * calls, "buffered events were merged"
+            assert e.usage(P, M, K)["rpd"]["used"] == calls
+        e.record_request(P, M, K)  # the file answers: everything buffered is written
+        assert not e.degraded
+        per_minute[clock.now_ms() // 60_000] = per_minute.get(clock.now_ms() // 60_000, 0) + 1
+        calls += 1
+    con = sqlite3.connect(db_path)
+    try:
+        assert con.execute("SELECT COUNT(*), SUM(tokens) FROM rate_limit_usage WHERE kind = 'request'").fetchone() == (
+            calls,
+            0,
+        )
+        assert con.execute("SELECT SUM(tokens) FROM rate_limit_usage WHERE kind = 'tokens'").fetchone() == (tokens,)
+        landed = dict(
+            con.execute(
+                "SELECT created_at_ms / 60000, COUNT(*) FROM rate_limit_usage WHERE kind = 'request' GROUP BY 1"
+            ).fetchall()
+        )
+    finally:
+        con.close()
+    assert landed == per_minute  # each request in the minute it was made
+    with q.QuotaEngine(db_path, clock=clock, env={}) as again:
+        events = again.usage_events()
+        reqs = [ev for ev in events if ev["kind"] == "request"]
+        assert len(reqs) == calls and {ev["tokens"] for ev in reqs} == {0}
+        assert again.usage(P, M, K)["rpd"]["used"] == calls

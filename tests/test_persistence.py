@@ -66,7 +66,7 @@ def test_usage_rows_readable_with_sqlite3(engine: q.QuotaEngine, db_path: Path, 
         db_path,
         "SELECT platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage ORDER BY created_at_ms",
     )
-    assert rows == [(P, M, K, "request", 1, TEN_AM), (P, M, K, "tokens", 42, TEN_AM + 5)]
+    assert rows == [(P, M, K, "request", 0, TEN_AM), (P, M, K, "tokens", 42, TEN_AM + 5)]
     engine.set_cooldown(P, M, K, duration_ms=30_000, source="credit")
     rows = sql(db_path, "SELECT platform, model_id, key_id, expires_at_ms, source, set_at_ms FROM rate_limit_cooldowns")
     assert rows == [(P, M, K, TEN_AM + 5 + 30_000, "credit", TEN_AM + 5)]
@@ -76,6 +76,44 @@ def test_usage_rows_readable_with_sqlite3(engine: q.QuotaEngine, db_path: Path, 
 def test_schema_version(engine: q.QuotaEngine, db_path: Path) -> None:
     ((version,),) = sql(db_path, "PRAGMA user_version")
     assert version > 0
+
+
+def test_version_1_request_rows_are_migrated_to_one_row_per_request(db_path: Path, clock: q.ManualClock) -> None:
+    """Version 1 stored 1 in a request row's tokens, or N for N requests merged while degraded.
+    Opening such a file rewrites it forward: one row per request, tokens 0, at the row's time,
+    so a plain sqlite3 reader's COUNT(*) and SUM(tokens) are right; the engine's counts hold."""
+    with q.QuotaEngine(db_path, clock=clock, env={}):
+        pass
+    con = sqlite3.connect(db_path)
+    with con:
+        con.execute("PRAGMA user_version = 1")  # version 1 had these tables and columns
+        con.executemany(
+            "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (P, M, K, "request", 1, TEN_AM - 120_000),
+                (P, M, K, "request", 3, TEN_AM - 60_000),  # three requests merged in one row
+                (P, M, K, "tokens", 40, TEN_AM - 60_000),
+                (P, M, K, "request", 1, TEN_AM - 10),
+                (P, M, 2, "request", 1, TEN_AM - 10),
+            ],
+        )
+    con.close()
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        assert sql(db_path, "PRAGMA user_version") >= [(2,)]
+        assert e.usage(P, M, K)["rpd"]["used"] == 5
+        assert e.usage(P, M, K)["rpm"]["used"] == 1
+        assert e.usage(P, M, K)["tpd"]["used"] == 40
+        requests = [ev for ev in e.usage_events() if ev["kind"] == "request"]
+        assert len(requests) == 6 and {ev["tokens"] for ev in requests} == {0}
+    assert sql(
+        db_path,
+        "SELECT key_id, created_at_ms, COUNT(*), SUM(tokens) FROM rate_limit_usage WHERE kind = 'request' "
+        "GROUP BY 1, 2 ORDER BY 1, 2",
+    ) == [(K, TEN_AM - 120_000, 1, 0), (K, TEN_AM - 60_000, 3, 0), (K, TEN_AM - 10, 1, 0), (2, TEN_AM - 10, 1, 0)]
+    assert sql(db_path, "SELECT SUM(tokens) FROM rate_limit_usage WHERE kind = 'tokens'") == [(40,)]
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:  # opening again changes nothing
+        assert e.usage(P, M, K)["rpd"]["used"] == 5
 
 
 # ---------------------------------------------------------------------------- refusing files
@@ -283,7 +321,7 @@ def test_clean_close_with_grouped_writes_loses_nothing(db_path: Path, clock: q.M
         for _ in range(5):
             e.record_request(P, M, K)
         e.record_tokens(P, M, K, 77)
-    assert sql(db_path, "SELECT COUNT(*), SUM(tokens) FROM rate_limit_usage WHERE kind = 'request'") == [(5, 5)]
+    assert sql(db_path, "SELECT COUNT(*), SUM(tokens) FROM rate_limit_usage WHERE kind = 'request'") == [(5, 0)]
     assert sql(db_path, "SELECT SUM(tokens) FROM rate_limit_usage WHERE kind = 'tokens'") == [(77,)]
 
 

@@ -448,7 +448,7 @@ def test_a_held_lock_ends_on_time_when_calls_stop(tmp_path: Path) -> None:
                 time.sleep(0.005)
             finally:
                 con.close()
-        assert rows == [("request", 1), ("tokens", 10)]
+        assert rows == [("request", 0), ("tokens", 10)]
         assert e.usage(P, M, K)["rpm"]["used"] == 1
     assert not Path(f"{db}-engines").exists()  # the last engine out removes it
 
@@ -487,5 +487,5 @@ def test_threads_of_a_sole_engine_holding_the_lock_admit_exactly_rpm(tmp_path: P
         leases = con.execute("SELECT COUNT(*) FROM quota_leases").fetchone()
     finally:
         con.close()
-    assert sorted(rows) == [("request", 100, 100), ("tokens", 100, 1000)]
+    assert sorted(rows) == [("request", 100, 0), ("tokens", 100, 1000)]
     assert leases == (0,)

@@ -462,3 +462,35 @@ def test_one_engine_of_a_fleet_probes_a_key(redis_server: RedisServer) -> None:
         assert b.run_probe_pass(validator("b"), jitter=lambda: 0.0).probed_key_ids == []
         assert calls == {"a": [1, 2], "b": []}
         assert len(b.probeable_cooldowns()) == 2  # b does see them: it leaves them to a
+
+
+def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server: RedisServer) -> None:
+    """SPEC §10 on Redis: events buffered during an outage may be merged in memory, but
+    usage_events() (and every other engine) sees one request row per request, tokens 0."""
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
+        e.record_request(P, M, K)
+        own_server.kill()  # no persistence: the server comes back empty
+        calls, tokens = 0, 0
+        for i in range(6_000):  # past the merge threshold, over 10 minutes
+            e.record_request(P, M, K)
+            e.record_tokens(P, M, K, 1 + i % 7)
+            calls += 1
+            tokens += 1 + i % 7
+            clock.advance(100)
+        assert e.degraded
+        assert e._pending_writes() < 2 * calls, "buffered events were merged"
+        own_server.start()
+        deadline = time.monotonic() + 5
+        while e.degraded and time.monotonic() < deadline:
+            time.sleep(0.25)
+            e.record_request(P, M, K)  # buffered until the server answers, then written with the rest
+            calls += 1
+        assert not e.degraded
+    with q.QuotaEngine(own_server.url, clock=clock, env={}) as other:
+        events = other.usage_events()
+        reqs = [ev for ev in events if ev["kind"] == "request"]
+        assert len(reqs) == calls
+        assert {ev["tokens"] for ev in reqs} == {0}
+        assert sum(ev["tokens"] for ev in events if ev["kind"] == "tokens") == tokens
+        assert other.usage(P, M, K)["rpd"]["used"] == calls

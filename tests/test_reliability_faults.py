@@ -92,7 +92,7 @@ def test_another_process_holds_the_write_lock_for_seconds(db_path: Path) -> None
     with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=100) as e:
         e.set_model_limits(P, M, rpm=model.rpm)
         e.record_request("cerebras", "m", K)
-        expected_rows.append(("cerebras", "m", K, "request", 1, TEN_AM))
+        expected_rows.append(("cerebras", "m", K, "request", 0, TEN_AM))
         assert not e.degraded
 
         proc = subprocess.Popen(
@@ -127,7 +127,7 @@ def test_another_process_holds_the_write_lock_for_seconds(db_path: Path) -> None
                     held.success(tokens=1)
                     model.held -= 1
                     model.requests.append(now)
-                    expected_rows += [(P, M, K, "request", 1, now), (P, M, K, "tokens", 1, now)]
+                    expected_rows += [(P, M, K, "request", 0, now), (P, M, K, "tokens", 1, now)]
                     held = None
                 allowed = model.allows(now)
                 adm = e.check(P, M, K)
@@ -147,7 +147,7 @@ def test_another_process_holds_the_write_lock_for_seconds(db_path: Path) -> None
                     else:
                         lease.success(tokens=3)
                         model.requests.append(now)
-                        expected_rows += [(P, M, K, "request", 1, now), (P, M, K, "tokens", 3, now)]
+                        expected_rows += [(P, M, K, "request", 0, now), (P, M, K, "tokens", 3, now)]
                 u = e.usage(P, M, K)
                 assert u["rpm"]["used"] + u["in_flight"] <= model.rpm
                 assert u["in_flight"] == model.held
@@ -165,10 +165,10 @@ def test_another_process_holds_the_write_lock_for_seconds(db_path: Path) -> None
             now = clock.now_ms()
             held.success(tokens=1)
             model.requests.append(now)
-            expected_rows += [(P, M, K, "request", 1, now), (P, M, K, "tokens", 1, now)]
+            expected_rows += [(P, M, K, "request", 0, now), (P, M, K, "tokens", 1, now)]
         clock.advance(250)
         e.record_request("cerebras", "m", K)
-        expected_rows.append(("cerebras", "m", K, "request", 1, clock.now_ms()))
+        expected_rows.append(("cerebras", "m", K, "request", 0, clock.now_ms()))
         assert not e.degraded
         assert e._pending_writes() == 0
         rows = usage_rows(db_path)
@@ -486,7 +486,7 @@ def test_disk_full_degrades_enforces_and_recovers() -> None:
         try:
             e.set_model_limits(P, M, rpm=model.rpm)
             e.record_request("cerebras", "m", K)
-            expected_rows.append(("cerebras", "m", K, "request", 1, TEN_AM))
+            expected_rows.append(("cerebras", "m", K, "request", 0, TEN_AM))
             fill(mnt / "filler")
             degraded_seen = admitted = refused = 0
             wrong: list[tuple[int, str, dict]] = []  # (call, what went wrong, usage)
@@ -506,7 +506,7 @@ def test_disk_full_degrades_enforces_and_recovers() -> None:
                     assert allowed, i  # an overshoot: fail at once
                     lease.success(tokens=10)
                     model.requests.append(now)
-                    expected_rows += [(P, M, K, "request", 1, now), (P, M, K, "tokens", 10, now)]
+                    expected_rows += [(P, M, K, "request", 0, now), (P, M, K, "tokens", 10, now)]
                 u = e.usage(P, M, K)
                 assert u["rpm"]["used"] == sum(1 for t in model.requests if t > now - MINUTE)
                 # A finished lease no longer counts in flight, degraded or not (SPEC §5).
@@ -519,7 +519,7 @@ def test_disk_full_degrades_enforces_and_recovers() -> None:
             (mnt / "filler").unlink()
             clock.advance(1_000)
             e.record_request("cerebras", "m", K)
-            expected_rows.append(("cerebras", "m", K, "request", 1, clock.now_ms()))
+            expected_rows.append(("cerebras", "m", K, "request", 0, clock.now_ms()))
             assert not e.degraded
             assert e._pending_writes() == 0
             assert e.usage(P, M, K)["in_flight"] == 0

@@ -163,7 +163,7 @@ def events_frame(
 
     * ``time`` -- ``created_at_ms`` as ``datetime64[ns, UTC]``;
     * ``platform``, ``model_id`` (strings), ``key_id`` (int64);
-    * ``kind`` -- ``"request"`` (one request; ``tokens`` is 1) or ``"tokens"``
+    * ``kind`` -- ``"request"`` (one request; ``tokens`` is 0) or ``"tokens"``
       (``tokens`` tokens used by one call);
     * ``tokens`` (int64), ``created_at_ms`` (int64, epoch milliseconds).
 

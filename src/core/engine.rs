@@ -903,7 +903,7 @@ impl Engine {
         if let Some(t) = tokens {
             check_non_negative("tokens", t)?;
         }
-        let mut ws = vec![self.usage_row(route, UsageKind::Request, 1, now)];
+        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, now)];
         if let Some(t) = tokens {
             ws.push(self.usage_row(route, UsageKind::Tokens, t, now));
         }
@@ -1035,18 +1035,15 @@ impl Engine {
                         u.kind == UsageKind::Request,
                         minute,
                     );
-                    let amount = match u.kind {
-                        UsageKind::Request => crate::core::state::row_requests(u.tokens),
-                        UsageKind::Tokens => u.tokens,
-                    };
                     match merged.get_mut(&key) {
                         Some(m) => {
-                            m.tokens = m.tokens.saturating_add(amount);
+                            m.tokens = m.tokens.saturating_add(u.tokens);
+                            m.count = m.count.saturating_add(u.count);
                             m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
                         }
                         None => {
                             order.push(key.clone());
-                            merged.insert(key, UsageRow { tokens: amount, ..u });
+                            merged.insert(key, u);
                         }
                     }
                 }
@@ -1239,14 +1236,23 @@ impl Engine {
         (r.platform.clone(), r.model_id.clone())
     }
 
+    /// One event: a request (`tokens` 0), or `tokens` tokens.
     fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, t: i64) -> Write {
         let (platform, model_id) = self.route_names(route);
-        Write::Usage(UsageRow { platform, model_id, key_id: route.key_id, kind, tokens, created_at_ms: t })
+        Write::Usage(UsageRow {
+            platform,
+            model_id,
+            key_id: route.key_id,
+            kind,
+            tokens,
+            count: 1,
+            created_at_ms: t,
+        })
     }
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.clock.now_ms();
-        let mut writes = vec![self.usage_row(route, UsageKind::Request, 1, now)];
+        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, now)];
         self.clear_history_on_success(route, &mut writes);
         self.write_usage(writes)
     }

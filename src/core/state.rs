@@ -90,11 +90,6 @@ pub struct Mirror {
     history: HashMap<i64, Vec<HistoryRow>>,
 }
 
-/// Requests a `request` row stands for: its `tokens` column when above 1, else 1.
-pub fn row_requests(tokens: i64) -> i64 {
-    tokens.max(1)
-}
-
 impl Mirror {
     /// The id of a provider account (platform, key_id), created on first sight.
     pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
@@ -164,11 +159,9 @@ impl Mirror {
 
     // ---- usage -------------------------------------------------------------------
 
-    pub fn add_usage(&mut self, rid: RouteId, kind: UsageKind, tokens: i64, t: i64, now: i64) {
-        let (req, tok) = match kind {
-            UsageKind::Request => (row_requests(tokens), 0),
-            UsageKind::Tokens => (0, tokens.max(0)),
-        };
+    /// Counts `req` requests and `tok` tokens stamped `t` in the route's windows.
+    pub fn add_usage(&mut self, rid: RouteId, req: i64, tok: i64, t: i64, now: i64) {
+        let tok = tok.max(0);
         let route = &mut self.routes[rid as usize];
         route.win.add(t, req, tok, now);
         if req > 0 {
@@ -178,7 +171,8 @@ impl Mirror {
 
     pub fn add_usage_row(&mut self, row: &UsageRow, now: i64) {
         let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
-        self.add_usage(rid, row.kind, row.tokens, row.created_at_ms, now);
+        let tokens = if row.kind == UsageKind::Tokens { row.tokens } else { 0 };
+        self.add_usage(rid, row.requests(), tokens, row.created_at_ms, now);
     }
 
     /// Forgets all window state (before a reload from the store).
@@ -614,9 +608,9 @@ mod tests {
         let rid = m.route_id("groq", "llama", 1);
         let ctx = GateContext { limits: Limits { rpm: Some(2), ..Limits::default() }, ..Default::default() };
         let t0 = 1_000_000;
-        m.add_usage(rid, UsageKind::Request, 1, t0, t0);
+        m.add_usage(rid, 1, 0, t0, t0);
         assert_eq!(m.evaluate(rid, 0, &ctx, t0), Admission::ALLOWED);
-        m.add_usage(rid, UsageKind::Request, 1, t0 + 10, t0 + 10);
+        m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
         let a = m.evaluate(rid, 0, &ctx, t0 + 10);
         assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
         m.prune_route(rid, t0 + 60_000);

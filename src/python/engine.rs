@@ -13,7 +13,7 @@ use crate::core::engine::{BatchOp, Engine, Gate, Settings, StoreSpec, UsageRepor
 use crate::core::env::Env;
 use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
-use crate::core::store::{UsageFilter, UsageKind};
+use crate::core::store::UsageFilter;
 use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
@@ -904,7 +904,7 @@ impl PyQuotaEngine {
             d.set_item("model_id", &*r.model_id)?;
             d.set_item("key_id", r.key_id)?;
             d.set_item("kind", r.kind.as_str())?;
-            d.set_item("tokens", if r.kind == UsageKind::Request { r.tokens.max(1) } else { r.tokens })?;
+            d.set_item("tokens", r.tokens)?;
             d.set_item("created_at_ms", r.created_at_ms)?;
             out.append(d)?;
         }

@@ -29,8 +29,11 @@ impl UsageKind {
     }
 }
 
-/// One row of `rate_limit_usage`. For a `request` row `tokens` is the number of
-/// requests it stands for (1, or more for rows merged while degraded).
+/// One usage event, or several of one route merged in memory while they wait for
+/// the store (degraded mode). `tokens` is always tokens: 0 for a `request` row.
+/// `count` is how many requests a `request` row stands for (1 unless merged); a
+/// store writes it as that many rows of one request each (SPEC §10), so a plain
+/// `COUNT(*)` of request rows is the request count. For a `tokens` row it is 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageRow {
     pub platform: Arc<str>,
@@ -38,7 +41,18 @@ pub struct UsageRow {
     pub key_id: i64,
     pub kind: UsageKind,
     pub tokens: i64,
+    pub count: i64,
     pub created_at_ms: i64,
+}
+
+impl UsageRow {
+    /// Requests the row stands for (0 for a `tokens` row).
+    pub fn requests(&self) -> i64 {
+        match self.kind {
+            UsageKind::Request => self.count.max(1),
+            UsageKind::Tokens => 0,
+        }
+    }
 }
 
 /// One live lease as stored.
@@ -265,7 +279,8 @@ pub trait Store: Send {
     }
     /// Waits at most this long for another process's lock (0: fail at once).
     fn set_busy_timeout(&mut self, ms: i64);
-    /// Analysis reads (no section needed).
+    /// Analysis reads (no section needed): one row per event, a request row one
+    /// request (`count` 1, `tokens` 0).
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>>;
     /// Inside a section (or outside, for reads): the observed quota rows, of one
     /// platform or all.

@@ -216,16 +216,22 @@ fn parse_route(p: &str, m: &str) -> (Arc<str>, Arc<str>) {
     (Arc::from(unesc(p)), Arc::from(unesc(m)))
 }
 
-/// One usage feed entry after its writer: `U key kind tokens created platform model`.
+/// One usage feed entry after its writer: `U key kind amount created platform model`,
+/// where the amount of a request entry (`r`) is how many requests it stands for
+/// (more than 1 only for events merged while degraded) and that of a tokens entry
+/// (`t`) its tokens.
 fn parse_usage(body: &str) -> StoreResult<UsageRow> {
     let f = split(body, 7)?;
     let (platform, model_id) = parse_route(f[5], f[6]);
+    let amount = parse_i64(f[3])?;
+    let request = f[2] == "r";
     Ok(UsageRow {
         platform,
         model_id,
         key_id: parse_i64(f[1])?,
-        kind: if f[2] == "r" { UsageKind::Request } else { UsageKind::Tokens },
-        tokens: parse_i64(f[3])?,
+        kind: if request { UsageKind::Request } else { UsageKind::Tokens },
+        tokens: if request { 0 } else { amount },
+        count: if request { amount.max(1) } else { 1 },
         created_at_ms: parse_i64(f[4])?,
     })
 }
@@ -640,14 +646,16 @@ impl RedisStore {
     fn encode(&self, w: &Write, out: &mut Vec<String>) {
         match w {
             Write::Usage(u) => {
-                let kind = if u.kind == UsageKind::Request { "r" } else { "t" };
+                let (kind, amount) = match u.kind {
+                    UsageKind::Request => ("r", u.count.max(1)),
+                    UsageKind::Tokens => ("t", u.tokens),
+                };
                 out.extend([
                     "U".into(),
                     u.created_at_ms.to_string(),
                     format!(
-                        "U{SEP}{}{SEP}{kind}{SEP}{}{SEP}{}{SEP}{}",
+                        "U{SEP}{}{SEP}{kind}{SEP}{amount}{SEP}{}{SEP}{}",
                         u.key_id,
-                        u.tokens,
                         u.created_at_ms,
                         route(&u.platform, &u.model_id)
                     ),
@@ -1073,7 +1081,9 @@ impl Store for RedisStore {
                 && f.model_id.as_deref().is_none_or(|m| *u.model_id == *m)
                 && f.key_id.is_none_or(|k| u.key_id == k);
             if keep {
-                out.push(u);
+                // One row per request, as in the SQLite table.
+                let n = u.count;
+                out.extend(std::iter::repeat_n(UsageRow { count: 1, ..u }, n.max(1) as usize));
             }
             Ok(())
         })?;

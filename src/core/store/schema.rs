@@ -13,7 +13,8 @@
 //! would add a page write to every commit.
 
 /// `MIGRATIONS[i]` takes a database from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[r#"
+pub const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE rate_limit_usage (
     id            INTEGER PRIMARY KEY,
     platform      TEXT    NOT NULL,
@@ -123,7 +124,23 @@ CREATE TABLE quotaengine_meta (
 INSERT INTO quotaengine_meta (name, version) VALUES
     ('rate_limit_cooldowns', 0), ('api_keys', 0), ('models', 0), ('provider_caps', 0),
     ('failure_history', 0);
-"#];
+"#,
+    r#"
+-- Version 2: a request row is one request with tokens 0 (SPEC §10), so that
+-- COUNT(*) of request rows counts requests and SUM(tokens) counts only tokens.
+-- Version 1 stored 1 in a request row's tokens, or N for N requests merged while
+-- degraded: such a row becomes N rows with its timestamp.
+WITH RECURSIVE more(id, n) AS (
+    SELECT id, tokens - 1 FROM rate_limit_usage WHERE kind = 'request' AND tokens > 1
+    UNION ALL
+    SELECT id, n - 1 FROM more WHERE n > 1
+)
+INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms)
+SELECT u.platform, u.model_id, u.key_id, 'request', 0, u.created_at_ms
+FROM more JOIN rate_limit_usage AS u ON u.id = more.id;
+UPDATE rate_limit_usage SET tokens = 0 WHERE kind = 'request' AND tokens <> 0;
+"#,
+];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
 pub const VERSIONED_TABLES: [&str; 5] =

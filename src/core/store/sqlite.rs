@@ -249,15 +249,7 @@ impl SqliteStore {
             let id: i64 = r.get(0)?;
             max_id = max_id.max(id);
             seen.push((id, r.get::<_, i64>(6)?));
-            let kind: String = r.get(4)?;
-            out.push(UsageRow {
-                platform: names.get(r.get_ref(1)?.as_str()?),
-                model_id: names.get(r.get_ref(2)?.as_str()?),
-                key_id: r.get(3)?,
-                kind: if kind == "request" { UsageKind::Request } else { UsageKind::Tokens },
-                tokens: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
-                created_at_ms: r.get(6)?,
-            });
+            out.push(usage_row(r, &mut names)?);
         }
         drop(rows);
         drop(stmt);
@@ -441,8 +433,50 @@ impl SqliteStore {
         Ok(changes)
     }
 
-    /// Inserts `USAGE_CHUNK` usage rows (`ws` holds nothing else) with one statement.
-    fn insert_usage_chunk(&mut self, ws: &[&Write]) -> rusqlite::Result<()> {
+    /// Inserts usage rows, a merged request row as that many rows of one request
+    /// (SPEC §10): full chunks of `USAGE_CHUNK` rows with one statement each, the
+    /// rest one by one.
+    fn insert_usage<'a>(&mut self, rows: impl Iterator<Item = &'a UsageRow>) -> rusqlite::Result<()> {
+        let mut chunk: Vec<&UsageRow> = Vec::with_capacity(USAGE_CHUNK);
+        for u in rows {
+            for _ in 0..copies(u) {
+                chunk.push(u);
+                if chunk.len() == USAGE_CHUNK {
+                    self.insert_usage_chunk(&chunk)?;
+                    chunk.clear();
+                }
+            }
+        }
+        for u in chunk {
+            self.insert_usage_row(u)?;
+        }
+        Ok(())
+    }
+
+    fn insert_usage_row(&mut self, u: &UsageRow) -> rusqlite::Result<i64> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                &*u.platform,
+                &*u.model_id,
+                u.key_id,
+                u.kind.as_str(),
+                u.tokens * i64::from(u.kind == UsageKind::Tokens),
+                u.created_at_ms
+            ])?;
+        let id = self.conn.last_insert_rowid();
+        if let Some(cur) = self.usage_cursor.as_mut() {
+            *cur = (*cur).max(id);
+        }
+        self.note_row(id, u.created_at_ms);
+        Ok(id)
+    }
+
+    /// Inserts `USAGE_CHUNK` usage rows, one request each, with one statement.
+    fn insert_usage_chunk(&mut self, ws: &[&UsageRow]) -> rusqlite::Result<()> {
         static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let sql = SQL.get_or_init(|| {
             let values = vec!["(?, ?, ?, ?, ?, ?)"; USAGE_CHUNK].join(", ");
@@ -450,12 +484,7 @@ impl SqliteStore {
                 "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) VALUES {values}"
             )
         });
-        let rows = || {
-            ws.iter().filter_map(|w| match w {
-                Write::Usage(u) => Some(u),
-                _ => None,
-            })
-        };
+        let rows = || ws.iter().copied();
         let mut stmt = self.conn.prepare_cached(sql)?;
         for (n, u) in rows().enumerate() {
             let at = n * 6 + 1;
@@ -463,7 +492,7 @@ impl SqliteStore {
             stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
             stmt.raw_bind_parameter(at + 2, u.key_id)?;
             stmt.raw_bind_parameter(at + 3, u.kind.as_str())?;
-            stmt.raw_bind_parameter(at + 4, u.tokens)?;
+            stmt.raw_bind_parameter(at + 4, u.tokens * i64::from(u.kind == UsageKind::Tokens))?;
             stmt.raw_bind_parameter(at + 5, u.created_at_ms)?;
         }
         stmt.raw_execute()?;
@@ -483,25 +512,10 @@ impl SqliteStore {
     fn write_inner(&mut self, w: &Write) -> rusqlite::Result<i64> {
         let c = &self.conn;
         Ok(match w {
+            Write::Usage(u) if copies(u) == 1 => self.insert_usage_row(u)?,
             Write::Usage(u) => {
-                c.prepare_cached(
-                    "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?
-                .execute(params![
-                    &*u.platform,
-                    &*u.model_id,
-                    u.key_id,
-                    u.kind.as_str(),
-                    u.tokens,
-                    u.created_at_ms
-                ])?;
-                let id = c.last_insert_rowid();
-                if let Some(cur) = self.usage_cursor.as_mut() {
-                    *cur = (*cur).max(id);
-                }
-                self.note_row(id, u.created_at_ms);
-                id
+                self.insert_usage(std::iter::once(u))?;
+                0
             }
             Write::InsertLease { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
                 c.prepare_cached(
@@ -723,6 +737,30 @@ fn check_schema(conn: &Connection, version: i64) -> std::result::Result<(), Stri
     Ok(())
 }
 
+/// A `rate_limit_usage` row read as `id, platform, model_id, key_id, kind, tokens,
+/// created_at_ms`: a `request` row is one request (its `tokens` column is not read:
+/// it is 0, or 1 in a row an older writer made).
+fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<UsageRow> {
+    let request = r.get_ref(4)?.as_str()? == "request";
+    Ok(UsageRow {
+        platform: names.get(r.get_ref(1)?.as_str()?),
+        model_id: names.get(r.get_ref(2)?.as_str()?),
+        key_id: r.get(3)?,
+        kind: if request { UsageKind::Request } else { UsageKind::Tokens },
+        tokens: if request { 0 } else { r.get::<_, Option<i64>>(5)?.unwrap_or(0) },
+        count: 1,
+        created_at_ms: r.get(6)?,
+    })
+}
+
+/// How many `rate_limit_usage` rows a usage row is written as: one per request.
+fn copies(u: &UsageRow) -> i64 {
+    match u.kind {
+        UsageKind::Request => u.count.max(1),
+        UsageKind::Tokens => 1,
+    }
+}
+
 /// Shares one allocation per distinct name within a batch of rows.
 #[derive(Default)]
 struct Interner(Vec<Arc<str>>);
@@ -839,12 +877,15 @@ impl Store for SqliteStore {
         if self.readonly {
             return Err(StoreError::ReadOnly);
         }
-        // Full chunks of consecutive usage rows go in one statement each.
+        // Runs of consecutive usage rows go in chunks of one statement each.
         let mut rest = ws;
         while let Some((first, tail)) = rest.split_first() {
-            let run = rest.iter().take(USAGE_CHUNK).take_while(|w| matches!(w, Write::Usage(_))).count();
-            if run == USAGE_CHUNK {
-                self.insert_usage_chunk(&rest[..run])?;
+            let run = rest.iter().take_while(|w| matches!(w, Write::Usage(_))).count();
+            if run > 1 {
+                self.insert_usage(rest[..run].iter().filter_map(|w| match w {
+                    Write::Usage(u) => Some(u),
+                    _ => None,
+                }))?;
                 rest = &rest[run..];
             } else {
                 self.write_inner(first)?;
@@ -875,15 +916,7 @@ impl Store for SqliteStore {
         let mut out = Vec::new();
         let mut names = Interner::default();
         while let Some(r) = rows.next()? {
-            let kind: String = r.get(4)?;
-            out.push(UsageRow {
-                platform: names.get(r.get_ref(1)?.as_str()?),
-                model_id: names.get(r.get_ref(2)?.as_str()?),
-                key_id: r.get(3)?,
-                kind: if kind == "request" { UsageKind::Request } else { UsageKind::Tokens },
-                tokens: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
-                created_at_ms: r.get(6)?,
-            });
+            out.push(usage_row(r, &mut names)?);
         }
         Ok(out)
     }
