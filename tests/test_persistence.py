@@ -393,3 +393,99 @@ def test_retention_default_keeps_a_day(db_path: Path) -> None:
         clock.advance(HOUR + MINUTE)
         e.record_request(P, M, K)
         assert created_times(db_path) == [TEN_AM + 23 * HOUR, TEN_AM + 24 * HOUR + MINUTE]
+
+
+def insert_raw(db_path: Path, rows: list[tuple[str, str, int, str, int, int]]) -> None:
+    """Rows written by a plain sqlite3 connection (another writer of the file)."""
+    con = sqlite3.connect(db_path)
+    with con:
+        con.executemany(
+            "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+    con.close()
+
+
+def stale_rows(db_path: Path, cutoff: int) -> int:
+    ((n,),) = sql(db_path, "SELECT COUNT(*) FROM rate_limit_usage WHERE created_at_ms < ?", cutoff)
+    return int(n)
+
+
+@pytest.mark.parametrize("case", ["newest-row", "among-newer-rows", "just-past-the-cutoff", "before-open"])
+def test_retention_deletes_every_stale_row_at_the_next_sweep(db_path: Path, case: str) -> None:
+    """SPEC §10: a row older than retention_ms is gone after the next sweep, also one that a plain
+    sqlite3 connection inserted out of id order (an old created_at_ms under a new id), also when
+    it is the newest row of the table, also one stamped just past the cutoff next to newer rows."""
+    clock = q.ManualClock(TEN_AM)
+    if case == "before-open":
+        with q.QuotaEngine(db_path, clock=clock, env={}, retention_ms=HOUR) as e:
+            e.record_request(P, M, K)
+        insert_raw(db_path, [(P, M, K, "tokens", 5, TEN_AM - 3 * HOUR)])
+    with q.QuotaEngine(db_path, clock=clock, env={}, retention_ms=HOUR) as e:
+        e.record_request(P, M, K)  # the first sweep
+        clock.advance(MINUTE + 1)
+        if case == "newest-row":
+            insert_raw(db_path, [(P, M, K, "request", 0, TEN_AM - 2 * HOUR)])
+            e.set_cooldown(P, M, K, duration_ms=1_000)  # a write section with no usage row
+        elif case == "among-newer-rows":
+            insert_raw(db_path, [(P, M, K, "request", 0, TEN_AM - 2 * HOUR)])
+            for _ in range(3):
+                e.record_request(P, M, K)
+        elif case == "just-past-the-cutoff":
+            # Rows of the last hour, then (at 11:00:30) one stamped 10:00:20: within a minute
+            # of the newest row, so no straggler, but 10 s past the cutoff of 11:00:30.
+            for i in range(60):
+                clock.set(TEN_AM + i * MINUTE)
+                e.record_request(P, M, K)
+            clock.set(TEN_AM + HOUR + 30_000)
+            insert_raw(db_path, [(P, M, K, "request", 0, TEN_AM + 20_000)])
+            e.record_request(P, M, K)
+            clock.advance(MINUTE)
+            e.record_request(P, M, K)
+        else:
+            e.record_request(P, M, K)
+        cutoff = clock.now_ms() - HOUR
+        assert stale_rows(db_path, cutoff) == 0
+        # Nothing else went: every row of the last hour is there and counted.
+        ((kept,),) = sql(db_path, "SELECT COUNT(*) FROM rate_limit_usage WHERE kind = 'request'")
+        assert e.usage(P, M, K)["rpd"]["used"] >= kept - 1  # the rpd window starts at midnight
+
+
+def test_rows_after_a_sweep_took_the_newest_ids_are_counted_by_every_engine(db_path: Path) -> None:
+    """When a sweep deletes the newest rows, SQLite hands their ids out again: an engine that
+    follows the table by id must still see the rows that reuse them."""
+    clock = q.ManualClock(TEN_AM)
+    with (
+        q.QuotaEngine(db_path, clock=clock, env={}, retention_ms=HOUR) as a,
+        q.QuotaEngine(db_path, clock=clock, env={}, retention_ms=HOUR) as b,
+    ):
+        a.record_request(P, M, K)
+        clock.advance(MINUTE + 1)
+        insert_raw(db_path, [(P, "old", K, "request", 0, TEN_AM - 2 * HOUR)] * 3)  # the newest ids
+        assert b.usage(P, M, K)["rpm"]["used"] == 0  # b has followed the table up to them
+        a.set_cooldown(P, "x", K, duration_ms=1)  # sweeps: the three newest rows go
+        assert stale_rows(db_path, TEN_AM) == 0
+        for _ in range(3):
+            a.record_request(P, M, K)  # the same ids again
+        insert_raw(db_path, [(P, M, K, "request", 0, clock.now_ms())])
+        assert b.usage(P, M, K)["rpm"]["used"] == 4
+        assert b.usage(P, M, K)["rpd"]["used"] == 5
+        assert a.usage(P, M, K)["rpd"]["used"] == 5
+        for _ in range(2):
+            b.record_request(P, M, K)
+        assert a.usage(P, M, K)["rpd"]["used"] == 7
+
+
+def test_usage_buffered_past_the_retention_is_not_written(store: str) -> None:
+    """Events buffered longer than retention_ms (grouped writes here) are past the retention when
+    they reach the store: no backend keeps them."""
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR, flush_interval_ms=600_000) as e:
+        e.record_request(P, M, K)
+        e.record_tokens(P, M, K, 9)
+        clock.advance(HOUR + MINUTE)
+        e.record_request(P, M, K)
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR) as other:
+        events = other.usage_events()
+    assert [(ev["kind"], ev["created_at_ms"]) for ev in events] == [("request", TEN_AM + HOUR + MINUTE)]

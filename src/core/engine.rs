@@ -631,9 +631,11 @@ impl Engine {
             || self.held.is_some()
             || self.flush_requested
             || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+        let retained_from = now.saturating_sub(self.settings.retention_ms);
         let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
             if flush_pending {
-                // A lease taken and finished while both waited here never reaches the store.
+                // A lease taken and finished while both waited here never reaches the
+                // store, nor does a usage row buffered past the retention.
                 let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
                 let live: Vec<&Write> = self
                     .pending
@@ -641,17 +643,19 @@ impl Engine {
                     .filter(|w| match w {
                         Write::InsertLease { id, .. } => !deleted.contains(id),
                         Write::DeleteLease(id) => !inserted.contains(id),
+                        Write::Usage(u) => u.created_at_ms >= retained_from,
                         _ => true,
                     })
                     .collect();
                 self.store.write_all(&live)?;
             }
-            if let Some(s) = &sweep {
-                self.store.write(s)?;
-            }
             let mut ids = Vec::with_capacity(writes.len());
             for w in writes {
                 ids.push(self.store.write(w)?);
+            }
+            // Last, so that it sees every row, the section's own included.
+            if let Some(s) = &sweep {
+                self.store.write(s)?;
             }
             self.store.commit()?;
             Ok(ids)

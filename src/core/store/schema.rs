@@ -6,8 +6,10 @@
 //! made by any connection (another engine, or a plain `sqlite3` session) is noticed
 //! without re-reading the tables.
 //!
-//! Ids: `rate_limit_usage.id` only grows (the retention sweep always keeps the newest
-//! row, so SQLite never reuses an id), which lets every engine follow the table by id.
+//! Ids: every engine follows `rate_limit_usage` by id. Ids grow, except after a
+//! retention sweep deleted the newest rows (SQLite then hands their ids out again):
+//! such a sweep bumps `quotaengine_meta.usage_trims` and stores what it left in
+//! `usage_trimmed_to`, and every engine steps its cursor back to that at its next read.
 //! Lease ids are random 63-bit numbers chosen by the engine, so a late, idempotent
 //! `release_lease` can never hit a newer lease. Neither table uses AUTOINCREMENT: it
 //! would add a page write to every commit.

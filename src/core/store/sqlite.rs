@@ -24,12 +24,23 @@ pub struct SqliteStore {
     versions: [i64; VERSIONED_TABLES.len()],
     /// Retention without a time index: rows arrive in id order and almost in time
     /// order; the few stamped well before the newest seen ("stragglers": another
-    /// process's slow clock, a plain sqlite3 insert) are remembered by id.
+    /// process's slow clock, a plain sqlite3 insert, rows written after an outage)
+    /// are remembered by id.
     stragglers: Vec<(i64, i64)>,
+    /// At least the newest time of any row below the ones still to come (an
+    /// overestimate only makes more stragglers).
     newest_seen_ms: i64,
     /// Until the first sweep has scanned the whole table, rows older than this
     /// engine may hide anywhere.
     full_sweep_done: bool,
+    /// The newest time of a straggler that could not be remembered (past
+    /// `MAX_STRAGGLERS`): sweeps scan the table until their cutoff passes it.
+    untracked_until: i64,
+    /// `usage_trims` as of the last pull: a sweep that deleted the newest rows
+    /// (so SQLite hands their ids out again) bumps it, and every engine following
+    /// the table by id steps its cursor back to what was left.
+    trims_seen: Option<i64>,
+    trims_at_begin: Option<i64>,
     /// The cutoff of a sweep in the open section (applied to the above on commit).
     sweep_cutoff: Option<i64>,
     /// This engine's registration on the file (writable files only).
@@ -167,6 +178,9 @@ impl SqliteStore {
             stragglers: Vec::new(),
             newest_seen_ms: i64::MIN,
             full_sweep_done: false,
+            untracked_until: i64::MIN,
+            trims_seen: None,
+            trims_at_begin: None,
             sweep_cutoff: None,
             registry: None,
             memory,
@@ -231,7 +245,7 @@ impl SqliteStore {
             if self.stragglers.len() < MAX_STRAGGLERS {
                 self.stragglers.push((id, t));
             } else {
-                self.full_sweep_done = false;
+                self.untracked_until = self.untracked_until.max(t);
             }
         } else {
             self.newest_seen_ms = self.newest_seen_ms.max(t);
@@ -381,6 +395,30 @@ impl SqliteStore {
             self.shm_seen = hdr;
             return Ok(changes);
         }
+        let mut versions = self.versions;
+        let (mut trims, mut trimmed_to) = (0, 0);
+        {
+            let mut stmt = self.conn.prepare_cached("SELECT name, version FROM quotaengine_meta")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let name = r.get_ref(0)?.as_str()?;
+                if let Some(i) = VERSIONED_TABLES.iter().position(|t| *t == name) {
+                    versions[i] = r.get(1)?;
+                } else if name == "usage_trims" {
+                    trims = r.get(1)?;
+                } else if name == "usage_trimmed_to" {
+                    trimmed_to = r.get(1)?;
+                }
+            }
+        }
+        if self.trims_seen.is_some_and(|seen| seen != trims) {
+            // A sweep deleted the newest rows since: ids above what it left are new.
+            if let Some(cur) = self.usage_cursor.as_mut() {
+                *cur = (*cur).min(trimmed_to);
+            }
+        }
+        self.trims_seen = Some(trims);
+        self.trims_at_begin = self.trims_seen;
         if let Some(cursor) = self.usage_cursor {
             let newest: i64 = self
                 .conn
@@ -401,17 +439,6 @@ impl SqliteStore {
             changes.usage = rows;
         }
         changes.leases = Some(self.read_leases()?);
-        let mut versions = self.versions;
-        {
-            let mut stmt = self.conn.prepare_cached("SELECT name, version FROM quotaengine_meta")?;
-            let mut rows = stmt.query([])?;
-            while let Some(r) = rows.next()? {
-                let name = r.get_ref(0)?.as_str()?;
-                if let Some(i) = VERSIONED_TABLES.iter().position(|t| *t == name) {
-                    versions[i] = r.get(1)?;
-                }
-            }
-        }
         if versions[0] != self.versions[0] {
             changes.cooldowns = Some(self.read_cooldowns()?);
         }
@@ -655,35 +682,60 @@ impl SqliteStore {
             Write::Sweep { usage_before, leases_expired_before, history_before } => {
                 c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?
                     .execute([history_before])?;
-                // The newest row always stays, so that ids never go backwards.
-                let n = if self.full_sweep_done {
-                    // Every row below the first id stamped at or after the cutoff is
-                    // older than it (ids follow commit order): the scan stops there.
-                    // Stragglers above it are deleted by id.
+                let cutoff = *usage_before;
+                let top = |c: &Connection| -> rusqlite::Result<i64> {
+                    c.prepare_cached("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage")?
+                        .query_row([], |r| r.get(0))
+                };
+                let top_before = top(c)?;
+                let n = if self.full_sweep_done && cutoff > self.untracked_until {
+                    // Ids follow commit order, and a row stamped more than the slack
+                    // before a row below it is a remembered straggler. So past the first
+                    // id stamped at or after cutoff + slack, every other row is at or
+                    // after the cutoff: the scan stops there (about a minute of rows
+                    // beyond the stale ones), and stragglers go by id.
                     let mut n = c
                         .prepare_cached(
                             "DELETE FROM rate_limit_usage WHERE id < COALESCE(\
-                             (SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
-                             (SELECT MAX(id) FROM rate_limit_usage))",
+                             (SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?2 ORDER BY id LIMIT 1), \
+                             9223372036854775807) AND created_at_ms < ?1",
                         )?
-                        .execute([usage_before])?;
-                    for (id, _) in self.stragglers.iter().filter(|(_, t)| *t < *usage_before) {
+                        .execute([cutoff, cutoff.saturating_add(STRAGGLER_SLACK_MS)])?;
+                    for (id, _) in self.stragglers.iter().filter(|(_, t)| *t < cutoff) {
                         n += c
                             .prepare_cached(
-                                "DELETE FROM rate_limit_usage WHERE id = ?1 \
-                                 AND id < (SELECT MAX(id) FROM rate_limit_usage)",
+                                "DELETE FROM rate_limit_usage WHERE id = ?1 AND created_at_ms < ?2",
                             )?
-                            .execute([id])?;
+                            .execute([*id, cutoff])?;
                     }
                     n
                 } else {
-                    c.prepare_cached(
-                        "DELETE FROM rate_limit_usage WHERE created_at_ms < ?1 \
-                         AND id < (SELECT MAX(id) FROM rate_limit_usage)",
-                    )?
-                    .execute([usage_before])?
+                    c.prepare_cached("DELETE FROM rate_limit_usage WHERE created_at_ms < ?1")?
+                        .execute([cutoff])?
                 };
-                self.sweep_cutoff = Some(*usage_before);
+                let top_after = top(c)?;
+                if top_after < top_before {
+                    // The newest rows went: SQLite will hand their ids out again. Every
+                    // engine following the table by id steps back to what is left.
+                    c.prepare_cached(
+                        "INSERT INTO quotaengine_meta (name, version) VALUES ('usage_trims', 1) \
+                         ON CONFLICT (name) DO UPDATE SET version = version + 1",
+                    )?
+                    .execute([])?;
+                    c.prepare_cached(
+                        "INSERT INTO quotaengine_meta (name, version) VALUES ('usage_trimmed_to', ?1) \
+                         ON CONFLICT (name) DO UPDATE SET version = excluded.version",
+                    )?
+                    .execute([top_after])?;
+                    let trims: i64 = c
+                        .prepare_cached("SELECT version FROM quotaengine_meta WHERE name = 'usage_trims'")?
+                        .query_row([], |r| r.get(0))?;
+                    self.trims_seen = Some(trims);
+                    if let Some(cur) = self.usage_cursor.as_mut() {
+                        *cur = (*cur).min(top_after);
+                    }
+                }
+                self.sweep_cutoff = Some(cutoff);
                 c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms < ?1")?
                     .execute([leases_expired_before])?;
                 n as i64
@@ -822,6 +874,7 @@ impl Store for SqliteStore {
             Ok(_) => {
                 self.in_section = false;
                 self.cursor_at_begin = self.usage_cursor;
+                self.trims_at_begin = self.trims_seen;
                 if let Some(cutoff) = self.sweep_cutoff.take() {
                     self.stragglers.retain(|(_, t)| *t >= cutoff);
                     self.full_sweep_done = true;
@@ -842,6 +895,7 @@ impl Store for SqliteStore {
         self.in_section = false;
         self.sweep_cutoff = None;
         self.usage_cursor = self.cursor_at_begin;
+        self.trims_seen = self.trims_at_begin;
         // What we delivered may include rows of the abandoned section: re-read on next pull.
         self.data_version = None;
         self.shm_seen = None;
@@ -861,6 +915,9 @@ impl Store for SqliteStore {
         )?;
         let max_id: i64 =
             self.conn.query_row("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage", [], |r| r.get(0))?;
+        // Rows not loaded are stamped before `since_ms`: a row stamped well before
+        // that, arriving later, is a straggler.
+        self.newest_seen_ms = self.newest_seen_ms.max(since_ms);
         self.usage_cursor = Some(max_id);
         self.cursor_at_begin = self.usage_cursor;
         Ok(rows)
