@@ -8,6 +8,8 @@ file), and benches failing keys. The core is Rust; every call releases the GIL.
 from __future__ import annotations
 
 import atexit as _atexit
+import os as _os
+import sys as _sys
 import weakref as _weakref
 from typing import Any as _Any
 
@@ -26,6 +28,9 @@ from ._quotaengine import (
     QuotaObservation,
     QuotaState,
     __version__,
+    _after_fork_in_child,
+    _after_fork_in_parent,
+    _before_fork,
     _QuotaEngine,
     infer_quota_pool_key,
     is_shared_pool,
@@ -54,6 +59,7 @@ class QuotaEngine(_QuotaEngine):
         # Construction happened in Rust; remember the engine so that interpreter exit
         # stops its probe thread and flushes it before Python finalizes.
         _live_engines.add(self)
+        _close_at_multiprocessing_exit()
 
     def snapshot(self) -> QuotaSnapshot:
         """Every route with usage today, a live lease or an active cooldown."""
@@ -71,6 +77,43 @@ def _close_engines_at_exit() -> None:
             engine.close()
         except Exception:  # noqa: BLE001 - nothing useful to do at exit
             pass
+
+
+_mp_finalizer_pid: int | None = None
+_mp_after_fork = False
+
+
+def _close_at_multiprocessing_exit(again: bool = False) -> None:
+    """A multiprocessing worker (fork or forkserver) ends with ``os._exit``, after
+    multiprocessing's own finalizers but without ``atexit``: close the engines there
+    too, so that what a worker buffered (``flush_interval_ms``) is written."""
+    global _mp_finalizer_pid, _mp_after_fork
+    util = _sys.modules.get("multiprocessing.util")
+    if util is None or (_mp_finalizer_pid == _os.getpid() and not again):
+        return
+    _mp_finalizer_pid = _os.getpid()
+    util.Finalize(None, _close_engines_at_exit, exitpriority=0)
+    if not _mp_after_fork:
+        # A forked worker drops the finalizers it inherited, then runs these callbacks.
+        _mp_after_fork = True
+        util.register_after_fork(_close_engines_at_exit, lambda _: _close_at_multiprocessing_exit(again=True))
+
+
+def _after_fork_child() -> None:
+    _after_fork_in_child()
+    _close_at_multiprocessing_exit()
+
+
+# A server that forks (gunicorn --preload, Celery prefork, multiprocessing "fork") hands
+# its engines to every worker. Before the fork every engine is brought to rest (no call
+# inside it, no transaction open, nothing buffered); in the child each one lets go of the
+# parent's connection and threads and opens its store anew at its first call there.
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_child,
+    )
 
 
 __all__ = [

@@ -441,6 +441,21 @@ impl Engine {
         }
     }
 
+    /// Before `fork()`: ends a held write lock and writes what is buffered, so that no
+    /// transaction is open across the fork and the child inherits nothing to write.
+    pub fn prepare_fork(&mut self) {
+        let _ = self.flush();
+    }
+
+    /// In the child just after `fork()`: true when this engine stays usable (its store
+    /// is the child's own copy, an in-memory database); otherwise its store has let go
+    /// of what the parent still uses, nothing of it is written, and the child opens
+    /// the engine anew.
+    pub fn after_fork(&mut self) -> bool {
+        self.held = None;
+        self.store.after_fork()
+    }
+
     /// Number of writes waiting for the store.
     pub fn pending_writes(&self) -> usize {
         self.pending.len()

@@ -1,12 +1,19 @@
 //! A thread-safe handle on an engine: one lock, panics turned into errors, log
-//! records emitted after the lock is released, and the background flusher.
+//! records emitted after the lock is released, the background flusher, and what a
+//! forked child does with the engine it inherited ([`crate::core::fork`]).
+//!
+//! Every way in goes through [`Handle::guard`] (also [`Handle::with`] and
+//! [`Handle::batch`], which use it): the fork gate, and a panic inside turned into
+//! [`Error::Internal`]. The locks are `std::sync` ones so that a forked child finds them
+//! in a usable state (see `fork.rs`).
 use crate::core::clock::Clock;
 use crate::core::engine::{BatchOp, BatchOut, Engine, LogRecord, Settings, StoreSpec};
 use crate::core::error::{Error, Result};
+use crate::core::fork::GATE;
 use crate::core::probe::{ProbeState, Validator};
-use parking_lot::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -14,15 +21,36 @@ use std::time::Duration;
 /// first step of the probe backoff).
 const PROBE_CLAIM_MS: i64 = 120_000;
 
+/// Locks are taken in this order: `probe_thread`, `probe`, `engine`, `queue`, `flusher`.
 struct Shared {
     engine: Mutex<Option<Engine>>,
-    stop: Mutex<bool>,
-    wake: Condvar,
+    /// The flusher stops when this is set (and its thread unparked).
+    stop: AtomicBool,
     /// Passes never overlap; the pacing state lives with this lock.
     probe: Mutex<ProbeState>,
     probe_thread: Mutex<Option<ProbeThread>>,
     /// Hot-path operations waiting for the engine lock (group commit).
     queue: Mutex<Vec<Arc<Job>>>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+    /// How to open the engine again (in a forked child).
+    spec: StoreSpec,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    /// In a forked child until its first call: the engine is to be opened anew
+    /// (`engine` is `None`, or an in-memory engine that stays) and its flusher started.
+    forked: AtomicBool,
+    /// Bumped in the child by every fork: a lease taken before belongs to the parent.
+    epoch: AtomicU64,
+    /// Test hook: this many next crossings of the boundary panic inside it.
+    inject_panics: AtomicU32,
+}
+
+/// Every engine of the process, for the fork hooks.
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// A lock, whatever a panic elsewhere left in it (the engine recovers itself).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One caller's operation in the group-commit queue.
@@ -64,7 +92,6 @@ pub fn default_jitter() -> f64 {
 #[derive(Clone)]
 pub struct Handle {
     shared: Arc<Shared>,
-    flusher: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 /// Hands engine log records to the `log` facade (target `quotaengine::core::engine`).
@@ -74,85 +101,145 @@ pub fn emit(logs: Vec<LogRecord>) {
     }
 }
 
+fn open_engine(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+    catch_unwind(AssertUnwindSafe(|| Engine::open(spec, clock, settings)))
+        .unwrap_or_else(|p| Err(Error::from_panic(p)))
+}
+
 impl Handle {
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Handle> {
-        let flush_ms = settings.flush_interval_ms;
-        let mut engine = catch_unwind(AssertUnwindSafe(|| Engine::open(spec, clock, settings)))
-            .unwrap_or_else(|p| Err(Error::from_panic(p)))?;
+        let _pass = GATE.pass();
+        let mut engine = open_engine(spec, clock.clone(), settings.clone())?;
         emit(engine.take_logs());
-        let tick = engine.tick_period();
         let handle = Handle {
             shared: Arc::new(Shared {
                 engine: Mutex::new(Some(engine)),
-                stop: Mutex::new(false),
-                wake: Condvar::new(),
+                stop: AtomicBool::new(false),
                 probe: Mutex::new(ProbeState::default()),
                 probe_thread: Mutex::new(None),
                 queue: Mutex::new(Vec::new()),
+                flusher: Mutex::new(None),
+                spec: spec.clone(),
+                clock,
+                settings,
+                forked: AtomicBool::new(false),
+                epoch: AtomicU64::new(0),
+                inject_panics: AtomicU32::new(0),
             }),
-            flusher: Arc::new(Mutex::new(None)),
         };
-        if flush_ms > 0 {
-            let weak = Arc::downgrade(&handle.shared);
-            let period = Duration::from_millis(flush_ms as u64);
-            let mut last_flush = std::time::Instant::now();
-            let t = std::thread::Builder::new()
-                .name("quotaengine-flush".into())
-                .spawn(move || loop {
-                    let Some(shared) = weak.upgrade() else { return };
-                    {
-                        let mut stop = shared.stop.lock();
-                        if !*stop {
-                            // Wakes every hold period (a write lock kept across calls
-                            // ends on time even when no call comes), flushes every
-                            // `flush_interval_ms`.
-                            shared.wake.wait_for(&mut stop, tick);
-                        }
-                        if *stop {
-                            return;
-                        }
-                    }
-                    let logs = {
-                        let mut g = shared.engine.lock();
-                        match g.as_mut() {
-                            Some(e) => {
-                                let _ = catch_unwind(AssertUnwindSafe(|| {
-                                    if last_flush.elapsed() >= period {
-                                        last_flush = std::time::Instant::now();
-                                        e.flush()
-                                    } else {
-                                        e.end_hold_if_due()
-                                    }
-                                }));
-                                e.take_logs()
-                            }
-                            None => return,
-                        }
-                    };
-                    emit(logs);
-                })
-                .map_err(|e| Error::Internal(format!("cannot start the flush thread: {e}")))?;
-            *handle.flusher.lock() = Some(t);
-        }
+        handle.start_flusher()?;
+        let mut live = lock(&LIVE);
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(&handle.shared));
         Ok(handle)
+    }
+
+    /// Starts the background flusher when writes are grouped (`flush_interval_ms > 0`).
+    fn start_flusher(&self) -> Result<()> {
+        let flush_ms = self.shared.settings.flush_interval_ms;
+        if flush_ms <= 0 || self.shared.settings.readonly {
+            return Ok(());
+        }
+        let Some(tick) = lock(&self.shared.engine).as_ref().map(Engine::tick_period) else { return Ok(()) };
+        let weak = Arc::downgrade(&self.shared);
+        let period = Duration::from_millis(flush_ms as u64);
+        let mut last_flush = std::time::Instant::now();
+        let t = std::thread::Builder::new()
+            .name("quotaengine-flush".into())
+            .spawn(move || loop {
+                // Wakes every hold period (a write lock kept across calls ends on time
+                // even when no call comes), flushes every `flush_interval_ms`.
+                std::thread::park_timeout(tick);
+                let Some(shared) = weak.upgrade() else { return };
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let _pass = GATE.pass();
+                let logs = {
+                    let mut g = lock(&shared.engine);
+                    let Some(e) = g.as_mut() else { return };
+                    let _ = catch_unwind(AssertUnwindSafe(|| {
+                        if last_flush.elapsed() >= period {
+                            last_flush = std::time::Instant::now();
+                            e.flush()
+                        } else {
+                            e.end_hold_if_due()
+                        }
+                    }));
+                    e.take_logs()
+                };
+                emit(logs);
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the flush thread: {e}")))?;
+        *lock(&self.shared.flusher) = Some(t);
+        Ok(())
+    }
+
+    /// The one boundary: the fork gate, then `f`, a panic inside it turned into
+    /// [`Error::Internal`].
+    pub fn guard<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _pass = GATE.pass();
+        catch_unwind(AssertUnwindSafe(|| {
+            self.injected_panic();
+            f()
+        }))
+        .unwrap_or_else(|p| Err(Error::from_panic(p)))
+    }
+
+    /// Test hook: the next `n` calls into the engine panic inside the boundary.
+    pub fn inject_panics(&self, n: u32) {
+        self.shared.inject_panics.store(n, Ordering::SeqCst);
+    }
+
+    fn injected_panic(&self) {
+        let n = &self.shared.inject_panics;
+        if n.load(Ordering::Relaxed) > 0
+            && n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+        {
+            panic!("injected panic (test hook)");
+        }
+    }
+
+    /// Generation of the engine this handle reaches: a forked child's engine is a new one.
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Under the engine lock, before a call: in a forked child the first call opens the
+    /// engine anew, as the child would have. True when it did: the caller starts the
+    /// flusher once the lock is released.
+    fn ready(&self, slot: &mut Option<Engine>) -> Result<bool> {
+        if !self.shared.forked.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        if slot.is_none() {
+            let s = &self.shared;
+            *slot = Some(open_engine(&s.spec, s.clock.clone(), s.settings.clone())?);
+        }
+        self.shared.forked.store(false, Ordering::Release);
+        Ok(true)
     }
 
     /// Runs `f` on the engine under its lock. A panic inside becomes
     /// [`Error::Internal`] and the engine stays usable.
     pub fn with<T>(&self, f: impl FnOnce(&mut Engine) -> Result<T>) -> Result<T> {
-        let (out, logs) = {
-            let mut guard = self.shared.engine.lock();
-            let engine = guard.as_mut().ok_or(Error::Closed)?;
-            let out = catch_unwind(AssertUnwindSafe(|| f(&mut *engine)));
-            let out = match out {
+        let mut reopened = false;
+        let (out, logs) = self.guard(|| {
+            let mut slot = lock(&self.shared.engine);
+            reopened = self.ready(&mut slot)?;
+            let engine = slot.as_mut().ok_or(Error::Closed)?;
+            let out = match catch_unwind(AssertUnwindSafe(|| f(&mut *engine))) {
                 Ok(r) => r,
                 Err(p) => {
                     engine.recover_after_panic();
                     Err(Error::from_panic(p))
                 }
             };
-            (out, engine.take_logs())
-        };
+            Ok((out, engine.take_logs()))
+        })?;
+        if reopened {
+            self.start_flusher()?;
+        }
         emit(logs);
         out
     }
@@ -161,41 +248,55 @@ impl Handle {
     /// holds the engine lock are served together by whichever takes the lock next,
     /// in one section and one commit. Each still sees the others' effects in order.
     pub fn batch(&self, op: BatchOp) -> BatchOut {
-        let job = Arc::new(Job { op: Mutex::new(Some(op)), out: Mutex::new(None) });
-        self.shared.queue.lock().push(job.clone());
-        let logs = {
-            let mut guard = self.shared.engine.lock();
-            let done = job.out.lock().take();
-            if let Some(out) = done {
+        let mut reopened = false;
+        let served = self.guard(|| {
+            let job = Arc::new(Job { op: Mutex::new(Some(op)), out: Mutex::new(None) });
+            lock(&self.shared.queue).push(job.clone());
+            let mut slot = lock(&self.shared.engine);
+            if let Some(out) = lock(&job.out).take() {
                 // A caller that held the lock before us already ran our operation.
-                return out;
+                return Ok((out, Vec::new()));
             }
-            let jobs: Vec<Arc<Job>> = std::mem::take(&mut *self.shared.queue.lock());
-            let ops: Vec<BatchOp> = jobs.iter().filter_map(|j| j.op.lock().take()).collect();
+            let ready = self.ready(&mut slot);
+            reopened = ready.as_ref().is_ok_and(|r| *r);
+            let jobs: Vec<Arc<Job>> = std::mem::take(&mut *lock(&self.shared.queue));
+            let ops: Vec<BatchOp> = jobs.iter().filter_map(|j| lock(&j.op).take()).collect();
             let n = ops.len();
-            let outs: Vec<BatchOut> = match guard.as_mut() {
-                None => (0..n).map(|_| BatchOut::Done(Err(Error::Closed))).collect(),
-                Some(engine) => match catch_unwind(AssertUnwindSafe(|| engine.run_batch(ops))) {
+            let all = |e: &Error| (0..n).map(|_| BatchOut::Done(Err(e.clone()))).collect();
+            let outs: Vec<BatchOut> = match (&ready, slot.as_mut()) {
+                (Err(e), _) => all(e),
+                (Ok(_), None) => all(&Error::Closed),
+                (Ok(_), Some(engine)) => match catch_unwind(AssertUnwindSafe(|| engine.run_batch(ops))) {
                     Ok(outs) => outs,
                     Err(p) => {
                         engine.recover_after_panic();
-                        let e = Error::from_panic(p);
-                        (0..n).map(|_| BatchOut::Done(Err(e.clone()))).collect()
+                        all(&Error::from_panic(p))
                     }
                 },
             };
             for (j, o) in jobs.iter().zip(outs) {
-                *j.out.lock() = Some(o);
+                *lock(&j.out) = Some(o);
             }
-            guard.as_mut().map(Engine::take_logs).unwrap_or_default()
+            let logs = slot.as_mut().map(Engine::take_logs).unwrap_or_default();
+            let out = lock(&job.out).take();
+            Ok((out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into())))), logs))
+        });
+        let (out, logs) = match served {
+            Ok(v) => v,
+            Err(e) => return BatchOut::Done(Err(e)),
         };
+        if reopened {
+            if let Err(e) = self.start_flusher() {
+                return BatchOut::Done(Err(e));
+            }
+        }
         emit(logs);
-        let out = job.out.lock().take();
-        out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into()))))
+        out
     }
 
     pub fn is_closed(&self) -> bool {
-        self.shared.engine.lock().is_none()
+        let _pass = GATE.pass();
+        lock(&self.shared.engine).is_none() && !self.shared.forked.load(Ordering::Acquire)
     }
 
     /// One probe pass (SPEC §11). The validator and `jitter` run with no engine lock
@@ -206,7 +307,7 @@ impl Handle {
         jitter: &mut dyn FnMut() -> f64,
         max_probes: usize,
     ) -> Result<ProbePassResult> {
-        self.probe_pass(validator, jitter, max_probes, None)
+        self.guard(|| self.probe_pass(validator, jitter, max_probes, None))
     }
 
     fn probe_pass(
@@ -216,7 +317,7 @@ impl Handle {
         max_probes: usize,
         flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
     ) -> Result<ProbePassResult> {
-        let mut state = self.shared.probe.lock();
+        let mut state = lock(&self.shared.probe);
         let (cds, now) = self.with(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
         let due = state.plan(&cds, now, max_probes, jitter);
         let mut result = ProbePassResult::default();
@@ -226,7 +327,7 @@ impl Handle {
                 continue;
             }
             if let Some((f, _)) = flags {
-                let mut f = f.lock();
+                let mut f = lock(f);
                 if f.stop {
                     break;
                 }
@@ -234,7 +335,7 @@ impl Handle {
             }
             let passed = validator.probe(key);
             if let Some((f, _)) = flags {
-                let mut f = f.lock();
+                let mut f = lock(f);
                 f.in_validator = false;
                 if f.stop {
                     break;
@@ -262,9 +363,18 @@ impl Handle {
         interval: Duration,
         max_per_pass: usize,
     ) -> Result<bool> {
-        let mut slot = self.shared.probe_thread.lock();
+        self.guard(|| self.start_probe_thread(validator, interval, max_per_pass))
+    }
+
+    fn start_probe_thread(
+        &self,
+        validator: Arc<dyn Validator>,
+        interval: Duration,
+        max_per_pass: usize,
+    ) -> Result<bool> {
+        let mut slot = lock(&self.shared.probe_thread);
         if let Some(t) = slot.as_ref() {
-            if !t.stop.0.lock().done {
+            if !lock(&t.stop.0).done {
                 return Ok(false);
             }
         }
@@ -278,26 +388,24 @@ impl Handle {
         let t = std::thread::Builder::new()
             .name("quotaengine-probe".into())
             .spawn(move || {
-                let (lock, cv) = &*f2;
+                let (flag, cv) = &*f2;
                 loop {
                     {
-                        let mut f = lock.lock();
+                        let mut f = lock(flag);
                         if !f.stop {
-                            cv.wait_for(&mut f, interval);
+                            f = cv.wait_timeout(f, interval).unwrap_or_else(PoisonError::into_inner).0;
                         }
                         if f.stop {
                             break;
                         }
                     }
                     let mut jitter = default_jitter;
-                    if let Err(Error::Closed) =
-                        me.probe_pass(&*validator, &mut jitter, max_per_pass, Some(&f2))
-                    {
+                    let pass = me.guard(|| me.probe_pass(&*validator, &mut jitter, max_per_pass, Some(&f2)));
+                    if let Err(Error::Closed) = pass {
                         break;
                     }
                 }
-                let mut f = lock.lock();
-                f.done = true;
+                lock(flag).done = true;
                 cv.notify_all();
             })
             .map_err(|e| Error::Internal(format!("cannot start the probe thread: {e}")))?;
@@ -307,11 +415,18 @@ impl Handle {
 
     /// Stops the background probe and waits for it to finish, unless it is inside a
     /// validator call or this is the probe thread itself (it then ends on its own).
-    pub fn stop_probe(&self) {
-        let t = self.shared.probe_thread.lock().take();
+    pub fn stop_probe(&self) -> Result<()> {
+        self.guard(|| {
+            self.stop_probe_thread();
+            Ok(())
+        })
+    }
+
+    fn stop_probe_thread(&self) {
+        let t = lock(&self.shared.probe_thread).take();
         let Some(t) = t else { return };
-        let (lock, cv) = &*t.stop;
-        let mut f = lock.lock();
+        let (flag, cv) = &*t.stop;
+        let mut f = lock(flag);
         f.stop = true;
         cv.notify_all();
         if std::thread::current().id() == t.thread_id {
@@ -319,30 +434,78 @@ impl Handle {
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !f.done && !f.in_validator {
-            if cv.wait_until(&mut f, deadline).timed_out() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
                 break;
             }
+            f = cv.wait_timeout(f, left).unwrap_or_else(PoisonError::into_inner).0;
         }
     }
 
-    pub fn probe_running(&self) -> bool {
-        self.shared.probe_thread.lock().as_ref().is_some_and(|t| !t.stop.0.lock().done)
+    pub fn probe_running(&self) -> Result<bool> {
+        self.guard(|| Ok(lock(&self.shared.probe_thread).as_ref().is_some_and(|t| !lock(&t.stop.0).done)))
     }
 
     /// Stops the flusher, writes what is buffered, closes the store. Idempotent.
-    pub fn close(&self) {
-        self.stop_probe();
+    pub fn close(&self) -> Result<()> {
+        self.guard(|| {
+            self.stop_probe_thread();
+            self.shared.stop.store(true, Ordering::Release);
+            let flusher = lock(&self.shared.flusher).take();
+            if let Some(t) = flusher {
+                t.thread().unpark();
+                let _ = t.join();
+            }
+            let engine = lock(&self.shared.engine).take();
+            // A forked child's engine that was never opened there stays closed.
+            self.shared.forked.store(false, Ordering::Release);
+            if let Some(mut e) = engine {
+                let _ = catch_unwind(AssertUnwindSafe(|| e.close()));
+                emit(e.take_logs());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The live engines (for the fork hooks; the gate is closed and drained).
+fn live() -> Vec<Arc<Shared>> {
+    lock(&LIVE).iter().filter_map(Weak::upgrade).collect()
+}
+
+/// Before a fork, no call inside any engine: each ends its held write lock and writes
+/// its buffer, so that no transaction is open across the fork and a child inherits
+/// nothing to write.
+pub(crate) fn rest_all() {
+    for s in live() {
+        if let Some(e) = lock(&s.engine).as_mut() {
+            let _ = catch_unwind(AssertUnwindSafe(|| e.prepare_fork()));
+        }
+    }
+}
+
+/// In the child just after a fork (its only thread, no call inside): each engine lets
+/// go of its inherited store without touching what the parent uses, forgets the
+/// parent's threads and their queued calls, and opens its store anew at its next call.
+pub(crate) fn forget_parent_all() {
+    for s in live() {
         {
-            *self.shared.stop.lock() = true;
-            self.shared.wake.notify_all();
+            let mut slot = lock(&s.engine);
+            if let Some(e) = slot.as_mut() {
+                let keep = catch_unwind(AssertUnwindSafe(|| e.after_fork())).unwrap_or(false);
+                if !keep {
+                    // Its store has let go of everything shared: the rest is memory.
+                    *slot = None;
+                }
+                s.forked.store(true, Ordering::Release);
+            }
         }
-        if let Some(t) = self.flusher.lock().take() {
-            let _ = t.join();
-        }
-        let engine = self.shared.engine.lock().take();
-        if let Some(mut e) = engine {
-            let _ = catch_unwind(AssertUnwindSafe(|| e.close()));
-            emit(e.take_logs());
-        }
+        lock(&s.queue).clear();
+        // Threads of the parent: not in this process (joining one would fail).
+        std::mem::forget(lock(&s.flusher).take());
+        std::mem::forget(lock(&s.probe_thread).take());
+        *lock(&s.probe) = ProbeState::default();
+        s.stop.store(false, Ordering::Release);
+        s.epoch.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -5,6 +5,7 @@ pub mod cooldowns;
 pub mod engine;
 pub mod env;
 pub mod error;
+pub mod fork;
 pub mod handle;
 pub mod headers;
 pub mod parse;

@@ -82,7 +82,8 @@ impl Drop for PyQuotaEngine {
     /// buffered, with the GIL released (the threads may be waiting for it).
     fn drop(&mut self) {
         let handle = self.handle.clone();
-        Python::attach(|py| py.detach(|| handle.close()));
+        // Nothing to raise to from a destructor; a caught panic is dropped here.
+        let _ = Python::attach(|py| py.detach(|| handle.close()));
     }
 }
 
@@ -114,6 +115,7 @@ impl PyQuotaEngine {
             py,
             PyLease {
                 handle: self.handle.clone(),
+                epoch: self.handle.epoch(),
                 id,
                 route,
                 estimated_tokens: est,
@@ -232,8 +234,8 @@ impl PyQuotaEngine {
     }
 
     /// Writes what is buffered and closes the database. Idempotent.
-    fn close(&self, py: Python<'_>) {
-        py.detach(|| self.handle.close());
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.handle.close()).map_err(to_pyerr)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -241,9 +243,9 @@ impl PyQuotaEngine {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close(py);
-        false
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {
@@ -750,7 +752,7 @@ impl PyQuotaEngine {
         if self.probe_disabled {
             return Ok(false);
         }
-        if self.handle.probe_running() {
+        if py.detach(|| self.handle.probe_running()).map_err(to_pyerr)? {
             return Ok(true);
         }
         let period = std::time::Duration::from_secs_f64(interval.max(0.001));
@@ -759,8 +761,8 @@ impl PyQuotaEngine {
     }
 
     /// Stops the background probe; returns promptly, also while a validator runs.
-    fn stop_probe(&self, py: Python<'_>) {
-        py.detach(|| self.handle.stop_probe());
+    fn stop_probe(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.handle.stop_probe()).map_err(to_pyerr)
     }
 
     /// One probe pass in the calling thread (SPEC §11). `validator=None` uses the one
@@ -966,6 +968,12 @@ impl PyQuotaEngine {
     /// Test hook: panics inside the engine; the panic must come back as an exception.
     fn _debug_panic(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |e| e.debug_panic())
+    }
+
+    /// Test hook: the next `n` calls into the engine (any method, a lease's too) panic
+    /// inside the boundary, which must turn each into `QuotaEngineError`.
+    fn _inject_panics(&self, n: u32) {
+        self.handle.inject_panics(n);
     }
 
     /// Number of changes waiting for the database (degraded mode, grouped writes).

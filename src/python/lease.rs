@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[pyclass(frozen, name = "Lease", module = "quotaengine")]
 pub struct PyLease {
     pub handle: Handle,
+    /// The engine generation that took it: after a fork, the child's engine is a new
+    /// one, and a lease taken before belongs to the parent (which finishes it).
+    pub epoch: u64,
     pub id: i64,
     pub route: Route,
     pub estimated_tokens: i64,
@@ -20,8 +23,14 @@ pub struct PyLease {
 }
 
 impl PyLease {
+    /// Marks the lease finished; false when it already was, or when it is a lease of
+    /// the parent process's engine seen in a forked child (nothing to record here).
+    fn take(&self) -> bool {
+        !self.done.swap(true, Ordering::SeqCst) && self.epoch == self.handle.epoch()
+    }
+
     fn finish_success(&self, py: Python<'_>, tokens: Option<i64>) -> PyResult<()> {
-        if self.done.swap(true, Ordering::SeqCst) {
+        if !self.take() {
             return Ok(());
         }
         let op = BatchOp::Success { lease_id: self.id, route: self.route.clone(), tokens };
@@ -32,11 +41,14 @@ impl PyLease {
     }
 
     fn finish_release(&self, py: Python<'_>) -> PyResult<()> {
-        if self.done.swap(true, Ordering::SeqCst) {
+        if !self.take() {
             return Ok(());
         }
         let id = self.id;
-        py.detach(|| self.handle.batch(BatchOp::Release(id)).done()).map_err(to_pyerr)
+        py.detach(|| self.handle.batch(BatchOp::Release(id)).done()).map_err(|e| {
+            self.done.store(false, Ordering::SeqCst);
+            to_pyerr(e)
+        })
     }
 
     fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -98,7 +110,7 @@ impl PyLease {
         kind: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<super::types::PyFailureOutcome>> {
         let input = super::convert::failure_args(status, retry_after, message, kind, None)?;
-        if self.done.swap(true, Ordering::SeqCst) {
+        if !self.take() {
             return Ok(None);
         }
         let (id, route) = (self.id, &self.route);

@@ -76,6 +76,25 @@ mod _quotaengine {
         Ok(crate::core::pools::is_shared_pool(platform))
     }
 
+    /// Fork hook (`os.register_at_fork(before=...)`): brings every engine to rest.
+    #[pyfunction]
+    fn _before_fork(py: Python<'_>) {
+        py.detach(crate::core::fork::before_fork);
+    }
+
+    /// Fork hook (`after_in_parent`): every engine goes on.
+    #[pyfunction]
+    fn _after_fork_in_parent(py: Python<'_>) {
+        py.detach(crate::core::fork::after_fork_in_parent);
+    }
+
+    /// Fork hook (`after_in_child`): every inherited engine lets go of the parent's
+    /// connection and threads and opens its store anew at its next call.
+    #[pyfunction]
+    fn _after_fork_in_child(py: Python<'_>) {
+        py.detach(crate::core::fork::after_fork_in_child);
+    }
+
     /// The version of the SQLite library the engine runs on; equals `sqlite3.sqlite_version`.
     #[pyfunction]
     fn sqlite_version() -> &'static str {

@@ -279,6 +279,12 @@ pub trait Store: Send {
     }
     /// Waits at most this long for another process's lock (0: fail at once).
     fn set_busy_timeout(&mut self, ms: i64);
+    /// In a child process just after `fork()` (no section open): true when the store
+    /// is this process's own copy (an in-memory database) and stays usable. Otherwise
+    /// it lets go of what it inherited (a connection the parent still uses) without
+    /// writing, unlocking or closing anything the parent relies on, and is not used
+    /// again: the child opens a store of its own.
+    fn after_fork(&mut self) -> bool;
     /// Analysis reads (no section needed): one row per event, a request row one
     /// request (`count` 1, `tokens` 0).
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>>;

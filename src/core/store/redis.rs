@@ -1055,6 +1055,16 @@ impl Store for RedisStore {
         self.busy_timeout_ms = ms;
     }
 
+    fn after_fork(&mut self) -> bool {
+        // The socket (and its TLS session) is the parent's: neither written nor
+        // closed here. The child connects anew, under an owner id of its own.
+        if let Some(c) = self.con.take() {
+            std::mem::forget(c);
+        }
+        self.readonly = true;
+        false
+    }
+
     fn try_claim(&mut self, name: &str, ttl_ms: i64) -> StoreResult<bool> {
         let key = format!("{}:claim:{name}", self.prefix);
         let mut set = redis::cmd("SET");

@@ -47,7 +47,7 @@ pub struct SqliteStore {
     registry: Option<super::registry::Registry>,
     memory: bool,
     /// The WAL index (`<db>-shm`), read to learn cheaply that nothing was committed.
-    shm: Option<std::fs::File>,
+    shm: Option<Arc<std::fs::File>>,
     /// Its header as read just before `data_version` was last taken.
     shm_seen: Option<[u8; SHM_HEADER]>,
 }
@@ -226,7 +226,7 @@ impl SqliteStore {
     fn shm_header(&mut self) -> Option<[u8; SHM_HEADER]> {
         if self.shm.is_none() {
             let path = self.conn.path().filter(|p| !p.is_empty())?;
-            self.shm = std::fs::File::open(format!("{path}-shm")).ok();
+            self.shm = shm_file(&format!("{path}-shm"));
         }
         let mut hdr = [0u8; SHM_HEADER];
         read_exact_at(self.shm.as_ref()?, &mut hdr)?;
@@ -956,6 +956,27 @@ impl Store for SqliteStore {
         let _ = self.conn.busy_timeout(Duration::from_millis(ms.max(0) as u64));
     }
 
+    fn after_fork(&mut self) -> bool {
+        if self.memory {
+            return true;
+        }
+        // SQLite's rule: a connection is never used across fork(). Closing it now,
+        // before the child opens one of its own, also clears the lock state SQLite
+        // keeps per process and file, which the child inherited from the parent. It
+        // writes nothing (the fork hook ended every transaction first), and the locks
+        // it lets go of are the parent's, which the child never held.
+        if let Ok(inert) = Connection::open_in_memory() {
+            drop(std::mem::replace(&mut self.conn, inert));
+        }
+        // The registration's flock belongs to an open file description shared with
+        // the parent: it stays as it is (the fd is left open, never unlocked).
+        if let Some(r) = self.registry.take() {
+            std::mem::forget(r);
+        }
+        self.readonly = true;
+        false
+    }
+
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
@@ -1028,6 +1049,39 @@ impl Store for SqliteStore {
         })?;
         Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
+}
+
+/// The process's one read handle on a WAL index file, kept open for the life of the
+/// process. Closing any descriptor of a file drops every POSIX lock the process holds
+/// on it, and SQLite holds its WAL read locks on `-shm` (for this engine's connection
+/// and for any other in the process: another engine, Python's `sqlite3`): closing a
+/// handle of our own when an engine closes would silently drop those. A `-shm` that
+/// SQLite removed and made anew (the last connection closed meanwhile) is another
+/// file: it gets a handle of its own.
+fn shm_file(path: &str) -> Option<Arc<std::fs::File>> {
+    type Open = Vec<(String, Arc<std::fs::File>)>;
+    static OPEN: parking_lot::Mutex<Open> = parking_lot::Mutex::new(Vec::new());
+    let now = std::fs::metadata(path).ok()?;
+    let mut open = OPEN.lock();
+    if let Some((_, f)) =
+        open.iter().find(|(p, f)| p == path && f.metadata().is_ok_and(|m| same_inode(&m, &now)))
+    {
+        return Some(f.clone());
+    }
+    let f = Arc::new(std::fs::File::open(path).ok()?);
+    open.push((path.to_string(), f.clone()));
+    Some(f)
+}
+
+#[cfg(unix)]
+fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.ino() == b.ino() && a.dev() == b.dev()
+}
+
+#[cfg(not(unix))]
+fn same_inode(_a: &std::fs::Metadata, _b: &std::fs::Metadata) -> bool {
+    false
 }
 
 #[cfg(unix)]

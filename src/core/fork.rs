@@ -1,0 +1,130 @@
+//! What a process that forks does with its engines (gunicorn `--preload`, Celery's
+//! prefork pool, `multiprocessing` with "fork").
+//!
+//! Every call into any engine of the process passes one [`Gate`]. Before a fork, the
+//! forking thread closes the gate and waits until no call is inside any engine: then no
+//! thread holds an engine's lock, its probe state or its queue, and no SQLite
+//! transaction or Redis round trip is half done. It then ends each engine's held write
+//! lock and writes its buffer ([`crate::core::engine::Engine::prepare_fork`]), so the
+//! child inherits nothing to write. In the parent the gate opens again; in the child
+//! each engine first lets go of the store it inherited (without writing or unlocking
+//! anything the parent uses) and of the parent's threads, then the gate opens: each
+//! engine opens its store anew at its first call there.
+//!
+//! The engine's own locks are `std::sync` ones (a futex word each): a forked child sees
+//! them unlocked, whatever threads the parent had waiting. `parking_lot` keeps waiting
+//! threads in a process-wide table that a child inherits half-written; it is not used
+//! for anything a child may wait on.
+//!
+//! The gate costs two atomic increments per call and no system call; the fork hooks are
+//! called by the Python layer (`os.register_at_fork`).
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Calls into the engines of the process, and whether a fork is being prepared.
+pub struct Gate {
+    inside: AtomicUsize,
+    closed: AtomicBool,
+    lock: Mutex<()>,
+    opened: Condvar,
+}
+
+/// The process's one gate.
+pub static GATE: Gate = Gate::new();
+
+/// One fork at a time: held from `before_fork` to the hook after it (by the forking
+/// thread, which is also the child's only thread).
+static FORKS: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// Passes this thread holds (calls nest: a probe's validator may call the engine).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    static FORKING: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A call inside the gate; leaving drops it.
+pub struct Pass(());
+
+impl Gate {
+    const fn new() -> Gate {
+        Gate {
+            inside: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            opened: Condvar::new(),
+        }
+    }
+
+    /// Enters (waiting while a fork is being prepared, unless this thread is inside already).
+    pub fn pass(&'static self) -> Pass {
+        let depth = DEPTH.with(Cell::get);
+        if depth == 0 {
+            loop {
+                self.inside.fetch_add(1, Ordering::SeqCst);
+                if !self.closed.load(Ordering::SeqCst) {
+                    break;
+                }
+                // A fork is being prepared: step out and wait until it is done.
+                self.inside.fetch_sub(1, Ordering::SeqCst);
+                let mut g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+                while self.closed.load(Ordering::SeqCst) {
+                    g = self.opened.wait(g).unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+        DEPTH.with(|d| d.set(depth + 1));
+        Pass(())
+    }
+
+    /// Closes the gate and waits until no other thread is inside.
+    fn close_and_drain(&self) {
+        let mine = usize::from(DEPTH.with(Cell::get) > 0);
+        self.closed.store(true, Ordering::SeqCst);
+        while self.inside.load(Ordering::SeqCst) > mine {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn open(&self) {
+        let _g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.closed.store(false, Ordering::SeqCst);
+        self.opened.notify_all();
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let depth = DEPTH.with(Cell::get).saturating_sub(1);
+        DEPTH.with(|d| d.set(depth));
+        if depth == 0 {
+            GATE.inside.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Before `fork()`, in the forking thread (not holding the GIL): waits until no call is
+/// inside an engine and keeps new ones out, then brings every engine to rest.
+pub fn before_fork() {
+    let one = FORKS.lock().unwrap_or_else(PoisonError::into_inner);
+    FORKING.with(|f| *f.borrow_mut() = Some(one));
+    GATE.close_and_drain();
+    crate::core::handle::rest_all();
+}
+
+/// After `fork()` in the parent: calls go on.
+pub fn after_fork_in_parent() {
+    if FORKING.with(|f| f.borrow_mut().take()).is_some() {
+        GATE.open();
+    }
+}
+
+/// After `fork()` in the child: every engine lets go of what it inherited, then calls go on.
+pub fn after_fork_in_child() {
+    if FORKING.with(|f| f.borrow_mut().take()).is_some() {
+        crate::core::handle::forget_parent_all();
+        GATE.open();
+    }
+}
