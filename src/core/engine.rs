@@ -632,10 +632,11 @@ impl Engine {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
+        let retained_from = now.saturating_sub(self.settings.retention_ms);
         let sweep = match self.last_sweep {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
-                usage_before: now.saturating_sub(self.settings.retention_ms),
+                usage_before: retained_from,
                 leases_expired_before: now,
                 history_before: now.saturating_sub(DAY_MS),
             }),
@@ -646,7 +647,6 @@ impl Engine {
             || self.held.is_some()
             || self.flush_requested
             || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
-        let retained_from = now.saturating_sub(self.settings.retention_ms);
         let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
             if flush_pending {
                 // A lease taken and finished while both waited here never reaches the
