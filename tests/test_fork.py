@@ -509,3 +509,48 @@ def test_a_panic_while_the_engine_is_dropped_is_not_raised(store: str) -> None:
     del e  # __del__ -> close(): the panic is caught there (nothing to raise to)
     with q.QuotaEngine(store, env={}) as again:
         assert again.usage(P, M, K)["rpd"]["used"] == 1
+
+
+@pytest.mark.sqlite_only
+def test_each_child_registers_on_the_file_and_the_last_one_out_removes_it(store: str) -> None:
+    """A child's engine has its own `<db>-engines` registration: while a child uses the file the
+    parent is not alone on it (so it no longer keeps the write lock across calls), the parent
+    closing first leaves the child registered, and the last one out removes the side file."""
+    side = Path(store + "-engines")
+    e = q.QuotaEngine(store, env={}, flush_interval_ms=10)
+    admit(e, 1, rpm=100)
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        os.close(done_r)
+        code = 0
+        try:
+            admit(e, 1, rpm=100)  # opens the child's own connection and registration
+            os.write(done_w, b"1")
+            os.read(go_r, 1)  # the parent has closed its engine
+            assert side.exists(), "the child is still registered"
+            admit(e, 1, rpm=100)
+            e.close()
+        except BaseException:  # noqa: BLE001 - reported by the exit code
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    os.close(go_r)
+    os.close(done_w)
+    assert os.read(done_r, 1) == b"1"
+    # Parent and child both registered: a plain sqlite3 writer gets the lock between the
+    # parent's calls (the parent commits each lease at once now).
+    admit(e, 1, rpm=100)
+    con = sqlite3.connect(store, timeout=0, isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")
+    con.execute("ROLLBACK")
+    con.close()
+    e.close()
+    assert side.exists()
+    os.write(go_w, b"1")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not side.exists()
+    assert stored(store) == (4, 40)
