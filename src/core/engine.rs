@@ -18,8 +18,7 @@ use crate::core::parse::{
 };
 use crate::core::pools::is_local_base_url;
 use crate::core::state::{CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
-use crate::core::store::redis::RedisStore;
-use crate::core::store::sqlite::SqliteStore;
+pub use crate::core::store::StoreSpec;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
     UsageRow, Write,
@@ -66,26 +65,6 @@ impl Settings {
         check_non_negative("busy_timeout_ms", self.busy_timeout_ms)?;
         check_non_negative("flush_interval_ms", self.flush_interval_ms)?;
         Ok(())
-    }
-}
-
-/// Where the state lives.
-#[derive(Debug, Clone)]
-pub enum StoreSpec {
-    /// A SQLite file, or `":memory:"` for a private in-memory database.
-    Sqlite(String),
-    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`.
-    Redis(String),
-}
-
-impl StoreSpec {
-    /// A Redis URL names a server; anything else is a SQLite path.
-    pub fn from_path(path: &str) -> StoreSpec {
-        if crate::core::store::redis::is_redis_url(path) {
-            StoreSpec::Redis(path.to_string())
-        } else {
-            StoreSpec::Sqlite(path.to_string())
-        }
     }
 }
 
@@ -358,14 +337,7 @@ impl Engine {
     /// Opens the store and loads today's state.
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
         settings.validate()?;
-        let store: Box<dyn Store> = match spec {
-            StoreSpec::Sqlite(path) => {
-                Box::new(SqliteStore::open(path, settings.readonly, settings.busy_timeout_ms)?)
-            }
-            StoreSpec::Redis(url) => {
-                Box::new(RedisStore::open(url, settings.readonly, settings.busy_timeout_ms)?)
-            }
-        };
+        let store = spec.open(settings.readonly, settings.busy_timeout_ms)?;
         Self::with_store(store, clock, settings)
     }
 
@@ -2204,24 +2176,13 @@ struct LeaseIds {
     counter: i64,
 }
 
-/// 64 random bits (std's per-process random hasher keys, plus the pid).
-pub fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 impl LeaseIds {
-    fn random() -> u64 {
-        random_u64()
-    }
     fn new() -> Self {
         Self { prefix: Self::prefix(), counter: 0 }
     }
     fn prefix() -> i64 {
         // 40 bits, never zero, so that ids are > 0.
-        ((Self::random() >> 24) as i64 & ((1 << 40) - 1)).max(1)
+        ((crate::core::random::random_u64() >> 24) as i64 & ((1 << 40) - 1)).max(1)
     }
     fn next(&mut self) -> i64 {
         self.counter += 1;

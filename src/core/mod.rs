@@ -11,6 +11,7 @@ pub mod headers;
 pub mod parse;
 pub mod pools;
 pub mod probe;
+pub mod random;
 pub mod state;
 pub mod store;
 pub mod types;

@@ -13,6 +13,34 @@ use std::sync::Arc;
 
 pub type StoreResult<T> = std::result::Result<T, StoreError>;
 
+/// Where the state lives.
+#[derive(Debug, Clone)]
+pub enum StoreSpec {
+    /// A SQLite file, or `":memory:"` for a private in-memory database.
+    Sqlite(String),
+    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`.
+    Redis(String),
+}
+
+impl StoreSpec {
+    /// A Redis URL names a server; anything else is a SQLite path.
+    pub fn from_path(path: &str) -> StoreSpec {
+        if redis::is_redis_url(path) {
+            StoreSpec::Redis(path.to_string())
+        } else {
+            StoreSpec::Sqlite(path.to_string())
+        }
+    }
+
+    /// Opens the backend it names (and migrates or checks it).
+    pub fn open(&self, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Box<dyn Store>> {
+        Ok(match self {
+            StoreSpec::Sqlite(path) => Box::new(sqlite::SqliteStore::open(path, readonly, busy_timeout_ms)?),
+            StoreSpec::Redis(url) => Box::new(redis::RedisStore::open(url, readonly, busy_timeout_ms)?),
+        })
+    }
+}
+
 /// `rate_limit_usage.kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UsageKind {

@@ -415,7 +415,7 @@ impl RedisStore {
                 redis::Client::build_with_tls(base.as_str(), certs).map_err(|e| unusable(&e))?
             }
         };
-        let owner = format!("{:016x}", crate::core::engine::random_u64());
+        let owner = format!("{:016x}", crate::core::random::random_u64());
         let mut store = RedisStore {
             client,
             con: None,
