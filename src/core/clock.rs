@@ -47,27 +47,9 @@ impl Clock for ManualClock {
 pub const MINUTE_MS: i64 = 60_000;
 pub const DAY_MS: i64 = 86_400_000;
 
-/// 00:00:00.000 UTC of the day that holds `t`.
-pub fn midnight(t: i64) -> i64 {
-    t.div_euclid(DAY_MS).saturating_mul(DAY_MS)
-}
-
-/// The next midnight strictly after `t`.
-pub fn next_midnight(t: i64) -> i64 {
-    midnight(t).saturating_add(DAY_MS)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[test]
-    fn midnight_edges() {
-        assert_eq!(midnight(0), 0);
-        assert_eq!(midnight(DAY_MS - 1), 0);
-        assert_eq!(midnight(DAY_MS), DAY_MS);
-        assert_eq!(midnight(-1), -DAY_MS);
-        assert_eq!(next_midnight(DAY_MS), 2 * DAY_MS);
-    }
     #[test]
     fn manual_clock_moves_both_ways() {
         let c = ManualClock::new(1000);

@@ -1,5 +1,5 @@
 //! Cooldown decisions (SPEC §6.1, §6.2): pure rules over counts the engine supplies.
-use crate::core::clock::{next_midnight, DAY_MS};
+use crate::core::clock::DAY_MS;
 use crate::core::parse::FailureKind;
 use crate::core::types::CooldownSource;
 
@@ -49,16 +49,22 @@ pub struct LimitFacts {
     pub ladder_steps: i64,
 }
 
-/// SPEC §6.1 steps 4-5. Returns the decision and whether a ladder step was taken.
-pub fn decide_limit(facts: LimitFacts, retry_after_ms: Option<i64>, now: i64) -> (CooldownDecision, bool) {
+/// SPEC §6.1 steps 4-5, `next_day_start` the start of the route's next day. Returns
+/// the decision and whether a ladder step was taken.
+pub fn decide_limit(
+    facts: LimitFacts,
+    retry_after_ms: Option<i64>,
+    now: i64,
+    next_day_start: i64,
+) -> (CooldownDecision, bool) {
     let mut bench = TRANSIENT_BENCH_MS;
     let mut stepped = false;
     if facts.daily_exhausted || facts.effectively_exhausted {
         bench = ladder_step(&LADDER_MS, facts.ladder_steps.saturating_add(1));
         stepped = true;
         if facts.daily_exhausted {
-            // The day windows that exhausted it reset at midnight.
-            bench = bench.min(next_midnight(now).saturating_sub(now));
+            // The day windows that exhausted it reset at the start of the next day.
+            bench = bench.min(next_day_start.saturating_sub(now));
         } else {
             bench = bench.min(UNKNOWN_LIMIT_MAX_MS);
         }
@@ -101,10 +107,11 @@ mod tests {
     use super::*;
 
     const NOON: i64 = 1_767_268_800_000; // 2026-01-01 12:00 UTC
+    const NEXT_DAY: i64 = NOON + DAY_MS / 2;
 
     #[test]
     fn transient_bench_takes_no_step() {
-        let (d, stepped) = decide_limit(LimitFacts::default(), None, NOON);
+        let (d, stepped) = decide_limit(LimitFacts::default(), None, NOON, NEXT_DAY);
         assert_eq!(d, CooldownDecision::new(90_000, CooldownSource::Heuristic));
         assert!(!stepped);
     }
@@ -117,6 +124,7 @@ mod tests {
                     LimitFacts { daily_exhausted: true, ladder_steps: n, ..Default::default() },
                     None,
                     NOON,
+                    NEXT_DAY,
                 )
                 .0
                 .duration_ms
@@ -129,16 +137,16 @@ mod tests {
     #[test]
     fn unknown_limits_cap_at_ten_minutes() {
         let f = LimitFacts { effectively_exhausted: true, ladder_steps: 3, ..Default::default() };
-        assert_eq!(decide_limit(f, None, NOON).0.duration_ms, 600_000);
+        assert_eq!(decide_limit(f, None, NOON, NEXT_DAY).0.duration_ms, 600_000);
     }
 
     #[test]
     fn longer_retry_after_wins_and_is_authoritative() {
-        let (d, _) = decide_limit(LimitFacts::default(), Some(120_000), NOON);
+        let (d, _) = decide_limit(LimitFacts::default(), Some(120_000), NOON, NEXT_DAY);
         assert_eq!(d, CooldownDecision::new(120_000, CooldownSource::Authoritative));
-        let (d, _) = decide_limit(LimitFacts::default(), Some(30_000), NOON);
+        let (d, _) = decide_limit(LimitFacts::default(), Some(30_000), NOON, NEXT_DAY);
         assert_eq!(d, CooldownDecision::new(90_000, CooldownSource::Heuristic));
-        let (d, _) = decide_limit(LimitFacts::default(), Some(10 * DAY_MS), NOON);
+        let (d, _) = decide_limit(LimitFacts::default(), Some(10 * DAY_MS), NOON, NEXT_DAY);
         assert_eq!(d.duration_ms, DAY_MS);
     }
 

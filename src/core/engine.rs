@@ -5,7 +5,7 @@
 //! the in-memory [`Mirror`], decide from the mirror, then write and commit. The mirror
 //! is updated per event, so no call scans history. When the store fails, the engine
 //! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
-use crate::core::clock::{midnight, next_midnight, Clock, DAY_MS, MINUTE_MS};
+use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
     EMPTY_STREAK_BENCH, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
@@ -540,8 +540,9 @@ impl Engine {
 
     fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
         if !self.loaded || self.rebuild {
-            // Rows that count at `now`: t > now - 60 s, or t >= midnight (and any later).
-            let since = now.saturating_sub(MINUTE_MS - 1).min(midnight(now));
+            // Rows that count at `now`: t > now - 60 s, or since the start of today (and
+            // any later).
+            let since = now.saturating_sub(MINUTE_MS - 1).min(self.mirror.earliest_day_start(now));
             let rows = self.store.load_usage_since(since)?;
             self.mirror.reset_usage();
             for r in &rows {
@@ -1548,7 +1549,8 @@ impl Engine {
             effectively_exhausted,
             ladder_steps: self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
         };
-        let (decision, stepped) = decide_limit(facts, retry_after_ms, now);
+        let next_day = self.mirror.route_calendar(rid).next_day_start(now);
+        let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
         if stepped {
             writes.push(Self::history_row(route, HistoryKind::Ladder, now));
         }
@@ -1691,10 +1693,14 @@ impl Engine {
                 writes.push(Self::history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
-            KindRule::DailyQuota => Some(CooldownDecision::new(
-                retry_ms.unwrap_or_else(|| next_midnight(now).saturating_sub(now)).min(DAY_MS),
-                CooldownSource::Authoritative,
-            )),
+            KindRule::DailyQuota => {
+                let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+                let next_day = self.mirror.route_calendar(rid).next_day_start(now);
+                Some(CooldownDecision::new(
+                    retry_ms.unwrap_or_else(|| next_day.saturating_sub(now)).min(DAY_MS),
+                    CooldownSource::Authoritative,
+                ))
+            }
             KindRule::Limit { quota_signal } => {
                 Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, &mut writes))
             }

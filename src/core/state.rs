@@ -1,7 +1,7 @@
 //! The engine's in-memory picture of the store: window state per route and per
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
 //! incrementally from the store's change feed, and the only thing gates read.
-use crate::core::clock::next_midnight;
+use crate::core::calendar::Calendar;
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{
     Admission, CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo, ProviderCaps, Reason,
@@ -85,6 +85,8 @@ pub struct Mirror {
     /// platform -> its registered, enabled keys, kept with `keys`.
     routable: HashMap<String, Vec<i64>>,
     models: HashMap<String, HashMap<String, ModelInfo>>,
+    /// platform -> model_id -> the billing multiplier of its `monthly_token_budget` label.
+    billing: HashMap<String, HashMap<String, Option<Multiplier>>>,
     pub caps: HashMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: HashMap<i64, Vec<HistoryRow>>,
@@ -99,7 +101,7 @@ impl Mirror {
         let p: Arc<str> =
             self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let a = self.accounts.len() as AccountId;
-        self.accounts.push(AccountState { win: Windows::default(), routes: vec![], leases: vec![] });
+        self.accounts.push(AccountState { win: Windows::new(Calendar::UTC), routes: vec![], leases: vec![] });
         self.account_index.entry(p).or_default().insert(key_id, a);
         a
     }
@@ -133,7 +135,7 @@ impl Mirror {
             model_id: m.clone(),
             key_id,
             account,
-            win: Windows::default(),
+            win: Windows::new(Calendar::UTC),
             leases: vec![],
         });
         self.accounts[account as usize].routes.push(id);
@@ -147,6 +149,21 @@ impl Mirror {
 
     pub fn route(&self, id: RouteId) -> &RouteState {
         &self.routes[id as usize]
+    }
+
+    /// Where the days of a route start.
+    pub fn route_calendar(&self, id: RouteId) -> &Calendar {
+        self.routes[id as usize].win.calendar()
+    }
+
+    /// The earliest start of today among the calendars the mirror uses: the oldest
+    /// row a day window may count at `now`.
+    pub fn earliest_day_start(&self, now: i64) -> i64 {
+        let mut earliest = Calendar::UTC.day_start(now);
+        for r in &self.routes {
+            earliest = earliest.min(r.win.calendar().day_start(now));
+        }
+        earliest
     }
 
     pub fn routes(&self) -> impl Iterator<Item = (RouteId, &RouteState)> {
@@ -178,10 +195,10 @@ impl Mirror {
     /// Forgets all window state (before a reload from the store).
     pub fn reset_usage(&mut self) {
         for r in &mut self.routes {
-            r.win = Windows::default();
+            r.win = Windows::new(r.win.calendar().clone());
         }
         for a in &mut self.accounts {
-            a.win = Windows::default();
+            a.win = Windows::new(a.win.calendar().clone());
         }
     }
 
@@ -285,11 +302,15 @@ impl Mirror {
     }
 
     pub fn put_model(&mut self, m: ModelInfo) {
+        // The label's billing multiplier is read once here, not at every admission.
+        let billing = m.monthly_token_budget.as_deref().and_then(parse_multiplier);
+        self.billing.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), billing);
         self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
     }
 
     pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
         self.models.clear();
+        self.billing.clear();
         for m in rows {
             self.put_model(m);
         }
@@ -407,7 +428,8 @@ impl Mirror {
     pub fn multiplier(&self, rid: RouteId, cap: i64) -> Multiplier {
         let r = &self.routes[rid as usize];
         let model = self.model(&r.platform, &r.model_id);
-        if let Some(m) = model.and_then(|m| m.monthly_token_budget.as_deref()).and_then(parse_multiplier) {
+        let billing = self.billing.get(&*r.platform).and_then(|m| m.get(&*r.model_id)).copied().flatten();
+        if let Some(m) = billing {
             return m;
         }
         match model.and_then(|m| m.limits.tpd) {
@@ -479,12 +501,9 @@ impl Mirror {
 
     pub fn gate_rpd(&self, rid: RouteId, ctx: &GateContext, now: i64) -> Option<Admission> {
         let limit = ctx.limits.rpd?;
-        let used = self.routes[rid as usize]
-            .win
-            .day(now)
-            .requests
-            .saturating_add(self.route_in_flight(rid, now).count);
-        (used >= limit).then(|| Admission::refused(Reason::Rpd, Some(next_midnight(now))))
+        let win = &self.routes[rid as usize].win;
+        let used = win.day(now).requests.saturating_add(self.route_in_flight(rid, now).count);
+        (used >= limit).then(|| Admission::refused(Reason::Rpd, Some(win.calendar().next_day_start(now))))
     }
 
     pub fn gate_tpm(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
@@ -499,23 +518,19 @@ impl Mirror {
 
     pub fn gate_tpd(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
         let limit = ctx.limits.tpd?;
-        let total = self.routes[rid as usize]
-            .win
-            .day(now)
-            .tokens
-            .saturating_add(self.route_in_flight(rid, now).tokens)
-            .saturating_add(est);
-        (total > limit).then(|| Admission::refused(Reason::Tpd, Some(next_midnight(now))))
+        let win = &self.routes[rid as usize].win;
+        let total =
+            win.day(now).tokens.saturating_add(self.route_in_flight(rid, now).tokens).saturating_add(est);
+        (total > limit).then(|| Admission::refused(Reason::Tpd, Some(win.calendar().next_day_start(now))))
     }
 
     pub fn gate_provider_daily(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
         let cap = ctx.caps.daily_requests?;
-        let used = self.accounts[a as usize]
-            .win
-            .day(now)
-            .requests
-            .saturating_add(self.account_in_flight(a, None, now).count);
-        (used >= cap).then(|| Admission::refused(Reason::ProviderDailyRequests, Some(next_midnight(now))))
+        let win = &self.accounts[a as usize].win;
+        let used = win.day(now).requests.saturating_add(self.account_in_flight(a, None, now).count);
+        (used >= cap).then(|| {
+            Admission::refused(Reason::ProviderDailyRequests, Some(win.calendar().next_day_start(now)))
+        })
     }
 
     pub fn gate_provider_minute(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
@@ -543,7 +558,8 @@ impl Mirror {
             .account_day_tokens(a, Some(cap), now)
             .saturating_add(self.account_in_flight(a, Some(cap), now).tokens)
             .saturating_add(billed_est);
-        (total > cap).then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_midnight(now))))
+        let next_day = self.accounts[a as usize].win.calendar().next_day_start(now);
+        (total > cap).then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_day)))
     }
 
     pub fn gate_concurrency(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {

@@ -1,9 +1,11 @@
 //! Incremental window state of one route or one provider account (SPEC §4).
 //!
 //! The minute window keeps each event of the last 60 s (bounded by the rate a key
-//! can sustain); the day windows keep one counter per UTC day. Both are updated per
-//! event, so a gate costs O(1) whatever the size of the history in the database.
-use crate::core::clock::{DAY_MS, MINUTE_MS};
+//! can sustain); the day windows keep one counter per day of the state's calendar.
+//! Both are updated per event, so a gate costs O(1) whatever the size of the history
+//! in the database.
+use crate::core::calendar::Calendar;
+use crate::core::clock::MINUTE_MS;
 use std::collections::VecDeque;
 
 /// One recorded event: `requests` requests and `tokens` tokens at `t`.
@@ -28,13 +30,25 @@ pub struct Windows {
     minute_sum: Counts,
     /// (day index, counts), sorted by day; only days >= the current day are kept.
     days: Vec<(i64, Counts)>,
-}
-
-fn day_of(t: i64) -> i64 {
-    t.div_euclid(DAY_MS)
+    /// Where its days start.
+    cal: Calendar,
 }
 
 impl Windows {
+    /// Empty windows whose days are those of `cal`.
+    pub fn new(cal: Calendar) -> Windows {
+        Windows { cal, ..Windows::default() }
+    }
+
+    /// The calendar of the day windows.
+    pub fn calendar(&self) -> &Calendar {
+        &self.cal
+    }
+
+    fn day_of(&self, t: i64) -> i64 {
+        self.cal.day_index(t)
+    }
+
     /// Adds an event. An event already outside both windows at `now` is dropped, and
     /// so is whatever has left them: memory stays bounded by the windows' widths even
     /// for a route that is only ever recorded, never checked.
@@ -54,8 +68,8 @@ impl Windows {
             self.minute_sum.requests = self.minute_sum.requests.saturating_add(requests);
             self.minute_sum.tokens = self.minute_sum.tokens.saturating_add(tokens);
         }
-        let day = day_of(t);
-        if day >= day_of(now) {
+        let day = self.day_of(t);
+        if day >= self.day_of(now) {
             match self.days.binary_search_by_key(&day, |(d, _)| *d) {
                 Ok(i) => {
                     let c = &mut self.days[i].1;
@@ -79,7 +93,7 @@ impl Windows {
             self.minute_sum.tokens = self.minute_sum.tokens.saturating_sub(front.tokens);
             self.minute.pop_front();
         }
-        let today = day_of(now);
+        let today = self.day_of(now);
         if self.days.first().is_some_and(|(d, _)| *d < today) {
             self.days.retain(|(d, _)| *d >= today);
         }
@@ -90,9 +104,9 @@ impl Windows {
         self.minute_sum
     }
 
-    /// Counts since midnight (events with `t >= midnight(now)`).
+    /// Counts since the start of the day (events with `t >= day_start(now)`).
     pub fn day(&self, now: i64) -> Counts {
-        let today = day_of(now);
+        let today = self.day_of(now);
         let mut c = Counts::default();
         for (_, d) in self.days.iter().filter(|(d, _)| *d >= today) {
             c.requests = c.requests.saturating_add(d.requests);
@@ -122,6 +136,7 @@ impl Windows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::clock::DAY_MS;
 
     const T0: i64 = 1_700_000_000_000;
 
