@@ -455,6 +455,10 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "start_probe": lambda: e.start_probe(lambda k: True, interval_s=60),
         "stop_probe": lambda: e.stop_probe(),
         "run_probe_pass": lambda: e.run_probe_pass(lambda k: True),
+        "set_platform_calendar": lambda: e.set_platform_calendar(P, "UTC"),
+        "platform_calendar": lambda: e.platform_calendar(P),
+        "day_start_ms": lambda: e.day_start_ms(P),
+        "next_day_start_ms": lambda: e.next_day_start_ms(P),
         "__exit__": lambda: e.__exit__(None, None, None),
     }
 

@@ -86,7 +86,10 @@ def test_version_1_request_rows_are_migrated_to_one_row_per_request(db_path: Pat
         pass
     con = sqlite3.connect(db_path)
     with con:
-        con.execute("PRAGMA user_version = 1")  # version 1 had these tables and columns
+        # Back to what version 1 had: the tables of later versions go.
+        con.execute("DROP TABLE platform_calendars")
+        con.execute("DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'")
+        con.execute("PRAGMA user_version = 1")
         con.executemany(
             "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) "
             "VALUES (?, ?, ?, ?, ?, ?)",

@@ -359,6 +359,17 @@ class _QuotaEngine:
         monthly_token_budget: str | None = None,
     ) -> None:
         """Insert or update a model's limits (all four are replaced)."""
+    def set_platform_calendar(self, platform: str, tz: str | None) -> None:
+        """Sets the IANA zone of a platform's days (persisted, shared; wins over
+        ``PROVIDER_DAY_TZ_<PLATFORM>`` and the built-in zone). ``None`` forgets it. An
+        unknown zone is a ``ValueError``."""
+    def platform_calendar(self, platform: str) -> str:
+        """The IANA zone in force for a platform's days (``"UTC"`` unless set, in the
+        environment, or built in: ``"google"`` is ``"America/Los_Angeles"``)."""
+    def day_start_ms(self, platform: str, at_ms: int | None = None) -> int:
+        """Start (ms) of the platform's day holding ``at_ms`` (default: now)."""
+    def next_day_start_ms(self, platform: str, at_ms: int | None = None) -> int:
+        """Start (ms) of the platform's day after the one holding ``at_ms`` (default: now)."""
     def model_limits(self, platform: str, model_id: str) -> Limits | None: ...
     # usage
     def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...

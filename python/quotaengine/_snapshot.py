@@ -121,9 +121,9 @@ class QuotaSnapshot:
 
     _WINDOW_HELP = {
         "rpm": "requests in the last 60 s",
-        "rpd": "requests since 00:00 UTC",
+        "rpd": "requests since the start of the platform's day (00:00 UTC unless its calendar says otherwise)",
         "tpm": "tokens in the last 60 s",
-        "tpd": "tokens since 00:00 UTC",
+        "tpd": "tokens since the start of the platform's day",
     }
 
     def _repr_html_(self) -> str:

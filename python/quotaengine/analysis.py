@@ -193,7 +193,7 @@ def state_frame(source: Source) -> pd.DataFrame:
     One row per (platform, model_id, key_id) with usage today, a live lease or an
     active cooldown, sorted by platform, model_id, key_id; the columns are exactly
     :data:`STATE_COLUMNS` (= ``QuotaSnapshot.to_pandas()``): ``*_used`` are requests
-    (rpm: last 60 s, rpd: since UTC midnight) or tokens (tpm, tpd) and ``*_limit``
+    (rpm: last 60 s, rpd: since the start of the platform's day, see ``platform_calendar``) or tokens (tpm, tpd) and ``*_limit``
     the declared limits (``<NA>`` when unlimited); ``used_fraction`` is the worst
     used/limit over the declared windows (NaN without limits); ``in_flight`` counts
     live leases; ``cooldown_source`` and ``cooldown_expires_at_ms`` (epoch ms)

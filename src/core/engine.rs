@@ -5,6 +5,7 @@
 //! the in-memory [`Mirror`], decide from the mirror, then write and commit. The mirror
 //! is updated per event, so no call scans history. When the store fails, the engine
 //! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
+use crate::core::calendar::Calendar;
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
@@ -17,7 +18,7 @@ use crate::core::parse::{
     LearnedLimit, LimitAxis,
 };
 use crate::core::pools::is_local_base_url;
-use crate::core::state::{CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
+use crate::core::state::{Calendars, CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
@@ -344,11 +345,12 @@ impl Engine {
     /// Builds an engine over any store.
     pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
         settings.validate()?;
+        let day_zones = settings.env.day_zones();
         let mut engine = Engine {
             store,
             clock,
             settings,
-            mirror: Mirror::default(),
+            mirror: Mirror::with_calendars(Calendars::with_env(day_zones)),
             pending: Vec::new(),
             pending_deleted: HashSet::new(),
             pending_inserted: HashSet::new(),
@@ -558,6 +560,10 @@ impl Engine {
         }
         let changes = self.store.pull()?;
         self.apply_changes(changes, now);
+        if self.rebuild {
+            // A platform's calendar changed: its day windows count again from the store.
+            return self.sync(now);
+        }
         Ok(())
     }
 
@@ -582,9 +588,14 @@ impl Engine {
         if let Some(c) = ch.caps {
             self.mirror.caps = c.into_iter().collect();
         }
-        let tables_changed = tables_changed || ch.history.is_some();
+        let tables_changed = tables_changed || ch.history.is_some() || ch.calendars.is_some();
         if let Some(h) = ch.history {
             self.mirror.replace_history(h);
+        }
+        if let Some(c) = ch.calendars {
+            if self.mirror.replace_calendars(c.into_iter().collect()) {
+                self.rebuild = true;
+            }
         }
         if tables_changed && !self.pending.is_empty() {
             // Our own buffered changes are newer than what the store holds.
@@ -977,6 +988,13 @@ impl Engine {
             Write::Sweep { history_before, .. } => {
                 self.mirror.prune_history(*history_before);
             }
+            Write::SetCalendar { platform, zone } => {
+                let set = self.mirror.zones_with(platform, zone.as_deref());
+                if self.mirror.replace_calendars(set) {
+                    // The platform's day windows start over: count them again from the store.
+                    self.rebuild = true;
+                }
+            }
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         0
@@ -1213,6 +1231,45 @@ impl Engine {
         check_name("model_id", &model.model_id)?;
         let model = ModelInfo { limits: model.limits.validate()?, ..model };
         self.write(vec![Write::UpsertModel(model)]).map(|_| ())
+    }
+
+    // ---- provider calendars (SPEC §14.2) ---------------------------------------------
+
+    /// Sets the zone of a platform's calendar (persisted, shared; wins over the
+    /// environment and the built-in zone); `None` forgets it.
+    pub fn set_platform_calendar(&mut self, platform: &str, zone: Option<&str>) -> Result<()> {
+        check_name("platform", platform)?;
+        if let Some(z) = zone {
+            if Calendar::of_zone(z).is_none() {
+                return Err(Error::Invalid(format!(
+                    "unknown time zone {z:?}: give an IANA name such as \"America/Los_Angeles\" or \"UTC\""
+                )));
+            }
+        }
+        let w = Write::SetCalendar { platform: platform.to_string(), zone: zone.map(str::to_string) };
+        self.write(vec![w]).map(|_| ())
+    }
+
+    /// The calendar in force for a platform (what `f` is given), after reading what
+    /// other engines changed.
+    fn with_calendar<T>(&mut self, platform: &str, f: impl FnOnce(&Calendar, i64) -> T) -> Result<T> {
+        check_name("platform", platform)?;
+        self.read(|m, now| f(&m.calendars.of(platform), now))
+    }
+
+    /// The zone in force for a platform's days.
+    pub fn platform_calendar(&mut self, platform: &str) -> Result<String> {
+        self.with_calendar(platform, |c, _| c.name().to_string())
+    }
+
+    /// Start of the platform's day holding `at_ms` (default now).
+    pub fn day_start_ms(&mut self, platform: &str, at_ms: Option<i64>) -> Result<i64> {
+        self.with_calendar(platform, |c, now| c.day_start(at_ms.unwrap_or(now)))
+    }
+
+    /// Start of the platform's day after the one holding `at_ms` (default now).
+    pub fn next_day_start_ms(&mut self, platform: &str, at_ms: Option<i64>) -> Result<i64> {
+        self.with_calendar(platform, |c, now| c.next_day_start(at_ms.unwrap_or(now)))
     }
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {

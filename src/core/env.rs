@@ -1,4 +1,5 @@
 //! Settings read once from the environment mapping given at construction (SPEC §3, §5, §8).
+use crate::core::calendar::Calendar;
 use crate::core::types::ProviderCaps;
 use std::collections::HashMap;
 
@@ -43,9 +44,37 @@ impl Env {
             })
             .collect();
         bad.sort();
-        bad.into_iter()
+        let mut out: Vec<EnvWarning> = bad
+            .into_iter()
             .map(|(var, raw)| {
                 format!("ignoring {var}={raw:?}: not a non-negative integer; the default stands")
+            })
+            .collect();
+        let mut zones: Vec<(&String, &String)> = self
+            .vars
+            .iter()
+            .filter(|(k, v)| {
+                k.len() > DAY_TZ_VAR.len()
+                    && k.starts_with(DAY_TZ_VAR)
+                    && Calendar::of_zone(v.trim()).is_none()
+            })
+            .collect();
+        zones.sort();
+        out.extend(zones.into_iter().map(|(var, raw)| {
+            format!("ignoring {var}={raw:?}: not a known IANA time zone; the built-in calendar stands")
+        }));
+        out
+    }
+
+    /// SPEC §14.2: `PROVIDER_DAY_TZ_<PLATFORM>` for every platform named, valid zones
+    /// only (an unknown one is reported by [`Env::warnings`]); keys are the upper-cased
+    /// platform.
+    pub fn day_zones(&self) -> HashMap<String, Calendar> {
+        self.vars
+            .iter()
+            .filter_map(|(k, v)| {
+                let platform = k.strip_prefix(DAY_TZ_VAR).filter(|p| !p.is_empty())?;
+                Some((platform.to_string(), Calendar::of_zone(v.trim())?))
             })
             .collect()
     }
@@ -96,6 +125,9 @@ impl Env {
         )
     }
 }
+
+/// The zone of a platform's calendar (SPEC §14.2), followed by `<PLATFORM>`.
+const DAY_TZ_VAR: &str = "PROVIDER_DAY_TZ_";
 
 /// The provider cap overrides (SPEC §8), each followed by `<PLATFORM>`.
 const CAP_VARS: [&str; 3] =

@@ -90,9 +90,98 @@ pub struct Mirror {
     pub caps: HashMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: HashMap<i64, Vec<HistoryRow>>,
+    pub calendars: Calendars,
+}
+
+/// Which calendar each platform's days follow (SPEC §14.2): one set in the store
+/// wins, then `PROVIDER_DAY_TZ_<PLATFORM>`, then the built-in zone.
+#[derive(Debug, Default)]
+pub struct Calendars {
+    /// platform -> zone name, as stored (`set_platform_calendar`).
+    set: HashMap<String, String>,
+    /// Upper-cased platform -> calendar, from the environment (valid zones only).
+    env: HashMap<String, Calendar>,
+    /// platform -> calendar in force, resolved on first use.
+    resolved: HashMap<String, Calendar>,
+}
+
+impl Calendars {
+    pub fn with_env(env: HashMap<String, Calendar>) -> Calendars {
+        Calendars { env, ..Calendars::default() }
+    }
+
+    /// The calendar in force for a platform.
+    pub fn of(&mut self, platform: &str) -> Calendar {
+        if let Some(c) = self.resolved.get(platform) {
+            return c.clone();
+        }
+        let c = self
+            .set
+            .get(platform)
+            .and_then(|z| Calendar::of_zone(z))
+            .or_else(|| self.env.get(&crate::core::env::env_suffix(platform)).cloned())
+            .or_else(|| Calendar::of_zone(crate::core::calendar::builtin_zone(platform)))
+            .unwrap_or_default();
+        self.resolved.insert(platform.to_string(), c.clone());
+        c
+    }
+
+    /// The stored zones; the platforms whose calendar this changes.
+    fn replace(&mut self, set: HashMap<String, String>) -> Vec<String> {
+        let mut platforms: Vec<String> = set.keys().chain(self.set.keys()).cloned().collect();
+        platforms.sort();
+        platforms.dedup();
+        let before: Vec<Calendar> = platforms.iter().map(|p| self.of(p)).collect();
+        self.set = set;
+        self.resolved.clear();
+        platforms.into_iter().zip(before).filter_map(|(p, old)| (self.of(&p) != old).then_some(p)).collect()
+    }
+
+    /// Every calendar resolved so far (the platforms the mirror has seen).
+    fn all(&self) -> impl Iterator<Item = &Calendar> {
+        self.resolved.values()
+    }
 }
 
 impl Mirror {
+    pub fn with_calendars(calendars: Calendars) -> Mirror {
+        Mirror { calendars, ..Mirror::default() }
+    }
+
+    /// The stored platform zones changed (ours or another engine's): routes and
+    /// accounts of a platform whose calendar changed start over with its new days.
+    /// True when any did: the caller reloads usage from the store.
+    pub fn replace_calendars(&mut self, set: HashMap<String, String>) -> bool {
+        let changed = self.calendars.replace(set);
+        for p in &changed {
+            let cal = self.calendars.of(p);
+            for r in self.routes.iter_mut().filter(|r| &*r.platform == p.as_str()) {
+                r.win = Windows::new(cal.clone());
+            }
+            if let Some(accts) = self.account_index.get(p.as_str()) {
+                for a in accts.values() {
+                    self.accounts[*a as usize].win = Windows::new(cal.clone());
+                }
+            }
+        }
+        !changed.is_empty()
+    }
+
+    /// The stored zone of one platform (None: none set).
+    pub fn stored_zone(&self, platform: &str) -> Option<&str> {
+        self.calendars.set.get(platform).map(String::as_str)
+    }
+
+    /// The stored zones, with one changed (for a write of our own).
+    pub fn zones_with(&self, platform: &str, zone: Option<&str>) -> HashMap<String, String> {
+        let mut set = self.calendars.set.clone();
+        match zone {
+            Some(z) => set.insert(platform.to_string(), z.to_string()),
+            None => set.remove(platform),
+        };
+        set
+    }
+
     /// The id of a provider account (platform, key_id), created on first sight.
     pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
         if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&key_id)) {
@@ -101,7 +190,8 @@ impl Mirror {
         let p: Arc<str> =
             self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let a = self.accounts.len() as AccountId;
-        self.accounts.push(AccountState { win: Windows::new(Calendar::UTC), routes: vec![], leases: vec![] });
+        let win = Windows::new(self.calendars.of(platform));
+        self.accounts.push(AccountState { win, routes: vec![], leases: vec![] });
         self.account_index.entry(p).or_default().insert(key_id, a);
         a
     }
@@ -130,12 +220,13 @@ impl Mirror {
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
         let id = self.routes.len() as RouteId;
+        let win = Windows::new(self.calendars.of(platform));
         self.routes.push(RouteState {
             platform: p.clone(),
             model_id: m.clone(),
             key_id,
             account,
-            win: Windows::new(Calendar::UTC),
+            win,
             leases: vec![],
         });
         self.accounts[account as usize].routes.push(id);
@@ -156,12 +247,14 @@ impl Mirror {
         self.routes[id as usize].win.calendar()
     }
 
-    /// The earliest start of today among the calendars the mirror uses: the oldest
-    /// row a day window may count at `now`.
+    /// The earliest start of today among the calendars that may be in use: the
+    /// oldest row a day window may count at `now`. Platforms not seen yet may have a
+    /// zone 14 hours behind UTC at most: their day started at most 14 h before UTC's.
     pub fn earliest_day_start(&self, now: i64) -> i64 {
-        let mut earliest = Calendar::UTC.day_start(now);
-        for r in &self.routes {
-            earliest = earliest.min(r.win.calendar().day_start(now));
+        let utc = Calendar::utc().day_start(now);
+        let mut earliest = utc.min(Calendar::utc().day_start(now.saturating_sub(14 * 3_600_000)));
+        for c in self.calendars.all() {
+            earliest = earliest.min(c.day_start(now));
         }
         earliest
     }

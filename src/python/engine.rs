@@ -302,6 +302,57 @@ impl PyQuotaEngine {
         self.run(py, move |e| e.set_model_limits(model))
     }
 
+    // ---- provider calendars (SPEC §14.2) ----------------------------------------------
+
+    /// Sets the IANA zone of a platform's days (persisted, shared by every engine on the
+    /// store; wins over `PROVIDER_DAY_TZ_<PLATFORM>` and the built-in zone). `None`
+    /// forgets it. An unknown zone is a `ValueError`.
+    #[pyo3(signature = (platform, tz))]
+    fn set_platform_calendar(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        tz: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?;
+        let z = match tz {
+            Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
+            _ => None,
+        };
+        self.run(py, |e| e.set_platform_calendar(p, z))
+    }
+
+    /// The IANA zone in force for a platform's days ("UTC" unless set, in the
+    /// environment, or built in: "google" is "America/Los_Angeles").
+    fn platform_calendar(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<String> {
+        let p = str_arg(platform, "platform")?;
+        self.run(py, |e| e.platform_calendar(p))
+    }
+
+    /// Start (ms) of the platform's day holding `at_ms` (default: now).
+    #[pyo3(signature = (platform, at_ms=None))]
+    fn day_start_ms(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        at_ms: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
+        self.run(py, |e| e.day_start_ms(p, at))
+    }
+
+    /// Start (ms) of the platform's day after the one holding `at_ms` (default: now).
+    #[pyo3(signature = (platform, at_ms=None))]
+    fn next_day_start_ms(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        at_ms: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<i64> {
+        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
+        self.run(py, |e| e.next_day_start_ms(p, at))
+    }
+
     fn model_limits(
         &self,
         py: Python<'_>,

@@ -168,6 +168,8 @@ pub struct Changes {
     pub models: Option<Vec<ModelInfo>>,
     pub caps: Option<Vec<(String, CapOverrides)>>,
     pub history: Option<Vec<HistoryRow>>,
+    /// The stored platform zones: platform -> IANA name.
+    pub calendars: Option<Vec<(String, String)>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -231,6 +233,11 @@ pub enum Write {
         history_before: i64,
     },
     Log(LogRow),
+    /// Sets (or with `None` forgets) the stored zone of a platform's calendar.
+    SetCalendar {
+        platform: String,
+        zone: Option<String>,
+    },
 }
 
 /// Filter of `usage_events`.

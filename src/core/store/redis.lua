@@ -2,7 +2,7 @@
 -- Every call is atomic: Redis runs no other command while it runs.
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
---       known versions of the 5 versioned tables, [mode 'lease': the number of
+--       known versions of the 6 versioned tables, [mode 'lease': the number of
 --       accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
@@ -25,14 +25,14 @@ local ttl = tonumber(ARGV[4])
 local cursor = ARGV[5]
 local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history'}
-local known = {ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]}
-local first_write = 13
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars'}
+local known = {ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]}
+local first_write = 14
 local accounts = {}
 if mode == 'lease' then
-  local n = tonumber(ARGV[13])
-  for i = 14, 13 + n do accounts[ARGV[i]] = true end
-  first_write = 14 + n
+  local n = tonumber(ARGV[14])
+  for i = 15, 14 + n do accounts[ARGV[i]] = true end
+  first_write = 15 + n
 end
 local SEP = '\31'
 

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
-const TABLES: [&str; 5] = ["cooldowns", "keys", "models", "caps", "history"];
+const TABLES: [&str; 6] = ["cooldowns", "keys", "models", "caps", "history", "calendars"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// After a failed connect, calls fail at once for this long (a blackholed host would
@@ -66,7 +66,7 @@ pub struct RedisStore {
     section: Option<Section>,
     /// Stream id of the last feed entry read.
     cursor: String,
-    versions: [String; 5],
+    versions: [String; 6],
     need_leases: bool,
     leases: HashMap<i64, LeaseRow>,
     /// What the last round trips brought, for the next `pull`.
@@ -610,13 +610,14 @@ impl RedisStore {
                     self.pending.caps =
                         Some(rows.iter().map(|(f, v)| parse_caps(f, v)).collect::<StoreResult<_>>()?)
                 }
-                _ => {
+                4 => {
                     let mut hist = Vec::new();
                     for (_, v) in &rows {
                         hist.extend(parse_history(v)?);
                     }
                     self.pending.history = Some(hist);
                 }
+                _ => self.pending.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
             }
             if let Some(v) = versions.get(i) {
                 self.versions[i] = text(v)?;
@@ -760,6 +761,12 @@ impl RedisStore {
                 leases_expired_before.to_string(),
                 history_before.to_string(),
             ]),
+            Write::SetCalendar { platform, zone: Some(z) } => {
+                out.extend(["HSET".into(), "calendars".into(), esc(platform), z.clone()])
+            }
+            Write::SetCalendar { platform, zone: None } => {
+                out.extend(["HDEL".into(), "calendars".into(), esc(platform)])
+            }
             Write::Log(l) => out.extend([
                 "G".into(),
                 format!(

@@ -142,11 +142,21 @@ SELECT u.platform, u.model_id, u.key_id, 'request', 0, u.created_at_ms
 FROM more JOIN rate_limit_usage AS u ON u.id = more.id;
 UPDATE rate_limit_usage SET tokens = 0 WHERE kind = 'request' AND tokens <> 0;
 "#,
+    r#"
+-- Version 3: provider calendars (SPEC §14.2), one IANA zone per platform set with
+-- set_platform_calendar (platforms without a row follow the environment or the
+-- built-in zone).
+CREATE TABLE platform_calendars (
+    platform TEXT PRIMARY KEY,
+    tz       TEXT NOT NULL
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('platform_calendars', 0);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 5] =
-    ["rate_limit_cooldowns", "api_keys", "models", "provider_caps", "failure_history"];
+pub const VERSIONED_TABLES: [&str; 6] =
+    ["rate_limit_cooldowns", "api_keys", "models", "provider_caps", "failure_history", "platform_calendars"];
 
 /// Triggers are (re)created after every migration, so that later versions can add
 /// tables to [`VERSIONED_TABLES`].

@@ -454,6 +454,11 @@ impl SqliteStore {
         if versions[4] != self.versions[4] {
             changes.history = Some(self.read_history()?);
         }
+        if versions[5] != self.versions[5] {
+            let mut stmt = self.conn.prepare_cached("SELECT platform, tz FROM platform_calendars")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            changes.calendars = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
         self.versions = versions;
         self.data_version = Some(dv);
         self.shm_seen = hdr;
@@ -740,6 +745,16 @@ impl SqliteStore {
                     .execute([leases_expired_before])?;
                 n as i64
             }
+            Write::SetCalendar { platform, zone: Some(z) } => {
+                c.prepare_cached(
+                    "INSERT INTO platform_calendars (platform, tz) VALUES (?1, ?2) \
+                     ON CONFLICT (platform) DO UPDATE SET tz = excluded.tz",
+                )?
+                .execute(params![platform, z])? as i64
+            }
+            Write::SetCalendar { platform, zone: None } => c
+                .prepare_cached("DELETE FROM platform_calendars WHERE platform = ?1")?
+                .execute([platform])? as i64,
             Write::Log(l) => {
                 c.prepare_cached(
                     "INSERT INTO server_logs (level, source, provider, model, event, request_id, message, created_at_ms) \
