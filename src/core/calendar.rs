@@ -64,22 +64,15 @@ impl Calendar {
     }
 
     /// The day holding `t`: its start and the next day's start.
+    #[inline]
     fn day(&self, t: i64) -> (i64, i64) {
+        let Some(zone) = &self.zone else { return utc_day(t) };
         let (start, end) = self.day.get();
         if start <= t && t < end {
             return (start, end);
         }
-        let day = match &self.zone {
-            None => {
-                let start = t.div_euclid(DAY_MS).saturating_mul(DAY_MS);
-                (start, start.saturating_add(DAY_MS))
-            }
-            Some(zone) => zoned_day(zone, t).unwrap_or_else(|| {
-                // Outside what the zone can represent: UTC days.
-                let start = t.div_euclid(DAY_MS).saturating_mul(DAY_MS);
-                (start, start.saturating_add(DAY_MS))
-            }),
-        };
+        // Outside what the zone can represent: UTC days.
+        let day = zoned_day(zone, t).unwrap_or_else(|| utc_day(t));
         self.day.set(day);
         day
     }
@@ -99,6 +92,12 @@ impl Calendar {
     pub fn next_day_start(&self, t: i64) -> i64 {
         self.day(t).1
     }
+}
+
+#[inline]
+fn utc_day(t: i64) -> (i64, i64) {
+    let start = t.div_euclid(DAY_MS).saturating_mul(DAY_MS);
+    (start, start.saturating_add(DAY_MS))
 }
 
 /// Start and end of the local day holding `t` in `zone`.
