@@ -1389,16 +1389,15 @@ impl Engine {
             m.prune_route(rid, now);
             Some(rid)
         };
+        let v = m.view(rid, a, &ctx, now);
         let refused = match (gate, rid) {
-            (Gate::Request, Some(rid)) => m.gate_rpm(rid, &ctx, now).or_else(|| m.gate_rpd(rid, &ctx, now)),
-            (Gate::Tokens, Some(rid)) => {
-                m.gate_tpm(rid, est, &ctx, now).or_else(|| m.gate_tpd(rid, est, &ctx, now))
-            }
+            (Gate::Request, Some(_)) => m.gate_rpm(&v, &ctx).or_else(|| m.gate_rpd(&v, &ctx, now)),
+            (Gate::Tokens, Some(_)) => m.gate_tpm(&v, est, &ctx).or_else(|| m.gate_tpd(&v, est, &ctx, now)),
             (Gate::Cooldown, Some(rid)) => m.gate_cooldown(rid, now),
-            (Gate::ProviderDaily, _) => m.gate_provider_daily(a, &ctx, now),
-            (Gate::ProviderMinute, _) => m.gate_provider_minute(a, &ctx, now),
-            (Gate::ProviderTokens, rid) => m.gate_provider_tokens(a, rid, est, &ctx, now),
-            (Gate::KeyConcurrency, _) => m.gate_concurrency(a, &ctx, now),
+            (Gate::ProviderDaily, _) => m.gate_provider_daily(&v, &ctx, now),
+            (Gate::ProviderMinute, _) => m.gate_provider_minute(&v, &ctx),
+            (Gate::ProviderTokens, _) => m.gate_provider_tokens(&v, est, &ctx, now),
+            (Gate::KeyConcurrency, _) => m.gate_concurrency(&v, &ctx),
             (_, None) => None,
         };
         self.leave(sec, Vec::new())?;

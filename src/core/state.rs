@@ -57,6 +57,19 @@ pub struct CooldownRec {
     pub set_at_ms: i64,
 }
 
+/// The live leases one admission decision reads, derived once per decision.
+#[derive(Debug, Clone, Copy)]
+pub struct View {
+    pub rid: Option<RouteId>,
+    pub account: AccountId,
+    /// The route's live leases (count and estimated tokens).
+    pub route: InFlight,
+    /// Live leases on the account, and their tokens billed at each lease's model rate
+    /// (0 unless a provider daily token cap is set).
+    pub account_count: i64,
+    pub account_billed: i64,
+}
+
 /// Live in-flight totals.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InFlight {
@@ -561,19 +574,28 @@ impl Mirror {
 
     // ---- gates ---------------------------------------------------------------------
 
+    /// What one decision on a route (or, with `rid` None, on an account) reads of the
+    /// live leases, each sum derived once (SPEC §4's "in flight").
+    pub fn view(&self, rid: Option<RouteId>, a: AccountId, ctx: &GateContext, now: i64) -> View {
+        let route = rid.map(|r| self.route_in_flight(r, now)).unwrap_or_default();
+        let account = self.account_in_flight(a, ctx.caps.daily_tokens, now);
+        View { rid, account: a, route, account_count: account.count, account_billed: account.tokens }
+    }
+
     /// Runs the gates of SPEC §4 in order; the first that fails decides. Call
-    /// `prune_account` for the route's account first.
+    /// `prune_route` first. A pure read of the mirror.
     pub fn evaluate(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Admission {
+        let v = self.view(Some(rid), self.account_of_route(rid), ctx, now);
         let gates: [&dyn Fn() -> Option<Admission>; 9] = [
             &|| self.gate_cooldown(rid, now),
-            &|| self.gate_rpm(rid, ctx, now),
-            &|| self.gate_rpd(rid, ctx, now),
-            &|| self.gate_tpm(rid, est, ctx, now),
-            &|| self.gate_tpd(rid, est, ctx, now),
-            &|| self.gate_provider_daily(self.account_of_route(rid), ctx, now),
-            &|| self.gate_provider_minute(self.account_of_route(rid), ctx, now),
-            &|| self.gate_provider_tokens(self.account_of_route(rid), Some(rid), est, ctx, now),
-            &|| self.gate_concurrency(self.account_of_route(rid), ctx, now),
+            &|| self.gate_rpm(&v, ctx),
+            &|| self.gate_rpd(&v, ctx, now),
+            &|| self.gate_tpm(&v, est, ctx),
+            &|| self.gate_tpd(&v, est, ctx, now),
+            &|| self.gate_provider_daily(&v, ctx, now),
+            &|| self.gate_provider_minute(&v, ctx),
+            &|| self.gate_provider_tokens(&v, est, ctx, now),
+            &|| self.gate_concurrency(&v, ctx),
         ];
         gates.iter().find_map(|g| g()).unwrap_or(Admission::ALLOWED)
     }
@@ -582,83 +604,77 @@ impl Mirror {
         self.active_cooldown(rid, now).map(|c| Admission::refused(Reason::Cooldown, Some(c.expires_at_ms)))
     }
 
-    pub fn gate_rpm(&self, rid: RouteId, ctx: &GateContext, now: i64) -> Option<Admission> {
+    fn route_win(&self, v: &View) -> Option<&Windows> {
+        v.rid.map(|r| &self.routes[r as usize].win)
+    }
+
+    pub fn gate_rpm(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
         let limit = ctx.limits.rpm?;
-        let win = &self.routes[rid as usize].win;
-        let used = win.minute().requests.saturating_add(self.route_in_flight(rid, now).count);
+        let win = self.route_win(v)?;
+        let used = win.minute().requests.saturating_add(v.route.count);
         (used >= limit).then(|| {
             let excess = used.saturating_sub(limit).saturating_add(1);
             Admission::refused(Reason::Rpm, win.minute_release_time(excess, false))
         })
     }
 
-    pub fn gate_rpd(&self, rid: RouteId, ctx: &GateContext, now: i64) -> Option<Admission> {
+    pub fn gate_rpd(&self, v: &View, ctx: &GateContext, now: i64) -> Option<Admission> {
         let limit = ctx.limits.rpd?;
-        let win = &self.routes[rid as usize].win;
-        let used = win.day(now).requests.saturating_add(self.route_in_flight(rid, now).count);
+        let win = self.route_win(v)?;
+        let used = win.day(now).requests.saturating_add(v.route.count);
         (used >= limit).then(|| Admission::refused(Reason::Rpd, Some(win.calendar().next_day_start(now))))
     }
 
-    pub fn gate_tpm(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
+    pub fn gate_tpm(&self, v: &View, est: i64, ctx: &GateContext) -> Option<Admission> {
         let limit = ctx.limits.tpm?;
-        let win = &self.routes[rid as usize].win;
-        let total =
-            win.minute().tokens.saturating_add(self.route_in_flight(rid, now).tokens).saturating_add(est);
+        let win = self.route_win(v)?;
+        let total = win.minute().tokens.saturating_add(v.route.tokens).saturating_add(est);
         (total > limit).then(|| {
             Admission::refused(Reason::Tpm, win.minute_release_time(total.saturating_sub(limit), true))
         })
     }
 
-    pub fn gate_tpd(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
+    pub fn gate_tpd(&self, v: &View, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
         let limit = ctx.limits.tpd?;
-        let win = &self.routes[rid as usize].win;
-        let total =
-            win.day(now).tokens.saturating_add(self.route_in_flight(rid, now).tokens).saturating_add(est);
+        let win = self.route_win(v)?;
+        let total = win.day(now).tokens.saturating_add(v.route.tokens).saturating_add(est);
         (total > limit).then(|| Admission::refused(Reason::Tpd, Some(win.calendar().next_day_start(now))))
     }
 
-    pub fn gate_provider_daily(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
+    pub fn gate_provider_daily(&self, v: &View, ctx: &GateContext, now: i64) -> Option<Admission> {
         let cap = ctx.caps.daily_requests?;
-        let win = &self.accounts[a as usize].win;
-        let used = win.day(now).requests.saturating_add(self.account_in_flight(a, None, now).count);
+        let win = &self.accounts[v.account as usize].win;
+        let used = win.day(now).requests.saturating_add(v.account_count);
         (used >= cap).then(|| {
             Admission::refused(Reason::ProviderDailyRequests, Some(win.calendar().next_day_start(now)))
         })
     }
 
-    pub fn gate_provider_minute(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
+    pub fn gate_provider_minute(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
         let cap = ctx.caps.minute_requests?;
-        let win = &self.accounts[a as usize].win;
-        let used = win.minute().requests.saturating_add(self.account_in_flight(a, None, now).count);
+        let win = &self.accounts[v.account as usize].win;
+        let used = win.minute().requests.saturating_add(v.account_count);
         (used >= cap).then(|| {
             let excess = used.saturating_sub(cap).saturating_add(1);
             Admission::refused(Reason::ProviderMinuteRequests, win.minute_release_time(excess, false))
         })
     }
 
-    /// `rid` bills the estimate at its model's multiplier (raw without a route).
-    pub fn gate_provider_tokens(
-        &self,
-        a: AccountId,
-        rid: Option<RouteId>,
-        est: i64,
-        ctx: &GateContext,
-        now: i64,
-    ) -> Option<Admission> {
+    /// The route of `v` bills the estimate at its model's multiplier (raw without one).
+    pub fn gate_provider_tokens(&self, v: &View, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
         let cap = ctx.caps.daily_tokens?;
-        let billed_est = rid.map_or(est, |rid| self.multiplier(rid, cap).bill(est));
+        let billed_est = v.rid.map_or(est, |rid| self.multiplier(rid, cap).bill(est));
         let total = self
-            .account_day_tokens(a, Some(cap), now)
-            .saturating_add(self.account_in_flight(a, Some(cap), now).tokens)
+            .account_day_tokens(v.account, Some(cap), now)
+            .saturating_add(v.account_billed)
             .saturating_add(billed_est);
-        let next_day = self.accounts[a as usize].win.calendar().next_day_start(now);
+        let next_day = self.accounts[v.account as usize].win.calendar().next_day_start(now);
         (total > cap).then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_day)))
     }
 
-    pub fn gate_concurrency(&self, a: AccountId, ctx: &GateContext, now: i64) -> Option<Admission> {
+    pub fn gate_concurrency(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
         let cap = ctx.concurrency_cap?;
-        let n = self.account_in_flight(a, None, now).count;
-        (n >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
+        (v.account_count >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
     }
 }
 
