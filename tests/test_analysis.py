@@ -625,12 +625,28 @@ def test_cli_status_tables(tmp_path: Path) -> None:
     r = cli("status", "--db", str(db))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    caps = lines.index("provider caps (per key; - = none):")
-    assert lines[caps + 1].split() == ["platform", "requests/day", "requests/min", "tokens/day"]
-    assert lines[caps + 2].split() == ["groq", "500", "-", "-"]
+    caps = lines.index("provider caps (per key; - = none) and calendars (where each day starts):")
+    head = ["platform", "requests/day", "requests/min", "tokens/day", "calendar", "day", "started"]
+    assert lines[caps + 1].split() == head
+    assert lines[caps + 2].split()[:5] == ["groq", "500", "-", "-", "UTC"]
+    assert lines[caps + 2].endswith("00:00:00 UTC")  # a UTC day starts at midnight UTC
     cds = lines.index("active cooldowns: 1")
     assert lines[cds + 2].split()[:2] == ["groq/llama/7", "authoritative"]
     assert "degraded: False" in lines
+
+
+def test_cli_status_shows_each_platforms_calendar(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with q.QuotaEngine(db, env={}) as e:
+        e.record_request("google", "gemini-2.5-flash", 1)
+        e.record_request("groq", "llama", 1)
+        e.set_platform_calendar("groq", "Asia/Tokyo")
+    r = cli("status", "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  g")}
+    assert "America/Los_Angeles" in rows["google"]
+    assert rows["google"].split()[-2] in ("07:00:00", "08:00:00")  # midnight Pacific, in UTC
+    assert "Asia/Tokyo" in rows["groq"] and rows["groq"].split()[-2] == "15:00:00"
 
 
 def test_cli_clear_cooldowns_refuses_an_empty_file(tmp_path: Path) -> None:

@@ -177,3 +177,30 @@ def test_readonly_engine_reads_the_stored_calendar(store: str, cal_clock: q.Manu
         assert ro.platform_calendar("groq") == "Asia/Kolkata"
         with pytest.raises(q.DatabaseError):
             ro.set_platform_calendar("groq", "UTC")
+
+
+@pytest.mark.sqlite_only
+def test_a_file_of_the_previous_schema_opens_and_keeps_its_limits(store: str, cal_clock: q.ManualClock) -> None:
+    """Schema version 2 (before calendars) is migrated forward on open: its rows and limits
+    stay, and calendars can be set in it."""
+    import sqlite3
+
+    with q.QuotaEngine(store, clock=cal_clock, env={}) as e:
+        e.set_model_limits("google", M, rpm=5, rpd=100)
+        e.record_request("google", M, K)
+    con = sqlite3.connect(store)
+    with con:  # back to version 2: no platform_calendars
+        con.execute("DROP TABLE platform_calendars")
+        con.execute("DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'")
+        con.execute("PRAGMA user_version = 2")
+    con.close()
+    with q.QuotaEngine(store, clock=cal_clock, env={}) as e:
+        limits = e.model_limits("google", M)
+        assert limits is not None and (limits.rpm, limits.rpd) == (5, 100)
+        assert e.usage("google", M, K)["rpd"]["used"] == 1
+        e.set_platform_calendar("google", "UTC")
+        assert e.platform_calendar("google") == "UTC"
+    con = sqlite3.connect(store)
+    assert con.execute("PRAGMA user_version").fetchone()[0] >= 3
+    assert con.execute("SELECT platform, tz FROM platform_calendars").fetchall() == [("google", "UTC")]
+    con.close()

@@ -46,10 +46,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(snap)
         platforms = sorted({r["platform"] for r in snap.rows})
         if platforms:
-            print("\nprovider caps (per key; - = none):")
+            print("\nprovider caps (per key; - = none) and calendars (where each day starts):")
             caps = [(p, e.provider_caps(p)) for p in platforms]
-            rows = [[p, _opt(c.daily_requests), _opt(c.minute_requests), _opt(c.daily_tokens)] for p, c in caps]
-            print("\n".join(_table(["platform", "requests/day", "requests/min", "tokens/day"], rows)))
+            rows = [
+                [
+                    p,
+                    _opt(c.daily_requests),
+                    _opt(c.minute_requests),
+                    _opt(c.daily_tokens),
+                    e.platform_calendar(p),
+                    _fmt_time(e.day_start_ms(p)),
+                ]
+                for p, c in caps
+            ]
+            head = ["platform", "requests/day", "requests/min", "tokens/day", "calendar", "day started"]
+            print("\n".join(_table(head, rows)))
         cds = e.active_cooldowns()
         print(f"\nactive cooldowns: {len(cds)}")
         if cds:
