@@ -235,3 +235,28 @@ fn every_commit_of_another_engine_is_seen_by_the_next_read() {
         assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 2);
     }
 }
+
+#[test]
+fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
+    // 2026-01-01 07:30 UTC = 2025-12-31 23:30 in Los Angeles; the Pacific day starts at 08:00 UTC.
+    let pst_midnight = 1_767_254_400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, mut a, mut b) = two_engines(&dir);
+    clock.set(pst_midnight - 30 * 60_000);
+    let google = Route::new("google", "gemini", 1).unwrap();
+    let rpd1 = Some(Limits { rpd: Some(1), ..Limits::default() });
+    assert_eq!(a.platform_calendar("google").unwrap(), "America/Los_Angeles");
+    a.record_request(&google).unwrap();
+    let refused = b.check(&google, 0, rpd1).unwrap();
+    assert_eq!((refused.reason, refused.retry_at_ms), (Some(Reason::Rpd), Some(pst_midnight)));
+    clock.set(pst_midnight);
+    assert!(b.check(&google, 0, rpd1).unwrap().allowed);
+    // A zone set by one engine holds in the other at its next call, and its day windows
+    // count again: 08:00 UTC is already 09:00 in Warsaw, a day that began at 23:00 UTC.
+    a.set_platform_calendar("google", Some("Europe/Warsaw")).unwrap();
+    assert_eq!(b.platform_calendar("google").unwrap(), "Europe/Warsaw");
+    assert!(!b.check(&google, 0, rpd1).unwrap().allowed);
+    assert_eq!(b.next_day_start_ms("google", None).unwrap(), pst_midnight + 15 * 3_600_000);
+    assert!(matches!(a.set_platform_calendar("google", Some("Nowhere/Land")), Err(Error::Invalid(_))));
+    assert_eq!(a.platform_calendar("google").unwrap(), "Europe/Warsaw");
+}
