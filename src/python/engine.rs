@@ -110,6 +110,18 @@ impl PyQuotaEngine {
         self.run(py, move |e| e.gate(gate, &route, est, limits))
     }
 
+    /// `day_start_ms` / `next_day_start_ms`: the arguments, then `bound` in the core.
+    fn day_bound(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        at_ms: Option<&Bound<'_, PyAny>>,
+        bound: fn(&mut Engine, &str, Option<i64>) -> CoreResult<i64>,
+    ) -> PyResult<i64> {
+        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
+        self.run(py, |e| bound(e, p, at))
+    }
+
     fn make_lease(&self, py: Python<'_>, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
         Py::new(
             py,
@@ -337,8 +349,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         at_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
-        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
-        self.run(py, |e| e.day_start_ms(p, at))
+        self.day_bound(py, platform, at_ms, Engine::day_start_ms)
     }
 
     /// Start (ms) of the platform's day after the one holding `at_ms` (default: now).
@@ -349,8 +360,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         at_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
-        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
-        self.run(py, |e| e.next_day_start_ms(p, at))
+        self.day_bound(py, platform, at_ms, Engine::next_day_start_ms)
     }
 
     fn model_limits(
