@@ -196,10 +196,11 @@ def test_a_fork_while_another_parent_thread_is_inside_a_lease(store: str, flush:
 
 
 def test_a_fork_while_a_probe_pass_runs(store: str) -> None:
-    """A fork while the background probe is inside a validator call (the fork waits for the
-    pass to end: passes hold the probe's state). The child has neither the parent's probe
-    thread nor its flusher; its engine admits exactly, runs probe passes, and starts a probe of
-    its own. The parent's probe goes on."""
+    """A fork while the background probe is inside a validator call (the fork does not wait
+    for it: a validator holds no lock and is outside the fork gate). The child has neither
+    the parent's probe thread nor its flusher; its engine admits exactly, runs probe passes
+    (no pass of the parent's is running there), and starts a probe of its own. The parent's
+    probe goes on."""
     clock = q.ManualClock(1_767_268_800_000)
     e = q.QuotaEngine(store, clock=clock, env={}, flush_interval_ms=10)
     in_validator = threading.Event()
@@ -215,9 +216,10 @@ def test_a_fork_while_a_probe_pass_runs(store: str) -> None:
         e.set_cooldown(P, M, benched, duration_ms=600_000)
         clock.advance(300_001)  # ripe: half served, more than a minute left
         e.run_probe_pass(lambda k: False, jitter=lambda: 0.0)  # first sighting: due at once
+        others = threads_named("quotaengine-probe")  # probes of other engines in this process
         assert e.start_probe(slow_validator, interval_s=0.01)
         assert in_validator.wait(10)  # a pass is inside the validator now
-        assert threads_named("quotaengine-probe") == 1
+        assert threads_named("quotaengine-probe", expect=others + 1) == others + 1
 
         def child() -> int:
             assert threads_named("quotaengine-probe") == 0, "the parent's probe thread is not the child's"
@@ -239,10 +241,38 @@ def test_a_fork_while_a_probe_pass_runs(store: str) -> None:
             return n
 
         assert fork_children(1, child) == [5]
-        assert threads_named("quotaengine-probe") == 1  # the parent's goes on
+        assert threads_named("quotaengine-probe") == others + 1  # the parent's goes on
         assert admit(e, 3, rpm=5) == 0  # the child's leases count here
         assert e.cooldown(P, M, 3) is None  # cleared by the child's probe, through the store
     finally:
+        e.close()
+
+
+def test_a_fork_does_not_wait_for_a_hung_validator(store: str) -> None:
+    """A validator that hangs (a probe call that never answers) must not hold up a fork: the
+    fork waits only for calls inside the engine, and a validator runs outside it."""
+    clock = q.ManualClock(1_767_268_800_000)
+    e = q.QuotaEngine(store, clock=clock, env={})
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def hung_validator(key_id: int) -> bool:
+        entered.set()
+        release.wait(10)  # "hangs" until the test lets it go (10 s at most)
+        returned.set()
+        return False
+
+    try:
+        e.register_key(2, P)
+        e.set_cooldown(P, M, 2, duration_ms=600_000)
+        clock.advance(300_001)
+        e.run_probe_pass(lambda k: False, jitter=lambda: 0.0)
+        assert e.start_probe(hung_validator, interval_s=0.01)
+        assert entered.wait(10)
+        assert sum(fork_children(2, lambda: admit(e, 5, rpm=3))) == 3
+        assert not returned.is_set(), "the fork waited for the validator"
+        assert admit(e, 1, rpm=3) == 0
+    finally:
+        release.set()
         e.close()
 
 

@@ -4,7 +4,9 @@
 //! Every call into any engine of the process passes one [`Gate`]. Before a fork, the
 //! forking thread closes the gate and waits until no call is inside any engine: then no
 //! thread holds an engine's lock, its probe state or its queue, and no SQLite
-//! transaction or Redis round trip is half done. It then ends each engine's held write
+//! transaction or Redis round trip is half done. A probe's validator (the user's code,
+//! which may take long or hang) runs outside the gate and holds no lock, so a fork
+//! never waits for it. It then ends each engine's held write
 //! lock and writes its buffer ([`crate::core::engine::Engine::prepare_fork`]), so the
 //! child inherits nothing to write. In the parent the gate opens again; in the child
 //! each engine first lets go of the store it inherited (without writing or unlocking

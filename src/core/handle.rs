@@ -21,13 +21,18 @@ use std::time::Duration;
 /// first step of the probe backoff).
 const PROBE_CLAIM_MS: i64 = 120_000;
 
-/// Locks are taken in this order: `probe_thread`, `probe`, `engine`, `queue`, `flusher`.
+/// Locks are taken in this order: `probe_thread`, `engine`, `probe`, `queue`, `flusher`;
+/// each only inside a pass of the fork gate, and none across a validator call.
 struct Shared {
     engine: Mutex<Option<Engine>>,
     /// The flusher stops when this is set (and its thread unparked).
     stop: AtomicBool,
-    /// Passes never overlap; the pacing state lives with this lock.
+    /// The probe's pacing state.
     probe: Mutex<ProbeState>,
+    /// A probe pass runs (passes never overlap). A flag, not a lock held across the
+    /// pass: a pass calls the validator, which may take long, and a fork must neither
+    /// wait for it nor leave a child a lock held by a thread it does not have.
+    pass_running: AtomicBool,
     probe_thread: Mutex<Option<ProbeThread>>,
     /// Hot-path operations waiting for the engine lock (group commit).
     queue: Mutex<Vec<Arc<Job>>>,
@@ -116,6 +121,7 @@ impl Handle {
                 engine: Mutex::new(Some(engine)),
                 stop: AtomicBool::new(false),
                 probe: Mutex::new(ProbeState::default()),
+                pass_running: AtomicBool::new(false),
                 probe_thread: Mutex::new(None),
                 queue: Mutex::new(Vec::new()),
                 flusher: Mutex::new(None),
@@ -154,8 +160,8 @@ impl Handle {
                 if shared.stop.load(Ordering::Acquire) {
                     return;
                 }
-                let _pass = GATE.pass();
                 let logs = {
+                    let _pass = GATE.pass();
                     let mut g = lock(&shared.engine);
                     let Some(e) = g.as_mut() else { return };
                     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -179,6 +185,12 @@ impl Handle {
     /// [`Error::Internal`].
     pub fn guard<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let _pass = GATE.pass();
+        self.boundary(f)
+    }
+
+    /// The boundary without the fork gate, for what waits on the user's code (a probe
+    /// pass and its validator): each of its steps on the engine passes the gate itself.
+    fn boundary<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         catch_unwind(AssertUnwindSafe(|| {
             self.injected_panic();
             f()
@@ -307,7 +319,7 @@ impl Handle {
         jitter: &mut dyn FnMut() -> f64,
         max_probes: usize,
     ) -> Result<ProbePassResult> {
-        self.guard(|| self.probe_pass(validator, jitter, max_probes, None))
+        self.boundary(|| self.probe_pass(validator, jitter, max_probes, None))
     }
 
     fn probe_pass(
@@ -317,9 +329,12 @@ impl Handle {
         max_probes: usize,
         flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
     ) -> Result<ProbePassResult> {
-        let mut state = lock(&self.shared.probe);
+        let _running = PassRunning::wait(&self.shared.pass_running);
         let (cds, now) = self.with(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
-        let due = state.plan(&cds, now, max_probes, jitter);
+        let due = {
+            let _pass = GATE.pass();
+            lock(&self.shared.probe).plan(&cds, now, max_probes, jitter)
+        };
         let mut result = ProbePassResult::default();
         for key in due {
             // Another engine of the fleet probes this key now: leave it to that one.
@@ -344,7 +359,7 @@ impl Handle {
             result.probed_key_ids.push(key);
             let cleared = self.with(|e| {
                 let now = e.now_ms();
-                state.record(key, passed, now);
+                lock(&self.shared.probe).record(key, passed, now);
                 if passed {
                     e.recover_key(key)
                 } else {
@@ -400,7 +415,8 @@ impl Handle {
                         }
                     }
                     let mut jitter = default_jitter;
-                    let pass = me.guard(|| me.probe_pass(&*validator, &mut jitter, max_per_pass, Some(&f2)));
+                    let pass =
+                        me.boundary(|| me.probe_pass(&*validator, &mut jitter, max_per_pass, Some(&f2)));
                     if let Err(Error::Closed) = pass {
                         break;
                     }
@@ -468,6 +484,25 @@ impl Handle {
     }
 }
 
+/// Holds the probe's "a pass runs" flag for one pass.
+struct PassRunning<'a>(&'a AtomicBool);
+
+impl<'a> PassRunning<'a> {
+    /// Waits until no other pass runs (outside the gate and without a lock).
+    fn wait(flag: &'a AtomicBool) -> PassRunning<'a> {
+        while flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        PassRunning(flag)
+    }
+}
+
+impl Drop for PassRunning<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// The live engines (for the fork hooks; the gate is closed and drained).
 fn live() -> Vec<Arc<Shared>> {
     lock(&LIVE).iter().filter_map(Weak::upgrade).collect()
@@ -505,6 +540,7 @@ pub(crate) fn forget_parent_all() {
         std::mem::forget(lock(&s.flusher).take());
         std::mem::forget(lock(&s.probe_thread).take());
         *lock(&s.probe) = ProbeState::default();
+        s.pass_running.store(false, Ordering::Release);
         s.stop.store(false, Ordering::Release);
         s.epoch.fetch_add(1, Ordering::SeqCst);
     }
