@@ -180,11 +180,6 @@ impl Mirror {
         !changed.is_empty()
     }
 
-    /// The stored zone of one platform (None: none set).
-    pub fn stored_zone(&self, platform: &str) -> Option<&str> {
-        self.calendars.set.get(platform).map(String::as_str)
-    }
-
     /// The stored zones, with one changed (for a write of our own).
     pub fn zones_with(&self, platform: &str, zone: Option<&str>) -> HashMap<String, String> {
         let mut set = self.calendars.set.clone();
@@ -264,8 +259,7 @@ impl Mirror {
     /// oldest row a day window may count at `now`. Platforms not seen yet may have a
     /// zone 14 hours behind UTC at most: their day started at most 14 h before UTC's.
     pub fn earliest_day_start(&self, now: i64) -> i64 {
-        let utc = Calendar::utc().day_start(now);
-        let mut earliest = utc.min(Calendar::utc().day_start(now.saturating_sub(14 * 3_600_000)));
+        let mut earliest = Calendar::utc().day_start(now.saturating_sub(14 * 3_600_000));
         for c in self.calendars.all() {
             earliest = earliest.min(c.day_start(now));
         }
