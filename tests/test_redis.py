@@ -394,11 +394,18 @@ def test_fleet_through_a_restart_overshoots_no_more_than_the_readme_says(
 
 
 def fleet_through_a_restart(own_server: RedisServer, tmp_path: Path, hosts: list[tuple[str | None, str]]) -> None:
-    phase = tmp_path / "phase"
-    phase.write_text("before")
+    phase_file = tmp_path / "phase"
+
+    def set_phase(name: str) -> None:
+        # Atomically (write, then rename): a child reading the file mid-write would see "".
+        staged = tmp_path / "phase.new"
+        staged.write_text(name)
+        os.replace(staged, phase_file)
+
+    set_phase("before")
     n = len(hosts)
     procs = [
-        in_namespace(ns, FLEET, f"redis://{host_ip}:{own_server.port}/0", str(TEN_AM), str(phase))
+        in_namespace(ns, FLEET, f"redis://{host_ip}:{own_server.port}/0", str(TEN_AM), str(phase_file))
         for ns, host_ip in hosts
     ]
     try:
@@ -411,12 +418,12 @@ def fleet_through_a_restart(own_server: RedisServer, tmp_path: Path, hosts: list
             seen_before_kill = watcher.usage(P, M, K)["rpm"]["used"]
         time.sleep(0.3)  # every process has read all 40
         own_server.kill()
-        phase.write_text("down")
+        set_phase("down")
         time.sleep(1.5)
         own_server.start()
-        phase.write_text("after")
+        set_phase("after")
         time.sleep(2.5)
-        phase.write_text("stop")
+        set_phase("stop")
         results = []
         for p in procs:
             out, err = p.communicate(timeout=30)
@@ -426,6 +433,10 @@ def fleet_through_a_restart(own_server: RedisServer, tmp_path: Path, hosts: list
         for p in procs:
             if p.poll() is None:
                 p.kill()
+            p.wait()
+            for stream in (p.stdin, p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
     before = sum(r[0] for r in results)
     down = sum(r[1] for r in results)
     after = sum(r[2] for r in results)
