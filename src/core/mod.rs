@@ -9,6 +9,7 @@ pub mod error;
 pub mod fork;
 pub mod handle;
 pub mod headers;
+pub mod limits;
 pub mod parse;
 pub mod pools;
 pub mod probe;

@@ -66,14 +66,17 @@ impl Limits {
     }
 }
 
-/// The gates of `check()`, in the order they are tried (SPEC §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The gates of `check()`, in the order they are tried (SPEC §4, §14.1).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reason {
     Cooldown,
     Rpm,
     Rpd,
     Tpm,
     Tpd,
+    /// A declared limit other than the classic four, named as SPEC §14.1 says
+    /// (`"requests/1s"`, `"rpm:key"`).
+    Window(std::sync::Arc<str>),
     ProviderDailyRequests,
     ProviderMinuteRequests,
     ProviderDailyTokens,
@@ -81,8 +84,9 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
+            Reason::Window(name) => name,
             Reason::Cooldown => "cooldown",
             Reason::Rpm => "rpm",
             Reason::Rpd => "rpd",
@@ -97,7 +101,7 @@ impl Reason {
 }
 
 /// The answer of `check()`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
     pub allowed: bool,
     pub reason: Option<Reason>,

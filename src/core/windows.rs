@@ -1,82 +1,216 @@
-//! Incremental window state of one route or one provider account (SPEC §4).
+//! Incremental window state of one route or one provider account (SPEC §4, §14.1).
 //!
-//! The minute window keeps each event of the last 60 s (bounded by the rate a key
-//! can sustain); the day windows keep one counter per day of the state's calendar.
-//! Both are updated per event, so a gate costs O(1) whatever the size of the history
-//! in the database.
+//! One structure serves every window a route declares. Sliding windows share one
+//! list of the events of the longest of them (bounded by the rate a key can sustain
+//! over that width), each keeping a running sum and where its window starts in the
+//! list; calendar windows keep one counter per period of the state's calendar. All
+//! are updated per event, so a gate costs O(1) whatever the size of the history in
+//! the database.
 use crate::core::calendar::Calendar;
 use crate::core::clock::MINUTE_MS;
+use crate::core::limits::{Metric, Period, WindowSpec, DAY, MINUTE};
 use std::collections::VecDeque;
 
-/// One recorded event: `requests` requests and `tokens` tokens at `t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Event {
-    t: i64,
-    requests: i64,
-    tokens: i64,
-}
-
-/// Counts of one window.
+/// Counts of one window, per metric.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub requests: i64,
+    /// Total tokens.
     pub tokens: i64,
+    /// Input tokens, cached input excluded.
+    pub input_tokens: i64,
+    pub output_tokens: i64,
 }
 
-#[derive(Debug, Default, Clone)]
+impl Counts {
+    /// `requests` requests and `tokens` tokens (no split into input and output).
+    pub fn of(requests: i64, tokens: i64) -> Counts {
+        Counts { requests, tokens, ..Counts::default() }
+    }
+
+    pub fn get(&self, m: Metric) -> i64 {
+        match m {
+            Metric::Requests => self.requests,
+            Metric::Tokens => self.tokens,
+            Metric::InputTokens => self.input_tokens,
+            Metric::OutputTokens => self.output_tokens,
+        }
+    }
+
+    fn add(&mut self, o: &Counts) {
+        self.requests = self.requests.saturating_add(o.requests);
+        self.tokens = self.tokens.saturating_add(o.tokens);
+        self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
+    }
+
+    fn sub(&mut self, o: &Counts) {
+        self.requests = self.requests.saturating_sub(o.requests);
+        self.tokens = self.tokens.saturating_sub(o.tokens);
+        self.input_tokens = self.input_tokens.saturating_sub(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_sub(o.output_tokens);
+    }
+}
+
+/// One recorded event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Event {
+    t: i64,
+    c: Counts,
+}
+
+/// A sliding window over the shared event list.
+#[derive(Debug, Clone)]
+struct Slide {
+    width: i64,
+    /// Position (counted since the list began, pops included) of its first event.
+    first: u64,
+    sum: Counts,
+}
+
+#[derive(Debug, Clone)]
 pub struct Windows {
-    /// Events with `t > horizon`, sorted by `t`.
-    minute: VecDeque<Event>,
-    minute_sum: Counts,
-    /// (day index, counts), sorted by day; only days >= the current day are kept.
-    days: Vec<(i64, Counts)>,
-    /// Where its days start.
+    /// Events with `t > now - ` the longest width, sorted by `t`.
+    events: VecDeque<Event>,
+    /// Events popped from the front so far (positions stay stable).
+    popped: u64,
+    /// Sorted by width; the 60 s window is always there.
+    slides: Vec<Slide>,
+    /// Per calendar period kept (the day always): (period start, counts), sorted by
+    /// start; only the current period and later ones are kept.
+    periods: [Option<Vec<(i64, Counts)>>; 3],
+    /// Where its periods start.
     cal: Calendar,
 }
 
+impl Default for Windows {
+    fn default() -> Windows {
+        Windows::new(Calendar::default())
+    }
+}
+
 impl Windows {
-    /// Empty windows whose days are those of `cal`.
+    /// The minute and the day of `cal`, empty.
     pub fn new(cal: Calendar) -> Windows {
-        Windows { cal, ..Windows::default() }
+        Windows {
+            events: VecDeque::new(),
+            popped: 0,
+            slides: vec![Slide { width: MINUTE_MS, first: 0, sum: Counts::default() }],
+            periods: [Some(Vec::new()), None, None],
+            cal,
+        }
     }
 
-    /// The calendar of the day windows.
+    /// The same windows, empty, with periods of `cal` (after a reload or a calendar
+    /// change).
+    pub fn cleared(&self, cal: Calendar) -> Windows {
+        let mut w = Windows::new(cal);
+        for s in &self.slides {
+            w.slides_insert(s.width);
+        }
+        for p in Period::ALL {
+            if self.periods[p.index()].is_some() {
+                w.periods[p.index()].get_or_insert_with(Vec::new);
+            }
+        }
+        w
+    }
+
+    /// The calendar of the period windows.
     pub fn calendar(&self) -> &Calendar {
         &self.cal
     }
 
-    fn day_of(&self, t: i64) -> i64 {
-        self.cal.day_index(t)
+    /// Whether this state keeps `spec`.
+    pub fn keeps(&self, spec: WindowSpec) -> bool {
+        match spec {
+            WindowSpec::Sliding(w) => self.slides.iter().any(|s| s.width == w),
+            WindowSpec::Calendar(p) => self.periods[p.index()].is_some(),
+        }
     }
 
-    /// Adds an event. An event already outside both windows at `now` is dropped, and
+    /// Starts keeping `spec` (call `prune(now)` first). True when its count is already
+    /// complete: a sliding window no wider than the longest kept counts from the
+    /// event list; a wider one or a new period starts empty, and the caller reloads
+    /// the state's history.
+    pub fn keep(&mut self, spec: WindowSpec, now: i64) -> bool {
+        if self.keeps(spec) {
+            return true;
+        }
+        match spec {
+            WindowSpec::Sliding(width) => {
+                let complete = width <= self.horizon();
+                let at = self.slides_insert(width);
+                let boundary = now.saturating_sub(width);
+                let skip = self.events.partition_point(|e| e.t <= boundary);
+                let mut sum = Counts::default();
+                for e in self.events.iter().skip(skip) {
+                    sum.add(&e.c);
+                }
+                self.slides[at].first = self.popped + skip as u64;
+                self.slides[at].sum = sum;
+                complete
+            }
+            WindowSpec::Calendar(p) => {
+                self.periods[p.index()] = Some(Vec::new());
+                false
+            }
+        }
+    }
+
+    fn slides_insert(&mut self, width: i64) -> usize {
+        match self.slides.binary_search_by_key(&width, |s| s.width) {
+            Ok(i) => i,
+            Err(i) => {
+                self.slides.insert(i, Slide { width, first: self.popped, sum: Counts::default() });
+                i
+            }
+        }
+    }
+
+    /// The longest sliding width kept.
+    fn horizon(&self) -> i64 {
+        self.slides.last().map_or(MINUTE_MS, |s| s.width)
+    }
+
+    /// Adds an event. An event already outside every window at `now` is dropped, and
     /// so is whatever has left them: memory stays bounded by the windows' widths even
     /// for a route that is only ever recorded, never checked.
     pub fn add(&mut self, t: i64, requests: i64, tokens: i64, now: i64) {
+        self.add_counts(t, Counts::of(requests, tokens), now);
+    }
+
+    pub fn add_counts(&mut self, t: i64, c: Counts, now: i64) {
         self.prune(now);
-        if t > now.saturating_sub(MINUTE_MS) {
-            let ev = Event { t, requests, tokens };
+        if t > now.saturating_sub(self.horizon()) {
+            let ev = Event { t, c };
             // Events arrive almost always in time order: push at the back; otherwise
             // insert in place so that pruning from the front stays correct.
-            match self.minute.back() {
+            match self.events.back() {
                 Some(last) if last.t > t => {
-                    let at = self.minute.partition_point(|e| e.t <= t);
-                    self.minute.insert(at, ev);
+                    let at = self.events.partition_point(|e| e.t <= t);
+                    self.events.insert(at, ev);
                 }
-                _ => self.minute.push_back(ev),
+                _ => self.events.push_back(ev),
             }
-            self.minute_sum.requests = self.minute_sum.requests.saturating_add(requests);
-            self.minute_sum.tokens = self.minute_sum.tokens.saturating_add(tokens);
-        }
-        let day = self.day_of(t);
-        if day >= self.day_of(now) {
-            match self.days.binary_search_by_key(&day, |(d, _)| *d) {
-                Ok(i) => {
-                    let c = &mut self.days[i].1;
-                    c.requests = c.requests.saturating_add(requests);
-                    c.tokens = c.tokens.saturating_add(tokens);
+            // Inside a window the event counts; before its start it shifts the start.
+            for s in &mut self.slides {
+                if t > now.saturating_sub(s.width) {
+                    s.sum.add(&c);
+                } else {
+                    s.first += 1;
                 }
-                Err(i) => self.days.insert(i, (day, Counts { requests, tokens })),
+            }
+        }
+        for p in Period::ALL {
+            let Some(buckets) = &mut self.periods[p.index()] else { continue };
+            let start = self.cal.period_start(p, t);
+            if start < self.cal.period_start(p, now) {
+                continue;
+            }
+            match buckets.binary_search_by_key(&start, |(s, _)| *s) {
+                Ok(i) => buckets[i].1.add(&c),
+                Err(i) => buckets.insert(i, (start, c)),
             }
         }
     }
@@ -84,52 +218,89 @@ impl Windows {
     /// Drops what has left the windows at `now`. Callers rebuild from the store when
     /// the clock steps back, since dropped events may then count again.
     pub fn prune(&mut self, now: i64) {
-        let horizon = now.saturating_sub(MINUTE_MS);
-        while let Some(front) = self.minute.front() {
-            if front.t > horizon {
-                break;
+        let end = self.popped + self.events.len() as u64;
+        for s in &mut self.slides {
+            let boundary = now.saturating_sub(s.width);
+            while s.first < end {
+                let e = &self.events[(s.first - self.popped) as usize];
+                if e.t > boundary {
+                    break;
+                }
+                s.sum.sub(&e.c);
+                s.first += 1;
             }
-            self.minute_sum.requests = self.minute_sum.requests.saturating_sub(front.requests);
-            self.minute_sum.tokens = self.minute_sum.tokens.saturating_sub(front.tokens);
-            self.minute.pop_front();
         }
-        let today = self.day_of(now);
-        if self.days.first().is_some_and(|(d, _)| *d < today) {
-            self.days.retain(|(d, _)| *d >= today);
+        // The longest window's start is the list's.
+        let keep_from = self.slides.last().map_or(end, |s| s.first);
+        while self.popped < keep_from {
+            self.events.pop_front();
+            self.popped += 1;
+        }
+        for p in Period::ALL {
+            let Some(buckets) = &mut self.periods[p.index()] else { continue };
+            if let Some((first, _)) = buckets.first() {
+                let current = self.cal.period_start(p, now);
+                if *first < current {
+                    buckets.retain(|(s, _)| *s >= current);
+                }
+            }
+        }
+    }
+
+    /// Counts of a window kept at `now` (call `prune(now)` first); `None` when it is
+    /// not kept.
+    pub fn counts(&self, spec: WindowSpec, now: i64) -> Option<Counts> {
+        match spec {
+            WindowSpec::Sliding(w) => self.slides.iter().find(|s| s.width == w).map(|s| s.sum),
+            WindowSpec::Calendar(p) => {
+                let buckets = self.periods[p.index()].as_ref()?;
+                let current = self.cal.period_start(p, now);
+                let mut c = Counts::default();
+                for (_, b) in buckets.iter().filter(|(s, _)| *s >= current) {
+                    c.add(b);
+                }
+                Some(c)
+            }
         }
     }
 
     /// Sliding 60 s counts (events with `t > now - 60 000`; call `prune(now)` first).
     pub fn minute(&self) -> Counts {
-        self.minute_sum
+        self.counts(MINUTE, 0).unwrap_or_default()
     }
 
     /// Counts since the start of the day (events with `t >= day_start(now)`).
     pub fn day(&self, now: i64) -> Counts {
-        let today = self.day_of(now);
-        let mut c = Counts::default();
-        for (_, d) in self.days.iter().filter(|(d, _)| *d >= today) {
-            c.requests = c.requests.saturating_add(d.requests);
-            c.tokens = c.tokens.saturating_add(d.tokens);
-        }
-        c
+        self.counts(DAY, now).unwrap_or_default()
     }
 
-    /// When enough of the oldest events have left the minute window that `excess`
-    /// requests (or tokens, with `tokens = true`) are gone; `None` when the recorded
-    /// events cannot free that much.
-    pub fn minute_release_time(&self, excess: i64, tokens: bool) -> Option<i64> {
+    /// When a window frees enough that `excess` of `metric` is gone: for a sliding
+    /// window, when enough of its oldest events have left it (`None` when the recorded
+    /// events cannot free that much); for a calendar window, the next period's start.
+    pub fn release_time(&self, spec: WindowSpec, metric: Metric, excess: i64, now: i64) -> Option<i64> {
+        let WindowSpec::Sliding(width) = spec else {
+            let WindowSpec::Calendar(p) = spec else { return None };
+            return Some(self.cal.next_period_start(p, now));
+        };
         if excess <= 0 {
             return None;
         }
+        let s = self.slides.iter().find(|s| s.width == width)?;
         let mut freed = 0i64;
-        for e in &self.minute {
-            freed = freed.saturating_add(if tokens { e.tokens } else { e.requests });
+        for e in self.events.iter().skip((s.first - self.popped) as usize) {
+            freed = freed.saturating_add(e.c.get(metric));
             if freed >= excess {
-                return Some(e.t.saturating_add(MINUTE_MS));
+                return Some(e.t.saturating_add(width));
             }
         }
         None
+    }
+
+    /// The minute window's [`release_time`](Self::release_time) of requests, or of
+    /// tokens with `tokens = true`.
+    pub fn minute_release_time(&self, excess: i64, tokens: bool) -> Option<i64> {
+        let m = if tokens { Metric::Tokens } else { Metric::Requests };
+        self.release_time(MINUTE, m, excess, 0)
     }
 }
 
@@ -145,7 +316,7 @@ mod tests {
         let mut w = Windows::default();
         w.add(T0, 1, 10, T0);
         w.prune(T0 + 59_999);
-        assert_eq!(w.minute(), Counts { requests: 1, tokens: 10 });
+        assert_eq!(w.minute(), Counts::of(1, 10));
         w.prune(T0 + 60_000);
         assert_eq!(w.minute(), Counts::default());
     }
@@ -160,7 +331,7 @@ mod tests {
         w.add(midnight, 1, 7, midnight);
         w.prune(midnight);
         // the event at 00:00:00.000 belongs to the new day; the one before does not
-        assert_eq!(w.day(midnight), Counts { requests: 1, tokens: 7 });
+        assert_eq!(w.day(midnight), Counts::of(1, 7));
         // both are still in the sliding minute
         assert_eq!(w.minute().requests, 2);
     }
@@ -206,8 +377,54 @@ mod tests {
             w.add(t, 1, 1, t);
         }
         // 60 s at 10 ms: 6,000 events in the minute window, not 100,000
-        assert!(w.minute.len() <= 6_001, "{}", w.minute.len());
+        assert!(w.events.len() <= 6_001, "{}", w.events.len());
         assert_eq!(w.minute().requests, 6_000);
+    }
+
+    #[test]
+    fn many_sliding_widths_share_one_list() {
+        let mut w = Windows::default();
+        assert!(w.keep(WindowSpec::Sliding(1_000), T0));
+        assert!(!w.keep(WindowSpec::Sliding(5 * 3_600_000), T0)); // wider: reload
+        for i in 0..20 {
+            let t = T0 + i * 500; // 2 per second for 10 s
+            w.add(t, 1, 10, t);
+        }
+        let now = T0 + 9_500;
+        w.prune(now);
+        // 1 s: events with t > now - 1000, i.e. at now - 500 and now
+        assert_eq!(w.counts(WindowSpec::Sliding(1_000), now), Some(Counts::of(2, 20)));
+        assert_eq!(w.minute().requests, 20);
+        // out of order, inside the minute but before the 1 s window
+        w.add(now - 5_000, 1, 0, now);
+        assert_eq!(w.counts(WindowSpec::Sliding(1_000), now).map(|c| c.requests), Some(2));
+        assert_eq!(w.minute().requests, 21);
+        let later = T0 + 3_600_000;
+        w.prune(later);
+        assert_eq!(w.minute().requests, 0);
+        assert_eq!(w.counts(WindowSpec::Sliding(5 * 3_600_000), later).map(|c| c.requests), Some(21));
+        assert_eq!(
+            w.release_time(WindowSpec::Sliding(5 * 3_600_000), Metric::Requests, 1, later),
+            Some(T0 + 5 * 3_600_000)
+        );
+        // a narrower window added later counts what the list holds
+        assert!(w.keep(WindowSpec::Sliding(2 * 3_600_000), later));
+        assert_eq!(w.counts(WindowSpec::Sliding(2 * 3_600_000), later).map(|c| c.requests), Some(21));
+    }
+
+    #[test]
+    fn calendar_periods_count_since_their_start() {
+        let mut w = Windows::default();
+        assert!(!w.keep(WindowSpec::Calendar(Period::Month), T0));
+        let month_start = Calendar::utc().period_start(Period::Month, T0);
+        let next = Calendar::utc().next_period_start(Period::Month, T0);
+        w.add(month_start, 1, 3, T0);
+        w.add(month_start - 1, 1, 3, T0); // last month
+        w.prune(T0);
+        assert_eq!(w.counts(WindowSpec::Calendar(Period::Month), T0), Some(Counts::of(1, 3)));
+        assert_eq!(w.release_time(WindowSpec::Calendar(Period::Month), Metric::Tokens, 1, T0), Some(next));
+        w.prune(next);
+        assert_eq!(w.counts(WindowSpec::Calendar(Period::Month), next), Some(Counts::default()));
     }
 
     #[test]

@@ -14,9 +14,13 @@ pub fn to_pyerr(err: Error) -> PyErr {
     match err {
         Error::Invalid(msg) => PyValueError::new_err(msg),
         // must match _errors.QuotaExceeded.__init__ argument order
-        Error::Refused(r) => {
-            QuotaExceeded::new_err((r.reason.as_str(), r.retry_at_ms, r.platform, r.model_id, r.key_id))
-        }
+        Error::Refused(r) => QuotaExceeded::new_err((
+            r.reason.as_str().to_string(),
+            r.retry_at_ms,
+            r.platform,
+            r.model_id,
+            r.key_id,
+        )),
         Error::Closed => EngineClosed::new_err("engine is closed"),
         Error::Store(StoreError::ReadOnly) => {
             DatabaseError::new_err("the database was opened with readonly=True; this call writes")

@@ -81,8 +81,8 @@ impl PyAdmission {
         self.0.allowed
     }
     #[getter]
-    fn reason(&self) -> Option<&'static str> {
-        self.0.reason.map(|r| r.as_str())
+    fn reason(&self) -> Option<&str> {
+        self.0.reason.as_ref().map(|r| r.as_str())
     }
     #[getter]
     fn retry_at_ms(&self) -> Option<i64> {
@@ -92,7 +92,7 @@ impl PyAdmission {
         self.0.allowed
     }
     fn __repr__(&self) -> String {
-        match self.0.reason {
+        match &self.0.reason {
             None => "Admission(allowed=True, reason=None, retry_at_ms=None)".into(),
             Some(r) => format!(
                 "Admission(allowed=False, reason={:?}, retry_at_ms={})",

@@ -1,0 +1,428 @@
+//! A limit as data (SPEC §14.1): a metric counted in a window at a scope.
+//!
+//! A window is a [`WindowSpec`]: a sliding width, or a calendar period of the
+//! platform's calendar. A model's declaration is a [`LimitSet`], kept in gate order
+//! with each limit's reason decided once, when it is declared. A new window kind is
+//! one more [`WindowSpec`] variant here and its counter in `windows.rs`.
+use crate::core::clock::{DAY_MS, MINUTE_MS};
+use crate::core::error::{Error, Result};
+use crate::core::types::{Limits, Reason};
+use std::fmt;
+use std::sync::Arc;
+
+/// What a limit counts. Declared in gate order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    Requests,
+    Tokens,
+    /// Input tokens, cached input excluded (SPEC §14.4).
+    InputTokens,
+    OutputTokens,
+}
+
+impl Metric {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::Requests => "requests",
+            Metric::Tokens => "tokens",
+            Metric::InputTokens => "input_tokens",
+            Metric::OutputTokens => "output_tokens",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Metric> {
+        Ok(match s {
+            "requests" => Metric::Requests,
+            "tokens" => Metric::Tokens,
+            "input_tokens" => Metric::InputTokens,
+            "output_tokens" => Metric::OutputTokens,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown metric {s:?}; expected \"requests\", \"tokens\", \"input_tokens\" or \"output_tokens\""
+                )))
+            }
+        })
+    }
+
+    /// Whether an admission's estimate counts in this metric's windows (a request
+    /// metric counts the request itself instead).
+    pub fn is_tokens(self) -> bool {
+        self != Metric::Requests
+    }
+}
+
+/// A calendar period of the platform's calendar (SPEC §14.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Period {
+    Day,
+    /// Monday 00:00 to Monday 00:00.
+    Week,
+    /// The 1st 00:00 to the next 1st.
+    Month,
+}
+
+impl Period {
+    pub const ALL: [Period; 3] = [Period::Day, Period::Week, Period::Month];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A window. Ordered as gates run: sliding ones by width, then day, week, month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WindowSpec {
+    /// Events with `t > now - width`.
+    Sliding(i64),
+    /// Events with `t >=` the start of the current period.
+    Calendar(Period),
+}
+
+/// The RPM/TPM window.
+pub const MINUTE: WindowSpec = WindowSpec::Sliding(MINUTE_MS);
+/// The RPD/TPD window.
+pub const DAY: WindowSpec = WindowSpec::Calendar(Period::Day);
+
+/// Widths a sliding window may have.
+pub const MIN_WIDTH_MS: i64 = 1_000;
+pub const MAX_WIDTH_MS: i64 = 31 * DAY_MS;
+
+const PER_FORMS: &str = "\"minute\", \"day\", \"week\", \"month\", or a sliding width \"<N>s\", \"<N>m\", \
+                         \"<N>h\" or \"<N>d\" (N a positive integer, 1s to 31d)";
+
+impl WindowSpec {
+    /// Parses a `per` (SPEC §14.1's table).
+    pub fn parse(per: &str) -> Result<WindowSpec> {
+        match per {
+            "minute" => return Ok(MINUTE),
+            "day" => return Ok(DAY),
+            "week" => return Ok(WindowSpec::Calendar(Period::Week)),
+            "month" => return Ok(WindowSpec::Calendar(Period::Month)),
+            _ => {}
+        }
+        let unknown = || Error::invalid(format!("unknown window per={per:?}; expected {PER_FORMS}"));
+        let (digits, unit) = per.split_at(per.len().saturating_sub(1));
+        let unit_ms = match unit {
+            "s" => 1_000,
+            "m" => MINUTE_MS,
+            "h" => 3_600_000,
+            "d" => DAY_MS,
+            _ => return Err(unknown()),
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(unknown());
+        }
+        let width = digits.parse::<i64>().ok().and_then(|n| n.checked_mul(unit_ms));
+        match width {
+            Some(w) if (MIN_WIDTH_MS..=MAX_WIDTH_MS).contains(&w) => Ok(WindowSpec::Sliding(w)),
+            _ => Err(Error::invalid(format!(
+                "window per={per:?} is outside the sliding widths accepted: 1s to 31d"
+            ))),
+        }
+    }
+
+    pub fn width(self) -> Option<i64> {
+        match self {
+            WindowSpec::Sliding(w) => Some(w),
+            WindowSpec::Calendar(_) => None,
+        }
+    }
+}
+
+/// Whose usage a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// The key's own usage and leases.
+    Key,
+    /// Every key of the key's account (SPEC §14.3); a key is its own account by default.
+    Account,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Key => "key",
+            Scope::Account => "account",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Scope> {
+        match s {
+            "account" => Ok(Scope::Account),
+            "key" => Ok(Scope::Key),
+            _ => Err(Error::invalid(format!("unknown scope {s:?}; expected \"account\" or \"key\""))),
+        }
+    }
+}
+
+/// One declared limit: at most `limit` of `metric` per `window`, at `scope`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub metric: Metric,
+    pub limit: i64,
+    pub window: WindowSpec,
+    /// The window as written (`"5h"`, `"minute"`): it names the limit's reason.
+    pub per: Arc<str>,
+    pub scope: Scope,
+}
+
+impl Limit {
+    /// Validates a limit as a user writes it.
+    pub fn parse(metric: &str, limit: i64, per: &str, scope: &str) -> Result<Limit> {
+        let metric = Metric::parse(metric)?;
+        let window = WindowSpec::parse(per)?;
+        let scope = Scope::parse(scope)?;
+        if limit < 0 {
+            return Err(Error::invalid(format!("limit must be >= 0, got {limit}")));
+        }
+        Ok(Limit { metric, limit, window, per: Arc::from(per), scope })
+    }
+
+    /// One of the classic four, as `rpm=` and the like declare it.
+    pub fn classic(metric: Metric, window: WindowSpec, limit: i64) -> Limit {
+        let per = if window == MINUTE { "minute" } else { "day" };
+        Limit { metric, limit, window, per: Arc::from(per), scope: Scope::Account }
+    }
+
+    /// Which classic limit this is: requests or tokens per minute or per day at
+    /// account scope (`model_limits()` shows it, learning tightens it).
+    pub fn classic_axis(&self) -> Option<Reason> {
+        if self.scope != Scope::Account {
+            return None;
+        }
+        classic_reason(self.metric, self.window)
+    }
+
+    /// What makes two limits the same window (a duplicate).
+    fn slot(&self) -> (Metric, WindowSpec, Scope) {
+        (self.metric, self.window, self.scope)
+    }
+}
+
+fn classic_reason(metric: Metric, window: WindowSpec) -> Option<Reason> {
+    Some(match (metric, window) {
+        (Metric::Requests, MINUTE) => Reason::Rpm,
+        (Metric::Requests, DAY) => Reason::Rpd,
+        (Metric::Tokens, MINUTE) => Reason::Tpm,
+        (Metric::Tokens, DAY) => Reason::Tpd,
+        _ => return None,
+    })
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} per {} ({} scope)", self.limit, self.metric.as_str(), self.per, self.scope.as_str())
+    }
+}
+
+/// One limit of a set, with the reason a refusal by it gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declared {
+    pub limit: Limit,
+    pub reason: Reason,
+}
+
+/// The limits a decision applies, in gate order (metric, then window, then scope).
+/// Cheap to clone: a model's set is built once, when it is declared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitSet {
+    gates: Arc<[Declared]>,
+}
+
+impl LimitSet {
+    /// A set from limits in any order; two for one (metric, window, scope) are an error.
+    pub fn new(mut list: Vec<Limit>) -> Result<LimitSet> {
+        list.sort_by_key(Limit::slot);
+        if let Some(w) = list.windows(2).find(|w| w[0].slot() == w[1].slot()) {
+            return Err(Error::invalid(format!(
+                "two limits for {} per {} at {} scope ({:?} and {:?}): declare each window once",
+                w[0].metric.as_str(),
+                w[0].per,
+                w[0].scope.as_str(),
+                w[0].per,
+                w[1].per
+            )));
+        }
+        let gates = list
+            .iter()
+            .map(|l| {
+                let also_account = l.scope == Scope::Key
+                    && list
+                        .iter()
+                        .any(|o| o.scope == Scope::Account && (o.metric, o.window) == (l.metric, l.window));
+                let base = match classic_reason(l.metric, l.window) {
+                    Some(r) => r.as_str().to_string(),
+                    None => format!("{}/{}", l.metric.as_str(), l.per),
+                };
+                let reason = match classic_reason(l.metric, l.window) {
+                    Some(r) if !also_account => r,
+                    _ if also_account => Reason::Window(Arc::from(format!("{base}:key"))),
+                    _ => Reason::Window(Arc::from(base)),
+                };
+                Declared { limit: l.clone(), reason }
+            })
+            .collect();
+        Ok(LimitSet { gates })
+    }
+
+    /// The classic four as limits.
+    pub fn from_classic(l: Limits) -> LimitSet {
+        LimitSet::with_classic(l, Vec::new()).unwrap_or_default()
+    }
+
+    /// The classic keywords and a list of limits; a keyword and a limit for the same
+    /// window are an error.
+    pub fn with_classic(classic: Limits, extra: Vec<Limit>) -> Result<LimitSet> {
+        let mut list = Vec::with_capacity(extra.len() + 4);
+        for (name, metric, window, v) in [
+            ("rpm", Metric::Requests, MINUTE, classic.rpm),
+            ("rpd", Metric::Requests, DAY, classic.rpd),
+            ("tpm", Metric::Tokens, MINUTE, classic.tpm),
+            ("tpd", Metric::Tokens, DAY, classic.tpd),
+        ] {
+            let Some(v) = v else { continue };
+            if v < 0 {
+                return Err(Error::invalid(format!("{name} must be >= 0, got {v}")));
+            }
+            let l = Limit::classic(metric, window, v);
+            if let Some(dup) = extra.iter().find(|e| e.slot() == l.slot()) {
+                return Err(Error::invalid(format!(
+                    "{name}= and Limit({:?}, {}, {:?}) are the same window: give one of them",
+                    dup.metric.as_str(),
+                    dup.limit,
+                    &*dup.per
+                )));
+            }
+            list.push(l);
+        }
+        list.extend(extra);
+        LimitSet::new(list)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Declared> {
+        self.gates.iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gates.is_empty()
+    }
+
+    /// The classic four (`model_limits()`, learning, the guardrail's figures).
+    pub fn classic(&self) -> Limits {
+        let mut l = Limits::default();
+        for d in self.gates.iter() {
+            match d.limit.classic_axis() {
+                Some(Reason::Rpm) => l.rpm = Some(d.limit.limit),
+                Some(Reason::Rpd) => l.rpd = Some(d.limit.limit),
+                Some(Reason::Tpm) => l.tpm = Some(d.limit.limit),
+                Some(Reason::Tpd) => l.tpd = Some(d.limit.limit),
+                _ => {}
+            }
+        }
+        l
+    }
+
+    /// Every limit that is not one of the classic four (stored beside them).
+    pub fn others(&self) -> Vec<Limit> {
+        self.gates.iter().filter(|d| d.limit.classic_axis().is_none()).map(|d| d.limit.clone()).collect()
+    }
+
+    /// The same set with the classic four replaced (learning tightened one).
+    pub fn replace_classic(&self, classic: Limits) -> LimitSet {
+        LimitSet::with_classic(classic, self.others()).unwrap_or_else(|_| LimitSet::from_classic(classic))
+    }
+
+    /// The windows the set reads.
+    pub fn windows(&self) -> impl Iterator<Item = WindowSpec> + '_ {
+        self.gates.iter().map(|d| d.limit.window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim(metric: &str, n: i64, per: &str, scope: &str) -> Limit {
+        Limit::parse(metric, n, per, scope).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn per_forms() {
+        assert_eq!(WindowSpec::parse("1s").ok(), Some(WindowSpec::Sliding(1_000)));
+        assert_eq!(WindowSpec::parse("60s").ok(), Some(MINUTE));
+        assert_eq!(WindowSpec::parse("1m").ok(), Some(MINUTE));
+        assert_eq!(WindowSpec::parse("5h").ok(), Some(WindowSpec::Sliding(5 * 3_600_000)));
+        assert_eq!(WindowSpec::parse("31d").ok(), Some(WindowSpec::Sliding(MAX_WIDTH_MS)));
+        assert_eq!(WindowSpec::parse("24h").ok(), Some(WindowSpec::Sliding(DAY_MS)));
+        assert_eq!(WindowSpec::parse("week").ok(), Some(WindowSpec::Calendar(Period::Week)));
+        for bad in [
+            "",
+            "s",
+            "0s",
+            "32d",
+            "-1s",
+            "+1s",
+            "1.5h",
+            "1 s",
+            "1S",
+            "hour",
+            "999s9",
+            "99999999999999999999d",
+        ] {
+            assert!(WindowSpec::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(WindowSpec::parse("0s").err().is_some_and(|e| e.to_string().contains("1s to 31d")));
+        assert!(WindowSpec::parse("hour").err().is_some_and(|e| e.to_string().contains("\"minute\"")));
+    }
+
+    #[test]
+    fn gate_order_and_reasons() {
+        let set = LimitSet::new(vec![
+            lim("tokens", 9, "month", "account"),
+            lim("requests", 5, "minute", "key"),
+            lim("requests", 7, "60s", "account"),
+            lim("requests", 1, "1s", "account"),
+            lim("output_tokens", 3, "minute", "account"),
+            lim("requests", 100, "week", "account"),
+            lim("tokens", 50, "day", "key"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let reasons: Vec<&str> = set.iter().map(|d| d.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            ["requests/1s", "rpm:key", "rpm", "requests/week", "tpd", "tokens/month", "output_tokens/minute"]
+        );
+        assert_eq!(set.classic(), Limits { rpm: Some(7), ..Limits::default() });
+        assert_eq!(set.others().len(), 6);
+    }
+
+    #[test]
+    fn duplicates_are_refused() {
+        let e =
+            LimitSet::new(vec![lim("requests", 1, "minute", "account"), lim("requests", 2, "1m", "account")]);
+        assert!(e.is_err());
+        let e = LimitSet::with_classic(
+            Limits { tpm: Some(5), ..Limits::default() },
+            vec![lim("tokens", 6, "60s", "account")],
+        );
+        assert!(e.err().is_some_and(|e| e.to_string().contains("tpm=")));
+        // a sliding day is not the calendar day
+        assert!(LimitSet::new(vec![lim("tokens", 1, "day", "account"), lim("tokens", 1, "24h", "account")])
+            .is_ok());
+    }
+
+    #[test]
+    fn bad_metric_scope_and_limit() {
+        assert!(Limit::parse("calls", 1, "minute", "account").is_err());
+        assert!(Limit::parse("requests", 1, "minute", "org").is_err());
+        assert!(Limit::parse("requests", -1, "minute", "account").is_err());
+    }
+}
