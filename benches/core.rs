@@ -30,8 +30,12 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("qe-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("bench.db");
-    let limits =
-        Some(Limits { rpm: Some(1 << 40), rpd: Some(1 << 40), tpm: Some(1 << 50), tpd: Some(1 << 50) });
+    let limits = Some(quotaengine::core::limits::LimitSet::from_classic(Limits {
+        rpm: Some(1 << 40),
+        rpd: Some(1 << 40),
+        tpm: Some(1 << 50),
+        tpd: Some(1 << 50),
+    }));
     let routes: Vec<Route> = (0..1000)
         .map(|i| Route::new(format!("p{}", i % 10), format!("m{}", i % 20), i % 5).unwrap())
         .collect();
@@ -47,12 +51,12 @@ fn main() {
             e.record_request(&routes[i % routes.len()]).unwrap();
         });
         time(&format!("[{label}] check"), n * 5, 1, |i| {
-            e.check(&routes[i % routes.len()], 600, limits).unwrap();
+            e.check(&routes[i % routes.len()], 600, limits.clone()).unwrap();
         });
         time(&format!("[{label}] lease + success"), n, 1, |i| {
             clock.advance(1);
             let r = &routes[i % routes.len()];
-            let id = e.lease(r, 600, limits).unwrap();
+            let id = e.lease(r, 600, limits.clone()).unwrap();
             e.finish_lease_success(id, r, Some(500)).unwrap();
         });
         time(&format!("[{label}] lease + success, 8 callers grouped"), n / 8, 8, |i| {
@@ -61,7 +65,7 @@ fn main() {
                 .map(|j| BatchOp::Lease {
                     route: routes[(i * 8 + j) % routes.len()].clone(),
                     est: 600,
-                    limits,
+                    limits: limits.clone(),
                     check: true,
                 })
                 .collect();

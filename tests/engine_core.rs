@@ -5,6 +5,7 @@
 use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
 use quotaengine::core::error::{Error, StoreError};
+use quotaengine::core::limits::LimitSet;
 use quotaengine::core::parse::FailureKind;
 use quotaengine::core::types::{CooldownSource, Limits, ModelInfo, Reason, Route};
 use rusqlite::Connection;
@@ -20,8 +21,8 @@ fn route() -> Route {
     Route::new("groq", "llama", 1).unwrap()
 }
 
-fn rpm(n: i64) -> Option<Limits> {
-    Some(Limits { rpm: Some(n), ..Limits::default() })
+fn rpm(n: i64) -> Option<LimitSet> {
+    Some(LimitSet::from_classic(Limits { rpm: Some(n), ..Limits::default() }))
 }
 
 /// Two engines on one file in `dir`, on one clock at `T0`.
@@ -204,6 +205,7 @@ fn ladder_persists_across_engines_and_success_clears_it() {
         platform: "groq".into(),
         model_id: "llama".into(),
         limits: Limits { rpd: Some(1), ..Limits::default() },
+        others: Vec::new(),
         monthly_token_budget: None,
     })
     .unwrap();
@@ -244,19 +246,54 @@ fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
     let (clock, mut a, mut b) = two_engines(&dir);
     clock.set(pst_midnight - 30 * 60_000);
     let google = Route::new("google", "gemini", 1).unwrap();
-    let rpd1 = Some(Limits { rpd: Some(1), ..Limits::default() });
+    let rpd1 = Some(LimitSet::from_classic(Limits { rpd: Some(1), ..Limits::default() }));
     assert_eq!(a.platform_calendar("google").unwrap(), "America/Los_Angeles");
     a.record_request(&google).unwrap();
-    let refused = b.check(&google, 0, rpd1).unwrap();
+    let refused = b.check(&google, 0, rpd1.clone()).unwrap();
     assert_eq!((refused.reason, refused.retry_at_ms), (Some(Reason::Rpd), Some(pst_midnight)));
     clock.set(pst_midnight);
-    assert!(b.check(&google, 0, rpd1).unwrap().allowed);
+    assert!(b.check(&google, 0, rpd1.clone()).unwrap().allowed);
     // A zone set by one engine holds in the other at its next call, and its day windows
     // count again: 08:00 UTC is already 09:00 in Warsaw, a day that began at 23:00 UTC.
     a.set_platform_calendar("google", Some("Europe/Warsaw")).unwrap();
     assert_eq!(b.platform_calendar("google").unwrap(), "Europe/Warsaw");
-    assert!(!b.check(&google, 0, rpd1).unwrap().allowed);
+    assert!(!b.check(&google, 0, rpd1.clone()).unwrap().allowed);
     assert_eq!(b.next_day_start_ms("google", None).unwrap(), pst_midnight + 15 * 3_600_000);
     assert!(matches!(a.set_platform_calendar("google", Some("Nowhere/Land")), Err(Error::Invalid(_))));
     assert_eq!(a.platform_calendar("google").unwrap(), "Europe/Warsaw");
+}
+
+#[test]
+fn declared_windows_are_shared_and_count_the_stored_past() {
+    use quotaengine::core::limits::Limit;
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, mut a, mut b) = two_engines(&dir);
+    // usage an hour ago, before anyone declared a window that long
+    b.record_request(&route()).unwrap();
+    clock.advance(3_600_000);
+    let five_hours = Limit::parse("requests", 2, "5h", "account").unwrap();
+    let one_second = Limit::parse("requests", 1, "1s", "account").unwrap();
+    a.set_model_limits(ModelInfo {
+        platform: "groq".into(),
+        model_id: "llama".into(),
+        limits: Limits::default(),
+        others: vec![five_hours.clone(), one_second],
+        monthly_token_budget: None,
+    })
+    .unwrap();
+    b.record_request(&route()).unwrap();
+    for e in [&mut a, &mut b] {
+        let adm = e.check(&route(), 0, None).unwrap();
+        // the request just made fills the 1 s window first
+        assert_eq!(adm.reason.as_ref().map(|r| r.as_str()), Some("requests/1s"));
+    }
+    clock.advance(1_000);
+    // the row of an hour ago and the one just made fill the 5 h window, in both engines
+    for e in [&mut a, &mut b] {
+        let adm = e.check(&route(), 0, None).unwrap();
+        assert_eq!(adm.reason.as_ref().map(|r| r.as_str()), Some("requests/5h"));
+        let report = e.usage(&route(), None).unwrap();
+        assert_eq!(report.others.iter().find(|(n, _)| n == "requests/5h").map(|(_, w)| w.used), Some(2));
+    }
+    assert_eq!(b.model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }

@@ -5,6 +5,7 @@
 use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
 use quotaengine::core::error::Error;
+use quotaengine::core::limits::LimitSet;
 use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -59,8 +60,8 @@ fn route() -> Route {
     Route::new("groq", "llama", 1).unwrap()
 }
 
-fn rpm(n: i64) -> Option<Limits> {
-    Some(Limits { rpm: Some(n), ..Limits::default() })
+fn rpm(n: i64) -> Option<LimitSet> {
+    Some(LimitSet::from_classic(Limits { rpm: Some(n), ..Limits::default() }))
 }
 
 #[test]

@@ -189,8 +189,9 @@ def test_a_file_of_the_previous_schema_opens_and_keeps_its_limits(store: str, ca
         e.set_model_limits("google", M, rpm=5, rpd=100)
         e.record_request("google", M, K)
     con = sqlite3.connect(store)
-    with con:  # back to version 2: no platform_calendars
+    with con:  # back to version 2: no platform_calendars, no limits column
         con.execute("DROP TABLE platform_calendars")
+        con.execute("ALTER TABLE models DROP COLUMN limits")
         con.execute("DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'")
         con.execute("PRAGMA user_version = 2")
     con.close()

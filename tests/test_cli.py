@@ -59,3 +59,16 @@ def test_bad_databases_are_one_line_errors(tmp_path: Path) -> None:
     r = run("status", "--db", str(text))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_status_adds_a_column_per_declared_limit(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with qe.QuotaEngine(db, env={}) as e:
+        e.set_model_limits("mistral", "small", rpm=10, limits=[qe.Limit("tokens", 1_000_000, "month")])
+        e.record_tokens("mistral", "small", 1, 2_500)
+        e.record_request("groq", "llama", 7)
+    r = run("status", "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("platform"))
+    assert header.split()[3:8] == ["RPM", "RPD", "TPM", "TPD", "tokens/month"]
+    assert "2500/1000000" in r.stdout

@@ -442,6 +442,7 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "register_key": lambda: e.register_key(5, P),
         "set_model_limits": lambda: e.set_model_limits(P, M, rpm=1000),
         "model_limits": lambda: e.model_limits(P, M),
+        "model_limit_list": lambda: e.model_limit_list(P, M),
         "record_request": lambda: e.record_request(P, M, K),
         "record_tokens": lambda: e.record_tokens(P, M, K, 3),
         "usage": lambda: e.usage(P, M, K),

@@ -88,6 +88,7 @@ def test_version_1_request_rows_are_migrated_to_one_row_per_request(db_path: Pat
     with con:
         # Back to what version 1 had: the tables of later versions go.
         con.execute("DROP TABLE platform_calendars")
+        con.execute("ALTER TABLE models DROP COLUMN limits")
         con.execute("DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'")
         con.execute("PRAGMA user_version = 1")
         con.executemany(

@@ -1,6 +1,7 @@
 """quotaengine: the quota and cooldown engine an LLM router puts in front of its providers.
 
-Counts requests and tokens per (platform, model, key) in four windows, admits
+Counts requests and tokens per (platform, model, key) in the windows each model
+declares (any sliding width, or the provider's calendar day, week or month), admits
 requests atomically with leases (across threads and processes sharing one SQLite
 file), and benches failing keys. The core is Rust; every call releases the GIL.
 """
@@ -21,6 +22,7 @@ from ._quotaengine import (
     FailureOutcome,
     LearnedLimit,
     Lease,
+    Limit,
     Limits,
     ManualClock,
     ProbePassResult,
@@ -125,6 +127,7 @@ __all__ = [
     "FailureOutcome",
     "LearnedLimit",
     "Lease",
+    "Limit",
     "Limits",
     "ManualClock",
     "ProbePassResult",

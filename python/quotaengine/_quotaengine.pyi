@@ -90,7 +90,27 @@ class Limits:
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-_LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | None
+@final
+class Limit:
+    """One limit as data (SPEC §14.1): at most ``limit`` of ``metric`` per ``per``, counted at
+    ``scope``. ``metric``: "requests", "tokens", "input_tokens" or "output_tokens". ``per``:
+    "minute", "day", "week", "month" (the platform's calendar) or a sliding width "<N>s",
+    "<N>m", "<N>h", "<N>d" from 1s to 31d. ``scope``: "account" (default) or "key". Anything
+    else is a ``ValueError`` naming what is accepted. Frozen, hashable."""
+
+    def __new__(cls, metric: str, limit: int, per: str, scope: str = "account") -> Limit: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def per(self) -> str: ...
+    @property
+    def scope(self) -> str: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | Iterable[Limit] | None
 
 @final
 class Admission:
@@ -357,8 +377,11 @@ class _QuotaEngine:
         tpm: int | None = None,
         tpd: int | None = None,
         monthly_token_budget: str | None = None,
+        limits: Iterable[Limit] | None = None,
     ) -> None:
-        """Insert or update a model's limits (all four are replaced)."""
+        """SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
+        ``limits=`` (an iterable of ``Limit``). Two limits on one (metric, window, scope), or a
+        keyword and a ``Limit`` on the same window, are a ``ValueError``."""
     def set_platform_calendar(self, platform: str, tz: str | None) -> None:
         """Sets the IANA zone of a platform's days (persisted, shared; wins over
         ``PROVIDER_DAY_TZ_<PLATFORM>`` and the built-in zone). ``None`` forgets it. An
@@ -371,11 +394,16 @@ class _QuotaEngine:
     def next_day_start_ms(self, platform: str, at_ms: int | None = None) -> int:
         """Start (ms) of the platform's day after the one holding ``at_ms`` (default: now)."""
     def model_limits(self, platform: str, model_id: str) -> Limits | None: ...
+    def model_limit_list(self, platform: str, model_id: str) -> list[Limit]:
+        """SPEC §14.1: every declared limit of the model, the classic ones included, in gate
+        order (a classic one with ``per`` "minute" or "day")."""
     # usage
     def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
     def record_tokens(self, platform: str, model_id: str, key_id: int, tokens: int) -> None: ...
     def usage(self, platform: str, model_id: str, key_id: int, limits: _LimitsArg = None) -> dict[str, Any]:
-        """``{"rpm": {"used", "limit"}, "rpd": .., "tpm": .., "tpd": .., "in_flight": int}``."""
+        """``{"rpm": {"used", "limit"}, "rpd": .., "tpm": .., "tpd": .., "in_flight": int}``, and
+        one ``{"used", "limit"}`` per other declared limit, named by its reason (e.g.
+        ``"requests/1s"``, ``"tokens/month"``)."""
     # gates
     def can_make_request(self, platform: str, model_id: str, key_id: int, limits: _LimitsArg = None) -> bool: ...
     def can_use_tokens(

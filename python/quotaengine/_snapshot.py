@@ -44,9 +44,29 @@ class QuotaSnapshot:
     active cooldown, sorted by platform, model_id, key_id."""
 
     def __init__(self, rows: list[dict[str, Any]], taken_at_ms: int, path: str) -> None:
+        # Every declared limit beyond the classic four (SPEC §14.1), named by its reason, in
+        # the order routes declare them: a column each, only for those some route declares.
+        self.declared: list[str] = []
+        for r in rows:
+            for reason, used, limit in r.pop("declared", ()):
+                if reason not in self.declared:
+                    self.declared.append(reason)
+                r[f"{reason}_used"], r[f"{reason}_limit"] = used, limit
+        for r in rows:
+            for reason in self.declared:
+                r.setdefault(f"{reason}_used", None)
+                r.setdefault(f"{reason}_limit", None)
         self.rows = rows
         self.taken_at_ms = taken_at_ms
         self.path = path
+
+    @property
+    def columns(self) -> list[str]:
+        """SPEC §12's columns, with ``<reason>_used`` and ``<reason>_limit`` after the classic
+        four for each other limit some route declares (e.g. ``requests/1s_used``)."""
+        at = COLUMNS.index("tpd_limit") + 1
+        extra = [f"{reason}_{part}" for reason in self.declared for part in ("used", "limit")]
+        return COLUMNS[:at] + extra + COLUMNS[at:]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -64,7 +84,8 @@ class QuotaSnapshot:
         ``*_used`` counts (requests for rpm/rpd, tokens for tpm/tpd) and ``in_flight``
         are int64; the ``*_limit`` columns and ``cooldown_expires_at_ms`` (epoch ms)
         are nullable ``Int64`` (``<NA>``: no limit / no cooldown); ``used_fraction`` is
-        float64 (NaN without limits).
+        float64 (NaN without limits). Each other declared limit adds ``<reason>_used`` and
+        ``<reason>_limit`` (nullable ``Int64``: ``<NA>`` on routes that do not declare it).
         """
         import pandas as pd
 
@@ -72,22 +93,25 @@ class QuotaSnapshot:
             return [r[name] for r in self.rows]
 
         data: dict[str, Any] = {}
-        for name in COLUMNS:
+        declared = {f"{reason}_used" for reason in self.declared}
+        for name in self.columns:
             if name in ("platform", "model_id"):
                 data[name] = pd.Series(col(name), dtype=str)
             elif name == "cooldown_source":
                 data[name] = pd.Series(col(name), dtype=object)
             elif name == "used_fraction":
                 data[name] = pd.Series([None if v is None else float(v) for v in col(name)], dtype="float64")
-            elif name.endswith("_limit") or name == "cooldown_expires_at_ms":
+            elif name.endswith("_limit") or name == "cooldown_expires_at_ms" or name in declared:
                 data[name] = pd.Series(col(name), dtype="Int64")
             else:
                 data[name] = pd.Series(col(name), dtype="int64")
-        return pd.DataFrame(data, columns=COLUMNS)
+        return pd.DataFrame(data, columns=self.columns)
 
     def _cells(self, row: dict[str, Any]) -> list[str]:
         def win(name: str) -> str:
             used, limit = row[f"{name}_used"], row[f"{name}_limit"]
+            if used is None:
+                return "-"
             return f"{used}/{'∞' if limit is None else limit}"
 
         cd = "-"
@@ -102,6 +126,7 @@ class QuotaSnapshot:
             win("rpd"),
             win("tpm"),
             win("tpd"),
+            *[win(reason) for reason in self.declared],
             "-" if frac is None else f"{frac:.0%}",
             str(row["in_flight"]),
             cd,
@@ -109,10 +134,14 @@ class QuotaSnapshot:
 
     _HEAD = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown"]
 
+    @property
+    def _head(self) -> list[str]:
+        return self._HEAD[:7] + self.declared + self._HEAD[7:]
+
     def __str__(self) -> str:
         head = f"quota snapshot of {self.path} at {_fmt_time(self.taken_at_ms)}: {len(self.rows)} routes"
-        table = [self._HEAD] + [self._cells(r) for r in self.rows]
-        widths = [max(len(r[i]) for r in table) for i in range(len(self._HEAD))]
+        table = [self._head] + [self._cells(r) for r in self.rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(self._head))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
         return "\n".join([head, *lines])
 
@@ -144,13 +173,17 @@ class QuotaSnapshot:
 
         def window(row: dict[str, Any], name: str) -> str:
             used, limit = row[f"{name}_used"], row[f"{name}_limit"]
+            help_text = self._WINDOW_HELP.get(name, f"{name} (a declared limit)")
+            css = name if name in self._WINDOW_HELP else "declared"
+            if used is None:
+                return f'<td class="qe-{css}" title="{esc(help_text)}: not declared here">-</td>'
             if limit is None:
-                frac, shown, tip = None, f"{used:,}/∞", f"{self._WINDOW_HELP[name]}: {used:,}, no limit"
+                frac, shown, tip = None, f"{used:,}/∞", f"{help_text}: {used:,}, no limit"
             else:
                 frac = 1.0 if limit <= 0 else used / limit
                 shown = f"{used:,}/{limit:,}"
-                tip = f"{self._WINDOW_HELP[name]}: {used:,} of {limit:,} ({frac:.0%})"
-            return f'<td class="qe-{name}" title="{esc(tip)}" style="text-align:right">{esc(shown)}{bar(frac)}</td>'
+                tip = f"{help_text}: {used:,} of {limit:,} ({frac:.0%})"
+            return f'<td class="qe-{css}" title="{esc(tip)}" style="text-align:right">{esc(shown)}{bar(frac)}</td>'
 
         rows = sorted(self.rows, key=lambda r: (r["platform"], r["model_id"], r["key_id"]))
         benched = sum(1 for r in rows if r["cooldown_source"] is not None)
@@ -161,12 +194,12 @@ class QuotaSnapshot:
             f"at {esc(_fmt_time(self.taken_at_ms))}: {len(rows)} route{'' if len(rows) == 1 else 's'}, "
             f"{benched} on cooldown, {in_flight} lease{'' if in_flight == 1 else 's'} in flight</p>",
             "<table><thead><tr>",
-            *[f"<th>{esc(h)}</th>" for h in self._HEAD],
+            *[f"<th>{esc(h)}</th>" for h in self._head],
             "</tr></thead><tbody>",
         ]
         if not rows:
             out.append(
-                f'<tr><td colspan="{len(self._HEAD)}"><i>no route has usage today, '
+                f'<tr><td colspan="{len(self._head)}"><i>no route has usage today, '
                 "a live lease or an active cooldown</i></td></tr>"
             )
         for r in rows:
@@ -176,7 +209,7 @@ class QuotaSnapshot:
             out.append(f'<td class="qe-platform">{esc(r["platform"])}</td>')
             out.append(f'<td class="qe-model">{esc(r["model_id"])}</td>')
             out.append(f'<td class="qe-key">{esc(str(r["key_id"]))}</td>')
-            out.extend(window(r, w) for w in ("rpm", "rpd", "tpm", "tpd"))
+            out.extend(window(r, w) for w in ("rpm", "rpd", "tpm", "tpd", *self.declared))
             out.append(
                 '<td class="qe-used" style="text-align:right">'
                 + ("-" if frac is None else f"{frac:.0%}{bar(frac)}")

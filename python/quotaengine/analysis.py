@@ -197,7 +197,10 @@ def state_frame(source: Source) -> pd.DataFrame:
     the declared limits (``<NA>`` when unlimited); ``used_fraction`` is the worst
     used/limit over the declared windows (NaN without limits); ``in_flight`` counts
     live leases; ``cooldown_source`` and ``cooldown_expires_at_ms`` (epoch ms)
-    describe an active cooldown, else they are missing.
+    describe an active cooldown, else they are missing. Each limit beyond the classic
+    four that some route declares (SPEC §14.1) adds ``<reason>_used`` and
+    ``<reason>_limit`` after ``tpd_limit`` (e.g. ``requests/1s_used``; ``<NA>`` on routes
+    that do not declare it).
     """
     with _engine(source) as e:
         return e.snapshot().to_pandas()

@@ -13,6 +13,7 @@ use crate::core::cooldowns::{
 };
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
+use crate::core::limits::{Limit, LimitSet, WindowSpec};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
@@ -26,8 +27,9 @@ use crate::core::store::{
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
-    Limits, ModelInfo, ProviderCaps, Route,
+    Limits, ModelInfo, ProviderCaps, Reason, Route,
 };
+use crate::core::windows::Counts;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,13 +79,15 @@ pub struct WindowReport {
 }
 
 /// `usage()` (SPEC §4): recorded usage per window, live leases apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageReport {
     pub rpm: WindowReport,
     pub rpd: WindowReport,
     pub tpm: WindowReport,
     pub tpd: WindowReport,
     pub in_flight: i64,
+    /// Every other declared limit, by its reason, in gate order (SPEC §14.1).
+    pub others: Vec<(String, WindowReport)>,
 }
 
 /// `retry_after=` of `record_failure`: header text, or a delay already in ms.
@@ -100,7 +104,7 @@ pub struct FailureInput {
     pub retry_after: Option<RetryAfter>,
     pub message: Option<String>,
     pub kind: Option<FailureKind>,
-    pub limits: Option<Limits>,
+    pub limits: Option<LimitSet>,
 }
 
 /// What `record_failure` decided.
@@ -111,7 +115,7 @@ pub struct FailureOutcome {
     pub learned: Option<LearnedLimit>,
 }
 
-type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, [i64; 4]>>>;
+type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, Vec<(WindowSpec, Counts)>>>>;
 
 /// The routing guardrail's snapshot (SPEC §9): window usage per route, reused for
 /// `window_usage_ttl_ms`. Keys and limits are not part of it: they are read from the
@@ -119,7 +123,7 @@ type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, [i64; 4]>>
 #[derive(Debug, Default)]
 struct WindowSnapshot {
     built_at_ms: i64,
-    /// platform -> model_id -> key_id -> [rpm, rpd, tpm, tpd] used.
+    /// platform -> model_id -> key_id -> what each window the route keeps has used.
     usage: SnapshotUsage,
 }
 
@@ -168,7 +172,7 @@ pub enum BatchOp {
     Lease {
         route: Route,
         est: i64,
-        limits: Option<Limits>,
+        limits: Option<LimitSet>,
         check: bool,
     },
     Success {
@@ -210,6 +214,8 @@ pub struct SnapshotRow {
     pub tpm_used: i64,
     pub tpd_used: i64,
     pub limits: Limits,
+    /// Every other declared limit of the model: (reason, used, limit), in gate order.
+    pub others: Vec<(String, i64, i64)>,
     pub in_flight: i64,
     pub cooldown: Option<CooldownRec>,
 }
@@ -224,9 +230,11 @@ impl SnapshotRow {
             (self.tpm_used, self.limits.tpm),
             (self.tpd_used, self.limits.tpd),
         ];
+        let others = self.others.iter().map(|(_, used, limit)| (*used, Some(*limit)));
         pairs
-            .iter()
-            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { *used as f64 / l as f64 }))
+            .into_iter()
+            .chain(others)
+            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
             .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
     }
 }
@@ -456,8 +464,12 @@ impl Engine {
         let mut stale = false;
         self.read_failed = false;
         // Holding the write lock, nothing can have changed under us.
-        let need_store =
-            !held && (write || !self.loaded || self.rebuild || self.store.changed().unwrap_or(true));
+        let need_store = !held
+            && (write
+                || !self.loaded
+                || self.rebuild
+                || self.mirror.needs_reload
+                || self.store.changed().unwrap_or(true));
         if need_store {
             // While degraded, probe the store without waiting on its lock.
             if self.degraded {
@@ -540,26 +552,54 @@ impl Engine {
         self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
     }
 
+    /// Counts every window again from the store: the rows that count at `now` (the
+    /// minute, today, and every window a route keeps or a model declares) and what is
+    /// buffered.
+    fn load_usage(&mut self, now: i64) -> std::result::Result<(), StoreError> {
+        let since = self.mirror.usage_horizon(now);
+        // Rows stream into the windows (a month of them is never held at once). A
+        // load that fails half-way leaves `rebuild` set: the next section that
+        // reaches the store counts again from scratch.
+        self.mirror.reset_usage();
+        self.rebuild = true;
+        let mirror = &mut self.mirror;
+        self.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
+        for w in &self.pending {
+            if let Write::Usage(u) = w {
+                self.mirror.add_usage_row(u, now);
+            }
+        }
+        self.loaded = true;
+        self.rebuild = false;
+        Ok(())
+    }
+
+    /// A route ready for a decision at `now` under `limits`: pruned, and keeping every
+    /// window they read. A window its events were not kept for (a wider sliding one,
+    /// a new period) is counted from the store at once when the store answers, else
+    /// at the next section that reaches it.
+    fn ready_route(&mut self, route: &Route, limits: &LimitSet, now: i64) -> RouteId {
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.mirror.prune_route(rid, now);
+        if !self.mirror.keep_windows(rid, limits) || self.mirror.needs_reload {
+            if self.degraded || self.load_usage(now).is_err() {
+                self.rebuild = true;
+            }
+            self.mirror.prune_route(rid, now);
+        }
+        rid
+    }
+
     fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
-        if !self.loaded || self.rebuild {
-            // Rows that count at `now`: t > now - 60 s, or since the start of today (and
-            // any later).
-            let since = now.saturating_sub(MINUTE_MS - 1).min(self.mirror.earliest_day_start(now));
-            let rows = self.store.load_usage_since(since)?;
-            self.mirror.reset_usage();
-            for r in &rows {
-                self.mirror.add_usage_row(r, now);
-            }
-            for w in &self.pending {
-                if let Write::Usage(u) = w {
-                    self.mirror.add_usage_row(u, now);
-                }
-            }
-            self.loaded = true;
-            self.rebuild = false;
+        if !self.loaded || self.rebuild || self.mirror.needs_reload {
+            self.load_usage(now)?;
         }
         let changes = self.store.pull()?;
         self.apply_changes(changes, now);
+        if std::mem::take(&mut self.mirror.needs_reload) {
+            // A model declared a window its routes' events were not kept for.
+            self.rebuild = true;
+        }
         if self.rebuild {
             // A platform's calendar changed: its day windows count again from the store.
             return self.sync(now);
@@ -616,7 +656,10 @@ impl Engine {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        let retained_from = now.saturating_sub(self.settings.retention_ms);
+        // SPEC §14.2: the rows of the current period of a declared week or month limit
+        // (and of a declared sliding window) are kept past the retention.
+        let retained_from =
+            now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now));
         let sweep = match self.last_sweep {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
@@ -824,7 +867,7 @@ impl Engine {
                     outs.push(BatchOut::Lease(self.batch_lease(
                         route,
                         *est,
-                        *limits,
+                        limits.clone(),
                         *check,
                         now,
                         &mut writes,
@@ -868,13 +911,12 @@ impl Engine {
         &mut self,
         route: &Route,
         est: i64,
-        limits: Option<Limits>,
+        limits: Option<LimitSet>,
         check: bool,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
         check_non_negative("estimated_tokens", est)?;
-        let limits = limits.map(Limits::validate).transpose()?;
         if check {
             let adm = self.decide(route, est, limits, now);
             if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
@@ -1208,11 +1250,11 @@ impl Engine {
         }
     }
 
-    fn limits_for(&self, platform: &str, model_id: &str, given: Option<Limits>) -> Limits {
+    fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
         limits_from(&self.mirror, platform, model_id, given)
     }
 
-    fn gate_context(&mut self, route: &Route, limits: Option<Limits>) -> GateContext {
+    fn gate_context(&mut self, route: &Route, limits: Option<LimitSet>) -> GateContext {
         let (_, conc) = self.platform_env(&route.platform);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
@@ -1229,7 +1271,10 @@ impl Engine {
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
         check_name("platform", &model.platform)?;
         check_name("model_id", &model.model_id)?;
-        let model = ModelInfo { limits: model.limits.validate()?, ..model };
+        // A declared limit on a classic window at account scope IS that classic limit
+        // (SPEC §14.1): it is stored in its column, the others beside.
+        let set = LimitSet::with_classic(model.limits.validate()?, model.others.clone())?;
+        let model = ModelInfo { limits: set.classic(), others: set.others(), ..model };
         self.write(vec![Write::UpsertModel(model)]).map(|_| ())
     }
 
@@ -1274,6 +1319,11 @@ impl Engine {
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
         self.read(|m, _| m.model(platform, model_id).map(|m| m.limits))
+    }
+
+    /// Every declared limit of a model, the classic four included, in gate order.
+    pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
+        self.read(|m, _| m.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -1334,48 +1384,66 @@ impl Engine {
         self.write_usage(vec![row])
     }
 
-    pub fn usage(&mut self, route: &Route, limits: Option<Limits>) -> Result<UsageReport> {
-        let limits = limits.map(Limits::validate).transpose()?;
-        self.read(|m, now| {
-            let rid = m.route_id(&route.platform, &route.model_id, route.key_id);
-            m.prune_route(rid, now);
-            let l = limits_from(m, &route.platform, &route.model_id, limits);
-            let win = &m.route(rid).win;
-            let (minute, day) = (win.minute(), win.day(now));
-            UsageReport {
-                rpm: WindowReport { used: minute.requests, limit: l.rpm },
-                rpd: WindowReport { used: day.requests, limit: l.rpd },
-                tpm: WindowReport { used: minute.tokens, limit: l.tpm },
-                tpd: WindowReport { used: day.tokens, limit: l.tpd },
-                in_flight: m.route_in_flight(rid, now).count,
-            }
-        })
+    /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
+    /// every other declared limit by its reason.
+    pub fn usage(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
+        let sec = self.enter(false)?;
+        let now = sec.now;
+        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let rid = self.ready_route(route, &limits, now);
+        let m = &self.mirror;
+        let win = &m.route(rid).win;
+        let (minute, day) = (win.minute(), win.day(now));
+        let mut report = UsageReport {
+            rpm: WindowReport { used: minute.requests, limit: None },
+            rpd: WindowReport { used: day.requests, limit: None },
+            tpm: WindowReport { used: minute.tokens, limit: None },
+            tpd: WindowReport { used: day.tokens, limit: None },
+            in_flight: m.route_in_flight(rid, now).count,
+            others: Vec::new(),
+        };
+        for d in limits.iter() {
+            let slot = match d.reason {
+                Reason::Rpm => &mut report.rpm,
+                Reason::Rpd => &mut report.rpd,
+                Reason::Tpm => &mut report.tpm,
+                Reason::Tpd => &mut report.tpd,
+                _ => {
+                    let used = win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
+                    report.others.push((
+                        d.reason.as_str().to_string(),
+                        WindowReport { used, limit: Some(d.limit.limit) },
+                    ));
+                    continue;
+                }
+            };
+            slot.limit = Some(d.limit.limit);
+        }
+        self.leave(sec, Vec::new())?;
+        Ok(report)
     }
 
     // ---- gates -------------------------------------------------------------------
 
     /// All gates of SPEC §4, in order.
-    pub fn check(&mut self, route: &Route, est: i64, limits: Option<Limits>) -> Result<Admission> {
+    pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        let limits = limits.map(Limits::validate).transpose()?;
         let sec = self.enter(false)?;
         let adm = self.decide(route, est, limits, sec.now);
         self.leave(sec, Vec::new())?;
         Ok(adm)
     }
 
-    fn decide(&mut self, route: &Route, est: i64, limits: Option<Limits>, now: i64) -> Admission {
+    fn decide(&mut self, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> Admission {
         let ctx = self.gate_context(route, limits);
-        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        self.mirror.prune_route(rid, now);
+        let rid = self.ready_route(route, &ctx.limits, now);
         self.mirror.evaluate(rid, est, &ctx, now)
     }
 
     /// One gate; true when it admits. Provider gates need no model (`route.model_id`
     /// may be empty for them); the token gate uses it to bill the estimate.
-    pub fn gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<Limits>) -> Result<bool> {
+    pub fn gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        let limits = limits.map(Limits::validate).transpose()?;
         let sec = self.enter(false)?;
         let now = sec.now;
         let ctx = self.gate_context(route, limits);
@@ -1385,14 +1453,14 @@ impl Engine {
         let rid = if route.model_id.is_empty() {
             None
         } else {
-            let rid = m.route_id(&route.platform, &route.model_id, route.key_id);
-            m.prune_route(rid, now);
-            Some(rid)
+            let limits = ctx.limits.clone();
+            Some(self.ready_route(route, &limits, now))
         };
+        let m = &mut self.mirror;
         let v = m.view(rid, a, &ctx, now);
         let refused = match (gate, rid) {
-            (Gate::Request, Some(_)) => m.gate_rpm(&v, &ctx).or_else(|| m.gate_rpd(&v, &ctx, now)),
-            (Gate::Tokens, Some(_)) => m.gate_tpm(&v, est, &ctx).or_else(|| m.gate_tpd(&v, est, &ctx, now)),
+            (Gate::Request, Some(_)) => m.gate_metrics(&v, &ctx.limits, false, est, now),
+            (Gate::Tokens, Some(_)) => m.gate_metrics(&v, &ctx.limits, true, est, now),
             (Gate::Cooldown, Some(rid)) => m.gate_cooldown(rid, now),
             (Gate::ProviderDaily, _) => m.gate_provider_daily(&v, &ctx, now),
             (Gate::ProviderMinute, _) => m.gate_provider_minute(&v, &ctx),
@@ -1430,7 +1498,7 @@ impl Engine {
 
     /// SPEC §5: every gate of `check()` and the lease, as one atomic step across
     /// threads and processes (the store's write lock is held throughout).
-    pub fn lease(&mut self, route: &Route, est: i64, limits: Option<Limits>) -> Result<i64> {
+    pub fn lease(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<i64> {
         self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true }).lease_id()
     }
 
@@ -1617,17 +1685,16 @@ impl Engine {
     pub fn cooldown_decision_for_limit(
         &mut self,
         route: &Route,
-        limits: Option<Limits>,
+        limits: Option<LimitSet>,
         retry_after_ms: Option<i64>,
         quota_signal: bool,
     ) -> Result<CooldownDecision> {
-        let limits = limits.map(Limits::validate).transpose()?;
         if let Some(ra) = retry_after_ms {
             check_non_negative("retry_after_ms", ra)?;
         }
         let sec = self.enter(true)?;
         let now = sec.now;
-        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let mut writes = Vec::new();
         let d = self.limit_decision(route, limits, retry_after_ms, quota_signal, now, &mut writes);
         self.leave(sec, writes)?;
@@ -1648,6 +1715,7 @@ impl Engine {
             platform: platform.to_string(),
             model_id: model_id.to_string(),
             limits: Limits::default(),
+            others: Vec::new(),
             monthly_token_budget: None,
         });
         let slot = match learned.kind {
@@ -1695,7 +1763,7 @@ impl Engine {
     /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
     /// later-expiring cooldown), counts ladder/auth/streak history, learns limits.
     pub fn record_failure(&mut self, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
-        let limits = f.limits.map(Limits::validate).transpose()?;
+        let limits = f.limits;
         if let Some(RetryAfter::Millis(ms)) = f.retry_after {
             check_non_negative("retry_after", ms)?;
         }
@@ -1714,7 +1782,7 @@ impl Engine {
         } else {
             self.learn(&route.platform, &route.model_id, f.message.as_deref(), &mut writes)
         };
-        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
             && self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) > 0
@@ -2112,9 +2180,8 @@ impl Engine {
         let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
         self.mirror.prune_all(now);
         for (_, r) in self.mirror.routes() {
-            let (minute, day) = (r.win.minute(), r.win.day(now));
-            let used = [minute.requests, day.requests, minute.tokens, day.tokens];
-            if used.iter().all(|u| *u == 0) {
+            let used = r.win.all_counts(now);
+            if used.iter().all(|(_, c)| *c == Counts::default()) {
                 continue;
             }
             snap.usage
@@ -2133,6 +2200,29 @@ impl Engine {
         Ok(true)
     }
 
+    /// The routes of a model's routable keys keep every window of `limits` (an ad hoc
+    /// `limits=` may name one they do not): when one did not, the snapshot is rebuilt.
+    fn keep_guardrail_windows(&mut self, platform: &str, model_id: &str, limits: &LimitSet) -> Result<()> {
+        let keys = self.mirror.routable_keys(platform).to_vec();
+        let missing = keys.iter().any(|k| {
+            self.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
+                let win = &self.mirror.route(rid).win;
+                limits.windows().any(|w| !win.keeps(w))
+            })
+        });
+        if !missing {
+            return Ok(());
+        }
+        let sec = self.enter(false)?;
+        for k in keys {
+            let route = Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
+            self.ready_route(&route, limits, sec.now);
+        }
+        self.leave(sec, Vec::new())?;
+        self.window_snapshot = None;
+        Ok(())
+    }
+
     /// SPEC §9: how much of its window quota a model has used, following the key
     /// with the most headroom; `None` without window limits, without a routable key,
     /// or when the database cannot be read. Served from a snapshot reused for
@@ -2141,10 +2231,14 @@ impl Engine {
         &mut self,
         platform: &str,
         model_id: &str,
-        limits: Option<Limits>,
+        limits: Option<LimitSet>,
         key_id: Option<i64>,
     ) -> Result<Option<f64>> {
-        let limits = limits.map(Limits::validate).transpose()?;
+        let limits = self.limits_for(platform, model_id, limits);
+        if limits.is_empty() {
+            return Ok(None);
+        }
+        self.keep_guardrail_windows(platform, model_id, &limits)?;
         let now = self.clock.now_ms();
         let fresh = self
             .window_snapshot
@@ -2153,21 +2247,24 @@ impl Engine {
         if !fresh && !self.rebuild_window_snapshot()? {
             return Ok(None);
         }
-        let limits = self.limits_for(platform, model_id, limits);
-        let declared = [limits.rpm, limits.rpd, limits.tpm, limits.tpd];
-        if declared.iter().all(Option::is_none) {
-            return Ok(None);
-        }
         let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
         let keys = self.mirror.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
         let mut best: Option<f64> = None;
         for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
-            let used = per_model.and_then(|m| m.get(k)).copied().unwrap_or([0; 4]);
-            let worst = declared
+            let used = per_model.and_then(|m| m.get(k));
+            let worst = limits
                 .iter()
-                .zip(used)
-                .filter_map(|(l, u)| l.map(|l| if l <= 0 { 1.0 } else { u as f64 / l as f64 }))
+                .map(|d| {
+                    let u = used
+                        .and_then(|u| u.iter().find(|(w, _)| *w == d.limit.window))
+                        .map_or(0, |(_, c)| c.get(d.limit.metric));
+                    if d.limit.limit <= 0 {
+                        1.0
+                    } else {
+                        u as f64 / d.limit.limit as f64
+                    }
+                })
                 .fold(0.0f64, f64::max);
             best = Some(best.map_or(worst, |b| b.min(worst)));
         }
@@ -2194,6 +2291,15 @@ impl Engine {
                     continue;
                 }
                 let limits = m.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
+                let others = m
+                    .limit_set(&r.platform, &r.model_id)
+                    .iter()
+                    .filter(|d| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+                    .map(|d| {
+                        let used = r.win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
+                        (d.reason.as_str().to_string(), used, d.limit.limit)
+                    })
+                    .collect();
                 rows.push(SnapshotRow {
                     route: Route {
                         platform: r.platform.to_string(),
@@ -2205,6 +2311,7 @@ impl Engine {
                     tpm_used: minute.tokens,
                     tpd_used: day.tokens,
                     limits,
+                    others,
                     in_flight,
                     cooldown,
                 });
@@ -2226,9 +2333,9 @@ impl Engine {
     }
 }
 
-/// The limits a call uses: the given ones, else the model's stored row, else unlimited.
-pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<Limits>) -> Limits {
-    given.unwrap_or_else(|| m.model(platform, model_id).map(|m| m.limits).unwrap_or_default())
+/// The limits a call uses: the given ones, else the model's declared ones, else none.
+pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
+    given.unwrap_or_else(|| m.limit_set(platform, model_id))
 }
 
 /// Lease ids: random 63-bit numbers, distinct across processes without coordination

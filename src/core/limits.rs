@@ -346,6 +346,33 @@ impl LimitSet {
     }
 }
 
+/// The stored form of a list of limits (the `limits` column of `models`, the Redis
+/// `models` hash): space-separated `metric/per=limit`, `:key` after `per` for scope
+/// `key`, e.g. `requests/1s=1 tokens/month=1000000 requests/minute:key=5`.
+pub fn encode_limits(list: &[Limit]) -> String {
+    let one = |l: &Limit| {
+        let scope = if l.scope == Scope::Key { ":key" } else { "" };
+        format!("{}/{}{scope}={}", l.metric.as_str(), l.per, l.limit)
+    };
+    list.iter().map(one).collect::<Vec<_>>().join(" ")
+}
+
+/// Reads [`encode_limits`]' form back.
+pub fn decode_limits(text: &str) -> Result<Vec<Limit>> {
+    text.split_whitespace()
+        .map(|item| {
+            let bad = || Error::invalid(format!("malformed stored limit {item:?}"));
+            let (window, limit) = item.rsplit_once('=').ok_or_else(bad)?;
+            let (metric, per) = window.split_once('/').ok_or_else(bad)?;
+            let (per, scope) = match per.strip_suffix(":key") {
+                Some(p) => (p, "key"),
+                None => (per, "account"),
+            };
+            Limit::parse(metric, limit.parse().map_err(|_| bad())?, per, scope)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +444,15 @@ mod tests {
         // a sliding day is not the calendar day
         assert!(LimitSet::new(vec![lim("tokens", 1, "day", "account"), lim("tokens", 1, "24h", "account")])
             .is_ok());
+    }
+
+    #[test]
+    fn stored_form_round_trips() {
+        let list = vec![lim("requests", 1, "1s", "account"), lim("tokens", 5, "month", "key")];
+        assert_eq!(encode_limits(&list), "requests/1s=1 tokens/month:key=5");
+        assert_eq!(decode_limits(&encode_limits(&list)).ok(), Some(list));
+        assert_eq!(decode_limits("").ok(), Some(vec![]));
+        assert!(decode_limits("requests/1s").is_err());
     }
 
     #[test]

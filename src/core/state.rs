@@ -2,11 +2,10 @@
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
 //! incrementally from the store's change feed, and the only thing gates read.
 use crate::core::calendar::Calendar;
+use crate::core::limits::{Declared, LimitSet, Metric, WindowSpec};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKind, UsageRow};
-use crate::core::types::{
-    Admission, CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo, ProviderCaps, Reason,
-};
-use crate::core::windows::Windows;
+use crate::core::types::{Admission, CapOverrides, CooldownSource, KeyInfo, ModelInfo, ProviderCaps, Reason};
+use crate::core::windows::{Counts, Windows};
 use regex::Regex;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -77,10 +76,28 @@ pub struct InFlight {
     pub tokens: i64,
 }
 
+/// How much of an estimate of `tokens` counts in a metric's windows: the request
+/// itself in a request window; the estimate in total and input token windows (no
+/// output is estimated); nothing in output windows.
+pub fn estimate_in(metric: Metric, requests: i64, tokens: i64) -> i64 {
+    match metric {
+        Metric::Requests => requests,
+        Metric::Tokens | Metric::InputTokens => tokens,
+        Metric::OutputTokens => 0,
+    }
+}
+
+impl InFlight {
+    /// What the live leases hold in a metric's windows.
+    pub fn get(&self, metric: Metric) -> i64 {
+        estimate_in(metric, self.count, self.tokens)
+    }
+}
+
 /// What a gate needs besides the window state.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct GateContext {
-    pub limits: Limits,
+    pub limits: LimitSet,
     pub caps: ProviderCaps,
     pub concurrency_cap: Option<i64>,
 }
@@ -100,6 +117,13 @@ pub struct Mirror {
     models: HashMap<String, HashMap<String, ModelInfo>>,
     /// platform -> model_id -> the billing multiplier of its `monthly_token_budget` label.
     billing: HashMap<String, HashMap<String, Option<Multiplier>>>,
+    /// platform -> model_id -> its declared limits in gate order, built once.
+    limit_sets: HashMap<String, HashMap<String, LimitSet>>,
+    /// Some route started keeping a window its events were not kept for: the usage
+    /// is to be loaded again from the store.
+    pub needs_reload: bool,
+    /// (since, at): the last load read the rows stamped `since` or later, at `at`.
+    loaded: Option<(i64, i64)>,
     pub caps: HashMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: HashMap<i64, Vec<HistoryRow>>,
@@ -169,11 +193,12 @@ impl Mirror {
         for p in &changed {
             let cal = self.calendars.of(p);
             for r in self.routes.iter_mut().filter(|r| &*r.platform == p.as_str()) {
-                r.win = Windows::new(cal.clone());
+                r.win = r.win.cleared(cal.clone());
             }
             if let Some(accts) = self.account_index.get(p.as_str()) {
                 for a in accts.values() {
-                    self.accounts[*a as usize].win = Windows::new(cal.clone());
+                    let acct = &mut self.accounts[*a as usize];
+                    acct.win = acct.win.cleared(cal.clone());
                 }
             }
         }
@@ -228,7 +253,12 @@ impl Mirror {
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
         let id = self.routes.len() as RouteId;
-        let win = Windows::new(self.calendars.of(platform));
+        let mut win = Windows::new(self.calendars.of(platform));
+        // A route seen for the first time had no events since the last load, which
+        // reached back as far as any declared window: its windows are complete.
+        for spec in self.limit_set(platform, model_id).windows() {
+            win.keep(spec);
+        }
         self.routes.push(RouteState {
             platform: p.clone(),
             model_id: m.clone(),
@@ -295,11 +325,70 @@ impl Mirror {
     /// Forgets all window state (before a reload from the store).
     pub fn reset_usage(&mut self) {
         for r in &mut self.routes {
-            r.win = Windows::new(r.win.calendar().clone());
+            r.win = r.win.cleared(r.win.calendar().clone());
         }
         for a in &mut self.accounts {
-            a.win = Windows::new(a.win.calendar().clone());
+            a.win = a.win.cleared(a.win.calendar().clone());
         }
+        self.needs_reload = false;
+    }
+
+    /// The oldest row any window of the mirror counts at `now`: the 60 s window, the
+    /// earliest day start, and every window a route keeps or a model declares.
+    pub fn usage_horizon(&mut self, now: i64) -> i64 {
+        let from = self.usage_horizon_at(now);
+        self.loaded = Some((from, now));
+        from
+    }
+
+    fn usage_horizon_at(&mut self, now: i64) -> i64 {
+        let mut from =
+            now.saturating_sub(crate::core::clock::MINUTE_MS - 1).min(self.earliest_day_start(now));
+        let mut specs: Vec<(String, WindowSpec)> = Vec::new();
+        for (platform, models) in &self.limit_sets {
+            for set in models.values() {
+                specs.extend(set.windows().map(|w| (platform.clone(), w)));
+            }
+        }
+        for r in &self.routes {
+            from = from.min(r.win.oldest_counted(now));
+        }
+        for (platform, spec) in specs {
+            from = from.min(self.window_start(&platform, spec, now));
+        }
+        from
+    }
+
+    /// The oldest row a model's declared week, month or sliding window counts at
+    /// `now` (SPEC §14.2: retention keeps them); `now` when none is declared.
+    pub fn declared_usage_from(&mut self, now: i64) -> i64 {
+        let mut specs: Vec<(String, WindowSpec)> = Vec::new();
+        for (platform, models) in &self.limit_sets {
+            for set in models.values() {
+                specs.extend(set.windows().map(|w| (platform.clone(), w)));
+            }
+        }
+        specs.into_iter().map(|(p, w)| self.window_start(&p, w, now)).min().unwrap_or(now)
+    }
+
+    /// The oldest time a window of a platform counts at `now`.
+    fn window_start(&mut self, platform: &str, spec: WindowSpec, now: i64) -> i64 {
+        match spec {
+            WindowSpec::Sliding(w) => now.saturating_sub(w - 1),
+            WindowSpec::Calendar(p) => self.calendars.of(platform).period_start(p, now),
+        }
+    }
+
+    /// Makes a route keep every window of `set` (after `prune_route`). False when one
+    /// of them could not be counted from memory: `needs_reload` is then set.
+    pub fn keep_windows(&mut self, rid: RouteId, set: &LimitSet) -> bool {
+        let win = &mut self.routes[rid as usize].win;
+        let mut complete = true;
+        for spec in set.windows() {
+            complete &= win.keep(spec);
+        }
+        self.needs_reload |= !complete;
+        complete
     }
 
     /// Drops events that left the windows and leases that expired at `now`.
@@ -402,15 +491,42 @@ impl Mirror {
     }
 
     pub fn put_model(&mut self, m: ModelInfo) {
-        // The label's billing multiplier is read once here, not at every admission.
+        // The label's billing multiplier and the gate order are worked out once here,
+        // not at every admission.
         let billing = m.monthly_token_budget.as_deref().and_then(parse_multiplier);
         self.billing.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), billing);
+        let set = LimitSet::with_classic(m.limits, m.others.clone())
+            .unwrap_or_else(|_| LimitSet::from_classic(m.limits));
+        let routes: Vec<RouteId> = self
+            .index
+            .get(m.platform.as_str())
+            .and_then(|ms| ms.get(m.model_id.as_str()))
+            .map(|ks| ks.values().copied().collect())
+            .unwrap_or_default();
+        for rid in routes {
+            self.keep_windows(rid, &set);
+        }
+        // A declaration that reaches further back than the last load: the routes not
+        // seen yet have rows in the store to count too.
+        if let Some((since, at)) = self.loaded {
+            let platform = m.platform.clone();
+            if set.windows().any(|w| self.window_start(&platform, w, at) < since) {
+                self.needs_reload = true;
+            }
+        }
+        self.limit_sets.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), set);
         self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
+    }
+
+    /// A model's declared limits (empty when it has none).
+    pub fn limit_set(&self, platform: &str, model_id: &str) -> LimitSet {
+        self.limit_sets.get(platform).and_then(|m| m.get(model_id)).cloned().unwrap_or_default()
     }
 
     pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
         self.models.clear();
         self.billing.clear();
+        self.limit_sets.clear();
         for m in rows {
             self.put_model(m);
         }
@@ -576,22 +692,17 @@ impl Mirror {
         View { rid, account: a, route, account_count: account.count, account_billed: account.tokens }
     }
 
-    /// Runs the gates of SPEC §4 in order; the first that fails decides. Call
-    /// `prune_route` first. A pure read of the mirror.
+    /// Runs the gates of SPEC §4 and §14.1 in order; the first that fails decides.
+    /// Call `prune_route` and `keep_windows` first. A pure read of the mirror.
     pub fn evaluate(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Admission {
         let v = self.view(Some(rid), self.account_of_route(rid), ctx, now);
-        let gates: [&dyn Fn() -> Option<Admission>; 9] = [
-            &|| self.gate_cooldown(rid, now),
-            &|| self.gate_rpm(&v, ctx),
-            &|| self.gate_rpd(&v, ctx, now),
-            &|| self.gate_tpm(&v, est, ctx),
-            &|| self.gate_tpd(&v, est, ctx, now),
-            &|| self.gate_provider_daily(&v, ctx, now),
-            &|| self.gate_provider_minute(&v, ctx),
-            &|| self.gate_provider_tokens(&v, est, ctx, now),
-            &|| self.gate_concurrency(&v, ctx),
-        ];
-        gates.iter().find_map(|g| g()).unwrap_or(Admission::ALLOWED)
+        self.gate_cooldown(rid, now)
+            .or_else(|| ctx.limits.iter().find_map(|d| self.gate_limit(&v, d, est, now)))
+            .or_else(|| self.gate_provider_daily(&v, ctx, now))
+            .or_else(|| self.gate_provider_minute(&v, ctx))
+            .or_else(|| self.gate_provider_tokens(&v, est, ctx, now))
+            .or_else(|| self.gate_concurrency(&v, ctx))
+            .unwrap_or(Admission::ALLOWED)
     }
 
     pub fn gate_cooldown(&self, rid: RouteId, now: i64) -> Option<Admission> {
@@ -602,37 +713,39 @@ impl Mirror {
         v.rid.map(|r| &self.routes[r as usize].win)
     }
 
-    pub fn gate_rpm(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
-        let limit = ctx.limits.rpm?;
-        let win = self.route_win(v)?;
-        let used = win.minute().requests.saturating_add(v.route.count);
-        (used >= limit).then(|| {
-            let excess = used.saturating_sub(limit).saturating_add(1);
-            Admission::refused(Reason::Rpm, win.minute_release_time(excess, false))
-        })
+    /// What a route has used in a window (`None` when it does not keep it).
+    pub fn route_counts(&self, rid: RouteId, spec: WindowSpec, now: i64) -> Option<Counts> {
+        self.routes[rid as usize].win.counts(spec, now)
     }
 
-    pub fn gate_rpd(&self, v: &View, ctx: &GateContext, now: i64) -> Option<Admission> {
-        let limit = ctx.limits.rpd?;
+    /// One declared limit: a request window refuses when recorded requests and live
+    /// leases reach the limit; a token window when they and the estimate exceed it.
+    /// Each key is its own account, so both scopes count the route (SPEC §14.3).
+    pub fn gate_limit(&self, v: &View, d: &Declared, est: i64, now: i64) -> Option<Admission> {
+        let l = &d.limit;
         let win = self.route_win(v)?;
-        let used = win.day(now).requests.saturating_add(v.route.count);
-        (used >= limit).then(|| Admission::refused(Reason::Rpd, Some(win.calendar().next_day_start(now))))
+        let used = win.counts(l.window, now)?.get(l.metric).saturating_add(v.route.get(l.metric));
+        let (over, excess) = if l.metric.is_tokens() {
+            let total = used.saturating_add(estimate_in(l.metric, 1, est));
+            (total > l.limit, total.saturating_sub(l.limit))
+        } else {
+            (used >= l.limit, used.saturating_sub(l.limit).saturating_add(1))
+        };
+        over.then(|| Admission::refused(d.reason.clone(), win.release_time(l.window, l.metric, excess, now)))
     }
 
-    pub fn gate_tpm(&self, v: &View, est: i64, ctx: &GateContext) -> Option<Admission> {
-        let limit = ctx.limits.tpm?;
-        let win = self.route_win(v)?;
-        let total = win.minute().tokens.saturating_add(v.route.tokens).saturating_add(est);
-        (total > limit).then(|| {
-            Admission::refused(Reason::Tpm, win.minute_release_time(total.saturating_sub(limit), true))
-        })
-    }
-
-    pub fn gate_tpd(&self, v: &View, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
-        let limit = ctx.limits.tpd?;
-        let win = self.route_win(v)?;
-        let total = win.day(now).tokens.saturating_add(v.route.tokens).saturating_add(est);
-        (total > limit).then(|| Admission::refused(Reason::Tpd, Some(win.calendar().next_day_start(now))))
+    /// The gates of one metric group of `set`: requests (`tokens = false`) or tokens.
+    pub fn gate_metrics(
+        &self,
+        v: &View,
+        set: &LimitSet,
+        tokens: bool,
+        est: i64,
+        now: i64,
+    ) -> Option<Admission> {
+        set.iter()
+            .filter(|d| d.limit.metric.is_tokens() == tokens)
+            .find_map(|d| self.gate_limit(v, d, est, now))
     }
 
     pub fn gate_provider_daily(&self, v: &View, ctx: &GateContext, now: i64) -> Option<Admission> {
@@ -725,7 +838,10 @@ mod tests {
     fn gates_refuse_at_limit_and_report_retry() {
         let mut m = Mirror::default();
         let rid = m.route_id("groq", "llama", 1);
-        let ctx = GateContext { limits: Limits { rpm: Some(2), ..Limits::default() }, ..Default::default() };
+        let ctx = GateContext {
+            limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(2), ..Default::default() }),
+            ..Default::default()
+        };
         let t0 = 1_000_000;
         m.add_usage(rid, 1, 0, t0, t0);
         assert_eq!(m.evaluate(rid, 0, &ctx, t0), Admission::ALLOWED);
@@ -740,7 +856,10 @@ mod tests {
     fn leases_count_until_they_expire() {
         let mut m = Mirror::default();
         let rid = m.route_id("groq", "llama", 1);
-        let ctx = GateContext { limits: Limits { rpm: Some(1), ..Limits::default() }, ..Default::default() };
+        let ctx = GateContext {
+            limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
+            ..Default::default()
+        };
         m.add_lease(7, LeaseRec { route: rid, tokens: 5, created_at_ms: 0, expires_at_ms: 100 });
         // only the lease blocks: no retry time for a sliding window
         assert_eq!(m.evaluate(rid, 0, &ctx, 50), Admission::refused(Reason::Rpm, None));

@@ -176,7 +176,10 @@ pub struct KeyInfo {
 pub struct ModelInfo {
     pub platform: String,
     pub model_id: String,
+    /// The classic four.
     pub limits: Limits,
+    /// Every other declared limit (SPEC §14.1).
+    pub others: Vec<crate::core::limits::Limit>,
     pub monthly_token_budget: Option<String>,
 }
 

@@ -81,6 +81,8 @@ pub struct Windows {
     periods: [Option<Vec<(i64, Counts)>>; 3],
     /// Where its periods start.
     cal: Calendar,
+    /// The `now` of the last prune: what the windows count is as of then.
+    at: i64,
 }
 
 impl Default for Windows {
@@ -98,6 +100,7 @@ impl Windows {
             slides: vec![Slide { width: MINUTE_MS, first: 0, sum: Counts::default() }],
             periods: [Some(Vec::new()), None, None],
             cal,
+            at: i64::MIN,
         }
     }
 
@@ -129,11 +132,11 @@ impl Windows {
         }
     }
 
-    /// Starts keeping `spec` (call `prune(now)` first). True when its count is already
-    /// complete: a sliding window no wider than the longest kept counts from the
-    /// event list; a wider one or a new period starts empty, and the caller reloads
-    /// the state's history.
-    pub fn keep(&mut self, spec: WindowSpec, now: i64) -> bool {
+    /// Starts keeping `spec`. True when its count is already complete: a sliding
+    /// window no wider than the longest kept counts from the event list; a wider one
+    /// or a new period starts empty, and the caller reloads the state's history.
+    pub fn keep(&mut self, spec: WindowSpec) -> bool {
+        let now = self.at;
         if self.keeps(spec) {
             return true;
         }
@@ -166,6 +169,17 @@ impl Windows {
                 i
             }
         }
+    }
+
+    /// The oldest event time any kept window counts at `now`.
+    pub fn oldest_counted(&self, now: i64) -> i64 {
+        let mut from = now.saturating_sub(self.horizon() - 1);
+        for p in Period::ALL {
+            if self.periods[p.index()].is_some() {
+                from = from.min(self.cal.period_start(p, now));
+            }
+        }
+        from
     }
 
     /// The longest sliding width kept.
@@ -218,6 +232,7 @@ impl Windows {
     /// Drops what has left the windows at `now`. Callers rebuild from the store when
     /// the clock steps back, since dropped events may then count again.
     pub fn prune(&mut self, now: i64) {
+        self.at = now;
         let end = self.popped + self.events.len() as u64;
         for s in &mut self.slides {
             let boundary = now.saturating_sub(s.width);
@@ -262,6 +277,16 @@ impl Windows {
                 Some(c)
             }
         }
+    }
+
+    /// Every kept window with its counts at `now` (call `prune(now)` first).
+    pub fn all_counts(&self, now: i64) -> Vec<(WindowSpec, Counts)> {
+        let sliding = self.slides.iter().map(|s| (WindowSpec::Sliding(s.width), s.sum));
+        let periods = Period::ALL.into_iter().filter_map(|p| {
+            let spec = WindowSpec::Calendar(p);
+            self.counts(spec, now).map(|c| (spec, c))
+        });
+        sliding.chain(periods).collect()
     }
 
     /// Sliding 60 s counts (events with `t > now - 60 000`; call `prune(now)` first).
@@ -384,8 +409,8 @@ mod tests {
     #[test]
     fn many_sliding_widths_share_one_list() {
         let mut w = Windows::default();
-        assert!(w.keep(WindowSpec::Sliding(1_000), T0));
-        assert!(!w.keep(WindowSpec::Sliding(5 * 3_600_000), T0)); // wider: reload
+        assert!(w.keep(WindowSpec::Sliding(1_000)));
+        assert!(!w.keep(WindowSpec::Sliding(5 * 3_600_000))); // wider: reload
         for i in 0..20 {
             let t = T0 + i * 500; // 2 per second for 10 s
             w.add(t, 1, 10, t);
@@ -408,14 +433,14 @@ mod tests {
             Some(T0 + 5 * 3_600_000)
         );
         // a narrower window added later counts what the list holds
-        assert!(w.keep(WindowSpec::Sliding(2 * 3_600_000), later));
+        assert!(w.keep(WindowSpec::Sliding(2 * 3_600_000)));
         assert_eq!(w.counts(WindowSpec::Sliding(2 * 3_600_000), later).map(|c| c.requests), Some(21));
     }
 
     #[test]
     fn calendar_periods_count_since_their_start() {
         let mut w = Windows::default();
-        assert!(!w.keep(WindowSpec::Calendar(Period::Month), T0));
+        assert!(!w.keep(WindowSpec::Calendar(Period::Month)));
         let month_start = Calendar::utc().period_start(Period::Month, T0);
         let next = Calendar::utc().next_period_start(Period::Month, T0);
         w.add(month_start, 1, 3, T0);

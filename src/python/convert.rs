@@ -1,7 +1,9 @@
 //! Argument conversion with the SPEC §13 rules: a bool or a float where an int is
 //! asked is a TypeError, an int outside int64 an OverflowError, NaN a ValueError.
+use super::errors::to_pyerr;
 use super::errors::{overflow_error, type_error};
-use super::types::PyLimits;
+use super::types::{PyLimit, PyLimits};
+use crate::core::limits::{Limit, LimitSet};
 use crate::core::types::Limits;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -62,12 +64,47 @@ pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
     Ok(v)
 }
 
-/// `limits=`: None, a `Limits`, or a dict with keys among rpm, rpd, tpm, tpd.
-pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Limits>> {
+/// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
+/// iterable of `Limit` (SPEC §14.1).
+pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LimitSet>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     if let Ok(l) = obj.cast::<PyLimits>() {
-        return Ok(Some(l.get().0));
+        return Ok(Some(LimitSet::from_classic(l.get().0)));
     }
+    if obj.is_instance_of::<PyDict>() {
+        return LimitSet::with_classic(classic_limits_dict(obj)?, Vec::new()).map(Some).map_err(to_pyerr);
+    }
+    let list = limit_list_arg(obj, "limits")?;
+    LimitSet::new(list).map(Some).map_err(to_pyerr)
+}
+
+/// An iterable of `Limit` (not a str, not a single `Limit`).
+pub fn limit_list_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Limit>> {
+    let expected = || {
+        type_error(format!(
+            "{name} must be a Limits, a dict with rpm/rpd/tpm/tpd, an iterable of Limit, or None"
+        ))
+    };
+    if obj.is_instance_of::<PyString>() || obj.cast::<PyLimit>().is_ok() {
+        return Err(expected());
+    }
+    let iter = obj.try_iter().map_err(|_| expected())?;
+    let mut out = Vec::new();
+    for item in iter {
+        let item = item?;
+        let l = item.cast::<PyLimit>().map_err(|_| {
+            type_error(format!(
+                "{name} must hold Limit values, not {}",
+                item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            ))
+        })?;
+        out.push(l.get().0.clone());
+    }
+    Ok(out)
+}
+
+/// A dict with keys among rpm, rpd, tpm, tpd.
+fn classic_limits_dict(obj: &Bound<'_, PyAny>) -> PyResult<Limits> {
     let dict = obj
         .cast::<PyDict>()
         .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;
@@ -87,7 +124,7 @@ pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Limits>> {
         };
         *slot = opt_limit(&v, &key)?;
     }
-    Ok(Some(l))
+    Ok(l)
 }
 
 /// One limit: None or an int >= 0.

@@ -1,11 +1,11 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
 use super::convert::failure_args;
-use super::convert::{count_arg, int_arg, limits_arg, opt_int_arg, opt_limit, str_arg};
+use super::convert::{count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg};
 use super::errors::to_pyerr;
 use super::lease::PyLease;
 use super::types::{
-    PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits, PyManualClock,
-    PyProviderCaps,
+    PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
+    PyManualClock, PyProviderCaps,
 };
 use super::validator::PyValidator;
 use crate::core::clock::{Clock, SystemClock};
@@ -67,6 +67,9 @@ fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDi
     d.set_item("tpm", window(py, u.tpm.used, u.tpm.limit)?)?;
     d.set_item("tpd", window(py, u.tpd.used, u.tpd.limit)?)?;
     d.set_item("in_flight", u.in_flight)?;
+    for (reason, w) in &u.others {
+        d.set_item(reason, window(py, w.used, w.limit)?)?;
+    }
     Ok(d)
 }
 
@@ -286,7 +289,9 @@ impl PyQuotaEngine {
         self.run(py, move |e| e.register_key(key))
     }
 
-    #[pyo3(signature = (platform, model_id, *, rpm=None, rpd=None, tpm=None, tpd=None, monthly_token_budget=None))]
+    /// SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
+    /// `limits=` (an iterable of `Limit`).
+    #[pyo3(signature = (platform, model_id, *, rpm=None, rpd=None, tpm=None, tpd=None, monthly_token_budget=None, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn set_model_limits(
         &self,
@@ -298,7 +303,12 @@ impl PyQuotaEngine {
         tpm: Option<&Bound<'_, PyAny>>,
         tpd: Option<&Bound<'_, PyAny>>,
         monthly_token_budget: Option<String>,
+        limits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let others = match limits.filter(|l| !l.is_none()) {
+            Some(l) => limit_list_arg(l, "limits")?,
+            None => Vec::new(),
+        };
         let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
         let model = ModelInfo {
             platform: str_arg(platform, "platform")?.to_string(),
@@ -309,6 +319,7 @@ impl PyQuotaEngine {
                 tpm: get(tpm, "tpm")?,
                 tpd: get(tpd, "tpd")?,
             },
+            others,
             monthly_token_budget,
         };
         self.run(py, move |e| e.set_model_limits(model))
@@ -371,6 +382,18 @@ impl PyQuotaEngine {
     ) -> PyResult<Option<PyLimits>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         Ok(self.run(py, |e| e.model_limits(p, m))?.map(PyLimits))
+    }
+
+    /// SPEC §14.1: every declared limit of the model, the classic ones included, in
+    /// gate order (a classic one with `per` "minute" or "day").
+    fn model_limit_list(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<PyLimit>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        Ok(self.run(py, |e| e.model_limit_list(p, m))?.into_iter().map(PyLimit).collect())
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -1018,6 +1041,8 @@ impl PyQuotaEngine {
             d.set_item("tpd_used", r.tpd_used)?;
             d.set_item("tpd_limit", r.limits.tpd)?;
             d.set_item("used_fraction", r.used_fraction())?;
+            // SPEC §14.1: every other declared limit, as (reason, used, limit).
+            d.set_item("declared", r.others.clone())?;
             d.set_item("in_flight", r.in_flight)?;
             d.set_item("cooldown_source", r.cooldown.map(|c| c.source.as_str()))?;
             d.set_item("cooldown_expires_at_ms", r.cooldown.map(|c| c.expires_at_ms))?;

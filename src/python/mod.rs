@@ -19,7 +19,7 @@ mod _quotaengine {
     use super::lease::{PyLease, PyReady};
     #[pymodule_export]
     use super::types::{
-        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimits,
+        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
         PyManualClock, PyProbePassResult, PyProviderCaps, PyQuotaObservation, PyQuotaState,
     };
 

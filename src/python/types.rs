@@ -1,6 +1,8 @@
 //! Value types seen from Python: frozen, comparable, with readable reprs.
-use super::convert::{int_arg, opt_limit};
+use super::convert::{int_arg, opt_limit, str_arg};
+use super::errors::to_pyerr;
 use crate::core::clock::{Clock, ManualClock};
+use crate::core::limits::Limit;
 use crate::core::types::{Admission, Cooldown, Limits, ProviderCaps};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -8,6 +10,60 @@ use std::sync::Arc;
 
 fn opt(v: Option<i64>) -> String {
     v.map_or_else(|| "None".to_string(), |v| v.to_string())
+}
+
+/// One limit as data (SPEC §14.1): at most `limit` of `metric` per `per`, counted at
+/// `scope`. `per` is "minute", "day", "week", "month" or a sliding width "<N>s",
+/// "<N>m", "<N>h", "<N>d" from 1s to 31d; `metric` is "requests", "tokens",
+/// "input_tokens" or "output_tokens"; `scope` is "account" (default) or "key".
+#[pyclass(frozen, eq, hash, name = "Limit", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PyLimit(pub Limit);
+
+#[pymethods]
+impl PyLimit {
+    #[new]
+    #[pyo3(signature = (metric, limit, per, scope=None), text_signature = "(metric, limit, per, scope='account')")]
+    fn new(
+        metric: &Bound<'_, PyAny>,
+        limit: &Bound<'_, PyAny>,
+        per: &Bound<'_, PyAny>,
+        scope: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let metric = str_arg(metric, "metric")?;
+        let limit = int_arg(limit, "limit")?;
+        let per = str_arg(per, "per")?;
+        let scope = match scope {
+            Some(s) => str_arg(s, "scope")?,
+            None => "account",
+        };
+        Limit::parse(metric, limit, per, scope).map(Self).map_err(to_pyerr)
+    }
+    #[getter]
+    fn metric(&self) -> &'static str {
+        self.0.metric.as_str()
+    }
+    #[getter]
+    fn limit(&self) -> i64 {
+        self.0.limit
+    }
+    #[getter]
+    fn per(&self) -> &str {
+        &self.0.per
+    }
+    #[getter]
+    fn scope(&self) -> &'static str {
+        self.0.scope.as_str()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Limit(metric={:?}, limit={}, per={:?}, scope={:?})",
+            self.0.metric.as_str(),
+            self.0.limit,
+            &*self.0.per,
+            self.0.scope.as_str()
+        )
+    }
 }
 
 /// A model's window limits; `None` is unlimited.

@@ -288,7 +288,7 @@ pub trait Store: Send {
     fn pull(&mut self) -> StoreResult<Changes>;
     /// Inside a section: all usage rows with `created_at_ms >= since_ms`, and resets
     /// the usage feed to follow on from them (start-up, or after the clock stepped back).
-    fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>>;
+    fn load_usage_since(&mut self, since_ms: i64, f: &mut dyn FnMut(UsageRow)) -> StoreResult<()>;
     /// Inside a write section: applies one change. Returns the new row id for inserts,
     /// the number of affected rows for deletes, 0 otherwise.
     fn write(&mut self, w: &Write) -> StoreResult<i64>;

@@ -29,6 +29,7 @@ use super::{
     UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::limits::{decode_limits, encode_limits};
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
 use redis::Value;
 use std::collections::HashMap;
@@ -282,7 +283,14 @@ fn parse_key(v: &str) -> StoreResult<KeyInfo> {
 
 fn parse_model(field: &str, v: &str) -> StoreResult<ModelInfo> {
     let k = split(field, 2)?;
-    let f = split(v, 5)?;
+    // Five fields before limits as data; the sixth lists the other limits.
+    let mut f: Vec<&str> = v.splitn(6, SEP).collect();
+    if f.len() == 5 {
+        f.push("");
+    }
+    if f.len() != 6 {
+        return Err(unavailable(format!("malformed stored value {v:?}")));
+    }
     Ok(ModelInfo {
         platform: unesc(k[0]),
         model_id: unesc(k[1]),
@@ -292,6 +300,7 @@ fn parse_model(field: &str, v: &str) -> StoreResult<ModelInfo> {
             tpm: parse_opt_i64(f[2])?,
             tpd: parse_opt_i64(f[3])?,
         },
+        others: decode_limits(f[5]).unwrap_or_default(),
         monthly_token_budget: unopt(f[4]),
     })
 }
@@ -702,12 +711,13 @@ impl RedisStore {
                 "models".into(),
                 route(&m.platform, &m.model_id),
                 format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
                     opt_i64(m.limits.rpm),
                     opt_i64(m.limits.rpd),
                     opt_i64(m.limits.tpm),
                     opt_i64(m.limits.tpd),
-                    opt(m.monthly_token_budget.as_deref())
+                    opt(m.monthly_token_budget.as_deref()),
+                    encode_limits(&m.others)
                 ),
             ]),
             Write::SetCaps(platform, c) => out.extend([
@@ -1006,8 +1016,7 @@ impl Store for RedisStore {
         Ok(ch)
     }
 
-    fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>> {
-        let mut rows = Vec::new();
+    fn load_usage_since(&mut self, since_ms: i64, f: &mut dyn FnMut(UsageRow)) -> StoreResult<()> {
         let mut lease_entries = Vec::new();
         let seen = stream_id(&self.cursor);
         let owner = self.owner.clone();
@@ -1015,7 +1024,7 @@ impl Store for RedisStore {
             if body.starts_with('U') {
                 let u = parse_usage(body)?;
                 if u.created_at_ms >= since_ms {
-                    rows.push(u);
+                    f(u);
                 }
             } else if who != owner && stream_id(id) > seen {
                 lease_entries.push(body.to_string());
@@ -1031,7 +1040,7 @@ impl Store for RedisStore {
         if !last.is_empty() && stream_id(&last) > seen {
             self.cursor = last;
         }
-        Ok(rows)
+        Ok(())
     }
 
     fn write(&mut self, w: &Write) -> StoreResult<i64> {

@@ -152,6 +152,13 @@ CREATE TABLE platform_calendars (
 );
 INSERT INTO quotaengine_meta (name, version) VALUES ('platform_calendars', 0);
 "#,
+    r#"
+-- Version 4: limits as data (SPEC §14.1). The classic four stay in their columns;
+-- every other declared limit of a model is listed in `limits`, space-separated
+-- `metric/per=limit` with `:key` after `per` for scope key, e.g.
+-- 'requests/1s=1 tokens/month=1000000'. NULL or '' when there are none.
+ALTER TABLE models ADD COLUMN limits TEXT;
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

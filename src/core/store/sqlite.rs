@@ -5,6 +5,7 @@ use super::{
     UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::limits::{decode_limits, encode_limits};
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::sync::Arc;
@@ -22,20 +23,11 @@ pub struct SqliteStore {
     /// restored by a rollback so that our abandoned inserts' ids are read again.
     cursor_at_begin: Option<i64>,
     versions: [i64; VERSIONED_TABLES.len()],
-    /// Retention without a time index: rows arrive in id order and almost in time
-    /// order; the few stamped well before the newest seen ("stragglers": another
-    /// process's slow clock, a plain sqlite3 insert, rows written after an outage)
-    /// are remembered by id.
-    stragglers: Vec<(i64, i64)>,
-    /// At least the newest time of any row below the ones still to come (an
-    /// overestimate only makes more stragglers).
-    newest_seen_ms: i64,
+    /// What the rows read so far say about stragglers (for retention).
+    seen: RowsSeen,
     /// Until the first sweep has scanned the whole table, rows older than this
     /// engine may hide anywhere.
     full_sweep_done: bool,
-    /// The newest time of a straggler that could not be remembered (past
-    /// `MAX_STRAGGLERS`): sweeps scan the table until their cutoff passes it.
-    untracked_until: i64,
     /// `usage_trims` as of the last pull: a sweep that deleted the newest rows
     /// (so SQLite hands their ids out again) bumps it, and every engine following
     /// the table by id steps its cursor back to what was left.
@@ -175,10 +167,8 @@ impl SqliteStore {
             usage_cursor: None,
             cursor_at_begin: None,
             versions: [-1; VERSIONED_TABLES.len()],
-            stragglers: Vec::new(),
-            newest_seen_ms: i64::MIN,
+            seen: RowsSeen { stragglers: Vec::new(), newest_seen_ms: i64::MIN, untracked_until: i64::MIN },
             full_sweep_done: false,
-            untracked_until: i64::MIN,
             trims_seen: None,
             trims_at_begin: None,
             sweep_cutoff: None,
@@ -240,37 +230,23 @@ impl SqliteStore {
         Ok((hdr, self.data_version()?))
     }
 
-    fn note_row(&mut self, id: i64, t: i64) {
-        if t.saturating_add(STRAGGLER_SLACK_MS) < self.newest_seen_ms {
-            if self.stragglers.len() < MAX_STRAGGLERS {
-                self.stragglers.push((id, t));
-            } else {
-                self.untracked_until = self.untracked_until.max(t);
+    /// Streams the usage rows `sql` selects to `f` (none is kept here: a load of a
+    /// month of rows costs the windows' counters, not the rows); returns the largest id.
+    fn read_usage(&mut self, sql: &str, arg: i64, f: &mut dyn FnMut(UsageRow)) -> rusqlite::Result<i64> {
+        let (conn, seen) = (&self.conn, &mut self.seen);
+        (|| {
+            let mut stmt = conn.prepare_cached(sql)?;
+            let mut rows = stmt.query([arg])?;
+            let mut max_id = 0;
+            let mut names = Interner::default();
+            while let Some(r) = rows.next()? {
+                let id: i64 = r.get(0)?;
+                max_id = max_id.max(id);
+                seen.note(id, r.get::<_, i64>(6)?);
+                f(usage_row(r, &mut names)?);
             }
-        } else {
-            self.newest_seen_ms = self.newest_seen_ms.max(t);
-        }
-    }
-
-    fn read_usage(&mut self, sql: &str, arg: i64) -> rusqlite::Result<(Vec<UsageRow>, i64)> {
-        let mut stmt = self.conn.prepare_cached(sql)?;
-        let mut rows = stmt.query([arg])?;
-        let mut out = Vec::new();
-        let mut max_id = 0;
-        let mut names = Interner::default();
-        let mut seen = Vec::new();
-        while let Some(r) = rows.next()? {
-            let id: i64 = r.get(0)?;
-            max_id = max_id.max(id);
-            seen.push((id, r.get::<_, i64>(6)?));
-            out.push(usage_row(r, &mut names)?);
-        }
-        drop(rows);
-        drop(stmt);
-        for (id, t) in seen {
-            self.note_row(id, t);
-        }
-        Ok((out, max_id))
+            Ok(max_id)
+        })()
     }
 
     fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
@@ -331,13 +307,17 @@ impl SqliteStore {
 
     fn read_models(&self) -> rusqlite::Result<Vec<ModelInfo>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget FROM models",
+            "SELECT platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget, limits \
+             FROM models",
         )?;
         let rows = stmt.query_map([], |r| {
+            let others: Option<String> = r.get(7)?;
             Ok(ModelInfo {
                 platform: r.get(0)?,
                 model_id: r.get(1)?,
                 limits: Limits { rpm: r.get(2)?, rpd: r.get(3)?, tpm: r.get(4)?, tpd: r.get(5)? },
+                // A row a plain writer spoiled keeps its classic four.
+                others: others.as_deref().map(decode_limits).and_then(|l| l.ok()).unwrap_or_default(),
                 monthly_token_budget: r.get(6)?,
             })
         })?;
@@ -429,10 +409,12 @@ impl SqliteStore {
                 self.usage_cursor = Some(0);
             }
             let cursor = self.usage_cursor.unwrap_or(0);
-            let (rows, max_id) = self.read_usage(
+            let mut rows = Vec::new();
+            let max_id = self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms \
                  FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
                 cursor,
+                &mut |row| rows.push(row),
             )?;
             self.usage_cursor = Some(cursor.max(max_id));
             self.cursor_at_begin = self.usage_cursor;
@@ -503,7 +485,7 @@ impl SqliteStore {
         if let Some(cur) = self.usage_cursor.as_mut() {
             *cur = (*cur).max(id);
         }
-        self.note_row(id, u.created_at_ms);
+        self.seen.note(id, u.created_at_ms);
         Ok(id)
     }
 
@@ -536,7 +518,7 @@ impl SqliteStore {
             *cur = (*cur).max(last);
         }
         for (n, u) in rows().enumerate() {
-            self.note_row(first + n as i64, u.created_at_ms);
+            self.seen.note(first + n as i64, u.created_at_ms);
         }
         Ok(())
     }
@@ -599,10 +581,11 @@ impl SqliteStore {
             }
             Write::UpsertModel(m) => {
                 c.prepare_cached(
-                    "INSERT INTO models (platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (platform, model_id) DO UPDATE SET \
+                    "INSERT INTO models (platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget, limits) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (platform, model_id) DO UPDATE SET \
                      rpm_limit = excluded.rpm_limit, rpd_limit = excluded.rpd_limit, tpm_limit = excluded.tpm_limit, \
-                     tpd_limit = excluded.tpd_limit, monthly_token_budget = excluded.monthly_token_budget",
+                     tpd_limit = excluded.tpd_limit, monthly_token_budget = excluded.monthly_token_budget, \
+                     limits = excluded.limits",
                 )?
                 .execute(params![
                     m.platform,
@@ -611,7 +594,8 @@ impl SqliteStore {
                     m.limits.rpd,
                     m.limits.tpm,
                     m.limits.tpd,
-                    m.monthly_token_budget
+                    m.monthly_token_budget,
+                    (!m.others.is_empty()).then(|| encode_limits(&m.others)),
                 ])?;
                 0
             }
@@ -693,7 +677,7 @@ impl SqliteStore {
                         .query_row([], |r| r.get(0))
                 };
                 let top_before = top(c)?;
-                let n = if self.full_sweep_done && cutoff > self.untracked_until {
+                let n = if self.full_sweep_done && cutoff > self.seen.untracked_until {
                     // Ids follow commit order, and a row stamped more than the slack
                     // before a row below it is a remembered straggler. So past the first
                     // id stamped at or after cutoff + slack, every other row is at or
@@ -706,7 +690,7 @@ impl SqliteStore {
                              9223372036854775807) AND created_at_ms < ?1",
                         )?
                         .execute([cutoff, cutoff.saturating_add(STRAGGLER_SLACK_MS)])?;
-                    for (id, _) in self.stragglers.iter().filter(|(_, t)| *t < cutoff) {
+                    for (id, _) in self.seen.stragglers.iter().filter(|(_, t)| *t < cutoff) {
                         n += c
                             .prepare_cached(
                                 "DELETE FROM rate_limit_usage WHERE id = ?1 AND created_at_ms < ?2",
@@ -843,6 +827,35 @@ impl Interner {
     }
 }
 
+/// Retention without a time index: rows arrive in id order and almost in time order;
+/// the few stamped well before the newest seen ("stragglers": another process's slow
+/// clock, a plain sqlite3 insert, rows written after an outage) are remembered by id.
+/// Kept apart from the connection, so that rows stream to the engine while it reads.
+struct RowsSeen {
+    /// At least the newest time of any row below the ones still to come (an
+    /// overestimate only makes more stragglers).
+    newest_seen_ms: i64,
+    /// The newest time of a straggler that could not be remembered (past
+    /// `MAX_STRAGGLERS`): sweeps scan the table until their cutoff passes it.
+    untracked_until: i64,
+    stragglers: Vec<(i64, i64)>,
+}
+
+impl RowsSeen {
+    /// A row `id` stamped `t` was seen.
+    fn note(&mut self, id: i64, t: i64) {
+        if t.saturating_add(STRAGGLER_SLACK_MS) < self.newest_seen_ms {
+            if self.stragglers.len() < MAX_STRAGGLERS {
+                self.stragglers.push((id, t));
+            } else {
+                self.untracked_until = self.untracked_until.max(t);
+            }
+        } else {
+            self.newest_seen_ms = self.newest_seen_ms.max(t);
+        }
+    }
+}
+
 impl Store for SqliteStore {
     fn readonly(&self) -> bool {
         self.readonly
@@ -891,7 +904,7 @@ impl Store for SqliteStore {
                 self.cursor_at_begin = self.usage_cursor;
                 self.trims_at_begin = self.trims_seen;
                 if let Some(cutoff) = self.sweep_cutoff.take() {
-                    self.stragglers.retain(|(_, t)| *t >= cutoff);
+                    self.seen.stragglers.retain(|(_, t)| *t >= cutoff);
                     self.full_sweep_done = true;
                 }
                 Ok(())
@@ -921,21 +934,22 @@ impl Store for SqliteStore {
         Ok(self.pull_inner()?)
     }
 
-    fn load_usage_since(&mut self, since_ms: i64) -> StoreResult<Vec<UsageRow>> {
-        let (rows, _) = self.read_usage(
+    fn load_usage_since(&mut self, since_ms: i64, f: &mut dyn FnMut(UsageRow)) -> StoreResult<()> {
+        self.read_usage(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
             since_ms,
+            f,
         )?;
         let max_id: i64 =
             self.conn.query_row("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage", [], |r| r.get(0))?;
         // Rows not loaded are stamped before `since_ms`: a row stamped well before
         // that, arriving later, is a straggler.
-        self.newest_seen_ms = self.newest_seen_ms.max(since_ms);
+        self.seen.newest_seen_ms = self.seen.newest_seen_ms.max(since_ms);
         self.usage_cursor = Some(max_id);
         self.cursor_at_begin = self.usage_cursor;
-        Ok(rows)
+        Ok(())
     }
 
     fn write(&mut self, w: &Write) -> StoreResult<i64> {

@@ -1,0 +1,438 @@
+"""Limits as data (SPEC §14.1): `Limit(metric, limit, per, scope)`, sliding widths from 1 s to
+31 d, calendar day/week/month in the platform's calendar, gate order and reasons, `usage()`
+keys, `model_limit_list`, `limits=` as an iterable of `Limit` everywhere, persistence and
+retention. Both backends, ManualClock."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import quotaengine as q
+from quotaengine import Limit
+
+SEC = 1_000
+MIN = 60_000
+HOUR = 3_600_000
+DAY = 24 * HOUR
+DEC1 = 1_796_083_200_000  # Tuesday 2026-12-01 00:00 UTC
+MON = DEC1 - DAY  # Monday 2026-11-30 00:00 UTC
+P, M, K = "mistral", "mistral-small", 1
+
+
+@pytest.fixture
+def lclock() -> q.ManualClock:
+    return q.ManualClock(DEC1 + 10 * HOUR)
+
+
+@pytest.fixture
+def e(store: str, lclock: q.ManualClock) -> q.QuotaEngine:
+    eng = q.QuotaEngine(store, clock=lclock, env={})
+    yield eng  # type: ignore[misc]
+    eng.close()
+
+
+# ---- the value ----------------------------------------------------------------------------
+
+
+def test_a_limit_is_a_frozen_hashable_value() -> None:
+    a = Limit("requests", 10, "1s", scope="account")
+    assert (a.metric, a.limit, a.per, a.scope) == ("requests", 10, "1s", "account")
+    assert repr(a) == 'Limit(metric="requests", limit=10, per="1s", scope="account")'
+    assert a == Limit("requests", 10, "1s") and hash(a) == hash(Limit("requests", 10, "1s"))
+    assert a != Limit("requests", 10, "1s", "key")
+    assert len({a, Limit("requests", 10, "1s"), Limit("tokens", 10, "1s")}) == 2
+    with pytest.raises(AttributeError):
+        a.limit = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("per", ["1s", "10s", "60s", "1m", "5h", "7d", "31d", "24h", "minute", "day", "week", "month"])
+def test_accepted_per_forms(per: str) -> None:
+    assert Limit("tokens", 1, per).per == per
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("requests", 1, "hour"), '"minute", "day", "week", "month"'),
+        (("requests", 1, "1.5h"), "<N>s"),
+        (("requests", 1, "0s"), "1s to 31d"),
+        (("requests", 1, "32d"), "1s to 31d"),
+        (("requests", 1, "745h"), "1s to 31d"),
+        (("requests", 1, ""), "<N>h"),
+        (("requests", 1, "-5s"), "<N>s"),
+        (("calls", 1, "minute"), '"requests", "tokens", "input_tokens" or "output_tokens"'),
+        (("requests", -1, "minute"), ">= 0"),
+    ],
+)
+def test_bad_limits_are_value_errors_naming_what_is_accepted(args: tuple[str, int, str], needle: str) -> None:
+    with pytest.raises(ValueError, match="expected|accepted|>= 0") as err:
+        Limit(*args)
+    assert needle in str(err.value)
+
+
+def test_bad_scope_and_types() -> None:
+    with pytest.raises(ValueError, match='"account" or "key"'):
+        Limit("requests", 1, "minute", "org")
+    with pytest.raises(TypeError):
+        Limit("requests", 1.5, "minute")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Limit("requests", True, "minute")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Limit(1, 1, "minute")  # type: ignore[arg-type]
+
+
+# ---- declaring -----------------------------------------------------------------------------
+
+
+def test_classic_keywords_are_limits_and_the_list_is_in_gate_order(e: q.QuotaEngine) -> None:
+    e.set_model_limits(
+        P,
+        M,
+        rpm=60,
+        tpd=1_000,
+        limits=[
+            Limit("tokens", 500_000, "month"),
+            Limit("output_tokens", 50, "minute"),
+            Limit("requests", 1, "1s"),
+            Limit("requests", 5, "minute", "key"),
+            Limit("requests", 1_000, "week"),
+            Limit("tokens", 100, "5h"),
+        ],
+    )
+    assert e.model_limit_list(P, M) == [
+        Limit("requests", 1, "1s"),
+        Limit("requests", 5, "minute", "key"),
+        Limit("requests", 60, "minute"),
+        Limit("requests", 1_000, "week"),
+        Limit("tokens", 100, "5h"),
+        Limit("tokens", 1_000, "day"),
+        Limit("tokens", 500_000, "month"),
+        Limit("output_tokens", 50, "minute"),
+    ]
+    limits = e.model_limits(P, M)
+    assert limits is not None and (limits.rpm, limits.rpd, limits.tpm, limits.tpd) == (60, None, None, 1_000)
+
+
+def test_a_minute_limit_at_account_scope_is_the_classic_rpm(e: q.QuotaEngine) -> None:
+    e.set_model_limits(P, M, limits=[Limit("requests", 30, "60s"), Limit("tokens", 9_000, "day")])
+    limits = e.model_limits(P, M)
+    assert limits is not None and (limits.rpm, limits.tpd) == (30, 9_000)
+    # learning tightens it
+    learned = e.learn_limit_from_error(P, M, "on requests per minute (RPM): Limit 20, Used 20, Requested 1")
+    assert learned is not None and learned.limit == 20
+    assert e.model_limits(P, M).rpm == 20  # type: ignore[union-attr]
+    assert Limit("requests", 20, "minute") in e.model_limit_list(P, M)
+    assert Limit("tokens", 9_000, "day") in e.model_limit_list(P, M)
+
+
+def test_set_model_limits_replaces_the_whole_declaration(e: q.QuotaEngine) -> None:
+    e.set_model_limits(P, M, rpm=5, limits=[Limit("requests", 1, "1s")])
+    e.set_model_limits(P, M, tpm=7)
+    assert e.model_limit_list(P, M) == [Limit("tokens", 7, "minute")]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"limits": [Limit("requests", 1, "minute"), Limit("requests", 2, "60s")]}, "declare each window once"),
+        ({"limits": [Limit("tokens", 1, "1m"), Limit("tokens", 1, "60s")]}, "declare each window once"),
+        ({"rpm": 5, "limits": [Limit("requests", 6, "1m")]}, "rpm="),
+        ({"tpd": 5, "limits": [Limit("tokens", 6, "day")]}, "tpd="),
+    ],
+)
+def test_duplicate_windows_are_refused_and_change_nothing(e: q.QuotaEngine, kwargs: dict, needle: str) -> None:  # type: ignore[type-arg]
+    e.set_model_limits(P, M, rpd=3, limits=[Limit("requests", 1, "1s")])
+    before = e.model_limit_list(P, M)
+    with pytest.raises(ValueError, match="same window|declare each window once") as err:
+        e.set_model_limits(P, M, **kwargs)
+    assert needle in str(err.value)
+    assert e.model_limit_list(P, M) == before
+
+
+def test_a_sliding_day_is_not_the_calendar_day(e: q.QuotaEngine, lclock: q.ManualClock) -> None:
+    e.set_model_limits(P, M, limits=[Limit("requests", 100, "day"), Limit("requests", 100, "24h")])
+    lclock.set(DEC1 - HOUR)  # yesterday, 23:00 UTC
+    e.record_request(P, M, K)
+    lclock.set(DEC1 + HOUR)
+    u = e.usage(P, M, K)
+    assert u["rpd"] == {"used": 0, "limit": 100}
+    assert u["requests/24h"] == {"used": 1, "limit": 100}
+
+
+def test_limits_argument_accepts_an_iterable_of_limits(e: q.QuotaEngine) -> None:
+    one_per_second = (Limit("requests", 1, "1s"),)  # a tuple; a generator below
+    e.record_request(P, M, K)
+    assert not e.check(P, M, K, limits=one_per_second)
+    assert e.check(P, M, K, limits=[])
+    assert e.usage(P, M, K, limits=(x for x in one_per_second))["requests/1s"] == {"used": 1, "limit": 1}
+    assert not e.can_make_request(P, M, K, limits=one_per_second)
+    assert e.can_use_tokens(P, M, K, 10, limits=one_per_second)
+    with pytest.raises(q.QuotaExceeded) as err:
+        e.lease(P, M, K, limits=one_per_second)
+    assert err.value.reason == "requests/1s"
+    assert e.cooldown_decision_for_limit(P, M, K, limits=one_per_second).source == "heuristic"
+    e.register_key(K, P)
+    assert e.model_window_used_fraction(P, M, limits=[Limit("requests", 4, "5h")]) == 0.25
+    with pytest.raises(TypeError, match="Limit"):
+        e.check(P, M, K, limits=["requests/1s"])
+    with pytest.raises(TypeError):
+        e.check(P, M, K, limits=Limit("requests", 1, "1s"))  # one Limit is not an iterable of them
+    with pytest.raises(ValueError, match="declare each window once"):
+        e.check(P, M, K, limits=[Limit("requests", 1, "1s"), Limit("requests", 2, "1s")])
+
+
+# ---- windows -------------------------------------------------------------------------------
+
+
+def test_a_one_second_window_slides_with_no_upper_edge(e: q.QuotaEngine, lclock: q.ManualClock) -> None:
+    e.set_model_limits(P, M, limits=[Limit("requests", 2, "1s")])
+    t0 = lclock.now_ms()
+    e.lease(P, M, K).success()
+    lclock.advance(400)
+    e.lease(P, M, K).success()
+    a = e.check(P, M, K)
+    assert (a.allowed, a.reason, a.retry_at_ms) == (False, "requests/1s", t0 + SEC)
+    lclock.set(t0 + SEC - 1)
+    assert not e.check(P, M, K)
+    lclock.set(t0 + SEC)  # the first event has left: t > now - 1000 no longer holds
+    assert e.check(P, M, K)
+
+
+def test_a_live_lease_counts_in_every_window(e: q.QuotaEngine) -> None:
+    e.set_model_limits(P, M, limits=[Limit("requests", 1, "5h"), Limit("tokens", 100, "week")])
+    with e.lease(P, M, K, 60):
+        a = e.check(P, M, K)
+        assert (a.reason, a.retry_at_ms) == ("requests/5h", None)  # only a lease: no retry time
+        assert e.usage(P, M, K)["requests/5h"]["used"] == 0  # usage() is recorded usage
+
+
+def test_token_windows_count_the_estimate(e: q.QuotaEngine, lclock: q.ManualClock) -> None:
+    e.set_model_limits(P, M, limits=[Limit("tokens", 1_000, "5h")])
+    t0 = lclock.now_ms()
+    e.record_tokens(P, M, K, 700)
+    assert e.check(P, M, K, 300)
+    a = e.check(P, M, K, 301)
+    assert (a.reason, a.retry_at_ms) == ("tokens/5h", t0 + 5 * HOUR)
+    lclock.advance(4 * HOUR)
+    assert not e.check(P, M, K, 301)
+    lclock.set(t0 + 5 * HOUR)
+    assert e.check(P, M, K, 1_000)
+
+
+def test_week_windows_start_monday_in_the_platforms_calendar(e: q.QuotaEngine, lclock: q.ManualClock) -> None:
+    e.set_model_limits(P, M, limits=[Limit("requests", 2, "week")])
+    lclock.set(MON - 1)  # Sunday 23:59:59.999: last week
+    e.record_request(P, M, K)
+    lclock.set(MON)
+    e.record_request(P, M, K)
+    assert e.usage(P, M, K)["requests/week"]["used"] == 1
+    lclock.set(MON + 6 * DAY + 23 * HOUR)
+    e.record_request(P, M, K)
+    a = e.check(P, M, K)
+    assert (a.reason, a.retry_at_ms) == ("requests/week", MON + 7 * DAY)
+    lclock.set(MON + 7 * DAY)
+    assert e.check(P, M, K)
+    # In Los Angeles the week starts Monday 00:00 Pacific, 08:00 UTC.
+    e.set_platform_calendar(P, "America/Los_Angeles")
+    lclock.set(MON + 7 * DAY + 7 * HOUR)  # still Sunday in LA
+    # That week began Monday 08:00 UTC: the events at Monday 00:00 UTC were Sunday's there.
+    assert e.usage(P, M, K)["requests/week"]["used"] == 1
+    assert e.check(P, M, K).retry_at_ms is None
+    e.record_request(P, M, K)
+    assert e.check(P, M, K).retry_at_ms == MON + 7 * DAY + 8 * HOUR
+
+
+def test_month_windows_start_on_the_first_in_the_platforms_calendar(e: q.QuotaEngine, lclock: q.ManualClock) -> None:
+    e.set_model_limits("google", M, limits=[Limit("tokens", 1_000, "month")])
+    nov1_pdt = 1_793_516_400_000  # 2026-11-01 00:00 PDT
+    dec1_pst = DEC1 + 8 * HOUR
+    lclock.set(nov1_pdt - 1)  # October in Los Angeles
+    e.record_tokens("google", M, K, 900)
+    lclock.set(nov1_pdt + 3 * DAY)
+    e.record_tokens("google", M, K, 600)
+    a = e.check("google", M, K, 401)
+    assert (a.allowed, a.reason, a.retry_at_ms) == (False, "tokens/month", dec1_pst)
+    assert e.usage("google", M, K)["tokens/month"] == {"used": 600, "limit": 1_000}
+    lclock.set(dec1_pst - 1)  # 2026-12-01 07:59:59 UTC: still November in Los Angeles
+    assert not e.check("google", M, K, 401)
+    lclock.set(dec1_pst)
+    assert e.check("google", M, K, 1_000)
+
+
+def test_gate_order_decides_the_reason(e: q.QuotaEngine) -> None:
+    """Metric, then window (sliding by width, then day, week, month), then scope (key first);
+    cooldown first, provider caps after the model's limits."""
+    e.set_model_limits(
+        P,
+        M,
+        rpd=1,
+        limits=[Limit("requests", 1, "week"), Limit("requests", 1, "5h"), Limit("requests", 1, "minute", "key")],
+    )
+    e.record_request(P, M, K)
+    assert e.check(P, M, K).reason == "rpm"  # minute < 5h < day < week; "rpm" whatever the scope
+    e.set_model_limits(P, M, rpm=1, limits=[Limit("requests", 1, "minute", "key")])
+    assert e.check(P, M, K).reason == "rpm:key"  # key before account, named apart
+    e.set_model_limits(P, M, limits=[Limit("tokens", 0, "1s"), Limit("requests", 1, "month")])
+    assert e.check(P, M, K).reason == "requests/month"  # requests before tokens
+    e.set_cooldown(P, M, K, 60_000, "heuristic")
+    assert e.check(P, M, K).reason == "cooldown"
+
+
+def test_a_wider_window_declared_later_counts_past_usage(e: q.QuotaEngine, lclock: q.ManualClock) -> None:
+    """The engine keeps events only as long as its windows need; a model that starts declaring
+    a wider window (or a period) counts what the store holds for it."""
+    for _ in range(3):
+        e.record_request(P, M, K)
+        lclock.advance(HOUR)
+    e.set_model_limits(P, M, limits=[Limit("requests", 3, "5h"), Limit("requests", 10, "week")])
+    u = e.usage(P, M, K)
+    assert (u["requests/5h"]["used"], u["requests/week"]["used"]) == (3, 3)
+    assert e.check(P, M, K).reason == "requests/5h"
+    # so does an ad hoc limits= window
+    assert e.usage(P, M, K, limits=[Limit("requests", 9, "7d")])["requests/7d"]["used"] == 3
+
+
+def test_input_and_output_token_windows_count_lease_estimates(e: q.QuotaEngine) -> None:
+    """Until a call reports the split (SPEC §14.4), an estimate counts as input tokens."""
+    e.set_model_limits(P, M, limits=[Limit("input_tokens", 100, "minute"), Limit("output_tokens", 0, "minute")])
+    assert e.check(P, M, K, 100)
+    a = e.check(P, M, K, 101)
+    assert a.reason == "input_tokens/minute"
+    u = e.usage(P, M, K)
+    assert u["input_tokens/minute"] == {"used": 0, "limit": 100}
+    assert u["output_tokens/minute"] == {"used": 0, "limit": 0}
+
+
+# ---- sharing, persistence, retention ------------------------------------------------------
+
+
+def test_declared_limits_are_shared_with_other_engines(store: str, lclock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=lclock, env={}) as a, q.QuotaEngine(store, clock=lclock, env={}) as b:
+        assert b.check(P, M, K)
+        a.set_model_limits(P, M, limits=[Limit("requests", 1, "10s")])
+        b.record_request(P, M, K)
+        assert a.check(P, M, K).reason == "requests/10s"
+        assert b.model_limit_list(P, M) == [Limit("requests", 1, "10s")]
+        assert b.check(P, M, K).reason == "requests/10s"
+
+
+def test_declared_limits_hold_in_another_process(store: str) -> None:
+    t = DEC1 + 10 * HOUR
+    with q.QuotaEngine(store, clock=q.ManualClock(t), env={}) as e:
+        e.set_model_limits(P, M, limits=[Limit("tokens", 50, "month"), Limit("requests", 2, "7d")])
+        e.record_tokens(P, M, K, 40)
+        e.record_request(P, M, K)
+    script = textwrap.dedent(
+        f"""
+        import quotaengine as q
+        e = q.QuotaEngine({store!r}, clock=q.ManualClock({t + 3 * DAY}), env={{}})
+        print([repr(x) for x in e.model_limit_list({P!r}, {M!r})])
+        print(e.check({P!r}, {M!r}, {K}, 11).reason, e.usage({P!r}, {M!r}, {K})["requests/7d"]["used"])
+        e.close()
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    lines = out.stdout.splitlines()
+    assert 'per="month"' in lines[0] and 'per="7d"' in lines[0]
+    assert lines[1] == "tokens/month 1"
+
+
+@pytest.mark.sqlite_only
+def test_a_plain_reader_still_finds_the_classic_limits(store: str, lclock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=lclock, env={}) as e:
+        e.set_model_limits(
+            P, M, rpm=10, tpd=500, limits=[Limit("requests", 1, "1s"), Limit("tokens", 9, "month", "key")]
+        )
+    con = sqlite3.connect(store)
+    row = con.execute(
+        "SELECT rpm_limit, rpd_limit, tpm_limit, tpd_limit, limits FROM models WHERE platform = ? AND model_id = ?",
+        (P, M),
+    ).fetchone()
+    con.close()
+    assert row == (10, None, None, 500, "requests/1s=1 tokens/month:key=9")
+
+
+@pytest.mark.sqlite_only
+def test_a_file_of_schema_3_opens_and_keeps_its_four_limits(store: str, lclock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=lclock, env={}) as e:
+        e.set_model_limits(P, M, rpm=5, rpd=100)
+        e.record_request(P, M, K)
+    con = sqlite3.connect(store)
+    with con:  # back to version 3: no limits column
+        con.execute("ALTER TABLE models DROP COLUMN limits")
+        con.execute("PRAGMA user_version = 3")
+    con.close()
+    with q.QuotaEngine(store, clock=lclock, env={}) as e:
+        assert e.model_limit_list(P, M) == [Limit("requests", 5, "minute"), Limit("requests", 100, "day")]
+        assert e.usage(P, M, K)["rpd"] == {"used": 1, "limit": 100}
+        e.set_model_limits(P, M, limits=[Limit("requests", 1, "1s")])
+    con = sqlite3.connect(store)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert con.execute("SELECT limits FROM models").fetchall() == [("requests/1s=1",)]
+    con.close()
+
+
+def test_retention_keeps_the_current_period_of_declared_month_limits(store: str) -> None:
+    """retention_ms is 1 h, but a month limit needs the month's rows: after a restart the month
+    still counts them; the rows of last month (and of undeclared models) go."""
+    clock = q.ManualClock(DEC1 - HOUR)  # November
+    opts = {"clock": clock, "env": {}, "retention_ms": HOUR}
+    with q.QuotaEngine(store, **opts) as e:  # type: ignore[arg-type]
+        e.set_model_limits(P, M, limits=[Limit("tokens", 1_000, "month")])
+        e.record_tokens(P, M, K, 100)  # last month by the time it is checked
+        e.record_tokens("groq", "llama", K, 5)  # no month limit
+        clock.set(DEC1 + HOUR)
+        e.record_tokens(P, M, K, 200)
+        clock.set(DEC1 + 10 * DAY)
+        e.record_tokens(P, M, K, 300)  # triggers the sweep
+        assert e.usage(P, M, K)["tokens/month"]["used"] == 500
+    with q.QuotaEngine(store, **opts) as e:  # type: ignore[arg-type]
+        assert e.usage(P, M, K)["tokens/month"]["used"] == 500
+        clock.advance(2 * MIN)
+        e.record_request("groq", "llama", K)  # another sweep
+        kept = e.usage_events(since_ms=0)
+        assert sorted(r["tokens"] for r in kept if r["kind"] == "tokens") == [200, 300]
+
+
+# ---- where a user looks ---------------------------------------------------------------------
+
+
+def test_the_snapshot_shows_every_declared_limit(e: q.QuotaEngine) -> None:
+    pd = pytest.importorskip("pandas")
+    e.set_model_limits(P, M, rpm=10, limits=[Limit("requests", 4, "1s"), Limit("tokens", 1_000, "month")])
+    e.lease(P, M, K, 10).success(tokens=100)
+    e.record_request("groq", "llama", 2)  # declares nothing
+    snap = e.snapshot()
+    assert snap.declared == ["requests/1s", "tokens/month"]
+    mine = next(r for r in snap if r["platform"] == P)
+    assert (mine["requests/1s_used"], mine["requests/1s_limit"]) == (1, 4)
+    assert (mine["tokens/month_used"], mine["tokens/month_limit"]) == (100, 1_000)
+    assert mine["used_fraction"] == 0.25  # the worst of every declared limit
+    other = next(r for r in snap if r["platform"] == "groq")
+    assert other["requests/1s_used"] is None
+    df = snap.to_pandas()
+    at = list(df.columns).index("tpd_limit")
+    assert list(df.columns)[at + 1 : at + 5] == [
+        "requests/1s_used",
+        "requests/1s_limit",
+        "tokens/month_used",
+        "tokens/month_limit",
+    ]
+    assert str(df["tokens/month_used"].dtype) == "Int64"
+    assert pd.isna(df.loc[df.platform == "groq", "requests/1s_limit"]).all()
+    text = str(snap)
+    assert "requests/1s" in text and "1/4" in text and "100/1000" in text
+    html = snap._repr_html_()
+    assert "<th>tokens/month</th>" in html and "100/1,000" in html
+
+
+def test_no_extra_columns_when_no_route_declares_more(e: q.QuotaEngine) -> None:
+    e.set_model_limits(P, M, rpm=10)
+    e.record_request(P, M, K)
+    snap = e.snapshot()
+    assert snap.declared == []
+    assert "requests/" not in str(snap)
