@@ -1,0 +1,409 @@
+//! Failures (SPEC §6, §7): cooldowns, the failure kinds and their benches, the
+//! ladders, and learning limits from provider messages.
+use super::*;
+
+impl Engine {
+    // ---- cooldowns ---------------------------------------------------------------
+
+    pub(super) fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
+        let c = m.active_cooldown(rid, now)?;
+        let r = m.route(rid);
+        Some(Cooldown {
+            route: Route {
+                platform: r.platform.to_string(),
+                model_id: r.model_id.to_string(),
+                key_id: r.key_id,
+            },
+            expires_at_ms: c.expires_at_ms,
+            source: c.source,
+            set_at_ms: c.set_at_ms,
+        })
+    }
+
+    /// The operator's bench: always overwrites.
+    pub fn set_cooldown(&mut self, route: &Route, duration_ms: i64, source: CooldownSource) -> Result<()> {
+        check_non_negative("duration_ms", duration_ms)?;
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let w = Write::UpsertCooldown(CooldownRow {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(route.model_id.as_str()),
+            key_id: route.key_id,
+            expires_at_ms: now.saturating_add(duration_ms),
+            source,
+            set_at_ms: now,
+        });
+        self.logs.push((
+            log::Level::Info,
+            format!("cooldown {route} set for {duration_ms} ms ({}, by the operator)", source.as_str()),
+        ));
+        self.leave(sec, vec![w]).map(|_| ())
+    }
+
+    pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
+        self.read(|m, now| {
+            let rid = m.find_route(&route.platform, &route.model_id, route.key_id)?;
+            Self::cooldown_of(m, rid, now)
+        })
+    }
+
+    /// Active cooldowns, soonest expiry first; `key_ids` filters.
+    pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
+        self.read(|m, now| {
+            let mut v: Vec<Cooldown> = m
+                .cooldowns
+                .keys()
+                .filter_map(|rid| Self::cooldown_of(m, *rid, now))
+                .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
+                .collect();
+            v.sort_by(|a, b| {
+                (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
+                    b.expires_at_ms,
+                    &b.route.platform,
+                    &b.route.model_id,
+                    b.route.key_id,
+                ))
+            });
+            v
+        })
+    }
+
+    pub fn clear_cooldown_early(&mut self, route: &Route) -> Result<bool> {
+        let ids = self.write(vec![Write::DeleteCooldown {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(route.model_id.as_str()),
+            key_id: route.key_id,
+        }])?;
+        let cleared = ids.first().copied().unwrap_or(0) > 0;
+        if cleared {
+            self.logs.push((log::Level::Info, format!("cooldown {route} cleared early")));
+        }
+        Ok(cleared)
+    }
+
+    /// Operator reset: the key's cooldowns and all its failure history.
+    pub fn clear_cooldowns_for_key(&mut self, key_id: i64) -> Result<i64> {
+        let ids = self.write(vec![
+            Write::DeleteCooldownsForKey(key_id),
+            Write::DeleteHistory {
+                key_id,
+                route: None,
+                kinds: vec![HistoryKind::Ladder, HistoryKind::Unknown, HistoryKind::Auth, HistoryKind::Empty],
+            },
+        ])?;
+        Ok(ids.first().copied().unwrap_or(0))
+    }
+
+    pub fn cleanup_expired_cooldowns(&mut self) -> Result<i64> {
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let ids = self.leave(sec, vec![Write::DeleteExpiredCooldowns(now)])?;
+        Ok(ids.first().copied().unwrap_or(0))
+    }
+
+    /// Active heuristic cooldowns (the ones a probe may clear), soonest first.
+    /// Claims the probe of `key_id` for this engine (SPEC §7: one prober per fleet).
+    /// True when this engine may probe it; also true when the store cannot say.
+    pub fn claim_probe(&mut self, key_id: i64, ttl_ms: i64) -> bool {
+        self.store.try_claim(&format!("probe:{key_id}"), ttl_ms).unwrap_or(true)
+    }
+
+    pub fn probeable_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
+        Ok(self
+            .active_cooldowns(None)?
+            .into_iter()
+            .filter(|c| c.source == CooldownSource::Heuristic)
+            .collect())
+    }
+
+    pub(super) fn is_local(&self, key_id: i64) -> bool {
+        self.mirror.keys.get(&key_id).and_then(|k| k.base_url.as_deref()).is_some_and(is_local_base_url)
+    }
+
+    pub(super) fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
+        let (platform, model_id): (Arc<str>, Arc<str>) = if kind == HistoryKind::Auth {
+            (Arc::from(route.platform.as_str()), Arc::from(""))
+        } else {
+            (Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))
+        };
+        Write::InsertHistory(HistoryRow { platform, model_id, key_id: route.key_id, kind, hit_at_ms: now })
+    }
+
+    /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
+    /// ladder step it counts.
+    pub(super) fn limit_decision(
+        &mut self,
+        route: &Route,
+        limits: Limits,
+        retry_after_ms: Option<i64>,
+        quota_signal: bool,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> CooldownDecision {
+        if self.is_local(route.key_id) {
+            return CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
+        }
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.mirror.prune_route(rid, now);
+        let day = self.mirror.route(rid).win.day(now);
+        let daily_exhausted =
+            limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
+        let mut effectively_exhausted = false;
+        if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
+            let earlier = self.mirror.history_count(
+                route,
+                HistoryKind::Unknown,
+                now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
+            );
+            writes.push(Self::history_row(route, HistoryKind::Unknown, now));
+            effectively_exhausted = earlier + 1 >= 2;
+        }
+        let facts = LimitFacts {
+            daily_exhausted,
+            effectively_exhausted,
+            ladder_steps: self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
+        };
+        let next_day = self.mirror.route_calendar(rid).next_day_start(now);
+        let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
+        if stepped {
+            writes.push(Self::history_row(route, HistoryKind::Ladder, now));
+        }
+        decision
+    }
+
+    /// SPEC §6.1 as a call of its own: decides and counts, sets no cooldown.
+    pub fn cooldown_decision_for_limit(
+        &mut self,
+        route: &Route,
+        limits: Option<LimitSet>,
+        retry_after_ms: Option<i64>,
+        quota_signal: bool,
+    ) -> Result<CooldownDecision> {
+        if let Some(ra) = retry_after_ms {
+            check_non_negative("retry_after_ms", ra)?;
+        }
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
+        let mut writes = Vec::new();
+        let d = self.limit_decision(route, limits, retry_after_ms, quota_signal, now, &mut writes);
+        self.leave(sec, writes)?;
+        Ok(d)
+    }
+
+    /// SPEC §7 inside an open write section: the limit a message states, written only
+    /// when it tightens the stored one.
+    pub(super) fn learn(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        message: Option<&str>,
+        writes: &mut Vec<Write>,
+    ) -> Option<LearnedLimit> {
+        let learned = parse_provider_limit(message)?;
+        let mut model = self.mirror.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
+            platform: platform.to_string(),
+            model_id: model_id.to_string(),
+            limits: Limits::default(),
+            others: Vec::new(),
+            monthly_token_budget: None,
+        });
+        let slot = match learned.kind {
+            LimitAxis::Rpm => &mut model.limits.rpm,
+            LimitAxis::Rpd => &mut model.limits.rpd,
+            LimitAxis::Tpm => &mut model.limits.tpm,
+            LimitAxis::Tpd => &mut model.limits.tpd,
+        };
+        if slot.is_some_and(|v| v <= learned.limit) {
+            return None;
+        }
+        *slot = Some(learned.limit);
+        self.logs.push((
+            log::Level::Info,
+            format!(
+                "learned {} = {} for {platform}/{model_id} from a provider error",
+                learned.kind.as_str(),
+                learned.limit
+            ),
+        ));
+        // Apply now so a decision in the same section sees it.
+        self.mirror.put_model(model.clone());
+        writes.push(Write::UpsertModel(model));
+        Some(learned)
+    }
+
+    pub fn learn_limit_from_error(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        message: Option<&str>,
+    ) -> Result<Option<LearnedLimit>> {
+        check_name("platform", platform)?;
+        check_name("model_id", model_id)?;
+        if parse_provider_limit(message).is_none() {
+            return Ok(None);
+        }
+        let sec = self.enter(true)?;
+        let mut writes = Vec::new();
+        let learned = self.learn(platform, model_id, message, &mut writes);
+        self.leave(sec, writes)?;
+        Ok(learned)
+    }
+
+    /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
+    /// later-expiring cooldown), counts ladder/auth/streak history, learns limits.
+    pub fn record_failure(&mut self, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
+        let limits = f.limits;
+        if let Some(RetryAfter::Millis(ms)) = f.retry_after {
+            check_non_negative("retry_after", ms)?;
+        }
+        let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let mut writes = Vec::new();
+        let retry_ms = match &f.retry_after {
+            Some(RetryAfter::Text(t)) => parse_retry_after_ms(Some(t), now),
+            Some(RetryAfter::Millis(ms)) => Some((*ms).min(DAY_MS)),
+            None => None,
+        }
+        .or_else(|| parse_stated_retry_ms(f.message.as_deref()));
+        let learned = if kind == FailureKind::Auth {
+            None
+        } else {
+            self.learn(&route.platform, &route.model_id, f.message.as_deref(), &mut writes)
+        };
+        let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
+        let local = self.is_local(route.key_id);
+        if kind != FailureKind::EmptyCompletion
+            && self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) > 0
+        {
+            // Any other outcome ends the empty-completion streak.
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                kinds: vec![HistoryKind::Empty],
+            });
+        }
+        let local_bench = CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
+        let decision = match kind_rule(kind) {
+            KindRule::None => None,
+            // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
+            // nothing escalates (the streak still counts, to know when it benches).
+            KindRule::EmptyStreak => {
+                let n = self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) + 1;
+                writes.push(Self::history_row(route, HistoryKind::Empty, now));
+                (n >= EMPTY_STREAK_BENCH).then(|| {
+                    if local {
+                        local_bench
+                    } else {
+                        self.limit_decision(route, limits, retry_ms, false, now, &mut writes)
+                    }
+                })
+            }
+            _ if local => Some(local_bench),
+            KindRule::Fixed(d) => Some(d),
+            KindRule::AuthLadder => {
+                let n = self.mirror.history_count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
+                writes.push(Self::history_row(route, HistoryKind::Auth, now));
+                Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
+            }
+            KindRule::DailyQuota => {
+                let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+                let next_day = self.mirror.route_calendar(rid).next_day_start(now);
+                Some(CooldownDecision::new(
+                    retry_ms.unwrap_or_else(|| next_day.saturating_sub(now)).min(DAY_MS),
+                    CooldownSource::Authoritative,
+                ))
+            }
+            KindRule::Limit { quota_signal } => {
+                Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, &mut writes))
+            }
+        };
+        let cooldown = decision.map(|d| {
+            let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+            let expires = now.saturating_add(d.duration_ms);
+            match self.mirror.active_cooldown(rid, now) {
+                // Never shorten: a cooldown that lasts as long or longer stands.
+                Some(c) if c.expires_at_ms >= expires => {
+                    CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source)
+                }
+                _ => {
+                    writes.push(Write::UpsertCooldown(CooldownRow {
+                        platform: Arc::from(route.platform.as_str()),
+                        model_id: Arc::from(route.model_id.as_str()),
+                        key_id: route.key_id,
+                        expires_at_ms: expires,
+                        source: d.source,
+                        set_at_ms: now,
+                    }));
+                    self.logs.push((
+                        log::Level::Info,
+                        format!(
+                            "cooldown {route} for {} ms ({}, {})",
+                            d.duration_ms,
+                            d.source.as_str(),
+                            kind.as_str()
+                        ),
+                    ));
+                    d
+                }
+            }
+        });
+        self.leave(sec, writes)?;
+        Ok(FailureOutcome { kind, cooldown, learned })
+    }
+
+    /// A probe passed for `key_id` (SPEC §11): clears every heuristic cooldown of the
+    /// key, on every model, keeping the ladder history; logs `cooldown_recovered`.
+    /// Returns how many cooldowns went.
+    pub fn recover_key(&mut self, key_id: i64) -> Result<i64> {
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let mut writes = Vec::new();
+        let mut cleared = Vec::new();
+        for (rid, c) in self.mirror.cooldowns.iter() {
+            let r = self.mirror.route(*rid);
+            if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
+                cleared.push(format!("{}/{}", r.platform, r.model_id));
+                writes.push(Write::DeleteCooldown {
+                    platform: r.platform.clone(),
+                    model_id: r.model_id.clone(),
+                    key_id,
+                });
+            }
+        }
+        if writes.is_empty() {
+            self.leave(sec, writes)?;
+            return Ok(0);
+        }
+        let n = writes.len() as i64;
+        cleared.sort();
+        let message =
+            format!("cooldown_recovered: key {key_id} passed a probe; cleared {}", cleared.join(", "));
+        let platform = cleared.first().and_then(|r| r.split('/').next()).map(str::to_string);
+        self.logs.push((log::Level::Info, message.clone()));
+        writes.push(Write::Log(LogRow {
+            level: "info",
+            source: "cooldown-probe".into(),
+            provider: platform,
+            model: None,
+            event: Some("cooldown_recovered".into()),
+            message,
+            created_at_ms: now,
+        }));
+        self.leave(sec, writes)?;
+        Ok(n)
+    }
+
+    /// A lease's failure: `record_failure` for its route, then the lease released.
+    pub fn finish_lease_failure(
+        &mut self,
+        lease_id: i64,
+        route: &Route,
+        f: FailureInput,
+    ) -> Result<FailureOutcome> {
+        let out = self.record_failure(route, f)?;
+        self.release_lease(lease_id)?;
+        Ok(out)
+    }
+}

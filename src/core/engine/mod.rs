@@ -1,0 +1,779 @@
+//! The engine: admission, accounting and cooldown state over a [`Store`].
+//!
+//! Every call runs as one *section*: take the store's lock (writes) or notice that
+//! nothing changed (reads), read the clock, pull what other processes changed into
+//! the in-memory [`Mirror`], decide from the mirror, then write and commit. The mirror
+//! is updated per event, so no call scans history. When the store fails, the engine
+//! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
+//!
+//! Where things live: this file holds the engine's state, its settings and the use
+//! cases of admission (configuration, calendars, usage, the gates, leases); `unit.rs`
+//! the unit of work (sections, sync, commit, hold, degraded buffering, batches);
+//! `failures.rs` the failure policy and learning; `observed.rs` provider pools,
+//! observed quota, the guardrail and the snapshot. The counters are in `windows.rs`
+//! and `state.rs`, what a limit is in `limits.rs`.
+mod failures;
+mod observed;
+mod unit;
+
+use crate::core::calendar::Calendar;
+use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
+use crate::core::cooldowns::{
+    decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
+    EMPTY_STREAK_BENCH, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
+};
+use crate::core::env::Env;
+use crate::core::error::{Error, Refusal, Result, StoreError};
+use crate::core::limits::{Limit, LimitSet, WindowSpec};
+use crate::core::parse::{
+    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
+    LearnedLimit, LimitAxis,
+};
+use crate::core::pools::is_local_base_url;
+use crate::core::state::{Calendars, CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
+pub use crate::core::store::StoreSpec;
+use crate::core::store::{
+    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
+    UsageRow, Write,
+};
+use crate::core::types::{
+    check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
+    Limits, ModelInfo, ProviderCaps, Reason, Route,
+};
+use crate::core::windows::Counts;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Construction settings (SPEC §3). The environment is a copy read once.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub retention_ms: i64,
+    pub lease_max_age_ms: i64,
+    pub window_usage_ttl_ms: i64,
+    pub busy_timeout_ms: i64,
+    pub flush_interval_ms: i64,
+    pub readonly: bool,
+    pub env: Env,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            retention_ms: 86_400_000,
+            lease_max_age_ms: 120_000,
+            window_usage_ttl_ms: 5_000,
+            busy_timeout_ms: 5_000,
+            flush_interval_ms: 0,
+            readonly: false,
+            env: Env::default(),
+        }
+    }
+}
+
+impl Settings {
+    fn validate(&self) -> Result<()> {
+        check_non_negative("retention_ms", self.retention_ms)?;
+        check_non_negative("lease_max_age_ms", self.lease_max_age_ms)?;
+        check_non_negative("window_usage_ttl_ms", self.window_usage_ttl_ms)?;
+        check_non_negative("busy_timeout_ms", self.busy_timeout_ms)?;
+        check_non_negative("flush_interval_ms", self.flush_interval_ms)?;
+        Ok(())
+    }
+}
+
+/// One window of a usage report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowReport {
+    pub used: i64,
+    pub limit: Option<i64>,
+}
+
+/// `usage()` (SPEC §4): recorded usage per window, live leases apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageReport {
+    pub rpm: WindowReport,
+    pub rpd: WindowReport,
+    pub tpm: WindowReport,
+    pub tpd: WindowReport,
+    pub in_flight: i64,
+    /// Every other declared limit, by its reason, in gate order (SPEC §14.1).
+    pub others: Vec<(String, WindowReport)>,
+}
+
+/// `retry_after=` of `record_failure`: header text, or a delay already in ms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryAfter {
+    Text(String),
+    Millis(i64),
+}
+
+/// The inputs of `record_failure`.
+#[derive(Debug, Clone, Default)]
+pub struct FailureInput {
+    pub status: Option<i64>,
+    pub retry_after: Option<RetryAfter>,
+    pub message: Option<String>,
+    pub kind: Option<FailureKind>,
+    pub limits: Option<LimitSet>,
+}
+
+/// What `record_failure` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureOutcome {
+    pub kind: FailureKind,
+    pub cooldown: Option<CooldownDecision>,
+    pub learned: Option<LearnedLimit>,
+}
+
+type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, Vec<(WindowSpec, Counts)>>>>;
+
+/// The routing guardrail's snapshot (SPEC §9): window usage per route, reused for
+/// `window_usage_ttl_ms`. Keys and limits are not part of it: they are read from the
+/// mirror at each call, so a key or limit changed through this engine counts at once.
+#[derive(Debug, Default)]
+struct WindowSnapshot {
+    built_at_ms: i64,
+    /// platform -> model_id -> key_id -> what each window the route keeps has used.
+    usage: SnapshotUsage,
+}
+
+/// One observation of a provider's quota (SPEC §8.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaObservation {
+    pub platform: String,
+    pub key_id: i64,
+    pub model_id: Option<String>,
+    pub pool_key: String,
+    pub metric: &'static str,
+    pub limit: Option<i64>,
+    pub remaining: Option<i64>,
+    pub reset_at_ms: Option<i64>,
+    pub retry_after_ms: Option<i64>,
+    pub source: &'static str,
+    pub confidence: f64,
+    pub status: i64,
+}
+
+/// Confidence of an observation by its source (SPEC §8.2).
+pub fn source_confidence(source: &str) -> f64 {
+    match source {
+        "header" => 1.0,
+        "error_body" => 0.75,
+        "probe" => 0.6,
+        "local_usage" => 0.45,
+        "documentation" => 0.35,
+        _ => 0.0,
+    }
+}
+
+/// A state row as it reads at `now`: past its reset, the window is full again.
+fn replenished(mut row: QuotaStateRow, now: i64) -> QuotaStateRow {
+    if row.reset_at_ms.is_some_and(|t| t <= now) {
+        row.remaining = row.limit;
+        row.reset_at_ms = None;
+    }
+    row
+}
+
+/// A hot-path operation that can share a commit with other callers' (group commit).
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    /// `check = false`: `acquire_lease`, no gates.
+    Lease {
+        route: Route,
+        est: i64,
+        limits: Option<LimitSet>,
+        check: bool,
+    },
+    Success {
+        lease_id: i64,
+        route: Route,
+        tokens: Option<i64>,
+    },
+    Release(i64),
+}
+
+/// The result of one [`BatchOp`].
+#[derive(Debug)]
+pub enum BatchOut {
+    Lease(Result<i64>),
+    Done(Result<()>),
+}
+
+impl BatchOut {
+    pub fn lease_id(self) -> Result<i64> {
+        match self {
+            BatchOut::Lease(r) => r,
+            BatchOut::Done(r) => r.and(Err(Error::Internal("not a lease".into()))),
+        }
+    }
+    pub fn done(self) -> Result<()> {
+        match self {
+            BatchOut::Lease(r) => r.map(|_| ()),
+            BatchOut::Done(r) => r,
+        }
+    }
+}
+
+/// One route of `snapshot()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub route: Route,
+    pub rpm_used: i64,
+    pub rpd_used: i64,
+    pub tpm_used: i64,
+    pub tpd_used: i64,
+    pub limits: Limits,
+    /// Every other declared limit of the model: (reason, used, limit), in gate order.
+    pub others: Vec<(String, i64, i64)>,
+    pub in_flight: i64,
+    pub cooldown: Option<CooldownRec>,
+}
+
+impl SnapshotRow {
+    /// The worst used/limit over the declared windows (a limit of 0 counts as full);
+    /// `None` without limits (SPEC §9, §12).
+    pub fn used_fraction(&self) -> Option<f64> {
+        let pairs = [
+            (self.rpm_used, self.limits.rpm),
+            (self.rpd_used, self.limits.rpd),
+            (self.tpm_used, self.limits.tpm),
+            (self.tpd_used, self.limits.tpd),
+        ];
+        let others = self.others.iter().map(|(_, used, limit)| (*used, Some(*limit)));
+        pairs
+            .into_iter()
+            .chain(others)
+            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
+            .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
+    }
+}
+
+/// A log record for the host's logger, emitted after the engine lock is released.
+pub type LogRecord = (log::Level, String);
+
+/// One individual gate of SPEC §4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Request,
+    Tokens,
+    ProviderDaily,
+    ProviderMinute,
+    ProviderTokens,
+    KeyConcurrency,
+    Cooldown,
+}
+
+struct Section {
+    now: i64,
+    online: bool,
+    write: bool,
+    /// Inside the write lock this engine keeps across calls (`Engine::held`).
+    held: bool,
+    /// A hot-path section (`Access::Decide` or `Access::Append`): its writes may wait
+    /// in the held lock.
+    hot: bool,
+    /// Decisions rest on what the engine knew before the section (an optimistic
+    /// section): a refusal is confirmed on fresh data, and the commit may conflict.
+    stale: bool,
+}
+
+/// What a write section asks of the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    /// The write lock, held from the read to the commit.
+    Write,
+    /// Writes that decide nothing (usage rows, finished leases): no lock first.
+    Append,
+    /// Admissions decided on what is known, checked at commit (`begin_optimistic`).
+    Decide,
+}
+
+/// How a write section ended.
+enum Committed {
+    Done(Vec<i64>),
+    /// An optimistic section's decisions were stale: nothing was written.
+    Conflict,
+    /// The store failed: the engine is degraded.
+    Failed,
+}
+
+/// Longest a sole engine keeps the write lock across calls (grouped writes): another
+/// engine opening the file waits at most this long for it.
+const HOLD_MAX_MS: i64 = 10;
+
+/// Optimistic attempts of a lease batch before it takes the store's lock.
+const OPTIMISTIC_ATTEMPTS: usize = 3;
+
+/// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
+type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
+
+/// Above this many buffered writes, usage rows outside the minute window are merged
+/// per (route, kind, minute), so a long outage holds at most a day of minutes.
+const COMPACT_MIN: usize = 4096;
+
+pub struct Engine {
+    store: Box<dyn Store>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    mirror: Mirror,
+    /// Writes applied to the mirror but not yet to the store, in order.
+    pending: Vec<Write>,
+    /// Stored leases whose deletion is in `pending`.
+    pending_deleted: HashSet<i64>,
+    /// Leases whose insertion is in `pending` (taken while degraded).
+    pending_inserted: HashSet<i64>,
+    compact_at: usize,
+    /// Engine time of the oldest write in `pending`.
+    pending_since: Option<i64>,
+    flush_requested: bool,
+    degraded: bool,
+    loaded: bool,
+    rebuild: bool,
+    last_now: Option<i64>,
+    last_sweep: Option<i64>,
+    lease_ids: LeaseIds,
+    platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
+    logs: Vec<LogRecord>,
+    window_snapshot: Option<WindowSnapshot>,
+    /// `key_quota_headroom` per platform: (built at, key -> headroom).
+    headroom_cache: HashMap<String, (i64, Vec<(i64, f64)>)>,
+    /// The last read section could not read the store.
+    read_failed: bool,
+    /// With grouped writes, how long the write lock may be kept from one call to the
+    /// next while this engine is the store's only one (`None`: never).
+    hold_for: Option<Duration>,
+    /// Since when this engine keeps the store's write lock (an open transaction)
+    /// across calls: nobody else can write meanwhile, so calls neither read nor
+    /// write the store; the writes wait in `pending` for the commit that ends it.
+    held: Option<Instant>,
+    /// When to ask the store again whether this engine is its only one.
+    next_sole_check: Option<Instant>,
+}
+
+impl Engine {
+    /// Opens the store and loads today's state.
+    pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        settings.validate()?;
+        let store = spec.open(settings.readonly, settings.busy_timeout_ms)?;
+        Self::with_store(store, clock, settings)
+    }
+
+    /// Builds an engine over any store.
+    pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        settings.validate()?;
+        let day_zones = settings.env.day_zones();
+        let mut engine = Engine {
+            store,
+            clock,
+            settings,
+            mirror: Mirror::with_calendars(Calendars::with_env(day_zones)),
+            pending: Vec::new(),
+            pending_deleted: HashSet::new(),
+            pending_inserted: HashSet::new(),
+            compact_at: COMPACT_MIN,
+            pending_since: None,
+            flush_requested: false,
+            degraded: false,
+            loaded: false,
+            rebuild: false,
+            last_now: None,
+            last_sweep: None,
+            lease_ids: LeaseIds::new(),
+            platform_env: HashMap::new(),
+            logs: Vec::new(),
+            window_snapshot: None,
+            headroom_cache: HashMap::new(),
+            read_failed: false,
+            hold_for: None,
+            held: None,
+            next_sole_check: None,
+        };
+        if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
+            // Half the interval: a held lock ends at most one flusher tick after its
+            // period, so nothing waits longer than `flush_interval_ms`.
+            let ms = (engine.settings.flush_interval_ms / 2).clamp(1, HOLD_MAX_MS);
+            engine.hold_for = Some(Duration::from_millis(ms as u64));
+        }
+        // Load now, so that a broken database is reported by the constructor.
+        let sec = engine.enter(false)?;
+        engine.leave(sec, Vec::new())?;
+        // What is wrong in the environment is said once, here, and lands in
+        // `server_logs` for every other reader of the store (SPEC §12).
+        for w in engine.settings.env.warnings() {
+            engine.note(log::Level::Warn, Some("config"), w);
+        }
+        engine.flush()?;
+        Ok(engine)
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// True while the store is failing and the engine serves from memory.
+    pub fn degraded(&self) -> bool {
+        self.degraded
+    }
+
+    /// Log records produced since the last call (emit them outside any lock).
+    pub fn take_logs(&mut self) -> Vec<LogRecord> {
+        std::mem::take(&mut self.logs)
+    }
+
+    /// After a caught panic: abandon any open store section and reload from the store,
+    /// so a half-applied change cannot linger in memory.
+    pub fn recover_after_panic(&mut self) {
+        self.store.rollback();
+        self.rebuild = true;
+        if self.held.take().is_some() {
+            // What the held lock's calls decided is still in `pending`: write it next.
+            self.flush_requested = true;
+        }
+    }
+
+    /// Before `fork()`: ends a held write lock and writes what is buffered, so that no
+    /// transaction is open across the fork and the child inherits nothing to write.
+    pub fn prepare_fork(&mut self) {
+        let _ = self.flush();
+    }
+
+    /// In the child just after `fork()`: true when this engine stays usable (its store
+    /// is the child's own copy, an in-memory database); otherwise its store has let go
+    /// of what the parent still uses, nothing of it is written, and the child opens
+    /// the engine anew.
+    pub fn after_fork(&mut self) -> bool {
+        self.held = None;
+        self.store.after_fork()
+    }
+
+    /// Number of writes waiting for the store.
+    pub fn pending_writes(&self) -> usize {
+        self.pending.len()
+    }
+
+    // ---- configuration -----------------------------------------------------------
+
+    fn platform_env(&mut self, platform: &str) -> (ProviderCaps, Option<i64>) {
+        if let Some(v) = self.platform_env.get(platform) {
+            return *v;
+        }
+        let caps = self.settings.env.provider_caps(platform);
+        let conc = self.settings.env.key_concurrency_cap(platform);
+        self.platform_env.insert(platform.to_string(), (caps, conc));
+        (caps, conc)
+    }
+
+    /// Effective caps: `set_provider_caps` wins over env, env over defaults.
+    fn caps_for(&mut self, platform: &str) -> ProviderCaps {
+        let (env_caps, _) = self.platform_env(platform);
+        let o = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
+            match s {
+                CapSetting::Inherit => env,
+                CapSetting::NoCap => None,
+                CapSetting::Cap(v) => Some(v),
+            }
+        }
+        ProviderCaps {
+            daily_requests: pick(o.daily_requests, env_caps.daily_requests),
+            minute_requests: pick(o.minute_requests, env_caps.minute_requests),
+            daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
+        }
+    }
+
+    fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
+        limits_from(&self.mirror, platform, model_id, given)
+    }
+
+    fn gate_context(&mut self, route: &Route, limits: Option<LimitSet>) -> GateContext {
+        let (_, conc) = self.platform_env(&route.platform);
+        GateContext {
+            limits: self.limits_for(&route.platform, &route.model_id, limits),
+            caps: self.caps_for(&route.platform),
+            concurrency_cap: conc,
+        }
+    }
+
+    pub fn register_key(&mut self, key: KeyInfo) -> Result<()> {
+        check_name("platform", &key.platform)?;
+        self.write(vec![Write::UpsertKey(key)]).map(|_| ())
+    }
+
+    pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
+        check_name("platform", &model.platform)?;
+        check_name("model_id", &model.model_id)?;
+        // A declared limit on a classic window at account scope IS that classic limit
+        // (SPEC §14.1): it is stored in its column, the others beside.
+        let set = LimitSet::with_classic(model.limits.validate()?, model.others.clone())?;
+        let model = ModelInfo { limits: set.classic(), others: set.others(), ..model };
+        self.write(vec![Write::UpsertModel(model)]).map(|_| ())
+    }
+
+    // ---- provider calendars (SPEC §14.2) ---------------------------------------------
+
+    /// Sets the zone of a platform's calendar (persisted, shared; wins over the
+    /// environment and the built-in zone); `None` forgets it.
+    pub fn set_platform_calendar(&mut self, platform: &str, zone: Option<&str>) -> Result<()> {
+        check_name("platform", platform)?;
+        if let Some(z) = zone {
+            if Calendar::of_zone(z).is_none() {
+                return Err(Error::Invalid(format!(
+                    "unknown time zone {z:?}: give an IANA name such as \"America/Los_Angeles\" or \"UTC\""
+                )));
+            }
+        }
+        let w = Write::SetCalendar { platform: platform.to_string(), zone: zone.map(str::to_string) };
+        self.write(vec![w]).map(|_| ())
+    }
+
+    /// The calendar in force for a platform (what `f` is given), after reading what
+    /// other engines changed.
+    fn with_calendar<T>(&mut self, platform: &str, f: impl FnOnce(&Calendar, i64) -> T) -> Result<T> {
+        check_name("platform", platform)?;
+        self.read(|m, now| f(&m.calendars.of(platform), now))
+    }
+
+    /// The zone in force for a platform's days.
+    pub fn platform_calendar(&mut self, platform: &str) -> Result<String> {
+        self.with_calendar(platform, |c, _| c.name().to_string())
+    }
+
+    /// Start of the platform's day holding `at_ms` (default now).
+    pub fn day_start_ms(&mut self, platform: &str, at_ms: Option<i64>) -> Result<i64> {
+        self.with_calendar(platform, |c, now| c.day_start(at_ms.unwrap_or(now)))
+    }
+
+    /// Start of the platform's day after the one holding `at_ms` (default now).
+    pub fn next_day_start_ms(&mut self, platform: &str, at_ms: Option<i64>) -> Result<i64> {
+        self.with_calendar(platform, |c, now| c.next_day_start(at_ms.unwrap_or(now)))
+    }
+
+    pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
+        self.read(|m, _| m.model(platform, model_id).map(|m| m.limits))
+    }
+
+    /// Every declared limit of a model, the classic four included, in gate order.
+    pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
+        self.read(|m, _| m.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
+    }
+
+    // ---- usage -------------------------------------------------------------------
+
+    /// The route's names as the mirror holds them (shared, not copied per write).
+    fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        let r = self.mirror.route(rid);
+        (r.platform.clone(), r.model_id.clone())
+    }
+
+    /// One event: a request (`tokens` 0), or `tokens` tokens.
+    fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, t: i64) -> Write {
+        let (platform, model_id) = self.route_names(route);
+        Write::Usage(UsageRow {
+            platform,
+            model_id,
+            key_id: route.key_id,
+            kind,
+            tokens,
+            count: 1,
+            created_at_ms: t,
+        })
+    }
+
+    pub fn record_request(&mut self, route: &Route) -> Result<()> {
+        let now = self.clock.now_ms();
+        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, now)];
+        self.clear_history_on_success(route, &mut writes);
+        self.write_usage(writes)
+    }
+
+    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit and
+    /// empty-completion history and its key's auth ladder. Only when there is some,
+    /// so the hot path writes nothing extra.
+    fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
+        let (route_rows, auth_rows) = self.mirror.has_history_to_clear(route);
+        if route_rows {
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                kinds: vec![HistoryKind::Ladder, HistoryKind::Unknown, HistoryKind::Empty],
+            });
+        }
+        if auth_rows {
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: None,
+                kinds: vec![HistoryKind::Auth],
+            });
+        }
+    }
+
+    pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
+        check_non_negative("tokens", tokens)?;
+        let now = self.clock.now_ms();
+        let row = self.usage_row(route, UsageKind::Tokens, tokens, now);
+        self.write_usage(vec![row])
+    }
+
+    /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
+    /// every other declared limit by its reason.
+    pub fn usage(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
+        let sec = self.enter(false)?;
+        let now = sec.now;
+        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let rid = self.ready_route(route, &limits, now);
+        let m = &self.mirror;
+        let win = &m.route(rid).win;
+        let (minute, day) = (win.minute(), win.day(now));
+        let mut report = UsageReport {
+            rpm: WindowReport { used: minute.requests, limit: None },
+            rpd: WindowReport { used: day.requests, limit: None },
+            tpm: WindowReport { used: minute.tokens, limit: None },
+            tpd: WindowReport { used: day.tokens, limit: None },
+            in_flight: m.route_in_flight(rid, now).count,
+            others: Vec::new(),
+        };
+        for d in limits.iter() {
+            let slot = match d.reason {
+                Reason::Rpm => &mut report.rpm,
+                Reason::Rpd => &mut report.rpd,
+                Reason::Tpm => &mut report.tpm,
+                Reason::Tpd => &mut report.tpd,
+                _ => {
+                    let used = win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
+                    report.others.push((
+                        d.reason.as_str().to_string(),
+                        WindowReport { used, limit: Some(d.limit.limit) },
+                    ));
+                    continue;
+                }
+            };
+            slot.limit = Some(d.limit.limit);
+        }
+        self.leave(sec, Vec::new())?;
+        Ok(report)
+    }
+
+    // ---- gates -------------------------------------------------------------------
+
+    /// All gates of SPEC §4, in order.
+    pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
+        check_non_negative("estimated_tokens", est)?;
+        let sec = self.enter(false)?;
+        let adm = self.decide(route, est, limits, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(adm)
+    }
+
+    fn decide(&mut self, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> Admission {
+        let ctx = self.gate_context(route, limits);
+        let rid = self.ready_route(route, &ctx.limits, now);
+        self.mirror.evaluate(rid, est, &ctx, now)
+    }
+
+    /// One gate; true when it admits. Provider gates need no model (`route.model_id`
+    /// may be empty for them); the token gate uses it to bill the estimate.
+    pub fn gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<bool> {
+        check_non_negative("estimated_tokens", est)?;
+        let sec = self.enter(false)?;
+        let now = sec.now;
+        let ctx = self.gate_context(route, limits);
+        let m = &mut self.mirror;
+        let a = m.account_id(&route.platform, route.key_id);
+        m.prune_account_id(a, now);
+        let rid = if route.model_id.is_empty() {
+            None
+        } else {
+            let limits = ctx.limits.clone();
+            Some(self.ready_route(route, &limits, now))
+        };
+        let m = &mut self.mirror;
+        let v = m.view(rid, a, &ctx, now);
+        let refused = match (gate, rid) {
+            (Gate::Request, Some(_)) => m.gate_metrics(&v, &ctx.limits, false, est, now),
+            (Gate::Tokens, Some(_)) => m.gate_metrics(&v, &ctx.limits, true, est, now),
+            (Gate::Cooldown, Some(rid)) => m.gate_cooldown(rid, now),
+            (Gate::ProviderDaily, _) => m.gate_provider_daily(&v, &ctx, now),
+            (Gate::ProviderMinute, _) => m.gate_provider_minute(&v, &ctx),
+            (Gate::ProviderTokens, _) => m.gate_provider_tokens(&v, est, &ctx, now),
+            (Gate::KeyConcurrency, _) => m.gate_concurrency(&v, &ctx),
+            (_, None) => None,
+        };
+        self.leave(sec, Vec::new())?;
+        Ok(refused.is_none())
+    }
+
+    // ---- leases ------------------------------------------------------------------
+
+    fn lease_write(&mut self, route: &Route, est: i64, now: i64) -> Write {
+        let (platform, model_id) = self.route_names(route);
+        Write::InsertLease {
+            id: self.lease_ids.next(),
+            platform,
+            model_id,
+            key_id: route.key_id,
+            tokens: est,
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(self.settings.lease_max_age_ms),
+        }
+    }
+
+    fn single(&mut self, op: BatchOp) -> BatchOut {
+        self.run_batch(vec![op]).pop().unwrap_or(BatchOut::Done(Err(Error::Internal("empty batch".into()))))
+    }
+
+    /// Takes a lease without checking any gate.
+    pub fn acquire_lease(&mut self, route: &Route, est: i64) -> Result<i64> {
+        self.single(BatchOp::Lease { route: route.clone(), est, limits: None, check: false }).lease_id()
+    }
+
+    /// SPEC §5: every gate of `check()` and the lease, as one atomic step across
+    /// threads and processes (the store's write lock is held throughout).
+    pub fn lease(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<i64> {
+        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true }).lease_id()
+    }
+
+    /// Idempotent.
+    pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
+        self.single(BatchOp::Release(lease_id)).done()
+    }
+
+    /// A lease's success: its request (and tokens, when given) recorded and the lease
+    /// released, in one commit.
+    pub fn finish_lease_success(&mut self, lease_id: i64, route: &Route, tokens: Option<i64>) -> Result<()> {
+        self.single(BatchOp::Success { lease_id, route: route.clone(), tokens }).done()
+    }
+}
+
+/// The limits a call uses: the given ones, else the model's declared ones, else none.
+pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
+    given.unwrap_or_else(|| m.limit_set(platform, model_id))
+}
+
+/// Lease ids: random 63-bit numbers, distinct across processes without coordination
+/// (a random 40-bit prefix per engine and a 23-bit counter, re-randomised on wrap).
+struct LeaseIds {
+    prefix: i64,
+    counter: i64,
+}
+
+impl LeaseIds {
+    fn new() -> Self {
+        Self { prefix: Self::prefix(), counter: 0 }
+    }
+    fn prefix() -> i64 {
+        // 40 bits, never zero, so that ids are > 0.
+        ((crate::core::random::random_u64() >> 24) as i64 & ((1 << 40) - 1)).max(1)
+    }
+    fn next(&mut self) -> i64 {
+        self.counter += 1;
+        if self.counter >= (1 << 23) {
+            self.prefix = Self::prefix();
+            self.counter = 1;
+        }
+        (self.prefix << 23) | self.counter
+    }
+}

@@ -1,0 +1,426 @@
+//! What the engine tells about providers (SPEC §8, §9, §12): provider pools and caps,
+//! observed quota headers and states, the routing guardrail, snapshots and the
+//! analysis reads.
+use super::*;
+
+impl Engine {
+    // ---- provider pools ----------------------------------------------------------
+
+    pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
+        check_name("platform", platform)?;
+        let sec = self.enter(false)?;
+        let caps = self.caps_for(platform);
+        self.leave(sec, Vec::new())?;
+        Ok(caps)
+    }
+
+    /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
+    pub fn set_provider_caps(
+        &mut self,
+        platform: &str,
+        daily_requests: Option<CapSetting>,
+        minute_requests: Option<CapSetting>,
+        daily_tokens: Option<CapSetting>,
+    ) -> Result<()> {
+        check_name("platform", platform)?;
+        for s in [daily_requests, minute_requests, daily_tokens].into_iter().flatten() {
+            if let CapSetting::Cap(v) = s {
+                check_non_negative("cap", v)?;
+            }
+        }
+        let sec = self.enter(true)?;
+        let old = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        let new = CapOverrides {
+            daily_requests: daily_requests.unwrap_or(old.daily_requests),
+            minute_requests: minute_requests.unwrap_or(old.minute_requests),
+            daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
+        };
+        self.leave(sec, vec![Write::SetCaps(platform.to_string(), new)]).map(|_| ())
+    }
+
+    pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
+        check_name("platform", platform)?;
+        self.write(vec![Write::ResetCaps(platform.to_string())]).map(|_| ())
+    }
+
+    pub fn provider_daily_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
+        self.read(|m, now| m.provider_day_requests(platform, key_id, now))
+    }
+
+    pub fn provider_minute_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
+        self.read(|m, now| {
+            let a = m.account_id(platform, key_id);
+            m.prune_account_id(a, now);
+            m.provider_minute_requests(platform, key_id, now)
+        })
+    }
+
+    pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
+        let sec = self.enter(false)?;
+        let cap = self.caps_for(platform).daily_tokens;
+        let n = self.mirror.provider_day_tokens(platform, key_id, cap, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(n)
+    }
+
+    // ---- analysis ----------------------------------------------------------------
+
+    pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
+        let _ = self.flush();
+        Ok(self.store.usage_events(filter)?)
+    }
+
+    pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
+        check_non_negative("limit", limit)?;
+        let _ = self.flush();
+        Ok(self.store.server_logs(limit)?)
+    }
+
+    /// Writes a `server_logs` row (and hands the record to the host's logger).
+    pub fn log_event(&mut self, level: log::Level, row: LogRow) -> Result<()> {
+        self.logs.push((level, row.message.clone()));
+        if self.store.readonly() {
+            return Ok(());
+        }
+        self.write(vec![Write::Log(row)]).map(|_| ())
+    }
+
+    // ---- observed provider quota (SPEC §8.2) -----------------------------------
+
+    /// Reads quota headers of one response; merges what they say into the state and
+    /// returns the observations. A 429 or 402 adds an error-body observation.
+    pub fn record_quota_headers(
+        &mut self,
+        platform: &str,
+        key_id: i64,
+        headers: &[(String, String)],
+        model_id: Option<&str>,
+        status: i64,
+    ) -> Result<Vec<QuotaObservation>> {
+        check_name("platform", platform)?;
+        if let Some(m) = model_id {
+            check_name("model_id", m)?;
+        }
+        let sec = self.enter(true)?;
+        let now = sec.now;
+        let parsed = crate::core::headers::parse_quota_headers(headers, now);
+        let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
+        let mut obs: Vec<QuotaObservation> = parsed
+            .quotas
+            .iter()
+            .map(|q| QuotaObservation {
+                platform: platform.to_string(),
+                key_id,
+                model_id: model_id.map(str::to_string),
+                pool_key: pool_key.clone(),
+                metric: q.metric.as_str(),
+                limit: q.limit,
+                remaining: q.remaining,
+                reset_at_ms: q.reset_at_ms,
+                retry_after_ms: parsed.retry_after_ms,
+                source: "header",
+                confidence: source_confidence("header"),
+                status,
+            })
+            .collect();
+        if status == 429 || status == 402 {
+            obs.push(QuotaObservation {
+                platform: platform.to_string(),
+                key_id,
+                model_id: model_id.map(str::to_string),
+                pool_key: pool_key.clone(),
+                metric: "requests",
+                limit: None,
+                remaining: Some(0),
+                reset_at_ms: parsed.retry_after_ms.map(|ms| now.saturating_add(ms)),
+                retry_after_ms: parsed.retry_after_ms,
+                source: "error_body",
+                confidence: source_confidence("error_body"),
+                status,
+            });
+        }
+        if obs.is_empty() {
+            self.leave(sec, Vec::new())?;
+            return Ok(obs);
+        }
+        let existing = match self.store.quota_states(Some(platform)) {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.store.rollback();
+                self.store_failed(&e, true);
+                Vec::new()
+            }
+        };
+        let mut merged: Vec<QuotaStateRow> = Vec::new();
+        for o in &obs {
+            let old = merged
+                .iter()
+                .position(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
+                .map(|i| merged.remove(i))
+                .or_else(|| {
+                    existing
+                        .iter()
+                        .find(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
+                        .cloned()
+                });
+            let row = match old {
+                // Known values replace, missing ones keep the old, confidence is the max.
+                Some(old) => QuotaStateRow {
+                    limit: o.limit.or(old.limit),
+                    remaining: o.remaining.or(old.remaining),
+                    reset_at_ms: o.reset_at_ms.or(old.reset_at_ms),
+                    source: o.source.to_string(),
+                    confidence: o.confidence.max(old.confidence),
+                    observed_at_ms: now,
+                    ..old
+                },
+                None => QuotaStateRow {
+                    platform: platform.to_string(),
+                    key_id,
+                    pool_key: o.pool_key.clone(),
+                    metric: o.metric.to_string(),
+                    limit: o.limit,
+                    remaining: o.remaining,
+                    reset_at_ms: o.reset_at_ms,
+                    source: o.source.to_string(),
+                    confidence: o.confidence,
+                    observed_at_ms: now,
+                },
+            };
+            merged.push(replenished(row, now));
+        }
+        self.leave(sec, merged.into_iter().map(Write::UpsertQuotaState).collect())?;
+        self.headroom_cache.remove(platform);
+        Ok(obs)
+    }
+
+    /// The merged quota rows; rows past their reset read (and are stored) full again.
+    pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
+        let write = !self.store.readonly();
+        let sec = self.enter(write)?;
+        let now = sec.now;
+        let rows =
+            if sec.online || !write { self.store.quota_states(None).unwrap_or_default() } else { Vec::new() };
+        let mut writes = Vec::new();
+        let rows: Vec<QuotaStateRow> = rows
+            .into_iter()
+            .map(|r| {
+                let fresh = replenished(r.clone(), now);
+                if fresh != r && write {
+                    writes.push(Write::UpsertQuotaState(fresh.clone()));
+                }
+                fresh
+            })
+            .collect();
+        self.leave(sec, writes)?;
+        Ok(rows)
+    }
+
+    /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
+    /// its confident rows (a row past its reset counts 1.0). Cached for 5 s; a new
+    /// observation through this engine drops the cache.
+    pub fn key_quota_headroom(&mut self, platform: &str) -> Result<Vec<(i64, f64)>> {
+        check_name("platform", platform)?;
+        let now = self.clock.now_ms();
+        if let Some((at, v)) = self.headroom_cache.get(platform) {
+            if now >= *at && now - *at < 5_000 {
+                return Ok(v.clone());
+            }
+        }
+        let sec = self.enter(false)?;
+        let rows = self.store.quota_states(Some(platform)).unwrap_or_default();
+        self.leave(sec, Vec::new())?;
+        let mut worst: HashMap<i64, f64> = HashMap::new();
+        for r in rows {
+            if r.confidence < 0.7 {
+                continue;
+            }
+            let (Some(remaining), Some(limit)) = (r.remaining, r.limit) else { continue };
+            if limit <= 0 {
+                continue;
+            }
+            let h = if r.reset_at_ms.is_some_and(|t| t <= now) {
+                1.0
+            } else {
+                (remaining.max(0) as f64 / limit as f64).min(1.0)
+            };
+            let e = worst.entry(r.key_id).or_insert(h);
+            *e = e.min(h);
+        }
+        let mut v: Vec<(i64, f64)> = worst.into_iter().collect();
+        v.sort_by_key(|(k, _)| *k);
+        self.headroom_cache.insert(platform.to_string(), (now, v.clone()));
+        Ok(v)
+    }
+
+    // ---- routing guardrail (SPEC §9) --------------------------------------------
+
+    /// Drops the guardrail snapshot; the next call rebuilds it.
+    pub fn invalidate_window_usage(&mut self) {
+        self.window_snapshot = None;
+    }
+
+    pub(super) fn rebuild_window_snapshot(&mut self) -> Result<bool> {
+        let sec = self.enter(false)?;
+        let now = sec.now;
+        let failed = self.read_failed;
+        let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
+        self.mirror.prune_all(now);
+        for (_, r) in self.mirror.routes() {
+            let used = r.win.all_counts(now);
+            if used.iter().all(|(_, c)| *c == Counts::default()) {
+                continue;
+            }
+            snap.usage
+                .entry(r.platform.clone())
+                .or_default()
+                .entry(r.model_id.clone())
+                .or_default()
+                .insert(r.key_id, used);
+        }
+        self.leave(sec, Vec::new())?;
+        if failed {
+            self.window_snapshot = None;
+            return Ok(false);
+        }
+        self.window_snapshot = Some(snap);
+        Ok(true)
+    }
+
+    /// The routes of a model's routable keys keep every window of `limits` (an ad hoc
+    /// `limits=` may name one they do not): when one did not, the snapshot is rebuilt.
+    pub(super) fn keep_guardrail_windows(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        limits: &LimitSet,
+    ) -> Result<()> {
+        let keys = self.mirror.routable_keys(platform).to_vec();
+        let missing = keys.iter().any(|k| {
+            self.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
+                let win = &self.mirror.route(rid).win;
+                limits.windows().any(|w| !win.keeps(w))
+            })
+        });
+        if !missing {
+            return Ok(());
+        }
+        let sec = self.enter(false)?;
+        for k in keys {
+            let route = Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
+            self.ready_route(&route, limits, sec.now);
+        }
+        self.leave(sec, Vec::new())?;
+        self.window_snapshot = None;
+        Ok(())
+    }
+
+    /// SPEC §9: how much of its window quota a model has used, following the key
+    /// with the most headroom; `None` without window limits, without a routable key,
+    /// or when the database cannot be read. Served from a snapshot reused for
+    /// `window_usage_ttl_ms`; live leases are not counted.
+    pub fn model_window_used_fraction(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        limits: Option<LimitSet>,
+        key_id: Option<i64>,
+    ) -> Result<Option<f64>> {
+        let limits = self.limits_for(platform, model_id, limits);
+        if limits.is_empty() {
+            return Ok(None);
+        }
+        self.keep_guardrail_windows(platform, model_id, &limits)?;
+        let now = self.clock.now_ms();
+        let fresh = self
+            .window_snapshot
+            .as_ref()
+            .is_some_and(|s| now >= s.built_at_ms && now - s.built_at_ms < self.settings.window_usage_ttl_ms);
+        if !fresh && !self.rebuild_window_snapshot()? {
+            return Ok(None);
+        }
+        let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
+        let keys = self.mirror.routable_keys(platform);
+        let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
+        let mut best: Option<f64> = None;
+        for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
+            let used = per_model.and_then(|m| m.get(k));
+            let worst = limits
+                .iter()
+                .map(|d| {
+                    let u = used
+                        .and_then(|u| u.iter().find(|(w, _)| *w == d.limit.window))
+                        .map_or(0, |(_, c)| c.get(d.limit.metric));
+                    if d.limit.limit <= 0 {
+                        1.0
+                    } else {
+                        u as f64 / d.limit.limit as f64
+                    }
+                })
+                .fold(0.0f64, f64::max);
+            best = Some(best.map_or(worst, |b| b.min(worst)));
+        }
+        Ok(best)
+    }
+
+    /// One row per route that has usage today, a live lease or an active cooldown,
+    /// sorted by (platform, model_id, key_id) (SPEC §12).
+    pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
+        self.read(|m, now| {
+            m.prune_all(now);
+            let mut rows = Vec::new();
+            for (rid, r) in m.routes() {
+                let (minute, day) = (r.win.minute(), r.win.day(now));
+                let in_flight = m.route_in_flight(rid, now).count;
+                let cooldown = m.active_cooldown(rid, now);
+                if day.requests == 0
+                    && day.tokens == 0
+                    && minute.requests == 0
+                    && minute.tokens == 0
+                    && in_flight == 0
+                    && cooldown.is_none()
+                {
+                    continue;
+                }
+                let limits = m.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
+                let others = m
+                    .limit_set(&r.platform, &r.model_id)
+                    .iter()
+                    .filter(|d| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+                    .map(|d| {
+                        let used = r.win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
+                        (d.reason.as_str().to_string(), used, d.limit.limit)
+                    })
+                    .collect();
+                rows.push(SnapshotRow {
+                    route: Route {
+                        platform: r.platform.to_string(),
+                        model_id: r.model_id.to_string(),
+                        key_id: r.key_id,
+                    },
+                    rpm_used: minute.requests,
+                    rpd_used: day.requests,
+                    tpm_used: minute.tokens,
+                    tpd_used: day.tokens,
+                    limits,
+                    others,
+                    in_flight,
+                    cooldown,
+                });
+            }
+            rows.sort_by(|a, b| {
+                (&a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
+                    &b.route.platform,
+                    &b.route.model_id,
+                    b.route.key_id,
+                ))
+            });
+            rows
+        })
+    }
+
+    /// Deliberately panics inside the engine (tests prove a panic becomes an exception).
+    pub fn debug_panic(&mut self) -> Result<()> {
+        panic!("debug_panic: a deliberate panic inside the engine")
+    }
+}

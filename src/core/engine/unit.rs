@@ -1,0 +1,786 @@
+//! The unit of work of every call: a section reads what other engines changed
+//! (sync), decides on the mirror, and ends by committing its writes (leave), or
+//! buffers them while the store fails (degraded mode); grouped writes keep the
+//! write lock across calls (hold) and flush together. Use cases in the sibling
+//! files only open and close sections through `read`, `write`, `append`,
+//! `enter`/`leave` and `run_batch`; none touches the store directly.
+use super::*;
+
+impl Engine {
+    // ---- sections ----------------------------------------------------------------
+
+    pub(super) fn enter(&mut self, write: bool) -> Result<Section> {
+        self.enter_as(if write { Access::Write } else { Access::Read })
+    }
+
+    pub(super) fn enter_as(&mut self, mut access: Access) -> Result<Section> {
+        let write = access != Access::Read;
+        if write && self.store.readonly() {
+            return Err(StoreError::ReadOnly.into());
+        }
+        let hot = matches!(access, Access::Decide | Access::Append);
+        let start_hold = hot && self.held.is_none() && self.may_hold();
+        if start_hold {
+            access = Access::Write;
+        }
+        let held = self.held.is_some();
+        let mut online = held;
+        let mut stale = false;
+        self.read_failed = false;
+        // Holding the write lock, nothing can have changed under us.
+        let need_store = !held
+            && (write
+                || !self.loaded
+                || self.rebuild
+                || self.mirror.needs_reload
+                || self.store.changed().unwrap_or(true));
+        if need_store {
+            // While degraded, probe the store without waiting on its lock.
+            if self.degraded {
+                self.store.set_busy_timeout(0);
+            }
+            let began = match access {
+                Access::Read | Access::Write => self.store.begin(write),
+                Access::Append => self.store.begin_append(),
+                Access::Decide => self.store.begin_optimistic().map(|s| stale = s),
+            };
+            if self.degraded {
+                self.store.set_busy_timeout(self.settings.busy_timeout_ms);
+            }
+            match began {
+                Ok(()) => online = true,
+                Err(e) => self.store_failed(&e, write),
+            }
+        }
+        // Read the clock only now: a writer that waited for the lock must see every
+        // row stamped before its own admission.
+        let now = self.clock.now_ms();
+        if let Some(last) = self.last_now {
+            if now < last {
+                // SPEC §2/§10: the clock stepped back. Events pruned from the minute
+                // window may count again: reload the windows, and sweep again.
+                self.rebuild = true;
+                self.last_sweep = None;
+            }
+        }
+        self.last_now = Some(now);
+        if !online && self.rebuild && !write {
+            // A read noticed the step back: open a read snapshot to reload from.
+            match self.store.begin(false) {
+                Ok(()) => online = true,
+                Err(e) => self.store_failed(&e, false),
+            }
+        }
+        if online && (!held || self.rebuild) {
+            if let Err(e) = self.sync(now) {
+                self.store.rollback();
+                self.held = None;
+                self.store_failed(&e, write);
+                online = false;
+            }
+        }
+        if online && start_hold {
+            self.held = Some(Instant::now());
+        }
+        let held = online && self.held.is_some();
+        Ok(Section { now, online, write, held, hot, stale: stale && online })
+    }
+
+    /// Whether a hot-path section may take the write lock and keep it across calls:
+    /// grouped writes are on, the store answers, and no other engine has it open
+    /// (asked at most once per hold period while others do).
+    pub(super) fn may_hold(&mut self) -> bool {
+        let Some(period) = self.hold_for else { return false };
+        if self.degraded {
+            return false;
+        }
+        let now = Instant::now();
+        if self.next_sole_check.is_some_and(|t| now < t) {
+            return false;
+        }
+        if self.store.sole_writer() {
+            return true;
+        }
+        self.next_sole_check = Some(now + period);
+        false
+    }
+
+    /// A held write lock is kept for this hot-path section's writes (its period is
+    /// not over, and no flush asked for it to end).
+    pub(super) fn keeps_holding(&self, sec: &Section) -> bool {
+        sec.held && sec.hot && !self.flush_requested && !self.hold_period_over()
+    }
+
+    /// A write lock is kept across calls and its period has not run out.
+    pub(super) fn hold_period_over(&self) -> bool {
+        self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
+    }
+
+    /// Counts every window again from the store: the rows that count at `now` (the
+    /// minute, today, and every window a route keeps or a model declares) and what is
+    /// buffered.
+    pub(super) fn load_usage(&mut self, now: i64) -> std::result::Result<(), StoreError> {
+        let since = self.mirror.usage_horizon(now);
+        // Rows stream into the windows (a month of them is never held at once). A
+        // load that fails half-way leaves `rebuild` set: the next section that
+        // reaches the store counts again from scratch.
+        self.mirror.reset_usage();
+        self.rebuild = true;
+        let mirror = &mut self.mirror;
+        self.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
+        for w in &self.pending {
+            if let Write::Usage(u) = w {
+                self.mirror.add_usage_row(u, now);
+            }
+        }
+        self.loaded = true;
+        self.rebuild = false;
+        Ok(())
+    }
+
+    /// A route ready for a decision at `now` under `limits`: pruned, and keeping every
+    /// window they read. A window its events were not kept for (a wider sliding one,
+    /// a new period) is counted from the store at once when the store answers, else
+    /// at the next section that reaches it.
+    pub(super) fn ready_route(&mut self, route: &Route, limits: &LimitSet, now: i64) -> RouteId {
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.mirror.prune_route(rid, now);
+        if !self.mirror.keep_windows(rid, limits) || self.mirror.needs_reload {
+            if self.degraded || self.load_usage(now).is_err() {
+                self.rebuild = true;
+            }
+            self.mirror.prune_route(rid, now);
+        }
+        rid
+    }
+
+    pub(super) fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
+        if !self.loaded || self.rebuild || self.mirror.needs_reload {
+            self.load_usage(now)?;
+        }
+        let changes = self.store.pull()?;
+        self.apply_changes(changes, now);
+        if std::mem::take(&mut self.mirror.needs_reload) {
+            // A model declared a window its routes' events were not kept for.
+            self.rebuild = true;
+        }
+        if self.rebuild {
+            // A platform's calendar changed: its day windows count again from the store.
+            return self.sync(now);
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_changes(&mut self, ch: Changes, now: i64) {
+        for r in &ch.usage {
+            self.mirror.add_usage_row(r, now);
+        }
+        if let Some(leases) = &ch.leases {
+            self.mirror.replace_stored_leases(leases, &self.pending_deleted, &self.pending_inserted);
+        }
+        let tables_changed =
+            ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
+        if let Some(c) = &ch.cooldowns {
+            self.mirror.replace_cooldowns(c);
+        }
+        if let Some(k) = ch.keys {
+            self.mirror.replace_keys(k);
+        }
+        if let Some(m) = ch.models {
+            self.mirror.replace_models(m);
+        }
+        if let Some(c) = ch.caps {
+            self.mirror.caps = c.into_iter().collect();
+        }
+        let tables_changed = tables_changed || ch.history.is_some() || ch.calendars.is_some();
+        if let Some(h) = ch.history {
+            self.mirror.replace_history(h);
+        }
+        if let Some(c) = ch.calendars {
+            if self.mirror.replace_calendars(c.into_iter().collect()) {
+                self.rebuild = true;
+            }
+        }
+        if tables_changed && !self.pending.is_empty() {
+            // Our own buffered changes are newer than what the store holds.
+            let pending = std::mem::take(&mut self.pending);
+            // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
+            // pending deletes skipped); re-applying an insert would resurrect a
+            // lease finished while its writes waited.
+            for w in pending
+                .iter()
+                .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease { .. }))
+            {
+                self.apply_local(w, 0, now);
+            }
+            self.pending = pending;
+        }
+    }
+
+    /// Inside an online write section: writes what is buffered (when due), the
+    /// retention sweep and `writes`, then commits. Returns the per-write results.
+    pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
+        // SPEC §14.2: the rows of the current period of a declared week or month limit
+        // (and of a declared sliding window) are kept past the retention.
+        let retained_from =
+            now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now));
+        let sweep = match self.last_sweep {
+            Some(t) if now >= t && now - t < MINUTE_MS => None,
+            _ => Some(Write::Sweep {
+                usage_before: retained_from,
+                leases_expired_before: now,
+                history_before: now.saturating_sub(DAY_MS),
+            }),
+        };
+        // Grouped writes (flush_interval_ms) wait until they are due; buffered
+        // writes of an outage go first thing.
+        let flush_pending = self.degraded
+            || self.held.is_some()
+            || self.flush_requested
+            || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+        let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
+            if flush_pending {
+                // A lease taken and finished while both waited here never reaches the
+                // store, nor does a usage row buffered past the retention.
+                let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
+                let live: Vec<&Write> = self
+                    .pending
+                    .iter()
+                    .filter(|w| match w {
+                        Write::InsertLease { id, .. } => !deleted.contains(id),
+                        Write::DeleteLease(id) => !inserted.contains(id),
+                        Write::Usage(u) => u.created_at_ms >= retained_from,
+                        _ => true,
+                    })
+                    .collect();
+                self.store.write_all(&live)?;
+            }
+            let mut ids = Vec::with_capacity(writes.len());
+            for w in writes {
+                ids.push(self.store.write(w)?);
+            }
+            // Last, so that it sees every row, the section's own included.
+            if let Some(s) = &sweep {
+                self.store.write(s)?;
+            }
+            self.store.commit()?;
+            Ok(ids)
+        })();
+        // The commit (or the rollback) ends a held lock.
+        self.held = None;
+        match result {
+            Ok(ids) => {
+                if sweep.is_some() {
+                    self.last_sweep = Some(now);
+                }
+                let flushed = if flush_pending { self.pending.len() } else { 0 };
+                if flush_pending {
+                    self.pending.clear();
+                    self.pending_deleted.clear();
+                    self.pending_inserted.clear();
+                    self.pending_since = None;
+                    self.compact_at = COMPACT_MIN;
+                }
+                self.flush_requested = false;
+                if self.degraded {
+                    self.degraded = false;
+                    self.logs.push((
+                        log::Level::Info,
+                        format!("database answers again: wrote {flushed} buffered changes"),
+                    ));
+                }
+                Committed::Done(ids)
+            }
+            // The store took in what changed; the section is over.
+            Err(StoreError::Conflict) => Committed::Conflict,
+            Err(e) => {
+                self.store.rollback();
+                self.store_failed(&e, true);
+                Committed::Failed
+            }
+        }
+    }
+
+    /// Ends a section: writes (after anything buffered), commits, then applies the
+    /// writes to the mirror. Returns, per write, the id of an insert or the number of
+    /// rows a delete removed. When the store fails, the writes are applied and kept
+    /// for later (degraded mode).
+    pub(super) fn leave(&mut self, sec: Section, writes: Vec<Write>) -> Result<Vec<i64>> {
+        let now = sec.now;
+        if !sec.write {
+            if sec.online && !sec.held {
+                // Ends the read snapshot.
+                let _ = self.store.commit();
+            }
+            return Ok(Vec::new());
+        }
+        if sec.online && !self.keeps_holding(&sec) {
+            // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
+            if let Committed::Done(ids) = self.commit_section(now, &writes) {
+                let mut out = Vec::with_capacity(ids.len());
+                for (w, id) in writes.iter().zip(ids) {
+                    let local = self.apply_local(w, id, now);
+                    out.push(if matches!(w, Write::InsertLease { .. }) { id } else { local.max(id) });
+                }
+                return Ok(out);
+            }
+        }
+        let mut out = Vec::with_capacity(writes.len());
+        for w in writes {
+            let id = match &w {
+                Write::InsertLease { id, .. } => *id,
+                _ => 0,
+            };
+            out.push(self.apply_local(&w, id, now).max(id));
+            self.buffer(w, now);
+        }
+        Ok(out)
+    }
+
+    /// Ends a write section whose writes were already applied to the mirror (a
+    /// batch: later operations had to see earlier ones). On a conflict the writes are
+    /// handed back, still applied to the mirror.
+    pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Option<Vec<Write>> {
+        let now = sec.now;
+        if sec.online && !self.keeps_holding(&sec) {
+            match self.commit_section(now, &writes) {
+                Committed::Done(_) => return None,
+                Committed::Conflict => return Some(writes),
+                Committed::Failed => {}
+            }
+        }
+        for w in writes {
+            self.buffer(w, now);
+        }
+        None
+    }
+
+    /// Takes back a batch's lease inserts from the mirror (their commit conflicted,
+    /// or a refusal among them is to be confirmed on fresh data). A lease batch
+    /// writes nothing else.
+    pub(super) fn undo_leases(&mut self, writes: &[Write], now: i64) {
+        for w in writes {
+            if let Write::InsertLease { id, .. } = w {
+                self.apply_local(&Write::DeleteLease(*id), 0, now);
+            }
+        }
+    }
+
+    /// Runs hot-path operations of several callers in ONE section and one commit
+    /// (group commit): each sees the effects of the ones before it, exactly as if
+    /// they had run one after another, and every one has committed when this returns.
+    ///
+    /// A batch of leases alone is decided optimistically where the store allows it
+    /// (`Store::begin_optimistic`): on what the engine knows, in one round trip to a
+    /// networked store. A refusal is confirmed on freshly read data, and a decision
+    /// whose inputs another writer changed meanwhile is taken back and made again;
+    /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
+    pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
+        let leases = ops.iter().filter(|op| matches!(op, BatchOp::Lease { .. })).count();
+        let mut access = match leases {
+            0 => Access::Append,
+            n if n == ops.len() => Access::Decide,
+            _ => Access::Write,
+        };
+        let mut fresh = false;
+        for attempt in 1.. {
+            if attempt > OPTIMISTIC_ATTEMPTS {
+                access = Access::Write;
+            }
+            match self.run_batch_as(&ops, access, fresh) {
+                Ok(outs) => return outs,
+                // Decided again on what the conflict (or the confirming read) brought.
+                Err(()) => fresh = true,
+            }
+        }
+        unreachable!("the loop returns once the batch holds the lock")
+    }
+
+    /// One attempt of `run_batch`. `Err(())`: an optimistic attempt to make again
+    /// (the mirror is as it was before it, and now up to date).
+    pub(super) fn run_batch_as(
+        &mut self,
+        ops: &[BatchOp],
+        access: Access,
+        fresh: bool,
+    ) -> std::result::Result<Vec<BatchOut>, ()> {
+        let deferred = self.groups_usage();
+        let needs_section = access != Access::Append || !deferred;
+        let sec = if needs_section {
+            match self.enter_as(access) {
+                Ok(sec) => Some(sec),
+                Err(e) => {
+                    return Ok(ops
+                        .iter()
+                        .map(|op| match op {
+                            BatchOp::Lease { .. } => BatchOut::Lease(Err(e.clone())),
+                            _ => BatchOut::Done(Err(e.clone())),
+                        })
+                        .collect())
+                }
+            }
+        } else {
+            None
+        };
+        let now = sec.as_ref().map_or_else(|| self.clock.now_ms(), |s| s.now);
+        let mut writes: Vec<Write> = Vec::new();
+        let mut outs = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                BatchOp::Lease { route, est, limits, check } => {
+                    outs.push(BatchOut::Lease(self.batch_lease(
+                        route,
+                        *est,
+                        limits.clone(),
+                        *check,
+                        now,
+                        &mut writes,
+                    )));
+                }
+                BatchOp::Success { lease_id, route, tokens } => {
+                    let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
+                    outs.push(BatchOut::Done(out));
+                }
+                BatchOp::Release(lease_id) => {
+                    let w = Write::DeleteLease(*lease_id);
+                    self.apply_local(&w, 0, now);
+                    if deferred {
+                        self.buffer(w, now);
+                    } else {
+                        writes.push(w);
+                    }
+                    outs.push(BatchOut::Done(Ok(())));
+                }
+            }
+        }
+        let Some(sec) = sec else { return Ok(outs) };
+        let refused = outs.iter().any(|o| matches!(o, BatchOut::Lease(Err(Error::Refused(_)))));
+        if sec.stale && refused && !fresh {
+            // What refused may have been freed meanwhile: read, then decide again.
+            self.undo_leases(&writes, now);
+            self.store.rollback();
+            let _ = self.read(|_, _| ());
+            return Err(());
+        }
+        match self.leave_applied(sec, writes) {
+            None => Ok(outs),
+            Some(writes) => {
+                self.undo_leases(&writes, now);
+                Err(())
+            }
+        }
+    }
+
+    pub(super) fn batch_lease(
+        &mut self,
+        route: &Route,
+        est: i64,
+        limits: Option<LimitSet>,
+        check: bool,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> Result<i64> {
+        check_non_negative("estimated_tokens", est)?;
+        if check {
+            let adm = self.decide(route, est, limits, now);
+            if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
+                return Err(Error::Refused(Box::new(Refusal {
+                    reason,
+                    retry_at_ms: adm.retry_at_ms,
+                    platform: route.platform.clone(),
+                    model_id: route.model_id.clone(),
+                    key_id: route.key_id,
+                })));
+            }
+        }
+        let w = self.lease_write(route, est, now);
+        let Write::InsertLease { id, .. } = w else { unreachable!("lease_write builds an InsertLease") };
+        self.apply_local(&w, id, now);
+        writes.push(w);
+        Ok(id)
+    }
+
+    pub(super) fn batch_success(
+        &mut self,
+        lease_id: i64,
+        route: &Route,
+        tokens: Option<i64>,
+        now: i64,
+        deferred: bool,
+        writes: &mut Vec<Write>,
+    ) -> Result<()> {
+        if let Some(t) = tokens {
+            check_non_negative("tokens", t)?;
+        }
+        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, now)];
+        if let Some(t) = tokens {
+            ws.push(self.usage_row(route, UsageKind::Tokens, t, now));
+        }
+        self.clear_history_on_success(route, &mut ws);
+        ws.push(Write::DeleteLease(lease_id));
+        for w in ws {
+            self.apply_local(&w, 0, now);
+            if deferred {
+                self.buffer(w, now);
+            } else {
+                writes.push(w);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a write to the mirror. Returns the count of a delete (0 otherwise).
+    pub(super) fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
+        match w {
+            Write::Usage(u) => self.mirror.add_usage_row(u, now),
+            Write::InsertLease {
+                platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, ..
+            } => {
+                let rid = self.mirror.route_id(platform, model_id, *key_id);
+                self.mirror.add_lease(
+                    id,
+                    LeaseRec {
+                        route: rid,
+                        tokens: *tokens,
+                        created_at_ms: *created_at_ms,
+                        expires_at_ms: *expires_at_ms,
+                    },
+                );
+                return id;
+            }
+            Write::DeleteLease(id) => return i64::from(self.mirror.remove_lease(*id).is_some()),
+            Write::UpsertCooldown(c) => {
+                let rid = self.mirror.route_id(&c.platform, &c.model_id, c.key_id);
+                self.mirror.cooldowns.insert(
+                    rid,
+                    CooldownRec { expires_at_ms: c.expires_at_ms, source: c.source, set_at_ms: c.set_at_ms },
+                );
+            }
+            Write::DeleteCooldown { platform, model_id, key_id } => {
+                if let Some(rid) = self.mirror.find_route(platform, model_id, *key_id) {
+                    return i64::from(self.mirror.cooldowns.remove(&rid).is_some());
+                }
+            }
+            Write::DeleteCooldownsForKey(key_id) => {
+                let routes: Vec<RouteId> = self
+                    .mirror
+                    .cooldowns
+                    .keys()
+                    .copied()
+                    .filter(|rid| self.mirror.route(*rid).key_id == *key_id)
+                    .collect();
+                for rid in &routes {
+                    self.mirror.cooldowns.remove(rid);
+                }
+                return routes.len() as i64;
+            }
+            Write::DeleteExpiredCooldowns(t) => {
+                let before = self.mirror.cooldowns.len();
+                self.mirror.cooldowns.retain(|_, c| c.expires_at_ms > *t);
+                return (before - self.mirror.cooldowns.len()) as i64;
+            }
+            Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
+            Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
+            Write::SetCaps(p, c) => {
+                self.mirror.caps.insert(p.clone(), *c);
+            }
+            Write::ResetCaps(p) => {
+                self.mirror.caps.remove(p);
+            }
+            Write::InsertHistory(h) => self.mirror.add_history(h.clone()),
+            Write::DeleteHistory { key_id, route, kinds } => {
+                return self.mirror.remove_history(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
+            }
+            Write::Sweep { history_before, .. } => {
+                self.mirror.prune_history(*history_before);
+            }
+            Write::SetCalendar { platform, zone } => {
+                let set = self.mirror.zones_with(platform, zone.as_deref());
+                if self.mirror.replace_calendars(set) {
+                    // The platform's day windows start over: count them again from the store.
+                    self.rebuild = true;
+                }
+            }
+            Write::Log(_) | Write::UpsertQuotaState(_) => {}
+        }
+        0
+    }
+
+    /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
+    pub(super) fn buffer(&mut self, w: Write, now: i64) {
+        if self.pending_since.is_none() {
+            self.pending_since = Some(now);
+        }
+        match w {
+            Write::Sweep { .. } => return,
+            // A lease taken while degraded is written when the store answers again,
+            // so that other processes count it from then on.
+            Write::InsertLease { id, .. } => {
+                self.pending_inserted.insert(id);
+                self.pending.push(w);
+            }
+            Write::DeleteLease(id) => {
+                self.pending_deleted.insert(id);
+                self.pending.push(w);
+            }
+            w => self.pending.push(w),
+        }
+        // A held lock's writes are committed within its period: nothing to merge.
+        if self.pending.len() >= self.compact_at && self.held.is_none() {
+            self.compact_pending(now);
+            self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
+        }
+    }
+
+    /// Merges buffered usage rows that left the minute window into one row per
+    /// (route, kind, UTC minute), keeping their day; memory stays bounded by the
+    /// windows' widths while nothing is lost from the day counts.
+    pub(super) fn compact_pending(&mut self, now: i64) {
+        let horizon = now.saturating_sub(MINUTE_MS);
+        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
+        let mut kept = Vec::with_capacity(self.pending.len());
+        let mut order = Vec::new();
+        for w in self.pending.drain(..) {
+            match w {
+                Write::Usage(u) if u.created_at_ms <= horizon => {
+                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
+                    let key = (
+                        u.platform.clone(),
+                        u.model_id.clone(),
+                        u.key_id,
+                        u.kind == UsageKind::Request,
+                        minute,
+                    );
+                    match merged.get_mut(&key) {
+                        Some(m) => {
+                            m.tokens = m.tokens.saturating_add(u.tokens);
+                            m.count = m.count.saturating_add(u.count);
+                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
+                        }
+                        None => {
+                            order.push(key.clone());
+                            merged.insert(key, u);
+                        }
+                    }
+                }
+                w => kept.push(w),
+            }
+        }
+        self.pending =
+            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
+    }
+
+    pub(super) fn store_failed(&mut self, e: &StoreError, write: bool) {
+        self.read_failed = true;
+        if !write {
+            // A failed read: keep serving from memory; writes decide degraded mode.
+            self.logs.push((log::Level::Debug, format!("database read failed: {e}")));
+            return;
+        }
+        if !self.degraded {
+            self.degraded = true;
+            let msg = format!(
+                "database write failed ({e}); serving from memory and buffering changes until it answers"
+            );
+            self.note(log::Level::Warn, Some("degraded"), msg);
+        }
+    }
+
+    /// A record for the host's logger. Warnings and errors also become a
+    /// `server_logs` row (SPEC §12), written with the next commit, so that every
+    /// engine and notebook on the store sees them.
+    pub(super) fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
+        if level <= log::Level::Warn && !self.store.readonly() {
+            self.pending.push(Write::Log(LogRow {
+                level: if level == log::Level::Error { "error" } else { "warn" },
+                source: "quotaengine".into(),
+                provider: None,
+                model: None,
+                event: event.map(str::to_string),
+                message: message.clone(),
+                created_at_ms: self.clock.now_ms(),
+            }));
+        }
+        self.logs.push((level, message));
+    }
+
+    /// Runs `f` on the mirror inside a read section.
+    pub(super) fn read<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
+        let sec = self.enter(false)?;
+        let out = f(&mut self.mirror, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(out)
+    }
+
+    /// A write section with writes that do not depend on the mirror.
+    pub(super) fn write(&mut self, writes: Vec<Write>) -> Result<Vec<i64>> {
+        let sec = self.enter(true)?;
+        self.leave(sec, writes)
+    }
+
+    /// Writes that decide nothing (usage rows, buffered changes): no need to take the
+    /// store's lock first.
+    pub(super) fn append(&mut self, writes: Vec<Write>) -> Result<()> {
+        let sec = self.enter_as(Access::Append)?;
+        self.leave(sec, writes).map(|_| ())
+    }
+
+    /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
+    pub(super) fn groups_usage(&self) -> bool {
+        self.settings.flush_interval_ms > 0 && !self.store.readonly()
+    }
+
+    /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
+    pub(super) fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
+        if self.groups_usage() {
+            let now = self.clock.now_ms();
+            for w in writes {
+                self.apply_local(&w, 0, now);
+                self.buffer(w, now);
+            }
+            Ok(())
+        } else {
+            self.append(writes)
+        }
+    }
+
+    /// Writes everything buffered (the flusher thread, `close()`).
+    pub fn flush(&mut self) -> Result<()> {
+        if (self.pending.is_empty() && self.held.is_none()) || self.store.readonly() {
+            return Ok(());
+        }
+        self.flush_requested = true;
+        // Buffered writes were decided when they were made: they only append now.
+        let out = self.append(Vec::new());
+        self.flush_requested = false;
+        out
+    }
+
+    /// Ends a held write lock whose period is over (the flusher thread: an idle
+    /// engine does not keep others waiting).
+    pub fn end_hold_if_due(&mut self) -> Result<()> {
+        if self.held.is_some() && self.hold_period_over() {
+            return self.flush();
+        }
+        Ok(())
+    }
+
+    /// The period of the flusher thread: the hold period when a write lock may be
+    /// held across calls, else `flush_interval_ms`.
+    pub fn tick_period(&self) -> Duration {
+        self.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
+    }
+
+    /// Flushes and reports whether anything stayed unwritten.
+    pub fn close(&mut self) -> Result<()> {
+        let _ = self.flush();
+        if !self.pending.is_empty() {
+            let n = self.pending.len();
+            self.logs.push((
+                log::Level::Error,
+                format!("closing with {n} changes the database did not accept; they are lost"),
+            ));
+        }
+        Ok(())
+    }
+}
