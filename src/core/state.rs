@@ -122,6 +122,9 @@ pub struct Mirror {
     /// Some route started keeping a window its events were not kept for: the usage
     /// is to be loaded again from the store.
     pub needs_reload: bool,
+    /// The distinct declared windows retention keeps rows for (`None`: to be worked
+    /// out again after a change of declarations or calendars).
+    retained_windows: Option<Vec<(Calendar, WindowSpec)>>,
     /// (since, at): the last load read the rows stamped `since` or later, at `at`.
     loaded: Option<(i64, i64)>,
     pub caps: HashMap<String, CapOverrides>,
@@ -190,6 +193,7 @@ impl Mirror {
     /// True when any did: the caller reloads usage from the store.
     pub fn replace_calendars(&mut self, set: HashMap<String, String>) -> bool {
         let changed = self.calendars.replace(set);
+        self.retained_windows = None;
         for p in &changed {
             let cal = self.calendars.of(p);
             for r in self.routes.iter_mut().filter(|r| &*r.platform == p.as_str()) {
@@ -361,14 +365,34 @@ impl Mirror {
 
     /// The oldest row a model's declared week, month or sliding window counts at
     /// `now` (SPEC §14.2: retention keeps them); `now` when none is declared.
+    /// Worked out once per change of the declarations or calendars, not per commit.
     pub fn declared_usage_from(&mut self, now: i64) -> i64 {
-        let mut specs: Vec<(String, WindowSpec)> = Vec::new();
-        for (platform, models) in &self.limit_sets {
-            for set in models.values() {
-                specs.extend(set.windows().map(|w| (platform.clone(), w)));
+        if self.retained_windows.is_none() {
+            let mut specs: Vec<(String, WindowSpec)> = Vec::new();
+            for (platform, models) in &self.limit_sets {
+                for set in models.values() {
+                    // The day is retention's own business (SPEC §10): `retention_ms`.
+                    let kept = set
+                        .windows()
+                        .filter(|w| *w != crate::core::limits::DAY && *w != crate::core::limits::MINUTE);
+                    specs.extend(kept.map(|w| (platform.clone(), w)));
+                }
             }
+            let mut windows: Vec<(Calendar, WindowSpec)> =
+                specs.into_iter().map(|(p, w)| (self.calendars.of(&p), w)).collect();
+            windows.sort_by(|a, b| (a.0.name(), a.1).cmp(&(b.0.name(), b.1)));
+            windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+            self.retained_windows = Some(windows);
         }
-        specs.into_iter().map(|(p, w)| self.window_start(&p, w, now)).min().unwrap_or(now)
+        let windows = self.retained_windows.as_deref().unwrap_or_default();
+        windows
+            .iter()
+            .map(|(cal, w)| match w {
+                WindowSpec::Sliding(width) => now.saturating_sub(width - 1),
+                WindowSpec::Calendar(p) => cal.period_start(*p, now),
+            })
+            .min()
+            .unwrap_or(now)
     }
 
     /// The oldest time a window of a platform counts at `now`.
@@ -515,6 +539,7 @@ impl Mirror {
             }
         }
         self.limit_sets.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), set);
+        self.retained_windows = None;
         self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
     }
 
@@ -527,6 +552,7 @@ impl Mirror {
         self.models.clear();
         self.billing.clear();
         self.limit_sets.clear();
+        self.retained_windows = None;
         for m in rows {
             self.put_model(m);
         }
