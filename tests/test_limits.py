@@ -436,3 +436,20 @@ def test_no_extra_columns_when_no_route_declares_more(e: q.QuotaEngine) -> None:
     snap = e.snapshot()
     assert snap.declared == []
     assert "requests/" not in str(snap)
+
+
+def test_analysis_shows_every_declared_limit(e: q.QuotaEngine) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    from quotaengine import analysis
+
+    e.set_model_limits(P, M, rpm=10, limits=[Limit("tokens", 1_000, "week")])
+    e.lease(P, M, K, 10).success(tokens=250)
+    e.record_request("groq", "llama", 2)
+    state = analysis.state_frame(e)
+    assert list(state.loc[state.platform == P, "tokens/week_used"]) == [250]
+    image = analysis.plot_utilisation(e).axes[0].images[0].get_array()
+    assert image.shape == (2, 5)  # routes x (rpm, rpd, tpm, tpd, tokens/week)
+    groq, mine = (0, 1) if state.iloc[0].platform == "groq" else (1, 0)
+    assert image[mine, 4] == 0.25
+    assert image.mask[groq, 4] or image[groq, 4] != image[groq, 4]  # NaN: not declared there

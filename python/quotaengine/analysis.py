@@ -374,13 +374,15 @@ def plot_utilisation(source: Source) -> Figure:
     """Heat map of used/limit: one row per route of the snapshot, one column per window.
 
     Rows are the snapshot's routes (platform / model / key, sorted); columns are
-    ``rpm``, ``rpd``, ``tpm`` and ``tpd`` (:data:`WINDOWS`). A cell is the window's
+    ``rpm``, ``rpd``, ``tpm`` and ``tpd`` (:data:`WINDOWS`), then one per other limit some
+    route declares (SPEC §14.1, named by its reason, e.g. ``requests/1s``; NaN on
+    routes that do not declare it). A cell is the window's
     used/limit (a fraction; 1.0 = the limit is reached; a declared limit of 0 counts
     as 1.0) and NaN, drawn grey, where the window has no limit. Each cell is
     annotated with ``used/limit`` (``used/∞`` without a limit; 14.4k = 14 400,
     1M = 1 000 000). The colour scale runs from 0 to 1 (values
     over 1 show as 1); a colorbar is attached. The image is ``fig.axes[0].images[0]``;
-    its data has shape (routes, 4).
+    its data has shape (routes, 4 + declared limits).
     """
     import numpy as np
 
@@ -389,20 +391,23 @@ def plot_utilisation(source: Source) -> Figure:
     rows = sorted(snap.rows, key=lambda r: (r["platform"], r["model_id"], r["key_id"]))
     if not rows:
         return _no_data("window utilisation", "no route has usage today, a lease or a cooldown")
-    data = np.array([[_fraction(r[f"{w}_used"], r[f"{w}_limit"]) for w in WINDOWS] for r in rows], dtype=float)
+    windows = WINDOWS + snap.declared
+    data = np.array([[_fraction(r[f"{w}_used"], r[f"{w}_limit"]) for w in windows] for r in rows], dtype=float)
 
     from matplotlib import colormaps
 
     cmap = colormaps["YlOrRd"].with_extremes(bad="#d9d9d9", over=colormaps["YlOrRd"](1.0))
-    fig = _new_figure(7.5, 1.2 + 0.42 * len(rows))
+    fig = _new_figure(max(7.5, 1.9 * len(windows)), 1.2 + 0.42 * len(rows))
     ax = fig.add_subplot()
     image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")  # NaN: the "bad" colour
-    ax.set_xticks(range(len(WINDOWS)), [w.upper() for w in WINDOWS])
+    ax.set_xticks(range(len(windows)), [w.upper() if w in WINDOWS else w for w in windows])
     ax.xaxis.tick_top()
     ax.set_yticks(range(len(rows)), [_route_label(r["platform"], r["model_id"], r["key_id"]) for r in rows])
     for i, r in enumerate(rows):
-        for j, w in enumerate(WINDOWS):
+        for j, w in enumerate(windows):
             used, limit = r[f"{w}_used"], r[f"{w}_limit"]
+            if used is None:  # a limit this route does not declare
+                continue
             text = f"{_compact(used)}/" + ("∞" if limit is None else _compact(limit))
             dark = not np.isnan(data[i, j]) and data[i, j] >= 0.6
             ax.text(j, i, text, ha="center", va="center", fontsize="x-small", color="white" if dark else "black")

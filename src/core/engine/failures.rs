@@ -23,21 +23,22 @@ impl Engine {
     /// The operator's bench: always overwrites.
     pub fn set_cooldown(&mut self, route: &Route, duration_ms: i64, source: CooldownSource) -> Result<()> {
         check_non_negative("duration_ms", duration_ms)?;
-        let sec = self.enter(true)?;
-        let now = sec.now;
-        let w = Write::UpsertCooldown(CooldownRow {
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(route.model_id.as_str()),
-            key_id: route.key_id,
-            expires_at_ms: now.saturating_add(duration_ms),
-            source,
-            set_at_ms: now,
-        });
-        self.logs.push((
-            log::Level::Info,
-            format!("cooldown {route} set for {duration_ms} ms ({}, by the operator)", source.as_str()),
-        ));
-        self.leave(sec, vec![w]).map(|_| ())
+        self.writing(|e, now, writes| {
+            writes.push(Write::UpsertCooldown(CooldownRow {
+                platform: Arc::from(route.platform.as_str()),
+                model_id: Arc::from(route.model_id.as_str()),
+                key_id: route.key_id,
+                expires_at_ms: now.saturating_add(duration_ms),
+                source,
+                set_at_ms: now,
+            }));
+            e.logs.push((
+                log::Level::Info,
+                format!("cooldown {route} set for {duration_ms} ms ({}, by the operator)", source.as_str()),
+            ));
+            Ok(())
+        })
+        .map(|_| ())
     }
 
     pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
@@ -95,10 +96,11 @@ impl Engine {
     }
 
     pub fn cleanup_expired_cooldowns(&mut self) -> Result<i64> {
-        let sec = self.enter(true)?;
-        let now = sec.now;
-        let ids = self.leave(sec, vec![Write::DeleteExpiredCooldowns(now)])?;
-        Ok(ids.first().copied().unwrap_or(0))
+        let ((), removed) = self.writing(|_, now, writes| {
+            writes.push(Write::DeleteExpiredCooldowns(now));
+            Ok(())
+        })?;
+        Ok(removed.first().copied().unwrap_or(0))
     }
 
     /// Active heuristic cooldowns (the ones a probe may clear), soonest first.
@@ -182,13 +184,11 @@ impl Engine {
         if let Some(ra) = retry_after_ms {
             check_non_negative("retry_after_ms", ra)?;
         }
-        let sec = self.enter(true)?;
-        let now = sec.now;
-        let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
-        let mut writes = Vec::new();
-        let d = self.limit_decision(route, limits, retry_after_ms, quota_signal, now, &mut writes);
-        self.leave(sec, writes)?;
-        Ok(d)
+        self.writing(|e, now, writes| {
+            let limits = e.limits_for(&route.platform, &route.model_id, limits).classic();
+            Ok(e.limit_decision(route, limits, retry_after_ms, quota_signal, now, writes))
+        })
+        .map(|(d, _)| d)
     }
 
     /// SPEC §7 inside an open write section: the limit a message states, written only
@@ -243,24 +243,28 @@ impl Engine {
         if parse_provider_limit(message).is_none() {
             return Ok(None);
         }
-        let sec = self.enter(true)?;
-        let mut writes = Vec::new();
-        let learned = self.learn(platform, model_id, message, &mut writes);
-        self.leave(sec, writes)?;
-        Ok(learned)
+        self.writing(|e, _, writes| Ok(e.learn(platform, model_id, message, writes))).map(|(l, _)| l)
     }
 
     /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
     /// later-expiring cooldown), counts ladder/auth/streak history, learns limits.
     pub fn record_failure(&mut self, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
-        let limits = f.limits;
         if let Some(RetryAfter::Millis(ms)) = f.retry_after {
             check_non_negative("retry_after", ms)?;
         }
         let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
-        let sec = self.enter(true)?;
-        let now = sec.now;
-        let mut writes = Vec::new();
+        self.writing(|e, now, writes| e.record_failure_at(route, f, kind, now, writes)).map(|(o, _)| o)
+    }
+
+    fn record_failure_at(
+        &mut self,
+        route: &Route,
+        f: FailureInput,
+        kind: FailureKind,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> Result<FailureOutcome> {
+        let limits = f.limits.clone();
         let retry_ms = match &f.retry_after {
             Some(RetryAfter::Text(t)) => parse_retry_after_ms(Some(t), now),
             Some(RetryAfter::Millis(ms)) => Some((*ms).min(DAY_MS)),
@@ -270,7 +274,7 @@ impl Engine {
         let learned = if kind == FailureKind::Auth {
             None
         } else {
-            self.learn(&route.platform, &route.model_id, f.message.as_deref(), &mut writes)
+            self.learn(&route.platform, &route.model_id, f.message.as_deref(), writes)
         };
         let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
@@ -296,7 +300,7 @@ impl Engine {
                     if local {
                         local_bench
                     } else {
-                        self.limit_decision(route, limits, retry_ms, false, now, &mut writes)
+                        self.limit_decision(route, limits, retry_ms, false, now, writes)
                     }
                 })
             }
@@ -316,7 +320,7 @@ impl Engine {
                 ))
             }
             KindRule::Limit { quota_signal } => {
-                Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, &mut writes))
+                Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, writes))
             }
         };
         let cooldown = decision.map(|d| {
@@ -349,7 +353,6 @@ impl Engine {
                 }
             }
         });
-        self.leave(sec, writes)?;
         Ok(FailureOutcome { kind, cooldown, learned })
     }
 
@@ -357,9 +360,10 @@ impl Engine {
     /// key, on every model, keeping the ladder history; logs `cooldown_recovered`.
     /// Returns how many cooldowns went.
     pub fn recover_key(&mut self, key_id: i64) -> Result<i64> {
-        let sec = self.enter(true)?;
-        let now = sec.now;
-        let mut writes = Vec::new();
+        self.writing(|e, now, writes| Ok(e.recover_key_at(key_id, now, writes))).map(|(n, _)| n)
+    }
+
+    fn recover_key_at(&mut self, key_id: i64, now: i64, writes: &mut Vec<Write>) -> i64 {
         let mut cleared = Vec::new();
         for (rid, c) in self.mirror.cooldowns.iter() {
             let r = self.mirror.route(*rid);
@@ -373,8 +377,7 @@ impl Engine {
             }
         }
         if writes.is_empty() {
-            self.leave(sec, writes)?;
-            return Ok(0);
+            return 0;
         }
         let n = writes.len() as i64;
         cleared.sort();
@@ -391,8 +394,7 @@ impl Engine {
             message,
             created_at_ms: now,
         }));
-        self.leave(sec, writes)?;
-        Ok(n)
+        n
     }
 
     /// A lease's failure: `record_failure` for its route, then the lease released.

@@ -621,8 +621,10 @@ impl Engine {
     /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
     /// every other declared limit by its reason.
     pub fn usage(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
-        let sec = self.enter(false)?;
-        let now = sec.now;
+        self.reading(|e, now| e.usage_report(route, limits, now))
+    }
+
+    fn usage_report(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
         let limits = self.limits_for(&route.platform, &route.model_id, limits);
         let rid = self.ready_route(route, &limits, now);
         let m = &self.mirror;
@@ -653,8 +655,7 @@ impl Engine {
             };
             slot.limit = Some(d.limit.limit);
         }
-        self.leave(sec, Vec::new())?;
-        Ok(report)
+        report
     }
 
     // ---- gates -------------------------------------------------------------------
@@ -662,10 +663,7 @@ impl Engine {
     /// All gates of SPEC §4, in order.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        let sec = self.enter(false)?;
-        let adm = self.decide(route, est, limits, sec.now);
-        self.leave(sec, Vec::new())?;
-        Ok(adm)
+        self.reading(|e, now| e.decide(route, est, limits, now))
     }
 
     fn decide(&mut self, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> Admission {
@@ -678,8 +676,10 @@ impl Engine {
     /// may be empty for them); the token gate uses it to bill the estimate.
     pub fn gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        let sec = self.enter(false)?;
-        let now = sec.now;
+        self.reading(|e, now| e.one_gate(gate, route, est, limits, now))
+    }
+
+    fn one_gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> bool {
         let ctx = self.gate_context(route, limits);
         let m = &mut self.mirror;
         let a = m.account_id(&route.platform, route.key_id);
@@ -702,8 +702,7 @@ impl Engine {
             (Gate::KeyConcurrency, _) => m.gate_concurrency(&v, &ctx),
             (_, None) => None,
         };
-        self.leave(sec, Vec::new())?;
-        Ok(refused.is_none())
+        refused.is_none()
     }
 
     // ---- leases ------------------------------------------------------------------

@@ -8,10 +8,7 @@ impl Engine {
 
     pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        let sec = self.enter(false)?;
-        let caps = self.caps_for(platform);
-        self.leave(sec, Vec::new())?;
-        Ok(caps)
+        self.reading(|e, _| e.caps_for(platform))
     }
 
     /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
@@ -28,14 +25,17 @@ impl Engine {
                 check_non_negative("cap", v)?;
             }
         }
-        let sec = self.enter(true)?;
-        let old = self.mirror.caps.get(platform).copied().unwrap_or_default();
-        let new = CapOverrides {
-            daily_requests: daily_requests.unwrap_or(old.daily_requests),
-            minute_requests: minute_requests.unwrap_or(old.minute_requests),
-            daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
-        };
-        self.leave(sec, vec![Write::SetCaps(platform.to_string(), new)]).map(|_| ())
+        self.writing(|e, _, writes| {
+            let old = e.mirror.caps.get(platform).copied().unwrap_or_default();
+            let new = CapOverrides {
+                daily_requests: daily_requests.unwrap_or(old.daily_requests),
+                minute_requests: minute_requests.unwrap_or(old.minute_requests),
+                daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
+            };
+            writes.push(Write::SetCaps(platform.to_string(), new));
+            Ok(())
+        })
+        .map(|_| ())
     }
 
     pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
@@ -56,11 +56,10 @@ impl Engine {
     }
 
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        let sec = self.enter(false)?;
-        let cap = self.caps_for(platform).daily_tokens;
-        let n = self.mirror.provider_day_tokens(platform, key_id, cap, sec.now);
-        self.leave(sec, Vec::new())?;
-        Ok(n)
+        self.reading(|e, now| {
+            let cap = e.caps_for(platform).daily_tokens;
+            e.mirror.provider_day_tokens(platform, key_id, cap, now)
+        })
     }
 
     // ---- analysis ----------------------------------------------------------------
@@ -101,95 +100,95 @@ impl Engine {
         if let Some(m) = model_id {
             check_name("model_id", m)?;
         }
-        let sec = self.enter(true)?;
-        let now = sec.now;
-        let parsed = crate::core::headers::parse_quota_headers(headers, now);
-        let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
-        let mut obs: Vec<QuotaObservation> = parsed
-            .quotas
-            .iter()
-            .map(|q| QuotaObservation {
-                platform: platform.to_string(),
-                key_id,
-                model_id: model_id.map(str::to_string),
-                pool_key: pool_key.clone(),
-                metric: q.metric.as_str(),
-                limit: q.limit,
-                remaining: q.remaining,
-                reset_at_ms: q.reset_at_ms,
-                retry_after_ms: parsed.retry_after_ms,
-                source: "header",
-                confidence: source_confidence("header"),
-                status,
-            })
-            .collect();
-        if status == 429 || status == 402 {
-            obs.push(QuotaObservation {
-                platform: platform.to_string(),
-                key_id,
-                model_id: model_id.map(str::to_string),
-                pool_key: pool_key.clone(),
-                metric: "requests",
-                limit: None,
-                remaining: Some(0),
-                reset_at_ms: parsed.retry_after_ms.map(|ms| now.saturating_add(ms)),
-                retry_after_ms: parsed.retry_after_ms,
-                source: "error_body",
-                confidence: source_confidence("error_body"),
-                status,
-            });
-        }
-        if obs.is_empty() {
-            self.leave(sec, Vec::new())?;
-            return Ok(obs);
-        }
-        let existing = match self.store.quota_states(Some(platform)) {
-            Ok(rows) => rows,
-            Err(e) => {
-                self.store.rollback();
-                self.store_failed(&e, true);
-                Vec::new()
-            }
-        };
-        let mut merged: Vec<QuotaStateRow> = Vec::new();
-        for o in &obs {
-            let old = merged
+        let (obs, _) = self.writing(|e, now, writes| {
+            let parsed = crate::core::headers::parse_quota_headers(headers, now);
+            let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
+            let mut obs: Vec<QuotaObservation> = parsed
+                .quotas
                 .iter()
-                .position(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
-                .map(|i| merged.remove(i))
-                .or_else(|| {
-                    existing
-                        .iter()
-                        .find(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
-                        .cloned()
-                });
-            let row = match old {
-                // Known values replace, missing ones keep the old, confidence is the max.
-                Some(old) => QuotaStateRow {
-                    limit: o.limit.or(old.limit),
-                    remaining: o.remaining.or(old.remaining),
-                    reset_at_ms: o.reset_at_ms.or(old.reset_at_ms),
-                    source: o.source.to_string(),
-                    confidence: o.confidence.max(old.confidence),
-                    observed_at_ms: now,
-                    ..old
-                },
-                None => QuotaStateRow {
+                .map(|q| QuotaObservation {
                     platform: platform.to_string(),
                     key_id,
-                    pool_key: o.pool_key.clone(),
-                    metric: o.metric.to_string(),
-                    limit: o.limit,
-                    remaining: o.remaining,
-                    reset_at_ms: o.reset_at_ms,
-                    source: o.source.to_string(),
-                    confidence: o.confidence,
-                    observed_at_ms: now,
-                },
+                    model_id: model_id.map(str::to_string),
+                    pool_key: pool_key.clone(),
+                    metric: q.metric.as_str(),
+                    limit: q.limit,
+                    remaining: q.remaining,
+                    reset_at_ms: q.reset_at_ms,
+                    retry_after_ms: parsed.retry_after_ms,
+                    source: "header",
+                    confidence: source_confidence("header"),
+                    status,
+                })
+                .collect();
+            if status == 429 || status == 402 {
+                obs.push(QuotaObservation {
+                    platform: platform.to_string(),
+                    key_id,
+                    model_id: model_id.map(str::to_string),
+                    pool_key: pool_key.clone(),
+                    metric: "requests",
+                    limit: None,
+                    remaining: Some(0),
+                    reset_at_ms: parsed.retry_after_ms.map(|ms| now.saturating_add(ms)),
+                    retry_after_ms: parsed.retry_after_ms,
+                    source: "error_body",
+                    confidence: source_confidence("error_body"),
+                    status,
+                });
+            }
+            if obs.is_empty() {
+                return Ok(obs);
+            }
+            let existing = match e.store.quota_states(Some(platform)) {
+                Ok(rows) => rows,
+                Err(err) => {
+                    e.store.rollback();
+                    e.store_failed(&err, true);
+                    Vec::new()
+                }
             };
-            merged.push(replenished(row, now));
-        }
-        self.leave(sec, merged.into_iter().map(Write::UpsertQuotaState).collect())?;
+            let mut merged: Vec<QuotaStateRow> = Vec::new();
+            for o in &obs {
+                let old = merged
+                    .iter()
+                    .position(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
+                    .map(|i| merged.remove(i))
+                    .or_else(|| {
+                        existing
+                            .iter()
+                            .find(|r| r.key_id == key_id && r.pool_key == o.pool_key && r.metric == o.metric)
+                            .cloned()
+                    });
+                let row = match old {
+                    // Known values replace, missing ones keep the old, confidence is the max.
+                    Some(old) => QuotaStateRow {
+                        limit: o.limit.or(old.limit),
+                        remaining: o.remaining.or(old.remaining),
+                        reset_at_ms: o.reset_at_ms.or(old.reset_at_ms),
+                        source: o.source.to_string(),
+                        confidence: o.confidence.max(old.confidence),
+                        observed_at_ms: now,
+                        ..old
+                    },
+                    None => QuotaStateRow {
+                        platform: platform.to_string(),
+                        key_id,
+                        pool_key: o.pool_key.clone(),
+                        metric: o.metric.to_string(),
+                        limit: o.limit,
+                        remaining: o.remaining,
+                        reset_at_ms: o.reset_at_ms,
+                        source: o.source.to_string(),
+                        confidence: o.confidence,
+                        observed_at_ms: now,
+                    },
+                };
+                merged.push(replenished(row, now));
+            }
+            writes.extend(merged.into_iter().map(Write::UpsertQuotaState));
+            Ok(obs)
+        })?;
         self.headroom_cache.remove(platform);
         Ok(obs)
     }
@@ -227,9 +226,7 @@ impl Engine {
                 return Ok(v.clone());
             }
         }
-        let sec = self.enter(false)?;
-        let rows = self.store.quota_states(Some(platform)).unwrap_or_default();
-        self.leave(sec, Vec::new())?;
+        let rows = self.reading(|e, _| e.store.quota_states(Some(platform)).unwrap_or_default())?;
         let mut worst: HashMap<i64, f64> = HashMap::new();
         for r in rows {
             if r.confidence < 0.7 {
@@ -261,24 +258,23 @@ impl Engine {
     }
 
     pub(super) fn rebuild_window_snapshot(&mut self) -> Result<bool> {
-        let sec = self.enter(false)?;
-        let now = sec.now;
-        let failed = self.read_failed;
-        let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
-        self.mirror.prune_all(now);
-        for (_, r) in self.mirror.routes() {
-            let used = r.win.all_counts(now);
-            if used.iter().all(|(_, c)| *c == Counts::default()) {
-                continue;
+        let (failed, snap) = self.reading(|e, now| {
+            let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
+            e.mirror.prune_all(now);
+            for (_, r) in e.mirror.routes() {
+                let used = r.win.all_counts(now);
+                if used.iter().all(|(_, c)| *c == Counts::default()) {
+                    continue;
+                }
+                snap.usage
+                    .entry(r.platform.clone())
+                    .or_default()
+                    .entry(r.model_id.clone())
+                    .or_default()
+                    .insert(r.key_id, used);
             }
-            snap.usage
-                .entry(r.platform.clone())
-                .or_default()
-                .entry(r.model_id.clone())
-                .or_default()
-                .insert(r.key_id, used);
-        }
-        self.leave(sec, Vec::new())?;
+            (e.read_failed, snap)
+        })?;
         if failed {
             self.window_snapshot = None;
             return Ok(false);
@@ -305,12 +301,13 @@ impl Engine {
         if !missing {
             return Ok(());
         }
-        let sec = self.enter(false)?;
-        for k in keys {
-            let route = Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
-            self.ready_route(&route, limits, sec.now);
-        }
-        self.leave(sec, Vec::new())?;
+        self.reading(|e, now| {
+            for k in keys {
+                let route =
+                    Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
+                e.ready_route(&route, limits, now);
+            }
+        })?;
         self.window_snapshot = None;
         Ok(())
     }
