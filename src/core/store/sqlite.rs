@@ -814,15 +814,17 @@ fn copies(u: &UsageRow) -> i64 {
 
 /// Shares one allocation per distinct name within a batch of rows.
 #[derive(Default)]
-struct Interner(Vec<Arc<str>>);
+struct Interner(std::collections::HashSet<Arc<str>>);
 
 impl Interner {
+    /// One shared copy per distinct name: a read of millions of rows over many routes
+    /// holds as many names as there are routes, not one per row.
     fn get(&mut self, s: &str) -> Arc<str> {
-        if let Some(a) = self.0.iter().rev().take(8).find(|a| &***a == s) {
+        if let Some(a) = self.0.get(s) {
             return a.clone();
         }
         let a: Arc<str> = Arc::from(s);
-        self.0.push(a.clone());
+        self.0.insert(a.clone());
         a
     }
 }
