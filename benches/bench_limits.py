@@ -2,7 +2,7 @@
 """What limits as data cost (Part 10, SPEC 14.1).
 
     python benches/bench_limits.py speed --a DIR_A --b DIR_B [--runs 5] [--ops 50000]
-    python benches/bench_limits.py memory [--events 10000000] [--routes 1000]
+    python benches/bench_limits.py memory --pkg DIR [--events 10000000] [--routes 1000]
 
 ``speed``: per-call cost, one fresh child process per build and workload, A and B
 interleaved (A, B, A, B, ...); the median over runs of ns per call. ``DIR_A`` / ``DIR_B``
@@ -19,8 +19,9 @@ enough that nothing is refused and a ``ManualClock`` stepped 10 ms per op:
 ``memory``: a month limit on ``--routes`` routes with ``--events`` usage rows in the month.
 The rows are written into the engine's file with plain ``sqlite3`` (as a notebook or
 another tool may), then a fresh process opens an engine on the file, which loads the
-month to count it, and reports its peak RSS, the load time and what the month counts;
-the same file opened by an engine whose models declare only the classic four is the
+month to count it (its retention sweep keeps the month's rows), and reports its peak
+RSS, the load time and what the month counts; the same file opened read-only by an
+engine whose models declare only the classic four (it loads today's rows) is the
 baseline.
 """
 
@@ -118,18 +119,20 @@ def speed(args: argparse.Namespace) -> None:
 
 
 MEMORY_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
+sys.path.insert(0, sys.argv[5])
 import quotaengine as q
 path, now, routes, month = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "month"
 t = time.perf_counter()
-e = q.QuotaEngine(path, clock=q.ManualClock(now), env={}, retention_ms=3_600_000)
-if month:
-    e.set_model_limits("p", "m0", limits=[q.Limit("tokens", 10**15, "month")])
+# The baseline reads only (a read-only engine never sweeps the month's rows away).
+e = q.QuotaEngine(path, clock=q.ManualClock(now), env={}, readonly=not month)
 e.check("p", "m0", 0)
 load_s = time.perf_counter() - t
 used = e.usage("p", "m0", 0)
 e.close()
-print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "load_s": load_s,
+# Peak RSS of this process image: VmHWM (ru_maxrss would carry the parent's over exec).
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+print(json.dumps({"rss_mb": hwm / 1024, "load_s": load_s,
                   "month_tokens": used.get("tokens/month", {}).get("used"), "day_tokens": used["tpd"]["used"]}))
 """
 
@@ -137,7 +140,7 @@ print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss /
 def memory(args: argparse.Namespace) -> None:
     import sqlite3
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+    sys.path.insert(0, os.path.abspath(args.pkg))
     import quotaengine as q
 
     month_start = 1_796_083_200_000  # 2026-12-01 00:00 UTC
@@ -168,18 +171,14 @@ def memory(args: argparse.Namespace) -> None:
             f"file {os.path.getsize(path) / 1e6:,.0f} MB"
         )
         expected = 3 * len(range(0, args.events, args.routes))
-        for label, flag in (("classic four only (day windows)", "classic"), ("month limit declared", "month")):
+        for label, flag in (("month limit declared", "month"), ("classic four only (day windows)", "classic")):
             if flag == "classic":
                 con = sqlite3.connect(path)
                 con.execute("UPDATE models SET limits = NULL")
                 con.commit()
                 con.close()
-            else:
-                with q.QuotaEngine(path, clock=q.ManualClock(now), env={}) as e:
-                    for r in range(args.routes):
-                        e.set_model_limits("p", f"m{r}", limits=[q.Limit("tokens", 10**15, "month")])
             out = subprocess.run(
-                [sys.executable, "-c", MEMORY_CHILD, path, str(now), str(args.routes), flag],
+                [sys.executable, "-c", MEMORY_CHILD, path, str(now), str(args.routes), flag, os.path.abspath(args.pkg)],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -200,6 +199,7 @@ def main() -> None:
     s.add_argument("--runs", type=int, default=5)
     s.add_argument("--ops", type=int, default=50_000)
     m = sub.add_parser("memory")
+    m.add_argument("--pkg", required=True, help="where a release wheel was installed (pip install --target)")
     m.add_argument("--events", type=int, default=10_000_000)
     m.add_argument("--routes", type=int, default=1_000)
     args = ap.parse_args()

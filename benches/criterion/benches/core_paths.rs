@@ -11,6 +11,7 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{Engine, Settings, StoreSpec};
+use quotaengine::core::limits::LimitSet;
 use quotaengine::core::types::{Limits, Route};
 use quotaengine::core::windows::Windows;
 use std::hint::black_box;
@@ -22,8 +23,13 @@ use std::time::Duration;
 const T0: i64 = 1_767_261_600_000;
 const ROUTES: usize = 1000;
 
-fn limits() -> Option<Limits> {
-    Some(Limits { rpm: Some(1 << 40), rpd: Some(1 << 40), tpm: Some(1 << 50), tpd: Some(1 << 50) })
+fn limits() -> Option<LimitSet> {
+    Some(LimitSet::from_classic(Limits {
+        rpm: Some(1 << 40),
+        rpd: Some(1 << 40),
+        tpm: Some(1 << 50),
+        tpd: Some(1 << 50),
+    }))
 }
 
 fn routes() -> Vec<Route> {
@@ -73,7 +79,7 @@ fn bench_check(c: &mut Criterion) {
     g.bench_function("file", |b| {
         b.iter(|| {
             i = i.wrapping_add(1);
-            black_box(e.check(&routes[i % ROUTES], 600, lim).unwrap())
+            black_box(e.check(&routes[i % ROUTES], 600, lim.clone()).unwrap())
         })
     });
     g.finish();
@@ -96,7 +102,7 @@ fn bench_lease_success(c: &mut Criterion) {
                 i = i.wrapping_add(1);
                 clock.advance(1);
                 let r = &routes[i % ROUTES];
-                let id = e.lease(r, 600, lim).unwrap();
+                let id = e.lease(r, 600, lim.clone()).unwrap();
                 e.finish_lease_success(id, r, Some(500)).unwrap();
             })
         });

@@ -315,42 +315,17 @@ type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
 const COMPACT_MIN: usize = 4096;
 
 pub struct Engine {
-    store: Box<dyn Store>,
+    /// The store and everything about talking to it (the unit of work's state).
+    unit: unit::Unit,
     clock: Arc<dyn Clock>,
     settings: Settings,
     mirror: Mirror,
-    /// Writes applied to the mirror but not yet to the store, in order.
-    pending: Vec<Write>,
-    /// Stored leases whose deletion is in `pending`.
-    pending_deleted: HashSet<i64>,
-    /// Leases whose insertion is in `pending` (taken while degraded).
-    pending_inserted: HashSet<i64>,
-    compact_at: usize,
-    /// Engine time of the oldest write in `pending`.
-    pending_since: Option<i64>,
-    flush_requested: bool,
-    degraded: bool,
-    loaded: bool,
-    rebuild: bool,
-    last_now: Option<i64>,
-    last_sweep: Option<i64>,
     lease_ids: LeaseIds,
     platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
     logs: Vec<LogRecord>,
     window_snapshot: Option<WindowSnapshot>,
     /// `key_quota_headroom` per platform: (built at, key -> headroom).
     headroom_cache: HashMap<String, (i64, Vec<(i64, f64)>)>,
-    /// The last read section could not read the store.
-    read_failed: bool,
-    /// With grouped writes, how long the write lock may be kept from one call to the
-    /// next while this engine is the store's only one (`None`: never).
-    hold_for: Option<Duration>,
-    /// Since when this engine keeps the store's write lock (an open transaction)
-    /// across calls: nobody else can write meanwhile, so calls neither read nor
-    /// write the store; the writes wait in `pending` for the commit that ends it.
-    held: Option<Instant>,
-    /// When to ask the store again whether this engine is its only one.
-    next_sole_check: Option<Instant>,
 }
 
 impl Engine {
@@ -366,36 +341,21 @@ impl Engine {
         settings.validate()?;
         let day_zones = settings.env.day_zones();
         let mut engine = Engine {
-            store,
+            unit: unit::Unit::new(store),
             clock,
             settings,
             mirror: Mirror::with_calendars(Calendars::with_env(day_zones)),
-            pending: Vec::new(),
-            pending_deleted: HashSet::new(),
-            pending_inserted: HashSet::new(),
-            compact_at: COMPACT_MIN,
-            pending_since: None,
-            flush_requested: false,
-            degraded: false,
-            loaded: false,
-            rebuild: false,
-            last_now: None,
-            last_sweep: None,
             lease_ids: LeaseIds::new(),
             platform_env: HashMap::new(),
             logs: Vec::new(),
             window_snapshot: None,
             headroom_cache: HashMap::new(),
-            read_failed: false,
-            hold_for: None,
-            held: None,
-            next_sole_check: None,
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
             // Half the interval: a held lock ends at most one flusher tick after its
             // period, so nothing waits longer than `flush_interval_ms`.
             let ms = (engine.settings.flush_interval_ms / 2).clamp(1, HOLD_MAX_MS);
-            engine.hold_for = Some(Duration::from_millis(ms as u64));
+            engine.unit.hold_for = Some(Duration::from_millis(ms as u64));
         }
         // Load now, so that a broken database is reported by the constructor.
         let sec = engine.enter(false)?;
@@ -415,7 +375,7 @@ impl Engine {
 
     /// True while the store is failing and the engine serves from memory.
     pub fn degraded(&self) -> bool {
-        self.degraded
+        self.unit.degraded
     }
 
     /// Log records produced since the last call (emit them outside any lock).
@@ -426,11 +386,11 @@ impl Engine {
     /// After a caught panic: abandon any open store section and reload from the store,
     /// so a half-applied change cannot linger in memory.
     pub fn recover_after_panic(&mut self) {
-        self.store.rollback();
-        self.rebuild = true;
-        if self.held.take().is_some() {
+        self.unit.store.rollback();
+        self.unit.rebuild = true;
+        if self.unit.held.take().is_some() {
             // What the held lock's calls decided is still in `pending`: write it next.
-            self.flush_requested = true;
+            self.unit.flush_requested = true;
         }
     }
 
@@ -445,13 +405,13 @@ impl Engine {
     /// of what the parent still uses, nothing of it is written, and the child opens
     /// the engine anew.
     pub fn after_fork(&mut self) -> bool {
-        self.held = None;
-        self.store.after_fork()
+        self.unit.held = None;
+        self.unit.store.after_fork()
     }
 
     /// Number of writes waiting for the store.
     pub fn pending_writes(&self) -> usize {
-        self.pending.len()
+        self.unit.pending.len()
     }
 
     // ---- configuration -----------------------------------------------------------

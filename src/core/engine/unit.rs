@@ -6,6 +6,61 @@
 //! `enter`/`leave` and `run_batch`; none touches the store directly.
 use super::*;
 
+/// The unit of work's state: the store, the writes waiting for it, the write lock
+/// kept across calls, and whether the store answers.
+pub(super) struct Unit {
+    pub(super) store: Box<dyn Store>,
+    /// Writes applied to the mirror but not yet to the store, in order.
+    pub(super) pending: Vec<Write>,
+    /// Stored leases whose deletion is in `pending`.
+    pub(super) pending_deleted: HashSet<i64>,
+    /// Leases whose insertion is in `pending` (taken while degraded).
+    pub(super) pending_inserted: HashSet<i64>,
+    pub(super) compact_at: usize,
+    /// Engine time of the oldest write in `pending`.
+    pub(super) pending_since: Option<i64>,
+    pub(super) flush_requested: bool,
+    pub(super) degraded: bool,
+    pub(super) loaded: bool,
+    pub(super) rebuild: bool,
+    pub(super) last_now: Option<i64>,
+    pub(super) last_sweep: Option<i64>,
+    /// The last read section could not read the store.
+    pub(super) read_failed: bool,
+    /// With grouped writes, how long the write lock may be kept from one call to the
+    /// next while this engine is the store's only one (`None`: never).
+    pub(super) hold_for: Option<Duration>,
+    /// Since when this engine keeps the store's write lock (an open transaction)
+    /// across calls: nobody else can write meanwhile, so calls neither read nor
+    /// write the store; the writes wait in `pending` for the commit that ends it.
+    pub(super) held: Option<Instant>,
+    /// When to ask the store again whether this engine is its only one.
+    pub(super) next_sole_check: Option<Instant>,
+}
+
+impl Unit {
+    pub(super) fn new(store: Box<dyn Store>) -> Unit {
+        Unit {
+            store,
+            pending: Vec::new(),
+            pending_deleted: HashSet::new(),
+            pending_inserted: HashSet::new(),
+            compact_at: COMPACT_MIN,
+            pending_since: None,
+            flush_requested: false,
+            degraded: false,
+            loaded: false,
+            rebuild: false,
+            last_now: None,
+            last_sweep: None,
+            read_failed: false,
+            hold_for: None,
+            held: None,
+            next_sole_check: None,
+        }
+    }
+}
+
 impl Engine {
     // ---- sections ----------------------------------------------------------------
 
@@ -15,37 +70,37 @@ impl Engine {
 
     pub(super) fn enter_as(&mut self, mut access: Access) -> Result<Section> {
         let write = access != Access::Read;
-        if write && self.store.readonly() {
+        if write && self.unit.store.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
         let hot = matches!(access, Access::Decide | Access::Append);
-        let start_hold = hot && self.held.is_none() && self.may_hold();
+        let start_hold = hot && self.unit.held.is_none() && self.may_hold();
         if start_hold {
             access = Access::Write;
         }
-        let held = self.held.is_some();
+        let held = self.unit.held.is_some();
         let mut online = held;
         let mut stale = false;
-        self.read_failed = false;
+        self.unit.read_failed = false;
         // Holding the write lock, nothing can have changed under us.
         let need_store = !held
             && (write
-                || !self.loaded
-                || self.rebuild
+                || !self.unit.loaded
+                || self.unit.rebuild
                 || self.mirror.needs_reload
-                || self.store.changed().unwrap_or(true));
+                || self.unit.store.changed().unwrap_or(true));
         if need_store {
             // While degraded, probe the store without waiting on its lock.
-            if self.degraded {
-                self.store.set_busy_timeout(0);
+            if self.unit.degraded {
+                self.unit.store.set_busy_timeout(0);
             }
             let began = match access {
-                Access::Read | Access::Write => self.store.begin(write),
-                Access::Append => self.store.begin_append(),
-                Access::Decide => self.store.begin_optimistic().map(|s| stale = s),
+                Access::Read | Access::Write => self.unit.store.begin(write),
+                Access::Append => self.unit.store.begin_append(),
+                Access::Decide => self.unit.store.begin_optimistic().map(|s| stale = s),
             };
-            if self.degraded {
-                self.store.set_busy_timeout(self.settings.busy_timeout_ms);
+            if self.unit.degraded {
+                self.unit.store.set_busy_timeout(self.settings.busy_timeout_ms);
             }
             match began {
                 Ok(()) => online = true,
@@ -55,34 +110,34 @@ impl Engine {
         // Read the clock only now: a writer that waited for the lock must see every
         // row stamped before its own admission.
         let now = self.clock.now_ms();
-        if let Some(last) = self.last_now {
+        if let Some(last) = self.unit.last_now {
             if now < last {
                 // SPEC §2/§10: the clock stepped back. Events pruned from the minute
                 // window may count again: reload the windows, and sweep again.
-                self.rebuild = true;
-                self.last_sweep = None;
+                self.unit.rebuild = true;
+                self.unit.last_sweep = None;
             }
         }
-        self.last_now = Some(now);
-        if !online && self.rebuild && !write {
+        self.unit.last_now = Some(now);
+        if !online && self.unit.rebuild && !write {
             // A read noticed the step back: open a read snapshot to reload from.
-            match self.store.begin(false) {
+            match self.unit.store.begin(false) {
                 Ok(()) => online = true,
                 Err(e) => self.store_failed(&e, false),
             }
         }
-        if online && (!held || self.rebuild) {
+        if online && (!held || self.unit.rebuild) {
             if let Err(e) = self.sync(now) {
-                self.store.rollback();
-                self.held = None;
+                self.unit.store.rollback();
+                self.unit.held = None;
                 self.store_failed(&e, write);
                 online = false;
             }
         }
         if online && start_hold {
-            self.held = Some(Instant::now());
+            self.unit.held = Some(Instant::now());
         }
-        let held = online && self.held.is_some();
+        let held = online && self.unit.held.is_some();
         Ok(Section { now, online, write, held, hot, stale: stale && online })
     }
 
@@ -90,30 +145,30 @@ impl Engine {
     /// grouped writes are on, the store answers, and no other engine has it open
     /// (asked at most once per hold period while others do).
     pub(super) fn may_hold(&mut self) -> bool {
-        let Some(period) = self.hold_for else { return false };
-        if self.degraded {
+        let Some(period) = self.unit.hold_for else { return false };
+        if self.unit.degraded {
             return false;
         }
         let now = Instant::now();
-        if self.next_sole_check.is_some_and(|t| now < t) {
+        if self.unit.next_sole_check.is_some_and(|t| now < t) {
             return false;
         }
-        if self.store.sole_writer() {
+        if self.unit.store.sole_writer() {
             return true;
         }
-        self.next_sole_check = Some(now + period);
+        self.unit.next_sole_check = Some(now + period);
         false
     }
 
     /// A held write lock is kept for this hot-path section's writes (its period is
     /// not over, and no flush asked for it to end).
     pub(super) fn keeps_holding(&self, sec: &Section) -> bool {
-        sec.held && sec.hot && !self.flush_requested && !self.hold_period_over()
+        sec.held && sec.hot && !self.unit.flush_requested && !self.hold_period_over()
     }
 
     /// A write lock is kept across calls and its period has not run out.
     pub(super) fn hold_period_over(&self) -> bool {
-        self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
+        self.unit.held.zip(self.unit.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
     }
 
     /// Counts every window again from the store: the rows that count at `now` (the
@@ -125,16 +180,16 @@ impl Engine {
         // load that fails half-way leaves `rebuild` set: the next section that
         // reaches the store counts again from scratch.
         self.mirror.reset_usage();
-        self.rebuild = true;
+        self.unit.rebuild = true;
         let mirror = &mut self.mirror;
-        self.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
-        for w in &self.pending {
+        self.unit.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
+        for w in &self.unit.pending {
             if let Write::Usage(u) = w {
                 self.mirror.add_usage_row(u, now);
             }
         }
-        self.loaded = true;
-        self.rebuild = false;
+        self.unit.loaded = true;
+        self.unit.rebuild = false;
         Ok(())
     }
 
@@ -146,8 +201,8 @@ impl Engine {
         let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         self.mirror.prune_route(rid, now);
         if !self.mirror.keep_windows(rid, limits) || self.mirror.needs_reload {
-            if self.degraded || self.load_usage(now).is_err() {
-                self.rebuild = true;
+            if self.unit.degraded || self.load_usage(now).is_err() {
+                self.unit.rebuild = true;
             }
             self.mirror.prune_route(rid, now);
         }
@@ -155,16 +210,16 @@ impl Engine {
     }
 
     pub(super) fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
-        if !self.loaded || self.rebuild || self.mirror.needs_reload {
+        if !self.unit.loaded || self.unit.rebuild || self.mirror.needs_reload {
             self.load_usage(now)?;
         }
-        let changes = self.store.pull()?;
+        let changes = self.unit.store.pull()?;
         self.apply_changes(changes, now);
         if std::mem::take(&mut self.mirror.needs_reload) {
             // A model declared a window its routes' events were not kept for.
-            self.rebuild = true;
+            self.unit.rebuild = true;
         }
-        if self.rebuild {
+        if self.unit.rebuild {
             // A platform's calendar changed: its day windows count again from the store.
             return self.sync(now);
         }
@@ -176,7 +231,11 @@ impl Engine {
             self.mirror.add_usage_row(r, now);
         }
         if let Some(leases) = &ch.leases {
-            self.mirror.replace_stored_leases(leases, &self.pending_deleted, &self.pending_inserted);
+            self.mirror.replace_stored_leases(
+                leases,
+                &self.unit.pending_deleted,
+                &self.unit.pending_inserted,
+            );
         }
         let tables_changed =
             ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
@@ -198,12 +257,12 @@ impl Engine {
         }
         if let Some(c) = ch.calendars {
             if self.mirror.replace_calendars(c.into_iter().collect()) {
-                self.rebuild = true;
+                self.unit.rebuild = true;
             }
         }
-        if tables_changed && !self.pending.is_empty() {
+        if tables_changed && !self.unit.pending.is_empty() {
             // Our own buffered changes are newer than what the store holds.
-            let pending = std::mem::take(&mut self.pending);
+            let pending = std::mem::take(&mut self.unit.pending);
             // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
             // pending deletes skipped); re-applying an insert would resurrect a
             // lease finished while its writes waited.
@@ -213,7 +272,7 @@ impl Engine {
             {
                 self.apply_local(w, 0, now);
             }
-            self.pending = pending;
+            self.unit.pending = pending;
         }
     }
 
@@ -224,7 +283,7 @@ impl Engine {
         // (and of a declared sliding window) are kept past the retention.
         let retained_from =
             now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now));
-        let sweep = match self.last_sweep {
+        let sweep = match self.unit.last_sweep {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
                 usage_before: retained_from,
@@ -234,16 +293,17 @@ impl Engine {
         };
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
-        let flush_pending = self.degraded
-            || self.held.is_some()
-            || self.flush_requested
-            || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+        let flush_pending = self.unit.degraded
+            || self.unit.held.is_some()
+            || self.unit.flush_requested
+            || self.unit.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
         let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
             if flush_pending {
                 // A lease taken and finished while both waited here never reaches the
                 // store, nor does a usage row buffered past the retention.
-                let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
+                let (inserted, deleted) = (&self.unit.pending_inserted, &self.unit.pending_deleted);
                 let live: Vec<&Write> = self
+                    .unit
                     .pending
                     .iter()
                     .filter(|w| match w {
@@ -253,37 +313,37 @@ impl Engine {
                         _ => true,
                     })
                     .collect();
-                self.store.write_all(&live)?;
+                self.unit.store.write_all(&live)?;
             }
             let mut ids = Vec::with_capacity(writes.len());
             for w in writes {
-                ids.push(self.store.write(w)?);
+                ids.push(self.unit.store.write(w)?);
             }
             // Last, so that it sees every row, the section's own included.
             if let Some(s) = &sweep {
-                self.store.write(s)?;
+                self.unit.store.write(s)?;
             }
-            self.store.commit()?;
+            self.unit.store.commit()?;
             Ok(ids)
         })();
         // The commit (or the rollback) ends a held lock.
-        self.held = None;
+        self.unit.held = None;
         match result {
             Ok(ids) => {
                 if sweep.is_some() {
-                    self.last_sweep = Some(now);
+                    self.unit.last_sweep = Some(now);
                 }
-                let flushed = if flush_pending { self.pending.len() } else { 0 };
+                let flushed = if flush_pending { self.unit.pending.len() } else { 0 };
                 if flush_pending {
-                    self.pending.clear();
-                    self.pending_deleted.clear();
-                    self.pending_inserted.clear();
-                    self.pending_since = None;
-                    self.compact_at = COMPACT_MIN;
+                    self.unit.pending.clear();
+                    self.unit.pending_deleted.clear();
+                    self.unit.pending_inserted.clear();
+                    self.unit.pending_since = None;
+                    self.unit.compact_at = COMPACT_MIN;
                 }
-                self.flush_requested = false;
-                if self.degraded {
-                    self.degraded = false;
+                self.unit.flush_requested = false;
+                if self.unit.degraded {
+                    self.unit.degraded = false;
                     self.logs.push((
                         log::Level::Info,
                         format!("database answers again: wrote {flushed} buffered changes"),
@@ -294,7 +354,7 @@ impl Engine {
             // The store took in what changed; the section is over.
             Err(StoreError::Conflict) => Committed::Conflict,
             Err(e) => {
-                self.store.rollback();
+                self.unit.store.rollback();
                 self.store_failed(&e, true);
                 Committed::Failed
             }
@@ -310,7 +370,7 @@ impl Engine {
         if !sec.write {
             if sec.online && !sec.held {
                 // Ends the read snapshot.
-                let _ = self.store.commit();
+                let _ = self.unit.store.commit();
             }
             return Ok(Vec::new());
         }
@@ -458,7 +518,7 @@ impl Engine {
         if sec.stale && refused && !fresh {
             // What refused may have been freed meanwhile: read, then decide again.
             self.undo_leases(&writes, now);
-            self.store.rollback();
+            self.unit.store.rollback();
             let _ = self.read(|_, _| ());
             return Err(());
         }
@@ -598,7 +658,7 @@ impl Engine {
                 let set = self.mirror.zones_with(platform, zone.as_deref());
                 if self.mirror.replace_calendars(set) {
                     // The platform's day windows start over: count them again from the store.
-                    self.rebuild = true;
+                    self.unit.rebuild = true;
                 }
             }
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
@@ -608,27 +668,27 @@ impl Engine {
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
     pub(super) fn buffer(&mut self, w: Write, now: i64) {
-        if self.pending_since.is_none() {
-            self.pending_since = Some(now);
+        if self.unit.pending_since.is_none() {
+            self.unit.pending_since = Some(now);
         }
         match w {
             Write::Sweep { .. } => return,
             // A lease taken while degraded is written when the store answers again,
             // so that other processes count it from then on.
             Write::InsertLease { id, .. } => {
-                self.pending_inserted.insert(id);
-                self.pending.push(w);
+                self.unit.pending_inserted.insert(id);
+                self.unit.pending.push(w);
             }
             Write::DeleteLease(id) => {
-                self.pending_deleted.insert(id);
-                self.pending.push(w);
+                self.unit.pending_deleted.insert(id);
+                self.unit.pending.push(w);
             }
-            w => self.pending.push(w),
+            w => self.unit.pending.push(w),
         }
         // A held lock's writes are committed within its period: nothing to merge.
-        if self.pending.len() >= self.compact_at && self.held.is_none() {
+        if self.unit.pending.len() >= self.unit.compact_at && self.unit.held.is_none() {
             self.compact_pending(now);
-            self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
+            self.unit.compact_at = (self.unit.pending.len() * 2).max(COMPACT_MIN);
         }
     }
 
@@ -638,9 +698,9 @@ impl Engine {
     pub(super) fn compact_pending(&mut self, now: i64) {
         let horizon = now.saturating_sub(MINUTE_MS);
         let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
-        let mut kept = Vec::with_capacity(self.pending.len());
+        let mut kept = Vec::with_capacity(self.unit.pending.len());
         let mut order = Vec::new();
-        for w in self.pending.drain(..) {
+        for w in self.unit.pending.drain(..) {
             match w {
                 Write::Usage(u) if u.created_at_ms <= horizon => {
                     let minute = u.created_at_ms.div_euclid(MINUTE_MS);
@@ -666,19 +726,19 @@ impl Engine {
                 w => kept.push(w),
             }
         }
-        self.pending =
+        self.unit.pending =
             order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
     }
 
     pub(super) fn store_failed(&mut self, e: &StoreError, write: bool) {
-        self.read_failed = true;
+        self.unit.read_failed = true;
         if !write {
             // A failed read: keep serving from memory; writes decide degraded mode.
             self.logs.push((log::Level::Debug, format!("database read failed: {e}")));
             return;
         }
-        if !self.degraded {
-            self.degraded = true;
+        if !self.unit.degraded {
+            self.unit.degraded = true;
             let msg = format!(
                 "database write failed ({e}); serving from memory and buffering changes until it answers"
             );
@@ -690,8 +750,8 @@ impl Engine {
     /// `server_logs` row (SPEC §12), written with the next commit, so that every
     /// engine and notebook on the store sees them.
     pub(super) fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
-        if level <= log::Level::Warn && !self.store.readonly() {
-            self.pending.push(Write::Log(LogRow {
+        if level <= log::Level::Warn && !self.unit.store.readonly() {
+            self.unit.pending.push(Write::Log(LogRow {
                 level: if level == log::Level::Error { "error" } else { "warn" },
                 source: "quotaengine".into(),
                 provider: None,
@@ -755,7 +815,7 @@ impl Engine {
 
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
     pub(super) fn groups_usage(&self) -> bool {
-        self.settings.flush_interval_ms > 0 && !self.store.readonly()
+        self.settings.flush_interval_ms > 0 && !self.unit.store.readonly()
     }
 
     /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
@@ -774,20 +834,20 @@ impl Engine {
 
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if (self.pending.is_empty() && self.held.is_none()) || self.store.readonly() {
+        if (self.unit.pending.is_empty() && self.unit.held.is_none()) || self.unit.store.readonly() {
             return Ok(());
         }
-        self.flush_requested = true;
+        self.unit.flush_requested = true;
         // Buffered writes were decided when they were made: they only append now.
         let out = self.append(Vec::new());
-        self.flush_requested = false;
+        self.unit.flush_requested = false;
         out
     }
 
     /// Ends a held write lock whose period is over (the flusher thread: an idle
     /// engine does not keep others waiting).
     pub fn end_hold_if_due(&mut self) -> Result<()> {
-        if self.held.is_some() && self.hold_period_over() {
+        if self.unit.held.is_some() && self.hold_period_over() {
             return self.flush();
         }
         Ok(())
@@ -796,14 +856,14 @@ impl Engine {
     /// The period of the flusher thread: the hold period when a write lock may be
     /// held across calls, else `flush_interval_ms`.
     pub fn tick_period(&self) -> Duration {
-        self.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
+        self.unit.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
     }
 
     /// Flushes and reports whether anything stayed unwritten.
     pub fn close(&mut self) -> Result<()> {
         let _ = self.flush();
-        if !self.pending.is_empty() {
-            let n = self.pending.len();
+        if !self.unit.pending.is_empty() {
+            let n = self.unit.pending.len();
             self.logs.push((
                 log::Level::Error,
                 format!("closing with {n} changes the database did not accept; they are lost"),
