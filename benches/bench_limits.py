@@ -14,7 +14,9 @@ enough that nothing is refused and a ``ManualClock`` stepped 10 ms per op:
   (rpm, rpd, tpm, tpd) declared;
 * ``eight check`` / ``eight lease+success ...``: eight declared limits, requests and
   tokens per 1 s, minute, 5 h, day, week and month (two of them the classic rpm and tpm);
-  B only (A has no ``Limit``).
+  B only (A has no ``Limit``);
+* ``split lease+success ...``: the classic four, a lease with ``estimated_output_tokens``
+  and ``success(input_tokens=, output_tokens=, cached_tokens=)`` (SPEC 14.4), B only.
 
 ``memory``: a month limit on ``--routes`` routes with ``--events`` usage rows in the month.
 The rows are written into the engine's file with plain ``sqlite3`` (as a notebook or
@@ -66,9 +68,16 @@ else:
     e = q.QuotaEngine(path, clock=clock, env={}, flush_interval_ms=flush)
     e.set_model_limits("p", "m", **decl)
     t = time.perf_counter_ns()
-    for _ in range(ops):
-        clock.advance(10)
-        e.lease("p", "m", 1, 500).success(tokens=450)
+    if workload.startswith("split"):
+        for _ in range(ops):
+            clock.advance(10)
+            e.lease("p", "m", 1, 500, estimated_output_tokens=200).success(
+                input_tokens=300, output_tokens=150, cached_tokens=100
+            )
+    else:
+        for _ in range(ops):
+            clock.advance(10)
+            e.lease("p", "m", 1, 500).success(tokens=450)
     ns = (time.perf_counter_ns() - t) / ops
 e.close()
 print(json.dumps({"ns": ns}))
@@ -81,6 +90,8 @@ SPEED = [
     "eight lease+success flush=0",
     "classic lease+success flush=10",
     "eight lease+success flush=10",
+    "split lease+success flush=0",
+    "split lease+success flush=10",
 ]
 
 
@@ -91,7 +102,7 @@ def speed(args: argparse.Namespace) -> None:
         for _ in range(args.runs):
             for w in SPEED:
                 for name, b in builds.items():
-                    if name == "A" and w.startswith("eight"):
+                    if name == "A" and w.startswith(("eight", "split")):
                         continue
                     ops = args.ops * (10 if w.endswith("check") else 1)
                     out = subprocess.run(
@@ -102,15 +113,15 @@ def speed(args: argparse.Namespace) -> None:
                         cwd=tmp,
                     ).stdout
                     ns.setdefault((w, name), []).append(json.loads(out.strip().splitlines()[-1])["ns"])
-    print("| workload | A ns/call | B ns/call | B/A | B eight / B classic | runs (A; B) |")
+    print("| workload | A ns/call | B ns/call | B/A | B / B classic | runs (A; B) |")
     print("|---|---:|---:|---:|---:|---|")
     for w in SPEED:
         b = statistics.median(ns[(w, "B")])
         a_runs = ns.get((w, "A"))
         a = statistics.median(a_runs) if a_runs else None
         vs_classic = ""
-        if w.startswith("eight"):
-            classic = statistics.median(ns[(w.replace("eight", "classic"), "B")])
+        if w.startswith(("eight", "split")):
+            classic = statistics.median(ns[(w.replace("eight", "classic").replace("split", "classic"), "B")])
             vs_classic = f"{b / classic:.3f}"
         runs = "; ".join(", ".join(f"{x:,.0f}" for x in ns.get((w, n), [])) for n in ("A", "B"))
         a_txt = "-" if a is None else f"{a:,.0f}"

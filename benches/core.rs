@@ -64,7 +64,7 @@ fn main() {
             let ops: Vec<BatchOp> = (0..8)
                 .map(|j| BatchOp::Lease {
                     route: routes[(i * 8 + j) % routes.len()].clone(),
-                    est: 600,
+                    est: quotaengine::core::state::Estimate::tokens(600),
                     limits: limits.clone(),
                     check: true,
                 })
@@ -76,7 +76,7 @@ fn main() {
                 .map(|(j, id)| BatchOp::Success {
                     lease_id: *id,
                     route: routes[(i * 8 + j) % routes.len()].clone(),
-                    tokens: Some(500),
+                    tokens: Some(quotaengine::core::engine::TokenUse::total(500)),
                 })
                 .collect();
             e.run_batch(ops);

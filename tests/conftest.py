@@ -161,3 +161,26 @@ def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e = q.QuotaEngine(store, clock=clock, env={})
     yield e
     e.close()
+
+
+# What each schema version added, undone newest first: `downgrade_schema` turns a file
+# the engine made into one of an older version, to test migrating it forward.
+_UNDO = {
+    5: [
+        "ALTER TABLE rate_limit_usage DROP COLUMN input_tokens",
+        "ALTER TABLE rate_limit_usage DROP COLUMN output_tokens",
+        "ALTER TABLE rate_limit_usage DROP COLUMN cached_tokens",
+        "ALTER TABLE quota_leases DROP COLUMN output_tokens",
+    ],
+    4: ["ALTER TABLE models DROP COLUMN limits"],
+    3: ["DROP TABLE platform_calendars", "DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'"],
+}
+
+
+def downgrade_schema(con: object, version: int) -> None:
+    """Back to schema `version` on an open sqlite3 connection (inside the caller's `with con`)."""
+    current = con.execute("PRAGMA user_version").fetchone()[0]  # type: ignore[attr-defined]
+    for v in range(current, version, -1):
+        for sql in _UNDO.get(v, []):
+            con.execute(sql)  # type: ignore[attr-defined]
+    con.execute(f"PRAGMA user_version = {version}")  # type: ignore[attr-defined]

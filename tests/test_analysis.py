@@ -413,7 +413,18 @@ def test_importing_quotaengine_does_not_import_pandas_or_matplotlib() -> None:
 
 def test_events_frame(reader: q.QuotaEngine) -> None:
     df = analysis.events_frame(reader)
-    assert list(df.columns) == ["time", "platform", "model_id", "key_id", "kind", "tokens", "created_at_ms"]
+    assert list(df.columns) == [
+        "time",
+        "platform",
+        "model_id",
+        "key_id",
+        "kind",
+        "tokens",
+        "input_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "created_at_ms",
+    ]
     assert len(df) == 6
     assert str(df.time.dtype) == "datetime64[ns, UTC]"
     for name in ("key_id", "tokens", "created_at_ms"):

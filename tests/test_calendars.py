@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import quotaengine as q
+from conftest import downgrade_schema
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -189,11 +190,8 @@ def test_a_file_of_the_previous_schema_opens_and_keeps_its_limits(store: str, ca
         e.set_model_limits("google", M, rpm=5, rpd=100)
         e.record_request("google", M, K)
     con = sqlite3.connect(store)
-    with con:  # back to version 2: no platform_calendars, no limits column
-        con.execute("DROP TABLE platform_calendars")
-        con.execute("ALTER TABLE models DROP COLUMN limits")
-        con.execute("DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'")
-        con.execute("PRAGMA user_version = 2")
+    with con:  # back to version 2: no platform_calendars
+        downgrade_schema(con, 2)
     con.close()
     with q.QuotaEngine(store, clock=cal_clock, env={}) as e:
         limits = e.model_limits("google", M)

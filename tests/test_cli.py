@@ -72,3 +72,14 @@ def test_status_adds_a_column_per_declared_limit(tmp_path: Path) -> None:
     header = next(line for line in r.stdout.splitlines() if line.startswith("platform"))
     assert header.split()[3:8] == ["RPM", "RPD", "TPM", "TPD", "tokens/month"]
     assert "2500/1000000" in r.stdout
+
+
+def test_events_show_the_token_split(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with qe.QuotaEngine(db, env={}) as e:
+        e.record_tokens("anthropic", "claude", 1, input_tokens=10, output_tokens=5, cached_tokens=2)
+        e.record_tokens("groq", "llama", 1, 7)
+    r = run("events", "--db", str(db), "--since", "1h")
+    assert r.returncode == 0, r.stderr
+    assert "anthropic/claude/1  tokens  15  (input 10, output 5, cached 2)" in r.stdout
+    assert "groq/llama/1  tokens  7\n" in r.stdout

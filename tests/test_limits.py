@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 import quotaengine as q
+from conftest import downgrade_schema
 from quotaengine import Limit
 
 SEC = 1_000
@@ -363,15 +364,14 @@ def test_a_file_of_schema_3_opens_and_keeps_its_four_limits(store: str, lclock: 
         e.record_request(P, M, K)
     con = sqlite3.connect(store)
     with con:  # back to version 3: no limits column
-        con.execute("ALTER TABLE models DROP COLUMN limits")
-        con.execute("PRAGMA user_version = 3")
+        downgrade_schema(con, 3)
     con.close()
     with q.QuotaEngine(store, clock=lclock, env={}) as e:
         assert e.model_limit_list(P, M) == [Limit("requests", 5, "minute"), Limit("requests", 100, "day")]
         assert e.usage(P, M, K)["rpd"] == {"used": 1, "limit": 100}
         e.set_model_limits(P, M, limits=[Limit("requests", 1, "1s")])
     con = sqlite3.connect(store)
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert con.execute("PRAGMA user_version").fetchone()[0] >= 4
     assert con.execute("SELECT limits FROM models").fetchall() == [("requests/1s=1",)]
     con.close()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from conftest import downgrade_schema
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
 SECOND = 1_000
@@ -87,10 +88,7 @@ def test_version_1_request_rows_are_migrated_to_one_row_per_request(db_path: Pat
     con = sqlite3.connect(db_path)
     with con:
         # Back to what version 1 had: the tables of later versions go.
-        con.execute("DROP TABLE platform_calendars")
-        con.execute("ALTER TABLE models DROP COLUMN limits")
-        con.execute("DELETE FROM quotaengine_meta WHERE name = 'platform_calendars'")
-        con.execute("PRAGMA user_version = 1")
+        downgrade_schema(con, 1)
         con.executemany(
             "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) "
             "VALUES (?, ?, ?, ?, ?, ?)",

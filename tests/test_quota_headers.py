@@ -201,18 +201,32 @@ def test_cerebras_long_fraction_seconds(hdr_engine: q.QuotaEngine) -> None:
 
 def test_anthropic_headers(hdr_engine: q.QuotaEngine) -> None:
     obs = hdr_engine.record_quota_headers("anthropic", 4, ANTHROPIC, model_id="claude-sonnet-4-5")
-    assert {o.metric for o in obs} <= {"requests", "tokens"}
+    assert {o.metric for o in obs} == {"requests", "tokens", "input_tokens", "output_tokens"}
     r = [o for o in obs if o.metric == "requests"]
     assert len(r) == 1
     assert (r[0].limit, r[0].remaining, r[0].reset_at_ms) == (50, 49, NOW + 1_000)
     assert r[0].pool_key == "anthropic::claude-sonnet-4-5"
     t = [o for o in obs if o.metric == "tokens"]
     assert (40_000, 39_000, NOW + 6_000) in {(o.limit, o.remaining, o.reset_at_ms) for o in t}
-    # The merged state holds the overall tokens limit, whatever else was read.
+    # SPEC 14.4: input and output tokens are metrics of their own, not folded into tokens.
+    m = by_metric(obs)
+    assert (m["input_tokens"].limit, m["input_tokens"].remaining, m["input_tokens"].reset_at_ms) == (
+        30_000,
+        29_500,
+        NOW + 2_000,
+    )
+    assert (m["output_tokens"].limit, m["output_tokens"].remaining, m["output_tokens"].reset_at_ms) == (
+        8_000,
+        7_900,
+        NOW + 3_000,
+    )
     rows = state_rows(hdr_engine, "anthropic")
-    assert set(rows) == {(4, "anthropic::claude-sonnet-4-5", "requests"), (4, "anthropic::claude-sonnet-4-5", "tokens")}
-    s = rows[(4, "anthropic::claude-sonnet-4-5", "tokens")]
+    pool = "anthropic::claude-sonnet-4-5"
+    assert set(rows) == {(4, pool, metric) for metric in ("requests", "tokens", "input_tokens", "output_tokens")}
+    s = rows[(4, pool, "tokens")]
     assert (s.limit, s.remaining, s.reset_at_ms) == (40_000, 39_000, NOW + 6_000)
+    s = rows[(4, pool, "output_tokens")]
+    assert (s.limit, s.remaining) == (8_000, 7_900)
 
 
 def test_header_names_are_case_insensitive(hdr_engine: q.QuotaEngine) -> None:

@@ -251,7 +251,7 @@ def test_fuzz_record_quota_headers(
         obs = e.record_quota_headers(platform, key_id, headers, model_id=model_id, status=status)
         for o in obs:
             assert (o.platform, o.key_id, o.model_id, o.status) == (platform, key_id, model_id, status)
-            assert o.metric in ("requests", "tokens")
+            assert o.metric in ("requests", "tokens", "input_tokens", "output_tokens")
             assert o.limit is None or o.limit >= 0
             assert o.remaining is None or o.remaining >= 0
             assert in_day(o.retry_after_ms)

@@ -116,9 +116,15 @@ def cmd_events(args: argparse.Namespace) -> int:
         now = e.now_ms()
         rows = e.usage_events(since_ms=now - args.since, platform=args.platform)
         for r in rows[-args.limit :]:
+            # SPEC 14.4: the split the call reported, when it did.
+            split = ", ".join(
+                f"{k.removesuffix('_tokens')} {r[k]}"
+                for k in ("input_tokens", "output_tokens", "cached_tokens")
+                if r[k] is not None
+            )
             print(
                 f"{_fmt_time(r['created_at_ms'])}  {r['platform']}/{r['model_id']}/{r['key_id']}  "
-                f"{r['kind']:<7} {r['tokens']}"
+                f"{r['kind']:<7} {r['tokens']}" + (f"  ({split})" if split else "")
             )
         print(f"{len(rows)} event(s)")
     return 0

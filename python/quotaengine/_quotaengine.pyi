@@ -282,8 +282,17 @@ class Lease:
     @property
     def done(self) -> bool:
         """True once an outcome was recorded or the lease released."""
-    def success(self, tokens: int | None = None) -> None:
-        """Record the request (and ``tokens`` when given) and release, in one commit."""
+    def success(
+        self,
+        tokens: int | None = None,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """Record the request (and its tokens when given: the total, or input and output
+        apart, the total then their sum, and the cached part of the input; SPEC §14.4) and
+        release, in one commit."""
     def failure(
         self,
         *,
@@ -399,7 +408,20 @@ class _QuotaEngine:
         order (a classic one with ``per`` "minute" or "day")."""
     # usage
     def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
-    def record_tokens(self, platform: str, model_id: str, key_id: int, tokens: int) -> None: ...
+    def record_tokens(
+        self,
+        platform: str,
+        model_id: str,
+        key_id: int,
+        tokens: int | None = None,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """SPEC §14.4: one call's tokens. ``tokens`` when not given is ``input_tokens +
+        output_tokens``; ``cached_tokens`` (cache reads, part of the input) do not count in
+        ``input_tokens`` windows. Giving none of the four is a ``TypeError``."""
     def usage(self, platform: str, model_id: str, key_id: int, limits: _LimitsArg = None) -> dict[str, Any]:
         """``{"rpm": {"used", "limit"}, "rpd": .., "tpm": .., "tpd": .., "in_flight": int}``, and
         one ``{"used", "limit"}`` per other declared limit, named by its reason (e.g.
@@ -424,10 +446,19 @@ class _QuotaEngine:
     def release_lease(self, lease_id: int) -> None:
         """Release a lease. Idempotent."""
     def lease(
-        self, platform: str, model_id: str, key_id: int, estimated_tokens: int = 0, limits: _LimitsArg = None
+        self,
+        platform: str,
+        model_id: str,
+        key_id: int,
+        estimated_tokens: int = 0,
+        limits: _LimitsArg = None,
+        *,
+        estimated_output_tokens: int = 0,
     ) -> Lease:
         """Run every gate and take the lease as one atomic step (across threads and
-        processes sharing the file). Raises QuotaExceeded when a gate refuses."""
+        processes sharing the file). Raises QuotaExceeded when a gate refuses. The estimate
+        counts in ``tokens`` windows, less ``estimated_output_tokens`` in ``input_tokens``
+        windows, and ``estimated_output_tokens`` in ``output_tokens`` windows."""
     # cooldowns
     def set_cooldown(
         self, platform: str, model_id: str, key_id: int, duration_ms: int = 60_000, source: _Source = "heuristic"
@@ -537,7 +568,10 @@ class _QuotaEngine:
         model_id: str | None = None,
         key_id: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Usage rows with ``since_ms <= created_at_ms < until_ms``, oldest first."""
+        """Usage rows with ``since_ms <= created_at_ms < until_ms``, oldest first: ``platform``,
+        ``model_id``, ``key_id``, ``kind``, ``tokens`` (the total; 0 for a request), and
+        ``input_tokens``, ``output_tokens``, ``cached_tokens`` (``None`` where the call did
+        not report them), ``created_at_ms``."""
     def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
         """``server_logs`` rows, newest first."""
     def _debug_panic(self) -> None: ...

@@ -56,7 +56,18 @@ __all__ = [
 ]
 
 #: Columns of :func:`events_frame`, in order.
-EVENT_COLUMNS = ["time", "platform", "model_id", "key_id", "kind", "tokens", "created_at_ms"]
+EVENT_COLUMNS = [
+    "time",
+    "platform",
+    "model_id",
+    "key_id",
+    "kind",
+    "tokens",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "created_at_ms",
+]
 #: Columns of :func:`cooldowns_frame`, in order.
 COOLDOWN_COLUMNS = ["platform", "model_id", "key_id", "source", "set_at", "expires_at", "remaining_s"]
 #: The four windows, in the order of the heat map's columns.
@@ -165,7 +176,10 @@ def events_frame(
     * ``platform``, ``model_id`` (strings), ``key_id`` (int64);
     * ``kind`` -- ``"request"`` (one request; ``tokens`` is 0) or ``"tokens"``
       (``tokens`` tokens used by one call);
-    * ``tokens`` (int64), ``created_at_ms`` (int64, epoch milliseconds).
+    * ``tokens`` (int64: the total), then ``input_tokens``, ``output_tokens`` and
+      ``cached_tokens`` (nullable ``Int64``: what the call reported of its split, SPEC
+      §14.4; ``<NA>`` where it did not, and for requests);
+    * ``created_at_ms`` (int64, epoch milliseconds).
 
     Requests per minute: ``df[df.kind == "request"].resample("1min", on="time").size()``;
     tokens per minute: ``df[df.kind == "tokens"].resample("1min", on="time").tokens.sum()``.
@@ -180,6 +194,10 @@ def events_frame(
         "key_id": pd.Series([r["key_id"] for r in rows], dtype="int64"),
         "kind": pd.Series([r["kind"] for r in rows], dtype=str),
         "tokens": pd.Series([r["tokens"] for r in rows], dtype="int64"),
+        **{
+            k: pd.Series([r[k] for r in rows], dtype="Int64")
+            for k in ("input_tokens", "output_tokens", "cached_tokens")
+        },
         "created_at_ms": pd.Series([r["created_at_ms"] for r in rows], dtype="int64"),
     }
     df = pd.DataFrame(raw)

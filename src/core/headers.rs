@@ -10,18 +10,16 @@
 //! | plain     | `x-ratelimit-{limit,remaining,reset}-requests` | `x-ratelimit-{..}-tokens`           |
 //! | windowed  | `x-ratelimit-{..}-requests-day` (Cerebras) | `x-ratelimit-{..}-tokens-minute` (Cerebras) |
 //! | anthropic | `anthropic-ratelimit-requests-{..}`      | `anthropic-ratelimit-tokens-{..}`         |
-//! | folded    | -                                        | `anthropic-ratelimit-{input,output}-tokens-{..}` |
 //! | bare      | `x-ratelimit-{limit,remaining,reset}` (OpenRouter) | -                               |
+//!
+//! Anthropic meters input and output tokens apart (SPEC §14.4):
+//! `anthropic-ratelimit-input-tokens-{..}` and `anthropic-ratelimit-output-tokens-{..}`
+//! are metrics of their own, `input_tokens` and `output_tokens`.
 //!
 //! Choices where the SPEC leaves room:
 //! * One family per metric: the first family in the table above with at least
 //!   one known value supplies limit, remaining and reset together; values of
 //!   different families (which may describe different windows) are never mixed.
-//! * Anthropic's `input-tokens-*` / `output-tokens-*` are used only when no
-//!   `anthropic-ratelimit-tokens-*` value (nor any x-ratelimit token value) is
-//!   known. Then the more restrictive of the two is taken whole: the one with
-//!   the lower `min(1, remaining / limit)` (an unknown ratio counts as 1; a tie
-//!   picks input).
 //! * Other window suffixes (`-requests-minute`, `-tokens-day`, ...) are not read.
 //! * A repeated header: the first value that parses wins.
 //! * Counts (limit, remaining): ASCII digits with optional fraction, which is
@@ -45,18 +43,27 @@ const DAY_MS: i64 = 86_400_000;
 /// conversion to i64 exact-ish and far from overflow).
 const MAX_MS_F64: f64 = 9.0e18;
 
-/// "requests" or "tokens".
+/// "requests", "tokens", "input_tokens" or "output_tokens".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Metric {
     Requests,
     Tokens,
+    InputTokens,
+    OutputTokens,
 }
 
+const METRIC_COUNT: usize = 4;
+
 impl Metric {
+    const ALL: [Metric; METRIC_COUNT] =
+        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Metric::Requests => "requests",
             Metric::Tokens => "tokens",
+            Metric::InputTokens => "input_tokens",
+            Metric::OutputTokens => "output_tokens",
         }
     }
 
@@ -74,10 +81,7 @@ impl Metric {
     }
 
     fn index(self) -> usize {
-        match self {
-            Metric::Requests => 0,
-            Metric::Tokens => 1,
-        }
+        self as usize
     }
 }
 
@@ -107,12 +111,10 @@ enum Family {
     Plain,
     Windowed,
     Anthropic,
-    AnthropicInput,
-    AnthropicOutput,
     Bare,
 }
 
-const FAMILY_COUNT: usize = 6;
+const FAMILY_COUNT: usize = 4;
 
 impl Family {
     fn index(self) -> usize {
@@ -120,9 +122,7 @@ impl Family {
             Family::Plain => 0,
             Family::Windowed => 1,
             Family::Anthropic => 2,
-            Family::AnthropicInput => 3,
-            Family::AnthropicOutput => 4,
-            Family::Bare => 5,
+            Family::Bare => 3,
         }
     }
 }
@@ -166,8 +166,8 @@ fn classify(name: &str) -> Option<(Metric, Family, Field)> {
     let (metric, family) = match target {
         "requests" => (Metric::Requests, Family::Anthropic),
         "tokens" => (Metric::Tokens, Family::Anthropic),
-        "input-tokens" => (Metric::Tokens, Family::AnthropicInput),
-        "output-tokens" => (Metric::Tokens, Family::AnthropicOutput),
+        "input-tokens" => (Metric::InputTokens, Family::Anthropic),
+        "output-tokens" => (Metric::OutputTokens, Family::Anthropic),
         _ => return None,
     };
     Some((metric, family, field))
@@ -195,37 +195,6 @@ impl Slot {
             _ => {}
         }
     }
-
-    /// `min(1, remaining / limit)` as a fraction `(numerator, denominator)`;
-    /// `(1, 1)` when unknown.
-    fn headroom(&self) -> (i128, i128) {
-        match (self.remaining, self.limit) {
-            (Some(remaining), Some(limit)) if limit > 0 && remaining < limit => {
-                (i128::from(remaining), i128::from(limit))
-            }
-            _ => (1, 1),
-        }
-    }
-}
-
-/// Anthropic input/output token limits folded into one: the more restrictive.
-fn fold_input_output(input: Slot, output: Slot) -> Option<Slot> {
-    match (input.is_empty(), output.is_empty()) {
-        (true, true) => None,
-        (false, true) => Some(input),
-        (true, false) => Some(output),
-        (false, false) => {
-            let (in_num, in_den) = input.headroom();
-            let (out_num, out_den) = output.headroom();
-            // Both denominators are > 0 and every factor fits in i64, so the
-            // products fit in i128.
-            if out_num.saturating_mul(in_den) < in_num.saturating_mul(out_den) {
-                Some(output)
-            } else {
-                Some(input)
-            }
-        }
-    }
 }
 
 /// The slot that speaks for a metric: the first non-empty family in order.
@@ -237,9 +206,6 @@ fn choose(slots: &[Slot; FAMILY_COUNT]) -> Option<Slot> {
             return Some(slot);
         }
     }
-    if let Some(slot) = fold_input_output(get(Family::AnthropicInput), get(Family::AnthropicOutput)) {
-        return Some(slot);
-    }
     Some(get(Family::Bare)).filter(|slot| !slot.is_empty())
 }
 
@@ -247,17 +213,17 @@ fn choose(slots: &[Slot; FAMILY_COUNT]) -> Option<Slot> {
 ///  - `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (OpenAI, Groq, OpenRouter style)
 ///  - Cerebras style `x-ratelimit-{limit,remaining,reset}-requests-day` and
 ///    `x-ratelimit-{limit,remaining,reset}-tokens-minute` (metric requests / tokens)
-///  - `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`; the
-///    `anthropic-ratelimit-{input,output}-tokens-*` pair is folded into tokens
-///    (the more restrictive of the two) only when no other tokens value is known
+///  - `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`, and
+///    `anthropic-ratelimit-{input,output}-tokens-*` as metrics `input_tokens` and
+///    `output_tokens`
 ///  - a bare `x-ratelimit-{limit,remaining,reset}` (OpenRouter) as metric requests
 ///  - `retry-after` (delta seconds or HTTP-date, clamped to [0, 24 h])
 ///
 /// A metric appears in `quotas` only if at least one of limit/remaining/reset
-/// is known for it; requests come before tokens. See the module docs for how
+/// is known for it; in the order requests, tokens, input, output. See the module docs for how
 /// families are preferred and how values are read.
 pub fn parse_quota_headers(headers: &[(String, String)], now_ms: i64) -> ParsedHeaders {
-    let mut slots = [[Slot::default(); FAMILY_COUNT]; 2];
+    let mut slots = [[Slot::default(); FAMILY_COUNT]; METRIC_COUNT];
     let mut retry_after_ms = None;
     for (name, value) in headers {
         let name = name.trim().to_ascii_lowercase();
@@ -272,7 +238,7 @@ pub fn parse_quota_headers(headers: &[(String, String)], now_ms: i64) -> ParsedH
             slot.set(field, value, now_ms);
         }
     }
-    let quotas = [Metric::Requests, Metric::Tokens]
+    let quotas = Metric::ALL
         .into_iter()
         .filter_map(|metric| {
             let slot = choose(slots.get(metric.index())?)?;
@@ -640,8 +606,10 @@ mod tests {
             ParsedHeaders {
                 quotas: vec![
                     q(Metric::Requests, Some(50), Some(49), Some(NOW + 30_000)),
-                    // Plain tokens-* present: input/output are ignored.
                     q(Metric::Tokens, Some(40_000), Some(39_000), Some(NOW + 5_000)),
+                    // Input and output apart (SPEC §14.4).
+                    q(Metric::InputTokens, Some(30_000), Some(1), Some(NOW + 9_000)),
+                    q(Metric::OutputTokens, Some(8_000), Some(8_000), Some(NOW + 1_000)),
                 ],
                 retry_after_ms: Some(12_000),
             }
@@ -649,40 +617,29 @@ mod tests {
     }
 
     #[test]
-    fn anthropic_input_output_fold_to_the_more_restrictive() {
-        let input_tight = hs(&[
-            ("anthropic-ratelimit-input-tokens-limit", "30000"),
-            ("anthropic-ratelimit-input-tokens-remaining", "100"),
-            ("anthropic-ratelimit-input-tokens-reset", "2026-01-01T12:00:09Z"),
-            ("anthropic-ratelimit-output-tokens-limit", "8000"),
-            ("anthropic-ratelimit-output-tokens-remaining", "7000"),
-            ("anthropic-ratelimit-output-tokens-reset", "2026-01-01T12:00:01Z"),
-        ]);
-        let p = parse_quota_headers(&input_tight, NOW);
-        assert_eq!(p.quotas, vec![q(Metric::Tokens, Some(30_000), Some(100), Some(NOW + 9_000))]);
-
-        let output_tight = hs(&[
-            ("anthropic-ratelimit-input-tokens-limit", "30000"),
-            ("anthropic-ratelimit-input-tokens-remaining", "29000"),
-            ("anthropic-ratelimit-output-tokens-limit", "8000"),
-            ("anthropic-ratelimit-output-tokens-remaining", "0"),
-            ("anthropic-ratelimit-output-tokens-reset", "2026-01-01T12:00:01Z"),
-        ]);
-        let p = parse_quota_headers(&output_tight, NOW);
-        assert_eq!(p.quotas, vec![q(Metric::Tokens, Some(8_000), Some(0), Some(NOW + 1_000))]);
-
-        // Only one of them: that one.
+    fn anthropic_input_and_output_stay_apart() {
+        let p = parse_quota_headers(
+            &hs(&[
+                ("anthropic-ratelimit-input-tokens-limit", "30000"),
+                ("anthropic-ratelimit-input-tokens-remaining", "29000"),
+                ("anthropic-ratelimit-output-tokens-limit", "8000"),
+                ("anthropic-ratelimit-output-tokens-remaining", "0"),
+                ("anthropic-ratelimit-output-tokens-reset", "2026-01-01T12:00:01Z"),
+            ]),
+            NOW,
+        );
+        assert_eq!(
+            p.quotas,
+            vec![
+                q(Metric::InputTokens, Some(30_000), Some(29_000), None),
+                q(Metric::OutputTokens, Some(8_000), Some(0), Some(NOW + 1_000)),
+            ]
+        );
         let only_output = hs(&[("anthropic-ratelimit-output-tokens-remaining", "5")]);
-        let p = parse_quota_headers(&only_output, NOW);
-        assert_eq!(p.quotas, vec![q(Metric::Tokens, None, Some(5), None)]);
-
-        // Unknown ratios count as 1: a tie picks input.
-        let ties = hs(&[
-            ("anthropic-ratelimit-input-tokens-limit", "10"),
-            ("anthropic-ratelimit-output-tokens-limit", "20"),
-        ]);
-        let p = parse_quota_headers(&ties, NOW);
-        assert_eq!(p.quotas, vec![q(Metric::Tokens, Some(10), None, None)]);
+        assert_eq!(
+            parse_quota_headers(&only_output, NOW).quotas,
+            vec![q(Metric::OutputTokens, None, Some(5), None)]
+        );
     }
 
     #[test]
@@ -989,11 +946,10 @@ mod tests {
             now_ms in prop_oneof![any::<i64>(), 0i64..4_000_000_000_000],
         ) {
             let p = parse_quota_headers(&headers, now_ms);
-            prop_assert!(p.quotas.len() <= 2);
-            if p.quotas.len() == 2 {
-                prop_assert_eq!(p.quotas.first().map(|x| x.metric), Some(Metric::Requests));
-                prop_assert_eq!(p.quotas.get(1).map(|x| x.metric), Some(Metric::Tokens));
-            }
+            prop_assert!(p.quotas.len() <= METRIC_COUNT);
+            // One quota per metric, in the order of `Metric::ALL`.
+            let order: Vec<usize> = p.quotas.iter().map(|x| x.metric.index()).collect();
+            prop_assert!(order.windows(2).all(|w| w[0] < w[1]), "{:?}", order);
             for quota in &p.quotas {
                 prop_assert!(quota.limit.is_none_or(|v| v >= 0));
                 prop_assert!(quota.remaining.is_none_or(|v| v >= 0));

@@ -37,6 +37,8 @@ struct AccountState {
 pub struct LeaseRec {
     pub route: RouteId,
     pub tokens: i64,
+    /// Of `tokens`, the estimated output.
+    pub output_tokens: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
 }
@@ -74,23 +76,40 @@ pub struct View {
 pub struct InFlight {
     pub count: i64,
     pub tokens: i64,
+    /// Of `tokens`, estimated output.
+    pub output_tokens: i64,
 }
 
-/// How much of an estimate of `tokens` counts in a metric's windows: the request
-/// itself in a request window; the estimate in total and input token windows (no
-/// output is estimated); nothing in output windows.
-pub fn estimate_in(metric: Metric, requests: i64, tokens: i64) -> i64 {
+/// How much of `requests` requests estimated at `tokens` tokens, `output` of them
+/// output, counts in a metric's windows (SPEC §14.4): the requests in a request
+/// window, the estimate in total-token windows, the estimate less its output in
+/// input windows, the output in output windows.
+pub fn estimate_in(metric: Metric, requests: i64, tokens: i64, output: i64) -> i64 {
     match metric {
         Metric::Requests => requests,
-        Metric::Tokens | Metric::InputTokens => tokens,
-        Metric::OutputTokens => 0,
+        Metric::Tokens => tokens,
+        Metric::InputTokens => tokens.saturating_sub(output).max(0),
+        Metric::OutputTokens => output,
     }
 }
 
 impl InFlight {
     /// What the live leases hold in a metric's windows.
     pub fn get(&self, metric: Metric) -> i64 {
-        estimate_in(metric, self.count, self.tokens)
+        estimate_in(metric, self.count, self.tokens, self.output_tokens)
+    }
+}
+
+/// An admission's estimate: `tokens` in all, `output` of them output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Estimate {
+    pub tokens: i64,
+    pub output: i64,
+}
+
+impl Estimate {
+    pub fn tokens(tokens: i64) -> Estimate {
+        Estimate { tokens, output: 0 }
     }
 }
 
@@ -312,18 +331,31 @@ impl Mirror {
 
     /// Counts `req` requests and `tok` tokens stamped `t` in the route's windows.
     pub fn add_usage(&mut self, rid: RouteId, req: i64, tok: i64, t: i64, now: i64) {
-        let tok = tok.max(0);
+        self.add_counts(rid, Counts::of(req, tok.max(0)), t, now);
+    }
+
+    /// Counts an event stamped `t` in the route's windows (its requests also in the
+    /// account's).
+    pub fn add_counts(&mut self, rid: RouteId, c: Counts, t: i64, now: i64) {
         let route = &mut self.routes[rid as usize];
-        route.win.add(t, req, tok, now);
-        if req > 0 {
-            self.accounts[route.account as usize].win.add(t, req, 0, now);
+        route.win.add_counts(t, c, now);
+        if c.requests > 0 {
+            self.accounts[route.account as usize].win.add(t, c.requests, 0, now);
         }
     }
 
     pub fn add_usage_row(&mut self, row: &UsageRow, now: i64) {
         let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
-        let tokens = if row.kind == UsageKind::Tokens { row.tokens } else { 0 };
-        self.add_usage(rid, row.requests(), tokens, row.created_at_ms, now);
+        let c = match row.kind {
+            UsageKind::Tokens => Counts {
+                requests: 0,
+                tokens: row.tokens.max(0),
+                input_tokens: row.kinds.metered_input(),
+                output_tokens: row.kinds.output.unwrap_or(0).max(0),
+            },
+            UsageKind::Request => Counts::of(row.requests(), 0),
+        };
+        self.add_counts(rid, c, row.created_at_ms, now);
     }
 
     /// Forgets all window state (before a reload from the store).
@@ -474,6 +506,7 @@ impl Mirror {
                 LeaseRec {
                     route: rid,
                     tokens: row.tokens,
+                    output_tokens: row.output_tokens,
                     created_at_ms: row.created_at_ms,
                     expires_at_ms: row.expires_at_ms,
                 },
@@ -487,6 +520,7 @@ impl Mirror {
             if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
                 f.count += 1;
                 f.tokens = f.tokens.saturating_add(l.tokens);
+                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
             }
         }
         f
@@ -720,13 +754,13 @@ impl Mirror {
 
     /// Runs the gates of SPEC §4 and §14.1 in order; the first that fails decides.
     /// Call `prune_route` and `keep_windows` first. A pure read of the mirror.
-    pub fn evaluate(&self, rid: RouteId, est: i64, ctx: &GateContext, now: i64) -> Admission {
+    pub fn evaluate(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
         let v = self.view(Some(rid), self.account_of_route(rid), ctx, now);
         self.gate_cooldown(rid, now)
             .or_else(|| ctx.limits.iter().find_map(|d| self.gate_limit(&v, d, est, now)))
             .or_else(|| self.gate_provider_daily(&v, ctx, now))
             .or_else(|| self.gate_provider_minute(&v, ctx))
-            .or_else(|| self.gate_provider_tokens(&v, est, ctx, now))
+            .or_else(|| self.gate_provider_tokens(&v, est.tokens, ctx, now))
             .or_else(|| self.gate_concurrency(&v, ctx))
             .unwrap_or(Admission::ALLOWED)
     }
@@ -747,12 +781,12 @@ impl Mirror {
     /// One declared limit: a request window refuses when recorded requests and live
     /// leases reach the limit; a token window when they and the estimate exceed it.
     /// Each key is its own account, so both scopes count the route (SPEC §14.3).
-    pub fn gate_limit(&self, v: &View, d: &Declared, est: i64, now: i64) -> Option<Admission> {
+    pub fn gate_limit(&self, v: &View, d: &Declared, est: Estimate, now: i64) -> Option<Admission> {
         let l = &d.limit;
         let win = self.route_win(v)?;
         let used = win.counts(l.window, now)?.get(l.metric).saturating_add(v.route.get(l.metric));
         let (over, excess) = if l.metric.is_tokens() {
-            let total = used.saturating_add(estimate_in(l.metric, 1, est));
+            let total = used.saturating_add(estimate_in(l.metric, 1, est.tokens, est.output));
             (total > l.limit, total.saturating_sub(l.limit))
         } else {
             (used >= l.limit, used.saturating_sub(l.limit).saturating_add(1))
@@ -766,7 +800,7 @@ impl Mirror {
         v: &View,
         set: &LimitSet,
         tokens: bool,
-        est: i64,
+        est: Estimate,
         now: i64,
     ) -> Option<Admission> {
         set.iter()
@@ -870,12 +904,12 @@ mod tests {
         };
         let t0 = 1_000_000;
         m.add_usage(rid, 1, 0, t0, t0);
-        assert_eq!(m.evaluate(rid, 0, &ctx, t0), Admission::ALLOWED);
+        assert_eq!(m.evaluate(rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
         m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
-        let a = m.evaluate(rid, 0, &ctx, t0 + 10);
+        let a = m.evaluate(rid, Estimate::default(), &ctx, t0 + 10);
         assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
         m.prune_route(rid, t0 + 60_000);
-        assert!(m.evaluate(rid, 0, &ctx, t0 + 60_000).allowed);
+        assert!(m.evaluate(rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
     }
 
     #[test]
@@ -886,13 +920,16 @@ mod tests {
             limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
             ..Default::default()
         };
-        m.add_lease(7, LeaseRec { route: rid, tokens: 5, created_at_ms: 0, expires_at_ms: 100 });
+        m.add_lease(
+            7,
+            LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
+        );
         // only the lease blocks: no retry time for a sliding window
-        assert_eq!(m.evaluate(rid, 0, &ctx, 50), Admission::refused(Reason::Rpm, None));
+        assert_eq!(m.evaluate(rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
         // at exactly its max age it still counts; one millisecond later it does not
         m.prune_route(rid, 100);
-        assert_eq!(m.evaluate(rid, 0, &ctx, 100), Admission::refused(Reason::Rpm, None));
+        assert_eq!(m.evaluate(rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
         m.prune_route(rid, 101);
-        assert!(m.evaluate(rid, 0, &ctx, 101).allowed);
+        assert!(m.evaluate(rid, Estimate::default(), &ctx, 101).allowed);
     }
 }

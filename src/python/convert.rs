@@ -141,6 +141,28 @@ pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
     count_arg(v, name).map(Some)
 }
 
+/// The tokens of a call (SPEC §14.4): `None` when none of the four is given.
+pub fn token_use_arg(
+    tokens: Option<&Bound<'_, PyAny>>,
+    input: Option<&Bound<'_, PyAny>>,
+    output: Option<&Bound<'_, PyAny>>,
+    cached: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<crate::core::engine::TokenUse>> {
+    let get = |v: Option<&Bound<'_, PyAny>>, name: &str| match v.filter(|v| !v.is_none()) {
+        Some(v) => count_arg(v, name).map(Some),
+        None => Ok(None),
+    };
+    let used = crate::core::engine::TokenUse {
+        tokens: get(tokens, "tokens")?,
+        kinds: crate::core::store::TokenKinds {
+            input: get(input, "input_tokens")?,
+            output: get(output, "output_tokens")?,
+            cached: get(cached, "cached_tokens")?,
+        },
+    };
+    Ok((used.tokens.is_some() || !used.kinds.is_empty()).then_some(used))
+}
+
 /// `retry_after=`: header text, or a number of seconds.
 pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::engine::RetryAfter>> {
     use crate::core::engine::RetryAfter;

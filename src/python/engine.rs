@@ -1,7 +1,10 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
 use super::convert::failure_args;
-use super::convert::{count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg};
+use super::convert::{
+    count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg, token_use_arg,
+};
 use super::errors::to_pyerr;
+use super::errors::type_error;
 use super::lease::PyLease;
 use super::types::{
     PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
@@ -13,6 +16,7 @@ use crate::core::engine::{BatchOp, Engine, Gate, Settings, StoreSpec, UsageRepor
 use crate::core::env::Env;
 use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
+use crate::core::state::Estimate;
 use crate::core::store::UsageFilter;
 use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route};
 use pyo3::prelude::*;
@@ -409,17 +413,26 @@ impl PyQuotaEngine {
         self.run(py, move |e| e.record_request(&r))
     }
 
+    /// SPEC §4/§14.4: one call's tokens: the total, or input and output apart (the
+    /// total is then their sum), and the cached part of the input.
+    #[pyo3(signature = (platform, model_id, key_id, tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None))]
+    #[allow(clippy::too_many_arguments)]
     fn record_tokens(
         &self,
         py: Python<'_>,
         platform: &Bound<'_, PyAny>,
         model_id: &Bound<'_, PyAny>,
         key_id: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
+        tokens: Option<&Bound<'_, PyAny>>,
+        input_tokens: Option<&Bound<'_, PyAny>>,
+        output_tokens: Option<&Bound<'_, PyAny>>,
+        cached_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
-        let t = count_arg(tokens, "tokens")?;
-        self.run(py, move |e| e.record_tokens(&r, t))
+        let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
+            type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
+        })?;
+        self.run(py, move |e| e.record_token_use(&r, used))
     }
 
     #[pyo3(signature = (platform, model_id, key_id, limits=None))]
@@ -559,7 +572,7 @@ impl PyQuotaEngine {
     ) -> PyResult<i64> {
         let r = route(platform, model_id, key_id)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-        let op = BatchOp::Lease { route: r, est, limits: None, check: false };
+        let op = BatchOp::Lease { route: r, est: Estimate::tokens(est), limits: None, check: false };
         py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)
     }
 
@@ -571,7 +584,8 @@ impl PyQuotaEngine {
 
     /// Runs every gate and takes the lease as one atomic step (across threads and
     /// processes); raises QuotaExceeded when a gate refuses.
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None)")]
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0)")]
+    #[allow(clippy::too_many_arguments)]
     fn lease(
         &self,
         py: Python<'_>,
@@ -580,11 +594,14 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
         estimated_tokens: Option<&Bound<'_, PyAny>>,
         limits: Option<&Bound<'_, PyAny>>,
+        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
         let r = route(platform, model_id, key_id)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+        let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
         let l = limits_arg(limits)?;
-        let op = BatchOp::Lease { route: r.clone(), est, limits: l, check: true };
+        let est_all = Estimate { tokens: est, output };
+        let op = BatchOp::Lease { route: r.clone(), est: est_all, limits: l, check: true };
         let id = py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)?;
         self.make_lease(py, id, r, est)
     }
@@ -991,6 +1008,10 @@ impl PyQuotaEngine {
             d.set_item("key_id", r.key_id)?;
             d.set_item("kind", r.kind.as_str())?;
             d.set_item("tokens", r.tokens)?;
+            // SPEC §14.4: what the call reported of its split, None where it did not.
+            d.set_item("input_tokens", r.kinds.input)?;
+            d.set_item("output_tokens", r.kinds.output)?;
+            d.set_item("cached_tokens", r.kinds.cached)?;
             d.set_item("created_at_ms", r.created_at_ms)?;
             out.append(d)?;
         }

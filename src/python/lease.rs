@@ -1,6 +1,6 @@
 //! `Lease`: one admitted request, a sync and async context manager.
 use super::errors::to_pyerr;
-use crate::core::engine::BatchOp;
+use crate::core::engine::{BatchOp, TokenUse};
 use crate::core::handle::Handle;
 use crate::core::types::Route;
 use pyo3::exceptions::PyStopIteration;
@@ -29,7 +29,7 @@ impl PyLease {
         !self.done.swap(true, Ordering::SeqCst) && self.epoch == self.handle.epoch()
     }
 
-    fn finish_success(&self, py: Python<'_>, tokens: Option<i64>) -> PyResult<()> {
+    fn finish_success(&self, py: Python<'_>, tokens: Option<TokenUse>) -> PyResult<()> {
         if !self.take() {
             return Ok(());
         }
@@ -53,7 +53,7 @@ impl PyLease {
 
     fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {
         if exc_type.is_none() {
-            self.finish_success(py, Some(self.estimated_tokens))
+            self.finish_success(py, Some(TokenUse::total(self.estimated_tokens)))
         } else {
             self.finish_release(py)
         }
@@ -88,14 +88,20 @@ impl PyLease {
         self.done.load(Ordering::SeqCst)
     }
 
-    /// Records the request (and `tokens`, when given) and releases the lease, in one commit.
-    #[pyo3(signature = (tokens=None))]
-    fn success(&self, py: Python<'_>, tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let tokens = match tokens {
-            Some(t) if !t.is_none() => Some(super::convert::count_arg(t, "tokens")?),
-            _ => None,
-        };
-        self.finish_success(py, tokens)
+    /// Records the request (and its tokens, when given: the total, or input and output
+    /// apart, and the cached part of the input; SPEC §14.4) and releases the lease, in
+    /// one commit.
+    #[pyo3(signature = (tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None))]
+    fn success(
+        &self,
+        py: Python<'_>,
+        tokens: Option<&Bound<'_, PyAny>>,
+        input_tokens: Option<&Bound<'_, PyAny>>,
+        output_tokens: Option<&Bound<'_, PyAny>>,
+        cached_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let used = super::convert::token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
+        self.finish_success(py, used)
     }
 
     /// `record_failure(...)` for this lease's route, then release. Returns the outcome
@@ -141,7 +147,7 @@ impl PyLease {
     ) -> PyResult<bool> {
         match exc_type {
             Some(t) => self.exit(py, t)?,
-            None => self.finish_success(py, Some(self.estimated_tokens))?,
+            None => self.finish_success(py, Some(TokenUse::total(self.estimated_tokens)))?,
         }
         Ok(false)
     }

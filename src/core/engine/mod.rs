@@ -30,11 +30,11 @@ use crate::core::parse::{
     LearnedLimit, LimitAxis,
 };
 use crate::core::pools::is_local_base_url;
-use crate::core::state::{Calendars, CooldownRec, GateContext, LeaseRec, Mirror, RouteId};
+use crate::core::state::{Calendars, CooldownRec, Estimate, GateContext, LeaseRec, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind,
-    UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, TokenKinds, UsageFilter,
+    UsageKind, UsageRow, Write,
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
@@ -182,16 +182,50 @@ pub enum BatchOp {
     /// `check = false`: `acquire_lease`, no gates.
     Lease {
         route: Route,
-        est: i64,
+        est: Estimate,
         limits: Option<LimitSet>,
         check: bool,
     },
     Success {
         lease_id: i64,
         route: Route,
-        tokens: Option<i64>,
+        tokens: Option<TokenUse>,
     },
     Release(i64),
+}
+
+/// The tokens one call reports (SPEC §14.4): the total, or input and output apart
+/// (the total is then their sum), and the cached part of the input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUse {
+    pub tokens: Option<i64>,
+    pub kinds: TokenKinds,
+}
+
+impl TokenUse {
+    /// A total only.
+    pub fn total(tokens: i64) -> TokenUse {
+        TokenUse { tokens: Some(tokens), kinds: TokenKinds::default() }
+    }
+
+    /// Validated: every count >= 0 and at least one given. Returns the total.
+    pub fn validate(&self) -> Result<i64> {
+        let k = &self.kinds;
+        for (name, v) in [
+            ("tokens", self.tokens),
+            ("input_tokens", k.input),
+            ("output_tokens", k.output),
+            ("cached_tokens", k.cached),
+        ] {
+            if let Some(v) = v {
+                check_non_negative(name, v)?;
+            }
+        }
+        if self.tokens.is_none() && k.is_empty() {
+            return Err(Error::invalid("give tokens, input_tokens, output_tokens or cached_tokens"));
+        }
+        Ok(self.tokens.unwrap_or_else(|| k.input.unwrap_or(0).saturating_add(k.output.unwrap_or(0))))
+    }
 }
 
 /// The result of one [`BatchOp`].
@@ -529,8 +563,8 @@ impl Engine {
         (r.platform.clone(), r.model_id.clone())
     }
 
-    /// One event: a request (`tokens` 0), or `tokens` tokens.
-    fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, t: i64) -> Write {
+    /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
+    fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64) -> Write {
         let (platform, model_id) = self.route_names(route);
         Write::Usage(UsageRow {
             platform,
@@ -540,12 +574,13 @@ impl Engine {
             tokens,
             count: 1,
             created_at_ms: t,
+            kinds,
         })
     }
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.clock.now_ms();
-        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, now)];
+        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
         self.clear_history_on_success(route, &mut writes);
         self.write_usage(writes)
     }
@@ -572,9 +607,14 @@ impl Engine {
     }
 
     pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
-        check_non_negative("tokens", tokens)?;
+        self.record_token_use(route, TokenUse::total(tokens))
+    }
+
+    /// SPEC §14.4: one call's tokens, the total and (when reported) the split.
+    pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
+        let total = used.validate()?;
         let now = self.clock.now_ms();
-        let row = self.usage_row(route, UsageKind::Tokens, tokens, now);
+        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
         self.write_usage(vec![row])
     }
 
@@ -623,10 +663,10 @@ impl Engine {
     /// All gates of SPEC §4, in order.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| e.decide(route, est, limits, now))
+        self.reading(|e, now| e.decide(route, Estimate::tokens(est), limits, now))
     }
 
-    fn decide(&mut self, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> Admission {
+    fn decide(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, now: i64) -> Admission {
         let ctx = self.gate_context(route, limits);
         let rid = self.ready_route(route, &ctx.limits, now);
         self.mirror.evaluate(rid, est, &ctx, now)
@@ -653,8 +693,8 @@ impl Engine {
         let m = &mut self.mirror;
         let v = m.view(rid, a, &ctx, now);
         let refused = match (gate, rid) {
-            (Gate::Request, Some(_)) => m.gate_metrics(&v, &ctx.limits, false, est, now),
-            (Gate::Tokens, Some(_)) => m.gate_metrics(&v, &ctx.limits, true, est, now),
+            (Gate::Request, Some(_)) => m.gate_metrics(&v, &ctx.limits, false, Estimate::tokens(est), now),
+            (Gate::Tokens, Some(_)) => m.gate_metrics(&v, &ctx.limits, true, Estimate::tokens(est), now),
             (Gate::Cooldown, Some(rid)) => m.gate_cooldown(rid, now),
             (Gate::ProviderDaily, _) => m.gate_provider_daily(&v, &ctx, now),
             (Gate::ProviderMinute, _) => m.gate_provider_minute(&v, &ctx),
@@ -667,14 +707,15 @@ impl Engine {
 
     // ---- leases ------------------------------------------------------------------
 
-    fn lease_write(&mut self, route: &Route, est: i64, now: i64) -> Write {
+    fn lease_write(&mut self, route: &Route, est: Estimate, now: i64) -> Write {
         let (platform, model_id) = self.route_names(route);
         Write::InsertLease {
             id: self.lease_ids.next(),
             platform,
             model_id,
             key_id: route.key_id,
-            tokens: est,
+            tokens: est.tokens,
+            output_tokens: est.output,
             created_at_ms: now,
             expires_at_ms: now.saturating_add(self.settings.lease_max_age_ms),
         }
@@ -686,12 +727,23 @@ impl Engine {
 
     /// Takes a lease without checking any gate.
     pub fn acquire_lease(&mut self, route: &Route, est: i64) -> Result<i64> {
-        self.single(BatchOp::Lease { route: route.clone(), est, limits: None, check: false }).lease_id()
+        self.single(BatchOp::Lease {
+            route: route.clone(),
+            est: Estimate::tokens(est),
+            limits: None,
+            check: false,
+        })
+        .lease_id()
     }
 
     /// SPEC §5: every gate of `check()` and the lease, as one atomic step across
     /// threads and processes (the store's write lock is held throughout).
     pub fn lease(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<i64> {
+        self.lease_estimate(route, Estimate::tokens(est), limits)
+    }
+
+    /// `lease()` with an estimate that says how much of it is output (SPEC §14.4).
+    pub fn lease_estimate(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>) -> Result<i64> {
         self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true }).lease_id()
     }
 
@@ -703,6 +755,7 @@ impl Engine {
     /// A lease's success: its request (and tokens, when given) recorded and the lease
     /// released, in one commit.
     pub fn finish_lease_success(&mut self, lease_id: i64, route: &Route, tokens: Option<i64>) -> Result<()> {
+        let tokens = tokens.map(TokenUse::total);
         self.single(BatchOp::Success { lease_id, route: route.clone(), tokens }).done()
     }
 }

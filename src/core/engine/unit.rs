@@ -534,13 +534,20 @@ impl Engine {
     pub(super) fn batch_lease(
         &mut self,
         route: &Route,
-        est: i64,
+        est: Estimate,
         limits: Option<LimitSet>,
         check: bool,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
-        check_non_negative("estimated_tokens", est)?;
+        check_non_negative("estimated_tokens", est.tokens)?;
+        check_non_negative("estimated_output_tokens", est.output)?;
+        if est.output > est.tokens {
+            return Err(Error::invalid(format!(
+                "estimated_output_tokens ({}) is part of estimated_tokens ({}): it cannot be larger",
+                est.output, est.tokens
+            )));
+        }
         if check {
             let adm = self.decide(route, est, limits, now);
             if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
@@ -564,17 +571,15 @@ impl Engine {
         &mut self,
         lease_id: i64,
         route: &Route,
-        tokens: Option<i64>,
+        tokens: Option<TokenUse>,
         now: i64,
         deferred: bool,
         writes: &mut Vec<Write>,
     ) -> Result<()> {
-        if let Some(t) = tokens {
-            check_non_negative("tokens", t)?;
-        }
-        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, now)];
-        if let Some(t) = tokens {
-            ws.push(self.usage_row(route, UsageKind::Tokens, t, now));
+        let total = tokens.map(|t| t.validate()).transpose()?;
+        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        if let (Some(total), Some(t)) = (total, tokens) {
+            ws.push(self.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
         }
         self.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));
@@ -594,7 +599,14 @@ impl Engine {
         match w {
             Write::Usage(u) => self.mirror.add_usage_row(u, now),
             Write::InsertLease {
-                platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, ..
+                platform,
+                model_id,
+                key_id,
+                tokens,
+                output_tokens,
+                created_at_ms,
+                expires_at_ms,
+                ..
             } => {
                 let rid = self.mirror.route_id(platform, model_id, *key_id);
                 self.mirror.add_lease(
@@ -602,6 +614,7 @@ impl Engine {
                     LeaseRec {
                         route: rid,
                         tokens: *tokens,
+                        output_tokens: *output_tokens,
                         created_at_ms: *created_at_ms,
                         expires_at_ms: *expires_at_ms,
                     },
@@ -714,6 +727,7 @@ impl Engine {
                     match merged.get_mut(&key) {
                         Some(m) => {
                             m.tokens = m.tokens.saturating_add(u.tokens);
+                            m.kinds = m.kinds.merged(u.kinds);
                             m.count = m.count.saturating_add(u.count);
                             m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
                         }

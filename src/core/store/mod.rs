@@ -68,9 +68,46 @@ pub struct UsageRow {
     pub model_id: Arc<str>,
     pub key_id: i64,
     pub kind: UsageKind,
+    /// A `tokens` row: the total.
     pub tokens: i64,
     pub count: i64,
     pub created_at_ms: i64,
+    /// A `tokens` row: the split the call reported (SPEC §14.4), `None` where not.
+    pub kinds: TokenKinds,
+}
+
+/// The input, output and cached-input tokens of one call, as reported (SPEC §14.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct TokenKinds {
+    pub input: Option<i64>,
+    pub output: Option<i64>,
+    /// Cache reads, part of the input.
+    pub cached: Option<i64>,
+}
+
+impl TokenKinds {
+    /// What the call counts in `input_tokens` windows: input without cached input
+    /// (cached above input counts 0).
+    pub fn metered_input(&self) -> i64 {
+        self.input.map_or(0, |i| i.saturating_sub(self.cached.unwrap_or(0)).max(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.input.is_none() && self.output.is_none() && self.cached.is_none()
+    }
+
+    /// Two calls' splits added (a part missing from both stays missing).
+    pub fn merged(self, o: TokenKinds) -> TokenKinds {
+        let add = |a: Option<i64>, b: Option<i64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        };
+        TokenKinds {
+            input: add(self.input, o.input),
+            output: add(self.output, o.output),
+            cached: add(self.cached, o.cached),
+        }
+    }
 }
 
 impl UsageRow {
@@ -91,6 +128,8 @@ pub struct LeaseRow {
     pub model_id: Arc<str>,
     pub key_id: i64,
     pub tokens: i64,
+    /// Of `tokens`, the estimated output (SPEC §14.4).
+    pub output_tokens: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
 }
@@ -198,6 +237,7 @@ pub enum Write {
         model_id: Arc<str>,
         key_id: i64,
         tokens: i64,
+        output_tokens: i64,
         created_at_ms: i64,
         expires_at_ms: i64,
     },

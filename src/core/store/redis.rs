@@ -26,7 +26,7 @@
 //! long inside a section could let two decisions overlap.
 use super::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
-    UsageFilter, UsageKind, UsageRow, Write,
+    TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::limits::{decode_limits, encode_limits};
@@ -224,7 +224,17 @@ fn parse_route(p: &str, m: &str) -> (Arc<str>, Arc<str>) {
 fn parse_usage(body: &str) -> StoreResult<UsageRow> {
     let f = split(body, 7)?;
     let (platform, model_id) = parse_route(f[5], f[6]);
-    let amount = parse_i64(f[3])?;
+    // A tokens entry's amount: `total`, or `total,input,output,cached` with `-` for a
+    // part the call did not report (SPEC §14.4).
+    let mut parts = f[3].split(',');
+    let amount = parse_i64(parts.next().unwrap_or_default())?;
+    let mut part = || -> StoreResult<Option<i64>> {
+        match parts.next() {
+            None | Some("-") => Ok(None),
+            Some(v) => parse_i64(v).map(Some),
+        }
+    };
+    let kinds = TokenKinds { input: part()?, output: part()?, cached: part()? };
     let request = f[2] == "r";
     Ok(UsageRow {
         platform,
@@ -234,23 +244,44 @@ fn parse_usage(body: &str) -> StoreResult<UsageRow> {
         tokens: if request { 0 } else { amount },
         count: if request { amount.max(1) } else { 1 },
         created_at_ms: parse_i64(f[4])?,
+        kinds,
     })
 }
 
-/// A lease value: `key expires tokens created platform model`.
-fn lease_value(key_id: i64, expires: i64, tokens: i64, created: i64, p: &str, m: &str) -> String {
+/// A usage entry's amount (see [`parse_usage`]).
+fn usage_amount(u: &UsageRow) -> String {
+    if u.kinds.is_empty() {
+        return u.tokens.to_string();
+    }
+    let part = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    format!("{},{},{},{}", u.tokens, part(u.kinds.input), part(u.kinds.output), part(u.kinds.cached))
+}
+
+/// A lease value: `key expires tokens[,output] created platform model`.
+fn lease_value(
+    key_id: i64,
+    expires: i64,
+    tokens: i64,
+    output: i64,
+    created: i64,
+    p: &str,
+    m: &str,
+) -> String {
+    let tokens = if output == 0 { tokens.to_string() } else { format!("{tokens},{output}") };
     format!("{key_id}{SEP}{expires}{SEP}{tokens}{SEP}{created}{SEP}{}", route(p, m))
 }
 
 fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
     let f = split(v, 6)?;
     let (platform, model_id) = parse_route(f[4], f[5]);
+    let (tokens, output) = f[2].split_once(',').unwrap_or((f[2], "0"));
     Ok(LeaseRow {
         id,
         platform,
         model_id,
         key_id: parse_i64(f[0])?,
-        tokens: parse_i64(f[2])?,
+        tokens: parse_i64(tokens)?,
+        output_tokens: parse_i64(output)?,
         created_at_ms: parse_i64(f[3])?,
         expires_at_ms: parse_i64(f[1])?,
     })
@@ -657,8 +688,8 @@ impl RedisStore {
         match w {
             Write::Usage(u) => {
                 let (kind, amount) = match u.kind {
-                    UsageKind::Request => ("r", u.count.max(1)),
-                    UsageKind::Tokens => ("t", u.tokens),
+                    UsageKind::Request => ("r", u.count.max(1).to_string()),
+                    UsageKind::Tokens => ("t", usage_amount(u)),
                 };
                 out.extend([
                     "U".into(),
@@ -671,12 +702,29 @@ impl RedisStore {
                     ),
                 ]);
             }
-            Write::InsertLease { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+            Write::InsertLease {
+                id,
+                platform,
+                model_id,
+                key_id,
+                tokens,
+                output_tokens,
+                created_at_ms,
+                expires_at_ms,
+            } => {
                 out.extend([
                     "L".into(),
                     id.to_string(),
                     created_at_ms.to_string(),
-                    lease_value(*key_id, *expires_at_ms, *tokens, *created_at_ms, platform, model_id),
+                    lease_value(
+                        *key_id,
+                        *expires_at_ms,
+                        *tokens,
+                        *output_tokens,
+                        *created_at_ms,
+                        platform,
+                        model_id,
+                    ),
                 ]);
             }
             Write::DeleteLease(id) => out.extend(["D".into(), id.to_string()]),
@@ -830,12 +878,22 @@ impl RedisStore {
                     model_id,
                     key_id,
                     tokens,
+                    output_tokens,
                     created_at_ms,
                     expires_at_ms,
                 } => {
                     self.leases.insert(
                         id,
-                        LeaseRow { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms },
+                        LeaseRow {
+                            id,
+                            platform,
+                            model_id,
+                            key_id,
+                            tokens,
+                            output_tokens,
+                            created_at_ms,
+                            expires_at_ms,
+                        },
                     );
                 }
                 Write::DeleteLease(id) => {

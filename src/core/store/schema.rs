@@ -159,6 +159,16 @@ INSERT INTO quotaengine_meta (name, version) VALUES ('platform_calendars', 0);
 -- 'requests/1s=1 tokens/month=1000000'. NULL or '' when there are none.
 ALTER TABLE models ADD COLUMN limits TEXT;
 "#,
+    r#"
+-- Version 5: token kinds (SPEC 14.4). A tokens row keeps its total in `tokens` (a
+-- plain SUM(tokens) stays right); what the call reported of its input, output and
+-- cached input tokens sits beside it, NULL where it did not say. A lease notes how
+-- much of its estimate is output.
+ALTER TABLE rate_limit_usage ADD COLUMN input_tokens INTEGER;
+ALTER TABLE rate_limit_usage ADD COLUMN output_tokens INTEGER;
+ALTER TABLE rate_limit_usage ADD COLUMN cached_tokens INTEGER;
+ALTER TABLE quota_leases ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

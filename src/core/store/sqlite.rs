@@ -2,7 +2,7 @@
 use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
 use super::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
-    UsageFilter, UsageKind, UsageRow, Write,
+    TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::limits::{decode_limits, encode_limits};
@@ -251,7 +251,8 @@ impl SqliteStore {
 
     fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms FROM quota_leases",
+            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens \
+             FROM quota_leases",
         )?;
         let mut names = Interner::default();
         let mut rows = stmt.query([])?;
@@ -263,6 +264,7 @@ impl SqliteStore {
                 model_id: names.get(r.get_ref(2)?.as_str()?),
                 key_id: r.get(3)?,
                 tokens: r.get(4)?,
+                output_tokens: r.get(7)?,
                 created_at_ms: r.get(5)?,
                 expires_at_ms: r.get(6)?,
             });
@@ -411,8 +413,8 @@ impl SqliteStore {
             let cursor = self.usage_cursor.unwrap_or(0);
             let mut rows = Vec::new();
             let max_id = self.read_usage(
-                "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms \
-                 FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
+                "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, \
+                 output_tokens, cached_tokens FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
                 cursor,
                 &mut |row| rows.push(row),
             )?;
@@ -470,8 +472,8 @@ impl SqliteStore {
     fn insert_usage_row(&mut self, u: &UsageRow) -> rusqlite::Result<i64> {
         self.conn
             .prepare_cached(
-                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
+                 input_tokens, output_tokens, cached_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?
             .execute(params![
                 &*u.platform,
@@ -479,7 +481,10 @@ impl SqliteStore {
                 u.key_id,
                 u.kind.as_str(),
                 u.tokens * i64::from(u.kind == UsageKind::Tokens),
-                u.created_at_ms
+                u.created_at_ms,
+                u.kinds.input,
+                u.kinds.output,
+                u.kinds.cached
             ])?;
         let id = self.conn.last_insert_rowid();
         if let Some(cur) = self.usage_cursor.as_mut() {
@@ -493,21 +498,25 @@ impl SqliteStore {
     fn insert_usage_chunk(&mut self, ws: &[&UsageRow]) -> rusqlite::Result<()> {
         static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let sql = SQL.get_or_init(|| {
-            let values = vec!["(?, ?, ?, ?, ?, ?)"; USAGE_CHUNK].join(", ");
+            let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; USAGE_CHUNK].join(", ");
             format!(
-                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) VALUES {values}"
+                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
+                 input_tokens, output_tokens, cached_tokens) VALUES {values}"
             )
         });
         let rows = || ws.iter().copied();
         let mut stmt = self.conn.prepare_cached(sql)?;
         for (n, u) in rows().enumerate() {
-            let at = n * 6 + 1;
+            let at = n * 9 + 1;
             stmt.raw_bind_parameter(at, &*u.platform)?;
             stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
             stmt.raw_bind_parameter(at + 2, u.key_id)?;
             stmt.raw_bind_parameter(at + 3, u.kind.as_str())?;
             stmt.raw_bind_parameter(at + 4, u.tokens * i64::from(u.kind == UsageKind::Tokens))?;
             stmt.raw_bind_parameter(at + 5, u.created_at_ms)?;
+            stmt.raw_bind_parameter(at + 6, u.kinds.input)?;
+            stmt.raw_bind_parameter(at + 7, u.kinds.output)?;
+            stmt.raw_bind_parameter(at + 8, u.kinds.cached)?;
         }
         stmt.raw_execute()?;
         drop(stmt);
@@ -531,12 +540,30 @@ impl SqliteStore {
                 self.insert_usage(std::iter::once(u))?;
                 0
             }
-            Write::InsertLease { id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms } => {
+            Write::InsertLease {
+                id,
+                platform,
+                model_id,
+                key_id,
+                tokens,
+                output_tokens,
+                created_at_ms,
+                expires_at_ms,
+            } => {
                 c.prepare_cached(
-                    "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
+                     output_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )?
-                .execute(params![id, &**platform, &**model_id, key_id, tokens, created_at_ms, expires_at_ms])?;
+                .execute(params![
+                    id,
+                    &**platform,
+                    &**model_id,
+                    key_id,
+                    tokens,
+                    created_at_ms,
+                    expires_at_ms,
+                    output_tokens
+                ])?;
                 *id
             }
             Write::DeleteLease(id) => {
@@ -801,6 +828,7 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         tokens: if request { 0 } else { r.get::<_, Option<i64>>(5)?.unwrap_or(0) },
         count: 1,
         created_at_ms: r.get(6)?,
+        kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
     })
 }
 
@@ -938,7 +966,8 @@ impl Store for SqliteStore {
 
     fn load_usage_since(&mut self, since_ms: i64, f: &mut dyn FnMut(UsageRow)) -> StoreResult<()> {
         self.read_usage(
-            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
+            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
+             cached_tokens FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
             since_ms,
@@ -1010,7 +1039,8 @@ impl Store for SqliteStore {
 
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms FROM rate_limit_usage \
+            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
+             cached_tokens FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
              AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",
