@@ -77,6 +77,9 @@ impl Calendar {
     /// The period holding `t`: its start and the next one's start.
     #[inline]
     pub fn period(&self, p: Period, t: i64) -> (i64, i64) {
+        if self.zone.is_none() && p == Period::Day {
+            return utc_day(t);
+        }
         let cache = &self.cached[p.index()];
         let (start, end) = cache.get();
         if start <= t && t < end {

@@ -315,6 +315,11 @@ impl LimitSet {
         self.gates.is_empty()
     }
 
+    /// The very same set (one declaration, shared), not merely an equal one.
+    pub fn same(&self, other: &LimitSet) -> bool {
+        Arc::ptr_eq(&self.gates, &other.gates)
+    }
+
     /// The classic four (`model_limits()`, learning, the guardrail's figures).
     pub fn classic(&self) -> Limits {
         let mut l = Limits::default();

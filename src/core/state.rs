@@ -23,6 +23,9 @@ pub struct RouteState {
     account: AccountId,
     pub win: Windows,
     leases: Vec<i64>,
+    /// The last limit set whose windows `win` was made to keep (windows are never
+    /// dropped, so a decision under the same set has nothing to check).
+    kept: LimitSet,
 }
 
 #[derive(Debug)]
@@ -289,6 +292,7 @@ impl Mirror {
             account,
             win,
             leases: vec![],
+            kept: LimitSet::default(),
         });
         self.accounts[account as usize].routes.push(id);
         self.index.entry(p).or_default().entry(m).or_default().insert(key_id, id);
@@ -438,11 +442,15 @@ impl Mirror {
     /// Makes a route keep every window of `set` (after `prune_route`). False when one
     /// of them could not be counted from memory: `needs_reload` is then set.
     pub fn keep_windows(&mut self, rid: RouteId, set: &LimitSet) -> bool {
-        let win = &mut self.routes[rid as usize].win;
+        let route = &mut self.routes[rid as usize];
+        if route.kept.same(set) {
+            return true;
+        }
         let mut complete = true;
         for spec in set.windows() {
-            complete &= win.keep(spec);
+            complete &= route.win.keep(spec);
         }
+        route.kept = set.clone();
         self.needs_reload |= !complete;
         complete
     }

@@ -83,6 +83,9 @@ pub struct Windows {
     cal: Calendar,
     /// The `now` of the last prune: what the windows count is as of then.
     at: i64,
+    /// Per period kind, (start, end) of the period holding the last prune's `now`:
+    /// while `now` stays inside, no period boundary is computed again.
+    current: [(i64, i64); 3],
 }
 
 impl Default for Windows {
@@ -101,6 +104,7 @@ impl Windows {
             periods: [Some(Vec::new()), None, None],
             cal,
             at: i64::MIN,
+            current: [(0, 0); 3],
         }
     }
 
@@ -218,13 +222,21 @@ impl Windows {
         }
         for p in Period::ALL {
             let Some(buckets) = &mut self.periods[p.index()] else { continue };
-            let start = self.cal.period_start(p, t);
-            if start < self.cal.period_start(p, now) {
-                continue;
-            }
-            match buckets.binary_search_by_key(&start, |(s, _)| *s) {
-                Ok(i) => buckets[i].1.add(&c),
-                Err(i) => buckets.insert(i, (start, c)),
+            // `prune(now)` above made `current` the period holding `now`.
+            let (cur_start, cur_end) = self.current[p.index()];
+            let start = if cur_start <= t && t < cur_end {
+                cur_start
+            } else if t < cur_start {
+                continue; // a period already over
+            } else {
+                self.cal.period_start(p, t) // stamped in a later period
+            };
+            match buckets.last_mut() {
+                Some((s, b)) if *s == start => b.add(&c),
+                _ => match buckets.binary_search_by_key(&start, |(s, _)| *s) {
+                    Ok(i) => buckets[i].1.add(&c),
+                    Err(i) => buckets.insert(i, (start, c)),
+                },
             }
         }
     }
@@ -253,11 +265,14 @@ impl Windows {
         }
         for p in Period::ALL {
             let Some(buckets) = &mut self.periods[p.index()] else { continue };
-            if let Some((first, _)) = buckets.first() {
-                let current = self.cal.period_start(p, now);
-                if *first < current {
-                    buckets.retain(|(s, _)| *s >= current);
-                }
+            let cur = &mut self.current[p.index()];
+            if cur.0 <= now && now < cur.1 {
+                continue;
+            }
+            *cur = self.cal.period(p, now);
+            let current = cur.0;
+            if buckets.first().is_some_and(|(first, _)| *first < current) {
+                buckets.retain(|(s, _)| *s >= current);
             }
         }
     }
@@ -269,7 +284,9 @@ impl Windows {
             WindowSpec::Sliding(w) => self.slides.iter().find(|s| s.width == w).map(|s| s.sum),
             WindowSpec::Calendar(p) => {
                 let buckets = self.periods[p.index()].as_ref()?;
-                let current = self.cal.period_start(p, now);
+                let (cur_start, cur_end) = self.current[p.index()];
+                let current =
+                    if cur_start <= now && now < cur_end { cur_start } else { self.cal.period_start(p, now) };
                 let mut c = Counts::default();
                 for (_, b) in buckets.iter().filter(|(s, _)| *s >= current) {
                     c.add(b);

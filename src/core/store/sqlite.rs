@@ -470,22 +470,40 @@ impl SqliteStore {
     }
 
     fn insert_usage_row(&mut self, u: &UsageRow) -> rusqlite::Result<i64> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
-                 input_tokens, output_tokens, cached_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?
-            .execute(params![
-                &*u.platform,
-                &*u.model_id,
-                u.key_id,
-                u.kind.as_str(),
-                u.tokens * i64::from(u.kind == UsageKind::Tokens),
-                u.created_at_ms,
-                u.kinds.input,
-                u.kinds.output,
-                u.kinds.cached
-            ])?;
+        let tokens = u.tokens * i64::from(u.kind == UsageKind::Tokens);
+        if u.kinds.is_empty() {
+            // The common row (a request, or a total only): its split columns stay NULL.
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![
+                    &*u.platform,
+                    &*u.model_id,
+                    u.key_id,
+                    u.kind.as_str(),
+                    tokens,
+                    u.created_at_ms
+                ])?;
+        } else {
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
+                     input_tokens, output_tokens, cached_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )?
+                .execute(params![
+                    &*u.platform,
+                    &*u.model_id,
+                    u.key_id,
+                    u.kind.as_str(),
+                    tokens,
+                    u.created_at_ms,
+                    u.kinds.input,
+                    u.kinds.output,
+                    u.kinds.cached
+                ])?;
+        }
         let id = self.conn.last_insert_rowid();
         if let Some(cur) = self.usage_cursor.as_mut() {
             *cur = (*cur).max(id);
@@ -494,29 +512,45 @@ impl SqliteStore {
         Ok(id)
     }
 
-    /// Inserts `USAGE_CHUNK` usage rows, one request each, with one statement.
+    /// Inserts `USAGE_CHUNK` usage rows, one request each, with one statement (the
+    /// split columns only when some row of the chunk has a split).
     fn insert_usage_chunk(&mut self, ws: &[&UsageRow]) -> rusqlite::Result<()> {
-        static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let sql = SQL.get_or_init(|| {
-            let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; USAGE_CHUNK].join(", ");
+        static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        static SPLIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let chunk_sql = |split: bool| {
+            let (cols, row) = if split {
+                (", input_tokens, output_tokens, cached_tokens", "(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            } else {
+                ("", "(?, ?, ?, ?, ?, ?)")
+            };
+            let values = vec![row; USAGE_CHUNK].join(", ");
             format!(
-                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
-                 input_tokens, output_tokens, cached_tokens) VALUES {values}"
+                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms{cols}) \
+                 VALUES {values}"
             )
-        });
+        };
+        let split = ws.iter().any(|u| !u.kinds.is_empty());
+        let sql = if split {
+            SPLIT.get_or_init(|| chunk_sql(true))
+        } else {
+            PLAIN.get_or_init(|| chunk_sql(false))
+        };
+        let width = if split { 9 } else { 6 };
         let rows = || ws.iter().copied();
         let mut stmt = self.conn.prepare_cached(sql)?;
         for (n, u) in rows().enumerate() {
-            let at = n * 9 + 1;
+            let at = n * width + 1;
             stmt.raw_bind_parameter(at, &*u.platform)?;
             stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
             stmt.raw_bind_parameter(at + 2, u.key_id)?;
             stmt.raw_bind_parameter(at + 3, u.kind.as_str())?;
             stmt.raw_bind_parameter(at + 4, u.tokens * i64::from(u.kind == UsageKind::Tokens))?;
             stmt.raw_bind_parameter(at + 5, u.created_at_ms)?;
-            stmt.raw_bind_parameter(at + 6, u.kinds.input)?;
-            stmt.raw_bind_parameter(at + 7, u.kinds.output)?;
-            stmt.raw_bind_parameter(at + 8, u.kinds.cached)?;
+            if split {
+                stmt.raw_bind_parameter(at + 6, u.kinds.input)?;
+                stmt.raw_bind_parameter(at + 7, u.kinds.output)?;
+                stmt.raw_bind_parameter(at + 8, u.kinds.cached)?;
+            }
         }
         stmt.raw_execute()?;
         drop(stmt);
