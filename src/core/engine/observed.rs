@@ -326,11 +326,16 @@ impl Engine {
         limits: Option<LimitSet>,
         key_id: Option<i64>,
     ) -> Result<Option<f64>> {
+        // The model's own declaration is kept by every route of it; an ad hoc one may
+        // name a window they do not keep yet.
+        let ad_hoc = limits.is_some();
         let limits = self.limits_for(platform, model_id, limits);
         if limits.is_empty() {
             return Ok(None);
         }
-        self.keep_guardrail_windows(platform, model_id, &limits)?;
+        if ad_hoc {
+            self.keep_guardrail_windows(platform, model_id, &limits)?;
+        }
         let now = self.clock.now_ms();
         let fresh = self
             .window_snapshot
