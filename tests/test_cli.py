@@ -83,3 +83,22 @@ def test_events_show_the_token_split(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "anthropic/claude/1  tokens  15  (input 10, output 5, cached 2)" in r.stdout
     assert "groq/llama/1  tokens  7\n" in r.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with qe.QuotaEngine(db, env={}) as e:
+        for i in range(3000):
+            e.record_tokens("groq", "llama", i % 50, 7)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "quotaengine", "events", "--db", str(db), "--since", "1h", "--limit", "3000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.readline()  # like `| head -1`
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    assert p.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err
