@@ -16,7 +16,9 @@ enough that nothing is refused and a ``ManualClock`` stepped 10 ms per op:
   tokens per 1 s, minute, 5 h, day, week and month (two of them the classic rpm and tpm);
   B only (A has no ``Limit``);
 * ``split lease+success ...``: the classic four, a lease with ``estimated_output_tokens``
-  and ``success(input_tokens=, output_tokens=, cached_tokens=)`` (SPEC 14.4), B only.
+  and ``success(input_tokens=, output_tokens=, cached_tokens=)`` (SPEC 14.4), B only;
+* ``account10 lease+success ...``: the classic four on a key that is one of 10 keys of
+  one account (SPEC 14.3: the limits count the account's usage), B only.
 
 ``memory``: a month limit on ``--routes`` routes with ``--events`` usage rows in the month.
 The rows are written into the engine's file with plain ``sqlite3`` (as a notebook or
@@ -67,6 +69,9 @@ else:
     path = os.path.join(tempfile.mkdtemp(), "ab.db")
     e = q.QuotaEngine(path, clock=clock, env={}, flush_interval_ms=flush)
     e.set_model_limits("p", "m", **decl)
+    if workload.startswith("account10"):
+        for k in range(1, 11):  # key 1 is one of the 10 keys of one account
+            e.register_key(k, "p", account="acct")
     t = time.perf_counter_ns()
     if workload.startswith("split"):
         for _ in range(ops):
@@ -92,6 +97,8 @@ SPEED = [
     "eight lease+success flush=10",
     "split lease+success flush=0",
     "split lease+success flush=10",
+    "account10 lease+success flush=0",
+    "account10 lease+success flush=10",
 ]
 
 
@@ -102,7 +109,7 @@ def speed(args: argparse.Namespace) -> None:
         for _ in range(args.runs):
             for w in SPEED:
                 for name, b in builds.items():
-                    if name == "A" and w.startswith(("eight", "split")):
+                    if name == "A" and w.startswith(("eight", "split", "account10")):
                         continue
                     ops = args.ops * (10 if w.endswith("check") else 1)
                     out = subprocess.run(
@@ -120,8 +127,9 @@ def speed(args: argparse.Namespace) -> None:
         a_runs = ns.get((w, "A"))
         a = statistics.median(a_runs) if a_runs else None
         vs_classic = ""
-        if w.startswith(("eight", "split")):
-            classic = statistics.median(ns[(w.replace("eight", "classic").replace("split", "classic"), "B")])
+        if w.startswith(("eight", "split", "account10")):
+            base = w.split(" ", 1)[1]
+            classic = statistics.median(ns[(f"classic {base}", "B")])
             vs_classic = f"{b / classic:.3f}"
         runs = "; ".join(", ".join(f"{x:,.0f}" for x in ns.get((w, n), [])) for n in ("A", "B"))
         a_txt = "-" if a is None else f"{a:,.0f}"

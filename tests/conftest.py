@@ -166,6 +166,7 @@ def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
 # What each schema version added, undone newest first: `downgrade_schema` turns a file
 # the engine made into one of an older version, to test migrating it forward.
 _UNDO = {
+    6: ["ALTER TABLE api_keys DROP COLUMN account"],
     5: [
         "ALTER TABLE rate_limit_usage DROP COLUMN input_tokens",
         "ALTER TABLE rate_limit_usage DROP COLUMN output_tokens",

@@ -373,9 +373,21 @@ class _QuotaEngine:
     def __exit__(self, *_args: object) -> bool: ...
     # keys and models
     def register_key(
-        self, key_id: int, platform: str, *, base_url: str | None = None, label: str | None = None, enabled: bool = True
+        self,
+        key_id: int,
+        platform: str,
+        *,
+        base_url: str | None = None,
+        label: str | None = None,
+        enabled: bool = True,
+        account: str | None = None,
     ) -> None:
-        """Insert or update an API key."""
+        """Insert or update an API key. ``account`` names the provider-side unit that meters
+        it (a Google Cloud project, a Groq organisation, an OpenRouter account): keys of one
+        platform with the same account share every account-scope limit and the provider
+        caps. ``None`` makes the key its own account (SPEC §14.3)."""
+    def key_account(self, platform: str, key_id: int) -> str:
+        """The account in force for a key: ``"key:<key_id>"`` for a key of its own."""
     def set_model_limits(
         self,
         platform: str,

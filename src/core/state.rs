@@ -2,7 +2,7 @@
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
 //! incrementally from the store's change feed, and the only thing gates read.
 use crate::core::calendar::Calendar;
-use crate::core::limits::{Declared, LimitSet, Metric, WindowSpec};
+use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{Admission, CapOverrides, CooldownSource, KeyInfo, ModelInfo, ProviderCaps, Reason};
 use crate::core::windows::{Counts, Windows};
@@ -14,6 +14,7 @@ pub type RouteId = u32;
 /// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
 type RouteIndex = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, RouteId>>>;
 pub type AccountId = u32;
+pub type GroupId = u32;
 
 #[derive(Debug)]
 pub struct RouteState {
@@ -21,6 +22,9 @@ pub struct RouteState {
     pub model_id: Arc<str>,
     pub key_id: i64,
     account: AccountId,
+    /// The (account, model) counters of an account of several keys (SPEC §14.3);
+    /// `None` while the key is its account's only one (its own windows serve).
+    group: Option<GroupId>,
     pub win: Windows,
     leases: Vec<i64>,
     /// The last limit set whose windows `win` was made to keep (windows are never
@@ -30,10 +34,20 @@ pub struct RouteState {
 
 #[derive(Debug)]
 struct AccountState {
+    name: Arc<str>,
     /// Requests of every model of the account (tokens are billed per route).
     win: Windows,
     routes: Vec<RouteId>,
     leases: Vec<i64>,
+}
+
+/// Usage and live leases of every key of one account on one model: what a limit at
+/// account scope counts (SPEC §14.1, §14.3).
+#[derive(Debug)]
+struct GroupState {
+    win: Windows,
+    leases: Vec<i64>,
+    kept: LimitSet,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +86,11 @@ pub struct View {
     /// (0 unless a provider daily token cap is set).
     pub account_count: i64,
     pub account_billed: i64,
+    /// Live leases on the key (every model).
+    pub key_count: i64,
+    /// A shared account's (account, model) counters and their live leases: what
+    /// account-scope limits read (SPEC §14.3).
+    pub group: Option<(GroupId, InFlight)>,
 }
 
 /// Live in-flight totals.
@@ -129,7 +148,12 @@ pub struct Mirror {
     routes: Vec<RouteState>,
     index: RouteIndex,
     accounts: Vec<AccountState>,
-    account_index: HashMap<Arc<str>, HashMap<i64, AccountId>>,
+    /// platform -> account name -> account.
+    account_index: HashMap<Arc<str>, HashMap<Arc<str>, AccountId>>,
+    groups: Vec<GroupState>,
+    group_index: HashMap<(AccountId, Arc<str>), GroupId>,
+    /// (platform, account name) -> how many registered keys it has.
+    account_members: HashMap<(String, Arc<str>), usize>,
     leases: HashMap<i64, LeaseRec>,
     pub cooldowns: HashMap<RouteId, CooldownRec>,
     /// Registered keys; change them through `put_key` / `replace_keys`.
@@ -227,6 +251,18 @@ impl Mirror {
                     acct.win = acct.win.cleared(cal.clone());
                 }
             }
+            let of_platform = |a: &AccountId| {
+                self.accounts[*a as usize]
+                    .routes
+                    .first()
+                    .is_some_and(|r| &*self.routes[*r as usize].platform == p.as_str())
+            };
+            let gids: Vec<GroupId> =
+                self.group_index.iter().filter(|((a, _), _)| of_platform(a)).map(|(_, g)| *g).collect();
+            for g in gids {
+                let grp = &mut self.groups[g as usize];
+                grp.win = grp.win.cleared(cal.clone());
+            }
         }
         !changed.is_empty()
     }
@@ -241,18 +277,126 @@ impl Mirror {
         set
     }
 
+    /// The account a key belongs to (SPEC §14.3): the one it was registered with, else
+    /// its own, `"key:<key_id>"`.
+    pub fn account_name(&self, platform: &str, key_id: i64) -> Arc<str> {
+        match self.keys.get(&key_id) {
+            Some(KeyInfo { platform: p, account: Some(a), .. }) if p == platform => Arc::from(a.as_str()),
+            _ => Arc::from(format!("key:{key_id}")),
+        }
+    }
+
+    /// Whether an account has more than one registered key.
+    fn shared(&self, platform: &str, name: &Arc<str>) -> bool {
+        self.account_members.get(&(platform.to_string(), name.clone())).is_some_and(|n| *n > 1)
+    }
+
+    /// The keys of a route's account when it has several (`None`, without allocating,
+    /// for a key of its own: the hot path).
+    pub fn shared_account_keys(&self, route: &crate::core::types::Route) -> Option<Vec<i64>> {
+        let rid = self.find_route(&route.platform, &route.model_id, route.key_id)?;
+        self.routes[rid as usize].group?;
+        Some(self.account_keys(&route.platform, route.key_id))
+    }
+
+    /// The registered keys of the account a key belongs to (the key alone when it is
+    /// its own account).
+    pub fn account_keys(&self, platform: &str, key_id: i64) -> Vec<i64> {
+        let name = self.account_name(platform, key_id);
+        if !self.shared(platform, &name) {
+            return vec![key_id];
+        }
+        let mut keys: Vec<i64> = self
+            .keys
+            .values()
+            .filter(|k| k.platform == platform && k.account.as_deref() == Some(&*name))
+            .map(|k| k.key_id)
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// The id of a provider account (platform, key_id), created on first sight.
     pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
-        if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&key_id)) {
+        let name = self.account_name(platform, key_id);
+        if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&name)) {
             return *a;
         }
         let p: Arc<str> =
             self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let a = self.accounts.len() as AccountId;
         let win = Windows::new(self.calendars.of(platform));
-        self.accounts.push(AccountState { win, routes: vec![], leases: vec![] });
-        self.account_index.entry(p).or_default().insert(key_id, a);
+        self.accounts.push(AccountState { name: name.clone(), win, routes: vec![], leases: vec![] });
+        self.account_index.entry(p).or_default().insert(name, a);
         a
+    }
+
+    /// The (account, model) counters of a route of a shared account, created on first
+    /// sight with the model's windows.
+    fn group_id(&mut self, a: AccountId, model_id: &Arc<str>, platform: &str) -> GroupId {
+        if let Some(g) = self.group_index.get(&(a, model_id.clone())) {
+            return *g;
+        }
+        let g = self.groups.len() as GroupId;
+        let mut win = Windows::new(self.calendars.of(platform));
+        for spec in self.limit_set(platform, model_id).windows() {
+            win.keep(spec);
+        }
+        self.groups.push(GroupState { win, leases: vec![], kept: LimitSet::default() });
+        self.group_index.insert((a, model_id.clone()), g);
+        g
+    }
+
+    /// Puts every route in the account its key belongs to now, after keys changed
+    /// accounts; the account and group counters are then recounted from the store.
+    fn reassign_accounts(&mut self) {
+        self.accounts.clear();
+        self.account_index.clear();
+        self.groups.clear();
+        self.group_index.clear();
+        for rid in 0..self.routes.len() {
+            let (platform, model, key) = {
+                let r = &self.routes[rid];
+                (r.platform.clone(), r.model_id.clone(), r.key_id)
+            };
+            let a = self.account_id(&platform, key);
+            self.accounts[a as usize].routes.push(rid as RouteId);
+            let name = self.accounts[a as usize].name.clone();
+            let group = self.shared(&platform, &name).then(|| self.group_id(a, &model, &platform));
+            let r = &mut self.routes[rid];
+            r.account = a;
+            r.group = group;
+        }
+        let mut ids: Vec<(i64, RouteId)> = self.leases.iter().map(|(id, l)| (*id, l.route)).collect();
+        ids.sort_unstable();
+        for (id, rid) in ids {
+            let r = &self.routes[rid as usize];
+            self.accounts[r.account as usize].leases.push(id);
+            if let Some(g) = r.group {
+                self.groups[g as usize].leases.push(id);
+            }
+        }
+        self.needs_reload = true;
+    }
+
+    /// After the keys changed: when a route's account (or whether it is shared)
+    /// changed, reassign.
+    fn accounts_changed(&mut self) {
+        let mut members: HashMap<(String, Arc<str>), usize> = HashMap::new();
+        for k in self.keys.values() {
+            if let Some(a) = &k.account {
+                *members.entry((k.platform.clone(), Arc::from(a.as_str()))).or_default() += 1;
+            }
+        }
+        self.account_members = members;
+        let stale = self.routes.iter().any(|r| {
+            let name = self.account_name(&r.platform, r.key_id);
+            let acct = &self.accounts[r.account as usize];
+            acct.name != name || r.group.is_some() != self.shared(&r.platform, &name)
+        });
+        if stale {
+            self.reassign_accounts();
+        }
     }
 
     /// The account a route belongs to.
@@ -278,6 +422,8 @@ impl Mirror {
             self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
+        let name = self.accounts[account as usize].name.clone();
+        let group = self.shared(platform, &name).then(|| self.group_id(account, &m, platform));
         let id = self.routes.len() as RouteId;
         let mut win = Windows::new(self.calendars.of(platform));
         // A route seen for the first time had no events since the last load, which
@@ -290,6 +436,7 @@ impl Mirror {
             model_id: m.clone(),
             key_id,
             account,
+            group,
             win,
             leases: vec![],
             kept: LimitSet::default(),
@@ -328,7 +475,7 @@ impl Mirror {
     }
 
     fn account_of(&self, platform: &str, key_id: i64) -> Option<AccountId> {
-        self.account_index.get(platform)?.get(&key_id).copied()
+        self.account_index.get(platform)?.get(&self.account_name(platform, key_id)).copied()
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -343,6 +490,9 @@ impl Mirror {
     pub fn add_counts(&mut self, rid: RouteId, c: Counts, t: i64, now: i64) {
         let route = &mut self.routes[rid as usize];
         route.win.add_counts(t, c, now);
+        if let Some(g) = route.group {
+            self.groups[g as usize].win.add_counts(t, c, now);
+        }
         if c.requests > 0 {
             self.accounts[route.account as usize].win.add(t, c.requests, 0, now);
         }
@@ -370,6 +520,9 @@ impl Mirror {
         for a in &mut self.accounts {
             a.win = a.win.cleared(a.win.calendar().clone());
         }
+        for g in &mut self.groups {
+            g.win = g.win.cleared(g.win.calendar().clone());
+        }
         self.needs_reload = false;
     }
 
@@ -392,6 +545,9 @@ impl Mirror {
         }
         for r in &self.routes {
             from = from.min(r.win.oldest_counted(now));
+        }
+        for g in &self.groups {
+            from = from.min(g.win.oldest_counted(now));
         }
         for (platform, spec) in specs {
             from = from.min(self.window_start(&platform, spec, now));
@@ -443,14 +599,22 @@ impl Mirror {
     /// of them could not be counted from memory: `needs_reload` is then set.
     pub fn keep_windows(&mut self, rid: RouteId, set: &LimitSet) -> bool {
         let route = &mut self.routes[rid as usize];
-        if route.kept.same(set) {
-            return true;
-        }
         let mut complete = true;
-        for spec in set.windows() {
-            complete &= route.win.keep(spec);
+        if !route.kept.same(set) {
+            for spec in set.windows() {
+                complete &= route.win.keep(spec);
+            }
+            route.kept = set.clone();
         }
-        route.kept = set.clone();
+        if let Some(g) = route.group {
+            let group = &mut self.groups[g as usize];
+            if !group.kept.same(set) {
+                for spec in set.windows() {
+                    complete &= group.win.keep(spec);
+                }
+                group.kept = set.clone();
+            }
+        }
         self.needs_reload |= !complete;
         complete
     }
@@ -464,6 +628,11 @@ impl Mirror {
         let acct = &mut self.accounts[route.account as usize];
         acct.win.prune(now);
         acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        if let Some(g) = route.group {
+            let group = &mut self.groups[g as usize];
+            group.win.prune(now);
+            group.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        }
     }
 
     /// Prunes every route; drops expired leases from the lease table.
@@ -480,6 +649,9 @@ impl Mirror {
         let route = &mut self.routes[rec.route as usize];
         route.leases.push(id);
         self.accounts[route.account as usize].leases.push(id);
+        if let Some(g) = route.group {
+            self.groups[g as usize].leases.push(id);
+        }
         self.leases.insert(id, rec);
     }
 
@@ -488,6 +660,9 @@ impl Mirror {
         let route = &mut self.routes[rec.route as usize];
         route.leases.retain(|l| *l != id);
         self.accounts[route.account as usize].leases.retain(|l| *l != id);
+        if let Some(g) = route.group {
+            self.groups[g as usize].leases.retain(|l| *l != id);
+        }
         Some(rec)
     }
 
@@ -534,20 +709,56 @@ impl Mirror {
         f
     }
 
+    /// Live leases of a shared account on one model.
+    fn group_in_flight(&self, g: GroupId, now: i64) -> InFlight {
+        let mut f = InFlight::default();
+        for id in &self.groups[g as usize].leases {
+            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
+                f.count += 1;
+                f.tokens = f.tokens.saturating_add(l.tokens);
+                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
+            }
+        }
+        f
+    }
+
+    /// What a limit's scope has recorded in its window for a route: the route's own
+    /// counts, or its shared account's on the model for a limit at account scope.
+    pub fn scoped_counts(&self, rid: RouteId, l: &crate::core::limits::Limit, now: i64) -> Counts {
+        let r = &self.routes[rid as usize];
+        let win = match r.group {
+            Some(g) if l.scope == Scope::Account => &self.groups[g as usize].win,
+            _ => &r.win,
+        };
+        win.counts(l.window, now).unwrap_or_default()
+    }
+
+    /// Every window a route's account keeps on its model, when the account is shared.
+    pub fn group_counts(&self, rid: RouteId, now: i64) -> Option<Vec<(WindowSpec, Counts)>> {
+        let g = self.routes[rid as usize].group?;
+        Some(self.groups[g as usize].win.all_counts(now))
+    }
+
     /// Live leases on an account, with tokens billed per lease at its own model's rate.
-    fn account_in_flight(&self, a: AccountId, cap: Option<i64>, now: i64) -> InFlight {
+    /// With the live leases of `key_id` alone among them (the key concurrency cap is
+    /// the key's, SPEC §4).
+    fn account_in_flight(&self, a: AccountId, key_id: i64, cap: Option<i64>, now: i64) -> (InFlight, i64) {
         let acct = &self.accounts[a as usize];
         let mut f = InFlight::default();
+        let mut of_key = 0;
         for id in &acct.leases {
             if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
                 f.count += 1;
+                if self.routes[l.route as usize].key_id == key_id {
+                    of_key += 1;
+                }
                 if let Some(cap) = cap {
                     let mult = self.multiplier(l.route, cap);
                     f.tokens = f.tokens.saturating_add(mult.bill(l.tokens));
                 }
             }
         }
-        f
+        (f, of_key)
     }
 
     // ---- keys, models, caps, cooldowns ---------------------------------------------
@@ -606,6 +817,7 @@ impl Mirror {
         for k in self.keys.values().filter(|k| k.enabled) {
             self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
         }
+        self.accounts_changed();
     }
 
     /// Registers (or updates) one key; the routable keys follow at once.
@@ -619,6 +831,7 @@ impl Mirror {
             self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
         }
         self.keys.insert(k.key_id, k);
+        self.accounts_changed();
     }
 
     /// The registered, enabled keys of a platform (SPEC §9's routable keys).
@@ -754,16 +967,26 @@ impl Mirror {
 
     /// What one decision on a route (or, with `rid` None, on an account) reads of the
     /// live leases, each sum derived once (SPEC §4's "in flight").
-    pub fn view(&self, rid: Option<RouteId>, a: AccountId, ctx: &GateContext, now: i64) -> View {
+    pub fn view(&self, rid: Option<RouteId>, a: AccountId, key_id: i64, ctx: &GateContext, now: i64) -> View {
         let route = rid.map(|r| self.route_in_flight(r, now)).unwrap_or_default();
-        let account = self.account_in_flight(a, ctx.caps.daily_tokens, now);
-        View { rid, account: a, route, account_count: account.count, account_billed: account.tokens }
+        let (account, key_count) = self.account_in_flight(a, key_id, ctx.caps.daily_tokens, now);
+        let group =
+            rid.and_then(|r| self.routes[r as usize].group).map(|g| (g, self.group_in_flight(g, now)));
+        View {
+            rid,
+            account: a,
+            route,
+            account_count: account.count,
+            account_billed: account.tokens,
+            key_count,
+            group,
+        }
     }
 
     /// Runs the gates of SPEC §4 and §14.1 in order; the first that fails decides.
     /// Call `prune_route` and `keep_windows` first. A pure read of the mirror.
     pub fn evaluate(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
-        let v = self.view(Some(rid), self.account_of_route(rid), ctx, now);
+        let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
         self.gate_cooldown(rid, now)
             .or_else(|| ctx.limits.iter().find_map(|d| self.gate_limit(&v, d, est, now)))
             .or_else(|| self.gate_provider_daily(&v, ctx, now))
@@ -791,8 +1014,12 @@ impl Mirror {
     /// Each key is its own account, so both scopes count the route (SPEC §14.3).
     pub fn gate_limit(&self, v: &View, d: &Declared, est: Estimate, now: i64) -> Option<Admission> {
         let l = &d.limit;
-        let win = self.route_win(v)?;
-        let used = win.counts(l.window, now)?.get(l.metric).saturating_add(v.route.get(l.metric));
+        // A key of its own account: both scopes count the key (SPEC §14.3).
+        let (win, in_flight) = match v.group {
+            Some((g, f)) if l.scope == Scope::Account => (&self.groups[g as usize].win, f),
+            _ => (self.route_win(v)?, v.route),
+        };
+        let used = win.counts(l.window, now)?.get(l.metric).saturating_add(in_flight.get(l.metric));
         let (over, excess) = if l.metric.is_tokens() {
             let total = used.saturating_add(estimate_in(l.metric, 1, est.tokens, est.output));
             (total > l.limit, total.saturating_sub(l.limit))
@@ -849,7 +1076,7 @@ impl Mirror {
 
     pub fn gate_concurrency(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
         let cap = ctx.concurrency_cap?;
-        (v.account_count >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
+        (v.key_count >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
     }
 }
 

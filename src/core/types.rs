@@ -169,6 +169,8 @@ pub struct KeyInfo {
     pub base_url: Option<String>,
     pub label: Option<String>,
     pub enabled: bool,
+    /// The provider-side unit that meters the key (SPEC §14.3); `None`: its own.
+    pub account: Option<String>,
 }
 
 /// A model's stored limits and budget label.

@@ -273,7 +273,10 @@ impl PyQuotaEngine {
 
     // ---- keys and models ---------------------------------------------------------
 
-    #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true))]
+    /// Inserts or updates a key. `account` names the provider-side unit that meters
+    /// it (SPEC §14.3); `None` makes the key its own account.
+    #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true, account=None))]
+    #[allow(clippy::too_many_arguments)]
     fn register_key(
         &self,
         py: Python<'_>,
@@ -282,15 +285,33 @@ impl PyQuotaEngine {
         base_url: Option<String>,
         label: Option<String>,
         enabled: bool,
+        account: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let account = match account.filter(|a| !a.is_none()) {
+            Some(a) => Some(str_arg(a, "account")?.to_string()),
+            None => None,
+        };
         let key = KeyInfo {
             key_id: int_arg(key_id, "key_id")?,
             platform: str_arg(platform, "platform")?.to_string(),
             base_url,
             label,
             enabled,
+            account,
         };
         self.run(py, move |e| e.register_key(key))
+    }
+
+    /// SPEC §14.3: the account in force for a key (`"key:<key_id>"` for a key of its own).
+    fn key_account(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<String> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        self.run(py, |e| e.key_account(p, k))
     }
 
     /// SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and

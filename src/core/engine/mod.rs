@@ -126,7 +126,8 @@ pub struct FailureOutcome {
     pub learned: Option<LearnedLimit>,
 }
 
-type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, Vec<(WindowSpec, Counts)>>>>;
+/// platform -> model_id -> `K` -> what each window used.
+type ByModel<K> = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<K, Vec<(WindowSpec, Counts)>>>>;
 
 /// The routing guardrail's snapshot (SPEC §9): window usage per route, reused for
 /// `window_usage_ttl_ms`. Keys and limits are not part of it: they are read from the
@@ -135,7 +136,9 @@ type SnapshotUsage = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, Vec<(Windo
 struct WindowSnapshot {
     built_at_ms: i64,
     /// platform -> model_id -> key_id -> what each window the route keeps has used.
-    usage: SnapshotUsage,
+    usage: ByModel<i64>,
+    /// platform -> model_id -> shared account name -> what its windows used.
+    accounts: ByModel<Arc<str>>,
 }
 
 /// One observation of a provider's quota (SPEC §8.2).
@@ -493,7 +496,16 @@ impl Engine {
 
     pub fn register_key(&mut self, key: KeyInfo) -> Result<()> {
         check_name("platform", &key.platform)?;
+        if key.account.as_deref() == Some("") {
+            return Err(Error::invalid("account must be a non-empty string, or None for a key of its own"));
+        }
         self.write(vec![Write::UpsertKey(key)]).map(|_| ())
+    }
+
+    /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
+    pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
+        check_name("platform", platform)?;
+        self.read(|m, _| m.account_name(platform, key_id).to_string())
     }
 
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
@@ -645,7 +657,7 @@ impl Engine {
                 Reason::Tpm => &mut report.tpm,
                 Reason::Tpd => &mut report.tpd,
                 _ => {
-                    let used = win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
+                    let used = m.scoped_counts(rid, &d.limit, now).get(d.limit.metric);
                     report.others.push((
                         d.reason.as_str().to_string(),
                         WindowReport { used, limit: Some(d.limit.limit) },
@@ -653,6 +665,8 @@ impl Engine {
                     continue;
                 }
             };
+            // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
+            slot.used = m.scoped_counts(rid, &d.limit, now).get(d.limit.metric);
             slot.limit = Some(d.limit.limit);
         }
         report
@@ -691,7 +705,7 @@ impl Engine {
             Some(self.ready_route(route, &limits, now))
         };
         let m = &mut self.mirror;
-        let v = m.view(rid, a, &ctx, now);
+        let v = m.view(rid, a, route.key_id, &ctx, now);
         let refused = match (gate, rid) {
             (Gate::Request, Some(_)) => m.gate_metrics(&v, &ctx.limits, false, Estimate::tokens(est), now),
             (Gate::Tokens, Some(_)) => m.gate_metrics(&v, &ctx.limits, true, Estimate::tokens(est), now),

@@ -264,7 +264,16 @@ impl Engine {
         let (failed, snap) = self.reading(|e, now| {
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
             e.mirror.prune_all(now);
-            for (_, r) in e.mirror.routes() {
+            for (rid, r) in e.mirror.routes() {
+                if let Some(group) = e.mirror.group_counts(rid, now) {
+                    let name = e.mirror.account_name(&r.platform, r.key_id);
+                    snap.accounts
+                        .entry(r.platform.clone())
+                        .or_default()
+                        .entry(r.model_id.clone())
+                        .or_default()
+                        .insert(name, group);
+                }
                 let used = r.win.all_counts(now);
                 if used.iter().all(|(_, c)| *c == Counts::default()) {
                     continue;
@@ -347,13 +356,20 @@ impl Engine {
         let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
         let keys = self.mirror.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
+        let per_account = snap.accounts.get(platform).and_then(|m| m.get(model_id));
         let mut best: Option<f64> = None;
         for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
             let used = per_model.and_then(|m| m.get(k));
+            // SPEC §14.3: a key's figure at the scope of each limit.
+            let shared = per_account.and_then(|a| a.get(&self.mirror.account_name(platform, *k)));
             let worst = limits
                 .iter()
                 .map(|d| {
-                    let u = used
+                    let counts = match shared {
+                        Some(a) if d.limit.scope == crate::core::limits::Scope::Account => Some(a),
+                        _ => used,
+                    };
+                    let u = counts
                         .and_then(|u| u.iter().find(|(w, _)| *w == d.limit.window))
                         .map_or(0, |(_, c)| c.get(d.limit.metric));
                     if d.limit.limit <= 0 {

@@ -560,6 +560,11 @@ impl Engine {
                 })));
             }
         }
+        // On Redis, a lease on a shared account conflicts with any other engine's
+        // writes on the account's other keys (SPEC §14.3).
+        if let Some(keys) = self.mirror.shared_account_keys(route) {
+            self.unit.store.watch_keys(&route.platform, &keys);
+        }
         let w = self.lease_write(route, est, now);
         let Write::InsertLease { id, .. } = w else { unreachable!("lease_write builds an InsertLease") };
         self.apply_local(&w, id, now);

@@ -354,6 +354,10 @@ pub trait Store: Send {
     }
     /// Waits at most this long for another process's lock (0: fail at once).
     fn set_busy_timeout(&mut self, ms: i64);
+    /// Inside a section: the admission being decided depends on these keys' usage and
+    /// leases too (the keys of one account), so a store that decides optimistically
+    /// must refuse the commit when another engine touched them meanwhile.
+    fn watch_keys(&mut self, _platform: &str, _keys: &[i64]) {}
     /// In a child process just after `fork()` (no section open): true when the store
     /// is this process's own copy (an in-memory database) and stays usable. Otherwise
     /// it lets go of what it inherited (a connection the parent still uses) without

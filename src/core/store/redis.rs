@@ -302,13 +302,18 @@ fn parse_cooldown(field: &str, v: &str) -> StoreResult<CooldownRow> {
 }
 
 fn parse_key(v: &str) -> StoreResult<KeyInfo> {
-    let f = split(v, 5)?;
+    // Five fields before accounts; the sixth is the account (SPEC §14.3).
+    let f: Vec<&str> = v.splitn(6, SEP).collect();
+    if f.len() < 5 {
+        return Err(unavailable(format!("malformed stored value {v:?}")));
+    }
     Ok(KeyInfo {
         key_id: parse_i64(f[0])?,
         enabled: f[1] == "1",
         base_url: unopt(f[2]),
         label: unopt(f[3]),
         platform: unesc(f[4]),
+        account: f.get(5).and_then(|a| unopt(a)),
     })
 }
 
@@ -746,12 +751,13 @@ impl RedisStore {
                 "keys".into(),
                 k.key_id.to_string(),
                 format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
                     k.key_id,
                     if k.enabled { "1" } else { "0" },
                     opt(k.base_url.as_deref()),
                     opt(k.label.as_deref()),
-                    esc(&k.platform)
+                    esc(&k.platform),
+                    opt(k.account.as_deref())
                 ),
             ]),
             Write::UpsertModel(m) => out.extend([
@@ -1099,6 +1105,18 @@ impl Store for RedisStore {
             self.cursor = last;
         }
         Ok(())
+    }
+
+    fn watch_keys(&mut self, platform: &str, keys: &[i64]) {
+        if self.section != Some(Section::Optimistic) {
+            return;
+        }
+        for k in keys {
+            let account = format!("{k}{SEP}{}", esc(platform));
+            if !self.accounts.contains(&account) {
+                self.accounts.push(account);
+            }
+        }
     }
 
     fn write(&mut self, w: &Write) -> StoreResult<i64> {

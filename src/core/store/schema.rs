@@ -169,6 +169,12 @@ ALTER TABLE rate_limit_usage ADD COLUMN output_tokens INTEGER;
 ALTER TABLE rate_limit_usage ADD COLUMN cached_tokens INTEGER;
 ALTER TABLE quota_leases ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- Version 6: accounts (SPEC 14.3). The provider-side unit that meters a key (a
+-- Google Cloud project, a Groq organisation, an OpenRouter account); NULL: the key
+-- is its own account.
+ALTER TABLE api_keys ADD COLUMN account TEXT;
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

@@ -293,8 +293,9 @@ impl SqliteStore {
     }
 
     fn read_keys(&self) -> rusqlite::Result<Vec<KeyInfo>> {
-        let mut stmt =
-            self.conn.prepare_cached("SELECT key_id, platform, base_url, label, enabled FROM api_keys")?;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT key_id, platform, base_url, label, enabled, account FROM api_keys")?;
         let rows = stmt.query_map([], |r| {
             Ok(KeyInfo {
                 key_id: r.get(0)?,
@@ -302,6 +303,7 @@ impl SqliteStore {
                 base_url: r.get(2)?,
                 label: r.get(3)?,
                 enabled: r.get::<_, Option<i64>>(4)?.unwrap_or(1) != 0,
+                account: r.get(5)?,
             })
         })?;
         rows.collect()
@@ -633,11 +635,12 @@ impl SqliteStore {
                 .execute([now])? as i64,
             Write::UpsertKey(k) => {
                 c.prepare_cached(
-                    "INSERT INTO api_keys (key_id, platform, base_url, label, enabled) VALUES (?1, ?2, ?3, ?4, ?5) \
-                     ON CONFLICT (key_id) DO UPDATE SET platform = excluded.platform, base_url = excluded.base_url, \
-                     label = excluded.label, enabled = excluded.enabled",
+                    "INSERT INTO api_keys (key_id, platform, base_url, label, enabled, account) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key_id) DO UPDATE SET platform = excluded.platform, \
+                     base_url = excluded.base_url, label = excluded.label, enabled = excluded.enabled, \
+                     account = excluded.account",
                 )?
-                .execute(params![k.key_id, k.platform, k.base_url, k.label, k.enabled as i64])?;
+                .execute(params![k.key_id, k.platform, k.base_url, k.label, k.enabled as i64, k.account])?;
                 0
             }
             Write::UpsertModel(m) => {
