@@ -43,47 +43,10 @@ const DAY_MS: i64 = 86_400_000;
 /// conversion to i64 exact-ish and far from overflow).
 const MAX_MS_F64: f64 = 9.0e18;
 
-/// "requests", "tokens", "input_tokens" or "output_tokens".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Metric {
-    Requests,
-    Tokens,
-    InputTokens,
-    OutputTokens,
-}
+/// What a header speaks of: the metrics of limits (SPEC §14.1).
+pub use crate::core::limits::Metric;
 
-const METRIC_COUNT: usize = 4;
-
-impl Metric {
-    const ALL: [Metric; METRIC_COUNT] =
-        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Metric::Requests => "requests",
-            Metric::Tokens => "tokens",
-            Metric::InputTokens => "input_tokens",
-            Metric::OutputTokens => "output_tokens",
-        }
-    }
-
-    /// `"requests"` / `"tokens"` (ASCII case-insensitive, surrounding
-    /// whitespace ignored); anything else is `None`.
-    pub fn parse(text: &str) -> Option<Self> {
-        let text = text.trim();
-        if text.eq_ignore_ascii_case("requests") {
-            Some(Metric::Requests)
-        } else if text.eq_ignore_ascii_case("tokens") {
-            Some(Metric::Tokens)
-        } else {
-            None
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+const METRIC_COUNT: usize = Metric::ALL.len();
 
 /// What one response's headers say about one metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,14 +197,14 @@ pub fn parse_quota_headers(headers: &[(String, String)], now_ms: i64) -> ParsedH
             continue;
         }
         let Some((metric, family, field)) = classify(&name) else { continue };
-        if let Some(slot) = slots.get_mut(metric.index()).and_then(|row| row.get_mut(family.index())) {
+        if let Some(slot) = slots.get_mut(metric as usize).and_then(|row| row.get_mut(family.index())) {
             slot.set(field, value, now_ms);
         }
     }
     let quotas = Metric::ALL
         .into_iter()
         .filter_map(|metric| {
-            let slot = choose(slots.get(metric.index())?)?;
+            let slot = choose(slots.get(metric as usize)?)?;
             Some(HeaderQuota {
                 metric,
                 limit: slot.limit,
@@ -484,16 +447,6 @@ mod tests {
         assert_eq!(parse_http_date_ms("Thu, 01 Jan 1970 00:00:00 GMT", 0), Some(0));
         assert_eq!(parse_http_date_ms("Thu Jan  1 00:00:00 1970", 0), Some(0));
         assert_eq!(civil_to_ms(2026, 1, 1, 12, 0, 0), Some(NOW));
-    }
-
-    #[test]
-    fn metric_names() {
-        assert_eq!(Metric::Requests.as_str(), "requests");
-        assert_eq!(Metric::Tokens.as_str(), "tokens");
-        assert_eq!(Metric::parse("requests"), Some(Metric::Requests));
-        assert_eq!(Metric::parse(" Tokens "), Some(Metric::Tokens));
-        assert_eq!(Metric::parse("token"), None);
-        assert_eq!(Metric::parse(""), None);
     }
 
     #[test]
@@ -948,7 +901,7 @@ mod tests {
             let p = parse_quota_headers(&headers, now_ms);
             prop_assert!(p.quotas.len() <= METRIC_COUNT);
             // One quota per metric, in the order of `Metric::ALL`.
-            let order: Vec<usize> = p.quotas.iter().map(|x| x.metric.index()).collect();
+            let order: Vec<usize> = p.quotas.iter().map(|x| x.metric as usize).collect();
             prop_assert!(order.windows(2).all(|w| w[0] < w[1]), "{:?}", order);
             for quota in &p.quotas {
                 prop_assert!(quota.limit.is_none_or(|v| v >= 0));

@@ -21,6 +21,10 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// In gate order.
+    pub const ALL: [Metric; 4] =
+        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Metric::Requests => "requests",
