@@ -872,3 +872,22 @@ def test_daily_quota_at_exact_midnight_benches_a_full_day(qengine: q.QuotaEngine
     qclock.set(MIDNIGHT + DAY - 1)
     o = qengine.record_failure(P, M, K + 1, status=429, message=CLOUDFLARE_NEURONS)
     assert bench(o) == (1, "authoritative")
+
+
+def test_google_quota_ids_and_quota_value_teach_limits(qengine: q.QuotaEngine) -> None:
+    """SPEC §15.3: the CamelCase quota id names the axis, `quotaValue` (or `limit: N`) the number."""
+    daily = q.parse_provider_limit(GEMINI_DAILY)
+    assert daily is not None and (daily.kind, daily.limit) == ("rpd", 200)
+    minute = q.parse_provider_limit(GEMINI_MINUTE)
+    assert minute is not None and (minute.kind, minute.limit) == ("rpm", 200)
+    tokens = q.parse_provider_limit(gemini_body("GenerateContentInputTokensPerModelPerMinute-FreeTier", "9s"))
+    assert tokens is not None and (tokens.kind, tokens.limit) == ("tpm", 200)
+    learned = qengine.learn_limit_from_error(P, M, GEMINI_DAILY)
+    assert learned is not None and (learned.kind, learned.limit) == ("rpd", 200)
+    limits = qengine.model_limits(P, M)
+    assert limits is not None and limits.rpd == 200
+    # a failure records it too, and never loosens what is known
+    o = qengine.record_failure(P, M, K, status=429, message=GEMINI_MINUTE)
+    assert o.learned is not None and (o.learned.kind, o.learned.limit) == ("rpm", 200)
+    assert qengine.learn_limit_from_error(P, M, GEMINI_MINUTE.replace('"200"', '"500"')) is None
+    assert qengine.model_limits(P, M).rpm == 200  # type: ignore[union-attr]

@@ -363,9 +363,14 @@ pub struct LearnedLimit {
 /// named anywhere in the message wins. The first well-formed number after
 /// "limit" is the limit (`limit 30k` or `limit 1.5` are not well-formed and are
 /// skipped). Otherwise `None`.
+///
+/// SPEC §15.3: Google's CamelCase quota ids count as axes too (`Requests`, later
+/// `PerDay`, as in `GenerateRequestsPerDayPerProjectPerModel-FreeTier`, is RPD;
+/// `Tokens` ... `PerMinute` is TPM), and the number may come from the JSON
+/// details' `"quotaValue": "N"` when no "limit" states one.
 pub fn parse_provider_limit(message: Option<&str>) -> Option<LearnedLimit> {
     let message = head(message?);
-    let limit = stated_limit(message)?;
+    let limit = stated_limit(message).or_else(|| quota_value(message))?;
     let kind =
         LimitAxis::ALL.into_iter().find(|axis| axis_regex(*axis).is_some_and(|re| re.is_match(message)))?;
     Some(LearnedLimit { kind, limit })
@@ -394,6 +399,13 @@ fn stated_limit(message: &str) -> Option<i64> {
     None
 }
 
+/// Google's `"quotaValue": "N"` (a JSON string or number), if > 0 and within i64.
+fn quota_value(message: &str) -> Option<i64> {
+    static VALUE: OnceLock<Option<Regex>> = OnceLock::new();
+    let re = cached(&VALUE, r#""quotaValue"\s*:\s*"?([0-9]{1,19})"?"#)?;
+    re.captures(message)?.get(1)?.as_str().parse::<i64>().ok().filter(|n| *n > 0)
+}
+
 fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
     static TPD: OnceLock<Option<Regex>> = OnceLock::new();
     static TPM: OnceLock<Option<Regex>> = OnceLock::new();
@@ -410,7 +422,9 @@ fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
         LimitAxis::Rpd => (&RPD, "requests?", "day", "rpd"),
         LimitAxis::Rpm => (&RPM, "requests?", "minute", "rpm"),
     };
-    cached(cell, &format!(r"(?i){L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}"))
+    // A Google quota id: the noun, and later in the same identifier `Per<Period>`.
+    let camel = format!(r"{noun}[a-zA-Z0-9]*?per{period}");
+    cached(cell, &format!(r"(?i)(?:{L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}|{camel})"))
 }
 
 // ---------------------------------------------------------------------------
@@ -916,20 +930,19 @@ mod tests {
     #[test]
     fn provider_limit_needs_both() {
         for text in [
-            "Limit 6000",                                         // no axis
-            "tokens per minute exceeded",                         // no number
-            "tokens per minute: 6000",                            // number not after "limit"
-            "Rate limited on tokens per minute: 6000",            // "limited" is not "limit"
-            "TPM Limit 0",                                        // zero
-            "TPM limit 99999999999999999999",                     // overflow
-            "TPM limit -5",                                       // negative
-            "TPM limit 1.5",                                      // not an integer
-            "TPM limit 30k",                                      // a unit glued on
-            "TPM limit 6000,123",                                 // bad grouping
-            "Limit 30 on xrpm",                                   // rpm inside a word
-            "Limit 30 on rpms",                                   // rpm inside a word
-            "Limit 30 tokens per hour",                           // unknown axis
-            "GenerateRequestsPerDayPerProjectPerModel limit: 50", // not a confident axis
+            "Limit 6000",                              // no axis
+            "tokens per minute exceeded",              // no number
+            "tokens per minute: 6000",                 // number not after "limit"
+            "Rate limited on tokens per minute: 6000", // "limited" is not "limit"
+            "TPM Limit 0",                             // zero
+            "TPM limit 99999999999999999999",          // overflow
+            "TPM limit -5",                            // negative
+            "TPM limit 1.5",                           // not an integer
+            "TPM limit 30k",                           // a unit glued on
+            "TPM limit 6000,123",                      // bad grouping
+            "Limit 30 on xrpm",                        // rpm inside a word
+            "Limit 30 on rpms",                        // rpm inside a word
+            "Limit 30 tokens per hour",                // unknown axis
             "",
         ] {
             assert_eq!(parse_provider_limit(Some(text)), None, "{text:?}");
@@ -938,6 +951,28 @@ mod tests {
         // The largest i64 is fine.
         let max = format!("TPM limit {}", i64::MAX);
         assert_eq!(parse_provider_limit(Some(&max)), learned(LimitAxis::Tpm, i64::MAX));
+    }
+
+    #[test]
+    fn provider_limit_from_google_quota_ids() {
+        // SPEC §15.3: the quota id names the axis, `limit:` or `quotaValue` the number.
+        let rpd = "GenerateRequestsPerDayPerProjectPerModel limit: 50";
+        assert_eq!(parse_provider_limit(Some(rpd)), learned(LimitAxis::Rpd, 50));
+        assert_eq!(parse_provider_limit(Some(GEMINI_PER_DAY)), learned(LimitAxis::Rpd, 50));
+        let per_minute = GEMINI_PER_DAY.replace("PerDay", "PerMinute");
+        assert_eq!(parse_provider_limit(Some(&per_minute)), learned(LimitAxis::Rpm, 50));
+        let tpm =
+            r#"{"quotaId": "GenerateContentInputTokensPerModelPerMinute-FreeTier", "quotaValue": "250000"}"#;
+        assert_eq!(parse_provider_limit(Some(tpm)), learned(LimitAxis::Tpm, 250_000));
+        let tpd = r#"{"quotaId": "GenerateContentInputTokensPerModelPerDay", "quotaValue": 1000000}"#;
+        assert_eq!(parse_provider_limit(Some(tpd)), learned(LimitAxis::Tpd, 1_000_000));
+        // "Per" must follow the noun inside one identifier; no number, no result.
+        assert_eq!(parse_provider_limit(Some(r#"{"quotaId": "PerDayRequests", "quotaValue": "5"}"#)), None);
+        assert_eq!(parse_provider_limit(Some(r#"{"quotaId": "GenerateRequestsPerDay"}"#)), None);
+        assert_eq!(
+            parse_provider_limit(Some(r#"{"quotaId": "GenerateRequestsPerDay", "quotaValue": "0"}"#)),
+            None
+        );
     }
 
     #[test]
