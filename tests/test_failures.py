@@ -256,8 +256,9 @@ def test_daily_quota_uses_retry_after_when_given(qengine: q.QuotaEngine) -> None
     o = qengine.record_failure(P, M, K, status=429, message=CLOUDFLARE_NEURONS, retry_after="3600")
     assert o.kind == "daily_quota"
     assert bench(o) == (HOUR, "authoritative")
+    # SPEC 15.1: a delay shorter than the route's next ladder step (2 min) is not believed
     o = qengine.record_failure(P, M, K + 1, status=429, message=CLOUDFLARE_NEURONS, retry_after="30")
-    assert bench(o) == (30 * SECOND, "authoritative")
+    assert bench(o) == (2 * MINUTE, "heuristic")
 
 
 def test_daily_quota_uses_delay_stated_in_message(qengine: q.QuotaEngine) -> None:
@@ -294,7 +295,8 @@ def test_groq_per_minute_429_is_rate_limit_not_daily(qengine: q.QuotaEngine) -> 
 def test_groq_per_day_429_is_daily_with_stated_delay(qengine: q.QuotaEngine) -> None:
     o = qengine.record_failure(P, M, K, status=429, message=GROQ_RPD_429)
     assert o.kind == "daily_quota"
-    assert bench(o) == (86_400, "authoritative")
+    # SPEC 15.1: "try again in 1m26.4s" on a spent daily quota: the ladder's 2 min instead
+    assert bench(o) == (2 * MINUTE, "heuristic")
     assert o.learned is not None and (o.learned.kind, o.learned.limit) == ("rpd", 14400)
     lim = qengine.model_limits(P, M)
     assert lim is not None and lim.rpd == 14400
@@ -891,3 +893,39 @@ def test_google_quota_ids_and_quota_value_teach_limits(qengine: q.QuotaEngine) -
     assert o.learned is not None and (o.learned.kind, o.learned.limit) == ("rpm", 200)
     assert qengine.learn_limit_from_error(P, M, GEMINI_MINUTE.replace('"200"', '"500"')) is None
     assert qengine.model_limits(P, M).rpm == 200  # type: ignore[union-attr]
+
+
+def test_a_daily_quota_with_a_short_stated_delay_takes_the_ladder(
+    qengine: q.QuotaEngine, qclock: q.ManualClock
+) -> None:
+    """SPEC §15.1: Gemini answers a spent daily quota with retryDelay "17s"; honouring it
+    would retry the route all day. The route climbs its ladder instead (2 min, 10 min, 1 h,
+    never past the platform's next day start); a delay longer than the step wins."""
+    short = gemini_body("GenerateRequestsPerDayPerProjectPerModel-FreeTier", "17s")
+    until_midnight_pacific = qengine.next_day_start_ms("google") - qclock.now_ms()
+    assert until_midnight_pacific < 24 * HOUR
+    steps = []
+    for _ in range(4):
+        o = qengine.record_failure("google", M, K, status=429, message=short)
+        assert o.kind == "daily_quota"
+        steps.append(bench(o))
+    # the fourth step (24 h) stops at the next Pacific midnight
+    assert steps == [
+        (2 * MINUTE, "heuristic"),
+        (10 * MINUTE, "heuristic"),
+        (HOUR, "heuristic"),
+        (until_midnight_pacific, "heuristic"),
+    ]
+    # no stated delay: until the next day start, authoritative (as before)
+    o = qengine.record_failure("google", M, K + 1, status=429, message=GEMINI_DAILY)
+    assert bench(o) == (until_midnight_pacific, "authoritative")
+    # a delay reaching the next day start or beyond: min(delay, 24 h), authoritative
+    o = qengine.record_failure("google", M, K + 2, status=429, message=short, retry_after=str(23 * 3600))
+    assert bench(o) == (23 * HOUR, "authoritative")
+    o = qengine.record_failure("google", M, K + 4, status=429, message=short, retry_after=str(30 * 3600))
+    assert bench(o) == (24 * HOUR, "authoritative")
+    # a delay longer than the step: the delay, authoritative (and the step still counts)
+    o = qengine.record_failure("google", M, K + 3, status=429, message=short, retry_after="300")
+    assert bench(o) == (5 * MINUTE, "authoritative")
+    o = qengine.record_failure("google", M, K + 3, status=429, message=short)
+    assert bench(o) == (10 * MINUTE, "heuristic")

@@ -311,14 +311,7 @@ impl Engine {
                 writes.push(Self::history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
-            KindRule::DailyQuota => {
-                let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-                let next_day = self.mirror.route_calendar(rid).next_day_start(now);
-                Some(CooldownDecision::new(
-                    retry_ms.unwrap_or_else(|| next_day.saturating_sub(now)).min(DAY_MS),
-                    CooldownSource::Authoritative,
-                ))
-            }
+            KindRule::DailyQuota => Some(self.daily_quota_bench(route, retry_ms, now, writes)),
             KindRule::Limit { quota_signal } => {
                 Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, writes))
             }
@@ -395,6 +388,38 @@ impl Engine {
             created_at_ms: now,
         }));
         n
+    }
+
+    /// SPEC §15.1: a spent daily quota. Without a stated delay, or with one that reaches
+    /// the platform's next day start, the bench runs until then (at most 24 h),
+    /// authoritative. A shorter stated delay (Gemini's `retryDelay: "17s"` on a
+    /// `...PerDay...` quota) is not believed: the route takes the next step of its
+    /// ladder, never past the next day start, heuristic, or the delay when it is
+    /// longer than that step, authoritative; the step counts on the ladder.
+    fn daily_quota_bench(
+        &mut self,
+        route: &Route,
+        retry_ms: Option<i64>,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> CooldownDecision {
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        let until_next_day = self.mirror.route_calendar(rid).next_day_start(now).saturating_sub(now);
+        let delay = match retry_ms {
+            Some(d) if d < until_next_day => d,
+            stated => {
+                let d = stated.unwrap_or(until_next_day);
+                return CooldownDecision::new(d.min(DAY_MS), CooldownSource::Authoritative);
+            }
+        };
+        let steps = self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
+        writes.push(Self::history_row(route, HistoryKind::Ladder, now));
+        let step = ladder_step(&LADDER_MS, steps.saturating_add(1)).min(until_next_day);
+        if delay > step {
+            CooldownDecision::new(delay, CooldownSource::Authoritative)
+        } else {
+            CooldownDecision::new(step, CooldownSource::Heuristic)
+        }
     }
 
     /// A lease's failure: `record_failure` for its route, then the lease released.

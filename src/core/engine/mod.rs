@@ -20,7 +20,7 @@ use crate::core::calendar::Calendar;
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
-    EMPTY_STREAK_BENCH, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
+    EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
 };
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
