@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 CHILD = r"""
 import json, os, sys, tempfile, time
@@ -65,6 +66,35 @@ print(json.dumps({"ns": ns}))
 WORKLOADS = ["check", "lease+success flush=0", "lease+success flush=10", "google lease+success flush=10"]
 
 
+def interleave(
+    child: str,
+    workloads: list[str],
+    builds: dict[str, str],
+    runs: int,
+    ops_of: Callable[[str], int],
+    skip: Callable[[str, str], bool] = lambda build, workload: False,
+) -> dict[tuple[str, str], list[float]]:
+    """Runs `child` (argv: build dir, workload, ops; prints {"ns": ...} last) once per
+    build and workload per run, builds interleaved; returns ns per call by (workload,
+    build name)."""
+    ns: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(runs):
+            for w in workloads:
+                for name, b in builds.items():
+                    if skip(name, w):
+                        continue
+                    out = subprocess.run(
+                        [sys.executable, "-c", child, b, w, str(ops_of(w))],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                        cwd=tmp,
+                    ).stdout
+                    ns.setdefault((w, name), []).append(json.loads(out.strip().splitlines()[-1])["ns"])
+    return ns
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True)
@@ -73,20 +103,7 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=100_000)
     args = ap.parse_args()
     builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
-    ns: dict[tuple[str, str], list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.runs):
-            for w in WORKLOADS:
-                for name, b in builds.items():
-                    ops = args.ops * (10 if w == "check" else 1)
-                    out = subprocess.run(
-                        [sys.executable, "-c", CHILD, b, w, str(ops)],
-                        check=True,
-                        capture_output=True,
-                        text=True,
-                        cwd=tmp,
-                    ).stdout
-                    ns.setdefault((w, name), []).append(json.loads(out.strip().splitlines()[-1])["ns"])
+    ns = interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops * (10 if w == "check" else 1))
     print("| workload | A ns/call | B ns/call | B/A | runs (A; B) |")
     print("|---|---:|---:|---:|---|")
     for w in WORKLOADS:

@@ -40,6 +40,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_ab import interleave  # noqa: E402
+
 SPEED_CHILD = r"""
 import json, os, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
@@ -104,22 +107,15 @@ SPEED = [
 
 def speed(args: argparse.Namespace) -> None:
     builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
-    ns: dict[tuple[str, str], list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.runs):
-            for w in SPEED:
-                for name, b in builds.items():
-                    if name == "A" and w.startswith(("eight", "split", "account10")):
-                        continue
-                    ops = args.ops * (10 if w.endswith("check") else 1)
-                    out = subprocess.run(
-                        [sys.executable, "-c", SPEED_CHILD, b, w, str(ops)],
-                        check=True,
-                        capture_output=True,
-                        text=True,
-                        cwd=tmp,
-                    ).stdout
-                    ns.setdefault((w, name), []).append(json.loads(out.strip().splitlines()[-1])["ns"])
+    b_only = ("eight", "split", "account10")
+    ns = interleave(
+        SPEED_CHILD,
+        SPEED,
+        builds,
+        args.runs,
+        lambda w: args.ops * (10 if w.endswith("check") else 1),
+        skip=lambda build, w: build == "A" and w.startswith(b_only),
+    )
     print("| workload | A ns/call | B ns/call | B/A | B / B classic | runs (A; B) |")
     print("|---|---:|---:|---:|---:|---|")
     for w in SPEED:
