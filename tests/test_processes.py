@@ -335,7 +335,7 @@ DURABLE = """
         else:
             e.lease("groq", "llama-3.1-8b", 1, 5).success(tokens=5)
         i += 1
-        print("done", i, flush=True)
+        print(f"done {i}", flush=True)
 """
 
 
@@ -353,8 +353,9 @@ def test_sigkill_loses_nothing_that_returned(db_path: Path, how: str) -> None:
         rest = proc.stdout.read()  # lines printed before the kill landed
         proc.wait(10)
         assert proc.returncode == -signal.SIGKILL
-    for line in rest.splitlines():
-        if line.startswith("done "):
+    # The kill can land inside a write: only a line that ended was printed whole.
+    for line in rest.splitlines(keepends=True):
+        if line.startswith("done ") and line.endswith("\n"):
             last = max(last, int(line.split()[1]))
     u = usage_at(db_path)
     # Every call that returned is counted; at most the one in progress more.
