@@ -166,6 +166,16 @@ def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
 # What each schema version added, undone newest first: `downgrade_schema` turns a file
 # the engine made into one of an older version, to test migrating it forward.
 _UNDO = {
+    7: [
+        "DELETE FROM failure_history WHERE kind IN ('transient', 'concurrency')",
+        "CREATE TABLE failure_history_v6 (platform TEXT NOT NULL, model_id TEXT NOT NULL, "
+        "key_id INTEGER NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty')), "
+        "hit_at_ms INTEGER NOT NULL)",
+        "INSERT INTO failure_history_v6 SELECT platform, model_id, key_id, kind, hit_at_ms FROM failure_history",
+        "DROP TABLE failure_history",
+        "ALTER TABLE failure_history_v6 RENAME TO failure_history",
+        "CREATE INDEX idx_failure_history_key ON failure_history (key_id)",
+    ],
     6: ["ALTER TABLE api_keys DROP COLUMN account"],
     5: [
         "ALTER TABLE rate_limit_usage DROP COLUMN input_tokens",

@@ -276,8 +276,8 @@ def test_gemini_per_day_quota_is_daily(qengine: q.QuotaEngine) -> None:
 def test_gemini_per_minute_quota_is_rate_limit_and_uses_retry_delay(qengine: q.QuotaEngine) -> None:
     o = qengine.record_failure(P, M, K, status=429, message=GEMINI_MINUTE)
     assert o.kind == "rate_limit"
-    # first unknown-limit hit: 90 s; the stated 17 s is shorter, so the bench stands
-    assert bench(o) == (90 * SECOND, "heuristic")
+    # SPEC 15.2: the route's first transient bench believes the stated 17 s
+    assert bench(o) == (17 * SECOND, "authoritative")
     long_delay = gemini_body("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "170s")
     o = qengine.record_failure(P, M, K + 1, status=429, message=long_delay)
     assert o.kind == "rate_limit"
@@ -287,8 +287,9 @@ def test_gemini_per_minute_quota_is_rate_limit_and_uses_retry_delay(qengine: q.Q
 def test_groq_per_minute_429_is_rate_limit_not_daily(qengine: q.QuotaEngine) -> None:
     o = qengine.record_failure(P, M, K, status=429, message=GROQ_TPM_429)
     assert o.kind == "rate_limit"
-    assert bench(o) == (90 * SECOND, "heuristic")
-    assert stored(qengine) == (NOON + 90 * SECOND, "heuristic")
+    # SPEC 15.2: "Please try again in 5.39s" on the route's first transient bench
+    assert bench(o) == (5_390, "authoritative")
+    assert stored(qengine) == (NOON + 5_390, "authoritative")
     assert o.learned is not None and (o.learned.kind, o.learned.limit) == ("tpm", 12000)
 
 
@@ -606,8 +607,12 @@ def test_retry_after_forms_on_429(qengine: q.QuotaEngine, retry_after: str | int
     assert stored(qengine) == (NOON + expected_ms, "authoritative")
 
 
-def test_short_retry_after_does_not_shorten_bench(qengine: q.QuotaEngine) -> None:
-    o = qengine.record_failure(P, M, K, status=429, retry_after="5")
+def test_short_retry_after_does_not_shorten_a_repeated_bench(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    # SPEC 15.2: believed on the route's first transient bench, never on a repeat.
+    o = qengine.record_failure(P, M, K, status=429, retry_after="5", limits={"rpd": 1000})
+    assert bench(o) == (5 * SECOND, "authoritative")
+    qclock.advance(6 * SECOND)
+    o = qengine.record_failure(P, M, K, status=429, retry_after="5", limits={"rpd": 1000})
     assert bench(o) == (90 * SECOND, "heuristic")
 
 
@@ -617,7 +622,7 @@ def test_unparsable_retry_after_falls_back_to_stated_delay(qengine: q.QuotaEngin
     )
     assert bench(o) == (150 * SECOND, "authoritative")
     o = qengine.record_failure(P, M, K + 1, status=429, retry_after="soon", message="Please try again in 7.66s")
-    assert bench(o) == (90 * SECOND, "heuristic")
+    assert bench(o) == (7_660, "authoritative")
 
 
 def test_missing_retry_after_uses_stated_delay(qengine: q.QuotaEngine) -> None:

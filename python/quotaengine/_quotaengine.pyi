@@ -32,6 +32,7 @@ _Kind = Literal[
     "forbidden",
     "auth",
     "daily_quota",
+    "concurrency",
     "rate_limit",
     "timeout",
     "server_error",
@@ -172,10 +173,13 @@ class CooldownDecision:
 
 @final
 class LearnedLimit:
-    """A limit read from a provider's error body."""
+    """A limit read from a provider's error body, or a key concurrency cap learned from a
+    concurrency failure (SPEC 15.4)."""
 
     @property
-    def kind(self) -> Literal["tpm", "tpd", "rpm", "rpd"]: ...
+    def kind(self) -> Literal["tpm", "tpd", "rpm", "rpd", "concurrency"]:
+        """The limit's axis; ``"concurrency"`` for a key concurrency cap learned from a
+        concurrency failure (SPEC 15.4), whose ``limit`` is the cap."""
     @property
     def limit(self) -> int: ...
     def __eq__(self, other: object, /) -> bool: ...
@@ -388,6 +392,10 @@ class _QuotaEngine:
         caps. ``None`` makes the key its own account (SPEC §14.3)."""
     def key_account(self, platform: str, key_id: int) -> str:
         """The account in force for a key: ``"key:<key_id>"`` for a key of its own."""
+    def key_concurrency_cap(self, platform: str, key_id: int) -> int | None:
+        """The key concurrency cap in force: the smaller of the configured one
+        (``MAX_CONCURRENT_REQUESTS_PER_KEY[_<PLATFORM>]``) and the one learned from
+        concurrency failures (SPEC 15.4), ``None`` when there is neither."""
     def set_model_limits(
         self,
         platform: str,

@@ -30,6 +30,14 @@ pub const AUTH_LADDER_MS: [i64; 4] = [300_000, 1_800_000, 7_200_000, DAY_MS];
 pub const UNKNOWN_HIT_WINDOW_MS: i64 = 3_600_000;
 /// Empty completions in a row before the route is benched.
 pub const EMPTY_STREAK_BENCH: i64 = 3;
+/// A short stated delay is believed only on a route's first transient bench in
+/// this long (SPEC 15.2).
+pub const TRANSIENT_MEMORY_MS: i64 = 600_000;
+/// The shortest bench a short stated delay gives (SPEC 15.2).
+pub const MIN_STATED_BENCH_MS: i64 = 1_000;
+/// A learned key concurrency cap is forgotten this long after the last failure that
+/// taught or confirmed it (SPEC 15.4).
+pub const LEARNED_CAP_TTL_MS: i64 = 3_600_000;
 
 /// The `n`-th step (1-based) of a ladder; later steps stay on the last rung.
 pub fn ladder_step(ladder: &[i64; 4], n: i64) -> i64 {
@@ -47,10 +55,12 @@ pub struct LimitFacts {
     pub effectively_exhausted: bool,
     /// Ladder steps already taken in the last 24 h.
     pub ladder_steps: i64,
+    /// The route had a transient bench in the last 10 minutes (SPEC 15.2).
+    pub recent_transient: bool,
 }
 
-/// SPEC §6.1 steps 4-5, `next_day_start` the start of the route's next day. Returns
-/// the decision and whether a ladder step was taken.
+/// SPEC §6.1 steps 4-5 (with 15.2's short delay), `next_day_start` the start of the
+/// route's next day. Returns the decision and whether a ladder step was taken.
 pub fn decide_limit(
     facts: LimitFacts,
     retry_after_ms: Option<i64>,
@@ -71,6 +81,11 @@ pub fn decide_limit(
     }
     let decision = match retry_after_ms {
         Some(ra) if ra > bench => CooldownDecision::new(ra.min(DAY_MS), CooldownSource::Authoritative),
+        // 15.2: the route's first transient bench in 10 minutes believes a short delay
+        // (a minute window that frees in 3 s should not idle 90 s); a repeat does not.
+        Some(ra) if ra < bench && !stepped && !facts.recent_transient => {
+            CooldownDecision::new(ra.max(MIN_STATED_BENCH_MS), CooldownSource::Authoritative)
+        }
         _ => CooldownDecision::new(bench, CooldownSource::Heuristic),
     };
     (decision, stepped)
@@ -82,7 +97,11 @@ pub enum KindRule {
     Fixed(CooldownDecision),
     AuthLadder,
     DailyQuota,
-    Limit { quota_signal: bool },
+    /// Benches nothing; learns a key concurrency cap (SPEC 15.4).
+    Concurrency,
+    Limit {
+        quota_signal: bool,
+    },
     EmptyStreak,
     None,
 }
@@ -93,6 +112,7 @@ pub fn kind_rule(kind: FailureKind) -> KindRule {
         FailureKind::Forbidden => KindRule::Fixed(CooldownDecision::new(DAY_MS, CooldownSource::Tier)),
         FailureKind::Auth => KindRule::AuthLadder,
         FailureKind::DailyQuota => KindRule::DailyQuota,
+        FailureKind::Concurrency => KindRule::Concurrency,
         FailureKind::RateLimit => KindRule::Limit { quota_signal: true },
         FailureKind::Timeout | FailureKind::ServerError | FailureKind::Transport => {
             KindRule::Limit { quota_signal: false }
@@ -144,10 +164,35 @@ mod tests {
     fn longer_retry_after_wins_and_is_authoritative() {
         let (d, _) = decide_limit(LimitFacts::default(), Some(120_000), NOON, NEXT_DAY);
         assert_eq!(d, CooldownDecision::new(120_000, CooldownSource::Authoritative));
-        let (d, _) = decide_limit(LimitFacts::default(), Some(30_000), NOON, NEXT_DAY);
+        // Shorter than the bench: 6.1 step 5 keeps the bench on a repeat (15.2).
+        let repeat = LimitFacts { recent_transient: true, ..Default::default() };
+        let (d, _) = decide_limit(repeat, Some(30_000), NOON, NEXT_DAY);
         assert_eq!(d, CooldownDecision::new(90_000, CooldownSource::Heuristic));
         let (d, _) = decide_limit(LimitFacts::default(), Some(10 * DAY_MS), NOON, NEXT_DAY);
         assert_eq!(d.duration_ms, DAY_MS);
+    }
+
+    #[test]
+    fn a_short_delay_is_believed_on_the_first_transient_bench_only() {
+        let first = LimitFacts::default();
+        let (d, stepped) = decide_limit(first, Some(3_000), NOON, NEXT_DAY);
+        assert_eq!(d, CooldownDecision::new(3_000, CooldownSource::Authoritative));
+        assert!(!stepped);
+        // At least 1 s, also for "0" or a date in the past.
+        let (d, _) = decide_limit(first, Some(0), NOON, NEXT_DAY);
+        assert_eq!(d, CooldownDecision::new(1_000, CooldownSource::Authoritative));
+        let (d, _) = decide_limit(first, Some(20), NOON, NEXT_DAY);
+        assert_eq!(d.duration_ms, 1_000);
+        // No stated delay: the transient bench.
+        assert_eq!(decide_limit(first, None, NOON, NEXT_DAY).0.duration_ms, 90_000);
+        // A repeat within 10 minutes gets 90 s, heuristic, whatever it says.
+        let repeat = LimitFacts { recent_transient: true, ..Default::default() };
+        let (d, _) = decide_limit(repeat, Some(2_000), NOON, NEXT_DAY);
+        assert_eq!(d, CooldownDecision::new(90_000, CooldownSource::Heuristic));
+        // A ladder step is not a transient bench: a short delay never shortens it.
+        let daily = LimitFacts { daily_exhausted: true, ..Default::default() };
+        let (d, _) = decide_limit(daily, Some(2_000), NOON, NEXT_DAY);
+        assert_eq!(d, CooldownDecision::new(120_000, CooldownSource::Heuristic));
     }
 
     #[test]

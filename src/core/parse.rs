@@ -314,6 +314,9 @@ pub enum LimitAxis {
     Tpm,
     Rpd,
     Rpm,
+    /// A key concurrency cap, learned from a concurrency failure (SPEC 15.4), never
+    /// from a message's axis (not in [`LimitAxis::ALL`]).
+    Concurrency,
 }
 
 impl LimitAxis {
@@ -326,6 +329,7 @@ impl LimitAxis {
             LimitAxis::Tpm => "tpm",
             LimitAxis::Rpd => "rpd",
             LimitAxis::Rpm => "rpm",
+            LimitAxis::Concurrency => "concurrency",
         }
     }
 }
@@ -421,6 +425,7 @@ fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
         LimitAxis::Tpm => (&TPM, "tokens?", "minute", "tpm"),
         LimitAxis::Rpd => (&RPD, "requests?", "day", "rpd"),
         LimitAxis::Rpm => (&RPM, "requests?", "minute", "rpm"),
+        LimitAxis::Concurrency => return None,
     };
     // A Google quota id: the noun, and later in the same identifier `Per<Period>`.
     let camel = format!(r"{noun}[a-zA-Z0-9]*?per{period}");
@@ -438,6 +443,8 @@ pub enum FailureKind {
     Forbidden,
     Auth,
     DailyQuota,
+    /// SPEC 15.4: the provider refused for too many requests at once.
+    Concurrency,
     RateLimit,
     Timeout,
     ServerError,
@@ -448,11 +455,12 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind, in SPEC table order.
-    pub const ALL: [FailureKind; 10] = [
+    pub const ALL: [FailureKind; 11] = [
         FailureKind::Payment,
         FailureKind::Forbidden,
         FailureKind::Auth,
         FailureKind::DailyQuota,
+        FailureKind::Concurrency,
         FailureKind::RateLimit,
         FailureKind::Timeout,
         FailureKind::ServerError,
@@ -467,6 +475,7 @@ impl FailureKind {
             FailureKind::Forbidden => "forbidden",
             FailureKind::Auth => "auth",
             FailureKind::DailyQuota => "daily_quota",
+            FailureKind::Concurrency => "concurrency",
             FailureKind::RateLimit => "rate_limit",
             FailureKind::Timeout => "timeout",
             FailureKind::ServerError => "server_error",
@@ -504,6 +513,14 @@ const DAY_WORDS: &[&str] = &["rpd", "tpd"];
 const QUOTA_PHRASES: &[&str] = &["quota", "limit", "allocation", "exhaust", "used up"];
 const MINUTE_PHRASES: &[&str] = &["per minute", "per-minute", "perminute", "per_minute"];
 const MINUTE_WORDS: &[&str] = &["rpm", "tpm"];
+const CONCURRENCY_PHRASES: &[&str] = &[
+    "concurrent",
+    "concurrency",
+    "parallel requests",
+    "pending requests",
+    "simultaneous",
+    "too many connections",
+];
 const RATE_LIMIT_PHRASES: &[&str] = &[
     "rate limit",
     "rate-limit",
@@ -551,7 +568,9 @@ fn contains_any_word(haystack: &str, words: &[&str]) -> bool {
 ///
 /// Rows: payment (402, "payment required", "insufficient_quota", "insufficient
 /// credit(s)/balance"), forbidden (403, "forbidden"), auth (401), daily_quota
-/// (a day AND a quota named, and no minute axis), rate_limit (429, "rate
+/// (a day AND a quota named, and no minute axis), concurrency (a 429 or 503, or
+/// no status, whose message names concurrency: "concurrent", "pending requests",
+/// ...), rate_limit (429, "rate
 /// limit", "too many requests", "resource_exhausted", "quota"), timeout (408,
 /// "timeout", "timed out", "deadline exceeded"), server_error (5xx, so 504
 /// too), transport (connection reset/refused/aborted, ...), else other.
@@ -574,6 +593,9 @@ pub fn infer_failure_kind(status: Option<i64>, message: Option<&str>) -> Failure
     let names_minute_axis = has(MINUTE_PHRASES) || contains_any_word(text, MINUTE_WORDS);
     if names_day && has(QUOTA_PHRASES) && !names_minute_axis {
         return FailureKind::DailyQuota;
+    }
+    if matches!(status, None | Some(429 | 503)) && has(CONCURRENCY_PHRASES) {
+        return FailureKind::Concurrency;
     }
     if status == Some(429) || has(RATE_LIMIT_PHRASES) {
         return FailureKind::RateLimit;

@@ -2,6 +2,7 @@
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
 //! incrementally from the store's change feed, and the only thing gates read.
 use crate::core::calendar::Calendar;
+use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
 use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{Admission, CapOverrides, CooldownSource, KeyInfo, ModelInfo, ProviderCaps, Reason};
@@ -895,28 +896,55 @@ impl Mirror {
             .filter(|h| {
                 h.kind == kind
                     && h.hit_at_ms > since
-                    && (kind == HistoryKind::Auth
-                        || (&*h.platform == route.platform.as_str()
-                            && &*h.model_id == route.model_id.as_str()))
+                    && (if kind.of_key() {
+                        &*h.platform == route.platform.as_str()
+                    } else {
+                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
+                    })
             })
             .count() as i64
     }
 
     /// Whether a success on `route` has history to clear: the route's ladder,
-    /// unknown-limit and empty-completion rows, and the key's auth rows. O(1) for a
-    /// key without failures (the hot path).
+    /// unknown-limit, transient and empty-completion rows, and the key's auth rows (a
+    /// learned concurrency cap stays). O(1) for a key without failures (the hot path).
     pub fn has_history_to_clear(&self, route: &crate::core::types::Route) -> (bool, bool) {
         let Some(rows) = self.history.get(&route.key_id) else { return (false, false) };
         let mut route_rows = false;
         let mut auth_rows = false;
         for h in rows {
-            if h.kind == HistoryKind::Auth {
-                auth_rows = true;
-            } else if &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str() {
-                route_rows = true;
+            match h.kind {
+                HistoryKind::Auth => auth_rows = true,
+                HistoryKind::Concurrency => {}
+                _ => {
+                    route_rows |=
+                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
+                }
             }
         }
         (route_rows, auth_rows)
+    }
+
+    /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
+    pub fn key_live_leases(&self, platform: &str, key_id: i64, except: Option<i64>, now: i64) -> i64 {
+        self.leases
+            .iter()
+            .filter(|(id, l)| {
+                let r = &self.routes[l.route as usize];
+                Some(**id) != except && l.live(now) && r.key_id == key_id && &*r.platform == platform
+            })
+            .count() as i64
+    }
+
+    /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
+    /// the key's latest such failure taught or confirmed, until 1 h after it.
+    pub fn learned_concurrency_cap(&self, platform: &str, key_id: i64, now: i64) -> Option<i64> {
+        let rows = self.history.get(&key_id)?;
+        rows.iter()
+            .filter(|h| h.kind == HistoryKind::Concurrency && &*h.platform == platform)
+            .max_by_key(|h| h.hit_at_ms)
+            .filter(|h| now < h.hit_at_ms.saturating_add(LEARNED_CAP_TTL_MS))
+            .and_then(|h| h.value)
     }
 
     // ---- provider accounts ---------------------------------------------------------

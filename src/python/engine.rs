@@ -314,6 +314,20 @@ impl PyQuotaEngine {
         self.run(py, |e| e.key_account(p, k))
     }
 
+    /// SPEC 15.4: the key concurrency cap in force, the smaller of the configured one
+    /// (`MAX_CONCURRENT_REQUESTS_PER_KEY[_<PLATFORM>]`) and the one learned from
+    /// concurrency failures; `None` when there is neither.
+    fn key_concurrency_cap(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<i64>> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        self.run(py, |e| e.key_concurrency_cap(p, k))
+    }
+
     /// SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
     /// `limits=` (an iterable of `Limit`).
     #[pyo3(signature = (platform, model_id, *, rpm=None, rpd=None, tpm=None, tpd=None, monthly_token_budget=None, limits=None))]

@@ -297,14 +297,15 @@ impl PyCooldownDecision {
     }
 }
 
-/// A limit read from a provider's error body.
+/// A limit read from a provider's error body, or a key concurrency cap learned from a
+/// concurrency failure (SPEC 15.4).
 #[pyclass(frozen, eq, hash, name = "LearnedLimit", module = "quotaengine")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyLearnedLimit(pub crate::core::parse::LearnedLimit);
 
 #[pymethods]
 impl PyLearnedLimit {
-    /// "tpm", "tpd", "rpm" or "rpd".
+    /// "tpm", "tpd", "rpm" or "rpd"; "concurrency" for a key concurrency cap (SPEC 15.4).
     #[getter]
     fn kind(&self) -> &'static str {
         self.0.kind.as_str()

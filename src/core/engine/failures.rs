@@ -82,14 +82,22 @@ impl Engine {
         Ok(cleared)
     }
 
-    /// Operator reset: the key's cooldowns and all its failure history.
+    /// Operator reset: the key's cooldowns and all its failure history, learned
+    /// concurrency cap included.
     pub fn clear_cooldowns_for_key(&mut self, key_id: i64) -> Result<i64> {
         let ids = self.write(vec![
             Write::DeleteCooldownsForKey(key_id),
             Write::DeleteHistory {
                 key_id,
                 route: None,
-                kinds: vec![HistoryKind::Ladder, HistoryKind::Unknown, HistoryKind::Auth, HistoryKind::Empty],
+                kinds: vec![
+                    HistoryKind::Ladder,
+                    HistoryKind::Unknown,
+                    HistoryKind::Auth,
+                    HistoryKind::Empty,
+                    HistoryKind::Transient,
+                    HistoryKind::Concurrency,
+                ],
             },
         ])?;
         Ok(ids.first().copied().unwrap_or(0))
@@ -123,12 +131,19 @@ impl Engine {
     }
 
     pub(super) fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
-        let (platform, model_id): (Arc<str>, Arc<str>) = if kind == HistoryKind::Auth {
-            (Arc::from(route.platform.as_str()), Arc::from(""))
-        } else {
-            (Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))
-        };
-        Write::InsertHistory(HistoryRow { platform, model_id, key_id: route.key_id, kind, hit_at_ms: now })
+        Self::history_value_row(route, kind, None, now)
+    }
+
+    fn history_value_row(route: &Route, kind: HistoryKind, value: Option<i64>, now: i64) -> Write {
+        let model_id = if kind.of_key() { "" } else { route.model_id.as_str() };
+        Write::InsertHistory(HistoryRow {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(model_id),
+            key_id: route.key_id,
+            kind,
+            hit_at_ms: now,
+            value,
+        })
     }
 
     /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
@@ -164,12 +179,17 @@ impl Engine {
             daily_exhausted,
             effectively_exhausted,
             ladder_steps: self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
+            recent_transient: self.mirror.history_count(
+                route,
+                HistoryKind::Transient,
+                now.saturating_sub(TRANSIENT_MEMORY_MS),
+            ) > 0,
         };
         let next_day = self.mirror.route_calendar(rid).next_day_start(now);
         let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
-        if stepped {
-            writes.push(Self::history_row(route, HistoryKind::Ladder, now));
-        }
+        // A ladder step, or a transient bench that 15.2 remembers for 10 minutes.
+        let kind = if stepped { HistoryKind::Ladder } else { HistoryKind::Transient };
+        writes.push(Self::history_row(route, kind, now));
         decision
     }
 
@@ -213,6 +233,7 @@ impl Engine {
             LimitAxis::Rpd => &mut model.limits.rpd,
             LimitAxis::Tpm => &mut model.limits.tpm,
             LimitAxis::Tpd => &mut model.limits.tpd,
+            LimitAxis::Concurrency => return None,
         };
         if slot.is_some_and(|v| v <= learned.limit) {
             return None;
@@ -249,11 +270,22 @@ impl Engine {
     /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
     /// later-expiring cooldown), counts ladder/auth/streak history, learns limits.
     pub fn record_failure(&mut self, route: &Route, f: FailureInput) -> Result<FailureOutcome> {
+        self.record_failure_of(route, f, None)
+    }
+
+    /// `record_failure`, of lease `lease` when given (SPEC 15.4 does not count the
+    /// failing lease among the key's live ones).
+    fn record_failure_of(
+        &mut self,
+        route: &Route,
+        f: FailureInput,
+        lease: Option<i64>,
+    ) -> Result<FailureOutcome> {
         if let Some(RetryAfter::Millis(ms)) = f.retry_after {
             check_non_negative("retry_after", ms)?;
         }
         let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
-        self.writing(|e, now, writes| e.record_failure_at(route, f, kind, now, writes)).map(|(o, _)| o)
+        self.writing(|e, now, writes| e.record_failure_at(route, f, kind, lease, now, writes)).map(|(o, _)| o)
     }
 
     fn record_failure_at(
@@ -261,6 +293,7 @@ impl Engine {
         route: &Route,
         f: FailureInput,
         kind: FailureKind,
+        lease: Option<i64>,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
@@ -276,6 +309,11 @@ impl Engine {
         } else {
             self.learn(&route.platform, &route.model_id, f.message.as_deref(), writes)
         };
+        let learned = if kind == FailureKind::Concurrency {
+            Some(self.learn_concurrency_cap(route, lease, now, writes))
+        } else {
+            learned
+        };
         let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
@@ -290,7 +328,7 @@ impl Engine {
         }
         let local_bench = CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
         let decision = match kind_rule(kind) {
-            KindRule::None => None,
+            KindRule::None | KindRule::Concurrency => None,
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
@@ -422,6 +460,48 @@ impl Engine {
         }
     }
 
+    /// SPEC 15.4 inside an open write section: the key concurrency cap a concurrency
+    /// failure teaches (the other live leases on the key, at least 1) or confirms
+    /// (when it is not below the cap in force). Either way the cap is remembered for
+    /// another hour from now; it only tightens.
+    fn learn_concurrency_cap(
+        &mut self,
+        route: &Route,
+        lease: Option<i64>,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> LearnedLimit {
+        let others = self.mirror.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
+        let before = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let cap = before.map_or(others, |c| c.min(others));
+        // One row per key: the latest says what is in force.
+        writes.push(Write::DeleteHistory {
+            key_id: route.key_id,
+            route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
+            kinds: vec![HistoryKind::Concurrency],
+        });
+        writes.push(Self::history_value_row(route, HistoryKind::Concurrency, Some(cap), now));
+        if before != Some(cap) {
+            self.logs.push((
+                log::Level::Info,
+                format!(
+                    "learned a concurrency cap of {cap} for {}/key {} from a provider error",
+                    route.platform, route.key_id
+                ),
+            ));
+        }
+        LearnedLimit { kind: LimitAxis::Concurrency, limit: cap }
+    }
+
+    /// The key concurrency cap in force (SPEC 15.4): the smaller of the configured
+    /// one (env) and the one learned from concurrency failures.
+    pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
+        check_name("platform", platform)?;
+        let (_, configured) = self.platform_env(platform);
+        let learned = self.read(|m, now| m.learned_concurrency_cap(platform, key_id, now))?;
+        Ok(min_cap(configured, learned))
+    }
+
     /// A lease's failure: `record_failure` for its route, then the lease released.
     pub fn finish_lease_failure(
         &mut self,
@@ -429,8 +509,16 @@ impl Engine {
         route: &Route,
         f: FailureInput,
     ) -> Result<FailureOutcome> {
-        let out = self.record_failure(route, f)?;
+        let out = self.record_failure_of(route, f, Some(lease_id))?;
         self.release_lease(lease_id)?;
         Ok(out)
+    }
+}
+
+/// The smaller of two optional caps (`None`: no cap).
+pub(super) fn min_cap(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

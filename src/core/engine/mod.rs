@@ -20,7 +20,7 @@ use crate::core::calendar::Calendar;
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
-    EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, UNKNOWN_HIT_WINDOW_MS,
+    EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
 };
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
@@ -485,12 +485,14 @@ impl Engine {
         limits_from(&self.mirror, platform, model_id, given)
     }
 
-    fn gate_context(&mut self, route: &Route, limits: Option<LimitSet>) -> GateContext {
+    fn gate_context(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> GateContext {
         let (_, conc) = self.platform_env(&route.platform);
+        // The cap in force (SPEC 15.4): the configured one or the learned one, the smaller.
+        let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
             caps: self.caps_for(&route.platform),
-            concurrency_cap: conc,
+            concurrency_cap: failures::min_cap(conc, learned),
         }
     }
 
@@ -597,8 +599,8 @@ impl Engine {
         self.write_usage(writes)
     }
 
-    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit and
-    /// empty-completion history and its key's auth ladder. Only when there is some,
+    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
+    /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
     /// so the hot path writes nothing extra.
     fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
         let (route_rows, auth_rows) = self.mirror.has_history_to_clear(route);
@@ -606,7 +608,12 @@ impl Engine {
             writes.push(Write::DeleteHistory {
                 key_id: route.key_id,
                 route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
-                kinds: vec![HistoryKind::Ladder, HistoryKind::Unknown, HistoryKind::Empty],
+                kinds: vec![
+                    HistoryKind::Ladder,
+                    HistoryKind::Unknown,
+                    HistoryKind::Empty,
+                    HistoryKind::Transient,
+                ],
             });
         }
         if auth_rows {
@@ -681,7 +688,7 @@ impl Engine {
     }
 
     fn decide(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, now: i64) -> Admission {
-        let ctx = self.gate_context(route, limits);
+        let ctx = self.gate_context(route, limits, now);
         let rid = self.ready_route(route, &ctx.limits, now);
         self.mirror.evaluate(rid, est, &ctx, now)
     }
@@ -694,7 +701,7 @@ impl Engine {
     }
 
     fn one_gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> bool {
-        let ctx = self.gate_context(route, limits);
+        let ctx = self.gate_context(route, limits, now);
         let m = &mut self.mirror;
         let a = m.account_id(&route.platform, route.key_id);
         m.prune_account_id(a, now);

@@ -159,10 +159,19 @@ pub struct LogRow {
 /// Kind of a `failure_history` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HistoryKind {
+    /// A step of the route's 6.1 ladder.
     Ladder,
+    /// An unknown-limit hit (6.1 step 3).
     Unknown,
+    /// A 401 of the key (model_id is '').
     Auth,
+    /// An empty completion in a row.
     Empty,
+    /// A transient bench of the route (no ladder step), SPEC 15.2.
+    Transient,
+    /// A concurrency failure of the key (model_id is ''); `value` is the key
+    /// concurrency cap it taught or confirmed, SPEC 15.4.
+    Concurrency,
 }
 
 impl HistoryKind {
@@ -172,6 +181,8 @@ impl HistoryKind {
             HistoryKind::Unknown => "unknown",
             HistoryKind::Auth => "auth",
             HistoryKind::Empty => "empty",
+            HistoryKind::Transient => "transient",
+            HistoryKind::Concurrency => "concurrency",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -180,8 +191,15 @@ impl HistoryKind {
             "unknown" => HistoryKind::Unknown,
             "auth" => HistoryKind::Auth,
             "empty" => HistoryKind::Empty,
+            "transient" => HistoryKind::Transient,
+            "concurrency" => HistoryKind::Concurrency,
             _ => return None,
         })
+    }
+
+    /// Kinds kept per key (any model), with `model_id` ''.
+    pub fn of_key(self) -> bool {
+        matches!(self, HistoryKind::Auth | HistoryKind::Concurrency)
     }
 }
 
@@ -193,6 +211,8 @@ pub struct HistoryRow {
     pub key_id: i64,
     pub kind: HistoryKind,
     pub hit_at_ms: i64,
+    /// What the hit carries: the learned cap of a `Concurrency` row, else `None`.
+    pub value: Option<i64>,
 }
 
 /// What other writers changed since the previous pull. `None` means "unchanged".

@@ -171,9 +171,10 @@ local function apply_writes()
     elseif op == 'HD' then -- key_id, route ('' = any), kinds (',k1,k2,')
       local key, route, kinds = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
       r = delete_matching(P .. ':history', function(_, v)
-        -- value: key, kind, hit_at, route...
+        -- value: key, kind[:value], hit_at, route...
         if field(v, 1) ~= key then return true end
-        if not string.find(kinds, ',' .. field(v, 2) .. ',', 1, true) then return true end
+        local kind = string.match(field(v, 2), '^[^:]*')
+        if not string.find(kinds, ',' .. kind .. ',', 1, true) then return true end
         if route ~= '' then
           local rest = string.sub(v, #field(v, 1) + #field(v, 2) + #field(v, 3) + 4)
           if rest ~= route then return true end

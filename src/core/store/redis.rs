@@ -353,11 +353,32 @@ fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
     ))
 }
 
+/// `key kind[:value] hit_at platform model`: a row that carries a value (a learned
+/// concurrency cap) holds it after its kind, where an engine that does not know the
+/// kind skips the row whole.
 fn parse_history(v: &str) -> StoreResult<Option<HistoryRow>> {
     let f = split(v, 5)?;
-    let Some(kind) = HistoryKind::parse(f[1]) else { return Ok(None) };
+    let (kind, value) = match f[1].split_once(':') {
+        Some((k, n)) => (k, Some(parse_i64(n)?)),
+        None => (f[1], None),
+    };
+    let Some(kind) = HistoryKind::parse(kind) else { return Ok(None) };
     let (platform, model_id) = parse_route(f[3], f[4]);
-    Ok(Some(HistoryRow { platform, model_id, key_id: parse_i64(f[0])?, kind, hit_at_ms: parse_i64(f[2])? }))
+    Ok(Some(HistoryRow {
+        platform,
+        model_id,
+        key_id: parse_i64(f[0])?,
+        kind,
+        hit_at_ms: parse_i64(f[2])?,
+        value,
+    }))
+}
+
+fn history_kind_field(h: &HistoryRow) -> String {
+    match h.value {
+        Some(n) => format!("{}:{n}", h.kind.as_str()),
+        None => h.kind.as_str().to_string(),
+    }
 }
 
 fn quota_field(q: &QuotaStateRow) -> String {
@@ -805,7 +826,7 @@ impl RedisStore {
                 format!(
                     "{}{SEP}{}{SEP}{}{SEP}{}",
                     h.key_id,
-                    h.kind.as_str(),
+                    history_kind_field(h),
                     h.hit_at_ms,
                     route(&h.platform, &h.model_id)
                 ),

@@ -175,6 +175,27 @@ ALTER TABLE quota_leases ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 -- is its own account.
 ALTER TABLE api_keys ADD COLUMN account TEXT;
 "#,
+    r#"
+-- Version 7: fewer wasted dispatches (SPEC 15). Two more kinds of failure history:
+-- 'transient' (a transient bench of the route, 15.2) and 'concurrency' (a
+-- concurrency failure of the key, model_id ''; `value` holds the key concurrency
+-- cap it taught or confirmed, 15.4). SQLite cannot widen a CHECK in place, so the
+-- table is rebuilt (it holds at most a day of failures).
+CREATE TABLE failure_history_v7 (
+    platform  TEXT    NOT NULL,
+    model_id  TEXT    NOT NULL,
+    key_id    INTEGER NOT NULL,
+    kind      TEXT    NOT NULL
+              CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty', 'transient', 'concurrency')),
+    hit_at_ms INTEGER NOT NULL,
+    value     INTEGER
+);
+INSERT INTO failure_history_v7 (platform, model_id, key_id, kind, hit_at_ms)
+    SELECT platform, model_id, key_id, kind, hit_at_ms FROM failure_history;
+DROP TABLE failure_history;
+ALTER TABLE failure_history_v7 RENAME TO failure_history;
+CREATE INDEX idx_failure_history_key ON failure_history (key_id);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

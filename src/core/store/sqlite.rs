@@ -353,9 +353,9 @@ impl SqliteStore {
     }
 
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT platform, model_id, key_id, kind, hit_at_ms FROM failure_history")?;
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
+        )?;
         let mut rows = stmt.query([])?;
         let mut names = Interner::default();
         let mut out = Vec::new();
@@ -367,6 +367,7 @@ impl SqliteStore {
                 key_id: r.get(2)?,
                 kind,
                 hit_at_ms: r.get(4)?,
+                value: r.get(5)?,
             });
         }
         Ok(out)
@@ -711,9 +712,17 @@ impl SqliteStore {
             }
             Write::InsertHistory(h) => {
                 c.prepare_cached(
-                    "INSERT INTO failure_history (platform, model_id, key_id, kind, hit_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT INTO failure_history (platform, model_id, key_id, kind, hit_at_ms, value) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )?
-                .execute(params![&*h.platform, &*h.model_id, h.key_id, h.kind.as_str(), h.hit_at_ms])?;
+                .execute(params![
+                    &*h.platform,
+                    &*h.model_id,
+                    h.key_id,
+                    h.kind.as_str(),
+                    h.hit_at_ms,
+                    h.value
+                ])?;
                 0
             }
             Write::DeleteHistory { key_id, route, kinds } => {
