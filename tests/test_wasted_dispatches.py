@@ -400,3 +400,24 @@ def test_a_file_of_schema_6_opens_and_keeps_its_failure_history(db_path: object,
         assert kinds == {"ladder", "concurrency"}
     finally:
         con.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "delay_ms"),
+    [
+        ('"retryDelay": "-5s"', None),  # negative: no delay
+        ('"retryDelay": "' + "9" * 40 + 's"', 24 * HOUR),  # huge: clamped to 24 h
+        ('"retryDelay": "1e9s"', None),
+        ('"retryDelay": "nan"', None),
+        ('"retryDelay": "0.5s"', 500),
+    ],
+)
+def test_retry_delay_junk_is_parsed_within_bounds(message: str, delay_ms: int | None) -> None:
+    assert q.parse_stated_retry_ms(message) == delay_ms
+
+
+@pytest.mark.parametrize("value", ['"-200"', '"lots"', '"' + "9" * 25 + '"', '"0"', "null"])
+def test_a_quota_value_that_is_not_a_positive_number_teaches_nothing(value: str) -> None:
+    body = GEMINI_PER_DAY_17S.replace('"quotaValue": "200"', f'"quotaValue": {value}')
+    assert body != GEMINI_PER_DAY_17S
+    assert q.parse_provider_limit(body) is None

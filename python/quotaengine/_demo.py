@@ -2,16 +2,21 @@
 
 Router threads admit every call through ``engine.lease()`` and report the outcome
 with ``success()`` / ``failure()``. The providers enforce their own limits and
-answer over-limit calls with real-looking 429 bodies (Groq style, with a
+answer over-limit calls as the real ones do: 429 bodies Groq style (a
 ``Retry-After`` and the true limit in the text), a daily allocation error
-(Cloudflare style) and a local endpoint that refuses connections under load.
-Some published limits are looser than the provider's real ones, so the engine
-has to learn them from the error bodies. The summary proves zero overshoot of
-every published limit from the usage rows in the database.
+(Cloudflare style), Gemini's ``RESOURCE_EXHAUSTED`` for a spent daily quota with
+a ``retryDelay`` of a few seconds (which the engine does not believe, SPEC 15.1),
+and a local Ollama that takes two requests at a time and answers a third with
+503 "server busy ... maximum pending requests exceeded" (the engine learns the
+cap, SPEC 15.4). Some published limits are looser than the provider's real ones,
+or missing, so the engine has to learn them from the error bodies. The summary
+prints the refused answers per provider and what was learned, and proves zero
+overshoot of every published limit from the usage rows in the database.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import threading
@@ -40,7 +45,8 @@ class Provider:
     base_url: str = "https://api.example.invalid/v1"
     latency: tuple[float, float] = (0.004, 0.02)
     daily_allocation: int | None = None  # provider-side daily request allocation (per key)
-    max_concurrency: int | None = None  # a local server that refuses connections under load
+    gemini: bool = False  # answers like Gemini: RESOURCE_EXHAUSTED with a quota id and a retryDelay
+    max_concurrency: int | None = None  # a local server that takes this many requests at a time
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _minute: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=lambda: defaultdict(deque))
     _day: Counter[int] = field(default_factory=Counter)
@@ -52,8 +58,11 @@ class Provider:
         tokens = max(1, int(est * rng.uniform(0.55, 1.15)))
         with self._lock:
             if self.max_concurrency is not None and self._active >= self.max_concurrency:
-                return 503, {}, "upstream connect error: connection refused", 0
+                return 503, {}, OLLAMA_BUSY, 0
             if self.daily_allocation is not None and self._day[key] >= self.daily_allocation:
+                if self.gemini:
+                    quota = "GenerateRequestsPerDayPerProjectPerModel-FreeTier"
+                    return 429, {}, gemini_body(quota, model.name, self.daily_allocation, rng.randint(2, 6)), 0
                 return 429, {}, "you have used up your daily free allocation of requests for today", 0
             window = self._minute[(model.name, key)]
             while window and window[0][0] <= now - 60:
@@ -64,6 +73,9 @@ class Provider:
             true_tpm = model.true_tpm or model.published.get("tpm")
             if true_rpm is not None and used_req >= true_rpm:
                 wait = 60 - (now - window[0][0])
+                if self.gemini:
+                    quota = "GenerateRequestsPerMinutePerProjectPerModel-FreeTier"
+                    return 429, {}, gemini_body(quota, model.name, true_rpm, max(1, round(wait))), 0
                 body = (
                     f"Rate limit reached for model `{model.name}` in organization `org_demo` service tier "
                     f"`on_demand` on requests per minute (RPM): Limit {true_rpm}, Used {used_req}, "
@@ -86,6 +98,39 @@ class Provider:
             with self._lock:
                 self._active -= 1
         return 200, {}, "", tokens
+
+
+OLLAMA_BUSY = '{"error":"server busy, please try again.  maximum pending requests exceeded"}'
+
+
+def gemini_body(quota_id: str, model: str, value: int, delay_s: int) -> str:
+    """Gemini's 429: which quota ran out (its CamelCase id and value), and RetryInfo."""
+    violation = {
+        "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+        "quotaId": quota_id,
+        "quotaDimensions": {"location": "global", "model": model},
+        "quotaValue": str(value),
+    }
+    error = {
+        "code": 429,
+        "message": "You exceeded your current quota, please check your plan and billing details. For more "
+        "information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.",
+        "status": "RESOURCE_EXHAUSTED",
+        "details": [
+            {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]},
+            {
+                "@type": "type.googleapis.com/google.rpc.Help",
+                "links": [
+                    {
+                        "description": "Learn more about Gemini API quotas",
+                        "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
+                    }
+                ],
+            },
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{delay_s}s"},
+        ],
+    }
+    return json.dumps({"error": error})
 
 
 def _providers() -> list[Provider]:
@@ -112,6 +157,14 @@ def _providers() -> list[Provider]:
             daily_allocation=40,
         ),
         Provider(
+            "demo-gemini",
+            # only the RPM is published; the daily quota is learned from the error body
+            [Model("gemini-2.0-flash", {"rpm": 15, "rpd": None, "tpm": None, "tpd": None})],
+            keys=[KEY_BASE + 8, KEY_BASE + 9],
+            daily_allocation=12,
+            gemini=True,
+        ),
+        Provider(
             "demo-openrouter",
             [Model("deepseek-chat:free", {"rpm": 20, "rpd": None, "tpm": None, "tpd": None})],
             keys=[KEY_BASE + 6],
@@ -121,7 +174,7 @@ def _providers() -> list[Provider]:
             [Model("llama3.2:3b", {"rpm": None, "rpd": None, "tpm": None, "tpd": None})],
             keys=[KEY_BASE + 7],
             base_url="http://localhost:11434/v1",
-            latency=(0.02, 0.05),
+            latency=(0.25, 0.6),  # a local model is slow: three at once happen
             max_concurrency=2,
         ),
     ]
@@ -176,6 +229,24 @@ def _overshoot(e: QuotaEngine, providers: list[Provider], since_ms: int) -> tupl
     return checked, over
 
 
+def _learned(e: QuotaEngine, providers: list[Provider]) -> dict[str, str]:
+    """What the engine knows now that the provider did not publish: model -> "rpd=12 ..."."""
+    out = {}
+    for p in providers:
+        for m in p.models:
+            now = e.model_limits(p.platform, m.name)
+            if now is None:
+                continue
+            changed = [
+                f"{axis}={getattr(now, axis)}"
+                for axis in ("rpm", "rpd", "tpm", "tpd")
+                if getattr(now, axis) != m.published.get(axis)
+            ]
+            if changed:
+                out[f"{p.platform}/{m.name}"] = " ".join(changed)
+    return out
+
+
 def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = False) -> int:
     providers = _providers()
     routes = [(p, m, k) for p in providers for m in p.models for k in p.keys]
@@ -185,7 +256,7 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
     refused: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     benched: Counter[str] = Counter()
-    learned: dict[str, str] = {}
+    answers: dict[str, Counter[int]] = defaultdict(Counter)  # platform -> status -> count
     with QuotaEngine(db) as e:
         _setup(e, providers)
         start_ms = e.now_ms()
@@ -211,6 +282,8 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
                     admitted += 1
                 with lease:
                     status, headers, body, tokens = p.call(m, k, est, rng)
+                    with stats_lock:
+                        answers[p.platform][status] += 1
                     if status == 200:
                         lease.success(tokens)
                         with stats_lock:
@@ -222,8 +295,6 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
                                 failed[out.kind] += 1
                                 if out.cooldown is not None:
                                     benched[f"{out.kind} ({out.cooldown.source})"] += 1
-                                if out.learned is not None:
-                                    learned[f"{p.platform}/{m.name}"] = f"{out.learned.kind}={out.learned.limit}"
                 time.sleep(rng.uniform(0, 2 * pace))
 
         def progress() -> None:
@@ -253,6 +324,8 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
             bar.join()
         checked, over = _overshoot(e, providers, start_ms)
         cooldowns = [c for c in e.active_cooldowns() if c.platform.startswith("demo-")]
+        learned = _learned(e, providers)
+        caps = {f"{p.platform} key {k}": e.key_concurrency_cap(p.platform, k) for p in providers for k in p.keys}
 
     print(f"quotaengine demo: {threads} router threads for {seconds:g}s on {db}")
     print(f"  admitted   {admitted} (succeeded {succeeded}, failed {sum(failed.values())})")
@@ -261,7 +334,12 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
         print(f"    {reason:<26}{n}")
     print(f"  failures by kind: {dict(failed) or 'none'}")
     print(f"  benched by kind:  {dict(benched) or 'none'}")
+    print("  refused answers (429/503) per provider, of its answers:")
+    for platform, by_status in answers.items():
+        bad = sum(n for status, n in by_status.items() if status != 200)
+        print(f"    {platform:<26}{bad} of {sum(by_status.values())}")
     print(f"  limits learned:   {learned or 'none'}")
+    print(f"  concurrency caps: {({k: v for k, v in caps.items() if v is not None}) or 'none'}")
     print(f"  active cooldowns: {len(cooldowns)}")
     print(f"  overshoot: {over} requests over a published limit ({checked} windows checked)")
     print(f"\nrun `python -m quotaengine status --db {db}` to see the windows and cooldowns")
