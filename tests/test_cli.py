@@ -20,6 +20,10 @@ def test_demo_runs_and_proves_zero_overshoot(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "overshoot: 0 requests over a published limit" in r.stdout
     assert "admitted" in r.stdout and "refused" in r.stdout
+    # the closing summary: refused answers per provider, what was learned
+    assert "refused answers (429/503) per provider" in r.stdout
+    assert "demo-gemini" in r.stdout and "demo-ollama" in r.stdout
+    assert "limits learned:" in r.stdout and "concurrency caps:" in r.stdout
     assert (tmp_path / "quota.db").exists()  # the default database is ./quota.db
     status = run("status", "--db", str(tmp_path / "quota.db"))
     assert status.returncode == 0, status.stderr
