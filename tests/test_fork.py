@@ -8,6 +8,7 @@ QuotaEngineError (a panic injected inside each)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import multiprocessing
 import multiprocessing.forkserver
@@ -459,6 +460,9 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "acquire_lease": lambda: e.acquire_lease(P, M, K),
         "release_lease": lambda: e.release_lease(12345),
         "lease": lambda: e.lease(P, M, K),
+        "lease_any": lambda: e.lease_any([(P, M, 6), (P, M, 7)]).release(),
+        "lease_async": lambda: asyncio.run(e.lease_async(P, M, 6)).release(),
+        "lease_any_async": lambda: asyncio.run(e.lease_any_async([(P, M, 7)])).release(),
         "set_cooldown": lambda: e.set_cooldown(P, M, 3, duration_ms=1000),
         "cooldown": lambda: e.cooldown(P, M, K),
         "active_cooldowns": lambda: e.active_cooldowns(),

@@ -8,13 +8,16 @@ file), and benches failing keys. The core is Rust; every call releases the GIL.
 
 from __future__ import annotations
 
+import asyncio as _asyncio
 import atexit as _atexit
 import os as _os
 import sys as _sys
 import weakref as _weakref
+from collections.abc import Iterable as _Iterable
 from typing import Any as _Any
+from typing import Literal as _Literal
 
-from ._errors import DatabaseError, EngineClosed, QuotaEngineError, QuotaExceeded
+from ._errors import DatabaseError, EngineClosed, QuotaEngineError, QuotaExceeded, Refusal
 from ._quotaengine import (
     Admission,
     Cooldown,
@@ -33,6 +36,7 @@ from ._quotaengine import (
     _after_fork_in_child,
     _after_fork_in_parent,
     _before_fork,
+    _LeaseWaiter,
     _QuotaEngine,
     infer_quota_pool_key,
     is_shared_pool,
@@ -63,10 +67,70 @@ class QuotaEngine(_QuotaEngine):
         _live_engines.add(self)
         _close_at_multiprocessing_exit()
 
+    async def lease_async(
+        self,
+        platform: str,
+        model_id: str,
+        key_id: int,
+        estimated_tokens: int = 0,
+        limits: _Any = None,
+        *,
+        estimated_output_tokens: int = 0,
+        wait_s: float = 0.0,
+    ) -> Lease:
+        """``lease()`` for asyncio (SPEC 17.2): waits up to ``wait_s`` seconds for
+        capacity without blocking the event loop; cancelling the task ends the wait
+        with nothing leased. ``async with await engine.lease_async(...) as lease:``."""
+        waiter = self._lease_waiter(
+            platform,
+            model_id,
+            key_id,
+            estimated_tokens,
+            limits,
+            estimated_output_tokens=estimated_output_tokens,
+            wait_s=wait_s,
+        )
+        return await _wait_for(waiter)
+
+    async def lease_any_async(
+        self,
+        routes: _Iterable[tuple[str, str, int]],
+        estimated_tokens: int = 0,
+        *,
+        estimated_output_tokens: int = 0,
+        strategy: _Literal["headroom", "order", "spread"] = "headroom",
+        wait_s: float = 0.0,
+    ) -> Lease:
+        """``lease_any()`` for asyncio (SPEC 17.1, 17.2): waits up to ``wait_s``
+        seconds without blocking the event loop; cancelling the task ends the wait
+        with nothing leased."""
+        waiter = self._lease_any_waiter(
+            routes,
+            estimated_tokens,
+            estimated_output_tokens=estimated_output_tokens,
+            strategy=strategy,
+            wait_s=wait_s,
+        )
+        return await _wait_for(waiter)
+
     def snapshot(self) -> QuotaSnapshot:
         """Every route with usage today, a live lease or an active cooldown."""
         taken_at, rows = self._snapshot_rows()
         return QuotaSnapshot(rows, taken_at, self.path)
+
+
+async def _wait_for(waiter: _LeaseWaiter) -> Lease:
+    """Steps a wait on the event loop: a look at the gates (the GIL released inside),
+    then a sleep of at most 50 ms, until admitted or refused. Cancelled in its sleep,
+    it leaves the queue with nothing leased."""
+    try:
+        while True:
+            lease, nap = waiter.step()
+            if lease is not None:
+                return lease
+            await _asyncio.sleep(nap)
+    finally:
+        waiter.close()
 
 
 _live_engines: _weakref.WeakSet[QuotaEngine] = _weakref.WeakSet()
@@ -135,6 +199,7 @@ __all__ = [
     "QuotaEngine",
     "QuotaEngineError",
     "QuotaExceeded",
+    "Refusal",
     "QuotaObservation",
     "QuotaSnapshot",
     "QuotaState",

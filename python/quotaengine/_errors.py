@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ["QuotaEngineError", "QuotaExceeded", "DatabaseError", "EngineClosed"]
+from collections.abc import Iterable
+from typing import NamedTuple
+
+__all__ = ["QuotaEngineError", "QuotaExceeded", "Refusal", "DatabaseError", "EngineClosed"]
+
+
+class Refusal(NamedTuple):
+    """Why one candidate route was refused: the first failing gate, and when it can open
+    (epoch ms; None when unknown)."""
+
+    platform: str
+    model_id: str
+    key_id: int
+    reason: str
+    retry_at_ms: int | None
 
 
 class QuotaEngineError(Exception):
@@ -15,7 +29,9 @@ class QuotaExceeded(QuotaEngineError):
     ``reason`` is the first failing gate ("cooldown", "rpm", "rpd", "tpm", "tpd",
     "provider_daily_requests", "provider_minute_requests", "provider_daily_tokens",
     "key_concurrency"); ``retry_at_ms`` is the earliest time it can open (epoch ms) or
-    None when unknown.
+    None when unknown. ``refusals`` has one ``Refusal`` per candidate, in the given
+    order (one entry for ``lease()``); from ``lease_any()`` the exception's own fields
+    are those of the refusal with the earliest known ``retry_at_ms`` (else the first).
     """
 
     # must match the tuple built in src/python/errors.rs
@@ -26,6 +42,7 @@ class QuotaExceeded(QuotaEngineError):
         platform: str | None = None,
         model_id: str | None = None,
         key_id: int | None = None,
+        refusals: Iterable[tuple[str, str, int, str, int | None]] | None = None,
     ) -> None:
         super().__init__(reason, retry_at_ms, platform, model_id, key_id)
         self.reason = reason
@@ -33,6 +50,9 @@ class QuotaExceeded(QuotaEngineError):
         self.platform = platform
         self.model_id = model_id
         self.key_id = key_id
+        if refusals is None:
+            refusals = [(platform or "", model_id or "", key_id if key_id is not None else 0, reason, retry_at_ms)]
+        self.refusals = [Refusal(*r) for r in refusals]
 
     def __str__(self) -> str:
         where = f"{self.platform}/{self.model_id}/{self.key_id}"

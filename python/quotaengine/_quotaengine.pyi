@@ -265,6 +265,16 @@ class ProbePassResult:
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
+class _LeaseWaiter:
+    """A pending ``lease_async`` / ``lease_any_async``."""
+
+    def step(self) -> tuple[Lease | None, float]:
+        """One look at the gates: ``(lease, 0.0)`` when admitted, ``(None, seconds)`` to
+        sleep first; raises QuotaExceeded when the wait is over."""
+    def close(self) -> None:
+        """Leave the wait queue; idempotent."""
+
+@final
 class Lease:
     """An admitted, in-flight request. A context manager, sync and async.
 
@@ -474,11 +484,51 @@ class _QuotaEngine:
         limits: _LimitsArg = None,
         *,
         estimated_output_tokens: int = 0,
+        wait_s: float = 0.0,
     ) -> Lease:
         """Run every gate and take the lease as one atomic step (across threads and
         processes sharing the file). Raises QuotaExceeded when a gate refuses. The estimate
         counts in ``tokens`` windows, less ``estimated_output_tokens`` in ``input_tokens``
-        windows, and ``estimated_output_tokens`` in ``output_tokens`` windows."""
+        windows, and ``estimated_output_tokens`` in ``output_tokens`` windows. With
+        ``wait_s``, waits up to that many seconds of real time for a gate to open (SPEC
+        17.2): the GIL and the engine's lock released, first come first served, raising
+        at once when every refusal's retry time lies beyond the wait."""
+    def lease_any(
+        self,
+        routes: Iterable[tuple[str, str, int]],
+        estimated_tokens: int = 0,
+        *,
+        estimated_output_tokens: int = 0,
+        strategy: Literal["headroom", "order", "spread"] = "headroom",
+        wait_s: float = 0.0,
+    ) -> Lease:
+        """Choose a route and lease it in one atomic step (SPEC 17.1): every gate of every
+        candidate (duplicates once), then among those that pass the one ``strategy``
+        picks: ``"headroom"`` the most room left after this request, ``"order"`` the
+        first, ``"spread"`` the one this engine leased least recently. When none passes
+        (and ``wait_s`` runs out), QuotaExceeded with ``refusals``, one per candidate."""
+    def _lease_waiter(
+        self,
+        platform: str,
+        model_id: str,
+        key_id: int,
+        estimated_tokens: int = 0,
+        limits: _LimitsArg = None,
+        *,
+        estimated_output_tokens: int = 0,
+        wait_s: float = 0.0,
+    ) -> _LeaseWaiter:
+        """The stepper behind ``lease_async``."""
+    def _lease_any_waiter(
+        self,
+        routes: Iterable[tuple[str, str, int]],
+        estimated_tokens: int = 0,
+        *,
+        estimated_output_tokens: int = 0,
+        strategy: Literal["headroom", "order", "spread"] = "headroom",
+        wait_s: float = 0.0,
+    ) -> _LeaseWaiter:
+        """The stepper behind ``lease_any_async``."""
     # cooldowns
     def set_cooldown(
         self, platform: str, model_id: str, key_id: int, duration_ms: int = 60_000, source: _Source = "heuristic"

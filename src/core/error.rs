@@ -40,6 +40,34 @@ pub struct Refusal {
     pub platform: String,
     pub model_id: String,
     pub key_id: i64,
+    /// `lease_any` (SPEC 17.1): every candidate's refusal, in the given order (this one
+    /// among them); empty for a `lease()` of one route, whose refusal is this one.
+    pub candidates: Vec<Refusal>,
+}
+
+impl Refusal {
+    /// What `lease_any` reports when no candidate passes: the refusal with the earliest
+    /// known `retry_at_ms` (else the first), carrying all of them.
+    pub fn of_candidates(all: Vec<Refusal>) -> Option<Refusal> {
+        let head = all
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.retry_at_ms.map(|t| (t, i)))
+            .min()
+            .map_or(0, |(_, i)| i);
+        let mut headline = all.get(head)?.clone();
+        headline.candidates = all;
+        Some(headline)
+    }
+
+    /// Every candidate's refusal (one entry for a `lease()`).
+    pub fn all(&self) -> Vec<Refusal> {
+        if self.candidates.is_empty() {
+            vec![self.clone()]
+        } else {
+            self.candidates.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -12,7 +12,7 @@ use crate::core::error::{Error, Result};
 use crate::core::fork::GATE;
 use crate::core::probe::{ProbeState, Validator};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -48,6 +48,21 @@ struct Shared {
     epoch: AtomicU64,
     /// Test hook: this many next crossings of the boundary panic inside it.
     inject_panics: AtomicU32,
+    /// Calls waiting for capacity (SPEC 17.2), woken when this engine may have freed
+    /// some; `waiters` counts them so that a call wakes nobody cheaply.
+    waiting: Mutex<Waiting>,
+    wake: Condvar,
+    waiters: AtomicUsize,
+}
+
+/// The queue of calls waiting for capacity: first come, first served.
+#[derive(Default)]
+struct Waiting {
+    next_ticket: u64,
+    /// Ticket -> the keys `(platform, key_id)` it waits on.
+    queue: std::collections::BTreeMap<u64, Vec<(String, i64)>>,
+    /// Bumped whenever a lease of this engine ends, a waiter leaves, or it closes.
+    generation: u64,
 }
 
 /// Every engine of the process, for the fork hooks.
@@ -131,6 +146,9 @@ impl Handle {
                 forked: AtomicBool::new(false),
                 epoch: AtomicU64::new(0),
                 inject_panics: AtomicU32::new(0),
+                waiting: Mutex::new(Waiting::default()),
+                wake: Condvar::new(),
+                waiters: AtomicUsize::new(0),
             }),
         };
         handle.start_flusher()?;
@@ -247,7 +265,10 @@ impl Handle {
                     Err(Error::from_panic(p))
                 }
             };
-            Ok((out, engine.take_logs()))
+            let logs = engine.take_logs();
+            drop(slot);
+            self.wake_waiters();
+            Ok((out, logs))
         })?;
         if reopened {
             self.start_flusher()?;
@@ -290,6 +311,8 @@ impl Handle {
                 *lock(&j.out) = Some(o);
             }
             let logs = slot.as_mut().map(Engine::take_logs).unwrap_or_default();
+            drop(slot);
+            self.wake_waiters();
             let out = lock(&job.out).take();
             Ok((out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into())))), logs))
         });
@@ -479,8 +502,74 @@ impl Handle {
                 let _ = catch_unwind(AssertUnwindSafe(|| e.close()));
                 emit(e.take_logs());
             }
+            // Every wait ends: its next try finds the engine closed.
+            self.bump_waiting(|_| ());
             Ok(())
         })
+    }
+
+    // ---- waiting for capacity (SPEC 17.2) ------------------------------------------
+
+    /// Inside a gate pass: changes the wait queue and wakes every waiter.
+    fn bump_waiting(&self, f: impl FnOnce(&mut Waiting)) {
+        let mut w = lock(&self.shared.waiting);
+        f(&mut w);
+        w.generation = w.generation.wrapping_add(1);
+        self.shared.wake.notify_all();
+    }
+
+    /// After a call that may have ended a lease: wakes the waiters, if any.
+    fn wake_waiters(&self) {
+        if self.shared.waiters.load(Ordering::Acquire) > 0 {
+            self.bump_waiting(|_| ());
+        }
+    }
+
+    /// Joins the wait queue; returns the ticket.
+    pub(crate) fn enqueue_waiter(&self, keys: Vec<(String, i64)>) -> u64 {
+        let _pass = GATE.pass();
+        self.shared.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut w = lock(&self.shared.waiting);
+        let t = w.next_ticket;
+        w.next_ticket += 1;
+        w.queue.insert(t, keys);
+        t
+    }
+
+    /// Leaves the wait queue (admitted, given up or cancelled): the next may go.
+    pub(crate) fn dequeue_waiter(&self, ticket: u64) {
+        let _pass = GATE.pass();
+        let mut removed = false;
+        self.bump_waiting(|w| removed = w.queue.remove(&ticket).is_some());
+        if removed {
+            self.shared.waiters.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The waiting generation, and whether `ticket` is first in line among the waiters
+    /// on any of its keys.
+    pub(crate) fn waiter_turn(&self, ticket: u64) -> (u64, bool) {
+        let _pass = GATE.pass();
+        let w = lock(&self.shared.waiting);
+        let Some(mine) = w.queue.get(&ticket) else { return (w.generation, true) };
+        let first = !w.queue.range(..ticket).any(|(_, keys)| keys.iter().any(|k| mine.contains(k)));
+        (w.generation, first)
+    }
+
+    /// Sleeps up to `nap`, or until the waiting generation moves past `generation` (a
+    /// lease of this engine ended, a waiter left, the engine closed). Inside a gate pass:
+    /// a fork waits for it (at most `nap`) rather than inherit its lock.
+    pub(crate) fn nap_waiter(&self, generation: u64, nap: Duration) {
+        let _pass = GATE.pass();
+        let w = lock(&self.shared.waiting);
+        if w.generation == generation {
+            let _ = self.shared.wake.wait_timeout_while(w, nap, |w| w.generation == generation);
+        }
+    }
+
+    /// The engine's clock, read without its lock.
+    pub(crate) fn clock_now_ms(&self) -> i64 {
+        self.shared.clock.now_ms()
     }
 }
 
@@ -536,6 +625,9 @@ pub(crate) fn forget_parent_all() {
             }
         }
         lock(&s.queue).clear();
+        // The parent's waiting threads are not in this process.
+        *lock(&s.waiting) = Waiting::default();
+        s.waiters.store(0, Ordering::Release);
         // Threads of the parent: not in this process (joining one would fail).
         std::mem::forget(lock(&s.flusher).take());
         std::mem::forget(lock(&s.probe_thread).take());

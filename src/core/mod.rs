@@ -17,4 +17,5 @@ pub mod random;
 pub mod state;
 pub mod store;
 pub mod types;
+pub mod wait;
 pub mod windows;

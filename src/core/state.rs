@@ -1024,6 +1024,51 @@ impl Mirror {
             .unwrap_or(Admission::ALLOWED)
     }
 
+    /// SPEC 17.1's headroom of a route for one more request: the smallest, over every
+    /// declared limit (at its scope) and every provider cap, of `(limit - used -
+    /// in_flight - this request) / limit`; 1.0 with nothing declared. A pure read.
+    pub fn headroom(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
+        let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
+        let room = |limit: i64, taken: i64| {
+            if limit <= 0 {
+                0.0
+            } else {
+                (limit.saturating_sub(taken)) as f64 / limit as f64
+            }
+        };
+        let mut score = 1.0f64;
+        for d in ctx.limits.iter() {
+            let l = &d.limit;
+            let (win, in_flight) = match v.group {
+                Some((g, f)) if l.scope == Scope::Account => (&self.groups[g as usize].win, f),
+                _ => (&self.routes[rid as usize].win, v.route),
+            };
+            let Some(counts) = win.counts(l.window, now) else { continue };
+            let taken = counts
+                .get(l.metric)
+                .saturating_add(in_flight.get(l.metric))
+                .saturating_add(estimate_in(l.metric, 1, est.tokens, est.output));
+            score = score.min(room(l.limit, taken));
+        }
+        let win = &self.accounts[v.account as usize].win;
+        if let Some(cap) = ctx.caps.daily_requests {
+            score =
+                score.min(room(cap, win.day(now).requests.saturating_add(v.account_count).saturating_add(1)));
+        }
+        if let Some(cap) = ctx.caps.minute_requests {
+            score =
+                score.min(room(cap, win.minute().requests.saturating_add(v.account_count).saturating_add(1)));
+        }
+        if let Some(cap) = ctx.caps.daily_tokens {
+            let taken = self
+                .account_day_tokens(v.account, Some(cap), now)
+                .saturating_add(v.account_billed)
+                .saturating_add(self.multiplier(rid, cap).bill(est.tokens));
+            score = score.min(room(cap, taken));
+        }
+        score
+    }
+
     pub fn gate_cooldown(&self, rid: RouteId, now: i64) -> Option<Admission> {
         self.active_cooldown(rid, now).map(|c| Admission::refused(Reason::Cooldown, Some(c.expires_at_ms)))
     }

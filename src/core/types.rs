@@ -135,6 +135,34 @@ impl CooldownSource {
     }
 }
 
+/// How `lease_any` picks among the candidates that pass (SPEC 17.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// The first that passes, in the given order (failover).
+    Order,
+    /// The one that keeps the most room after this request.
+    #[default]
+    Headroom,
+    /// The one this engine leased least recently (never leased first).
+    Spread,
+}
+
+impl FromStr for Strategy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "order" => Strategy::Order,
+            "headroom" => Strategy::Headroom,
+            "spread" => Strategy::Spread,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown strategy {s:?}; expected order, headroom or spread"
+                )))
+            }
+        })
+    }
+}
+
 impl FromStr for CooldownSource {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

@@ -1,7 +1,8 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
 use super::convert::failure_args;
 use super::convert::{
-    count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg, token_use_arg,
+    count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, seconds_arg, str_arg,
+    token_use_arg,
 };
 use super::errors::to_pyerr;
 use super::errors::type_error;
@@ -11,6 +12,7 @@ use super::types::{
     PyManualClock, PyProviderCaps,
 };
 use super::validator::PyValidator;
+use super::wait::{wait_blocking, PyLeaseWaiter};
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::engine::{BatchOp, Engine, Gate, Settings, StoreSpec, UsageReport};
 use crate::core::env::Env;
@@ -18,12 +20,13 @@ use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
 use crate::core::state::Estimate;
 use crate::core::store::UsageFilter;
-use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route};
+use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route, Strategy};
+use crate::core::wait::Waiter;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,
@@ -130,18 +133,109 @@ impl PyQuotaEngine {
     }
 
     fn make_lease(&self, py: Python<'_>, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
-        Py::new(
-            py,
-            PyLease {
-                handle: self.handle.clone(),
-                epoch: self.handle.epoch(),
-                id,
-                route,
-                estimated_tokens: est,
-                done: AtomicBool::new(false),
-            },
-        )
+        PyLease::create(py, &self.handle, id, route, est)
     }
+
+    /// An admission: at once (`wait` zero), or waiting for capacity (SPEC 17.2).
+    fn admit(&self, py: Python<'_>, op: BatchOp, wait: Duration) -> PyResult<(i64, usize)> {
+        if wait.is_zero() {
+            return py.detach(|| self.handle.batch(op).chosen()).map_err(to_pyerr);
+        }
+        let waiter = Waiter::new(&self.handle, op, wait);
+        wait_blocking(py, waiter)
+    }
+
+    /// `lease_any`'s arguments: the candidates, the estimate, the strategy, the wait.
+    fn lease_any_op(
+        routes: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
+        strategy: &Bound<'_, PyAny>,
+        wait_s: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(BatchOp, Vec<Route>, i64, Duration)> {
+        let rs = routes_arg(routes)?;
+        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+        let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
+        let strategy: Strategy = str_arg(strategy, "strategy")?.parse().map_err(to_pyerr)?;
+        let wait = wait_arg(wait_s)?;
+        let op = BatchOp::LeaseAny { routes: rs.clone(), est: Estimate { tokens: est, output }, strategy };
+        Ok((op, rs, est, wait))
+    }
+}
+
+impl PyQuotaEngine {
+    fn waiter(&self, op: BatchOp, routes: Vec<Route>, est: i64, wait: Duration) -> PyLeaseWaiter {
+        PyLeaseWaiter {
+            waiter: std::sync::Mutex::new(Some(Waiter::new(&self.handle, op, wait))),
+            handle: self.handle.clone(),
+            routes,
+            estimated_tokens: est,
+        }
+    }
+}
+
+/// `lease()`'s arguments: the operation, its route, the estimate, the wait.
+fn lease_op(
+    platform: &Bound<'_, PyAny>,
+    model_id: &Bound<'_, PyAny>,
+    key_id: &Bound<'_, PyAny>,
+    estimated_tokens: Option<&Bound<'_, PyAny>>,
+    limits: Option<&Bound<'_, PyAny>>,
+    estimated_output_tokens: Option<&Bound<'_, PyAny>>,
+    wait_s: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(BatchOp, Route, i64, Duration)> {
+    let r = route(platform, model_id, key_id)?;
+    let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+    let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
+    let l = limits_arg(limits)?;
+    let wait = wait_arg(wait_s)?;
+    let op =
+        BatchOp::Lease { route: r.clone(), est: Estimate { tokens: est, output }, limits: l, check: true };
+    Ok((op, r, est, wait))
+}
+
+/// `wait_s`: seconds, finite and >= 0 (None: 0).
+fn wait_arg(wait_s: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
+    match wait_s.filter(|w| !w.is_none()) {
+        None => Ok(Duration::ZERO),
+        Some(w) => Duration::try_from_secs_f64(seconds_arg(w, "wait_s")?)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("wait_s: {e}"))),
+    }
+}
+
+/// `routes`: an iterable of (platform, model_id, key_id).
+fn routes_arg(routes: &Bound<'_, PyAny>) -> PyResult<Vec<Route>> {
+    if routes.is_instance_of::<pyo3::types::PyString>() || routes.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(type_error(
+            "routes must be an iterable of (platform, model_id, key_id) tuples, not a str",
+        ));
+    }
+    let it = routes
+        .try_iter()
+        .map_err(|_| type_error("routes must be an iterable of (platform, model_id, key_id) tuples"))?;
+    let mut out = Vec::new();
+    for item in it {
+        let item = item?;
+        let parts: Vec<Bound<'_, PyAny>> =
+            if item.is_instance_of::<pyo3::types::PyTuple>() || item.is_instance_of::<PyList>() {
+                item.try_iter()?.collect::<PyResult<_>>()?
+            } else {
+                Vec::new()
+            };
+        let [p, m, k] = parts.as_slice() else {
+            return Err(type_error(format!(
+                "each route must be a (platform, model_id, key_id) tuple, got {}",
+                item.repr().map(|r| r.to_string()).unwrap_or_default()
+            )));
+        };
+        out.push(route(p, m, k)?);
+    }
+    if out.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "routes is empty: give at least one (platform, model_id, key_id)",
+        ));
+    }
+    Ok(out)
 }
 
 #[pymethods]
@@ -618,8 +712,9 @@ impl PyQuotaEngine {
     }
 
     /// Runs every gate and takes the lease as one atomic step (across threads and
-    /// processes); raises QuotaExceeded when a gate refuses.
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0)")]
+    /// processes); raises QuotaExceeded when a gate refuses. With `wait_s`, waits up to
+    /// that many seconds for a gate to open (SPEC 17.2), the GIL released.
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0)")]
     #[allow(clippy::too_many_arguments)]
     fn lease(
         &self,
@@ -630,15 +725,70 @@ impl PyQuotaEngine {
         estimated_tokens: Option<&Bound<'_, PyAny>>,
         limits: Option<&Bound<'_, PyAny>>,
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
+        wait_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
-        let r = route(platform, model_id, key_id)?;
-        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-        let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
-        let l = limits_arg(limits)?;
-        let est_all = Estimate { tokens: est, output };
-        let op = BatchOp::Lease { route: r.clone(), est: est_all, limits: l, check: true };
-        let id = py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)?;
+        let (op, r, est, wait) =
+            lease_op(platform, model_id, key_id, estimated_tokens, limits, estimated_output_tokens, wait_s)?;
+        let (id, _) = self.admit(py, op, wait)?;
         self.make_lease(py, id, r, est)
+    }
+
+    /// SPEC 17.1: among `routes` ((platform, model_id, key_id) candidates, each with
+    /// its stored limits), every gate of every candidate, one of those that pass
+    /// picked by `strategy` ("headroom", "order" or "spread"), and its lease taken, in
+    /// one atomic step; with `wait_s`, waits for capacity as `lease()` does.
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0)")]
+    fn lease_any(
+        &self,
+        py: Python<'_>,
+        routes: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
+        strategy: Option<&Bound<'_, PyAny>>,
+        wait_s: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyLease>> {
+        let headroom = pyo3::types::PyString::new(py, "headroom");
+        let strategy = strategy.unwrap_or(headroom.as_any());
+        let (op, rs, est, wait) =
+            Self::lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s)?;
+        let (id, i) = self.admit(py, op, wait)?;
+        self.make_lease(py, id, rs[i].clone(), est)
+    }
+
+    /// The stepper behind `lease_async` (see `quotaengine.QuotaEngine.lease_async`).
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0)")]
+    #[allow(clippy::too_many_arguments)]
+    fn _lease_waiter(
+        &self,
+        platform: &Bound<'_, PyAny>,
+        model_id: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
+        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
+        wait_s: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyLeaseWaiter> {
+        let (op, r, est, wait) =
+            lease_op(platform, model_id, key_id, estimated_tokens, limits, estimated_output_tokens, wait_s)?;
+        Ok(self.waiter(op, vec![r], est, wait))
+    }
+
+    /// The stepper behind `lease_any_async`.
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0)")]
+    fn _lease_any_waiter(
+        &self,
+        py: Python<'_>,
+        routes: &Bound<'_, PyAny>,
+        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
+        strategy: Option<&Bound<'_, PyAny>>,
+        wait_s: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyLeaseWaiter> {
+        let headroom = pyo3::types::PyString::new(py, "headroom");
+        let strategy = strategy.unwrap_or(headroom.as_any());
+        let (op, rs, est, wait) =
+            Self::lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s)?;
+        Ok(self.waiter(op, rs, est, wait))
     }
 
     // ---- cooldowns ---------------------------------------------------------------

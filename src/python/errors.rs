@@ -14,13 +14,22 @@ pub fn to_pyerr(err: Error) -> PyErr {
     match err {
         Error::Invalid(msg) => PyValueError::new_err(msg),
         // must match _errors.QuotaExceeded.__init__ argument order
-        Error::Refused(r) => QuotaExceeded::new_err((
-            r.reason.as_str().to_string(),
-            r.retry_at_ms,
-            r.platform,
-            r.model_id,
-            r.key_id,
-        )),
+        Error::Refused(r) => {
+            // One (platform, model_id, key_id, reason, retry_at_ms) per candidate.
+            let all: Vec<(String, String, i64, String, Option<i64>)> = r
+                .all()
+                .into_iter()
+                .map(|c| (c.platform, c.model_id, c.key_id, c.reason.as_str().to_string(), c.retry_at_ms))
+                .collect();
+            QuotaExceeded::new_err((
+                r.reason.as_str().to_string(),
+                r.retry_at_ms,
+                r.platform,
+                r.model_id,
+                r.key_id,
+                all,
+            ))
+        }
         Error::Closed => EngineClosed::new_err("engine is closed"),
         Error::Store(StoreError::ReadOnly) => {
             DatabaseError::new_err("the database was opened with readonly=True; this call writes")

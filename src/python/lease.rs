@@ -23,6 +23,21 @@ pub struct PyLease {
 }
 
 impl PyLease {
+    /// A new lease object for lease `id` on `route`.
+    pub fn create(py: Python<'_>, handle: &Handle, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
+        Py::new(
+            py,
+            PyLease {
+                handle: handle.clone(),
+                epoch: handle.epoch(),
+                id,
+                route,
+                estimated_tokens: est,
+                done: AtomicBool::new(false),
+            },
+        )
+    }
+
     /// Marks the lease finished; false when it already was, or when it is a lease of
     /// the parent process's engine seen in a forked child (nothing to record here).
     fn take(&self) -> bool {

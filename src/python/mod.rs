@@ -6,6 +6,7 @@ mod errors;
 mod lease;
 mod types;
 mod validator;
+mod wait;
 
 use pyo3::prelude::*;
 
@@ -22,6 +23,8 @@ mod _quotaengine {
         PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
         PyManualClock, PyProbePassResult, PyProviderCaps, PyQuotaObservation, PyQuotaState,
     };
+    #[pymodule_export]
+    use super::wait::PyLeaseWaiter;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

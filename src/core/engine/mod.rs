@@ -38,7 +38,7 @@ use crate::core::store::{
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
-    Limits, ModelInfo, ProviderCaps, Reason, Route,
+    Limits, ModelInfo, ProviderCaps, Reason, Route, Strategy,
 };
 use crate::core::windows::Counts;
 use std::collections::{HashMap, HashSet};
@@ -189,6 +189,13 @@ pub enum BatchOp {
         limits: Option<LimitSet>,
         check: bool,
     },
+    /// `lease_any` (SPEC 17.1): every gate of every candidate, one picked by
+    /// `strategy`, its lease taken.
+    LeaseAny {
+        routes: Vec<Route>,
+        est: Estimate,
+        strategy: Strategy,
+    },
     Success {
         lease_id: i64,
         route: Route,
@@ -235,6 +242,8 @@ impl TokenUse {
 #[derive(Debug)]
 pub enum BatchOut {
     Lease(Result<i64>),
+    /// The lease and the index of the candidate it is on.
+    LeaseAny(Result<(i64, usize)>),
     Done(Result<()>),
 }
 
@@ -242,14 +251,28 @@ impl BatchOut {
     pub fn lease_id(self) -> Result<i64> {
         match self {
             BatchOut::Lease(r) => r,
+            BatchOut::LeaseAny(r) => r.map(|(id, _)| id),
+            BatchOut::Done(r) => r.and(Err(Error::Internal("not a lease".into()))),
+        }
+    }
+    /// A `LeaseAny`'s lease and candidate index.
+    pub fn chosen(self) -> Result<(i64, usize)> {
+        match self {
+            BatchOut::LeaseAny(r) => r,
+            BatchOut::Lease(r) => r.map(|id| (id, 0)),
             BatchOut::Done(r) => r.and(Err(Error::Internal("not a lease".into()))),
         }
     }
     pub fn done(self) -> Result<()> {
         match self {
             BatchOut::Lease(r) => r.map(|_| ()),
+            BatchOut::LeaseAny(r) => r.map(|_| ()),
             BatchOut::Done(r) => r,
         }
+    }
+    /// A refused admission.
+    pub fn refused(&self) -> bool {
+        matches!(self, BatchOut::Lease(Err(Error::Refused(_))) | BatchOut::LeaseAny(Err(Error::Refused(_))))
     }
 }
 
@@ -363,6 +386,10 @@ pub struct Engine {
     window_snapshot: Option<WindowSnapshot>,
     /// `key_quota_headroom` per platform: (built at, key -> headroom).
     headroom_cache: HashMap<String, (i64, Vec<(i64, f64)>)>,
+    /// When this engine last leased each route, as a count of its leases (SPEC 17.1's
+    /// `spread`).
+    leased_at: HashMap<RouteId, u64>,
+    leases_taken: u64,
 }
 
 impl Engine {
@@ -387,6 +414,8 @@ impl Engine {
             logs: Vec::new(),
             window_snapshot: None,
             headroom_cache: HashMap::new(),
+            leased_at: HashMap::new(),
+            leases_taken: 0,
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
             // Half the interval: a held lock ends at most one flusher tick after its
@@ -688,9 +717,21 @@ impl Engine {
     }
 
     fn decide(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, now: i64) -> Admission {
+        self.judge(route, est, limits, now).2
+    }
+
+    /// `decide`, with the route and the context it decided on.
+    fn judge(
+        &mut self,
+        route: &Route,
+        est: Estimate,
+        limits: Option<LimitSet>,
+        now: i64,
+    ) -> (RouteId, GateContext, Admission) {
         let ctx = self.gate_context(route, limits, now);
         let rid = self.ready_route(route, &ctx.limits, now);
-        self.mirror.evaluate(rid, est, &ctx, now)
+        let adm = self.mirror.evaluate(rid, est, &ctx, now);
+        (rid, ctx, adm)
     }
 
     /// One gate; true when it admits. Provider gates need no model (`route.model_id`
@@ -766,6 +807,12 @@ impl Engine {
     /// `lease()` with an estimate that says how much of it is output (SPEC §14.4).
     pub fn lease_estimate(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>) -> Result<i64> {
         self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true }).lease_id()
+    }
+
+    /// SPEC 17.1: one of `routes` chosen by `strategy` and leased, in one atomic step;
+    /// returns the lease and the index of its route in `routes`.
+    pub fn lease_any(&mut self, routes: &[Route], est: Estimate, strategy: Strategy) -> Result<(i64, usize)> {
+        self.single(BatchOp::LeaseAny { routes: routes.to_vec(), est, strategy }).chosen()
     }
 
     /// Idempotent.

@@ -436,7 +436,9 @@ impl Engine {
     /// whose inputs another writer changed meanwhile is taken back and made again;
     /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
     pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
-        let leases = ops.iter().filter(|op| matches!(op, BatchOp::Lease { .. })).count();
+        let leases =
+            ops.iter().filter(|op| matches!(op, BatchOp::Lease { .. } | BatchOp::LeaseAny { .. })).count();
+        self.refresh_headroom_for(&ops);
         let mut access = match leases {
             0 => Access::Append,
             n if n == ops.len() => Access::Decide,
@@ -474,6 +476,7 @@ impl Engine {
                         .iter()
                         .map(|op| match op {
                             BatchOp::Lease { .. } => BatchOut::Lease(Err(e.clone())),
+                            BatchOp::LeaseAny { .. } => BatchOut::LeaseAny(Err(e.clone())),
                             _ => BatchOut::Done(Err(e.clone())),
                         })
                         .collect())
@@ -497,6 +500,15 @@ impl Engine {
                         &mut writes,
                     )));
                 }
+                BatchOp::LeaseAny { routes, est, strategy } => {
+                    outs.push(BatchOut::LeaseAny(self.batch_lease_any(
+                        routes,
+                        *est,
+                        *strategy,
+                        now,
+                        &mut writes,
+                    )));
+                }
                 BatchOp::Success { lease_id, route, tokens } => {
                     let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
                     outs.push(BatchOut::Done(out));
@@ -514,7 +526,7 @@ impl Engine {
             }
         }
         let Some(sec) = sec else { return Ok(outs) };
-        let refused = outs.iter().any(|o| matches!(o, BatchOut::Lease(Err(Error::Refused(_)))));
+        let refused = outs.iter().any(BatchOut::refused);
         if sec.stale && refused && !fresh {
             // What refused may have been freed meanwhile: read, then decide again.
             self.undo_leases(&writes, now);
@@ -540,26 +552,99 @@ impl Engine {
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
-        check_non_negative("estimated_tokens", est.tokens)?;
-        check_non_negative("estimated_output_tokens", est.output)?;
-        if est.output > est.tokens {
-            return Err(Error::invalid(format!(
-                "estimated_output_tokens ({}) is part of estimated_tokens ({}): it cannot be larger",
-                est.output, est.tokens
-            )));
-        }
+        check_estimate(est)?;
         if check {
             let adm = self.decide(route, est, limits, now);
-            if let Some(reason) = adm.reason.filter(|_| !adm.allowed) {
-                return Err(Error::Refused(Box::new(Refusal {
-                    reason,
-                    retry_at_ms: adm.retry_at_ms,
-                    platform: route.platform.clone(),
-                    model_id: route.model_id.clone(),
-                    key_id: route.key_id,
-                })));
+            if let Some(refusal) = refusal_of(route, &adm) {
+                return Err(Error::Refused(Box::new(refusal)));
             }
         }
+        Ok(self.take_lease(route, est, now, writes))
+    }
+
+    /// SPEC 17.1 in a batch: every gate of every candidate (duplicates once), one of
+    /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
+    /// index of its candidate in `routes`.
+    pub(super) fn batch_lease_any(
+        &mut self,
+        routes: &[Route],
+        est: Estimate,
+        strategy: Strategy,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> Result<(i64, usize)> {
+        check_estimate(est)?;
+        if routes.is_empty() {
+            return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
+        }
+        let mut refusals = Vec::new();
+        // The pick so far: (index, score), a larger score better.
+        let mut best: Option<(usize, f64)> = None;
+        for (i, route) in routes.iter().enumerate() {
+            if routes[..i].contains(route) {
+                continue;
+            }
+            let (rid, ctx, adm) = self.judge(route, est, None, now);
+            if let Some(refusal) = refusal_of(route, &adm) {
+                refusals.push(refusal);
+                continue;
+            }
+            let score = match strategy {
+                Strategy::Order => {
+                    best = Some((i, 0.0));
+                    break;
+                }
+                Strategy::Headroom => {
+                    let h = self.mirror.headroom(rid, est, &ctx, now);
+                    self.cached_headroom(&route.platform, route.key_id, now).map_or(h, |k| h.min(k))
+                }
+                // Least recently leased first; never leased before all.
+                Strategy::Spread => -(self.leased_at.get(&rid).copied().unwrap_or(0) as f64),
+            };
+            if best.is_none_or(|(_, b)| score > b) {
+                best = Some((i, score));
+            }
+        }
+        match best {
+            Some((i, _)) => Ok((self.take_lease(&routes[i], est, now, writes), i)),
+            None => Err(Error::Refused(Box::new(
+                Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
+            ))),
+        }
+    }
+
+    /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
+    /// batch by `refresh_headroom_for`), while fresh.
+    fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
+        let (at, v) = self.headroom_cache.get(platform)?;
+        if now < *at || now - *at >= 5_000 {
+            return None;
+        }
+        v.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
+    }
+
+    /// Before a batch's section: the observed quota headroom of the platforms a
+    /// `headroom` pick will read (cached 5 s; a store read at most that often).
+    fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
+        let mut platforms: Vec<&str> = Vec::new();
+        for op in ops {
+            if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
+                for r in routes {
+                    if !platforms.contains(&r.platform.as_str()) {
+                        platforms.push(&r.platform);
+                    }
+                }
+            }
+        }
+        let platforms: Vec<String> = platforms.into_iter().map(str::to_string).collect();
+        for p in platforms {
+            // Unreadable quota state: pick on the windows alone.
+            let _ = self.key_quota_headroom(&p);
+        }
+    }
+
+    /// Takes the lease (the gates already passed), inside the batch's section.
+    fn take_lease(&mut self, route: &Route, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
         // On Redis, a lease on a shared account conflicts with any other engine's
         // writes on the account's other keys (SPEC §14.3).
         if let Some(keys) = self.mirror.shared_account_keys(route) {
@@ -569,7 +654,10 @@ impl Engine {
         let Write::InsertLease { id, .. } = w else { unreachable!("lease_write builds an InsertLease") };
         self.apply_local(&w, id, now);
         writes.push(w);
-        Ok(id)
+        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.leases_taken += 1;
+        self.leased_at.insert(rid, self.leases_taken);
+        id
     }
 
     pub(super) fn batch_success(
@@ -890,4 +978,30 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// An estimate's counts are valid: none negative, the output part of the total.
+fn check_estimate(est: Estimate) -> Result<()> {
+    check_non_negative("estimated_tokens", est.tokens)?;
+    check_non_negative("estimated_output_tokens", est.output)?;
+    if est.output > est.tokens {
+        return Err(Error::invalid(format!(
+            "estimated_output_tokens ({}) is part of estimated_tokens ({}): it cannot be larger",
+            est.output, est.tokens
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal of `route` when `adm` refuses.
+fn refusal_of(route: &Route, adm: &Admission) -> Option<Refusal> {
+    let reason = adm.reason.clone().filter(|_| !adm.allowed)?;
+    Some(Refusal {
+        reason,
+        retry_at_ms: adm.retry_at_ms,
+        platform: route.platform.clone(),
+        model_id: route.model_id.clone(),
+        key_id: route.key_id,
+        candidates: Vec::new(),
+    })
 }

@@ -1,0 +1,131 @@
+//! Waiting for capacity (SPEC 17.2): a call to `lease()` / `lease_any()` with a
+//! `wait_s` re-runs its gates until one admits it or the wait runs out.
+//!
+//! A [`Waiter`] is one waiting call. It queues in its engine (first come, first served
+//! among the waiters on a common key; a call that does not wait never queues) and
+//! takes steps: each step tries when it is the waiter's turn, and otherwise says how
+//! long to nap. The sync binding naps on the engine's wake-up (a lease of this engine
+//! ended, a waiter left, the engine closed) with the GIL released; the async one
+//! sleeps on the event loop. Both nap at most [`MAX_NAP`], for other processes and for
+//! a `ManualClock` another thread moves.
+use crate::core::engine::BatchOp;
+use crate::core::error::{Error, Refusal, Result};
+use crate::core::handle::Handle;
+use std::time::{Duration, Instant};
+
+/// The longest nap between two looks at the gates.
+pub const MAX_NAP: Duration = Duration::from_millis(50);
+/// The shortest: a retry time already past (a clock another thread moves) is looked at
+/// again without spinning.
+const MIN_NAP: Duration = Duration::from_millis(1);
+
+/// What a step came to.
+#[derive(Debug)]
+pub enum Step {
+    /// Admitted: the lease and the index of its candidate.
+    Admitted(i64, usize),
+    /// Not yet: nap this long (or until woken), then step again.
+    Nap(Duration),
+}
+
+/// One waiting call; leaves the queue when dropped.
+pub struct Waiter {
+    handle: Handle,
+    op: BatchOp,
+    /// `None` for a call that does not wait: it takes what is free now, unqueued.
+    ticket: Option<u64>,
+    deadline: Instant,
+    generation: u64,
+}
+
+impl Waiter {
+    /// Queues a wait of `wait` for `op` (a `Lease` or a `LeaseAny`); a zero wait does
+    /// not queue.
+    pub fn new(handle: &Handle, op: BatchOp, wait: Duration) -> Waiter {
+        let keys = match &op {
+            BatchOp::Lease { route, .. } => vec![(route.platform.clone(), route.key_id)],
+            BatchOp::LeaseAny { routes, .. } => {
+                routes.iter().map(|r| (r.platform.clone(), r.key_id)).collect()
+            }
+            _ => Vec::new(),
+        };
+        let ticket = (!wait.is_zero()).then(|| handle.enqueue_waiter(keys));
+        Waiter { handle: handle.clone(), op, ticket, deadline: Instant::now() + wait, generation: 0 }
+    }
+
+    /// One look at the gates, when it is this waiter's turn (or its wait is over).
+    /// `Err(Refused)` once the wait is over, or at once when every refusal names a
+    /// retry time beyond the deadline (it never sleeps in vain).
+    pub fn step(&mut self) -> Result<Step> {
+        let (generation, first) = match self.ticket {
+            Some(t) => self.handle.waiter_turn(t),
+            None => (0, true),
+        };
+        self.generation = generation;
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if !first && !left.is_zero() {
+            return Ok(Step::Nap(MAX_NAP.min(left)));
+        }
+        let refusal = match self.handle.batch(self.op.clone()).chosen() {
+            Ok((id, i)) => return Ok(Step::Admitted(id, i)),
+            Err(Error::Refused(r)) => r,
+            Err(e) => return Err(e),
+        };
+        if left.is_zero() {
+            return Err(Error::Refused(refusal));
+        }
+        let mut nap = MAX_NAP.min(left);
+        if let Some(earliest) = earliest_retry(&refusal.all()) {
+            let until = earliest.retry_in_ms(self.handle.clock_now_ms());
+            if earliest.all_known && until > i64::try_from(left.as_millis()).unwrap_or(i64::MAX) {
+                return Err(Error::Refused(refusal));
+            }
+            nap = nap.min(Duration::from_millis(until.max(0) as u64)).max(MIN_NAP);
+        }
+        Ok(Step::Nap(nap))
+    }
+
+    /// Naps up to `nap`, or until this engine may have freed capacity.
+    pub fn nap(&self, nap: Duration) {
+        self.handle.nap_waiter(self.generation, nap);
+    }
+
+    /// A blocking wait: steps and naps until admitted, refused, or `interrupted`
+    /// returns an error (a signal, in the binding), checked after every nap.
+    pub fn run(mut self, mut interrupted: impl FnMut() -> Result<()>) -> Result<(i64, usize)> {
+        loop {
+            match self.step()? {
+                Step::Admitted(id, i) => return Ok((id, i)),
+                Step::Nap(d) => {
+                    self.nap(d);
+                    interrupted()?;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket {
+            self.handle.dequeue_waiter(t);
+        }
+    }
+}
+
+/// The earliest known retry time among refusals, and whether every one names one.
+struct Earliest {
+    at_ms: i64,
+    all_known: bool,
+}
+
+impl Earliest {
+    fn retry_in_ms(&self, now: i64) -> i64 {
+        self.at_ms.saturating_sub(now)
+    }
+}
+
+fn earliest_retry(all: &[Refusal]) -> Option<Earliest> {
+    let at_ms = all.iter().filter_map(|r| r.retry_at_ms).min()?;
+    Some(Earliest { at_ms, all_known: all.iter().all(|r| r.retry_at_ms.is_some()) })
+}

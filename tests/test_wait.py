@@ -1,0 +1,336 @@
+"""SPEC 17.2: `wait_s` on `lease()` and `lease_any()`, and the async forms, on both
+backends, with real threads, a real clock, real processes and real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import quotaengine as q
+from test_processes import spawn, stderr_of
+
+NOW = 1_767_268_800_000  # 2026-01-01 12:00 UTC
+P, M, K = "groq", "llama", 1
+TWO_SECONDS = [q.Limit("requests", 1, "2s")]  # a window that frees in real time, soon
+
+
+@pytest.fixture
+def e(store: str) -> Iterator[q.QuotaEngine]:
+    with q.QuotaEngine(store, env={}) as engine:  # the real clock
+        yield engine
+
+
+def test_a_wait_is_admitted_when_the_window_frees(e: q.QuotaEngine) -> None:
+    """A thread blocked in lease(wait_s=5) on a full window is admitted when it frees, and
+    other threads keep running meanwhile (the GIL is free)."""
+    e.set_model_limits(P, M, limits=TWO_SECONDS)
+    e.lease(P, M, K).success()
+    t0 = time.monotonic()
+    ticks = 0
+    stop = threading.Event()
+
+    def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.01)
+
+    th = threading.Thread(target=ticker)
+    th.start()
+    try:
+        lease = e.lease(P, M, K, wait_s=5)
+    finally:
+        stop.set()
+        th.join()
+    waited = time.monotonic() - t0
+    assert 1.0 < waited < 4.0  # the 2 s window freed, less what passed since the first
+    assert ticks > 50  # the ticker ran throughout
+    lease.success()
+    assert e.usage(P, M, K)["in_flight"] == 0
+
+
+def test_a_wait_is_admitted_when_another_threads_lease_ends(store: str) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}
+    with q.QuotaEngine(store, env=env) as e:
+        held = e.lease(P, M, K)
+        ended_at: list[float] = []
+
+        def end_it() -> None:
+            time.sleep(0.3)
+            ended_at.append(time.monotonic())
+            held.success()
+
+        th = threading.Thread(target=end_it)
+        th.start()
+        lease = e.lease(P, M, K, wait_s=5)
+        admitted = time.monotonic()
+        th.join()
+        assert admitted >= ended_at[0]
+        lease.release()
+
+
+def test_wait_zero_never_waits_and_lease_any_waits_too(e: q.QuotaEngine) -> None:
+    e.set_model_limits(P, M, limits=TWO_SECONDS)
+    e.set_model_limits("other", M, limits=TWO_SECONDS)
+    routes = [(P, M, K), ("other", M, 2)]
+    e.lease_any(routes).success()
+    e.lease_any(routes).success()
+    t0 = time.monotonic()
+    with pytest.raises(q.QuotaExceeded) as exc:
+        e.lease_any(routes)
+    assert time.monotonic() - t0 < 0.5
+    assert len(exc.value.refusals) == 2
+    lease = e.lease_any(routes, wait_s=5)
+    assert 0.5 < time.monotonic() - t0 < 4.0
+    lease.release()
+
+
+def test_it_never_sleeps_in_vain(store: str) -> None:
+    """With a ManualClock, a window 60 s away is beyond a 1 s wait: refused at once. With a
+    longer wait, a clock moved by another thread admits it."""
+    clock = q.ManualClock(NOW)
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
+        e.set_model_limits(P, M, rpm=1)
+        e.lease(P, M, K).success()
+        t0 = time.monotonic()
+        with pytest.raises(q.QuotaExceeded) as exc:
+            e.lease(P, M, K, wait_s=1)
+        assert time.monotonic() - t0 < 0.3
+        assert exc.value.retry_at_ms == NOW + 60_000
+        mover = threading.Timer(0.2, clock.advance, args=(60_000,))
+        mover.start()
+        lease = e.lease(P, M, K, wait_s=61)
+        mover.join()
+        assert time.monotonic() - t0 < 5
+        lease.release()
+
+
+def test_a_wait_that_runs_out_raises_with_the_refusals(store: str) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}
+    with q.QuotaEngine(store, env=env) as e:
+        held = e.lease(P, M, K)
+        t0 = time.monotonic()
+        with pytest.raises(q.QuotaExceeded) as exc:
+            e.lease_any([(P, M, K)], wait_s=0.3)  # no retry time known: waits it out
+        assert 0.3 <= time.monotonic() - t0 < 2
+        assert exc.value.reason == "key_concurrency"
+        held.release()
+
+
+def test_first_come_first_served(store: str) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}
+    with q.QuotaEngine(store, env=env) as e:
+        held = e.lease(P, M, K)
+        order: list[int] = []
+        lock = threading.Lock()
+
+        def waiter(i: int) -> None:
+            lease = e.lease(P, M, K, wait_s=10)
+            with lock:
+                order.append(i)
+            time.sleep(0.05)
+            lease.release()
+
+        threads = []
+        for i in range(4):
+            th = threading.Thread(target=waiter, args=(i,))
+            th.start()
+            threads.append(th)
+            time.sleep(0.1)  # each starts waiting after the one before
+        held.release()
+        for th in threads:
+            th.join()
+        assert order == [0, 1, 2, 3]
+
+
+def test_close_ends_every_wait(store: str) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}
+    e = q.QuotaEngine(store, env=env)
+    e.lease(P, M, K)
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            e.lease(P, M, K, wait_s=30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    for th in threads:
+        th.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    e.close()
+    for th in threads:
+        th.join(5)
+    assert time.monotonic() - t0 < 2
+    assert len(errors) == 3 and all(isinstance(x, q.EngineClosed) for x in errors)
+
+
+INTERRUPTED = """
+    import sys, time
+    import quotaengine as q
+    store = sys.argv[1]
+    e = q.QuotaEngine(store, env={"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"})
+    e.lease("groq", "llama", 1)
+    print("waiting", flush=True)
+    t0 = time.monotonic()
+    try:
+        e.lease("groq", "llama", 1, wait_s=30)
+    except KeyboardInterrupt:
+        print("interrupted", round(time.monotonic() - t0, 3), e.usage("groq", "llama", 1)["in_flight"], flush=True)
+"""
+
+
+def test_ctrl_c_ends_a_wait_promptly_with_nothing_leased(store: str) -> None:
+    with spawn(INTERRUPTED, store) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting", stderr_of(proc)
+        time.sleep(0.3)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)
+        line = proc.stdout.readline().split()
+        answered = time.monotonic() - sent
+        assert line[:1] == ["interrupted"], stderr_of(proc)
+        assert line[2] == "1"  # the one lease held before the wait, no other
+        assert answered < 1.0  # within 100 ms of the signal, plus the pipe on a loaded machine
+        proc.wait(10)
+
+
+RELEASER = """
+    import sys, time
+    import quotaengine as q
+    store = sys.argv[1]
+    e = q.QuotaEngine(store, env={})
+    lease = e.lease("groq", "llama", 1)
+    print("held", flush=True)
+    sys.stdin.readline()
+    lease.release()
+    print("released", flush=True)
+    e.close()
+"""
+
+
+def test_a_wait_sees_another_process_release(store: str) -> None:
+    with q.QuotaEngine(store, env={"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}) as e:
+        with spawn(RELEASER, store) as proc:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline().strip() == "held", stderr_of(proc)
+            assert not e.check(P, M, K)
+            threading.Timer(0.3, lambda: (proc.stdin.write("go\n"), proc.stdin.flush())).start()  # type: ignore[union-attr]
+            t0 = time.monotonic()
+            lease = e.lease(P, M, K, wait_s=10)
+            assert time.monotonic() - t0 < 5
+            assert proc.stdout.readline().strip() == "released"
+            lease.release()
+
+
+# ------------------------------------------------------------------ asyncio
+
+
+def test_a_hundred_async_waiters_on_ten_requests_admit_exactly_ten(store: str) -> None:
+    clock = q.ManualClock(NOW)
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
+        e.set_model_limits(P, M, rpm=10)
+        routes = [(P, M, K)]
+
+        async def main() -> tuple[int, int, int]:
+            ticks = 0
+            done = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not done.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0.01)
+
+            async def one() -> bool:
+                try:
+                    async with await e.lease_any_async(routes, 5, wait_s=2):
+                        await asyncio.sleep(0.01)
+                    return True
+                except q.QuotaExceeded:
+                    return False
+
+            t = asyncio.create_task(ticker())
+            t0 = time.monotonic()
+            results = await asyncio.gather(*(one() for _ in range(100)))
+            elapsed = time.monotonic() - t0
+            done.set()
+            await t
+            return sum(results), ticks, int(elapsed * 1000)
+
+        admitted, ticks, elapsed_ms = asyncio.run(main())
+        assert admitted == 10
+        # The other 90 wait while the ten are in flight, then are refused as soon as the
+        # window's retry time (60 s away by the ManualClock) is known to lie beyond their
+        # 2 s; the loop ticked throughout.
+        assert elapsed_ms < 2_000
+        assert ticks >= elapsed_ms / 10 / 3
+        assert e.usage(P, M, K)["rpm"]["used"] == 10
+        assert e.usage(P, M, K)["in_flight"] == 0
+
+
+def test_async_waiters_are_admitted_as_leases_end_and_the_loop_keeps_ticking(store: str) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "2"}
+    with q.QuotaEngine(store, env=env) as e:
+
+        async def main() -> tuple[int, int]:
+            ticks = 0
+            done = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not done.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0.005)
+
+            async def one() -> None:
+                lease = await e.lease_async(P, M, K, 10, wait_s=5)
+                async with lease:
+                    await asyncio.sleep(0.05)
+
+            t = asyncio.create_task(ticker())
+            await asyncio.gather(*(one() for _ in range(10)))
+            done.set()
+            await t
+            return ticks, e.usage(P, M, K)["rpd"]["used"]
+
+        ticks, used = asyncio.run(main())
+        assert used == 10  # all ten, two at a time
+        assert ticks > 20
+
+
+def test_cancelling_an_async_wait_leases_nothing(store: str) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}
+    with q.QuotaEngine(store, env=env) as e:
+        held = e.lease(P, M, K)
+
+        async def main() -> None:
+            task = asyncio.create_task(e.lease_async(P, M, K, wait_s=10))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+        assert e.usage(P, M, K)["in_flight"] == 1  # only the held one
+        held.release()
+        e.lease(P, M, K, wait_s=1).release()  # the queue is empty again: no ghost ahead
+
+
+def test_async_bad_input_is_raised_before_waiting(e: q.QuotaEngine) -> None:
+    async def main() -> None:
+        with pytest.raises(ValueError):
+            await e.lease_any_async([], wait_s=1)
+        with pytest.raises(ValueError):
+            await e.lease_async(P, M, K, wait_s=-1)
+        with pytest.raises(ValueError):
+            await e.lease_any_async([(P, M, K)], strategy="nope")
+
+    asyncio.run(main())
