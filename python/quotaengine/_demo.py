@@ -1,7 +1,8 @@
 """``python -m quotaengine demo``: a simulated router against simulated providers.
 
-Router threads admit every call through ``engine.lease()`` and report the outcome
-with ``success()`` / ``failure()``. The providers enforce their own limits and
+Router threads admit every call through ``engine.lease_any()`` over four candidate
+routes (the engine picks the one with the most room, in one atomic step) and report
+the outcome with ``success()`` / ``failure()``. The providers enforce their own limits and
 answer over-limit calls as the real ones do: 429 bodies Groq style (a
 ``Retry-After`` and the true limit in the text), a daily allocation error
 (Cloudflare style), Gemini's ``RESOURCE_EXHAUSTED`` for a spent daily quota with
@@ -161,7 +162,7 @@ def _providers() -> list[Provider]:
             # only the RPM is published; the daily quota is learned from the error body
             [Model("gemini-2.0-flash", {"rpm": 15, "rpd": None, "tpm": None, "tpd": None})],
             keys=[KEY_BASE + 8, KEY_BASE + 9],
-            daily_allocation=12,
+            daily_allocation=8,
             gemini=True,
         ),
         Provider(
@@ -257,6 +258,7 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
     failed: Counter[str] = Counter()
     benched: Counter[str] = Counter()
     answers: dict[str, Counter[int]] = defaultdict(Counter)  # platform -> status -> count
+    per_key: Counter[str] = Counter()  # where lease_any sent the requests
     with QuotaEngine(db) as e:
         _setup(e, providers)
         start_ms = e.now_ms()
@@ -269,17 +271,25 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
             # about 40 attempts a second in all, like a busy router's traffic
             pace = threads / 40
             while time.monotonic() < deadline:
-                p, m, k = rng.choice(routes)
+                # the routes that can serve this request (a few models, all their keys),
+                # and the engine picks the one with the most room, in one atomic step
+                candidates = rng.sample(routes, 4)
                 est = int(rng.lognormvariate(6.0, 0.5))
                 try:
-                    lease = e.lease(p.platform, m.name, k, est)
+                    lease = e.lease_any([(p.platform, m.name, k) for p, m, k in candidates], est)
                 except QuotaExceeded as exc:
                     with stats_lock:
                         refused[exc.reason] += 1
                     time.sleep(pace)
                     continue
+                p, m, k = next(
+                    c
+                    for c in candidates
+                    if (c[0].platform, c[1].name, c[2]) == (lease.platform, lease.model_id, lease.key_id)
+                )
                 with stats_lock:
                     admitted += 1
+                    per_key[f"{p.platform} key {k}"] += 1
                 with lease:
                     status, headers, body, tokens = p.call(m, k, est, rng)
                     with stats_lock:
@@ -329,11 +339,14 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
 
     print(f"quotaengine demo: {threads} router threads for {seconds:g}s on {db}")
     print(f"  admitted   {admitted} (succeeded {succeeded}, failed {sum(failed.values())})")
-    print(f"  refused    {sum(refused.values())}")
+    print(f"  refused    {sum(refused.values())} (every candidate refused; the first gate of the earliest)")
     for reason, n in refused.most_common():
         print(f"    {reason:<26}{n}")
     print(f"  failures by kind: {dict(failed) or 'none'}")
     print(f"  benched by kind:  {dict(benched) or 'none'}")
+    print("  requests per key (lease_any over 4 candidates, strategy headroom):")
+    for key, n in sorted(per_key.items()):
+        print(f"    {key:<26}{n}")
     print("  refused answers (429/503) per provider, of its answers:")
     for platform, by_status in answers.items():
         bad = sum(n for status, n in by_status.items() if status != 200)
