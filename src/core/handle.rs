@@ -525,6 +525,11 @@ impl Handle {
         }
     }
 
+    /// Whether any call of this engine waits for capacity.
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.shared.waiters.load(Ordering::Acquire) > 0
+    }
+
     /// Joins the wait queue; returns the ticket.
     pub(crate) fn enqueue_waiter(&self, keys: Vec<(String, i64)>) -> u64 {
         let _pass = GATE.pass();

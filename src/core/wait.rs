@@ -32,25 +32,45 @@ pub enum Step {
 pub struct Waiter {
     handle: Handle,
     op: BatchOp,
-    /// `None` for a call that does not wait: it takes what is free now, unqueued.
+    /// Its place in the queue, once it has one: a call first tries unqueued when nobody
+    /// waits (so that a wait costs nothing when capacity is there), and queues after
+    /// its first refusal; a call that does not wait never queues.
     ticket: Option<u64>,
+    waits: bool,
     deadline: Instant,
     generation: u64,
 }
 
 impl Waiter {
-    /// Queues a wait of `wait` for `op` (a `Lease` or a `LeaseAny`); a zero wait does
-    /// not queue.
+    /// A wait of `wait` for `op` (a `Lease` or a `LeaseAny`). It queues at once when
+    /// others wait (first come, first served), else after its first refusal.
     pub fn new(handle: &Handle, op: BatchOp, wait: Duration) -> Waiter {
-        let keys = match &op {
+        let mut w = Waiter {
+            handle: handle.clone(),
+            op,
+            ticket: None,
+            waits: !wait.is_zero(),
+            deadline: Instant::now() + wait,
+            generation: 0,
+        };
+        if w.waits && handle.has_waiters() {
+            w.enqueue();
+        }
+        w
+    }
+
+    fn enqueue(&mut self) {
+        if self.ticket.is_some() || !self.waits {
+            return;
+        }
+        let keys = match &self.op {
             BatchOp::Lease { route, .. } => vec![(route.platform.clone(), route.key_id)],
             BatchOp::LeaseAny { routes, .. } => {
                 routes.iter().map(|r| (r.platform.clone(), r.key_id)).collect()
             }
             _ => Vec::new(),
         };
-        let ticket = (!wait.is_zero()).then(|| handle.enqueue_waiter(keys));
-        Waiter { handle: handle.clone(), op, ticket, deadline: Instant::now() + wait, generation: 0 }
+        self.ticket = Some(self.handle.enqueue_waiter(keys));
     }
 
     /// One look at the gates, when it is this waiter's turn (or its wait is over).
@@ -74,6 +94,7 @@ impl Waiter {
         if left.is_zero() {
             return Err(Error::Refused(refusal));
         }
+        self.enqueue();
         let mut nap = MAX_NAP.min(left);
         if let Some(earliest) = earliest_retry(&refusal.all()) {
             let until = earliest.retry_in_ms(self.handle.clock_now_ms());

@@ -216,19 +216,27 @@ fn routes_arg(routes: &Bound<'_, PyAny>) -> PyResult<Vec<Route>> {
     let mut out = Vec::new();
     for item in it {
         let item = item?;
-        let parts: Vec<Bound<'_, PyAny>> =
-            if item.is_instance_of::<pyo3::types::PyTuple>() || item.is_instance_of::<PyList>() {
-                item.try_iter()?.collect::<PyResult<_>>()?
-            } else {
-                Vec::new()
-            };
-        let [p, m, k] = parts.as_slice() else {
-            return Err(type_error(format!(
+        let bad = || {
+            type_error(format!(
                 "each route must be a (platform, model_id, key_id) tuple, got {}",
                 item.repr().map(|r| r.to_string()).unwrap_or_default()
-            )));
+            ))
         };
-        out.push(route(p, m, k)?);
+        // A tuple (the common case) is read in place; a list is accepted too.
+        let r = if let Ok(t) = item.cast::<pyo3::types::PyTuple>() {
+            if t.len() != 3 {
+                return Err(bad());
+            }
+            route(&t.get_item(0)?, &t.get_item(1)?, &t.get_item(2)?)?
+        } else if let Ok(l) = item.cast::<PyList>() {
+            if l.len() != 3 {
+                return Err(bad());
+            }
+            route(&l.get_item(0)?, &l.get_item(1)?, &l.get_item(2)?)?
+        } else {
+            return Err(bad());
+        };
+        out.push(r);
     }
     if out.is_empty() {
         return Err(pyo3::exceptions::PyValueError::new_err(
