@@ -50,9 +50,16 @@ class QuotaExceeded(QuotaEngineError):
         self.platform = platform
         self.model_id = model_id
         self.key_id = key_id
-        if refusals is None:
-            refusals = [(platform or "", model_id or "", key_id if key_id is not None else 0, reason, retry_at_ms)]
-        self.refusals = [Refusal(*r) for r in refusals]
+        self._refusals = refusals
+
+    @property
+    def refusals(self) -> list[Refusal]:
+        """One ``Refusal`` per candidate, in the given order (built when first read)."""
+        raw = self._refusals
+        if raw is None:
+            key = self.key_id if self.key_id is not None else 0
+            raw = [(self.platform or "", self.model_id or "", key, self.reason, self.retry_at_ms)]
+        return [Refusal(*r) for r in raw]
 
     def __str__(self) -> str:
         where = f"{self.platform}/{self.model_id}/{self.key_id}"

@@ -15,12 +15,23 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::Invalid(msg) => PyValueError::new_err(msg),
         // must match _errors.QuotaExceeded.__init__ argument order
         Error::Refused(r) => {
-            // One (platform, model_id, key_id, reason, retry_at_ms) per candidate.
-            let all: Vec<(String, String, i64, String, Option<i64>)> = r
-                .all()
-                .into_iter()
-                .map(|c| (c.platform, c.model_id, c.key_id, c.reason.as_str().to_string(), c.retry_at_ms))
-                .collect();
+            // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
+            // candidate; a lease()'s one refusal is the exception's own fields (None).
+            let all: Option<Vec<(String, String, i64, String, Option<i64>)>> = (!r.candidates.is_empty())
+                .then(|| {
+                    r.candidates
+                        .iter()
+                        .map(|c| {
+                            (
+                                c.platform.clone(),
+                                c.model_id.clone(),
+                                c.key_id,
+                                c.reason.as_str().to_string(),
+                                c.retry_at_ms,
+                            )
+                        })
+                        .collect()
+                });
             QuotaExceeded::new_err((
                 r.reason.as_str().to_string(),
                 r.retry_at_ms,
