@@ -17,21 +17,20 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::Refused(r) => {
             // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
             // candidate; a lease()'s one refusal is the exception's own fields (None).
-            let all: Option<Vec<(String, String, i64, String, Option<i64>)>> = (!r.candidates.is_empty())
-                .then(|| {
-                    r.candidates
-                        .iter()
-                        .map(|c| {
-                            (
-                                c.platform.clone(),
-                                c.model_id.clone(),
-                                c.key_id,
-                                c.reason.as_str().to_string(),
-                                c.retry_at_ms,
-                            )
-                        })
-                        .collect()
-                });
+            let all: Option<Vec<RefusalTuple>> = (!r.candidates.is_empty()).then(|| {
+                r.candidates
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.platform.clone(),
+                            c.model_id.clone(),
+                            c.key_id,
+                            c.reason.as_str().to_string(),
+                            c.retry_at_ms,
+                        )
+                    })
+                    .collect()
+            });
             QuotaExceeded::new_err((
                 r.reason.as_str().to_string(),
                 r.retry_at_ms,
@@ -49,6 +48,9 @@ pub fn to_pyerr(err: Error) -> PyErr {
         Error::Internal(msg) => QuotaEngineError::new_err(format!("internal error: {msg}")),
     }
 }
+
+/// A `Refusal` as `QuotaExceeded` takes it: (platform, model_id, key_id, reason, retry_at_ms).
+type RefusalTuple = (String, String, i64, String, Option<i64>);
 
 pub fn type_error(msg: impl Into<String>) -> PyErr {
     PyTypeError::new_err(msg.into())
