@@ -9,7 +9,7 @@ import asyncio
 import os
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final, Literal, TypeAlias, final
+from typing import Any, Final, Literal, Protocol, TypeAlias, final
 
 from typing_extensions import Self
 
@@ -264,6 +264,24 @@ class ProbePassResult:
         """Heuristic cooldowns cleared by passing keys."""
     def __eq__(self, other: object, /) -> bool: ...
 
+class _HTTPResponse(Protocol):
+    """What ``Lease.observe`` reads of an HTTP response (httpx, requests, the SDKs' raw
+    responses): an int status and a mapping of headers; the body from ``content`` or
+    ``text``."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+class _HasUsage(Protocol):
+    """A parsed completion (OpenAI's ``ChatCompletion``, Anthropic's ``Message``)."""
+
+    @property
+    def usage(self) -> object: ...
+
+_Observable: TypeAlias = _HTTPResponse | BaseException | Mapping[str, object] | _HasUsage
+
 @final
 class _LeaseWaiter:
     """A pending ``lease_async`` / ``lease_any_async``."""
@@ -316,6 +334,15 @@ class Lease:
         kind: _Kind | None = None,
     ) -> FailureOutcome | None:
         """``record_failure(...)`` for this route, then release. None if already finished."""
+    def observe(self, outcome: _Observable, *, tokens: int | None = None) -> FailureOutcome | None:
+        """Tell the engine what came back and end the lease (SPEC 16), from what the router
+        holds: an HTTP response (``status_code`` and ``headers``: httpx, requests, an SDK's
+        ``with_raw_response``), an SDK's status error or connection/timeout error, or a
+        parsed completion or dict with ``usage``. Duck-typed: no SDK is imported. Returns
+        the ``FailureOutcome`` of a failure, None on success; anything else is a
+        TypeError and the lease stays live."""
+    def _record_quota_headers(self, headers: Mapping[str, str], status: int) -> None:
+        """``record_quota_headers`` for this lease's route."""
     def release(self) -> None:
         """Release without recording anything. Idempotent."""
     def __enter__(self) -> Lease: ...

@@ -1015,20 +1015,38 @@ impl Mirror {
     /// Call `prune_route` and `keep_windows` first. A pure read of the mirror.
     pub fn evaluate(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
         let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
+        self.evaluate_view(rid, &v, est, ctx, now)
+    }
+
+    /// `evaluate`, and when it admits, SPEC 17.1's headroom of the route (one view for
+    /// both).
+    pub fn evaluate_scored(
+        &self,
+        rid: RouteId,
+        est: Estimate,
+        ctx: &GateContext,
+        now: i64,
+    ) -> (Admission, f64) {
+        let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
+        let adm = self.evaluate_view(rid, &v, est, ctx, now);
+        let score = if adm.allowed { self.headroom_view(rid, &v, est, ctx, now) } else { 0.0 };
+        (adm, score)
+    }
+
+    fn evaluate_view(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
         self.gate_cooldown(rid, now)
-            .or_else(|| ctx.limits.iter().find_map(|d| self.gate_limit(&v, d, est, now)))
-            .or_else(|| self.gate_provider_daily(&v, ctx, now))
-            .or_else(|| self.gate_provider_minute(&v, ctx))
-            .or_else(|| self.gate_provider_tokens(&v, est.tokens, ctx, now))
-            .or_else(|| self.gate_concurrency(&v, ctx))
+            .or_else(|| ctx.limits.iter().find_map(|d| self.gate_limit(v, d, est, now)))
+            .or_else(|| self.gate_provider_daily(v, ctx, now))
+            .or_else(|| self.gate_provider_minute(v, ctx))
+            .or_else(|| self.gate_provider_tokens(v, est.tokens, ctx, now))
+            .or_else(|| self.gate_concurrency(v, ctx))
             .unwrap_or(Admission::ALLOWED)
     }
 
     /// SPEC 17.1's headroom of a route for one more request: the smallest, over every
     /// declared limit (at its scope) and every provider cap, of `(limit - used -
     /// in_flight - this request) / limit`; 1.0 with nothing declared. A pure read.
-    pub fn headroom(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
-        let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
+    fn headroom_view(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
         let room = |limit: i64, taken: i64| {
             if limit <= 0 {
                 0.0

@@ -143,6 +143,44 @@ impl PyLease {
         Ok(Some(super::types::PyFailureOutcome(out)))
     }
 
+    /// SPEC 16: tells the engine what came back and ends the lease, from an HTTP
+    /// response, an SDK's exception, or a completion with `usage` (duck-typed; see
+    /// `quotaengine._observe`). Returns the `FailureOutcome` of a failure, None on
+    /// success. Anything else is a TypeError, and the lease stays live.
+    #[pyo3(signature = (outcome, *, tokens=None))]
+    fn observe(
+        slf: &Bound<'_, Self>,
+        outcome: &Bound<'_, PyAny>,
+        tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let observe = py.import("quotaengine._observe")?.getattr("observe")?;
+        let tokens = tokens.map_or_else(|| py.None(), |t| t.clone().unbind());
+        Ok(observe.call1((slf, outcome, tokens))?.unbind())
+    }
+
+    /// `record_quota_headers` for this lease's route (what `observe` does with a
+    /// response's headers).
+    fn _record_quota_headers(&self, py: Python<'_>, headers: &Bound<'_, PyAny>, status: i64) -> PyResult<()> {
+        let mapping = headers
+            .cast::<pyo3::types::PyMapping>()
+            .map_err(|_| super::errors::type_error("headers must be a mapping of str to str"))?;
+        let mut hs: Vec<(String, String)> = Vec::new();
+        for item in mapping.items()?.iter() {
+            let (name, value): (String, String) =
+                item.extract().map_err(|_| super::errors::type_error("headers must map str to str"))?;
+            hs.push((name, value));
+        }
+        let route = &self.route;
+        py.detach(|| {
+            self.handle.with(|e| {
+                e.record_quota_headers(&route.platform, route.key_id, &hs, Some(&route.model_id), status)
+            })
+        })
+        .map(|_| ())
+        .map_err(to_pyerr)
+    }
+
     /// Releases the lease without recording anything. Idempotent.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         self.finish_release(py)

@@ -584,7 +584,13 @@ impl Engine {
             if routes[..i].contains(route) {
                 continue;
             }
-            let (rid, ctx, adm) = self.judge(route, est, None, now);
+            let ctx = self.gate_context(route, None, now);
+            let rid = self.ready_route(route, &ctx.limits, now);
+            let (adm, room) = if strategy == Strategy::Headroom {
+                self.mirror.evaluate_scored(rid, est, &ctx, now)
+            } else {
+                (self.mirror.evaluate(rid, est, &ctx, now), 0.0)
+            };
             if let Some(refusal) = refusal_of(route, &adm) {
                 refusals.push(refusal);
                 continue;
@@ -595,8 +601,7 @@ impl Engine {
                     break;
                 }
                 Strategy::Headroom => {
-                    let h = self.mirror.headroom(rid, est, &ctx, now);
-                    self.cached_headroom(&route.platform, route.key_id, now).map_or(h, |k| h.min(k))
+                    self.cached_headroom(&route.platform, route.key_id, now).map_or(room, |k| room.min(k))
                 }
                 // Least recently leased first; never leased before all.
                 Strategy::Spread => -(self.leased_at.get(&rid).copied().unwrap_or(0) as f64),
