@@ -300,3 +300,18 @@ def test_the_example_router_runs(server: ProviderServer, tmp_path: Path) -> None
     )
     assert r.returncode == 0, r.stderr
     assert "served 6 of 6" in r.stdout, r.stdout
+
+
+def test_a_streamed_response_is_observed_without_reading_its_body(e: q.QuotaEngine, server: ProviderServer) -> None:
+    with httpx.Client(base_url=server.url) as client:
+        with client.stream("POST", "/v1/chat/completions", json={"model": "ok"}) as r:
+            e.lease(P, M, K, 500).observe(r, tokens=77)  # the body is not read
+            assert not r.is_stream_consumed
+        with client.stream("POST", "/v1/chat/completions", json={"model": "ok"}) as r:
+            lease = e.lease(P, M, K, 500)
+            chunks = list(r.iter_bytes())
+            assert chunks
+            # after the stream: the final chunk's usage object
+            lease.observe({"usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
+    assert tokens_of(e) == [(77, None, None, None), (13, 9, 4, None)]
+    assert state(e, P, "tokens").remaining == 5850  # the headers are read all the same

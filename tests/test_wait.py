@@ -334,3 +334,26 @@ def test_async_bad_input_is_raised_before_waiting(e: q.QuotaEngine) -> None:
             await e.lease_any_async([(P, M, K)], strategy="nope")
 
     asyncio.run(main())
+
+
+def test_an_async_wait_is_woken_by_a_lease_ending_not_by_its_timer(store: str) -> None:
+    """The stepper behind the async forms: after a refused step, the callback it was given
+    runs as soon as a lease of this engine ends (in the thread that ended it), so the
+    event loop's nap ends then rather than at its 50 ms timer."""
+    with q.QuotaEngine(store, env={"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}) as e:
+        held = e.lease(P, M, K)
+        waiter = e._lease_waiter(P, M, K, wait_s=5)
+        lease, nap = waiter.step()
+        assert lease is None and 0 < nap <= 0.05
+        lease, nap = waiter.step()  # queued now; the next bump is the one to wait for
+        woken: list[int] = []
+        waiter.on_wake(lambda: woken.append(threading.get_ident()))
+        assert woken == []
+        other = threading.Thread(target=held.release)
+        other.start()
+        other.join()
+        assert woken == [other.ident]
+        lease, _ = waiter.step()
+        assert lease is not None
+        lease.release()
+        waiter.close()

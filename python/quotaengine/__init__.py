@@ -121,14 +121,27 @@ class QuotaEngine(_QuotaEngine):
 
 async def _wait_for(waiter: _LeaseWaiter) -> Lease:
     """Steps a wait on the event loop: a look at the gates (the GIL released inside),
-    then a sleep of at most 50 ms, until admitted or refused. Cancelled in its sleep,
-    it leaves the queue with nothing leased."""
+    then a nap of at most 50 ms that a lease of this engine ending cuts short, until
+    admitted or refused. Cancelled in its nap, it leaves the queue with nothing leased."""
+    loop = _asyncio.get_running_loop()
     try:
         while True:
             lease, nap = waiter.step()
             if lease is not None:
                 return lease
-            await _asyncio.sleep(nap)
+            woken = loop.create_future()
+
+            def wake(fut: _asyncio.Future[None] = woken) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            timer = loop.call_later(nap, wake)
+            # A lease of this engine that ends (in any thread) ends the nap early.
+            waiter.on_wake(lambda: loop.call_soon_threadsafe(wake))
+            try:
+                await woken
+            finally:
+                timer.cancel()
     finally:
         waiter.close()
 

@@ -289,6 +289,9 @@ class _LeaseWaiter:
     def step(self) -> tuple[Lease | None, float]:
         """One look at the gates: ``(lease, 0.0)`` when admitted, ``(None, seconds)`` to
         sleep first; raises QuotaExceeded when the wait is over."""
+    def on_wake(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` (from any thread) once the engine may have freed capacity
+        since the last step, or at once when it already has."""
     def close(self) -> None:
         """Leave the wait queue; idempotent."""
 

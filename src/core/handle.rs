@@ -55,6 +55,11 @@ struct Shared {
     waiters: AtomicUsize,
 }
 
+/// A one-shot callback of a waiter that does not block on `wake` (an async one), run
+/// when the waiting generation moves: outside every lock and gate pass (it may take the
+/// GIL).
+pub type Wake = Box<dyn FnOnce() + Send>;
+
 /// The queue of calls waiting for capacity: first come, first served.
 #[derive(Default)]
 struct Waiting {
@@ -63,6 +68,15 @@ struct Waiting {
     queue: std::collections::BTreeMap<u64, Vec<(String, i64)>>,
     /// Bumped whenever a lease of this engine ends, a waiter leaves, or it closes.
     generation: u64,
+    /// Callbacks to run at the next bump.
+    wakes: Vec<Wake>,
+}
+
+/// Runs async waiters' callbacks (outside every lock and gate pass).
+fn run_wakes(wakes: Vec<Wake>) {
+    for w in wakes {
+        w();
+    }
 }
 
 /// Every engine of the process, for the fork hooks.
@@ -254,7 +268,7 @@ impl Handle {
     /// [`Error::Internal`] and the engine stays usable.
     pub fn with<T>(&self, f: impl FnOnce(&mut Engine) -> Result<T>) -> Result<T> {
         let mut reopened = false;
-        let (out, logs) = self.guard(|| {
+        let (out, logs, wakes) = self.guard(|| {
             let mut slot = lock(&self.shared.engine);
             reopened = self.ready(&mut slot)?;
             let engine = slot.as_mut().ok_or(Error::Closed)?;
@@ -267,9 +281,9 @@ impl Handle {
             };
             let logs = engine.take_logs();
             drop(slot);
-            self.wake_waiters();
-            Ok((out, logs))
+            Ok((out, logs, self.wake_waiters()))
         })?;
+        run_wakes(wakes);
         if reopened {
             self.start_flusher()?;
         }
@@ -288,12 +302,15 @@ impl Handle {
             let mut slot = lock(&self.shared.engine);
             if let Some(out) = lock(&job.out).take() {
                 // A caller that held the lock before us already ran our operation.
-                return Ok((out, Vec::new()));
+                return Ok((out, Vec::new(), Vec::new()));
             }
             let ready = self.ready(&mut slot);
             reopened = ready.as_ref().is_ok_and(|r| *r);
             let jobs: Vec<Arc<Job>> = std::mem::take(&mut *lock(&self.shared.queue));
             let ops: Vec<BatchOp> = jobs.iter().filter_map(|j| lock(&j.op).take()).collect();
+            // Only a lease that ends can free capacity: a waiter's own try does not wake
+            // the waiters (it would keep them from ever sleeping).
+            let frees = ops.iter().any(|op| matches!(op, BatchOp::Success { .. } | BatchOp::Release(_)));
             let n = ops.len();
             let all = |e: &Error| (0..n).map(|_| BatchOut::Done(Err(e.clone()))).collect();
             let outs: Vec<BatchOut> = match (&ready, slot.as_mut()) {
@@ -312,14 +329,15 @@ impl Handle {
             }
             let logs = slot.as_mut().map(Engine::take_logs).unwrap_or_default();
             drop(slot);
-            self.wake_waiters();
+            let wakes = if frees { self.wake_waiters() } else { Vec::new() };
             let out = lock(&job.out).take();
-            Ok((out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into())))), logs))
+            Ok((out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into())))), logs, wakes))
         });
-        let (out, logs) = match served {
+        let (out, logs, wakes) = match served {
             Ok(v) => v,
             Err(e) => return BatchOut::Done(Err(e)),
         };
+        run_wakes(wakes);
         if reopened {
             if let Err(e) = self.start_flusher() {
                 return BatchOut::Done(Err(e));
@@ -503,25 +521,50 @@ impl Handle {
                 emit(e.take_logs());
             }
             // Every wait ends: its next try finds the engine closed.
-            self.bump_waiting(|_| ());
-            Ok(())
+            Ok(self.bump_waiting(|_| ()))
         })
+        .map(run_wakes)
     }
 
     // ---- waiting for capacity (SPEC 17.2) ------------------------------------------
 
-    /// Inside a gate pass: changes the wait queue and wakes every waiter.
-    fn bump_waiting(&self, f: impl FnOnce(&mut Waiting)) {
+    /// Inside a gate pass: changes the wait queue and wakes every waiter; returns the
+    /// async waiters' callbacks, for the caller to run once out of the pass.
+    #[must_use]
+    fn bump_waiting(&self, f: impl FnOnce(&mut Waiting)) -> Vec<Wake> {
         let mut w = lock(&self.shared.waiting);
         f(&mut w);
         w.generation = w.generation.wrapping_add(1);
         self.shared.wake.notify_all();
+        std::mem::take(&mut w.wakes)
     }
 
     /// After a call that may have ended a lease: wakes the waiters, if any.
-    fn wake_waiters(&self) {
+    #[must_use]
+    fn wake_waiters(&self) -> Vec<Wake> {
         if self.shared.waiters.load(Ordering::Acquire) > 0 {
-            self.bump_waiting(|_| ());
+            self.bump_waiting(|_| ())
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Runs `wake` at the next move of the waiting generation past `generation` (at
+    /// once when it has moved already): how an async waiter learns that this engine
+    /// may have freed capacity without blocking a thread on it.
+    pub(crate) fn on_wake(&self, generation: u64, wake: Wake) {
+        let now = {
+            let _pass = GATE.pass();
+            let mut w = lock(&self.shared.waiting);
+            if w.generation == generation {
+                w.wakes.push(wake);
+                None
+            } else {
+                Some(wake)
+            }
+        };
+        if let Some(wake) = now {
+            wake();
         }
     }
 
@@ -543,12 +586,16 @@ impl Handle {
 
     /// Leaves the wait queue (admitted, given up or cancelled): the next may go.
     pub(crate) fn dequeue_waiter(&self, ticket: u64) {
-        let _pass = GATE.pass();
-        let mut removed = false;
-        self.bump_waiting(|w| removed = w.queue.remove(&ticket).is_some());
-        if removed {
-            self.shared.waiters.fetch_sub(1, Ordering::AcqRel);
-        }
+        let wakes = {
+            let _pass = GATE.pass();
+            let mut removed = false;
+            let wakes = self.bump_waiting(|w| removed = w.queue.remove(&ticket).is_some());
+            if removed {
+                self.shared.waiters.fetch_sub(1, Ordering::AcqRel);
+            }
+            wakes
+        };
+        run_wakes(wakes);
     }
 
     /// The waiting generation, and whether `ticket` is first in line among the waiters
@@ -630,7 +677,9 @@ pub(crate) fn forget_parent_all() {
             }
         }
         lock(&s.queue).clear();
-        // The parent's waiting threads are not in this process.
+        // The parent's waiting threads are not in this process (nor are their loops:
+        // their callbacks are forgotten, not run).
+        std::mem::forget(std::mem::take(&mut lock(&s.waiting).wakes));
         *lock(&s.waiting) = Waiting::default();
         s.waiters.store(0, Ordering::Release);
         // Threads of the parent: not in this process (joining one would fail).

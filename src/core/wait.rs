@@ -106,6 +106,12 @@ impl Waiter {
         Ok(Step::Nap(nap))
     }
 
+    /// Runs `wake` once this engine may have freed capacity since the last step (an
+    /// async waiter's nap ends early then).
+    pub fn on_wake(&self, wake: crate::core::handle::Wake) {
+        self.handle.on_wake(self.generation, wake);
+    }
+
     /// Naps up to `nap`, or until this engine may have freed capacity.
     pub fn nap(&self, nap: Duration) {
         self.handle.nap_waiter(self.generation, nap);

@@ -79,6 +79,21 @@ impl PyLeaseWaiter {
         }
     }
 
+    /// Calls `callback()` (from whichever thread ends a lease of this engine; it must be
+    /// thread-safe, as `loop.call_soon_threadsafe` is) once the engine may have freed
+    /// capacity since the last step, or at once when it already has.
+    fn on_wake(&self, py: Python<'_>, callback: Py<PyAny>) {
+        let slot = self.waiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(w) = slot.as_ref() else { return };
+        let wake: crate::core::handle::Wake = Box::new(move || {
+            Python::attach(|py| {
+                // A closed loop refuses it: the wait is over anyway.
+                let _ = callback.call0(py);
+            });
+        });
+        py.detach(|| w.on_wake(wake));
+    }
+
     /// Leaves the queue; idempotent.
     fn close(&self) {
         let w = self.waiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
