@@ -1028,9 +1028,27 @@ impl Mirror {
         now: i64,
     ) -> (Admission, f64) {
         let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
-        let adm = self.evaluate_view(rid, &v, est, ctx, now);
-        let score = if adm.allowed { self.headroom_view(rid, &v, est, ctx, now) } else { 0.0 };
-        (adm, score)
+        if let Some(refused) = self.gate_cooldown(rid, now) {
+            return (refused, 0.0);
+        }
+        // The declared limits' gates and rooms in one pass over their windows.
+        let mut score = 1.0f64;
+        for d in ctx.limits.iter() {
+            match self.limit_room(&v, d, est, now) {
+                Some((Some(refused), _)) => return (refused, 0.0),
+                Some((None, r)) => score = score.min(r),
+                None => {}
+            }
+        }
+        let refused = self
+            .gate_provider_daily(&v, ctx, now)
+            .or_else(|| self.gate_provider_minute(&v, ctx))
+            .or_else(|| self.gate_provider_tokens(&v, est.tokens, ctx, now))
+            .or_else(|| self.gate_concurrency(&v, ctx));
+        match refused {
+            Some(refused) => (refused, 0.0),
+            None => (Admission::ALLOWED, score.min(self.caps_room(rid, &v, est, ctx, now))),
+        }
     }
 
     fn evaluate_view(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
@@ -1043,31 +1061,10 @@ impl Mirror {
             .unwrap_or(Admission::ALLOWED)
     }
 
-    /// SPEC 17.1's headroom of a route for one more request: the smallest, over every
-    /// declared limit (at its scope) and every provider cap, of `(limit - used -
-    /// in_flight - this request) / limit`; 1.0 with nothing declared. A pure read.
-    fn headroom_view(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
-        let room = |limit: i64, taken: i64| {
-            if limit <= 0 {
-                0.0
-            } else {
-                (limit.saturating_sub(taken)) as f64 / limit as f64
-            }
-        };
+    /// SPEC 17.1's room the provider caps leave a route for one more request: the
+    /// smallest `(cap - used - in_flight - this request) / cap`; 1.0 without caps.
+    fn caps_room(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
         let mut score = 1.0f64;
-        for d in ctx.limits.iter() {
-            let l = &d.limit;
-            let (win, in_flight) = match v.group {
-                Some((g, f)) if l.scope == Scope::Account => (&self.groups[g as usize].win, f),
-                _ => (&self.routes[rid as usize].win, v.route),
-            };
-            let Some(counts) = win.counts(l.window, now) else { continue };
-            let taken = counts
-                .get(l.metric)
-                .saturating_add(in_flight.get(l.metric))
-                .saturating_add(estimate_in(l.metric, 1, est.tokens, est.output));
-            score = score.min(room(l.limit, taken));
-        }
         let win = &self.accounts[v.account as usize].win;
         if let Some(cap) = ctx.caps.daily_requests {
             score =
@@ -1104,6 +1101,19 @@ impl Mirror {
     /// leases reach the limit; a token window when they and the estimate exceed it.
     /// Each key is its own account, so both scopes count the route (SPEC §14.3).
     pub fn gate_limit(&self, v: &View, d: &Declared, est: Estimate, now: i64) -> Option<Admission> {
+        self.limit_room(v, d, est, now).and_then(|(refused, _)| refused)
+    }
+
+    /// One declared limit for one more request: its refusal (when it refuses) and the
+    /// room it leaves, `(limit - used - in_flight - this request) / limit` (SPEC 17.1).
+    /// `None` when the route does not keep the window.
+    fn limit_room(
+        &self,
+        v: &View,
+        d: &Declared,
+        est: Estimate,
+        now: i64,
+    ) -> Option<(Option<Admission>, f64)> {
         let l = &d.limit;
         // A key of its own account: both scopes count the key (SPEC §14.3).
         let (win, in_flight) = match v.group {
@@ -1111,13 +1121,16 @@ impl Mirror {
             _ => (self.route_win(v)?, v.route),
         };
         let used = win.counts(l.window, now)?.get(l.metric).saturating_add(in_flight.get(l.metric));
+        let this = estimate_in(l.metric, 1, est.tokens, est.output);
         let (over, excess) = if l.metric.is_tokens() {
-            let total = used.saturating_add(estimate_in(l.metric, 1, est.tokens, est.output));
+            let total = used.saturating_add(this);
             (total > l.limit, total.saturating_sub(l.limit))
         } else {
             (used >= l.limit, used.saturating_sub(l.limit).saturating_add(1))
         };
-        over.then(|| Admission::refused(d.reason.clone(), win.release_time(l.window, l.metric, excess, now)))
+        let refused = over
+            .then(|| Admission::refused(d.reason.clone(), win.release_time(l.window, l.metric, excess, now)));
+        Some((refused, room(l.limit, used.saturating_add(this))))
     }
 
     /// The gates of one metric group of `set`: requests (`tokens = false`) or tokens.
@@ -1204,6 +1217,15 @@ pub fn parse_multiplier(label: &str) -> Option<Multiplier> {
     };
     let num = int.checked_mul(den)?.checked_add(frac)?;
     (num > 0).then_some(Multiplier { num, den })
+}
+
+/// The room a limit leaves once `taken` counts in it: `(limit - taken) / limit`.
+fn room(limit: i64, taken: i64) -> f64 {
+    if limit <= 0 {
+        0.0
+    } else {
+        limit.saturating_sub(taken) as f64 / limit as f64
+    }
 }
 
 #[cfg(test)]
