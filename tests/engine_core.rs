@@ -297,3 +297,77 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     }
     assert_eq!(b.model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }
+
+fn model(platform: &str, limits: Limits) -> ModelInfo {
+    ModelInfo {
+        platform: platform.into(),
+        model_id: "m".into(),
+        limits,
+        others: Vec::new(),
+        monthly_token_budget: None,
+    }
+}
+
+#[test]
+fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
+    use quotaengine::core::state::Estimate;
+    use quotaengine::core::types::Strategy;
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    a.set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
+    a.set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
+    let routes = [Route::new("tok", "m", 1).unwrap(), Route::new("req", "m", 2).unwrap()];
+    // A big request hurts the request-metered route least, a small one the other.
+    let (id, i) = b.lease_any(&routes, Estimate::tokens(8_000), Strategy::Headroom).unwrap();
+    assert_eq!(i, 1);
+    b.release_lease(id).unwrap();
+    let (id, i) = b.lease_any(&routes, Estimate::tokens(100), Strategy::Headroom).unwrap();
+    assert_eq!(i, 0);
+    b.release_lease(id).unwrap();
+    assert_eq!(b.lease_any(&routes, Estimate::tokens(0), Strategy::Order).unwrap().1, 0);
+    // Spread: the one leased least recently (route 0 just was).
+    assert_eq!(b.lease_any(&routes, Estimate::tokens(0), Strategy::Spread).unwrap().1, 1);
+    // Both full (the other engine sees it): one refusal per candidate, in order.
+    b.lease(&routes[1], 0, None).unwrap(); // two requests out on `req`
+    let err = a.lease_any(&routes, Estimate::tokens(10_500), Strategy::Headroom).unwrap_err();
+    let Error::Refused(r) = err else { panic!("{err:?}") };
+    let reasons: Vec<Reason> = r.all().into_iter().map(|c| c.reason).collect();
+    assert_eq!(reasons, vec![Reason::Tpm, Reason::Rpm]);
+    assert!(matches!(a.lease_any(&[], Estimate::tokens(0), Strategy::Order), Err(Error::Invalid(_))));
+}
+
+#[test]
+fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
+    use quotaengine::core::engine::BatchOp;
+    use quotaengine::core::handle::Handle;
+    use quotaengine::core::state::Estimate;
+    use quotaengine::core::wait::Waiter;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let h =
+        Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
+    h.with(|e| e.set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() }))).unwrap();
+    let r = Route::new("p", "m", 1).unwrap();
+    let op = || BatchOp::Lease { route: r.clone(), est: Estimate::tokens(0), limits: None, check: true };
+    let held = h.batch(op()).lease_id().unwrap();
+    let h2 = h.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        h2.batch(BatchOp::Release(held)).done().unwrap();
+    });
+    let t0 = Instant::now();
+    let (id, _) = Waiter::new(&h, op(), Duration::from_secs(5)).run(|| Ok(())).unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(150));
+    releaser.join().unwrap();
+    assert_ne!(id, held);
+    // A ManualClock that never moves: the recorded request's retry time (60 s away)
+    // lies beyond a 1 s wait, which is refused at once.
+    h.batch(BatchOp::Success { lease_id: id, route: r.clone(), tokens: None }).done().unwrap();
+    let t0 = Instant::now();
+    let err = Waiter::new(&h, op(), Duration::from_secs(1)).run(|| Ok(())).unwrap_err();
+    assert!(matches!(err, Error::Refused(_)));
+    assert!(t0.elapsed() < Duration::from_millis(500));
+    h.close().unwrap();
+}
