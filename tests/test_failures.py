@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import quotaengine as q
+from provider_bodies import gemini_body
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
 SECOND = 1_000
@@ -32,26 +33,6 @@ CLOUDFLARE_NEURONS = (
     'continue usage. (8d0b3c2e-1f2a-4b5c-9d6e-7f8a9b0c1d2e)","code":4006}],'
     '"success":false,"result":{},"messages":[]}'
 )
-
-
-def gemini_body(quota_id: str, retry_delay: str | None) -> str:
-    retry = (
-        f', {{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "{retry_delay}"}}'
-        if retry_delay
-        else ""
-    )
-    return (
-        '{"error": {"code": 429, "message": "You exceeded your current quota, please check your '
-        "plan and billing details. For more information on this error, head to: "
-        'https://ai.google.dev/gemini-api/docs/rate-limits.", "status": "RESOURCE_EXHAUSTED", '
-        '"details": [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": '
-        '[{"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests", '
-        f'"quotaId": "{quota_id}", "quotaDimensions": {{"location": "global", '
-        '"model": "gemini-2.0-flash"}, "quotaValue": "200"}]}, '
-        '{"@type": "type.googleapis.com/google.rpc.Help", "links": [{"description": '
-        '"Learn more about Gemini API quotas", '
-        '"url": "https://ai.google.dev/gemini-api/docs/rate-limits"}]}' + retry + "]}}"
-    )
 
 
 GEMINI_DAILY = gemini_body("GenerateRequestsPerDayPerProjectPerModel-FreeTier", None)

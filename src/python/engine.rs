@@ -150,13 +150,16 @@ impl PyQuotaEngine {
         routes: &Bound<'_, PyAny>,
         estimated_tokens: Option<&Bound<'_, PyAny>>,
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        strategy: &Bound<'_, PyAny>,
+        strategy: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(BatchOp, Vec<Route>, i64, Duration)> {
         let rs = routes_arg(routes)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
         let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
-        let strategy: Strategy = str_arg(strategy, "strategy")?.parse().map_err(to_pyerr)?;
+        let strategy: Strategy = match strategy.filter(|s| !s.is_none()) {
+            Some(s) => str_arg(s, "strategy")?.parse().map_err(to_pyerr)?,
+            None => Strategy::default(),
+        };
         let wait = wait_arg(wait_s)?;
         let op = BatchOp::LeaseAny { routes: rs.clone(), est: Estimate { tokens: est, output }, strategy };
         Ok((op, rs, est, wait))
@@ -755,8 +758,6 @@ impl PyQuotaEngine {
         strategy: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
-        let headroom = pyo3::types::PyString::new(py, "headroom");
-        let strategy = strategy.unwrap_or(headroom.as_any());
         let (op, rs, est, wait) =
             Self::lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s)?;
         let (id, i) = self.admit(py, op, wait)?;
@@ -785,15 +786,12 @@ impl PyQuotaEngine {
     #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0)")]
     fn _lease_any_waiter(
         &self,
-        py: Python<'_>,
         routes: &Bound<'_, PyAny>,
         estimated_tokens: Option<&Bound<'_, PyAny>>,
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
         strategy: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyLeaseWaiter> {
-        let headroom = pyo3::types::PyString::new(py, "headroom");
-        let strategy = strategy.unwrap_or(headroom.as_any());
         let (op, rs, est, wait) =
             Self::lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s)?;
         Ok(self.waiter(op, rs, est, wait))
