@@ -13,7 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 pub type RouteId = u32;
 /// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
-type RouteIndex = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<i64, RouteId>>>;
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type RouteIndex = FastMap<Arc<str>, FastMap<Arc<str>, FastMap<i64, RouteId>>>;
 pub type AccountId = u32;
 pub type GroupId = u32;
 

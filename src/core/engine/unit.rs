@@ -553,13 +553,16 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
         check_estimate(est)?;
-        if check {
-            let adm = self.decide(route, est, limits, now);
+        let rid = if check {
+            let (rid, _, adm) = self.judge(route, est, limits, now);
             if let Some(refusal) = refusal_of(route, &adm) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
-        }
-        Ok(self.take_lease(route, est, now, writes))
+            rid
+        } else {
+            self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
+        };
+        Ok(self.take_lease(route, rid, est, now, writes))
     }
 
     /// SPEC 17.1 in a batch: every gate of every candidate (duplicates once), one of
@@ -579,7 +582,7 @@ impl Engine {
         }
         let mut refusals = Vec::new();
         // The pick so far: (index, score), a larger score better.
-        let mut best: Option<(usize, f64)> = None;
+        let mut best: Option<(usize, RouteId, f64)> = None;
         for (i, route) in routes.iter().enumerate() {
             if routes[..i].contains(route) {
                 continue;
@@ -597,7 +600,7 @@ impl Engine {
             }
             let score = match strategy {
                 Strategy::Order => {
-                    best = Some((i, 0.0));
+                    best = Some((i, rid, 0.0));
                     break;
                 }
                 Strategy::Headroom => {
@@ -606,12 +609,12 @@ impl Engine {
                 // Least recently leased first; never leased before all.
                 Strategy::Spread => -(self.leased_at.get(&rid).copied().unwrap_or(0) as f64),
             };
-            if best.is_none_or(|(_, b)| score > b) {
-                best = Some((i, score));
+            if best.is_none_or(|(_, _, b)| score > b) {
+                best = Some((i, rid, score));
             }
         }
         match best {
-            Some((i, _)) => Ok((self.take_lease(&routes[i], est, now, writes), i)),
+            Some((i, rid, _)) => Ok((self.take_lease(&routes[i], rid, est, now, writes), i)),
             None => Err(Error::Refused(Box::new(
                 Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
             ))),
@@ -649,7 +652,14 @@ impl Engine {
     }
 
     /// Takes the lease (the gates already passed), inside the batch's section.
-    fn take_lease(&mut self, route: &Route, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
+    fn take_lease(
+        &mut self,
+        route: &Route,
+        rid: RouteId,
+        est: Estimate,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> i64 {
         // On Redis, a lease on a shared account conflicts with any other engine's
         // writes on the account's other keys (SPEC §14.3).
         if let Some(keys) = self.mirror.shared_account_keys(route) {
@@ -659,7 +669,6 @@ impl Engine {
         let Write::InsertLease { id, .. } = w else { unreachable!("lease_write builds an InsertLease") };
         self.apply_local(&w, id, now);
         writes.push(w);
-        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         self.leases_taken += 1;
         self.leased_at.insert(rid, self.leases_taken);
         id
