@@ -13,7 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 pub type RouteId = u32;
 /// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// A map looked up on every admission by names the router chose (no flooding to resist).
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 type RouteIndex = FastMap<Arc<str>, FastMap<Arc<str>, FastMap<i64, RouteId>>>;
 pub type AccountId = u32;
 pub type GroupId = u32;
@@ -164,9 +165,9 @@ pub struct Mirror {
     routable: HashMap<String, Vec<i64>>,
     models: HashMap<String, HashMap<String, ModelInfo>>,
     /// platform -> model_id -> the billing multiplier of its `monthly_token_budget` label.
-    billing: HashMap<String, HashMap<String, Option<Multiplier>>>,
+    billing: FastMap<String, FastMap<String, Option<Multiplier>>>,
     /// platform -> model_id -> its declared limits in gate order, built once.
-    limit_sets: HashMap<String, HashMap<String, LimitSet>>,
+    limit_sets: FastMap<String, FastMap<String, LimitSet>>,
     /// Some route started keeping a window its events were not kept for: the usage
     /// is to be loaded again from the store.
     pub needs_reload: bool,
@@ -175,7 +176,7 @@ pub struct Mirror {
     retained_windows: Option<Vec<(Calendar, WindowSpec)>>,
     /// (since, at): the last load read the rows stamped `since` or later, at `at`.
     loaded: Option<(i64, i64)>,
-    pub caps: HashMap<String, CapOverrides>,
+    pub caps: FastMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: HashMap<i64, Vec<HistoryRow>>,
     pub calendars: Calendars,

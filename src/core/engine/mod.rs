@@ -30,7 +30,7 @@ use crate::core::parse::{
     LearnedLimit, LimitAxis,
 };
 use crate::core::pools::is_local_base_url;
-use crate::core::state::{Calendars, CooldownRec, Estimate, GateContext, LeaseRec, Mirror, RouteId};
+use crate::core::state::{Calendars, CooldownRec, Estimate, FastMap, GateContext, LeaseRec, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, TokenKinds, UsageFilter,
@@ -381,11 +381,11 @@ pub struct Engine {
     settings: Settings,
     mirror: Mirror,
     lease_ids: LeaseIds,
-    platform_env: HashMap<String, (ProviderCaps, Option<i64>)>,
+    platform_env: FastMap<String, (ProviderCaps, Option<i64>)>,
     logs: Vec<LogRecord>,
     window_snapshot: Option<WindowSnapshot>,
     /// `key_quota_headroom` per platform: (built at, key -> headroom).
-    headroom_cache: HashMap<String, (i64, Vec<(i64, f64)>)>,
+    headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
     /// When this engine last leased each route, as a count of its leases (SPEC 17.1's
     /// `spread`).
     leased_at: HashMap<RouteId, u64>,
@@ -410,10 +410,10 @@ impl Engine {
             settings,
             mirror: Mirror::with_calendars(Calendars::with_env(day_zones)),
             lease_ids: LeaseIds::new(),
-            platform_env: HashMap::new(),
+            platform_env: FastMap::default(),
             logs: Vec::new(),
             window_snapshot: None,
-            headroom_cache: HashMap::new(),
+            headroom_cache: FastMap::default(),
             leased_at: HashMap::new(),
             leases_taken: 0,
         };
