@@ -152,13 +152,13 @@ pub struct Mirror {
     index: RouteIndex,
     accounts: Vec<AccountState>,
     /// platform -> account name -> account.
-    account_index: HashMap<Arc<str>, HashMap<Arc<str>, AccountId>>,
+    account_index: FastMap<Arc<str>, FastMap<Arc<str>, AccountId>>,
     groups: Vec<GroupState>,
-    group_index: HashMap<(AccountId, Arc<str>), GroupId>,
+    group_index: FastMap<(AccountId, Arc<str>), GroupId>,
     /// (platform, account name) -> how many registered keys it has.
     account_members: HashMap<(String, Arc<str>), usize>,
-    leases: HashMap<i64, LeaseRec>,
-    pub cooldowns: HashMap<RouteId, CooldownRec>,
+    leases: FastMap<i64, LeaseRec>,
+    pub cooldowns: FastMap<RouteId, CooldownRec>,
     /// Registered keys; change them through `put_key` / `replace_keys`.
     pub keys: HashMap<i64, KeyInfo>,
     /// platform -> its registered, enabled keys, kept with `keys`.
@@ -178,7 +178,7 @@ pub struct Mirror {
     loaded: Option<(i64, i64)>,
     pub caps: FastMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
-    history: HashMap<i64, Vec<HistoryRow>>,
+    history: FastMap<i64, Vec<HistoryRow>>,
     pub calendars: Calendars,
 }
 

@@ -388,7 +388,7 @@ pub struct Engine {
     headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
     /// When this engine last leased each route, as a count of its leases (SPEC 17.1's
     /// `spread`).
-    leased_at: HashMap<RouteId, u64>,
+    leased_at: FastMap<RouteId, u64>,
     leases_taken: u64,
 }
 
@@ -414,7 +414,7 @@ impl Engine {
             logs: Vec::new(),
             window_snapshot: None,
             headroom_cache: FastMap::default(),
-            leased_at: HashMap::new(),
+            leased_at: FastMap::default(),
             leases_taken: 0,
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
@@ -832,6 +832,9 @@ impl Engine {
 pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
     given.unwrap_or_else(|| m.limit_set(platform, model_id))
 }
+
+/// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
+pub(super) const HEADROOM_CACHE_MS: i64 = 5_000;
 
 /// Lease ids: random 63-bit numbers, distinct across processes without coordination
 /// (a random 40-bit prefix per engine and a 23-bit counter, re-randomised on wrap).

@@ -225,7 +225,7 @@ impl Engine {
         check_name("platform", platform)?;
         let now = self.clock.now_ms();
         if let Some((at, v)) = self.headroom_cache.get(platform) {
-            if now >= *at && now - *at < 5_000 {
+            if now >= *at && now - *at < HEADROOM_CACHE_MS {
                 return Ok(v.clone());
             }
         }

@@ -584,7 +584,7 @@ impl Engine {
         // The pick so far: (index, score), a larger score better.
         let mut best: Option<(usize, RouteId, f64)> = None;
         for (i, route) in routes.iter().enumerate() {
-            if routes[..i].contains(route) {
+            if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
             let ctx = self.gate_context(route, None, now);
@@ -625,7 +625,7 @@ impl Engine {
     /// batch by `refresh_headroom_for`), while fresh.
     fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
         let (at, v) = self.headroom_cache.get(platform)?;
-        if now < *at || now - *at >= 5_000 {
+        if now < *at || now - *at >= HEADROOM_CACHE_MS {
             return None;
         }
         v.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
@@ -634,18 +634,22 @@ impl Engine {
     /// Before a batch's section: the observed quota headroom of the platforms a
     /// `headroom` pick will read (cached 5 s; a store read at most that often).
     fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
-        let mut platforms: Vec<&str> = Vec::new();
+        let now = self.clock.now_ms();
+        let mut stale: Vec<String> = Vec::new();
         for op in ops {
             if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
                 for r in routes {
-                    if !platforms.contains(&r.platform.as_str()) {
-                        platforms.push(&r.platform);
+                    let fresh = self
+                        .headroom_cache
+                        .get(r.platform.as_str())
+                        .is_some_and(|(at, _)| now >= *at && now - *at < HEADROOM_CACHE_MS);
+                    if !fresh && !stale.contains(&r.platform) {
+                        stale.push(r.platform.clone());
                     }
                 }
             }
         }
-        let platforms: Vec<String> = platforms.into_iter().map(str::to_string).collect();
-        for p in platforms {
+        for p in stale {
             // Unreadable quota state: pick on the windows alone.
             let _ = self.key_quota_headroom(&p);
         }
