@@ -1017,7 +1017,7 @@ impl Mirror {
     /// Call `prune_route` and `keep_windows` first. A pure read of the mirror.
     pub fn evaluate(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
         let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
-        self.evaluate_view(rid, &v, est, ctx, now)
+        self.gates(rid, &v, est, ctx, now).err().unwrap_or(Admission::ALLOWED)
     }
 
     /// `evaluate`, and when it admits, SPEC 17.1's headroom of the route (one view for
@@ -1030,37 +1030,39 @@ impl Mirror {
         now: i64,
     ) -> (Admission, f64) {
         let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
-        if let Some(refused) = self.gate_cooldown(rid, now) {
-            return (refused, 0.0);
+        match self.gates(rid, &v, est, ctx, now) {
+            Ok(room) => (Admission::ALLOWED, room.min(self.caps_room(rid, &v, est, ctx, now))),
+            Err(refused) => (refused, 0.0),
         }
-        // The declared limits' gates and rooms in one pass over their windows.
-        let mut score = 1.0f64;
+    }
+
+    /// Every gate in order on one view: the first refusal, or the room the declared
+    /// limits leave (their gates and rooms in one pass over their windows).
+    fn gates(
+        &self,
+        rid: RouteId,
+        v: &View,
+        est: Estimate,
+        ctx: &GateContext,
+        now: i64,
+    ) -> Result<f64, Admission> {
+        if let Some(refused) = self.gate_cooldown(rid, now) {
+            return Err(refused);
+        }
+        let mut room = 1.0f64;
         for d in ctx.limits.iter() {
-            match self.limit_room(&v, d, est, now) {
-                Some((Some(refused), _)) => return (refused, 0.0),
-                Some((None, r)) => score = score.min(r),
+            match self.limit_room(v, d, est, now) {
+                Some((Some(refused), _)) => return Err(refused),
+                Some((None, r)) => room = room.min(r),
                 None => {}
             }
         }
         let refused = self
-            .gate_provider_daily(&v, ctx, now)
-            .or_else(|| self.gate_provider_minute(&v, ctx))
-            .or_else(|| self.gate_provider_tokens(&v, est.tokens, ctx, now))
-            .or_else(|| self.gate_concurrency(&v, ctx));
-        match refused {
-            Some(refused) => (refused, 0.0),
-            None => (Admission::ALLOWED, score.min(self.caps_room(rid, &v, est, ctx, now))),
-        }
-    }
-
-    fn evaluate_view(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
-        self.gate_cooldown(rid, now)
-            .or_else(|| ctx.limits.iter().find_map(|d| self.gate_limit(v, d, est, now)))
-            .or_else(|| self.gate_provider_daily(v, ctx, now))
+            .gate_provider_daily(v, ctx, now)
             .or_else(|| self.gate_provider_minute(v, ctx))
             .or_else(|| self.gate_provider_tokens(v, est.tokens, ctx, now))
-            .or_else(|| self.gate_concurrency(v, ctx))
-            .unwrap_or(Admission::ALLOWED)
+            .or_else(|| self.gate_concurrency(v, ctx));
+        refused.map_or(Ok(room), Err)
     }
 
     /// SPEC 17.1's room the provider caps leave a route for one more request: the

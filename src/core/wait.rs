@@ -9,7 +9,7 @@
 //! sleeps on the event loop. Both nap at most [`MAX_NAP`], for other processes and for
 //! a `ManualClock` another thread moves.
 use crate::core::engine::BatchOp;
-use crate::core::error::{Error, Refusal, Result};
+use crate::core::error::{Error, Result};
 use crate::core::handle::Handle;
 use std::time::{Duration, Instant};
 
@@ -96,9 +96,11 @@ impl Waiter {
         }
         self.enqueue();
         let mut nap = MAX_NAP.min(left);
-        if let Some(earliest) = earliest_retry(&refusal.all()) {
-            let until = earliest.retry_in_ms(self.handle.clock_now_ms());
-            if earliest.all_known && until > i64::try_from(left.as_millis()).unwrap_or(i64::MAX) {
+        // The refusal's own retry time is the earliest known among its candidates.
+        if let Some(at) = refusal.retry_at_ms {
+            let until = at.saturating_sub(self.handle.clock_now_ms());
+            let all_known = refusal.all().iter().all(|r| r.retry_at_ms.is_some());
+            if all_known && until > i64::try_from(left.as_millis()).unwrap_or(i64::MAX) {
                 return Err(Error::Refused(refusal));
             }
             nap = nap.min(Duration::from_millis(until.max(0) as u64)).max(MIN_NAP);
@@ -138,21 +140,4 @@ impl Drop for Waiter {
             self.handle.dequeue_waiter(t);
         }
     }
-}
-
-/// The earliest known retry time among refusals, and whether every one names one.
-struct Earliest {
-    at_ms: i64,
-    all_known: bool,
-}
-
-impl Earliest {
-    fn retry_in_ms(&self, now: i64) -> i64 {
-        self.at_ms.saturating_sub(now)
-    }
-}
-
-fn earliest_retry(all: &[Refusal]) -> Option<Earliest> {
-    let at_ms = all.iter().filter_map(|r| r.retry_at_ms).min()?;
-    Some(Earliest { at_ms, all_known: all.iter().all(|r| r.retry_at_ms.is_some()) })
 }

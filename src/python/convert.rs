@@ -201,3 +201,17 @@ pub fn failure_args(
         limits: limits_arg(limits)?,
     })
 }
+
+/// `headers`: a mapping of str to str (httpx, requests and SDK header objects too).
+pub fn headers_arg(headers: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    let mapping = headers
+        .cast::<pyo3::types::PyMapping>()
+        .map_err(|_| type_error("headers must be a mapping of str to str"))?;
+    let mut hs: Vec<(String, String)> = Vec::new();
+    for item in mapping.items()?.iter() {
+        let (name, value): (String, String) =
+            item.extract().map_err(|_| type_error("headers must map str to str"))?;
+        hs.push((name, value));
+    }
+    Ok(hs)
+}

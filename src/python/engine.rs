@@ -967,15 +967,7 @@ impl PyQuotaEngine {
             None => None,
         };
         let st = opt_int_arg(status, "status")?.unwrap_or(200);
-        let mapping = headers
-            .cast::<PyMapping>()
-            .map_err(|_| super::errors::type_error("headers must be a mapping of str to str"))?;
-        let mut hs: Vec<(String, String)> = Vec::new();
-        for item in mapping.items()?.iter() {
-            let (name, value): (String, String) =
-                item.extract().map_err(|_| super::errors::type_error("headers must map str to str"))?;
-            hs.push((name, value));
-        }
+        let hs = super::convert::headers_arg(headers)?;
         let obs = self.run(py, |e| e.record_quota_headers(p, k, &hs, m, st))?;
         Ok(obs.into_iter().map(super::types::PyQuotaObservation).collect())
     }

@@ -162,15 +162,7 @@ impl PyLease {
     /// `record_quota_headers` for this lease's route (what `observe` does with a
     /// response's headers).
     fn _record_quota_headers(&self, py: Python<'_>, headers: &Bound<'_, PyAny>, status: i64) -> PyResult<()> {
-        let mapping = headers
-            .cast::<pyo3::types::PyMapping>()
-            .map_err(|_| super::errors::type_error("headers must be a mapping of str to str"))?;
-        let mut hs: Vec<(String, String)> = Vec::new();
-        for item in mapping.items()?.iter() {
-            let (name, value): (String, String) =
-                item.extract().map_err(|_| super::errors::type_error("headers must map str to str"))?;
-            hs.push((name, value));
-        }
+        let hs = super::convert::headers_arg(headers)?;
         let route = &self.route;
         py.detach(|| {
             self.handle.with(|e| {

@@ -33,8 +33,8 @@ use crate::core::pools::is_local_base_url;
 use crate::core::state::{Calendars, CooldownRec, Estimate, FastMap, GateContext, LeaseRec, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LogRow, QuotaStateRow, Store, TokenKinds, UsageFilter,
-    UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
+    UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::types::{
     check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
@@ -771,7 +771,7 @@ impl Engine {
 
     fn lease_write(&mut self, route: &Route, est: Estimate, now: i64) -> Write {
         let (platform, model_id) = self.route_names(route);
-        Write::InsertLease {
+        Write::InsertLease(LeaseRow {
             id: self.lease_ids.next(),
             platform,
             model_id,
@@ -780,7 +780,7 @@ impl Engine {
             output_tokens: est.output,
             created_at_ms: now,
             expires_at_ms: now.saturating_add(self.settings.lease_max_age_ms),
-        }
+        })
     }
 
     fn single(&mut self, op: BatchOp) -> BatchOut {

@@ -218,16 +218,20 @@ impl Engine {
         Ok(rows)
     }
 
+    /// The cached `key_quota_headroom` of a platform while it is fresh.
+    pub(super) fn fresh_headroom(&self, platform: &str, now: i64) -> Option<&Vec<(i64, f64)>> {
+        let (at, v) = self.headroom_cache.get(platform)?;
+        (now >= *at && now - *at < HEADROOM_CACHE_MS).then_some(v)
+    }
+
     /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
     /// its confident rows (a row past its reset counts 1.0). Cached for 5 s; a new
     /// observation through this engine drops the cache.
     pub fn key_quota_headroom(&mut self, platform: &str) -> Result<Vec<(i64, f64)>> {
         check_name("platform", platform)?;
         let now = self.clock.now_ms();
-        if let Some((at, v)) = self.headroom_cache.get(platform) {
-            if now >= *at && now - *at < HEADROOM_CACHE_MS {
-                return Ok(v.clone());
-            }
+        if let Some(v) = self.fresh_headroom(platform, now) {
+            return Ok(v.clone());
         }
         let rows = self.reading(|e, _| e.unit.store.quota_states(Some(platform)).unwrap_or_default())?;
         let mut worst: HashMap<i64, f64> = HashMap::new();

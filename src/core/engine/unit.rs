@@ -268,7 +268,7 @@ impl Engine {
             // lease finished while its writes waited.
             for w in pending
                 .iter()
-                .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease { .. }))
+                .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease(_)))
             {
                 self.apply_local(w, 0, now);
             }
@@ -307,7 +307,7 @@ impl Engine {
                     .pending
                     .iter()
                     .filter(|w| match w {
-                        Write::InsertLease { id, .. } => !deleted.contains(id),
+                        Write::InsertLease(l) => !deleted.contains(&l.id),
                         Write::DeleteLease(id) => !inserted.contains(id),
                         Write::Usage(u) => u.created_at_ms >= retained_from,
                         _ => true,
@@ -380,7 +380,7 @@ impl Engine {
                 let mut out = Vec::with_capacity(ids.len());
                 for (w, id) in writes.iter().zip(ids) {
                     let local = self.apply_local(w, id, now);
-                    out.push(if matches!(w, Write::InsertLease { .. }) { id } else { local.max(id) });
+                    out.push(if matches!(w, Write::InsertLease(_)) { id } else { local.max(id) });
                 }
                 return Ok(out);
             }
@@ -388,7 +388,7 @@ impl Engine {
         let mut out = Vec::with_capacity(writes.len());
         for w in writes {
             let id = match &w {
-                Write::InsertLease { id, .. } => *id,
+                Write::InsertLease(l) => l.id,
                 _ => 0,
             };
             out.push(self.apply_local(&w, id, now).max(id));
@@ -420,8 +420,8 @@ impl Engine {
     /// writes nothing else.
     pub(super) fn undo_leases(&mut self, writes: &[Write], now: i64) {
         for w in writes {
-            if let Write::InsertLease { id, .. } = w {
-                self.apply_local(&Write::DeleteLease(*id), 0, now);
+            if let Write::InsertLease(l) = w {
+                self.apply_local(&Write::DeleteLease(l.id), 0, now);
             }
         }
     }
@@ -624,11 +624,7 @@ impl Engine {
     /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
     /// batch by `refresh_headroom_for`), while fresh.
     fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
-        let (at, v) = self.headroom_cache.get(platform)?;
-        if now < *at || now - *at >= HEADROOM_CACHE_MS {
-            return None;
-        }
-        v.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
+        self.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
     }
 
     /// Before a batch's section: the observed quota headroom of the platforms a
@@ -639,11 +635,7 @@ impl Engine {
         for op in ops {
             if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
                 for r in routes {
-                    let fresh = self
-                        .headroom_cache
-                        .get(r.platform.as_str())
-                        .is_some_and(|(at, _)| now >= *at && now - *at < HEADROOM_CACHE_MS);
-                    if !fresh && !stale.contains(&r.platform) {
+                    if self.fresh_headroom(&r.platform, now).is_none() && !stale.contains(&r.platform) {
                         stale.push(r.platform.clone());
                     }
                 }
@@ -670,7 +662,9 @@ impl Engine {
             self.unit.store.watch_keys(&route.platform, &keys);
         }
         let w = self.lease_write(route, est, now);
-        let Write::InsertLease { id, .. } = w else { unreachable!("lease_write builds an InsertLease") };
+        let Write::InsertLease(LeaseRow { id, .. }) = w else {
+            unreachable!("lease_write builds an InsertLease")
+        };
         self.apply_local(&w, id, now);
         writes.push(w);
         self.leases_taken += 1;
@@ -709,25 +703,16 @@ impl Engine {
     pub(super) fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
         match w {
             Write::Usage(u) => self.mirror.add_usage_row(u, now),
-            Write::InsertLease {
-                platform,
-                model_id,
-                key_id,
-                tokens,
-                output_tokens,
-                created_at_ms,
-                expires_at_ms,
-                ..
-            } => {
-                let rid = self.mirror.route_id(platform, model_id, *key_id);
+            Write::InsertLease(l) => {
+                let rid = self.mirror.route_id(&l.platform, &l.model_id, l.key_id);
                 self.mirror.add_lease(
                     id,
                     LeaseRec {
                         route: rid,
-                        tokens: *tokens,
-                        output_tokens: *output_tokens,
-                        created_at_ms: *created_at_ms,
-                        expires_at_ms: *expires_at_ms,
+                        tokens: l.tokens,
+                        output_tokens: l.output_tokens,
+                        created_at_ms: l.created_at_ms,
+                        expires_at_ms: l.expires_at_ms,
                     },
                 );
                 return id;
@@ -799,7 +784,7 @@ impl Engine {
             Write::Sweep { .. } => return,
             // A lease taken while degraded is written when the store answers again,
             // so that other processes count it from then on.
-            Write::InsertLease { id, .. } => {
+            Write::InsertLease(LeaseRow { id, .. }) => {
                 self.unit.pending_inserted.insert(id);
                 self.unit.pending.push(w);
             }

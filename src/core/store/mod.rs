@@ -250,17 +250,8 @@ pub struct QuotaStateRow {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
     Usage(UsageRow),
-    /// Returns `id`.
-    InsertLease {
-        id: i64,
-        platform: Arc<str>,
-        model_id: Arc<str>,
-        key_id: i64,
-        tokens: i64,
-        output_tokens: i64,
-        created_at_ms: i64,
-        expires_at_ms: i64,
-    },
+    /// Returns the lease's `id`.
+    InsertLease(LeaseRow),
     DeleteLease(i64),
     UpsertCooldown(CooldownRow),
     DeleteCooldown {

@@ -258,17 +258,16 @@ fn usage_amount(u: &UsageRow) -> String {
 }
 
 /// A lease value: `key expires tokens[,output] created platform model`.
-fn lease_value(
-    key_id: i64,
-    expires: i64,
-    tokens: i64,
-    output: i64,
-    created: i64,
-    p: &str,
-    m: &str,
-) -> String {
-    let tokens = if output == 0 { tokens.to_string() } else { format!("{tokens},{output}") };
-    format!("{key_id}{SEP}{expires}{SEP}{tokens}{SEP}{created}{SEP}{}", route(p, m))
+fn lease_value(l: &LeaseRow) -> String {
+    let tokens =
+        if l.output_tokens == 0 { l.tokens.to_string() } else { format!("{},{}", l.tokens, l.output_tokens) };
+    format!(
+        "{}{SEP}{}{SEP}{tokens}{SEP}{}{SEP}{}",
+        l.key_id,
+        l.expires_at_ms,
+        l.created_at_ms,
+        route(&l.platform, &l.model_id)
+    )
 }
 
 fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
@@ -728,30 +727,8 @@ impl RedisStore {
                     ),
                 ]);
             }
-            Write::InsertLease {
-                id,
-                platform,
-                model_id,
-                key_id,
-                tokens,
-                output_tokens,
-                created_at_ms,
-                expires_at_ms,
-            } => {
-                out.extend([
-                    "L".into(),
-                    id.to_string(),
-                    created_at_ms.to_string(),
-                    lease_value(
-                        *key_id,
-                        *expires_at_ms,
-                        *tokens,
-                        *output_tokens,
-                        *created_at_ms,
-                        platform,
-                        model_id,
-                    ),
-                ]);
+            Write::InsertLease(l) => {
+                out.extend(["L".into(), l.id.to_string(), l.created_at_ms.to_string(), lease_value(l)]);
             }
             Write::DeleteLease(id) => out.extend(["D".into(), id.to_string()]),
             Write::UpsertCooldown(c) => out.extend([
@@ -899,29 +876,8 @@ impl RedisStore {
     fn apply_own_leases(&mut self) {
         for w in std::mem::take(&mut self.lease_writes) {
             match w {
-                Write::InsertLease {
-                    id,
-                    platform,
-                    model_id,
-                    key_id,
-                    tokens,
-                    output_tokens,
-                    created_at_ms,
-                    expires_at_ms,
-                } => {
-                    self.leases.insert(
-                        id,
-                        LeaseRow {
-                            id,
-                            platform,
-                            model_id,
-                            key_id,
-                            tokens,
-                            output_tokens,
-                            created_at_ms,
-                            expires_at_ms,
-                        },
-                    );
+                Write::InsertLease(l) => {
+                    self.leases.insert(l.id, l);
                 }
                 Write::DeleteLease(id) => {
                     self.leases.remove(&id);
@@ -1147,19 +1103,19 @@ impl Store for RedisStore {
         let mut args = std::mem::take(&mut self.args);
         self.encode(w, &mut args);
         self.args = args;
-        if let Write::InsertLease { platform, key_id, .. } = w {
+        if let Write::InsertLease(l) = w {
             if self.section == Some(Section::Optimistic) {
-                let account = format!("{key_id}{SEP}{}", esc(platform));
+                let account = format!("{}{SEP}{}", l.key_id, esc(&l.platform));
                 if !self.accounts.contains(&account) {
                     self.accounts.push(account);
                 }
             }
         }
-        if matches!(w, Write::InsertLease { .. } | Write::DeleteLease(_) | Write::Sweep { .. }) {
+        if matches!(w, Write::InsertLease(_) | Write::DeleteLease(_) | Write::Sweep { .. }) {
             self.lease_writes.push(w.clone());
         }
         Ok(match w {
-            Write::InsertLease { id, .. } => *id,
+            Write::InsertLease(l) => l.id,
             _ => 0,
         })
     }

@@ -577,31 +577,22 @@ impl SqliteStore {
                 self.insert_usage(std::iter::once(u))?;
                 0
             }
-            Write::InsertLease {
-                id,
-                platform,
-                model_id,
-                key_id,
-                tokens,
-                output_tokens,
-                created_at_ms,
-                expires_at_ms,
-            } => {
+            Write::InsertLease(l) => {
                 c.prepare_cached(
                     "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
                      output_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )?
                 .execute(params![
-                    id,
-                    &**platform,
-                    &**model_id,
-                    key_id,
-                    tokens,
-                    created_at_ms,
-                    expires_at_ms,
-                    output_tokens
+                    l.id,
+                    &*l.platform,
+                    &*l.model_id,
+                    l.key_id,
+                    l.tokens,
+                    l.created_at_ms,
+                    l.expires_at_ms,
+                    l.output_tokens
                 ])?;
-                *id
+                l.id
             }
             Write::DeleteLease(id) => {
                 c.prepare_cached("DELETE FROM quota_leases WHERE id = ?1")?.execute([id])? as i64
