@@ -166,6 +166,7 @@ def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
 # What each schema version added, undone newest first: `downgrade_schema` turns a file
 # the engine made into one of an older version, to test migrating it forward.
 _UNDO = {
+    8: ["ALTER TABLE api_keys DROP COLUMN concurrency_cap"],
     7: [
         "DELETE FROM failure_history WHERE kind IN ('transient', 'concurrency')",
         "CREATE TABLE failure_history_v6 (platform TEXT NOT NULL, model_id TEXT NOT NULL, "

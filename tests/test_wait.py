@@ -271,7 +271,9 @@ def test_a_hundred_async_waiters_on_ten_requests_admit_exactly_ten(store: str) -
         # window's retry time (60 s away by the ManualClock) is known to lie beyond their
         # 2 s; the loop ticked throughout.
         assert elapsed_ms < 2_000
-        assert ticks >= elapsed_ms / 10 / 3
+        # The loop ran while they waited (a count of ticks per elapsed time would be a
+        # timed assertion: on a loaded machine a tick can take longer than 30 ms).
+        assert ticks >= 2
         assert e.usage(P, M, K)["rpm"]["used"] == 10
         assert e.usage(P, M, K)["in_flight"] == 0
 

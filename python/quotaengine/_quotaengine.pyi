@@ -432,10 +432,17 @@ class _QuotaEngine:
         caps. ``None`` makes the key its own account (SPEC §14.3)."""
     def key_account(self, platform: str, key_id: int) -> str:
         """The account in force for a key: ``"key:<key_id>"`` for a key of its own."""
+    def set_key_concurrency_cap(self, platform: str, key_id: int, cap: int | None) -> None:
+        """Configure the most requests the key may have in flight at once (SPEC 20);
+        ``None`` forgets it. Persisted and shared by every engine on the store; the
+        gate refuses at the lowest of it, the env cap and a learned cap. A key not yet
+        registered is registered for ``platform``; a key registered for another
+        platform, or a negative cap, is a ``ValueError``. Releases the GIL."""
     def key_concurrency_cap(self, platform: str, key_id: int) -> int | None:
-        """The key concurrency cap in force: the smaller of the configured one
+        """The key concurrency cap in force: the lowest of the configured one
+        (``set_key_concurrency_cap``), the env one
         (``MAX_CONCURRENT_REQUESTS_PER_KEY[_<PLATFORM>]``) and the one learned from
-        concurrency failures (SPEC 15.4), ``None`` when there is neither."""
+        concurrency failures (SPEC 15.4), ``None`` when there is none."""
     def set_model_limits(
         self,
         platform: str,

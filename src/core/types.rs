@@ -199,6 +199,9 @@ pub struct KeyInfo {
     pub enabled: bool,
     /// The provider-side unit that meters the key (SPEC §14.3); `None`: its own.
     pub account: Option<String>,
+    /// The configured key concurrency cap (`set_key_concurrency_cap`, SPEC 20);
+    /// `None`: none configured (the env cap and a learned cap still apply).
+    pub concurrency_cap: Option<i64>,
 }
 
 /// A model's stored limits and budget label.

@@ -403,6 +403,7 @@ impl PyQuotaEngine {
             label,
             enabled,
             account,
+            concurrency_cap: None, // the engine keeps the key's configured cap
         };
         self.run(py, move |e| e.register_key(key))
     }
@@ -422,6 +423,21 @@ impl PyQuotaEngine {
     /// SPEC 15.4: the key concurrency cap in force, the smaller of the configured one
     /// (`MAX_CONCURRENT_REQUESTS_PER_KEY[_<PLATFORM>]`) and the one learned from
     /// concurrency failures; `None` when there is neither.
+    fn set_key_concurrency_cap(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+        cap: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?.to_string();
+        let k = int_arg(key_id, "key_id")?;
+        let c = if cap.is_none() { None } else { Some(int_arg(cap, "cap")?) };
+        self.run(py, move |e| e.set_key_concurrency_cap(&p, k, c))
+    }
+
+    /// SPEC 15.4, 20: the key concurrency cap in force: the lowest of the configured
+    /// cap (`set_key_concurrency_cap`), the env cap and a learned cap.
     fn key_concurrency_cap(
         &self,
         py: Python<'_>,

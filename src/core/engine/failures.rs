@@ -493,13 +493,17 @@ impl Engine {
         LearnedLimit { kind: LimitAxis::Concurrency, limit: cap }
     }
 
-    /// The key concurrency cap in force (SPEC 15.4): the smaller of the configured
-    /// one (env) and the one learned from concurrency failures.
+    /// The key concurrency cap in force (SPEC 15.4, 20): the lowest of the env cap,
+    /// the key's configured cap and the one learned from concurrency failures.
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;
-        let (_, configured) = self.platform_env(platform);
-        let learned = self.read(|m, now| m.learned_concurrency_cap(platform, key_id, now))?;
-        Ok(min_cap(configured, learned))
+        let (_, env) = self.platform_env(platform);
+        let (configured, learned) = self.read(|m, now| {
+            let configured =
+                m.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
+            (configured, m.learned_concurrency_cap(platform, key_id, now))
+        })?;
+        Ok(min_cap(min_cap(env, configured), learned))
     }
 
     /// A lease's failure: `record_failure` for its route, then the lease released.

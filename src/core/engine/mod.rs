@@ -515,8 +515,11 @@ impl Engine {
     }
 
     fn gate_context(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> GateContext {
-        let (_, conc) = self.platform_env(&route.platform);
-        // The cap in force (SPEC 15.4): the configured one or the learned one, the smaller.
+        let (_, env) = self.platform_env(&route.platform);
+        // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
+        // configured cap and the learned one.
+        let configured = self.mirror.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+        let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
         let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
@@ -530,6 +533,41 @@ impl Engine {
         if key.account.as_deref() == Some("") {
             return Err(Error::invalid("account must be a non-empty string, or None for a key of its own"));
         }
+        // A configured concurrency cap is the key's own setting: registering the key
+        // again (its account, label, ...) keeps it.
+        let key = KeyInfo { concurrency_cap: self.read(|m, _| configured_key_cap(m, key.key_id))?, ..key };
+        self.write(vec![Write::UpsertKey(key)]).map(|_| ())
+    }
+
+    /// Configures a key's concurrency cap (SPEC 20): persisted and shared; the gate
+    /// refuses at the lowest of it, the env cap and a learned cap. `None` forgets it.
+    /// A key not yet registered is registered for `platform` (its own account).
+    pub fn set_key_concurrency_cap(&mut self, platform: &str, key_id: i64, cap: Option<i64>) -> Result<()> {
+        check_name("platform", platform)?;
+        if let Some(c) = cap {
+            if c < 0 {
+                return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
+            }
+        }
+        let known = self.read(|m, _| m.keys.get(&key_id).cloned())?;
+        let key = match known {
+            Some(k) if k.platform != platform => {
+                return Err(Error::Invalid(format!(
+                    "key {key_id} is registered for platform {:?}, not {platform:?}",
+                    k.platform
+                )))
+            }
+            Some(k) => KeyInfo { concurrency_cap: cap, ..k },
+            None => KeyInfo {
+                key_id,
+                platform: platform.to_string(),
+                base_url: None,
+                label: None,
+                enabled: true,
+                account: None,
+                concurrency_cap: cap,
+            },
+        };
         self.write(vec![Write::UpsertKey(key)]).map(|_| ())
     }
 
@@ -859,4 +897,9 @@ impl LeaseIds {
         }
         (self.prefix << 23) | self.counter
     }
+}
+
+/// A key's configured concurrency cap (SPEC 20), `None` when it has none.
+fn configured_key_cap(m: &Mirror, key_id: i64) -> Option<i64> {
+    m.keys.get(&key_id).and_then(|k| k.concurrency_cap)
 }

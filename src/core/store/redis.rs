@@ -301,8 +301,9 @@ fn parse_cooldown(field: &str, v: &str) -> StoreResult<CooldownRow> {
 }
 
 fn parse_key(v: &str) -> StoreResult<KeyInfo> {
-    // Five fields before accounts; the sixth is the account (SPEC §14.3).
-    let f: Vec<&str> = v.splitn(6, SEP).collect();
+    // Five fields before accounts; the sixth is the account (SPEC §14.3), the
+    // seventh the configured concurrency cap (SPEC 20; empty: none).
+    let f: Vec<&str> = v.splitn(7, SEP).collect();
     if f.len() < 5 {
         return Err(unavailable(format!("malformed stored value {v:?}")));
     }
@@ -313,6 +314,10 @@ fn parse_key(v: &str) -> StoreResult<KeyInfo> {
         label: unopt(f[3]),
         platform: unesc(f[4]),
         account: f.get(5).and_then(|a| unopt(a)),
+        concurrency_cap: match f.get(6) {
+            Some(c) if !c.is_empty() => Some(parse_i64(c)?),
+            _ => None,
+        },
     })
 }
 
@@ -749,13 +754,14 @@ impl RedisStore {
                 "keys".into(),
                 k.key_id.to_string(),
                 format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
                     k.key_id,
                     if k.enabled { "1" } else { "0" },
                     opt(k.base_url.as_deref()),
                     opt(k.label.as_deref()),
                     esc(&k.platform),
-                    opt(k.account.as_deref())
+                    opt(k.account.as_deref()),
+                    opt_i64(k.concurrency_cap)
                 ),
             ]),
             Write::UpsertModel(m) => out.extend([

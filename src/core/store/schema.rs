@@ -196,6 +196,11 @@ DROP TABLE failure_history;
 ALTER TABLE failure_history_v7 RENAME TO failure_history;
 CREATE INDEX idx_failure_history_key ON failure_history (key_id);
 "#,
+    r#"
+-- Version 8: a key's configured concurrency cap (SPEC 20, set_key_concurrency_cap);
+-- NULL: none configured (the env cap and a learned cap still apply).
+ALTER TABLE api_keys ADD COLUMN concurrency_cap INTEGER;
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

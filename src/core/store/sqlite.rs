@@ -293,9 +293,9 @@ impl SqliteStore {
     }
 
     fn read_keys(&self) -> rusqlite::Result<Vec<KeyInfo>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT key_id, platform, base_url, label, enabled, account FROM api_keys")?;
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT key_id, platform, base_url, label, enabled, account, concurrency_cap FROM api_keys",
+        )?;
         let rows = stmt.query_map([], |r| {
             Ok(KeyInfo {
                 key_id: r.get(0)?,
@@ -304,6 +304,7 @@ impl SqliteStore {
                 label: r.get(3)?,
                 enabled: r.get::<_, Option<i64>>(4)?.unwrap_or(1) != 0,
                 account: r.get(5)?,
+                concurrency_cap: r.get(6)?,
             })
         })?;
         rows.collect()
@@ -627,12 +628,20 @@ impl SqliteStore {
                 .execute([now])? as i64,
             Write::UpsertKey(k) => {
                 c.prepare_cached(
-                    "INSERT INTO api_keys (key_id, platform, base_url, label, enabled, account) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key_id) DO UPDATE SET platform = excluded.platform, \
+                    "INSERT INTO api_keys (key_id, platform, base_url, label, enabled, account, concurrency_cap) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key_id) DO UPDATE SET platform = excluded.platform, \
                      base_url = excluded.base_url, label = excluded.label, enabled = excluded.enabled, \
-                     account = excluded.account",
+                     account = excluded.account, concurrency_cap = excluded.concurrency_cap",
                 )?
-                .execute(params![k.key_id, k.platform, k.base_url, k.label, k.enabled as i64, k.account])?;
+                .execute(params![
+                    k.key_id,
+                    k.platform,
+                    k.base_url,
+                    k.label,
+                    k.enabled as i64,
+                    k.account,
+                    k.concurrency_cap
+                ])?;
                 0
             }
             Write::UpsertModel(m) => {

@@ -1,0 +1,624 @@
+"""quotaengine in a LiteLLM ``Router`` (SPEC 20): two lines.
+
+```python
+import quotaengine.litellm as qel
+plugin = qel.install(router, engine, wait_s=5)
+```
+
+From then on the engine chooses every deployment of the router: for a request to a
+model group, ``lease_any`` over the group's deployments (each one a route) with the
+prompt's token count plus ``max_tokens`` as the estimate; the lease travels with the
+request (a token in its metadata) and ends exactly once, when LiteLLM logs the call's
+success or failure (a stream when LiteLLM logs it complete) or when the caller's task
+is cancelled. When every deployment refuses, the call raises ``litellm.RateLimitError``
+with a ``retry-after`` header, so LiteLLM's fallbacks to other model groups still work.
+
+Only LiteLLM's own extension points are used: its custom routing strategy
+(``Router.register_plugin``, else ``set_custom_routing_strategy``) and its callbacks
+(a ``CustomLogger``). Supported: LiteLLM 1.100 or later (tested with 1.110).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import math
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, cast
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from . import Lease, QuotaEngine
+
+__all__ = ["QuotaEnginePlugin", "install", "derive_route"]
+
+Route = tuple[str, str, int]
+Strategy = Literal["headroom", "order", "spread"]
+
+# SPEC 20: the platform of an api_base host.
+_HOSTS = {
+    "api.groq.com": "groq",
+    "generativelanguage.googleapis.com": "google",
+    "api.cerebras.ai": "cerebras",
+    "openrouter.ai": "openrouter",
+    "integrate.api.nvidia.com": "nvidia",
+    "api.mistral.ai": "mistral",
+    "api.openai.com": "openai",
+    "api.anthropic.com": "anthropic",
+}
+_GOOGLE_PROVIDERS = ("gemini", "vertex_ai")
+# The metadata entry that carries a request's token: (plugin id, request number).
+_META = "quotaengine"
+_plugin_ids = itertools.count(1)
+
+
+def key_id_of(deployment_id: str) -> int:
+    """A key id stable across processes and restarts: a 63-bit hash of the deployment's id."""
+    digest = hashlib.blake2b(deployment_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _provider_and_model(params: Mapping[str, Any]) -> tuple[str, str]:
+    model = str(params.get("model") or "")
+    provider = params.get("custom_llm_provider")
+    head, sep, rest = model.partition("/")
+    if isinstance(provider, str) and provider:
+        return provider, rest if sep and head == provider else model
+    if sep:
+        return head, rest
+    return "openai", model
+
+
+def derive_route(deployment: Mapping[str, Any]) -> tuple[str, str, int]:
+    """The route SPEC 20 derives for a deployment (a ``model_list`` entry): the platform
+    from its provider and ``api_base`` host, the model id without the provider prefix,
+    and the key id hashed from ``model_info["id"]``."""
+    params = deployment.get("litellm_params") or {}
+    info = deployment.get("model_info") or {}
+    provider, model_id = _provider_and_model(params)
+    platform = provider
+    base = params.get("api_base")
+    if isinstance(base, str) and base:
+        parts = urlsplit(base if "//" in base else "//" + base)
+        host = (parts.hostname or "").lower()
+        if host in _HOSTS:
+            platform = _HOSTS[host]
+        elif parts.port == 11434:
+            platform = "ollama"
+    elif provider in _GOOGLE_PROVIDERS:
+        platform = "google"
+    return platform, model_id, key_id_of(str(info.get("id")))
+
+
+class _Live:
+    """One lease travelling with one attempt of a request."""
+
+    __slots__ = ("lease", "deployment_id", "task", "callback")
+
+    def __init__(self, lease: Lease, deployment_id: str) -> None:
+        self.lease = lease
+        self.deployment_id = deployment_id
+        self.task: asyncio.Task[Any] | None = None
+        self.callback: Any = None
+
+
+class QuotaEnginePlugin:
+    """What ``install`` put in a router: its routing strategy and its outcome logger.
+    ``route_of(deployment_id)`` tells which route a deployment is; ``uninstall()``
+    gives the router back its own routing and cooldowns."""
+
+    def __init__(
+        self,
+        router: Any,
+        engine: QuotaEngine,
+        *,
+        wait_s: float,
+        strategy: str,
+        routes: Mapping[str, Route],
+        accounts: Mapping[str, str | None],
+    ) -> None:
+        self._router = router
+        self._engine = engine
+        self._wait_s = wait_s
+        self._strategy = cast(Strategy, strategy)
+        self._routes = dict(routes)
+        self._accounts = dict(accounts)
+        self._explicit: dict[str, Route] = {}
+        self._id = f"quotaengine-{next(_plugin_ids)}"
+        self._requests = itertools.count(1)
+        self._live: dict[tuple[str, int], list[_Live]] = {}
+        self._lock = threading.Lock()
+        self._installed = False
+        self._cooldowns_before: object = None
+        self._logger: Any = None
+
+    # ---- the public surface ----------------------------------------------------------
+
+    def route_of(self, deployment_id: str) -> Route:
+        """The route (platform, model_id, key_id) of a deployment; ``KeyError`` when the
+        router has no deployment with that id."""
+        route = self._routes.get(deployment_id)
+        if route is None:
+            deployment = self._deployment(deployment_id)
+            if deployment is None:
+                raise KeyError(deployment_id)
+            route = self._route_for(deployment)
+        return route
+
+    def uninstall(self) -> None:
+        """Stop choosing: the router's own strategy and cooldowns come back, the outcome
+        logger goes. Leases still travelling end as their calls end. Idempotent."""
+        if not self._installed:
+            return
+        import litellm
+
+        self._installed = False
+        litellm.logging_callback_manager.remove_callback_from_all_lists(self._logger)
+        router = self._router
+        _restore_routing(router)
+        _set_cooldowns_disabled(router, self._cooldowns_before)
+        router._quotaengine_plugin = None
+
+    # ---- LiteLLM's custom routing strategy -------------------------------------------
+
+    def get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, Any]] | None = None,
+        input: Any = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """LiteLLM's sync pick: a lease on one of the group's deployments (waiting up to
+        ``wait_s``), or ``litellm.RateLimitError``."""
+        candidates = self._candidates(model, specific_deployment)
+        routes = [self.route_of(_id_of(d)) for d in candidates]
+        estimate, output = self._estimate(messages, input, request_kwargs)
+        from ._errors import QuotaExceeded
+
+        try:
+            lease = self._engine.lease_any(
+                routes, estimate, estimated_output_tokens=output, strategy=self._strategy, wait_s=self._wait_s
+            )
+        except QuotaExceeded as refused:
+            raise self._refusal(model, refused) from None
+        return self._travel(lease, routes, candidates, request_kwargs, None)
+
+    async def async_get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, Any]] | None = None,
+        input: Any = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """LiteLLM's async pick: as the sync one, waiting without blocking the loop."""
+        candidates = self._candidates(model, specific_deployment)
+        routes = [self.route_of(_id_of(d)) for d in candidates]
+        estimate, output = self._estimate(messages, input, request_kwargs)
+        from ._errors import QuotaExceeded
+
+        try:
+            lease = await self._engine.lease_any_async(
+                routes, estimate, estimated_output_tokens=output, strategy=self._strategy, wait_s=self._wait_s
+            )
+        except QuotaExceeded as refused:
+            raise self._refusal(model, refused) from None
+        return self._travel(lease, routes, candidates, request_kwargs, asyncio.current_task())
+
+    # ---- outcomes (the logger calls these) ---------------------------------------------
+
+    def _on_success(self, kwargs: Mapping[str, Any], response: Any) -> None:
+        live = self._take(kwargs)
+        if live is not None:
+            live.lease.observe(response)
+
+    def _on_failure(self, kwargs: Mapping[str, Any]) -> None:
+        live = self._take(kwargs)
+        if live is None:
+            return
+        exc = kwargs.get("exception")
+        if isinstance(exc, BaseException):
+            live.lease.observe(exc)
+        else:  # LiteLLM logged a failure without its exception: nothing to learn from
+            live.lease.failure(message=str(exc or "LiteLLM logged a failure"), kind="transport")
+
+    # ---- the pieces -------------------------------------------------------------------
+
+    def _deployment(self, deployment_id: str) -> Mapping[str, Any] | None:
+        registry = getattr(self._router, "registry", None)
+        if registry is not None:
+            found = registry().deployment_dict(deployment_id)
+        else:
+            found = self._router.get_model_info(id=deployment_id)
+        return found if isinstance(found, Mapping) else None
+
+    def _route_for(self, deployment: Mapping[str, Any]) -> Route:
+        route, account = _route_of(deployment, self._explicit)
+        deployment_id = _id_of(deployment)
+        if deployment_id not in self._routes:  # a deployment added after install
+            self._engine.register_key(route[2], route[0], account=account)
+            self._routes[deployment_id] = route
+        return route
+
+    def _candidates(self, model: str, specific_deployment: bool | None) -> list[Mapping[str, Any]]:
+        group = _group(self._router, model)
+        if not group and specific_deployment:
+            one = self._deployment(model)
+            group = [one] if one is not None else []
+        if not group:
+            from litellm.exceptions import BadRequestError
+
+            raise BadRequestError(
+                message=f"quotaengine: no deployment in model group {model!r}", model=model, llm_provider="quotaengine"
+            )
+        return group
+
+    def _estimate(self, messages: Any, input: Any, request_kwargs: Mapping[str, Any] | None) -> tuple[int, int]:
+        import litellm
+
+        prompt = 0
+        try:
+            if messages:
+                prompt = int(litellm.token_counter(messages=messages))
+            elif isinstance(input, str):
+                prompt = int(litellm.token_counter(text=input))
+            elif isinstance(input, list):
+                prompt = int(litellm.token_counter(text=" ".join(str(i) for i in input)))
+        except Exception:  # noqa: BLE001 - a prompt the counter cannot read: no estimate
+            prompt = 0
+        output = 0
+        kw = request_kwargs or {}
+        for name in ("max_tokens", "max_completion_tokens"):
+            v = kw.get(name)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                output = v
+                break
+        return prompt + output, output
+
+    def _refusal(self, model: str, refused: Any) -> Exception:
+        """LiteLLM's RateLimitError with a retry-after until the earliest retry time."""
+        import httpx
+        from litellm.exceptions import RateLimitError
+
+        retry_at = [r.retry_at_ms for r in refused.refusals if r.retry_at_ms is not None]
+        if retry_at:
+            wait_ms = min(retry_at) - self._engine.now_ms()
+            retry_after = max(1, math.ceil(wait_ms / 1000))
+        else:
+            retry_after = 1
+        reasons = ", ".join(f"{r.platform}/{r.model_id}/key {r.key_id}: {r.reason}" for r in refused.refusals)
+        headers = {"retry-after": str(retry_after)}
+        request = httpx.Request("POST", "http://quotaengine.invalid/")
+        response = httpx.Response(429, headers=headers, request=request)
+        return RateLimitError(
+            message=f"quotaengine: every deployment of {model!r} is at its limits ({reasons})",
+            llm_provider="quotaengine",
+            model=model,
+            response=response,
+            headers=headers,
+        )
+
+    def _travel(
+        self,
+        lease: Lease,
+        routes: list[Route],
+        candidates: list[Mapping[str, Any]],
+        request_kwargs: dict[str, Any] | None,
+        task: asyncio.Task[Any] | None,
+    ) -> dict[str, Any]:
+        picked = (lease.platform, lease.model_id, lease.key_id)
+        deployment = candidates[routes.index(picked)]
+        if request_kwargs is None:
+            # Nobody to tell the outcome: the call is LiteLLM's own (never the Router's).
+            lease.success(tokens=lease.estimated_tokens)
+            return dict(deployment)
+        metadata = request_kwargs.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}
+            request_kwargs["metadata"] = metadata
+        token = metadata.get(_META)
+        if not (isinstance(token, tuple) and len(token) == 2 and token[0] == self._id):
+            token = (self._id, next(self._requests))
+            metadata[_META] = token
+        live = _Live(lease, _id_of(deployment))
+        with self._lock:
+            self._live.setdefault(token, []).append(live)
+        if task is not None:
+            # A caller that cancels its task (wait_for's timeout included) ends the lease
+            # as SPEC 18.4 says; a task that finishes otherwise leaves it to the logger.
+            def cancelled(t: asyncio.Task[Any], token: tuple[str, int] = token, live: _Live = live) -> None:
+                if t.cancelled() and self._take_live(token, live):
+                    live.lease.observe(asyncio.CancelledError())
+
+            live.task, live.callback = task, cancelled
+            task.add_done_callback(cancelled)
+        return dict(deployment)
+
+    def _token_of(self, kwargs: Mapping[str, Any]) -> tuple[str, int] | None:
+        params = kwargs.get("litellm_params") or {}
+        for bucket in (params.get("metadata"), params.get("litellm_metadata"), kwargs.get("metadata")):
+            if isinstance(bucket, Mapping):
+                token = bucket.get(_META)
+                if isinstance(token, tuple) and len(token) == 2 and token[0] == self._id:
+                    return token
+        return None
+
+    def _take(self, kwargs: Mapping[str, Any]) -> _Live | None:
+        """The live lease of the attempt LiteLLM logged, removed so that it ends once."""
+        token = self._token_of(kwargs)
+        if token is None:
+            return None
+        params = kwargs.get("litellm_params") or {}
+        info = params.get("model_info") or kwargs.get("model_info") or {}
+        deployment_id = info.get("id") if isinstance(info, Mapping) else None
+        with self._lock:
+            lives = self._live.get(token)
+            if not lives:
+                return None
+            # The oldest live attempt on the deployment LiteLLM names (attempts of one
+            # request run one after another); the oldest of all when it names none.
+            live = next((x for x in lives if x.deployment_id == deployment_id), lives[0])
+            lives.remove(live)
+            if not lives:
+                del self._live[token]
+        self._forget_task(live)
+        return live
+
+    def _take_live(self, token: tuple[str, int], live: _Live) -> bool:
+        with self._lock:
+            lives = self._live.get(token)
+            if not lives or live not in lives:
+                return False
+            lives.remove(live)
+            if not lives:
+                del self._live[token]
+        return True
+
+    @staticmethod
+    def _forget_task(live: _Live) -> None:
+        if live.task is not None:
+            try:
+                live.task.remove_done_callback(live.callback)
+            except RuntimeError:  # noqa: PERF203 - its loop is gone
+                pass
+            live.task = live.callback = None
+
+
+def _id_of(deployment: Mapping[str, Any]) -> str:
+    return str((deployment.get("model_info") or {}).get("id"))
+
+
+def _group(router: Any, model: str) -> list[Mapping[str, Any]]:
+    registry = getattr(router, "registry", None)
+    if registry is not None:
+        found = registry().deployments(model, source="group")
+    else:
+        found = router.get_model_list(model_name=model)
+    return [d for d in (found or []) if isinstance(d, Mapping)]
+
+
+def _all_deployments(router: Any) -> list[Mapping[str, Any]]:
+    registry = getattr(router, "registry", None)
+    found = registry().deployments(source="group") if registry is not None else router.get_model_list()
+    return [d for d in (found or []) if isinstance(d, Mapping)]
+
+
+def _route_of(deployment: Mapping[str, Any], explicit: Mapping[str, Route]) -> tuple[Route, str | None]:
+    """A deployment's route and account: ``routes`` given to install, else
+    ``model_info["quotaengine"]``, else derived (SPEC 20). ValueError for a bad one."""
+    deployment_id = _id_of(deployment)
+    if deployment_id in explicit:
+        return explicit[deployment_id], None
+    params = deployment.get("litellm_params") or {}
+    info = deployment.get("model_info") or {}
+    given = info.get(_META)
+    if given is None:
+        return derive_route(deployment), None
+    if not isinstance(given, Mapping):
+        raise ValueError(f"deployment {deployment_id}: model_info['quotaengine'] must be a mapping, not {given!r}")
+    platform, key_id, account = given.get("platform"), given.get("key_id"), given.get("account")
+    if not isinstance(platform, str) or not platform:
+        raise ValueError(f"deployment {deployment_id}: model_info['quotaengine']['platform'] must be a str")
+    if not isinstance(key_id, int) or isinstance(key_id, bool):
+        raise ValueError(f"deployment {deployment_id}: model_info['quotaengine']['key_id'] must be an int")
+    if account is not None and (not isinstance(account, str) or not account):
+        raise ValueError(f"deployment {deployment_id}: model_info['quotaengine']['account'] must be a str")
+    model_id = given.get("model_id")
+    if model_id is None:
+        model_id = _provider_and_model(params)[1]
+    elif not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"deployment {deployment_id}: model_info['quotaengine']['model_id'] must be a str")
+    return (platform, model_id, key_id), account
+
+
+def _check_route(name: str, route: object) -> Route:
+    if (
+        not isinstance(route, tuple)
+        or len(route) != 3
+        or not isinstance(route[0], str)
+        or not route[0]
+        or not isinstance(route[1], str)
+        or not route[1]
+        or not isinstance(route[2], int)
+        or isinstance(route[2], bool)
+    ):
+        raise ValueError(f"routes[{name!r}] must be a (platform, model_id, key_id) tuple, not {route!r}")
+    return route
+
+
+def _declared(params: Mapping[str, Any], name: str) -> int | None:
+    v = params.get(name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        return None
+    return v
+
+
+def _import_limits(engine: QuotaEngine, deployment: Mapping[str, Any], route: Route) -> None:
+    """SPEC 20: a deployment's rpm/tpm/rpd/tpd go to its route's limits where the engine
+    knows nothing lower; max_parallel_requests to its key's concurrency cap."""
+    from . import Limit
+
+    params = deployment.get("litellm_params") or {}
+    platform, model_id, key_id = route
+    windows = {"rpm": ("requests", "minute"), "rpd": ("requests", "day"), "tpm": ("tokens", "minute")}
+    windows["tpd"] = ("tokens", "day")
+    declared = {name: _declared(params, name) for name in windows}
+    if any(v is not None for v in declared.values()):
+        current = engine.model_limit_list(platform, model_id)
+        merged = list(current)
+        for name, value in declared.items():
+            if value is None:
+                continue
+            metric, per = windows[name]
+            at = next(
+                (i for i, lim in enumerate(merged) if (lim.metric, lim.per, lim.scope) == (metric, per, "account")),
+                None,
+            )
+            if at is None:
+                merged.append(Limit(metric, value, per))
+            elif value < merged[at].limit:
+                merged[at] = Limit(metric, value, per)
+        if merged != current:
+            engine.set_model_limits(platform, model_id, limits=merged)
+    cap = _declared(params, "max_parallel_requests")
+    if cap is not None:
+        engine.set_key_concurrency_cap(platform, key_id, cap)
+
+
+def _restore_routing(router: Any) -> None:
+    """Gives the router its own strategy back: LiteLLM drops a custom strategy when the
+    routing strategy changes, so it changes to another one and back."""
+    settings = getattr(router, "settings", None)
+    if callable(settings):
+        from litellm.router_api import ChangeSet
+
+        current = settings().routing_strategy or "simple-shuffle"
+        other = "least-busy" if current != "least-busy" else "simple-shuffle"
+        router.apply(ChangeSet(settings={"routing_strategy": other}))
+        router.apply(ChangeSet(settings={"routing_strategy": current}))
+    else:  # older LiteLLM: the strategy's picks were assigned over the router's own
+        for name in ("get_available_deployment", "async_get_available_deployment"):
+            router.__dict__.pop(name, None)
+
+
+def _set_cooldowns_disabled(router: Any, value: object) -> object:
+    """Sets the router's ``disable_cooldowns``; returns what it was."""
+    settings = getattr(router, "settings", None)
+    if callable(settings):
+        before = settings().disable_cooldowns
+        from litellm.router_api import ChangeSet
+
+        router.apply(ChangeSet(assign={"disable_cooldowns": value}))
+        return before
+    before = getattr(router, "disable_cooldowns", None)
+    router.disable_cooldowns = value
+    return before
+
+
+def _make_logger(plugin: QuotaEnginePlugin) -> Any:
+    """The outcome logger of one plugin. LiteLLM keeps one logger per class and public
+    attributes: ``plugin_id`` tells this one from another router's."""
+    from litellm.integrations.custom_logger import CustomLogger
+
+    class QuotaEngineLogger(CustomLogger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.plugin_id = plugin._id
+
+        def log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            plugin._on_success(kwargs, response_obj)
+
+        def log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            plugin._on_failure(kwargs)
+
+        async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            plugin._on_success(kwargs, response_obj)
+
+        async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+            plugin._on_failure(kwargs)
+
+        # The deployment hooks run inside the call, before it returns (the log events
+        # above run later, on a task of their own): the engine learns from a failure
+        # before the next request is chosen. A stream never reaches the success hook.
+        async def async_post_call_success_deployment_hook(
+            self, request_data: Any, response: Any, call_type: Any
+        ) -> Any:
+            if isinstance(request_data, dict) and not request_data.get("stream"):
+                plugin._on_success(request_data, response)
+            return response
+
+        async def async_post_call_failure_deployment_hook(
+            self, request_data: Any, exception: Any, call_type: Any, fallback_depth: Any = None
+        ) -> None:
+            if isinstance(request_data, Mapping):
+                plugin._on_failure({**request_data, "exception": exception})
+
+    return QuotaEngineLogger()
+
+
+def install(
+    router: Any,
+    engine: QuotaEngine,
+    *,
+    wait_s: float = 0.0,
+    strategy: str = "headroom",
+    routes: Mapping[str, Route] | None = None,
+    import_limits: bool = True,
+) -> QuotaEnginePlugin:
+    """Make ``engine`` choose every deployment of ``router`` (a ``litellm.Router``).
+
+    Each deployment is a route: ``routes[model_info["id"]]``, else
+    ``model_info["quotaengine"]`` (``platform``, ``key_id``, ``account``), else derived
+    from its provider and ``api_base`` (SPEC 20). Each key is registered with its
+    account; with ``import_limits`` a deployment's ``rpm``/``tpm``/``rpd``/``tpd`` and
+    ``max_parallel_requests`` go to the engine where it knows nothing lower. A bad
+    set-up (a ``routes`` entry naming no deployment, a malformed
+    ``model_info["quotaengine"]``, a second ``install`` on one router) is a
+    ``ValueError`` before anything changes."""
+    import litellm  # noqa: F401 - the extra: pip install quotaengine[litellm]
+
+    if getattr(router, "_quotaengine_plugin", None) is not None:
+        raise ValueError("quotaengine is already installed on this router: uninstall() it first")
+    if not isinstance(strategy, str) or strategy not in ("headroom", "order", "spread"):
+        raise ValueError(f"strategy must be 'headroom', 'order' or 'spread', not {strategy!r}")
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not math.isfinite(wait_s) or wait_s < 0:
+        raise ValueError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
+    deployments = _all_deployments(router)
+    ids = {_id_of(d) for d in deployments}
+    explicit: dict[str, Route] = {}
+    for name, route in (routes or {}).items():
+        if name not in ids:
+            raise ValueError(f"routes names {name!r}, which is no deployment of this router")
+        explicit[name] = _check_route(name, route)
+    # Every route first (a bad one raises before anything is changed), then the writes.
+    found: dict[str, Route] = {}
+    accounts: dict[str, str | None] = {}
+    for d in deployments:
+        route, account = _route_of(d, explicit)
+        found[_id_of(d)] = route
+        accounts[_id_of(d)] = account
+    for d in deployments:
+        deployment_id = _id_of(d)
+        platform, _model, key_id = found[deployment_id]
+        engine.register_key(key_id, platform, account=accounts[deployment_id])
+        if import_limits:
+            _import_limits(engine, d, found[deployment_id])
+    plugin = QuotaEnginePlugin(router, engine, wait_s=float(wait_s), strategy=strategy, routes=found, accounts=accounts)
+    plugin._explicit = explicit
+    plugin._logger = _make_logger(plugin)
+    import litellm as _litellm
+
+    _litellm.logging_callback_manager.add_litellm_callback(plugin._logger)
+    register = getattr(router, "register_plugin", None)
+    if register is not None:
+        register(plugin)
+    else:
+        router.set_custom_routing_strategy(plugin)
+    # The engine benches a deployment once: LiteLLM's own cooldowns are off.
+    plugin._cooldowns_before = _set_cooldowns_disabled(router, True)
+    router._quotaengine_plugin = plugin
+    plugin._installed = True
+    return plugin
