@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import urlsplit
 
+from ._errors import QuotaExceeded
+
 if TYPE_CHECKING:
     from . import Lease, QuotaEngine
 
@@ -173,10 +175,9 @@ class QuotaEnginePlugin:
     ) -> dict[str, Any]:
         """LiteLLM's sync pick: a lease on one of the group's deployments (waiting up to
         ``wait_s``), or ``litellm.RateLimitError``."""
-        candidates = self._candidates(model, specific_deployment)
-        routes = [self.route_of(_id_of(d)) for d in candidates]
-        estimate, output = self._estimate(messages, input, request_kwargs)
-        from ._errors import QuotaExceeded
+        candidates, routes, estimate, output = self._request(
+            model, messages, input, specific_deployment, request_kwargs
+        )
 
         try:
             lease = self._engine.lease_any(
@@ -195,10 +196,9 @@ class QuotaEnginePlugin:
         request_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """LiteLLM's async pick: as the sync one, waiting without blocking the loop."""
-        candidates = self._candidates(model, specific_deployment)
-        routes = [self.route_of(_id_of(d)) for d in candidates]
-        estimate, output = self._estimate(messages, input, request_kwargs)
-        from ._errors import QuotaExceeded
+        candidates, routes, estimate, output = self._request(
+            model, messages, input, specific_deployment, request_kwargs
+        )
 
         try:
             lease = await self._engine.lease_any_async(
@@ -207,6 +207,20 @@ class QuotaEnginePlugin:
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
         return self._travel(lease, routes, candidates, request_kwargs, asyncio.current_task())
+
+    def _request(
+        self,
+        model: str,
+        messages: Any,
+        input: Any,
+        specific_deployment: bool | None,
+        request_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[list[Mapping[str, Any]], list[Route], int, int]:
+        """A request's candidates, their routes and its estimate (total, output)."""
+        candidates = self._candidates(model, specific_deployment)
+        routes = [self.route_of(_id_of(d)) for d in candidates]
+        estimate, output = self._estimate(messages, input, request_kwargs)
+        return candidates, routes, estimate, output
 
     # ---- outcomes (the logger calls these) ---------------------------------------------
 
