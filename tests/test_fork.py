@@ -446,6 +446,7 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "model_limit_list": lambda: e.model_limit_list(P, M),
         "key_account": lambda: e.key_account(P, 1),
         "key_concurrency_cap": lambda: e.key_concurrency_cap(P, 1),
+        "set_key_concurrency_cap": lambda: e.set_key_concurrency_cap(P, 99, None),
         "record_request": lambda: e.record_request(P, M, K),
         "record_tokens": lambda: e.record_tokens(P, M, K, 3),
         "usage": lambda: e.usage(P, M, K),
