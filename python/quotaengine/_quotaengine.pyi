@@ -522,7 +522,8 @@ class _QuotaEngine:
         windows, and ``estimated_output_tokens`` in ``output_tokens`` windows. With
         ``wait_s``, waits up to that many seconds of real time for a gate to open (SPEC
         17.2): the GIL and the engine's lock released, first come first served, raising
-        at once when every refusal's retry time lies beyond the wait."""
+        at once when every refusal's retry time lies beyond the wait. A ``wait_s`` over
+        10**12 s is an OverflowError."""
     def lease_any(
         self,
         routes: Iterable[tuple[str, str, int]],

@@ -75,6 +75,9 @@ pub enum Error {
     /// Bad input: negative tokens, empty platform, unknown source... (Python: ValueError)
     #[error("{0}")]
     Invalid(String),
+    /// A duration or time beyond what the engine can represent (Python: OverflowError).
+    #[error("{0}")]
+    Overflow(String),
     /// `lease()` refused (Python: QuotaExceeded).
     #[error("{}/{}/{}: quota exceeded ({})", .0.platform, .0.model_id, .0.key_id, .0.reason.as_str())]
     Refused(Box<Refusal>),

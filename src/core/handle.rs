@@ -220,6 +220,13 @@ impl Handle {
         self.boundary(f)
     }
 
+    /// A panic inside `f` turned into [`Error::Internal`], without the fork gate: for
+    /// what takes several steps on the engine, each passing the gate itself (a wait's
+    /// step).
+    pub(crate) fn shielded<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.boundary(f)
+    }
+
     /// The boundary without the fork gate, for what waits on the user's code (a probe
     /// pass and its validator): each of its steps on the engine passes the gate itself.
     fn boundary<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {

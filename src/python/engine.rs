@@ -1,7 +1,7 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
 use super::convert::failure_args;
 use super::convert::{
-    count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, seconds_arg, str_arg,
+    count_arg, duration_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg,
     token_use_arg,
 };
 use super::errors::to_pyerr;
@@ -201,8 +201,7 @@ fn lease_op(
 fn wait_arg(wait_s: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
     match wait_s.filter(|w| !w.is_none()) {
         None => Ok(Duration::ZERO),
-        Some(w) => Duration::try_from_secs_f64(seconds_arg(w, "wait_s")?)
-            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("wait_s: {e}"))),
+        Some(w) => duration_arg(w, "wait_s"),
     }
 }
 
@@ -270,63 +269,68 @@ impl PyQuotaEngine {
         flush_interval_ms: Option<&Bound<'_, PyAny>>,
         readonly: bool,
     ) -> PyResult<Self> {
-        // The environment is read once, here: a mapping replaces os.environ.
-        let env_obj = match env {
-            Some(e) if !e.is_none() => e.clone(),
-            _ => py.import("os")?.getattr("environ")?,
-        };
-        let mapping =
-            env_obj.cast::<PyMapping>().map_err(|_| super::errors::type_error("env must be a mapping"))?;
-        let mut vars = HashMap::new();
-        for item in mapping.items()?.iter() {
-            let (k, v): (String, String) =
-                item.extract().map_err(|_| super::errors::type_error("env keys and values must be str"))?;
-            vars.insert(k, v);
-        }
-        let path: String = match path {
-            Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
-            _ => vars
-                .get("QUOTAENGINE_DB")
-                .filter(|v| !v.is_empty())
-                .cloned()
-                .unwrap_or_else(|| "./quota.db".into()),
-        };
-        let clock: Arc<dyn Clock> = match clock {
-            Some(c) if !c.is_none() => {
-                let c = c.cast::<PyManualClock>().map_err(|_| {
-                    super::errors::type_error("clock must be a quotaengine.ManualClock or None")
-                })?;
-                c.get().0.clone()
+        // A panic anywhere in here (conversions, opening the store) is an exception.
+        super::errors::shield(|| {
+            // The environment is read once, here: a mapping replaces os.environ.
+            let env_obj = match env {
+                Some(e) if !e.is_none() => e.clone(),
+                _ => py.import("os")?.getattr("environ")?,
+            };
+            let mapping = env_obj
+                .cast::<PyMapping>()
+                .map_err(|_| super::errors::type_error("env must be a mapping"))?;
+            let mut vars = HashMap::new();
+            for item in mapping.items()?.iter() {
+                let (k, v): (String, String) = item
+                    .extract()
+                    .map_err(|_| super::errors::type_error("env keys and values must be str"))?;
+                vars.insert(k, v);
             }
-            _ => Arc::new(SystemClock),
-        };
-        let d = Settings::default();
-        let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
-            Some(v) if !v.is_none() => count_arg(v, name),
-            _ => Ok(default),
-        };
-        let settings = Settings {
-            retention_ms: ms(retention_ms, "retention_ms", d.retention_ms)?,
-            lease_max_age_ms: ms(lease_max_age_ms, "lease_max_age_ms", d.lease_max_age_ms)?,
-            window_usage_ttl_ms: ms(window_usage_ttl_ms, "window_usage_ttl_ms", d.window_usage_ttl_ms)?,
-            busy_timeout_ms: ms(busy_timeout_ms, "busy_timeout_ms", d.busy_timeout_ms)?,
-            flush_interval_ms: ms(flush_interval_ms, "flush_interval_ms", d.flush_interval_ms)?,
-            readonly,
-            env: Env::new(vars),
-        };
-        let probe_disabled = settings.env.probe_disabled();
-        let probe_max_per_pass = settings.env.probe_max_per_pass();
-        let spec = StoreSpec::from_path(&path);
-        let clock2 = clock.clone();
-        let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
-        Ok(Self {
-            handle,
-            clock,
-            path,
-            readonly,
-            validator: parking_lot::Mutex::new(None),
-            probe_disabled,
-            probe_max_per_pass,
+            let path: String = match path {
+                Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
+                _ => vars
+                    .get("QUOTAENGINE_DB")
+                    .filter(|v| !v.is_empty())
+                    .cloned()
+                    .unwrap_or_else(|| "./quota.db".into()),
+            };
+            let clock: Arc<dyn Clock> = match clock {
+                Some(c) if !c.is_none() => {
+                    let c = c.cast::<PyManualClock>().map_err(|_| {
+                        super::errors::type_error("clock must be a quotaengine.ManualClock or None")
+                    })?;
+                    c.get().0.clone()
+                }
+                _ => Arc::new(SystemClock),
+            };
+            let d = Settings::default();
+            let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
+                Some(v) if !v.is_none() => count_arg(v, name),
+                _ => Ok(default),
+            };
+            let settings = Settings {
+                retention_ms: ms(retention_ms, "retention_ms", d.retention_ms)?,
+                lease_max_age_ms: ms(lease_max_age_ms, "lease_max_age_ms", d.lease_max_age_ms)?,
+                window_usage_ttl_ms: ms(window_usage_ttl_ms, "window_usage_ttl_ms", d.window_usage_ttl_ms)?,
+                busy_timeout_ms: ms(busy_timeout_ms, "busy_timeout_ms", d.busy_timeout_ms)?,
+                flush_interval_ms: ms(flush_interval_ms, "flush_interval_ms", d.flush_interval_ms)?,
+                readonly,
+                env: Env::new(vars),
+            };
+            let probe_disabled = settings.env.probe_disabled();
+            let probe_max_per_pass = settings.env.probe_max_per_pass();
+            let spec = StoreSpec::from_path(&path);
+            let clock2 = clock.clone();
+            let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
+            Ok(Self {
+                handle,
+                clock,
+                path,
+                readonly,
+                validator: parking_lot::Mutex::new(None),
+                probe_disabled,
+                probe_max_per_pass,
+            })
         })
     }
 
@@ -1018,8 +1022,8 @@ impl PyQuotaEngine {
             return Err(super::errors::type_error("validator must be callable"));
         }
         let interval = match interval_s.filter(|v| !v.is_none()) {
-            Some(v) => super::convert::seconds_arg(v, "interval_s")?,
-            None => 60.0,
+            Some(v) => duration_arg(v, "interval_s")?,
+            None => Duration::from_secs(60),
         };
         let max = match max_per_pass.filter(|v| !v.is_none()) {
             Some(v) => usize::try_from(count_arg(v, "max_per_pass")?).unwrap_or(usize::MAX),
@@ -1039,7 +1043,7 @@ impl PyQuotaEngine {
         if py.detach(|| self.handle.probe_running()).map_err(to_pyerr)? {
             return Ok(true);
         }
-        let period = std::time::Duration::from_secs_f64(interval.max(0.001));
+        let period = interval.max(Duration::from_millis(1));
         py.detach(|| self.handle.start_probe(v, period, max)).map_err(to_pyerr)?;
         Ok(true)
     }

@@ -71,7 +71,18 @@ impl Default for Settings {
     }
 }
 
+/// SQLite's longest busy timeout (a C int of milliseconds): a longer one is clamped
+/// to it (SPEC 18.1).
+pub const MAX_BUSY_TIMEOUT_MS: i64 = i32::MAX as i64;
+
 impl Settings {
+    /// The settings as the engine uses them: `busy_timeout_ms` clamped to
+    /// [`MAX_BUSY_TIMEOUT_MS`].
+    pub fn clamped(mut self) -> Settings {
+        self.busy_timeout_ms = self.busy_timeout_ms.min(MAX_BUSY_TIMEOUT_MS);
+        self
+    }
+
     fn validate(&self) -> Result<()> {
         check_non_negative("retention_ms", self.retention_ms)?;
         check_non_negative("lease_max_age_ms", self.lease_max_age_ms)?;
@@ -395,6 +406,7 @@ pub struct Engine {
 impl Engine {
     /// Opens the store and loads today's state.
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        let settings = settings.clamped();
         settings.validate()?;
         let store = spec.open(settings.readonly, settings.busy_timeout_ms)?;
         Self::with_store(store, clock, settings)
@@ -402,6 +414,7 @@ impl Engine {
 
     /// Builds an engine over any store.
     pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        let settings = settings.clamped();
         settings.validate()?;
         let day_zones = settings.env.day_zones();
         let mut engine = Engine {

@@ -1,0 +1,204 @@
+"""SPEC 18 (hardening): no panic crosses the boundary (18.1), a probe pass inside a probe pass
+(18.3), live leases at ``close()`` and when dropped (18.5), names (18.6).
+
+The panic cases run in a child process (a crash there cannot take pytest down): the child
+reports each call's exception type and whether its engine still works afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import pytest
+import quotaengine as q
+from conftest import MINUTE
+
+P, M, K = "groq", "llama", 1
+
+
+def run_child(body: str, store: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Runs `body` in a fresh interpreter with `e` an engine on `store` (a ManualClock) and
+    `outcome(name, call)` recording the type of what `call()` raised ("ok" when nothing);
+    returns the recorded outcomes and the engine's usage at the end as JSON."""
+    script = (
+        textwrap.dedent(
+            """
+        import asyncio, json, sys
+        import quotaengine as q
+        P, M, K = "groq", "llama", 1
+        clock = q.ManualClock(1_767_261_600_000)
+        e = q.QuotaEngine(sys.argv[1], clock=clock, env={})
+        out = {}
+        def outcome(name, call):
+            try:
+                r = call()
+                if asyncio.iscoroutine(r):
+                    r = asyncio.run(r)
+                if isinstance(r, q.Lease):
+                    r.release()
+                out[name] = "ok"
+            except BaseException as exc:
+                out[name] = type(exc).__module__ + "." + type(exc).__name__
+            # The engine keeps working after every call.
+            with e.lease(P, M, 99):
+                pass
+        """
+        )
+        + textwrap.dedent(body)
+        + textwrap.dedent(
+            """
+        out["_rpd_after"] = e.usage(P, M, 99)["rpd"]["used"]
+        e.close()
+        print(json.dumps(out))
+        """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, store], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# ---------------------------------------------------------------------------- 18.1 no panic crosses the boundary
+
+
+def test_odd_limit_periods_are_value_or_overflow_errors(store: str) -> None:
+    out = run_child(
+        """
+        for per in ["5é", "é", "éééé", "1ｓ", "٣s"]:
+            outcome("non-ascii " + per, lambda per=per: q.Limit("requests", 1, per))
+        # Beyond 2**63 - 1 ms: an OverflowError; within it but past 31 d: a ValueError.
+        for per in ["99999999999999999999s", "9223372036854775807s", "106751991168d"]:
+            outcome("overflow " + per, lambda per=per: q.Limit("requests", 1, per))
+        outcome("too wide 9223372036854775s", lambda: q.Limit("requests", 1, "9223372036854775s"))
+        outcome("widest 31d", lambda: e.set_model_limits(P, "other", limits=[q.Limit("requests", 5, "31d")]))
+        """,
+        store,
+    )
+    for name, kind in out.items():
+        if name.startswith("non-ascii") or name.startswith("too wide"):
+            assert kind == "builtins.ValueError", (name, kind)
+        elif name.startswith("overflow"):
+            assert kind == "builtins.OverflowError", (name, kind)
+    assert out["widest 31d"] == "ok"
+    assert out["_rpd_after"] == len(out) - 1  # every call was followed by a working lease
+
+
+def test_waits_and_probe_intervals_beyond_10_to_the_12_seconds_are_overflow_errors(store: str) -> None:
+    out = run_child(
+        """
+        calls = {
+            "lease": lambda w: e.lease(P, M, 2, wait_s=w),
+            "lease_any": lambda w: e.lease_any([(P, M, 3)], wait_s=w),
+            "lease_async": lambda w: e.lease_async(P, M, 4, wait_s=w),
+            "lease_any_async": lambda w: e.lease_any_async([(P, M, 5)], wait_s=w),
+            "start_probe": lambda w: (e.start_probe(lambda k: True, interval_s=w), e.stop_probe()),
+        }
+        for name, call in calls.items():
+            for w in [1e19, 1e300, 2.0**64, 1e12 + 1, 10**13, 10**30]:
+                outcome(f"{name} {w!r}", lambda call=call, w=w: call(w))
+            # Up to the bound a value is accepted (capacity is free: no wait happens).
+            for w in [1e12, 10**12, 0.5]:
+                outcome(f"{name} ok {w!r}", lambda call=call, w=w: call(w))
+        """,
+        store,
+    )
+    for name, kind in out.items():
+        if name.startswith("_"):
+            continue
+        assert kind == ("ok" if " ok " in name else "builtins.OverflowError"), (name, kind)
+
+
+def test_millisecond_counts_up_to_2_63_are_accepted_and_beyond_are_overflow_errors(store: str) -> None:
+    out = run_child(
+        """
+        big = 2**63 - 1
+        for name in ["busy_timeout_ms", "flush_interval_ms", "retention_ms", "lease_max_age_ms",
+                     "window_usage_ttl_ms"]:
+            for v in [2**31 - 1, 2**31, big, 2**63]:
+                def use(name=name, v=v):
+                    other = q.QuotaEngine(sys.argv[1], clock=clock, env={}, **{name: v})
+                    try:
+                        other.record_request(P, M, 7)
+                        with other.lease(P, M, 7):
+                            pass
+                        assert other.usage(P, M, 7)["rpd"]["used"] >= 2
+                    finally:
+                        other.close()
+                outcome(f"{name}={v}", use)
+        outcome("set_cooldown max", lambda: e.set_cooldown(P, M, 8, duration_ms=big))
+        outcome("set_cooldown beyond", lambda: e.set_cooldown(P, M, 8, duration_ms=big + 1))
+        outcome("decision max", lambda: e.cooldown_decision_for_limit(P, M, 8, retry_after_ms=big))
+        outcome("failure retry_after huge", lambda: e.record_failure(P, M, 8, status=429, retry_after=1e300))
+        outcome("advance max", lambda: clock.advance(big))
+        outcome("usage at the end of time", lambda: e.usage(P, M, 8))
+        clock.set(1_767_261_600_000)
+        """,
+        store,
+    )
+    for name, kind in out.items():
+        if name.startswith("_"):
+            continue
+        expected = "builtins.OverflowError" if name.endswith("=9223372036854775808") or "beyond" in name else "ok"
+        assert kind == expected, (name, kind)
+
+
+def test_a_busy_timeout_beyond_sqlite_int_is_clamped(store: str) -> None:
+    """`busy_timeout_ms=2**31` used to fail with "internal error: too big"; it is clamped to
+    2**31 - 1 ms (SPEC 18.1), and the engine works."""
+    for v in (2**31, 2**63 - 1):
+        with q.QuotaEngine(store, env={}, busy_timeout_ms=v) as e:
+            e.record_request(P, M, K)
+            assert e.usage(P, M, K)["rpd"]["used"] >= 1
+
+
+def test_a_panic_in_a_wait_step_and_in_the_probe_thread_is_quotaengine_error(store: str, clock: q.ManualClock) -> None:
+    """The async stepper and the probe thread take several steps on the engine; a panic in any
+    of them surfaces as QuotaEngineError (the stepper) or is survived (the thread)."""
+    e = q.QuotaEngine(store, clock=clock, env={})
+    try:
+        e.set_model_limits(P, M, rpm=1)
+        e.record_request(P, M, K)
+        waiter = e._lease_waiter(P, M, K, wait_s=120.0)
+        lease, nap = waiter.step()
+        assert lease is None and nap > 0
+        e._inject_panics(1)
+        with pytest.raises(q.QuotaEngineError, match="injected panic"):
+            waiter.step()
+        assert e.check(P, M, 2).allowed  # still working
+
+        async def waits() -> q.Lease:
+            return await e.lease_async(P, M, K, wait_s=120.0)
+
+        async def main() -> None:
+            task = asyncio.ensure_future(waits())
+            await asyncio.sleep(0.05)  # a first step was refused: it naps
+            e._inject_panics(1)
+            clock.advance(MINUTE)  # the window opens: the next step panics
+            with pytest.raises(q.QuotaEngineError, match="injected panic"):
+                await task
+
+        asyncio.run(main())
+        assert e.lease(P, M, K).release() is None  # and the engine admits
+
+        # The probe thread: its first pass panics, a later one probes.
+        e.set_cooldown(P, M, 5, 24 * 60 * MINUTE, "heuristic")
+        clock.advance(12 * 60 * MINUTE)
+        probed = threading.Event()
+        assert e.start_probe(lambda k: probed.set() or True, interval_s=0.01)
+        e._inject_panics(2)
+        for _ in range(500):
+            if probed.wait(0.01):
+                break
+            clock.advance(46_000)  # past the first sighting's jitter
+        assert probed.is_set()
+        e.stop_probe()
+    finally:
+        e.close()
