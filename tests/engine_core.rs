@@ -53,6 +53,26 @@ fn two_engines_share_one_truth() {
 }
 
 #[test]
+fn close_ends_the_engines_live_leases_for_every_other_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    let ended = a.lease(&route(), 10, rpm(3)).unwrap();
+    a.lease(&route(), 20, rpm(3)).unwrap();
+    a.finish_lease_success(ended, &route(), Some(1)).unwrap();
+    let dropped = a.lease(&route(), 40, rpm(3)).unwrap();
+    a.forget_lease(dropped); // its Lease was garbage-collected: it keeps counting
+    let raw = a.acquire_lease(&route(), 80).unwrap(); // the caller's to release
+    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 3);
+    a.close().unwrap();
+    let u = b.usage(&route(), None).unwrap();
+    // The live one is recorded with its estimate (the ended one once, as it was).
+    assert_eq!((u.in_flight, u.rpm.used, u.tpm.used), (2, 2, 21));
+    b.release_lease(raw).unwrap();
+    b.release_lease(dropped).unwrap();
+    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
+}
+
+#[test]
 fn rows_from_a_plain_connection_are_seen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.db");

@@ -7,6 +7,7 @@ reports each call's exception type and whether its engine still works afterwards
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
@@ -202,3 +203,84 @@ def test_a_panic_in_a_wait_step_and_in_the_probe_thread_is_quotaengine_error(sto
         e.stop_probe()
     finally:
         e.close()
+
+
+# ---------------------------------------------------------------------------- 18.5 live leases at close()
+
+
+def test_close_ends_every_live_lease_as_leaving_its_with_block(store: str, clock: q.ManualClock) -> None:
+    """Two engines on one store: the leases A holds when it closes are recorded with their
+    estimates and stop counting in B at once; ending one afterwards is EngineClosed."""
+    a = q.QuotaEngine(store, clock=clock, env={})
+    b = q.QuotaEngine(store, clock=clock, env={})
+    try:
+        b.set_model_limits(P, M, rpm=3)
+        leases = [a.lease(P, M, K, 10), a.lease(P, M, K, 20), a.lease_any([(P, M, K)], 30)]
+        raw = a.acquire_lease(P, M, 2, 5)  # an id without a Lease: the caller's to release
+        ended = a.lease(P, M, 3, 7)
+        ended.success(tokens=1)
+        assert b.usage(P, M, K)["in_flight"] == 3
+        assert not b.check(P, M, K).allowed  # rpm=3: the three leases fill it
+        a.close()
+        u = b.usage(P, M, K)
+        assert u["in_flight"] == 0
+        assert (u["rpm"]["used"], u["tpm"]["used"]) == (3, 60)  # the estimates, recorded
+        assert b.usage(P, M, 2)["in_flight"] == 1 and b.usage(P, M, 2)["tpm"]["used"] == 0
+        assert b.usage(P, M, 3)["tpm"]["used"] == 1  # an ended lease is not recorded again
+        assert not b.check(P, M, K).allowed  # the requests count now, as usage
+        clock.advance(MINUTE)
+        assert b.lease(P, M, K).release() is None
+        for lease in leases:
+            with pytest.raises(q.EngineClosed):
+                lease.success()
+            with pytest.raises(q.EngineClosed):
+                lease.failure(status=500)
+            with pytest.raises(q.EngineClosed):
+                lease.observe({"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+        with pytest.raises(q.EngineClosed):
+            a.release_lease(raw)
+        assert b.usage(P, M, K)["rpd"]["used"] == 3  # nothing more was recorded
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_restarted_worker_is_not_blocked_by_the_closed_one_under_a_concurrency_cap(
+    store: str, clock: q.ManualClock
+) -> None:
+    env = {"MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ": "1"}
+    old = q.QuotaEngine(store, clock=clock, env=env)
+    held = old.lease(P, M, K)
+    with q.QuotaEngine(store, clock=clock, env=env) as other:
+        assert other.check(P, M, K).reason == "key_concurrency"
+    old.close()  # the worker restarts
+    with q.QuotaEngine(store, clock=clock, env=env) as new:
+        with new.lease(P, M, K):
+            pass
+    with pytest.raises(q.EngineClosed):
+        held.success()
+
+
+def test_a_garbage_collected_live_lease_keeps_counting_until_its_max_age(store: str, clock: q.ManualClock) -> None:
+    """Its call may still run: it counts (in every engine, and after its engine closes) until
+    `lease_max_age_ms`, as a crashed process's lease does."""
+    a = q.QuotaEngine(store, clock=clock, env={}, lease_max_age_ms=2 * MINUTE)
+    b = q.QuotaEngine(store, clock=clock, env={})
+    try:
+        lease = a.lease(P, M, K, 10)
+        kept = a.lease(P, M, 2, 10)
+        del lease
+        gc.collect()
+        assert a.usage(P, M, K)["in_flight"] == 1
+        assert b.usage(P, M, K)["in_flight"] == 1
+        a.close()  # ends `kept`, not the dropped one
+        assert b.usage(P, M, 2)["in_flight"] == 0
+        assert kept is not None
+        u = b.usage(P, M, K)
+        assert (u["in_flight"], u["rpm"]["used"]) == (1, 0)
+        clock.advance(2 * MINUTE + 1)
+        assert b.usage(P, M, K)["in_flight"] == 0
+        assert b.usage(P, M, K)["rpm"]["used"] == 0  # nothing recorded for it
+    finally:
+        a.close()
+        b.close()

@@ -301,7 +301,9 @@ class Lease:
 
     Leaving the block normally with no explicit outcome records
     ``success(tokens=estimated_tokens)``; leaving it by an exception records nothing.
-    The lease is released either way.
+    The lease is released either way. The engine's ``close()`` ends a live lease the
+    same way; one garbage-collected unended keeps counting until ``lease_max_age_ms``
+    (its call may still run).
     """
 
     @property
@@ -412,7 +414,12 @@ class _QuotaEngine:
     def now_ms(self) -> int:
         """The engine clock's time."""
     def close(self) -> None:
-        """Write what is buffered and close. Idempotent; later calls raise EngineClosed."""
+        """End every live ``Lease`` of this engine as leaving its ``with`` block does (its
+        estimate recorded, its slot freed: other engines on the store see it gone at
+        once), write what is buffered and close. Idempotent; later calls, and
+        ``success``/``failure``/``observe`` on those leases, raise EngineClosed. A lease
+        whose object was garbage-collected unended, and an ``acquire_lease`` id, count
+        until ``lease_max_age_ms``."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
     # keys and models

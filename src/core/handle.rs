@@ -354,6 +354,18 @@ impl Handle {
         out
     }
 
+    /// SPEC 18.5: the `Lease` object of live lease `id` went away unended: the lease
+    /// counts until `lease_max_age_ms`, and `close()` leaves it alone. A closed engine
+    /// has nothing to forget.
+    pub fn forget_lease(&self, id: i64) {
+        let _ = self.guard(|| {
+            if let Some(e) = lock(&self.shared.engine).as_mut() {
+                e.forget_lease(id);
+            }
+            Ok(())
+        });
+    }
+
     pub fn is_closed(&self) -> bool {
         let _pass = GATE.pass();
         lock(&self.shared.engine).is_none() && !self.shared.forked.load(Ordering::Acquire)

@@ -361,7 +361,8 @@ impl PyQuotaEngine {
         self.clock.now_ms()
     }
 
-    /// Writes what is buffered and closes the database. Idempotent.
+    /// Ends every live `Lease` of this engine as leaving its `with` block does (SPEC
+    /// 18.5), writes what is buffered and closes the database. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.handle.close()).map_err(to_pyerr)
     }

@@ -401,6 +401,11 @@ pub struct Engine {
     /// `spread`).
     leased_at: FastMap<RouteId, u64>,
     leases_taken: u64,
+    /// The leases this engine took for a `Lease` (`lease()`, `lease_any()`) and has
+    /// not ended (SPEC 18.5: `close()` ends them), less those whose `Lease` object was
+    /// dropped while live (they count until `lease_max_age_ms`, as a crashed
+    /// process's do). `acquire_lease`'s ids are the caller's to release.
+    own_leases: HashSet<i64, foldhash::fast::RandomState>,
 }
 
 impl Engine {
@@ -429,6 +434,7 @@ impl Engine {
             headroom_cache: FastMap::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
+            own_leases: HashSet::default(),
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
             // Half the interval: a held lock ends at most one flusher tick after its
@@ -485,6 +491,8 @@ impl Engine {
     /// the engine anew.
     pub fn after_fork(&mut self) -> bool {
         self.unit.held = None;
+        // The leases taken before the fork are the parent's to end.
+        self.own_leases.clear();
         self.unit.store.after_fork()
     }
 
@@ -831,6 +839,45 @@ impl Engine {
     /// Idempotent.
     pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
         self.single(BatchOp::Release(lease_id)).done()
+    }
+
+    /// SPEC 18.5: a live lease whose `Lease` object went away unended is left to count
+    /// until `lease_max_age_ms` (its call may still run); `close()` does not end it.
+    pub fn forget_lease(&mut self, lease_id: i64) {
+        self.own_leases.remove(&lease_id);
+    }
+
+    /// SPEC 18.5, at `close()`: every live lease of this engine ends as leaving its
+    /// `with` block without an outcome does (its estimate recorded, its slot freed).
+    pub fn end_own_leases(&mut self) -> Result<()> {
+        let now = self.clock.now_ms();
+        let mut ids: Vec<i64> = self.own_leases.iter().copied().collect();
+        ids.sort_unstable();
+        let ops: Vec<BatchOp> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let rec = self.mirror.lease(id).filter(|l| now <= l.expires_at_ms)?;
+                let r = self.mirror.route(rec.route);
+                let route = Route {
+                    platform: r.platform.to_string(),
+                    model_id: r.model_id.to_string(),
+                    key_id: r.key_id,
+                };
+                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(rec.tokens)) })
+            })
+            .collect();
+        self.own_leases.clear();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.run_batch(ops).into_iter().try_for_each(BatchOut::done)
+    }
+
+    /// Drops from `own_leases` what no longer counts (expired, or ended by another
+    /// engine through `release_lease`).
+    pub(super) fn prune_own_leases(&mut self, now: i64) {
+        let mirror = &self.mirror;
+        self.own_leases.retain(|id| mirror.lease(*id).is_some_and(|l| now <= l.expires_at_ms));
     }
 
     /// A lease's success: its request (and tokens, when given) recorded and the lease
