@@ -391,3 +391,44 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     assert!(t0.elapsed() < Duration::from_millis(500));
     h.close().unwrap();
 }
+
+#[test]
+fn a_pass_called_from_inside_a_pass_is_a_runtime_error() {
+    use quotaengine::core::handle::Handle;
+    use quotaengine::core::probe::Validator;
+    use std::sync::Mutex;
+
+    struct Nested {
+        handle: Handle,
+        seen: Mutex<Vec<String>>,
+    }
+    impl Validator for Nested {
+        fn probe(&self, _key_id: i64) -> bool {
+            let err = self.handle.run_probe_pass(&Always, &mut || 0.0, 3).unwrap_err();
+            self.seen.lock().unwrap().push(format!("{err:?}"));
+            false
+        }
+    }
+    struct Always;
+    impl Validator for Always {
+        fn probe(&self, _key_id: i64) -> bool {
+            true
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let path = dir.path().join("q.db");
+    let handle =
+        Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock.clone(), Settings::default())
+            .unwrap();
+    handle.with(|e| e.set_cooldown(&route(), 86_400_000, CooldownSource::Heuristic)).unwrap();
+    clock.advance(43_200_000);
+    let v = Nested { handle: handle.clone(), seen: Mutex::new(Vec::new()) };
+    handle.run_probe_pass(&v, &mut || 0.0, 3).unwrap(); // the first sighting
+    let pass = handle.run_probe_pass(&v, &mut || 0.0, 3).unwrap();
+    assert_eq!(pass.probed_key_ids, vec![1]);
+    assert_eq!(*v.seen.lock().unwrap(), vec!["Runtime(\"a probe pass is running\")".to_string()]);
+    // Outside a pass, a pass runs.
+    assert_eq!(handle.run_probe_pass(&Always, &mut || 0.0, 3).unwrap().probed_key_ids, Vec::<i64>::new());
+    handle.close().unwrap();
+}

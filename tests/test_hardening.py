@@ -284,3 +284,74 @@ def test_a_garbage_collected_live_lease_keeps_counting_until_its_max_age(store: 
     finally:
         a.close()
         b.close()
+
+
+# ---------------------------------------------------------------------------- 18.3 a probe pass inside a probe pass
+
+
+def test_a_validator_calling_run_probe_pass_gets_runtime_error_never_a_deadlock(store: str) -> None:
+    """Sync in a pass of the caller's thread, sync in the background thread, and a coroutine
+    on its loop's thread: each nested call raises RuntimeError at once (a deadlock here would
+    hang the child until its timeout fails the test). Another engine's pass is no nesting."""
+    out = run_child(
+        """
+        import threading
+        DAY = 86_400_000
+        seen = {}
+        other = q.QuotaEngine(sys.argv[1], clock=clock, env={})
+
+        def nested(tag, engine):
+            try:
+                engine.run_probe_pass(lambda k: True, jitter=lambda: 0.0)
+                seen[tag] = "ok"
+            except RuntimeError as exc:
+                seen[tag] = "RuntimeError: " + str(exc)
+
+        def bench():
+            e.set_cooldown(P, M, 5, DAY, "heuristic")
+            clock.advance(DAY // 2)
+            e.run_probe_pass(lambda k: False, jitter=lambda: 0.0)  # first sighting
+
+        def sync_validator(key):
+            nested("sync", e)
+            nested("other engine", other)
+            return False
+        bench()
+        clock.advance(60_000)
+        outcome("manual pass", lambda: e.run_probe_pass(sync_validator, jitter=lambda: 0.0))
+
+        done = threading.Event()
+        def thread_validator(key):
+            nested("thread", e)
+            done.set()
+            return False
+        clock.advance(16 * 60_000)  # past the failure's backoff
+        e.start_probe(thread_validator, interval_s=0.01)
+        outcome("thread probed", lambda: done.wait(30) or 1 / 0)
+        e.stop_probe()
+
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        awaited = threading.Event()
+        async def coroutine_validator(key):
+            nested("coroutine", e)
+            awaited.set()
+            return False
+        clock.advance(16 * 60_000)
+        e.start_probe(coroutine_validator, interval_s=0.01, loop=loop)
+        outcome("coroutine probed", lambda: awaited.wait(30) or 1 / 0)
+        e.stop_probe()
+        loop.call_soon_threadsafe(loop.stop)
+        other.close()
+        out["seen"] = seen
+        """,
+        store,
+        timeout=90,
+    )
+    assert out["manual pass"] == out["thread probed"] == out["coroutine probed"] == "ok", out
+    assert out["seen"] == {
+        "sync": "RuntimeError: a probe pass is running",
+        "other engine": "ok",
+        "thread": "RuntimeError: a probe pass is running",
+        "coroutine": "RuntimeError: a probe pass is running",
+    }, out

@@ -650,7 +650,9 @@ class _QuotaEngine:
         max_probes: int | None = None,
     ) -> ProbePassResult:
         """One probe pass in the calling thread; ``validator=None`` uses the one given to
-        ``start_probe`` (ValueError when there is none)."""
+        ``start_probe`` (ValueError when there is none). Called from inside a pass of this
+        engine (its validator, or what that calls) it raises
+        ``RuntimeError("a probe pass is running")`` instead of waiting for itself."""
     # provider pools
     def provider_caps(self, platform: str) -> ProviderCaps: ...
     def set_provider_caps(

@@ -81,6 +81,10 @@ pub enum Error {
     /// `lease()` refused (Python: QuotaExceeded).
     #[error("{}/{}/{}: quota exceeded ({})", .0.platform, .0.model_id, .0.key_id, .0.reason.as_str())]
     Refused(Box<Refusal>),
+    /// A call the engine cannot serve from where it is made: `run_probe_pass()` from
+    /// inside a running pass (SPEC 18.3; Python: RuntimeError).
+    #[error("{0}")]
+    Runtime(String),
     /// A call after `close()` (Python: EngineClosed).
     #[error("engine is closed")]
     Closed,

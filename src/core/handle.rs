@@ -251,6 +251,11 @@ impl Handle {
         }
     }
 
+    /// This engine's identity within the process (the same for every clone).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     /// Generation of the engine this handle reaches: a forked child's engine is a new one.
     pub fn epoch(&self) -> u64 {
         self.shared.epoch.load(Ordering::Relaxed)
@@ -372,13 +377,18 @@ impl Handle {
     }
 
     /// One probe pass (SPEC §11). The validator and `jitter` run with no engine lock
-    /// held; passes never overlap.
+    /// held; passes never overlap. Called from inside a pass (its validator, or what
+    /// that calls), it is [`Error::Runtime`] (SPEC 18.3): waiting for the running pass
+    /// would wait for itself.
     pub fn run_probe_pass(
         &self,
         validator: &dyn Validator,
         jitter: &mut dyn FnMut() -> f64,
         max_probes: usize,
     ) -> Result<ProbePassResult> {
+        if in_probe_pass(self.id()) {
+            return Err(pass_running());
+        }
         self.boundary(|| self.probe_pass(validator, jitter, max_probes, None))
     }
 
@@ -389,6 +399,7 @@ impl Handle {
         max_probes: usize,
         flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
     ) -> Result<ProbePassResult> {
+        let _inside = InPass::enter(self.id());
         let _running = PassRunning::wait(&self.shared.pass_running);
         let (cds, now) = self.with(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
         let due = {
@@ -641,6 +652,40 @@ impl Handle {
     /// The engine's clock, read without its lock.
     pub(crate) fn clock_now_ms(&self) -> i64 {
         self.shared.clock.now_ms()
+    }
+}
+
+thread_local! {
+    /// The engines (`Handle::id`) whose probe pass this thread runs: a pass's validator
+    /// calling that engine's `run_probe_pass()` finds its engine here.
+    static IN_PASS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether the calling thread is inside a probe pass of engine `id`.
+pub fn in_probe_pass(id: usize) -> bool {
+    IN_PASS.with(|v| v.borrow().contains(&id))
+}
+
+/// SPEC 18.3's error.
+pub fn pass_running() -> Error {
+    Error::Runtime("a probe pass is running".into())
+}
+
+/// Marks the calling thread as inside a probe pass of one engine, for one pass.
+struct InPass;
+
+impl InPass {
+    fn enter(id: usize) -> InPass {
+        IN_PASS.with(|v| v.borrow_mut().push(id));
+        InPass
+    }
+}
+
+impl Drop for InPass {
+    fn drop(&mut self) {
+        IN_PASS.with(|v| {
+            v.borrow_mut().pop();
+        });
     }
 }
 

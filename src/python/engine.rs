@@ -1036,7 +1036,7 @@ impl PyQuotaEngine {
                 "a coroutine validator needs loop= (the event loop to run it on)",
             ));
         }
-        let v = Arc::new(PyValidator::new(validator.clone().unbind(), event_loop));
+        let v = Arc::new(PyValidator::new(validator.clone().unbind(), event_loop, self.handle.id()));
         *self.validator.lock() = Some(v.clone());
         if self.probe_disabled {
             return Ok(false);
@@ -1056,7 +1056,8 @@ impl PyQuotaEngine {
 
     /// One probe pass in the calling thread (SPEC §11). `validator=None` uses the one
     /// given to `start_probe` (ValueError when there is none); `jitter()` returns a
-    /// number in [0, 1) for first-sighting schedules.
+    /// number in [0, 1) for first-sighting schedules. From inside a pass of this engine
+    /// (its validator, or what that calls): RuntimeError (SPEC 18.3).
     #[pyo3(signature = (validator=None, *, jitter=None, max_probes=None))]
     fn run_probe_pass(
         &self,
@@ -1065,12 +1066,19 @@ impl PyQuotaEngine {
         jitter: Option<&Bound<'_, PyAny>>,
         max_probes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<super::types::PyProbePassResult> {
+        // SPEC 18.3: from inside a pass (its validator, or what that calls) this would
+        // wait for itself. The core sees a pass on this thread; a coroutine validator runs
+        // on its loop's thread, in a context that names the engine.
+        let id = self.handle.id();
+        if crate::core::handle::in_probe_pass(id) || PyValidator::in_coroutine_pass(py, id)? {
+            return Err(to_pyerr(crate::core::handle::pass_running()));
+        }
         let v: Arc<PyValidator> = match validator.filter(|v| !v.is_none()) {
             Some(f) => {
                 if !f.is_callable() {
                     return Err(super::errors::type_error("validator must be callable"));
                 }
-                Arc::new(PyValidator::new(f.clone().unbind(), None))
+                Arc::new(PyValidator::new(f.clone().unbind(), None, self.handle.id()))
             }
             None => self.validator.lock().clone().ok_or_else(|| {
                 pyo3::exceptions::PyValueError::new_err("no validator: pass one or call start_probe first")

@@ -1,6 +1,6 @@
 //! The one place that maps core errors to Python exceptions.
 use crate::core::error::{Error, StoreError};
-use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 // The exception classes live in Python (quotaengine/_errors.py) so they can carry
@@ -14,6 +14,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
     match err {
         Error::Invalid(msg) => PyValueError::new_err(msg),
         Error::Overflow(msg) => PyOverflowError::new_err(msg),
+        Error::Runtime(msg) => PyRuntimeError::new_err(msg),
         // must match _errors.QuotaExceeded.__init__ argument order
         Error::Refused(r) => {
             // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
