@@ -355,3 +355,55 @@ def test_a_validator_calling_run_probe_pass_gets_runtime_error_never_a_deadlock(
         "thread": "RuntimeError: a probe pass is running",
         "coroutine": "RuntimeError: a probe pass is running",
     }, out
+
+
+# ---------------------------------------------------------------------------- 18.6 names
+
+
+def test_platform_names_are_case_sensitive(engine: q.QuotaEngine) -> None:
+    """Built-in calendars, caps and pools name lower-case platforms: "Google" is not "google"."""
+    assert engine.platform_calendar("google") == "America/Los_Angeles"
+    assert engine.platform_calendar("Google") == engine.platform_calendar("GOOGLE") == "UTC"
+    assert engine.provider_caps("openrouter").daily_requests == 1000
+    assert engine.provider_caps("OpenRouter").daily_requests is None
+    assert engine.provider_caps("nvidia").minute_requests == 40
+    assert engine.provider_caps("NVIDIA").minute_requests is None
+    assert q.infer_quota_pool_key("google", "gemini") == "google::project"
+    assert q.infer_quota_pool_key("Google", "gemini") == "Google::gemini"
+    assert q.is_shared_pool("groq") and not q.is_shared_pool("Groq")
+    # Usage of one spelling is not the other's.
+    engine.set_model_limits("google", M, rpm=1)
+    engine.record_request("google", M, K)
+    assert not engine.check("google", M, K).allowed
+    assert engine.check("Google", M, K).allowed
+
+
+def test_an_explicit_account_beginning_with_key_is_a_value_error(engine: q.QuotaEngine) -> None:
+    engine.register_key(1, P)
+    for bad in ("key:1", "key:2", "key:", "key:acct"):
+        with pytest.raises(ValueError, match="key:"):
+            engine.register_key(2, P, account=bad)
+    assert engine.key_account(P, 2) == "key:2"  # nothing changed
+    engine.register_key(2, P, account="Key:1")  # another name (case-sensitive)
+    assert engine.key_account(P, 2) == "Key:1"
+    assert engine.key_account(P, 1) == "key:1"
+
+
+def test_spread_reads_this_engines_own_history_only(store: str, clock: q.ManualClock) -> None:
+    """Another engine's writes on the candidates (which make this engine's optimistic lease on
+    Redis conflict and decide again) do not change which route this engine leased least
+    recently: it alternates."""
+    a = q.QuotaEngine(store, clock=clock, env={})
+    b = q.QuotaEngine(store, clock=clock, env={})
+    try:
+        routes = [("x", M, 1), ("y", M, 2)]
+        picks = []
+        for _ in range(5):
+            b.record_request("y", M, 2)
+            b.record_request("x", M, 1)
+            with a.lease_any(routes, strategy="spread") as lease:
+                picks.append(lease.platform)
+        assert picks == ["x", "y", "x", "y", "x"]
+    finally:
+        a.close()
+        b.close()

@@ -57,7 +57,8 @@ def parse_provider_limit(message: str | None) -> LearnedLimit | None:
     TPM, RPD, RPM); else None."""
 
 def infer_quota_pool_key(platform: str, model_id: str | None = None) -> str:
-    """The quota pool a (platform, model) draws from, e.g. ``openrouter::free``."""
+    """The quota pool a (platform, model) draws from, e.g. ``openrouter::free``. The
+    platform is case-sensitive: ``"Google"`` is not ``"google"``."""
 
 def is_shared_pool(platform: str) -> bool:
     """True for platforms whose keys share one account-wide or free pool."""
@@ -436,7 +437,8 @@ class _QuotaEngine:
         """Insert or update an API key. ``account`` names the provider-side unit that meters
         it (a Google Cloud project, a Groq organisation, an OpenRouter account): keys of one
         platform with the same account share every account-scope limit and the provider
-        caps. ``None`` makes the key its own account (SPEC §14.3)."""
+        caps. ``None`` makes the key its own account (SPEC §14.3); an explicit account
+        beginning with ``"key:"`` is a ValueError."""
     def key_account(self, platform: str, key_id: int) -> str:
         """The account in force for a key: ``"key:<key_id>"`` for a key of its own."""
     def key_concurrency_cap(self, platform: str, key_id: int) -> int | None:

@@ -384,7 +384,8 @@ impl PyQuotaEngine {
     // ---- keys and models ---------------------------------------------------------
 
     /// Inserts or updates a key. `account` names the provider-side unit that meters
-    /// it (SPEC §14.3); `None` makes the key its own account.
+    /// it (SPEC §14.3); `None` makes the key its own account; one beginning with
+    /// `"key:"` is a ValueError (SPEC 18.6).
     #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true, account=None))]
     #[allow(clippy::too_many_arguments)]
     fn register_key(

@@ -65,7 +65,7 @@ mod _quotaengine {
         shield(|| Ok(crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit)))
     }
 
-    /// SPEC §8.1: the quota pool a (platform, model) draws from.
+    /// SPEC §8.1: the quota pool a (platform, model) draws from (case-sensitive, 18.6).
     #[pyfunction]
     #[pyo3(signature = (platform, model_id=None))]
     fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> PyResult<String> {

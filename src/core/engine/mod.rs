@@ -401,6 +401,9 @@ pub struct Engine {
     /// `spread`).
     leased_at: FastMap<RouteId, u64>,
     leases_taken: u64,
+    /// What the current batch changed in `leased_at` (route, the stamp before), to take
+    /// back with its leases when their commit conflicts.
+    leased_undo: Vec<(RouteId, Option<u64>)>,
     /// The leases this engine took for a `Lease` (`lease()`, `lease_any()`) and has
     /// not ended (SPEC 18.5: `close()` ends them), less those whose `Lease` object was
     /// dropped while live (they count until `lease_max_age_ms`, as a crashed
@@ -434,6 +437,7 @@ impl Engine {
             headroom_cache: FastMap::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
+            leased_undo: Vec::new(),
             own_leases: HashSet::default(),
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
@@ -550,6 +554,14 @@ impl Engine {
         check_name("platform", &key.platform)?;
         if key.account.as_deref() == Some("") {
             return Err(Error::invalid("account must be a non-empty string, or None for a key of its own"));
+        }
+        // SPEC 18.6: "key:<key_id>" names a key's own account; an explicit one spelled
+        // so would share another key's.
+        if let Some(a) = key.account.as_deref().filter(|a| a.starts_with("key:")) {
+            return Err(Error::invalid(format!(
+                "account {a:?} begins with \"key:\", which names a key's own account; \
+                 pass None for a key of its own"
+            )));
         }
         self.write(vec![Write::UpsertKey(key)]).map(|_| ())
     }

@@ -425,6 +425,14 @@ impl Engine {
                 self.apply_local(&Write::DeleteLease(l.id), 0, now);
             }
         }
+        // A lease taken back was never this engine's: "spread" must not see it (SPEC
+        // 17.1, 18.6). On Redis another engine's write is what makes one conflict.
+        while let Some((rid, before)) = self.leased_undo.pop() {
+            match before {
+                Some(n) => self.leased_at.insert(rid, n),
+                None => self.leased_at.remove(&rid),
+            };
+        }
     }
 
     /// Runs hot-path operations of several callers in ONE section and one commit
@@ -468,6 +476,7 @@ impl Engine {
         fresh: bool,
     ) -> std::result::Result<Vec<BatchOut>, ()> {
         let deferred = self.groups_usage();
+        self.leased_undo.clear();
         let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
             match self.enter_as(access) {
@@ -679,7 +688,8 @@ impl Engine {
         self.apply_local(&w, id, now);
         writes.push(w);
         self.leases_taken += 1;
-        self.leased_at.insert(rid, self.leases_taken);
+        let before = self.leased_at.insert(rid, self.leases_taken);
+        self.leased_undo.push((rid, before));
         id
     }
 
