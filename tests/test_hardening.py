@@ -407,3 +407,33 @@ def test_spread_reads_this_engines_own_history_only(store: str, clock: q.ManualC
     finally:
         a.close()
         b.close()
+
+
+# ---------------------------------------------------------------------------- SPEC 10 retention and the clock
+
+
+def test_the_sweep_deletes_by_time_what_was_written_after_the_clock_stepped_back(
+    store: str, clock: q.ManualClock
+) -> None:
+    """Rows written after a step back of the clock are older than rows written before it. On
+    Redis they used to be kept until the retention passed the newest row written before
+    the step back; the sweep deletes each row once it is older than `retention_ms`."""
+    hour, t = 60 * MINUTE, clock.now_ms()
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=hour) as e:
+
+        def minutes() -> list[int]:
+            return sorted((r["created_at_ms"] - t) // MINUTE for r in e.usage_events())
+
+        e.record_request(P, M, K)  # 10:00
+        clock.advance(2 * MINUTE)
+        e.record_request(P, M, K)  # 10:02, a sweep
+        clock.set(t - 2 * hour)  # the clock steps back to 08:00
+        e.record_request(P, M, K)
+        clock.set(t - 2 * hour + 90 * MINUTE)  # 09:30: the retention keeps 08:30 on
+        e.record_request(P, M, K)
+        assert minutes() == [-30, 0, 2]
+        clock.set(t + 3 * hour)  # 13:00
+        e.record_request(P, M, K)
+        clock.set(t + 3 * hour - 30_000)  # a step back of 30 s: the sweep runs again
+        e.record_request(P, M, K)
+        assert minutes() == [179, 180]
