@@ -53,6 +53,26 @@ fn two_engines_share_one_truth() {
 }
 
 #[test]
+fn close_ends_the_engines_live_leases_for_every_other_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    let ended = a.lease(&route(), 10, rpm(3)).unwrap();
+    a.lease(&route(), 20, rpm(3)).unwrap();
+    a.finish_lease_success(ended, &route(), Some(1)).unwrap();
+    let dropped = a.lease(&route(), 40, rpm(3)).unwrap();
+    a.forget_lease(dropped); // its Lease was garbage-collected: it keeps counting
+    let raw = a.acquire_lease(&route(), 80).unwrap(); // the caller's to release
+    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 3);
+    a.close().unwrap();
+    let u = b.usage(&route(), None).unwrap();
+    // The live one is recorded with its estimate (the ended one once, as it was).
+    assert_eq!((u.in_flight, u.rpm.used, u.tpm.used), (2, 2, 21));
+    b.release_lease(raw).unwrap();
+    b.release_lease(dropped).unwrap();
+    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
+}
+
+#[test]
 fn rows_from_a_plain_connection_are_seen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.db");
@@ -370,4 +390,45 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     assert!(matches!(err, Error::Refused(_)));
     assert!(t0.elapsed() < Duration::from_millis(500));
     h.close().unwrap();
+}
+
+#[test]
+fn a_pass_called_from_inside_a_pass_is_a_runtime_error() {
+    use quotaengine::core::handle::Handle;
+    use quotaengine::core::probe::Validator;
+    use std::sync::Mutex;
+
+    struct Nested {
+        handle: Handle,
+        seen: Mutex<Vec<String>>,
+    }
+    impl Validator for Nested {
+        fn probe(&self, _key_id: i64) -> bool {
+            let err = self.handle.run_probe_pass(&Always, &mut || 0.0, 3).unwrap_err();
+            self.seen.lock().unwrap().push(format!("{err:?}"));
+            false
+        }
+    }
+    struct Always;
+    impl Validator for Always {
+        fn probe(&self, _key_id: i64) -> bool {
+            true
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let path = dir.path().join("q.db");
+    let handle =
+        Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock.clone(), Settings::default())
+            .unwrap();
+    handle.with(|e| e.set_cooldown(&route(), 86_400_000, CooldownSource::Heuristic)).unwrap();
+    clock.advance(43_200_000);
+    let v = Nested { handle: handle.clone(), seen: Mutex::new(Vec::new()) };
+    handle.run_probe_pass(&v, &mut || 0.0, 3).unwrap(); // the first sighting
+    let pass = handle.run_probe_pass(&v, &mut || 0.0, 3).unwrap();
+    assert_eq!(pass.probed_key_ids, vec![1]);
+    assert_eq!(*v.seen.lock().unwrap(), vec!["Runtime(\"a probe pass is running\")".to_string()]);
+    // Outside a pass, a pass runs.
+    assert_eq!(handle.run_probe_pass(&Always, &mut || 0.0, 3).unwrap().probed_key_ids, Vec::<i64>::new());
+    handle.close().unwrap();
 }

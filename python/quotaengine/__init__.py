@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio as _asyncio
 import atexit as _atexit
+import contextvars as _contextvars
 import os as _os
 import sys as _sys
 import weakref as _weakref
+from collections.abc import Awaitable as _Awaitable
 from collections.abc import Iterable as _Iterable
 from typing import Any as _Any
 from typing import Literal as _Literal
@@ -144,6 +146,20 @@ async def _wait_for(waiter: _LeaseWaiter) -> Lease:
                 timer.cancel()
     finally:
         waiter.close()
+
+
+# SPEC 18.3: the engines whose probe pass the current coroutine validator runs for; a
+# `run_probe_pass()` it makes on one of them is a RuntimeError (the pass waits for it).
+_probe_pass_engines: _contextvars.ContextVar[tuple[int, ...]] = _contextvars.ContextVar(
+    "quotaengine_probe_pass_engines", default=()
+)
+
+
+async def _in_probe_pass(validation: _Awaitable[object], engine: int) -> object:
+    """Awaits a coroutine validator's answer inside a context naming the engine whose
+    pass asked for it (the probe schedules this on the validator's loop)."""
+    _probe_pass_engines.set((*_probe_pass_engines.get(), engine))
+    return await validation
 
 
 _live_engines: _weakref.WeakSet[QuotaEngine] = _weakref.WeakSet()

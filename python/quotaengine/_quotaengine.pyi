@@ -57,7 +57,8 @@ def parse_provider_limit(message: str | None) -> LearnedLimit | None:
     TPM, RPD, RPM); else None."""
 
 def infer_quota_pool_key(platform: str, model_id: str | None = None) -> str:
-    """The quota pool a (platform, model) draws from, e.g. ``openrouter::free``."""
+    """The quota pool a (platform, model) draws from, e.g. ``openrouter::free``. The
+    platform is case-sensitive: ``"Google"`` is not ``"google"``."""
 
 def is_shared_pool(platform: str) -> bool:
     """True for platforms whose keys share one account-wide or free pool."""
@@ -301,7 +302,9 @@ class Lease:
 
     Leaving the block normally with no explicit outcome records
     ``success(tokens=estimated_tokens)``; leaving it by an exception records nothing.
-    The lease is released either way.
+    The lease is released either way. The engine's ``close()`` ends a live lease the
+    same way; one garbage-collected unended keeps counting until ``lease_max_age_ms``
+    (its call may still run).
     """
 
     @property
@@ -412,7 +415,12 @@ class _QuotaEngine:
     def now_ms(self) -> int:
         """The engine clock's time."""
     def close(self) -> None:
-        """Write what is buffered and close. Idempotent; later calls raise EngineClosed."""
+        """End every live ``Lease`` of this engine as leaving its ``with`` block does (its
+        estimate recorded, its slot freed: other engines on the store see it gone at
+        once), write what is buffered and close. Idempotent; later calls, and
+        ``success``/``failure``/``observe`` on those leases, raise EngineClosed. A lease
+        whose object was garbage-collected unended, and an ``acquire_lease`` id, count
+        until ``lease_max_age_ms``."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
     # keys and models
@@ -429,7 +437,8 @@ class _QuotaEngine:
         """Insert or update an API key. ``account`` names the provider-side unit that meters
         it (a Google Cloud project, a Groq organisation, an OpenRouter account): keys of one
         platform with the same account share every account-scope limit and the provider
-        caps. ``None`` makes the key its own account (SPEC §14.3)."""
+        caps. ``None`` makes the key its own account (SPEC §14.3); an explicit account
+        beginning with ``"key:"`` is a ValueError."""
     def key_account(self, platform: str, key_id: int) -> str:
         """The account in force for a key: ``"key:<key_id>"`` for a key of its own."""
     def set_key_concurrency_cap(self, platform: str, key_id: int, cap: int | None) -> None:
@@ -529,7 +538,8 @@ class _QuotaEngine:
         windows, and ``estimated_output_tokens`` in ``output_tokens`` windows. With
         ``wait_s``, waits up to that many seconds of real time for a gate to open (SPEC
         17.2): the GIL and the engine's lock released, first come first served, raising
-        at once when every refusal's retry time lies beyond the wait."""
+        at once when every refusal's retry time lies beyond the wait. A ``wait_s`` over
+        10**12 s is an OverflowError."""
     def lease_any(
         self,
         routes: Iterable[tuple[str, str, int]],
@@ -649,7 +659,9 @@ class _QuotaEngine:
         max_probes: int | None = None,
     ) -> ProbePassResult:
         """One probe pass in the calling thread; ``validator=None`` uses the one given to
-        ``start_probe`` (ValueError when there is none)."""
+        ``start_probe`` (ValueError when there is none). Called from inside a pass of this
+        engine (its validator, or what that calls) it raises
+        ``RuntimeError("a probe pass is running")`` instead of waiting for itself."""
     # provider pools
     def provider_caps(self, platform: str) -> ProviderCaps: ...
     def set_provider_caps(

@@ -81,19 +81,20 @@ impl Env {
 
     /// SPEC §8: defaults, then env overrides (0 disables; garbage is ignored, and
     /// reported by [`Env::warnings`]).
+    /// The defaults apply to the platforms as the table names them (SPEC 18.6:
+    /// case-sensitive); `<PLATFORM>` in a variable is the platform upper-cased.
     pub fn provider_caps(&self, platform: &str) -> ProviderCaps {
-        let lower = platform.to_ascii_lowercase();
         let mut caps = ProviderCaps {
-            daily_requests: match lower.as_str() {
+            daily_requests: match platform {
                 "openrouter" => Some(1000),
                 "modelscope" => Some(1800),
                 _ => None,
             },
-            minute_requests: match lower.as_str() {
+            minute_requests: match platform {
                 "nvidia" => Some(40),
                 _ => None,
             },
-            daily_tokens: match lower.as_str() {
+            daily_tokens: match platform {
                 "navy" => Some(150_000),
                 _ => None,
             },
@@ -162,6 +163,8 @@ mod tests {
         assert_eq!(env(&[]).provider_caps("nvidia").minute_requests, Some(40));
         assert_eq!(env(&[]).provider_caps("navy").daily_tokens, Some(150_000));
         assert_eq!(env(&[]).provider_caps("groq"), ProviderCaps::default());
+        assert_eq!(env(&[]).provider_caps("OpenRouter"), ProviderCaps::default()); // SPEC 18.6
+        assert_eq!(env(&[]).provider_caps("NVIDIA"), ProviderCaps::default());
         let e =
             env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
         assert_eq!(e.provider_caps("openrouter").daily_requests, None);

@@ -75,9 +75,16 @@ pub enum Error {
     /// Bad input: negative tokens, empty platform, unknown source... (Python: ValueError)
     #[error("{0}")]
     Invalid(String),
+    /// A duration or time beyond what the engine can represent (Python: OverflowError).
+    #[error("{0}")]
+    Overflow(String),
     /// `lease()` refused (Python: QuotaExceeded).
     #[error("{}/{}/{}: quota exceeded ({})", .0.platform, .0.model_id, .0.key_id, .0.reason.as_str())]
     Refused(Box<Refusal>),
+    /// A call the engine cannot serve from where it is made: `run_probe_pass()` from
+    /// inside a running pass (SPEC 18.3; Python: RuntimeError).
+    #[error("{0}")]
+    Runtime(String),
     /// A call after `close()` (Python: EngineClosed).
     #[error("engine is closed")]
     Closed,

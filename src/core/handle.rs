@@ -220,6 +220,13 @@ impl Handle {
         self.boundary(f)
     }
 
+    /// A panic inside `f` turned into [`Error::Internal`], without the fork gate: for
+    /// what takes several steps on the engine, each passing the gate itself (a wait's
+    /// step).
+    pub(crate) fn shielded<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.boundary(f)
+    }
+
     /// The boundary without the fork gate, for what waits on the user's code (a probe
     /// pass and its validator): each of its steps on the engine passes the gate itself.
     fn boundary<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -242,6 +249,11 @@ impl Handle {
         {
             panic!("injected panic (test hook)");
         }
+    }
+
+    /// This engine's identity within the process (the same for every clone).
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
     }
 
     /// Generation of the engine this handle reaches: a forked child's engine is a new one.
@@ -347,19 +359,36 @@ impl Handle {
         out
     }
 
+    /// SPEC 18.5: the `Lease` object of live lease `id` went away unended: the lease
+    /// counts until `lease_max_age_ms`, and `close()` leaves it alone. A closed engine
+    /// has nothing to forget.
+    pub fn forget_lease(&self, id: i64) {
+        let _ = self.guard(|| {
+            if let Some(e) = lock(&self.shared.engine).as_mut() {
+                e.forget_lease(id);
+            }
+            Ok(())
+        });
+    }
+
     pub fn is_closed(&self) -> bool {
         let _pass = GATE.pass();
         lock(&self.shared.engine).is_none() && !self.shared.forked.load(Ordering::Acquire)
     }
 
     /// One probe pass (SPEC §11). The validator and `jitter` run with no engine lock
-    /// held; passes never overlap.
+    /// held; passes never overlap. Called from inside a pass (its validator, or what
+    /// that calls), it is [`Error::Runtime`] (SPEC 18.3): waiting for the running pass
+    /// would wait for itself.
     pub fn run_probe_pass(
         &self,
         validator: &dyn Validator,
         jitter: &mut dyn FnMut() -> f64,
         max_probes: usize,
     ) -> Result<ProbePassResult> {
+        if in_probe_pass(self.id()) {
+            return Err(pass_running());
+        }
         self.boundary(|| self.probe_pass(validator, jitter, max_probes, None))
     }
 
@@ -370,6 +399,7 @@ impl Handle {
         max_probes: usize,
         flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
     ) -> Result<ProbePassResult> {
+        let _inside = InPass::enter(self.id());
         let _running = PassRunning::wait(&self.shared.pass_running);
         let (cds, now) = self.with(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
         let due = {
@@ -622,6 +652,40 @@ impl Handle {
     /// The engine's clock, read without its lock.
     pub(crate) fn clock_now_ms(&self) -> i64 {
         self.shared.clock.now_ms()
+    }
+}
+
+thread_local! {
+    /// The engines (`Handle::id`) whose probe pass this thread runs: a pass's validator
+    /// calling that engine's `run_probe_pass()` finds its engine here.
+    static IN_PASS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether the calling thread is inside a probe pass of engine `id`.
+pub fn in_probe_pass(id: usize) -> bool {
+    IN_PASS.with(|v| v.borrow().contains(&id))
+}
+
+/// SPEC 18.3's error.
+pub fn pass_running() -> Error {
+    Error::Runtime("a probe pass is running".into())
+}
+
+/// Marks the calling thread as inside a probe pass of one engine, for one pass.
+struct InPass;
+
+impl InPass {
+    fn enter(id: usize) -> InPass {
+        IN_PASS.with(|v| v.borrow_mut().push(id));
+        InPass
+    }
+}
+
+impl Drop for InPass {
+    fn drop(&mut self) {
+        IN_PASS.with(|v| {
+            v.borrow_mut().pop();
+        });
     }
 }
 

@@ -113,6 +113,10 @@ impl WindowSpec {
             _ => {}
         }
         let unknown = || Error::invalid(format!("unknown window per={per:?}; expected {PER_FORMS}"));
+        // SPEC 18.1: every accepted form is ASCII (and the split below needs it).
+        if !per.is_ascii() {
+            return Err(unknown());
+        }
         let (digits, unit) = per.split_at(per.len().saturating_sub(1));
         let unit_ms = match unit {
             "s" => 1_000,
@@ -124,13 +128,17 @@ impl WindowSpec {
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return Err(unknown());
         }
-        let width = digits.parse::<i64>().ok().and_then(|n| n.checked_mul(unit_ms));
-        match width {
-            Some(w) if (MIN_WIDTH_MS..=MAX_WIDTH_MS).contains(&w) => Ok(WindowSpec::Sliding(w)),
-            _ => Err(Error::invalid(format!(
+        // SPEC 18.1: a width beyond 2^63 - 1 ms cannot be represented at all.
+        let width =
+            digits.parse::<i64>().ok().and_then(|n| n.checked_mul(unit_ms)).ok_or_else(|| {
+                Error::Overflow(format!("window per={per:?} is beyond 2^63 - 1 milliseconds"))
+            })?;
+        if !(MIN_WIDTH_MS..=MAX_WIDTH_MS).contains(&width) {
+            return Err(Error::invalid(format!(
                 "window per={per:?} is outside the sliding widths accepted: 1s to 31d"
-            ))),
+            )));
         }
+        Ok(WindowSpec::Sliding(width))
     }
 
     pub fn width(self) -> Option<i64> {
@@ -417,6 +425,15 @@ mod tests {
         }
         assert!(WindowSpec::parse("0s").err().is_some_and(|e| e.to_string().contains("1s to 31d")));
         assert!(WindowSpec::parse("hour").err().is_some_and(|e| e.to_string().contains("\"minute\"")));
+        // SPEC 18.1: a non-ASCII form is invalid (never a panic), a width beyond
+        // 2^63 - 1 ms an overflow, one within it but past 31 d invalid.
+        for bad in ["5é", "é", "éééé", "1ś", "\u{1F600}s"] {
+            assert!(matches!(WindowSpec::parse(bad), Err(Error::Invalid(_))), "{bad:?}");
+        }
+        for huge in ["99999999999999999999s", "9223372036854775807s", "106751991168d"] {
+            assert!(matches!(WindowSpec::parse(huge), Err(Error::Overflow(_))), "{huge:?}");
+        }
+        assert!(matches!(WindowSpec::parse("9223372036854775s"), Err(Error::Invalid(_))));
     }
 
     #[test]

@@ -38,15 +38,15 @@ const FREE_POOL_PLATFORMS: &[&str] = &[
 
 /// The bucket a (platform, model) draws its provider quota from (SPEC §8.1).
 ///
-/// The platform matches case-insensitively and appears lowercased in the key;
-/// the model id is trimmed and otherwise kept as given. openrouter:
+/// The platform is case-sensitive (SPEC 18.6: the tables name lower-case
+/// platforms; `"Google"` is not `"google"`) and appears as given in the key; the
+/// model id is trimmed and otherwise kept as given. openrouter:
 /// `openrouter::free` for a model id ending in `:free`, else
 /// `openrouter::account`; fixed pools (`google::project`, ...); aggregators
 /// with one free pool -> `<platform>::free`; anything else
 /// `<platform>::<model_id>`, or `<platform>::account` without a model (an
 /// empty or blank model id counts as none).
 pub fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
-    let platform = platform.to_lowercase();
     let model = model_id.map(str::trim).filter(|m| !m.is_empty());
     if platform == "openrouter" {
         let free = model.is_some_and(|m| ends_with_ignore_ascii_case(m, ":free"));
@@ -55,7 +55,7 @@ pub fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
     if let Some((_, key)) = FIXED_POOLS.iter().find(|(p, _)| *p == platform) {
         return (*key).to_owned();
     }
-    if FREE_POOL_PLATFORMS.contains(&platform.as_str()) {
+    if FREE_POOL_PLATFORMS.contains(&platform) {
         return format!("{platform}::free");
     }
     match model {
@@ -65,12 +65,11 @@ pub fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
 }
 
 /// True for every platform with a fixed or free pool in SPEC §8.1, openrouter
-/// included (both of its pools span the whole account). Case-insensitive.
+/// included (both of its pools span the whole account). Case-sensitive (SPEC 18.6).
 pub fn is_shared_pool(platform: &str) -> bool {
-    let platform = platform.to_lowercase();
     platform == "openrouter"
         || FIXED_POOLS.iter().any(|(p, _)| *p == platform)
-        || FREE_POOL_PLATFORMS.contains(&platform.as_str())
+        || FREE_POOL_PLATFORMS.contains(&platform)
 }
 
 fn ends_with_ignore_ascii_case(text: &str, suffix: &str) -> bool {
@@ -178,7 +177,7 @@ mod tests {
         assert_eq!(key("openrouter", Some("openai/gpt-4o")), "openrouter::account");
         assert_eq!(key("openrouter", Some("free")), "openrouter::account");
         assert_eq!(key("openrouter", None), "openrouter::account");
-        assert_eq!(key("OpenRouter", Some("a:free")), "openrouter::free");
+        assert_eq!(key("OpenRouter", Some("a:free")), "OpenRouter::a:free"); // SPEC 18.6
     }
 
     #[test]
@@ -201,8 +200,11 @@ mod tests {
         for (platform, want) in cases {
             assert_eq!(infer_quota_pool_key(platform, Some("any-model")), want);
             assert_eq!(infer_quota_pool_key(platform, None), want);
-            assert_eq!(infer_quota_pool_key(&platform.to_uppercase(), Some("m")), want);
+            // SPEC 18.6: another spelling is another platform.
+            let upper = platform.to_uppercase();
+            assert_eq!(infer_quota_pool_key(&upper, Some("m")), format!("{upper}::m"));
             assert!(is_shared_pool(platform), "{platform}");
+            assert!(!is_shared_pool(&upper), "{platform}");
         }
     }
 
@@ -224,16 +226,17 @@ mod tests {
             let want = format!("{platform}::free");
             assert_eq!(infer_quota_pool_key(platform, Some("some/model")), want);
             assert_eq!(infer_quota_pool_key(platform, None), want);
-            assert_eq!(infer_quota_pool_key(&platform.to_uppercase(), None), want);
+            let upper = platform.to_uppercase();
+            assert_eq!(infer_quota_pool_key(&upper, None), format!("{upper}::account"));
             assert!(is_shared_pool(platform), "{platform}");
-            assert!(is_shared_pool(&platform.to_uppercase()), "{platform}");
+            assert!(!is_shared_pool(&upper), "{platform}");
         }
     }
 
     #[test]
     fn other_platforms() {
         assert_eq!(infer_quota_pool_key("together", Some("meta/llama-3")), "together::meta/llama-3");
-        assert_eq!(infer_quota_pool_key("Together", Some("Meta/Llama-3")), "together::Meta/Llama-3");
+        assert_eq!(infer_quota_pool_key("Together", Some("Meta/Llama-3")), "Together::Meta/Llama-3");
         assert_eq!(infer_quota_pool_key("together", Some("  m  ")), "together::m");
         assert_eq!(infer_quota_pool_key("together", None), "together::account");
         assert_eq!(infer_quota_pool_key("together", Some("")), "together::account");
@@ -244,7 +247,7 @@ mod tests {
         assert!(!is_shared_pool(""));
         assert!(!is_shared_pool("googlex"));
         assert!(is_shared_pool("openrouter"));
-        assert!(is_shared_pool("Google"));
+        assert!(!is_shared_pool("Google"));
     }
 
     #[test]
@@ -356,7 +359,7 @@ mod tests {
         #[test]
         fn pool_keys_never_panic(p in any::<String>(), m in proptest::option::of(any::<String>())) {
             let key = infer_quota_pool_key(&p, m.as_deref());
-            let prefix = format!("{}::", p.to_lowercase());
+            let prefix = format!("{p}::");
             prop_assert!(key.starts_with(&prefix), "{} {}", key, prefix);
             let _ = is_shared_pool(&p);
         }

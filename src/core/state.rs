@@ -658,6 +658,11 @@ impl Mirror {
         self.leases.insert(id, rec);
     }
 
+    /// A lease the mirror holds (live or not yet pruned).
+    pub fn lease(&self, id: i64) -> Option<&LeaseRec> {
+        self.leases.get(&id)
+    }
+
     pub fn remove_lease(&mut self, id: i64) -> Option<LeaseRec> {
         let rec = self.leases.remove(&id)?;
         let route = &mut self.routes[rec.route as usize];

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// The longest nap between two looks at the gates.
 pub const MAX_NAP: Duration = Duration::from_millis(50);
+/// The longest wait the engine takes (SPEC 18.1: 10^12 s; the binding refuses more).
+pub const MAX_WAIT: Duration = Duration::from_secs(1_000_000_000_000);
 /// The shortest: a retry time already past (a clock another thread moves) is looked at
 /// again without spinning.
 const MIN_NAP: Duration = Duration::from_millis(1);
@@ -44,13 +46,15 @@ pub struct Waiter {
 impl Waiter {
     /// A wait of `wait` for `op` (a `Lease` or a `LeaseAny`). It queues at once when
     /// others wait (first come, first served), else after its first refusal.
+    /// A wait beyond [`MAX_WAIT`] waits that long.
     pub fn new(handle: &Handle, op: BatchOp, wait: Duration) -> Waiter {
+        let now = Instant::now();
         let mut w = Waiter {
             handle: handle.clone(),
             op,
             ticket: None,
             waits: !wait.is_zero(),
-            deadline: Instant::now() + wait,
+            deadline: now.checked_add(wait.min(MAX_WAIT)).unwrap_or(now),
             generation: 0,
         };
         if w.waits && handle.has_waiters() {
@@ -77,6 +81,11 @@ impl Waiter {
     /// `Err(Refused)` once the wait is over, or at once when every refusal names a
     /// retry time beyond the deadline (it never sleeps in vain).
     pub fn step(&mut self) -> Result<Step> {
+        let handle = self.handle.clone();
+        handle.shielded(|| self.try_step())
+    }
+
+    fn try_step(&mut self) -> Result<Step> {
         let (generation, first) = match self.ticket {
             Some(t) => self.handle.waiter_turn(t),
             None => (0, true),

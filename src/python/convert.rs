@@ -64,6 +64,19 @@ pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
     Ok(v)
 }
 
+/// The longest wait or probe interval the engine takes, in seconds (SPEC 18.1):
+/// beyond it an `OverflowError`.
+pub const MAX_SECONDS: f64 = 1e12;
+
+/// A span of seconds (int or float), finite, non-negative and at most `MAX_SECONDS`.
+pub fn duration_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration> {
+    let v = seconds_arg(obj, name)?;
+    if v > MAX_SECONDS {
+        return Err(overflow_error(format!("{name} must be at most 10**12 seconds")));
+    }
+    std::time::Duration::try_from_secs_f64(v).map_err(|e| overflow_error(format!("{name}: {e}")))
+}
+
 /// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
 /// iterable of `Limit` (SPEC §14.1).
 pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LimitSet>> {

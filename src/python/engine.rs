@@ -1,7 +1,7 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
 use super::convert::failure_args;
 use super::convert::{
-    count_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, seconds_arg, str_arg,
+    count_arg, duration_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg,
     token_use_arg,
 };
 use super::errors::to_pyerr;
@@ -201,8 +201,7 @@ fn lease_op(
 fn wait_arg(wait_s: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
     match wait_s.filter(|w| !w.is_none()) {
         None => Ok(Duration::ZERO),
-        Some(w) => Duration::try_from_secs_f64(seconds_arg(w, "wait_s")?)
-            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("wait_s: {e}"))),
+        Some(w) => duration_arg(w, "wait_s"),
     }
 }
 
@@ -270,63 +269,68 @@ impl PyQuotaEngine {
         flush_interval_ms: Option<&Bound<'_, PyAny>>,
         readonly: bool,
     ) -> PyResult<Self> {
-        // The environment is read once, here: a mapping replaces os.environ.
-        let env_obj = match env {
-            Some(e) if !e.is_none() => e.clone(),
-            _ => py.import("os")?.getattr("environ")?,
-        };
-        let mapping =
-            env_obj.cast::<PyMapping>().map_err(|_| super::errors::type_error("env must be a mapping"))?;
-        let mut vars = HashMap::new();
-        for item in mapping.items()?.iter() {
-            let (k, v): (String, String) =
-                item.extract().map_err(|_| super::errors::type_error("env keys and values must be str"))?;
-            vars.insert(k, v);
-        }
-        let path: String = match path {
-            Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
-            _ => vars
-                .get("QUOTAENGINE_DB")
-                .filter(|v| !v.is_empty())
-                .cloned()
-                .unwrap_or_else(|| "./quota.db".into()),
-        };
-        let clock: Arc<dyn Clock> = match clock {
-            Some(c) if !c.is_none() => {
-                let c = c.cast::<PyManualClock>().map_err(|_| {
-                    super::errors::type_error("clock must be a quotaengine.ManualClock or None")
-                })?;
-                c.get().0.clone()
+        // A panic anywhere in here (conversions, opening the store) is an exception.
+        super::errors::shield(|| {
+            // The environment is read once, here: a mapping replaces os.environ.
+            let env_obj = match env {
+                Some(e) if !e.is_none() => e.clone(),
+                _ => py.import("os")?.getattr("environ")?,
+            };
+            let mapping = env_obj
+                .cast::<PyMapping>()
+                .map_err(|_| super::errors::type_error("env must be a mapping"))?;
+            let mut vars = HashMap::new();
+            for item in mapping.items()?.iter() {
+                let (k, v): (String, String) = item
+                    .extract()
+                    .map_err(|_| super::errors::type_error("env keys and values must be str"))?;
+                vars.insert(k, v);
             }
-            _ => Arc::new(SystemClock),
-        };
-        let d = Settings::default();
-        let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
-            Some(v) if !v.is_none() => count_arg(v, name),
-            _ => Ok(default),
-        };
-        let settings = Settings {
-            retention_ms: ms(retention_ms, "retention_ms", d.retention_ms)?,
-            lease_max_age_ms: ms(lease_max_age_ms, "lease_max_age_ms", d.lease_max_age_ms)?,
-            window_usage_ttl_ms: ms(window_usage_ttl_ms, "window_usage_ttl_ms", d.window_usage_ttl_ms)?,
-            busy_timeout_ms: ms(busy_timeout_ms, "busy_timeout_ms", d.busy_timeout_ms)?,
-            flush_interval_ms: ms(flush_interval_ms, "flush_interval_ms", d.flush_interval_ms)?,
-            readonly,
-            env: Env::new(vars),
-        };
-        let probe_disabled = settings.env.probe_disabled();
-        let probe_max_per_pass = settings.env.probe_max_per_pass();
-        let spec = StoreSpec::from_path(&path);
-        let clock2 = clock.clone();
-        let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
-        Ok(Self {
-            handle,
-            clock,
-            path,
-            readonly,
-            validator: parking_lot::Mutex::new(None),
-            probe_disabled,
-            probe_max_per_pass,
+            let path: String = match path {
+                Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
+                _ => vars
+                    .get("QUOTAENGINE_DB")
+                    .filter(|v| !v.is_empty())
+                    .cloned()
+                    .unwrap_or_else(|| "./quota.db".into()),
+            };
+            let clock: Arc<dyn Clock> = match clock {
+                Some(c) if !c.is_none() => {
+                    let c = c.cast::<PyManualClock>().map_err(|_| {
+                        super::errors::type_error("clock must be a quotaengine.ManualClock or None")
+                    })?;
+                    c.get().0.clone()
+                }
+                _ => Arc::new(SystemClock),
+            };
+            let d = Settings::default();
+            let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
+                Some(v) if !v.is_none() => count_arg(v, name),
+                _ => Ok(default),
+            };
+            let settings = Settings {
+                retention_ms: ms(retention_ms, "retention_ms", d.retention_ms)?,
+                lease_max_age_ms: ms(lease_max_age_ms, "lease_max_age_ms", d.lease_max_age_ms)?,
+                window_usage_ttl_ms: ms(window_usage_ttl_ms, "window_usage_ttl_ms", d.window_usage_ttl_ms)?,
+                busy_timeout_ms: ms(busy_timeout_ms, "busy_timeout_ms", d.busy_timeout_ms)?,
+                flush_interval_ms: ms(flush_interval_ms, "flush_interval_ms", d.flush_interval_ms)?,
+                readonly,
+                env: Env::new(vars),
+            };
+            let probe_disabled = settings.env.probe_disabled();
+            let probe_max_per_pass = settings.env.probe_max_per_pass();
+            let spec = StoreSpec::from_path(&path);
+            let clock2 = clock.clone();
+            let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
+            Ok(Self {
+                handle,
+                clock,
+                path,
+                readonly,
+                validator: parking_lot::Mutex::new(None),
+                probe_disabled,
+                probe_max_per_pass,
+            })
         })
     }
 
@@ -357,7 +361,8 @@ impl PyQuotaEngine {
         self.clock.now_ms()
     }
 
-    /// Writes what is buffered and closes the database. Idempotent.
+    /// Ends every live `Lease` of this engine as leaving its `with` block does (SPEC
+    /// 18.5), writes what is buffered and closes the database. Idempotent.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.handle.close()).map_err(to_pyerr)
     }
@@ -379,7 +384,8 @@ impl PyQuotaEngine {
     // ---- keys and models ---------------------------------------------------------
 
     /// Inserts or updates a key. `account` names the provider-side unit that meters
-    /// it (SPEC §14.3); `None` makes the key its own account.
+    /// it (SPEC §14.3); `None` makes the key its own account; one beginning with
+    /// `"key:"` is a ValueError (SPEC 18.6).
     #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true, account=None))]
     #[allow(clippy::too_many_arguments)]
     fn register_key(
@@ -1034,8 +1040,8 @@ impl PyQuotaEngine {
             return Err(super::errors::type_error("validator must be callable"));
         }
         let interval = match interval_s.filter(|v| !v.is_none()) {
-            Some(v) => super::convert::seconds_arg(v, "interval_s")?,
-            None => 60.0,
+            Some(v) => duration_arg(v, "interval_s")?,
+            None => Duration::from_secs(60),
         };
         let max = match max_per_pass.filter(|v| !v.is_none()) {
             Some(v) => usize::try_from(count_arg(v, "max_per_pass")?).unwrap_or(usize::MAX),
@@ -1047,7 +1053,7 @@ impl PyQuotaEngine {
                 "a coroutine validator needs loop= (the event loop to run it on)",
             ));
         }
-        let v = Arc::new(PyValidator::new(validator.clone().unbind(), event_loop));
+        let v = Arc::new(PyValidator::new(validator.clone().unbind(), event_loop, self.handle.id()));
         *self.validator.lock() = Some(v.clone());
         if self.probe_disabled {
             return Ok(false);
@@ -1055,7 +1061,7 @@ impl PyQuotaEngine {
         if py.detach(|| self.handle.probe_running()).map_err(to_pyerr)? {
             return Ok(true);
         }
-        let period = std::time::Duration::from_secs_f64(interval.max(0.001));
+        let period = interval.max(Duration::from_millis(1));
         py.detach(|| self.handle.start_probe(v, period, max)).map_err(to_pyerr)?;
         Ok(true)
     }
@@ -1067,7 +1073,8 @@ impl PyQuotaEngine {
 
     /// One probe pass in the calling thread (SPEC §11). `validator=None` uses the one
     /// given to `start_probe` (ValueError when there is none); `jitter()` returns a
-    /// number in [0, 1) for first-sighting schedules.
+    /// number in [0, 1) for first-sighting schedules. From inside a pass of this engine
+    /// (its validator, or what that calls): RuntimeError (SPEC 18.3).
     #[pyo3(signature = (validator=None, *, jitter=None, max_probes=None))]
     fn run_probe_pass(
         &self,
@@ -1076,12 +1083,19 @@ impl PyQuotaEngine {
         jitter: Option<&Bound<'_, PyAny>>,
         max_probes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<super::types::PyProbePassResult> {
+        // SPEC 18.3: from inside a pass (its validator, or what that calls) this would
+        // wait for itself. The core sees a pass on this thread; a coroutine validator runs
+        // on its loop's thread, in a context that names the engine.
+        let id = self.handle.id();
+        if crate::core::handle::in_probe_pass(id) || PyValidator::in_coroutine_pass(py, id)? {
+            return Err(to_pyerr(crate::core::handle::pass_running()));
+        }
         let v: Arc<PyValidator> = match validator.filter(|v| !v.is_none()) {
             Some(f) => {
                 if !f.is_callable() {
                     return Err(super::errors::type_error("validator must be callable"));
                 }
-                Arc::new(PyValidator::new(f.clone().unbind(), None))
+                Arc::new(PyValidator::new(f.clone().unbind(), None, self.handle.id()))
             }
             None => self.validator.lock().clone().ok_or_else(|| {
                 pyo3::exceptions::PyValueError::new_err("no validator: pass one or call start_probe first")

@@ -1,6 +1,6 @@
 //! The one place that maps core errors to Python exceptions.
 use crate::core::error::{Error, StoreError};
-use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 // The exception classes live in Python (quotaengine/_errors.py) so they can carry
@@ -13,6 +13,8 @@ pyo3::import_exception!(quotaengine._errors, EngineClosed);
 pub fn to_pyerr(err: Error) -> PyErr {
     match err {
         Error::Invalid(msg) => PyValueError::new_err(msg),
+        Error::Overflow(msg) => PyOverflowError::new_err(msg),
+        Error::Runtime(msg) => PyRuntimeError::new_err(msg),
         // must match _errors.QuotaExceeded.__init__ argument order
         Error::Refused(r) => {
             // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
@@ -51,6 +53,14 @@ pub fn to_pyerr(err: Error) -> PyErr {
 
 /// A `Refusal` as `QuotaExceeded` takes it: (platform, model_id, key_id, reason, retry_at_ms).
 type RefusalTuple = (String, String, i64, String, Option<i64>);
+
+/// Runs binding code outside the engine's own boundary (a constructor, a value type, a
+/// module function, a wait's stepper): a Rust panic inside comes back as
+/// `QuotaEngineError`, never as `PanicException` (SPEC 18.1).
+pub fn shield<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(to_pyerr(Error::from_panic(p))))
+}
 
 pub fn type_error(msg: impl Into<String>) -> PyErr {
     PyTypeError::new_err(msg.into())

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// An in-flight request. Leaving a `with` block normally records
 /// `success(tokens=estimated_tokens)` unless an outcome was already given; leaving it
-/// by an exception records nothing. The lease is released either way.
+/// by an exception records nothing. The lease is released either way. The engine's
+/// `close()` ends a live lease the same way; one garbage-collected unended keeps
+/// counting until `lease_max_age_ms`.
 #[pyclass(frozen, name = "Lease", module = "quotaengine")]
 pub struct PyLease {
     pub handle: Handle,
@@ -20,6 +22,19 @@ pub struct PyLease {
     pub route: Route,
     pub estimated_tokens: i64,
     pub done: AtomicBool,
+}
+
+impl Drop for PyLease {
+    /// SPEC 18.5: a live lease whose object is garbage-collected keeps counting until
+    /// `lease_max_age_ms` (its call may still run), and the engine's `close()` does not
+    /// end it. The engine is reached with the GIL released.
+    fn drop(&mut self) {
+        if self.done.load(Ordering::SeqCst) || self.epoch != self.handle.epoch() {
+            return;
+        }
+        let (handle, id) = (self.handle.clone(), self.id);
+        let _ = Python::try_attach(|py| py.detach(|| handle.forget_lease(id)));
+    }
 }
 
 impl PyLease {

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 mod _quotaengine {
+    use super::errors::shield;
     use super::*;
 
     #[pymodule_export]
@@ -47,36 +48,36 @@ mod _quotaengine {
             Some(n) if !n.is_none() => super::convert::int_arg(n, "now_ms")?,
             _ => crate::core::clock::SystemClock.now_ms(),
         };
-        Ok(crate::core::parse::parse_retry_after_ms(value, now))
+        shield(|| Ok(crate::core::parse::parse_retry_after_ms(value, now)))
     }
 
     /// SPEC §6.2: a delay stated in an error body ("try again in 7.66s", retryDelay "17s").
     #[pyfunction]
     #[pyo3(signature = (message))]
-    fn parse_stated_retry_ms(message: Option<&str>) -> Option<i64> {
-        crate::core::parse::parse_stated_retry_ms(message)
+    fn parse_stated_retry_ms(message: Option<&str>) -> PyResult<Option<i64>> {
+        shield(|| Ok(crate::core::parse::parse_stated_retry_ms(message)))
     }
 
     /// SPEC §7: "limit N" plus a confident axis, else None.
     #[pyfunction]
     #[pyo3(signature = (message))]
-    fn parse_provider_limit(message: Option<&str>) -> Option<PyLearnedLimit> {
-        crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit)
+    fn parse_provider_limit(message: Option<&str>) -> PyResult<Option<PyLearnedLimit>> {
+        shield(|| Ok(crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit)))
     }
 
-    /// SPEC §8.1: the quota pool a (platform, model) draws from.
+    /// SPEC §8.1: the quota pool a (platform, model) draws from (case-sensitive, 18.6).
     #[pyfunction]
     #[pyo3(signature = (platform, model_id=None))]
     fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> PyResult<String> {
         crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
-        Ok(crate::core::pools::infer_quota_pool_key(platform, model_id))
+        shield(|| Ok(crate::core::pools::infer_quota_pool_key(platform, model_id)))
     }
 
     /// SPEC §8.1: true for platforms whose keys share one account-wide pool.
     #[pyfunction]
     fn is_shared_pool(platform: &str) -> PyResult<bool> {
         crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
-        Ok(crate::core::pools::is_shared_pool(platform))
+        shield(|| Ok(crate::core::pools::is_shared_pool(platform)))
     }
 
     /// Fork hook (`os.register_at_fork(before=...)`): brings every engine to rest.

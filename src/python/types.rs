@@ -30,14 +30,16 @@ impl PyLimit {
         per: &Bound<'_, PyAny>,
         scope: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let metric = str_arg(metric, "metric")?;
-        let limit = int_arg(limit, "limit")?;
-        let per = str_arg(per, "per")?;
-        let scope = match scope {
-            Some(s) => str_arg(s, "scope")?,
-            None => "account",
-        };
-        Limit::parse(metric, limit, per, scope).map(Self).map_err(to_pyerr)
+        super::errors::shield(|| {
+            let metric = str_arg(metric, "metric")?;
+            let limit = int_arg(limit, "limit")?;
+            let per = str_arg(per, "per")?;
+            let scope = match scope {
+                Some(s) => str_arg(s, "scope")?,
+                None => "account",
+            };
+            Limit::parse(metric, limit, per, scope).map(Self).map_err(to_pyerr)
+        })
     }
     #[getter]
     fn metric(&self) -> &'static str {

@@ -7,11 +7,21 @@ use pyo3::types::PyString;
 pub struct PyValidator {
     func: Py<PyAny>,
     event_loop: Option<Py<PyAny>>,
+    /// The engine whose passes call it (`Handle::id`).
+    engine: usize,
 }
 
 impl PyValidator {
-    pub fn new(func: Py<PyAny>, event_loop: Option<Py<PyAny>>) -> Self {
-        Self { func, event_loop }
+    pub fn new(func: Py<PyAny>, event_loop: Option<Py<PyAny>>, engine: usize) -> Self {
+        Self { func, event_loop, engine }
+    }
+
+    /// SPEC 18.3: whether the calling code runs inside a coroutine validator of a pass
+    /// of `engine` (on its event loop's thread, which the pass waits for).
+    pub fn in_coroutine_pass(py: Python<'_>, engine: usize) -> PyResult<bool> {
+        let engines: Vec<usize> =
+            py.import("quotaengine")?.getattr("_probe_pass_engines")?.call_method0("get")?.extract()?;
+        Ok(engines.contains(&engine))
     }
 
     /// True for `async def` functions (and callables whose `__call__` is one).
@@ -35,7 +45,11 @@ impl PyValidator {
                 let _ = value.call_method0("close");
                 return Ok(false);
             };
-            let fut = py.import("asyncio")?.call_method1("run_coroutine_threadsafe", (&value, event_loop))?;
+            // Run inside a context that says which engine's pass it is (SPEC 18.3).
+            let guarded =
+                py.import("quotaengine")?.getattr("_in_probe_pass")?.call1((&value, self.engine))?;
+            let fut =
+                py.import("asyncio")?.call_method1("run_coroutine_threadsafe", (&guarded, event_loop))?;
             // Waiting on the future releases the GIL (a threading.Condition wait).
             value = fut.call_method0("result")?;
         }

@@ -71,7 +71,18 @@ impl Default for Settings {
     }
 }
 
+/// SQLite's longest busy timeout (a C int of milliseconds): a longer one is clamped
+/// to it (SPEC 18.1).
+pub const MAX_BUSY_TIMEOUT_MS: i64 = i32::MAX as i64;
+
 impl Settings {
+    /// The settings as the engine uses them: `busy_timeout_ms` clamped to
+    /// [`MAX_BUSY_TIMEOUT_MS`].
+    pub fn clamped(mut self) -> Settings {
+        self.busy_timeout_ms = self.busy_timeout_ms.min(MAX_BUSY_TIMEOUT_MS);
+        self
+    }
+
     fn validate(&self) -> Result<()> {
         check_non_negative("retention_ms", self.retention_ms)?;
         check_non_negative("lease_max_age_ms", self.lease_max_age_ms)?;
@@ -390,11 +401,20 @@ pub struct Engine {
     /// `spread`).
     leased_at: FastMap<RouteId, u64>,
     leases_taken: u64,
+    /// What the current batch changed in `leased_at` (route, the stamp before), to take
+    /// back with its leases when their commit conflicts.
+    leased_undo: Vec<(RouteId, Option<u64>)>,
+    /// The leases this engine took for a `Lease` (`lease()`, `lease_any()`) and has
+    /// not ended (SPEC 18.5: `close()` ends them), less those whose `Lease` object was
+    /// dropped while live (they count until `lease_max_age_ms`, as a crashed
+    /// process's do). `acquire_lease`'s ids are the caller's to release.
+    own_leases: HashSet<i64, foldhash::fast::RandomState>,
 }
 
 impl Engine {
     /// Opens the store and loads today's state.
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        let settings = settings.clamped();
         settings.validate()?;
         let store = spec.open(settings.readonly, settings.busy_timeout_ms)?;
         Self::with_store(store, clock, settings)
@@ -402,6 +422,7 @@ impl Engine {
 
     /// Builds an engine over any store.
     pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
+        let settings = settings.clamped();
         settings.validate()?;
         let day_zones = settings.env.day_zones();
         let mut engine = Engine {
@@ -416,6 +437,8 @@ impl Engine {
             headroom_cache: FastMap::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
+            leased_undo: Vec::new(),
+            own_leases: HashSet::default(),
         };
         if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
             // Half the interval: a held lock ends at most one flusher tick after its
@@ -472,6 +495,8 @@ impl Engine {
     /// the engine anew.
     pub fn after_fork(&mut self) -> bool {
         self.unit.held = None;
+        // The leases taken before the fork are the parent's to end.
+        self.own_leases.clear();
         self.unit.store.after_fork()
     }
 
@@ -532,6 +557,14 @@ impl Engine {
         check_name("platform", &key.platform)?;
         if key.account.as_deref() == Some("") {
             return Err(Error::invalid("account must be a non-empty string, or None for a key of its own"));
+        }
+        // SPEC 18.6: "key:<key_id>" names a key's own account; an explicit one spelled
+        // so would share another key's.
+        if let Some(a) = key.account.as_deref().filter(|a| a.starts_with("key:")) {
+            return Err(Error::invalid(format!(
+                "account {a:?} begins with \"key:\", which names a key's own account; \
+                 pass None for a key of its own"
+            )));
         }
         // A configured concurrency cap is the key's own setting: registering the key
         // again (its account, label, ...) keeps it.
@@ -856,6 +889,45 @@ impl Engine {
     /// Idempotent.
     pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
         self.single(BatchOp::Release(lease_id)).done()
+    }
+
+    /// SPEC 18.5: a live lease whose `Lease` object went away unended is left to count
+    /// until `lease_max_age_ms` (its call may still run); `close()` does not end it.
+    pub fn forget_lease(&mut self, lease_id: i64) {
+        self.own_leases.remove(&lease_id);
+    }
+
+    /// SPEC 18.5, at `close()`: every live lease of this engine ends as leaving its
+    /// `with` block without an outcome does (its estimate recorded, its slot freed).
+    pub fn end_own_leases(&mut self) -> Result<()> {
+        let now = self.clock.now_ms();
+        let mut ids: Vec<i64> = self.own_leases.iter().copied().collect();
+        ids.sort_unstable();
+        let ops: Vec<BatchOp> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let rec = self.mirror.lease(id).filter(|l| now <= l.expires_at_ms)?;
+                let r = self.mirror.route(rec.route);
+                let route = Route {
+                    platform: r.platform.to_string(),
+                    model_id: r.model_id.to_string(),
+                    key_id: r.key_id,
+                };
+                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(rec.tokens)) })
+            })
+            .collect();
+        self.own_leases.clear();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.run_batch(ops).into_iter().try_for_each(BatchOut::done)
+    }
+
+    /// Drops from `own_leases` what no longer counts (expired, or ended by another
+    /// engine through `release_lease`).
+    pub(super) fn prune_own_leases(&mut self, now: i64) {
+        let mirror = &self.mirror;
+        self.own_leases.retain(|id| mirror.lease(*id).is_some_and(|l| now <= l.expires_at_ms));
     }
 
     /// A lease's success: its request (and tokens, when given) recorded and the lease

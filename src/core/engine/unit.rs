@@ -332,6 +332,7 @@ impl Engine {
             Ok(ids) => {
                 if sweep.is_some() {
                     self.unit.last_sweep = Some(now);
+                    self.prune_own_leases(now);
                 }
                 let flushed = if flush_pending { self.unit.pending.len() } else { 0 };
                 if flush_pending {
@@ -424,6 +425,14 @@ impl Engine {
                 self.apply_local(&Write::DeleteLease(l.id), 0, now);
             }
         }
+        // A lease taken back was never this engine's: "spread" must not see it (SPEC
+        // 17.1, 18.6). On Redis another engine's write is what makes one conflict.
+        while let Some((rid, before)) = self.leased_undo.pop() {
+            match before {
+                Some(n) => self.leased_at.insert(rid, n),
+                None => self.leased_at.remove(&rid),
+            };
+        }
     }
 
     /// Runs hot-path operations of several callers in ONE section and one commit
@@ -467,6 +476,7 @@ impl Engine {
         fresh: bool,
     ) -> std::result::Result<Vec<BatchOut>, ()> {
         let deferred = self.groups_usage();
+        self.leased_undo.clear();
         let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
             match self.enter_as(access) {
@@ -562,7 +572,13 @@ impl Engine {
         } else {
             self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
         };
-        Ok(self.take_lease(route, rid, est, now, writes))
+        let id = self.take_lease(route, rid, est, now, writes);
+        if check {
+            // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
+            // the caller's to release.
+            self.own_leases.insert(id);
+        }
+        Ok(id)
     }
 
     /// SPEC 17.1 in a batch: every gate of every candidate (duplicates once), one of
@@ -614,7 +630,11 @@ impl Engine {
             }
         }
         match best {
-            Some((i, rid, _)) => Ok((self.take_lease(&routes[i], rid, est, now, writes), i)),
+            Some((i, rid, _)) => {
+                let id = self.take_lease(&routes[i], rid, est, now, writes);
+                self.own_leases.insert(id);
+                Ok((id, i))
+            }
             None => Err(Error::Refused(Box::new(
                 Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
             ))),
@@ -668,7 +688,8 @@ impl Engine {
         self.apply_local(&w, id, now);
         writes.push(w);
         self.leases_taken += 1;
-        self.leased_at.insert(rid, self.leases_taken);
+        let before = self.leased_at.insert(rid, self.leases_taken);
+        self.leased_undo.push((rid, before));
         id
     }
 
@@ -717,7 +738,10 @@ impl Engine {
                 );
                 return id;
             }
-            Write::DeleteLease(id) => return i64::from(self.mirror.remove_lease(*id).is_some()),
+            Write::DeleteLease(id) => {
+                self.own_leases.remove(id);
+                return i64::from(self.mirror.remove_lease(*id).is_some());
+            }
             Write::UpsertCooldown(c) => {
                 let rid = self.mirror.route_id(&c.platform, &c.model_id, c.key_id);
                 self.mirror.cooldowns.insert(
@@ -969,8 +993,12 @@ impl Engine {
         self.unit.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
     }
 
-    /// Flushes and reports whether anything stayed unwritten.
+    /// Ends this engine's live leases (SPEC 18.5), flushes and reports whether
+    /// anything stayed unwritten.
     pub fn close(&mut self) -> Result<()> {
+        if !self.unit.store.readonly() {
+            let _ = self.end_own_leases();
+        }
         let _ = self.flush();
         if !self.unit.pending.is_empty() {
             let n = self.unit.pending.len();

@@ -37,6 +37,8 @@ end
 local SEP = '\31'
 
 local LOG, LOCK, LASTMS, VER = P .. ':log', P .. ':lock', P .. ':lastms', P .. ':ver'
+-- Usage entries whose id is later than their time (id -> time), for the sweep.
+local LATE = P .. ':late'
 
 local holder = redis.call('GET', LOCK)
 if mode == 'unlock' then
@@ -132,7 +134,10 @@ local function apply_writes()
     local op = ARGV[i]
     local r = 0
     if op == 'U' then -- created_ms, entry
-      xadd(ARGV[i + 1], ARGV[i + 2])
+      local id = xadd(ARGV[i + 1], ARGV[i + 2])
+      -- Written after the clock stepped back: its id is later than its time, so
+      -- trimming by id would keep it past the retention. The sweep deletes it by time.
+      if lastms > tonumber(ARGV[i + 1]) then redis.call('ZADD', LATE, ARGV[i + 1], id) end
       i = i + 3
     elseif op == 'L' then -- id, created_ms, value
       redis.call('HSET', P .. ':leases', ARGV[i + 1], ARGV[i + 3])
@@ -185,6 +190,12 @@ local function apply_writes()
     elseif op == 'S' then -- usage_before, leases_expired_before, history_before
       local before, leases_at, hist = ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
       r = redis.call('XTRIM', LOG, 'MINID', before)
+      -- Usage rows written after a step back of the clock (SPEC 10), by their time.
+      local late = redis.call('ZRANGEBYSCORE', LATE, '-inf', '(' .. before)
+      for j = 1, #late, 1000 do
+        r = r + redis.call('XDEL', LOG, unpack(late, j, math.min(j + 999, #late)))
+      end
+      if #late > 0 then redis.call('ZREMRANGEBYSCORE', LATE, '-inf', '(' .. before) end
       local all = redis.call('HGETALL', P .. ':leases')
       for j = 1, #all, 2 do
         if tonumber(field(all[j + 1], 2)) < leases_at then

@@ -56,6 +56,11 @@ const STRAGGLER_SLACK_MS: i64 = 60_000;
 /// Past this many stragglers, the next sweep scans the table instead.
 const MAX_STRAGGLERS: usize = 100_000;
 
+/// A busy timeout as SQLite takes it: 0 to 2^31 - 1 ms (a longer one is clamped).
+fn busy_timeout(ms: i64) -> Duration {
+    Duration::from_millis(ms.clamp(0, i64::from(i32::MAX)) as u64)
+}
+
 fn incompatible(path: &str, why: impl std::fmt::Display) -> StoreError {
     StoreError::Incompatible(format!("cannot open {path:?} as a quotaengine database: {why}"))
 }
@@ -105,8 +110,7 @@ impl SqliteStore {
             return Err(incompatible(path, "no such file"));
         }
         let conn = Connection::open_with_flags(path, flags).map_err(|e| incompatible(path, e))?;
-        conn.busy_timeout(Duration::from_millis(busy_timeout_ms.max(0) as u64))
-            .map_err(|e| incompatible(path, e))?;
+        conn.busy_timeout(busy_timeout(busy_timeout_ms)).map_err(|e| incompatible(path, e))?;
         if !readonly && !memory && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             // SQLite falls back to read-only when it cannot write the file: say so now
             // rather than serve from memory forever.
@@ -1059,7 +1063,7 @@ impl Store for SqliteStore {
     }
 
     fn set_busy_timeout(&mut self, ms: i64) {
-        let _ = self.conn.busy_timeout(Duration::from_millis(ms.max(0) as u64));
+        let _ = self.conn.busy_timeout(busy_timeout(ms));
     }
 
     fn after_fork(&mut self) -> bool {
