@@ -358,6 +358,17 @@ enum Committed {
     Conflict,
     /// The store failed: the engine is degraded.
     Failed,
+    /// The server refused (SPEC 19.1): nothing was written, the call fails.
+    Rejected(StoreError),
+}
+
+/// How a batch's write section ended.
+enum Applied {
+    Done,
+    /// Stale decisions: the writes handed back, still applied to the mirror.
+    Conflict(Vec<Write>),
+    /// The server refused: the writes handed back, still applied to the mirror.
+    Rejected(Vec<Write>, StoreError),
 }
 
 /// Longest a sole engine keeps the write lock across calls (grouped writes): another

@@ -104,6 +104,10 @@ impl Engine {
             }
             match began {
                 Ok(()) => online = true,
+                Err(e @ StoreError::Rejected(_)) => {
+                    self.rejected(&e);
+                    return Err(e.into());
+                }
                 Err(e) => self.store_failed(&e, write),
             }
         }
@@ -130,6 +134,10 @@ impl Engine {
             if let Err(e) = self.sync(now) {
                 self.unit.store.rollback();
                 self.unit.held = None;
+                if let StoreError::Rejected(_) = e {
+                    self.rejected(&e);
+                    return Err(e.into());
+                }
                 self.store_failed(&e, write);
                 online = false;
             }
@@ -297,7 +305,8 @@ impl Engine {
             || self.unit.held.is_some()
             || self.unit.flush_requested
             || self.unit.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
-        let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
+        let mut ids = Vec::with_capacity(writes.len());
+        let result = (|| -> std::result::Result<(), StoreError> {
             if flush_pending {
                 // A lease taken and finished while both waited here never reaches the
                 // store, nor does a usage row buffered past the retention.
@@ -315,7 +324,6 @@ impl Engine {
                     .collect();
                 self.unit.store.write_all(&live)?;
             }
-            let mut ids = Vec::with_capacity(writes.len());
             for w in writes {
                 ids.push(self.unit.store.write(w)?);
             }
@@ -323,13 +331,18 @@ impl Engine {
             if let Some(s) = &sweep {
                 self.unit.store.write(s)?;
             }
-            self.unit.store.commit()?;
-            Ok(ids)
+            self.unit.store.commit()
         })();
         // The commit (or the rollback) ends a held lock.
         self.unit.held = None;
+        // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
+        // once: committed for the engine, which is degraded until the store answers.
+        let in_doubt = match &result {
+            Err(StoreError::InDoubt(e)) => Some(e.clone()),
+            _ => None,
+        };
         match result {
-            Ok(ids) => {
+            Err(StoreError::InDoubt(_)) | Ok(()) => {
                 if sweep.is_some() {
                     self.unit.last_sweep = Some(now);
                 }
@@ -342,7 +355,9 @@ impl Engine {
                     self.unit.compact_at = COMPACT_MIN;
                 }
                 self.unit.flush_requested = false;
-                if self.unit.degraded {
+                if let Some(e) = in_doubt {
+                    self.store_failed(&StoreError::Unavailable(e), true);
+                } else if self.unit.degraded {
                     self.unit.degraded = false;
                     self.logs.push((
                         log::Level::Info,
@@ -353,6 +368,12 @@ impl Engine {
             }
             // The store took in what changed; the section is over.
             Err(StoreError::Conflict) => Committed::Conflict,
+            // SPEC 19.1: not an outage; the call fails, what was buffered stays.
+            Err(e @ StoreError::Rejected(_)) => {
+                self.unit.store.rollback();
+                self.rejected(&e);
+                Committed::Rejected(e)
+            }
             Err(e) => {
                 self.unit.store.rollback();
                 self.store_failed(&e, true);
@@ -376,13 +397,17 @@ impl Engine {
         }
         if sec.online && !self.keeps_holding(&sec) {
             // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
-            if let Committed::Done(ids) = self.commit_section(now, &writes) {
-                let mut out = Vec::with_capacity(ids.len());
-                for (w, id) in writes.iter().zip(ids) {
-                    let local = self.apply_local(w, id, now);
-                    out.push(if matches!(w, Write::InsertLease(_)) { id } else { local.max(id) });
+            match self.commit_section(now, &writes) {
+                Committed::Done(ids) => {
+                    let mut out = Vec::with_capacity(ids.len());
+                    for (w, id) in writes.iter().zip(ids) {
+                        let local = self.apply_local(w, id, now);
+                        out.push(if matches!(w, Write::InsertLease(_)) { id } else { local.max(id) });
+                    }
+                    return Ok(out);
                 }
-                return Ok(out);
+                Committed::Rejected(e) => return Err(e.into()),
+                Committed::Conflict | Committed::Failed => {}
             }
         }
         let mut out = Vec::with_capacity(writes.len());
@@ -400,19 +425,20 @@ impl Engine {
     /// Ends a write section whose writes were already applied to the mirror (a
     /// batch: later operations had to see earlier ones). On a conflict the writes are
     /// handed back, still applied to the mirror.
-    pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Option<Vec<Write>> {
+    pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Applied {
         let now = sec.now;
         if sec.online && !self.keeps_holding(&sec) {
             match self.commit_section(now, &writes) {
-                Committed::Done(_) => return None,
-                Committed::Conflict => return Some(writes),
+                Committed::Done(_) => return Applied::Done,
+                Committed::Conflict => return Applied::Conflict(writes),
+                Committed::Rejected(e) => return Applied::Rejected(writes, e),
                 Committed::Failed => {}
             }
         }
         for w in writes {
             self.buffer(w, now);
         }
-        None
+        Applied::Done
     }
 
     /// Takes back a batch's lease inserts from the mirror (their commit conflicted,
@@ -535,10 +561,25 @@ impl Engine {
             return Err(());
         }
         match self.leave_applied(sec, writes) {
-            None => Ok(outs),
-            Some(writes) => {
+            Applied::Done => Ok(outs),
+            Applied::Conflict(writes) => {
                 self.undo_leases(&writes, now);
                 Err(())
+            }
+            Applied::Rejected(writes, e) => {
+                // Nothing was written: every operation of the batch fails, and the
+                // mirror forgets what they did.
+                self.undo_leases(&writes, now);
+                self.unit.rebuild = true;
+                let e = Error::from(e);
+                Ok(outs
+                    .into_iter()
+                    .map(|o| match o {
+                        BatchOut::Lease(_) => BatchOut::Lease(Err(e.clone())),
+                        BatchOut::LeaseAny(_) => BatchOut::LeaseAny(Err(e.clone())),
+                        BatchOut::Done(_) => BatchOut::Done(Err(e.clone())),
+                    })
+                    .collect())
             }
         }
     }
@@ -840,6 +881,12 @@ impl Engine {
             order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
     }
 
+    /// SPEC 19.1: the server refused for a reason that waiting will not cure; an
+    /// error for the log (and `server_logs`), not an outage.
+    pub(super) fn rejected(&mut self, e: &StoreError) {
+        self.note(log::Level::Error, Some("database"), format!("the database refused: {e}"));
+    }
+
     pub(super) fn store_failed(&mut self, e: &StoreError, write: bool) {
         self.unit.read_failed = true;
         if !write {
@@ -944,7 +991,9 @@ impl Engine {
 
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if (self.unit.pending.is_empty() && self.unit.held.is_none()) || self.unit.store.readonly() {
+        let idle =
+            self.unit.pending.is_empty() && self.unit.held.is_none() && self.unit.store.undelivered() == 0;
+        if idle || self.unit.store.readonly() {
             return Ok(());
         }
         self.unit.flush_requested = true;
@@ -972,8 +1021,8 @@ impl Engine {
     /// Flushes and reports whether anything stayed unwritten.
     pub fn close(&mut self) -> Result<()> {
         let _ = self.flush();
-        if !self.unit.pending.is_empty() {
-            let n = self.unit.pending.len();
+        if !self.unit.pending.is_empty() || self.unit.store.undelivered() > 0 {
+            let n = self.unit.pending.len() + self.unit.store.undelivered();
             self.logs.push((
                 log::Level::Error,
                 format!("closing with {n} changes the database did not accept; they are lost"),
