@@ -381,9 +381,11 @@ const OPTIMISTIC_ATTEMPTS: usize = 3;
 /// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
 type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
 
-/// Above this many buffered writes, usage rows outside the minute window are merged
-/// per (route, kind, minute), so a long outage holds at most a day of minutes.
+/// Above this many buffered writes the buffer is compacted (`compact_pending`).
 const COMPACT_MIN: usize = 4096;
+
+/// SPEC 18.2: buffered `server_logs` rows kept while the store fails.
+const MAX_BUFFERED_LOGS: usize = 10_000;
 
 pub struct Engine {
     /// The store and everything about talking to it (the unit of work's state).

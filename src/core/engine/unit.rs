@@ -27,6 +27,8 @@ pub(super) struct Unit {
     pub(super) last_sweep: Option<i64>,
     /// The last read section could not read the store.
     pub(super) read_failed: bool,
+    /// Buffered `server_logs` rows were dropped during this outage (warned once).
+    pub(super) logs_dropped: bool,
     /// With grouped writes, how long the write lock may be kept from one call to the
     /// next while this engine is the store's only one (`None`: never).
     pub(super) hold_for: Option<Duration>,
@@ -54,6 +56,7 @@ impl Unit {
             last_now: None,
             last_sweep: None,
             read_failed: false,
+            logs_dropped: false,
             hold_for: None,
             held: None,
             next_sole_check: None,
@@ -287,10 +290,7 @@ impl Engine {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        // SPEC §14.2: the rows of the current period of a declared week or month limit
-        // (and of a declared sliding window) are kept past the retention.
-        let retained_from =
-            now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now));
+        let retained_from = self.retained_from(now);
         let sweep = match self.unit.last_sweep {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
@@ -355,6 +355,9 @@ impl Engine {
                     self.unit.compact_at = COMPACT_MIN;
                 }
                 self.unit.flush_requested = false;
+                if flush_pending {
+                    self.unit.logs_dropped = false;
+                }
                 if let Some(e) = in_doubt {
                     self.store_failed(&StoreError::Unavailable(e), true);
                 } else if self.unit.degraded {
@@ -842,16 +845,38 @@ impl Engine {
         }
     }
 
-    /// Merges buffered usage rows that left the minute window into one row per
-    /// (route, kind, UTC minute), keeping their day; memory stays bounded by the
-    /// windows' widths while nothing is lost from the day counts.
+    /// The oldest usage row the retention sweep keeps at `now`. SPEC §14.2: the rows
+    /// of the current period of a declared week or month limit (and of a declared
+    /// sliding window) are kept past the retention.
+    pub(super) fn retained_from(&mut self, now: i64) -> i64 {
+        now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now))
+    }
+
+    /// Compacts the buffer, so that however long an outage lasts it holds about the
+    /// windows' width of events (SPEC 18.2): buffered usage the sweep after the replay
+    /// would delete is dropped (what retention keeps, and today when a model declares
+    /// a day window), usage rows that left the minute window are merged into one row
+    /// per (route, kind, UTC minute), a lease taken and ended while both waited goes
+    /// (neither ever reaches the store), an observed quota row keeps its last value,
+    /// and `server_logs` rows beyond the newest 10,000 go, with one warning. Nothing
+    /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
+        let mut drop_before = self.retained_from(now);
+        if self.mirror.declares_day() {
+            drop_before = drop_before.min(self.mirror.earliest_day_start(now));
+        }
+        let logs = self.unit.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
+        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
         let horizon = now.saturating_sub(MINUTE_MS);
         let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
         let mut kept = Vec::with_capacity(self.unit.pending.len());
         let mut order = Vec::new();
+        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
+        let (inserted, deleted) = (&self.unit.pending_inserted, &self.unit.pending_deleted);
+        let mut ended = Vec::new();
         for w in self.unit.pending.drain(..) {
             match w {
+                Write::Usage(u) if u.created_at_ms < drop_before => {}
                 Write::Usage(u) if u.created_at_ms <= horizon => {
                     let minute = u.created_at_ms.div_euclid(MINUTE_MS);
                     let key = (
@@ -874,11 +899,36 @@ impl Engine {
                         }
                     }
                 }
+                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
+                Write::DeleteLease(id) if inserted.contains(&id) => {}
+                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
+                Write::UpsertQuotaState(q) => {
+                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
+                    match quota_at.get(&key) {
+                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
+                        None => {
+                            quota_at.insert(key, kept.len());
+                            kept.push(Write::UpsertQuotaState(q));
+                        }
+                    }
+                }
                 w => kept.push(w),
             }
         }
+        for id in ended {
+            self.unit.pending_inserted.remove(&id);
+            self.unit.pending_deleted.remove(&id);
+        }
         self.unit.pending =
             order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
+        if logs > MAX_BUFFERED_LOGS && !self.unit.logs_dropped {
+            self.unit.logs_dropped = true;
+            let msg = format!(
+                "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
+                 are dropped from the buffer"
+            );
+            self.note(log::Level::Warn, Some("degraded"), msg);
+        }
     }
 
     /// SPEC 19.1: the server refused for a reason that waiting will not cure; an
