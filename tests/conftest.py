@@ -54,7 +54,9 @@ def free_port() -> int:
 
 class RedisServer:
     """A real ``redis-server`` on loopback, without persistence, in its own directory. With ``tls``
-    (CA file, certificate file, key file) it speaks only TLS."""
+    (CA file, certificate file, key file) it speaks only TLS. With ``durable`` it keeps an
+    append-only file synced before every reply, so that a restart loses nothing it answered for.
+    ``exe`` picks another binary (an old release)."""
 
     def __init__(
         self,
@@ -63,8 +65,10 @@ class RedisServer:
         password: str | None = None,
         tls: tuple[Path, Path, Path] | None = None,
         bind: tuple[str, ...] = ("127.0.0.1",),
+        durable: bool = False,
+        exe: str | None = None,
     ) -> None:
-        exe = shutil.which("redis-server")
+        exe = exe or shutil.which("redis-server")
         if exe is None:
             pytest.fail("redis-server is not installed (apt-get install redis-server, or QE_BACKENDS=sqlite)")
         self.exe = exe
@@ -73,6 +77,7 @@ class RedisServer:
         self.password = password
         self.tls = tls
         self.bind = bind
+        self.durable = durable
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -83,7 +88,8 @@ class RedisServer:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        args = ["--port", str(self.port), "--bind", *self.bind, "--save", "", "--appendonly", "no"]
+        args = ["--port", str(self.port), "--bind", *self.bind, "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
         if self.bind != ("127.0.0.1",):
             args += ["--protected-mode", "no"]  # only on the addresses given
         if self.password:

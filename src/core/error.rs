@@ -14,6 +14,18 @@ pub enum StoreError {
     /// The database did not answer (locked past the busy timeout, I/O error, disk full...).
     #[error("{0}")]
     Unavailable(String),
+    /// A commit whose reply never came (the connection was cut, the server
+    /// restarted): the server may or may not have applied it. The store keeps its
+    /// writes and sends them again, under the same identity so that they are applied
+    /// at most once (SPEC 19.2), before anything else once the server answers: for
+    /// the engine the writes are committed, and the store is failing meanwhile.
+    #[error("{0}")]
+    InDoubt(String),
+    /// The server answered with an error that waiting will not cure (a key under the
+    /// prefix holding the wrong type, a script error, a server too old): not an
+    /// outage (SPEC 19.1). Raised from the call that met it.
+    #[error("{0}")]
+    Rejected(String),
     /// An optimistic section's decision rested on data another writer has since
     /// changed: nothing was written (see `Store::begin_optimistic`).
     #[error("another writer changed what the decision read")]

@@ -558,6 +558,14 @@ impl Mirror {
         from
     }
 
+    /// Some model declares a day window (its rows are kept while degraded, SPEC 18.2).
+    pub fn declares_day(&self) -> bool {
+        self.limit_sets
+            .values()
+            .flat_map(|m| m.values())
+            .any(|set| set.windows().any(|w| w == crate::core::limits::DAY))
+    }
+
     /// The oldest row a model's declared week, month or sliding window counts at
     /// `now` (SPEC §14.2: retention keeps them); `now` when none is declared.
     /// Worked out once per change of the declarations or calendars, not per commit.

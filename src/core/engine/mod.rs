@@ -369,6 +369,17 @@ enum Committed {
     Conflict,
     /// The store failed: the engine is degraded.
     Failed,
+    /// The server refused (SPEC 19.1): nothing was written, the call fails.
+    Rejected(StoreError),
+}
+
+/// How a batch's write section ended.
+enum Applied {
+    Done,
+    /// Stale decisions: the writes handed back, still applied to the mirror.
+    Conflict(Vec<Write>),
+    /// The server refused: the writes handed back, still applied to the mirror.
+    Rejected(Vec<Write>, StoreError),
 }
 
 /// Longest a sole engine keeps the write lock across calls (grouped writes): another
@@ -381,9 +392,11 @@ const OPTIMISTIC_ATTEMPTS: usize = 3;
 /// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
 type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
 
-/// Above this many buffered writes, usage rows outside the minute window are merged
-/// per (route, kind, minute), so a long outage holds at most a day of minutes.
+/// Above this many buffered writes the buffer is compacted (`compact_pending`).
 const COMPACT_MIN: usize = 4096;
+
+/// SPEC 18.2: buffered `server_logs` rows kept while the store fails.
+const MAX_BUFFERED_LOGS: usize = 10_000;
 
 pub struct Engine {
     /// The store and everything about talking to it (the unit of work's state).

@@ -27,6 +27,8 @@ pub(super) struct Unit {
     pub(super) last_sweep: Option<i64>,
     /// The last read section could not read the store.
     pub(super) read_failed: bool,
+    /// Buffered `server_logs` rows were dropped during this outage (warned once).
+    pub(super) logs_dropped: bool,
     /// With grouped writes, how long the write lock may be kept from one call to the
     /// next while this engine is the store's only one (`None`: never).
     pub(super) hold_for: Option<Duration>,
@@ -54,6 +56,7 @@ impl Unit {
             last_now: None,
             last_sweep: None,
             read_failed: false,
+            logs_dropped: false,
             hold_for: None,
             held: None,
             next_sole_check: None,
@@ -104,6 +107,10 @@ impl Engine {
             }
             match began {
                 Ok(()) => online = true,
+                Err(e @ StoreError::Rejected(_)) => {
+                    self.rejected(&e);
+                    return Err(e.into());
+                }
                 Err(e) => self.store_failed(&e, write),
             }
         }
@@ -130,6 +137,10 @@ impl Engine {
             if let Err(e) = self.sync(now) {
                 self.unit.store.rollback();
                 self.unit.held = None;
+                if let StoreError::Rejected(_) = e {
+                    self.rejected(&e);
+                    return Err(e.into());
+                }
                 self.store_failed(&e, write);
                 online = false;
             }
@@ -279,10 +290,7 @@ impl Engine {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        // SPEC §14.2: the rows of the current period of a declared week or month limit
-        // (and of a declared sliding window) are kept past the retention.
-        let retained_from =
-            now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now));
+        let retained_from = self.retained_from(now);
         let sweep = match self.unit.last_sweep {
             Some(t) if now >= t && now - t < MINUTE_MS => None,
             _ => Some(Write::Sweep {
@@ -297,7 +305,8 @@ impl Engine {
             || self.unit.held.is_some()
             || self.unit.flush_requested
             || self.unit.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
-        let result = (|| -> std::result::Result<Vec<i64>, StoreError> {
+        let mut ids = Vec::with_capacity(writes.len());
+        let result = (|| -> std::result::Result<(), StoreError> {
             if flush_pending {
                 // A lease taken and finished while both waited here never reaches the
                 // store, nor does a usage row buffered past the retention.
@@ -315,7 +324,6 @@ impl Engine {
                     .collect();
                 self.unit.store.write_all(&live)?;
             }
-            let mut ids = Vec::with_capacity(writes.len());
             for w in writes {
                 ids.push(self.unit.store.write(w)?);
             }
@@ -323,13 +331,18 @@ impl Engine {
             if let Some(s) = &sweep {
                 self.unit.store.write(s)?;
             }
-            self.unit.store.commit()?;
-            Ok(ids)
+            self.unit.store.commit()
         })();
         // The commit (or the rollback) ends a held lock.
         self.unit.held = None;
+        // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
+        // once: committed for the engine, which is degraded until the store answers.
+        let in_doubt = match &result {
+            Err(StoreError::InDoubt(e)) => Some(e.clone()),
+            _ => None,
+        };
         match result {
-            Ok(ids) => {
+            Err(StoreError::InDoubt(_)) | Ok(()) => {
                 if sweep.is_some() {
                     self.unit.last_sweep = Some(now);
                     self.prune_own_leases(now);
@@ -343,7 +356,12 @@ impl Engine {
                     self.unit.compact_at = COMPACT_MIN;
                 }
                 self.unit.flush_requested = false;
-                if self.unit.degraded {
+                if flush_pending {
+                    self.unit.logs_dropped = false;
+                }
+                if let Some(e) = in_doubt {
+                    self.store_failed(&StoreError::Unavailable(e), true);
+                } else if self.unit.degraded {
                     self.unit.degraded = false;
                     self.logs.push((
                         log::Level::Info,
@@ -354,6 +372,12 @@ impl Engine {
             }
             // The store took in what changed; the section is over.
             Err(StoreError::Conflict) => Committed::Conflict,
+            // SPEC 19.1: not an outage; the call fails, what was buffered stays.
+            Err(e @ StoreError::Rejected(_)) => {
+                self.unit.store.rollback();
+                self.rejected(&e);
+                Committed::Rejected(e)
+            }
             Err(e) => {
                 self.unit.store.rollback();
                 self.store_failed(&e, true);
@@ -377,13 +401,17 @@ impl Engine {
         }
         if sec.online && !self.keeps_holding(&sec) {
             // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
-            if let Committed::Done(ids) = self.commit_section(now, &writes) {
-                let mut out = Vec::with_capacity(ids.len());
-                for (w, id) in writes.iter().zip(ids) {
-                    let local = self.apply_local(w, id, now);
-                    out.push(if matches!(w, Write::InsertLease(_)) { id } else { local.max(id) });
+            match self.commit_section(now, &writes) {
+                Committed::Done(ids) => {
+                    let mut out = Vec::with_capacity(ids.len());
+                    for (w, id) in writes.iter().zip(ids) {
+                        let local = self.apply_local(w, id, now);
+                        out.push(if matches!(w, Write::InsertLease(_)) { id } else { local.max(id) });
+                    }
+                    return Ok(out);
                 }
-                return Ok(out);
+                Committed::Rejected(e) => return Err(e.into()),
+                Committed::Conflict | Committed::Failed => {}
             }
         }
         let mut out = Vec::with_capacity(writes.len());
@@ -401,19 +429,20 @@ impl Engine {
     /// Ends a write section whose writes were already applied to the mirror (a
     /// batch: later operations had to see earlier ones). On a conflict the writes are
     /// handed back, still applied to the mirror.
-    pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Option<Vec<Write>> {
+    pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Applied {
         let now = sec.now;
         if sec.online && !self.keeps_holding(&sec) {
             match self.commit_section(now, &writes) {
-                Committed::Done(_) => return None,
-                Committed::Conflict => return Some(writes),
+                Committed::Done(_) => return Applied::Done,
+                Committed::Conflict => return Applied::Conflict(writes),
+                Committed::Rejected(e) => return Applied::Rejected(writes, e),
                 Committed::Failed => {}
             }
         }
         for w in writes {
             self.buffer(w, now);
         }
-        None
+        Applied::Done
     }
 
     /// Takes back a batch's lease inserts from the mirror (their commit conflicted,
@@ -545,10 +574,25 @@ impl Engine {
             return Err(());
         }
         match self.leave_applied(sec, writes) {
-            None => Ok(outs),
-            Some(writes) => {
+            Applied::Done => Ok(outs),
+            Applied::Conflict(writes) => {
                 self.undo_leases(&writes, now);
                 Err(())
+            }
+            Applied::Rejected(writes, e) => {
+                // Nothing was written: every operation of the batch fails, and the
+                // mirror forgets what they did.
+                self.undo_leases(&writes, now);
+                self.unit.rebuild = true;
+                let e = Error::from(e);
+                Ok(outs
+                    .into_iter()
+                    .map(|o| match o {
+                        BatchOut::Lease(_) => BatchOut::Lease(Err(e.clone())),
+                        BatchOut::LeaseAny(_) => BatchOut::LeaseAny(Err(e.clone())),
+                        BatchOut::Done(_) => BatchOut::Done(Err(e.clone())),
+                    })
+                    .collect())
             }
         }
     }
@@ -825,16 +869,38 @@ impl Engine {
         }
     }
 
-    /// Merges buffered usage rows that left the minute window into one row per
-    /// (route, kind, UTC minute), keeping their day; memory stays bounded by the
-    /// windows' widths while nothing is lost from the day counts.
+    /// The oldest usage row the retention sweep keeps at `now`. SPEC §14.2: the rows
+    /// of the current period of a declared week or month limit (and of a declared
+    /// sliding window) are kept past the retention.
+    pub(super) fn retained_from(&mut self, now: i64) -> i64 {
+        now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now))
+    }
+
+    /// Compacts the buffer, so that however long an outage lasts it holds about the
+    /// windows' width of events (SPEC 18.2): buffered usage the sweep after the replay
+    /// would delete is dropped (what retention keeps, and today when a model declares
+    /// a day window), usage rows that left the minute window are merged into one row
+    /// per (route, kind, UTC minute), a lease taken and ended while both waited goes
+    /// (neither ever reaches the store), an observed quota row keeps its last value,
+    /// and `server_logs` rows beyond the newest 10,000 go, with one warning. Nothing
+    /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
+        let mut drop_before = self.retained_from(now);
+        if self.mirror.declares_day() {
+            drop_before = drop_before.min(self.mirror.earliest_day_start(now));
+        }
+        let logs = self.unit.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
+        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
         let horizon = now.saturating_sub(MINUTE_MS);
         let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
         let mut kept = Vec::with_capacity(self.unit.pending.len());
         let mut order = Vec::new();
+        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
+        let (inserted, deleted) = (&self.unit.pending_inserted, &self.unit.pending_deleted);
+        let mut ended = Vec::new();
         for w in self.unit.pending.drain(..) {
             match w {
+                Write::Usage(u) if u.created_at_ms < drop_before => {}
                 Write::Usage(u) if u.created_at_ms <= horizon => {
                     let minute = u.created_at_ms.div_euclid(MINUTE_MS);
                     let key = (
@@ -857,11 +923,42 @@ impl Engine {
                         }
                     }
                 }
+                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
+                Write::DeleteLease(id) if inserted.contains(&id) => {}
+                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
+                Write::UpsertQuotaState(q) => {
+                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
+                    match quota_at.get(&key) {
+                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
+                        None => {
+                            quota_at.insert(key, kept.len());
+                            kept.push(Write::UpsertQuotaState(q));
+                        }
+                    }
+                }
                 w => kept.push(w),
             }
         }
+        for id in ended {
+            self.unit.pending_inserted.remove(&id);
+            self.unit.pending_deleted.remove(&id);
+        }
         self.unit.pending =
             order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
+        if logs > MAX_BUFFERED_LOGS && !self.unit.logs_dropped {
+            self.unit.logs_dropped = true;
+            let msg = format!(
+                "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
+                 are dropped from the buffer"
+            );
+            self.note(log::Level::Warn, Some("degraded"), msg);
+        }
+    }
+
+    /// SPEC 19.1: the server refused for a reason that waiting will not cure; an
+    /// error for the log (and `server_logs`), not an outage.
+    pub(super) fn rejected(&mut self, e: &StoreError) {
+        self.note(log::Level::Error, Some("database"), format!("the database refused: {e}"));
     }
 
     pub(super) fn store_failed(&mut self, e: &StoreError, write: bool) {
@@ -968,7 +1065,9 @@ impl Engine {
 
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if (self.unit.pending.is_empty() && self.unit.held.is_none()) || self.unit.store.readonly() {
+        let idle =
+            self.unit.pending.is_empty() && self.unit.held.is_none() && self.unit.store.undelivered() == 0;
+        if idle || self.unit.store.readonly() {
             return Ok(());
         }
         self.unit.flush_requested = true;
@@ -1000,8 +1099,8 @@ impl Engine {
             let _ = self.end_own_leases();
         }
         let _ = self.flush();
-        if !self.unit.pending.is_empty() {
-            let n = self.unit.pending.len();
+        if !self.unit.pending.is_empty() || self.unit.store.undelivered() > 0 {
+            let n = self.unit.pending.len() + self.unit.store.undelivered();
             self.logs.push((
                 log::Level::Error,
                 format!("closing with {n} changes the database did not accept; they are lost"),

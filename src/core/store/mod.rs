@@ -365,6 +365,11 @@ pub trait Store: Send {
     }
     /// Waits at most this long for another process's lock (0: fail at once).
     fn set_busy_timeout(&mut self, ms: i64);
+    /// Writes the store took over from a commit that got no reply
+    /// ([`StoreError::InDoubt`]) and has not delivered yet (0 for most stores).
+    fn undelivered(&self) -> usize {
+        0
+    }
     /// Inside a section: the admission being decided depends on these keys' usage and
     /// leases too (the keys of one account), so a store that decides optimistically
     /// must refuse the commit when another engine touched them meanwhile.

@@ -2,8 +2,9 @@
 -- Every call is atomic: Redis runs no other command while it runs.
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
---       known versions of the 6 versioned tables, [mode 'lease': the number of
---       accounts, then the accounts], then the writes (opcode + fields).
+--       write id (the writer's sequence number of a call that writes; '' for one
+--       that does not), known versions of the 6 versioned tables, [mode 'lease': the
+--       number of accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
 --       'append' applies the writes without taking the lock (fails while another
@@ -14,8 +15,13 @@
 --                ('key SEP platform') nor any versioned table; else status 'conflict'
 --                and nothing is written (the caller takes in what changed and decides
 --                again);
+--       'replay' as 'append', for the writes of a call whose reply was lost, sent
+--                again under the same write id; also drops the lock if we own it;
 --       'read'   only reads what changed;
 --       'unlock' drops the lock if we own it.
+-- A call that writes is applied at most once (SPEC 19.2): the writes of a call whose
+-- id is not above the writer's last applied one (P:applied:<owner>, kept a day after
+-- the writer's last write) are skipped; what changed is read as usual.
 -- Reply: {status, head, more, entries, versions, tables, leases, results}
 --        or {'busy', pttl} when another owner holds the lock.
 local P = ARGV[1]
@@ -25,20 +31,30 @@ local ttl = tonumber(ARGV[4])
 local cursor = ARGV[5]
 local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
+local write_id = ARGV[8]
 local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars'}
-local known = {ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]}
-local first_write = 14
+local known = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14]}
+local first_write = 15
 local accounts = {}
 if mode == 'lease' then
-  local n = tonumber(ARGV[14])
-  for i = 15, 14 + n do accounts[ARGV[i]] = true end
-  first_write = 15 + n
+  local n = tonumber(ARGV[15])
+  for i = 16, 15 + n do accounts[ARGV[i]] = true end
+  first_write = 16 + n
 end
+local APPLIED_TTL_MS = 86400000
 local SEP = '\31'
 
 local LOG, LOCK, LASTMS, VER = P .. ':log', P .. ':lock', P .. ':lastms', P .. ':ver'
 -- Usage entries whose id is later than their time (id -> time), for the sweep.
 local LATE = P .. ':late'
+local APPLIED = P .. ':applied:' .. owner
+
+-- True when this call's writes were applied before (its reply was lost).
+local function already_applied()
+  if write_id == '' then return false end
+  local last = redis.call('GET', APPLIED)
+  return last ~= false and tonumber(last) >= tonumber(write_id)
+end
 
 local holder = redis.call('GET', LOCK)
 if mode == 'unlock' then
@@ -218,6 +234,7 @@ local function apply_writes()
     results[#results + 1] = r
   end
   save_lastms()
+  if write_id ~= '' then redis.call('SET', APPLIED, write_id, 'PX', APPLIED_TTL_MS) end
   return results
 end
 
@@ -247,21 +264,25 @@ if mode == 'begin' or mode == 'read' then
   if mode == 'begin' then redis.call('SET', LOCK, owner, 'PX', ttl) end
   local head, more, entries, versions, tables, leases = read_changes()
   return {'ok', head, more, entries, versions, tables, leases, {}}
-elseif mode == 'append' or mode == 'lease' then
+elseif mode == 'append' or mode == 'lease' or mode == 'replay' then
   local head, more, entries, versions, tables, leases = read_changes()
-  if mode == 'lease' and conflicts(more, entries, tables, leases) then
+  local dup = already_applied()
+  if mode == 'lease' and not dup and conflicts(more, entries, tables, leases) then
     return {'conflict', head, more, entries, versions, tables, leases, {}}
   end
+  if mode == 'replay' and holder == owner then redis.call('DEL', LOCK) end
   -- Our own entries follow: the caller's cursor moves past them only when nothing
   -- more of others' remains to read.
-  local results = apply_writes()
+  local results = {}
+  if not dup then results = apply_writes() end
   if more == 0 then
     local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
     if last[1] then head = last[1][1] end
   end
   return {'ok', head, more, entries, versions, tables, leases, results}
 elseif mode == 'commit' then
-  local results = apply_writes()
+  local results = {}
+  if not already_applied() then results = apply_writes() end
   redis.call('DEL', LOCK)
   local head = cursor
   local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)

@@ -21,6 +21,14 @@
 //! round trip. Stream ids follow the writers' clocks, so usage since a time is a range
 //! read; each entry names its writer, which skips it when it reads the feed.
 //!
+//! Every call that writes carries an identity, this engine's next sequence number,
+//! and the script applies a call at most once (SPEC 19.2): a call whose reply was lost
+//! (the connection cut, the server restarted) is kept here and sent again under its
+//! identity before anything else once the server answers, and the server skips its
+//! writes when it had applied them (`P:applied:<owner>` holds the last applied
+//! number, for a day after the writer's last write). The check runs inside the
+//! script: still one round trip per call.
+//!
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
 //! long inside a section could let two decisions overlap.
@@ -44,6 +52,32 @@ const MAX_ENTRIES: usize = 10_000;
 /// After a failed connect, calls fail at once for this long (a blackholed host would
 /// otherwise cost its connect timeout on every call while degraded).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// Every key this engine keeps under its prefix, with its type, checked at open
+/// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
+const LAYOUT: [(&str, &str); 16] = [
+    ("log", "stream"),
+    ("logs", "stream"),
+    ("leases", "hash"),
+    ("cooldowns", "hash"),
+    ("keys", "hash"),
+    ("models", "hash"),
+    ("caps", "hash"),
+    ("history", "hash"),
+    ("calendars", "hash"),
+    ("ver", "hash"),
+    ("quota", "hash"),
+    ("lock", "string"),
+    ("lastms", "string"),
+    ("history_id", "string"),
+    ("log_id", "string"),
+    ("applied", "none"),
+];
+
+/// The writes of a call whose reply was lost, to be sent again under its identity.
+struct InDoubt {
+    id: u64,
+    writes: Vec<String>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Section {
@@ -79,10 +113,60 @@ pub struct RedisStore {
     lease_writes: Vec<Write>,
     /// Accounts (`key SEP platform`) of the leases an optimistic section inserts.
     accounts: Vec<String>,
+    /// The identity of the last call that wrote (SPEC 19.2).
+    write_seq: u64,
+    /// A call that wrote and got no reply: sent again before anything else.
+    in_doubt: Option<InDoubt>,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
+}
+
+/// A failed exchange: a server's error reply that waiting will not cure (a key of the
+/// wrong type, a script error, a command the server does not know) is
+/// [`StoreError::Rejected`]; one that says the server is busy, loading, read-only,
+/// out of memory or failing over is an outage, as is a transport failure. A transport
+/// failure after the request was sent is [`StoreError::InDoubt`]: it may have been
+/// applied.
+fn store_error(e: &redis::RedisError, sent: bool) -> StoreError {
+    let transport = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
+    if transport {
+        return if sent { StoreError::InDoubt(format!("redis: no reply: {e}")) } else { unavailable(e) };
+    }
+    match e.code() {
+        Some("ERR") if e.to_string().contains("max number of clients") => unavailable(e),
+        Some("WRONGTYPE" | "ERR" | "NOPERM" | "NOSCRIPT" | "EXECABORT") => {
+            StoreError::Rejected(format!("redis: {e}"))
+        }
+        _ => unavailable(e),
+    }
+}
+
+/// The server's version from `INFO server`, refused below Redis 7.0 or Valkey 7.2
+/// (SPEC 19.1: Redis 6 has no `XADD` id of the form `<ms>-*`, so every write would
+/// fail).
+fn check_version(info: &str) -> Result<(), String> {
+    let field = |name: &str| {
+        info.lines().find_map(|l| l.trim_end().strip_prefix(name).and_then(|v| v.strip_prefix(':')))
+    };
+    let parse = |v: &str| -> (u64, u64) {
+        let mut it = v.split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    };
+    let valkey = field("valkey_version")
+        .or_else(|| (field("server_name") == Some("valkey")).then(|| field("redis_version")).flatten());
+    let (name, version, needed) = match (valkey, field("redis_version")) {
+        (Some(v), _) => ("Valkey", v, (7, 2)),
+        (None, Some(v)) => ("Redis", v, (7, 0)),
+        (None, None) => return Ok(()),
+    };
+    if parse(version) < needed {
+        return Err(format!(
+            "{name} {version} is too old: the Redis backend needs Redis 7.0 or later, or Valkey 7.2 or later"
+        ));
+    }
+    Ok(())
 }
 
 /// Escapes the separator (and the escape) out of a name.
@@ -91,6 +175,14 @@ fn esc(s: &str) -> String {
         return s.to_string();
     }
     s.replace('\\', "\\\\").replace(SEP, "\\u")
+}
+
+/// Outside a call that writes, a lost reply is an outage like any other.
+fn not_in_doubt(e: StoreError) -> StoreError {
+    match e {
+        StoreError::InDoubt(m) => StoreError::Unavailable(m),
+        e => e,
+    }
 }
 
 fn unesc(s: &str) -> String {
@@ -505,6 +597,8 @@ impl RedisStore {
             args: Vec::new(),
             lease_writes: Vec::new(),
             accounts: Vec::new(),
+            write_seq: 0,
+            in_doubt: None,
         };
         store.connection()?;
         store.check_layout()?;
@@ -551,7 +645,8 @@ impl RedisStore {
     }
 
     /// One round trip on the connection; a failed connection is dropped so the next
-    /// call reconnects.
+    /// call reconnects. A transport failure after the request went out is
+    /// [`StoreError::InDoubt`] (see [`store_error`]).
     fn round_trip(
         &mut self,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<Value>,
@@ -561,34 +656,53 @@ impl RedisStore {
             if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                 self.con = None;
             }
-            unavailable(e)
+            store_error(&e, true)
         })
     }
 
+    /// A command that writes nothing: a lost reply is only an outage.
     fn query(&mut self, cmd: &redis::Cmd) -> StoreResult<Value> {
-        self.round_trip(|con| cmd.query(con))
+        self.round_trip(|con| cmd.query(con)).map_err(not_in_doubt)
     }
 
+    /// At open (one round trip): the server is recent enough, and every key this
+    /// engine keeps under the prefix holds the type it keeps there (SPEC 19.1).
     fn check_layout(&mut self) -> StoreResult<()> {
-        let mut cmd = redis::cmd("TYPE");
-        cmd.arg(format!("{}:log", self.prefix));
-        let t = text(&self.query(&cmd)?)?;
-        if t != "none" && t != "stream" {
-            return Err(StoreError::Incompatible(format!(
-                "key {}:log holds a {t}, not this engine's data: pick another ?prefix=",
-                self.prefix
-            )));
+        let mut pipe = redis::pipe();
+        pipe.cmd("INFO").arg("server");
+        for (key, _) in LAYOUT {
+            pipe.cmd("TYPE").arg(format!("{}:{key}", self.prefix));
+        }
+        let reply = self.round_trip(|con| pipe.query(con)).map_err(not_in_doubt)?;
+        let replies = array(&reply)?;
+        let info = replies.first().map(text).transpose()?.unwrap_or_default();
+        check_version(&info).map_err(StoreError::Incompatible)?;
+        for ((key, want), got) in LAYOUT.iter().zip(&replies[1..]) {
+            let got = text(got)?;
+            if got != "none" && got != *want {
+                return Err(StoreError::Incompatible(format!(
+                    "key {}:{key} holds a {got}, not this engine's data (a {want}): pick another ?prefix=",
+                    self.prefix
+                )));
+            }
         }
         Ok(())
     }
 
     fn invoke(&mut self, mode: &str, writes: &[String]) -> StoreResult<Value> {
-        self.invoke_with(mode, &[], writes)
+        self.invoke_with(mode, "", &[], writes).map_err(not_in_doubt)
     }
 
-    /// `extra` goes between the fixed arguments and the writes (mode `lease`: the
-    /// count of accounts, then the accounts).
-    fn invoke_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Value> {
+    /// `id` is the call's identity when it writes (else empty). `extra` goes between
+    /// the fixed arguments and the writes (mode `lease`: the count of accounts, then
+    /// the accounts).
+    fn invoke_with(
+        &mut self,
+        mode: &str,
+        id: &str,
+        extra: &[String],
+        writes: &[String],
+    ) -> StoreResult<Value> {
         let script = Arc::clone(&self.script);
         let mut inv = script.prepare_invoke();
         inv.arg(&self.prefix)
@@ -597,7 +711,8 @@ impl RedisStore {
             .arg(LOCK_TTL_MS)
             .arg(&self.cursor)
             .arg(MAX_ENTRIES)
-            .arg(if self.need_leases { "1" } else { "0" });
+            .arg(if self.need_leases { "1" } else { "0" })
+            .arg(id);
         for v in &self.versions {
             inv.arg(v);
         }
@@ -613,11 +728,46 @@ impl RedisStore {
         self.call_with(mode, &[], writes)
     }
 
+    /// A call that writes gets the next identity; when its reply is lost the store
+    /// keeps its writes to send again ([`StoreError::InDoubt`]). Anything a call
+    /// before it left in doubt is sent first.
     fn call_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
+        self.settle()?;
+        if !matches!(mode, "append" | "lease" | "commit") {
+            return self.send(mode, "", extra, writes).map_err(not_in_doubt);
+        }
+        self.write_seq += 1;
+        let id = self.write_seq;
+        let sent = self.send(mode, &id.to_string(), extra, writes);
+        if let Err(StoreError::InDoubt(_)) = &sent {
+            // What an optimistic section decided stands (as when degraded): it is sent
+            // again without the conflict check.
+            self.in_doubt = Some(InDoubt { id, writes: writes.to_vec() });
+        }
+        sent
+    }
+
+    /// Sends again the writes of a call whose reply was lost, under its identity
+    /// (the server skips them if it had applied them), and takes in what changed.
+    /// While that fails, so does every call.
+    fn settle(&mut self) -> StoreResult<()> {
+        let Some(d) = self.in_doubt.take() else { return Ok(()) };
+        match self.send("replay", &d.id.to_string(), &[], &d.writes) {
+            Ok(parts) => self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget()),
+            Err(e) => {
+                self.in_doubt = Some(d);
+                Err(not_in_doubt(e))
+            }
+        }
+    }
+
+    /// Invokes the script, waiting (up to the busy timeout) while another engine
+    /// holds the lock.
+    fn send(&mut self, mode: &str, id: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
         let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(0) as u64);
         let mut pause = Duration::from_micros(50);
         loop {
-            let parts = match self.invoke_with(mode, extra, writes)? {
+            let parts = match self.invoke_with(mode, id, extra, writes)? {
                 Value::Array(parts) => parts,
                 other => return Err(unavailable(format!("unexpected reply {other:?}"))),
             };
@@ -872,8 +1022,10 @@ impl RedisStore {
         if self.section.is_some() {
             self.rollback();
         }
-        // Checked here so that a dead server degrades the engine before it decides.
+        // Checked here so that a dead server degrades the engine before it decides;
+        // what a lost reply left in doubt goes first.
         self.connection()?;
+        self.settle()?;
         self.section = Some(section);
         Ok(())
     }
@@ -1009,6 +1161,10 @@ impl Store for RedisStore {
         let reply = match result {
             Ok(reply) => reply,
             Err(e) => {
+                if matches!(e, StoreError::InDoubt(_)) {
+                    // The writes will be applied (once): for the engine they are.
+                    self.apply_own_leases();
+                }
                 self.rollback();
                 self.forget();
                 return Err(e);
@@ -1130,6 +1286,10 @@ impl Store for RedisStore {
         self.busy_timeout_ms = ms;
     }
 
+    fn undelivered(&self) -> usize {
+        self.in_doubt.as_ref().map_or(0, |d| d.writes.len())
+    }
+
     fn after_fork(&mut self) -> bool {
         // The socket (and its TLS session) is the parent's: neither written nor
         // closed here. The child connects anew, under an owner id of its own.
@@ -1230,6 +1390,62 @@ mod tests {
             (&*row.platform, &*row.model_id, row.key_id, row.created_at_ms),
             ("p\u{1f}x", "m\\y", 7, 42)
         );
+    }
+
+    #[test]
+    fn servers_older_than_redis_7_or_valkey_7_2_are_refused() {
+        let info = |lines: &[&str]| format!("# Server\r\n{}\r\n", lines.join("\r\n"));
+        for ok in [
+            info(&["redis_version:7.0.0", "redis_mode:standalone"]),
+            info(&["redis_version:7.4.2"]),
+            info(&["redis_version:10.1.0"]),
+            info(&["redis_version:7.2.4", "server_name:valkey", "valkey_version:8.0.1"]),
+            info(&["redis_version:7.2.4", "server_name:valkey"]),
+            info(&["something_else:1"]),
+        ] {
+            assert_eq!(check_version(&ok), Ok(()), "{ok}");
+        }
+        for (old, says) in [
+            (info(&["redis_version:6.2.14", "redis_mode:standalone"]), "Redis 6.2.14"),
+            (info(&["redis_version:5.0.7"]), "Redis 5.0.7"),
+            (info(&["redis_version:7.0.0", "server_name:valkey", "valkey_version:7.1.9"]), "Valkey 7.1.9"),
+            (info(&["redis_version:7.0.0", "server_name:valkey"]), "Valkey 7.0.0"),
+        ] {
+            let err = check_version(&old).expect_err(&old);
+            assert!(err.contains(says) && err.contains("needs Redis 7.0"), "{err}");
+        }
+    }
+
+    #[test]
+    fn error_replies_that_waiting_cures_are_outages_the_others_are_not() {
+        let server = |line: &str| -> redis::RedisError {
+            match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+                Ok(Value::ServerError(e)) => e.into(),
+                other => panic!("not an error reply: {other:?}"),
+            }
+        };
+        for line in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: 1b2c",
+            "ERR user_script:12: Script attempted to access nonexistent global variable 'x'",
+            "ERR Invalid stream ID specified as stream command argument",
+            "NOPERM this user has no permissions to run the 'evalsha' command",
+        ] {
+            assert!(matches!(store_error(&server(line), true), StoreError::Rejected(_)), "{line}");
+        }
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script",
+            "READONLY You can't write against a read only replica.",
+            "MASTERDOWN Link with MASTER is down",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
+            "ERR max number of clients reached",
+        ] {
+            assert!(matches!(store_error(&server(line), true), StoreError::Unavailable(_)), "{line}");
+        }
+        let cut = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(matches!(store_error(&cut, true), StoreError::InDoubt(_)));
+        assert!(matches!(store_error(&cut, false), StoreError::Unavailable(_)));
     }
 
     #[test]
