@@ -80,6 +80,9 @@ local lastms = nil
 local function xadd(ms, data)
   if lastms == nil then lastms = tonumber(redis.call('GET', LASTMS) or '0') end
   ms = tonumber(ms)
+  -- A stream id's time is a u64 and Lua's numbers are doubles: times outside
+  -- 0..2^53 - 1 ms (a clock set to the end of time) are clamped to stay an id.
+  if ms < 0 then ms = 0 elseif ms > 9007199254740991 then ms = 9007199254740991 end
   if ms < lastms then ms = lastms end
   lastms = ms
   -- Entries carry their writer, who skips them when reading.
