@@ -33,6 +33,19 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def collect_litellm_leftovers() -> Iterator[None]:
+    """LiteLLM leaves event loops and sockets of its own open: collect them here, so that
+    their ResourceWarnings never land in a later module's test."""
+    import gc
+    import warnings
+
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gc.collect()
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiteLLMProviders]:
     s = LiteLLMProviders()
