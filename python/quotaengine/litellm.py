@@ -592,7 +592,7 @@ def install(
     set-up (a ``routes`` entry naming no deployment, a malformed
     ``model_info["quotaengine"]``, a second ``install`` on one router) is a
     ``ValueError`` before anything changes."""
-    import litellm  # noqa: F401 - the extra: pip install quotaengine[litellm]
+    import litellm  # the extra: pip install quotaengine[litellm]
 
     if getattr(router, "_quotaengine_plugin", None) is not None:
         raise ValueError("quotaengine is already installed on this router: uninstall() it first")
@@ -623,9 +623,7 @@ def install(
     plugin = QuotaEnginePlugin(router, engine, wait_s=float(wait_s), strategy=strategy, routes=found, accounts=accounts)
     plugin._explicit = explicit
     plugin._logger = _make_logger(plugin)
-    import litellm as _litellm
-
-    _litellm.logging_callback_manager.add_litellm_callback(plugin._logger)
+    litellm.logging_callback_manager.add_litellm_callback(plugin._logger)
     register = getattr(router, "register_plugin", None)
     if register is not None:
         register(plugin)
