@@ -639,8 +639,9 @@ impl RedisStore {
     }
 
     /// Drops what a failed read half took in, and reads everything afresh next time.
+    /// The usage already taken in stays: it is what lies before the cursor.
     fn forget(&mut self) {
-        self.pending = Changes::default();
+        self.pending = Changes { usage: std::mem::take(&mut self.pending.usage), ..Changes::default() };
         self.resync();
     }
 
@@ -793,6 +794,10 @@ impl RedisStore {
         let [_, head, more, entries, versions, tables, leases, _] = parts else {
             return Err(unavailable("short script reply"));
         };
+        // The usage read and the cursor move together: what `pending` holds is always
+        // exactly what lies before the cursor (a failure here takes in neither).
+        let head = text(head)?;
+        let mut usage = Vec::new();
         for e in array(entries)? {
             let e = text(e)?;
             let Some((who, body)) = e.split_once(SEP) else { continue };
@@ -800,12 +805,13 @@ impl RedisStore {
                 continue;
             }
             if body.starts_with('U') {
-                self.pending.usage.push(parse_usage(body)?);
+                usage.push(parse_usage(body)?);
             } else {
                 self.lease_entry(body)?;
             }
         }
-        self.cursor = text(head)?;
+        self.pending.usage.append(&mut usage);
+        self.cursor = head;
         let versions = array(versions)?;
         let tables = array(tables)?;
         for (i, t) in tables.iter().enumerate().take(TABLES.len()) {
@@ -1182,9 +1188,16 @@ impl Store for RedisStore {
             Some(parts) => self.absorb(&parts).and_then(|more| self.drain(more)),
         };
         if let Err(e) = taken {
-            self.lease_writes.clear();
             self.forget();
-            return Err(e);
+            if conflict {
+                self.lease_writes.clear();
+                return Err(e);
+            }
+            // SPEC 19.2: the writes were applied; only reading what others wrote since
+            // failed. They are not to be sent again: for the engine they are committed,
+            // and it is degraded until the store answers.
+            self.apply_own_leases();
+            return Err(StoreError::InDoubt(format!("{e} (after the writes were applied)")));
         }
         if conflict {
             self.lease_writes.clear();
