@@ -75,15 +75,6 @@ impl Engine {
         Ok(self.unit.store.server_logs(limit)?)
     }
 
-    /// Writes a `server_logs` row (and hands the record to the host's logger).
-    pub fn log_event(&mut self, level: log::Level, row: LogRow) -> Result<()> {
-        self.logs.push((level, row.message.clone()));
-        if self.unit.store.readonly() {
-            return Ok(());
-        }
-        self.write(vec![Write::Log(row)]).map(|_| ())
-    }
-
     // ---- observed provider quota (SPEC §8.2) -----------------------------------
 
     /// Reads quota headers of one response; merges what they say into the state and
