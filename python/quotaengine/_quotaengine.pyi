@@ -15,7 +15,8 @@ from typing_extensions import Self
 
 __version__: Final[str]
 
-_Reason = Literal[
+#: The gates whose reason is a fixed name, in gate order (SPEC 4, 14.1).
+_GateName = Literal[
     "cooldown",
     "rpm",
     "rpd",
@@ -26,6 +27,11 @@ _Reason = Literal[
     "provider_daily_tokens",
     "key_concurrency",
 ]
+#: Every reason a gate can give (SPEC 14.1): a fixed name, or a declared limit beyond the
+#: classic four named ``"<metric>/<per>"`` as declared (``"requests/1s"``, ``"tokens/month"``,
+#: ``"input_tokens/minute"``), with ``":key"`` appended to a key-scope limit whose window is
+#: also declared at account scope (``"rpm:key"``, ``"requests/1s:key"``).
+_Reason: TypeAlias = _GateName | str
 _Source = Literal["heuristic", "authoritative", "credit", "tier"]
 _Kind = Literal[
     "payment",
@@ -122,7 +128,8 @@ class Admission:
     def allowed(self) -> bool: ...
     @property
     def reason(self) -> _Reason | None:
-        """The first failing gate, in SPEC order; None when allowed."""
+        """The first failing gate, in SPEC order (a fixed name such as ``"rpm"`` or
+        ``"key_concurrency"``, or a declared limit's ``"<metric>/<per>"``); None when allowed."""
     @property
     def retry_at_ms(self) -> int | None:
         """Earliest time the failing gate can open; None when allowed or unknown."""
