@@ -565,7 +565,6 @@ def test_plot_utilisation(reader: q.QuotaEngine) -> None:
     fig.canvas.draw()
 
 
-@pytest.mark.sqlite_only
 def test_plot_cooldowns(reader: q.QuotaEngine, known: q.QuotaEngine, clock: q.ManualClock) -> None:
     fig = analysis.plot_cooldowns(reader)
     assert isinstance(fig, Figure) and len(fig.axes) == 1
@@ -588,6 +587,26 @@ def test_plot_cooldowns(reader: q.QuotaEngine, known: q.QuotaEngine, clock: q.Ma
     fig = analysis.plot_cooldowns(reader, since_ms=T_NOW + 10_000)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["groq / llama / key 3"]
     assert_no_data(analysis.plot_cooldowns(reader, since_ms=T_SECOND + COOLDOWN_MS + 1))
+
+
+def test_stored_cooldowns_keep_expired_ones_until_cleaned_up(
+    engine: q.QuotaEngine, store: str, clock: q.ManualClock
+) -> None:
+    engine.set_cooldown("groq", "llama", 3, COOLDOWN_MS, "tier")
+    engine.set_cooldown("cerebras", "qwen", 4, 2_000, "heuristic")
+    clock.advance(5_000)
+    assert [(c.platform, c.key_id) for c in engine.active_cooldowns()] == [("groq", 3)]
+    with q.QuotaEngine(store, clock=clock, readonly=True) as reader:
+        for e in (engine, reader):
+            stored = e.stored_cooldowns()
+            assert [(c.platform, c.model_id, c.key_id, c.source) for c in stored] == [
+                ("cerebras", "qwen", 4, "heuristic"),
+                ("groq", "llama", 3, "tier"),
+            ]
+            assert (stored[0].set_at_ms, stored[0].expires_at_ms, stored[0].remaining_ms) == (TEN_AM, TEN_AM + 2_000, 0)
+            assert stored[1].remaining_ms == COOLDOWN_MS - 5_000
+        assert engine.cleanup_expired_cooldowns() == 1
+        assert [c.key_id for c in reader.stored_cooldowns()] == [3]
 
 
 def test_plots_on_an_empty_database(empty_db: Path) -> None:
@@ -667,3 +686,15 @@ def test_cli_clear_cooldowns_refuses_an_empty_file(tmp_path: Path) -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert empty.read_bytes() == b""  # not turned into a database
+
+
+def test_cli_reads_and_clears_either_backend(store: str) -> None:
+    with q.QuotaEngine(store, env={}) as e:
+        e.record_request("groq", "llama", 7)
+        e.set_cooldown("groq", "llama", 7, 600_000, "tier")
+    r = cli("status", "--db", store)
+    assert r.returncode == 0, r.stderr
+    assert "groq" in r.stdout and "active cooldowns: 1" in r.stdout
+    r = cli("clear-cooldowns", "7", "--db", store)
+    assert r.returncode == 0 and "cleared 1 cooldown(s) of key 7" in r.stdout, r.stderr
+    assert "no active cooldowns" in cli("cooldowns", "--db", store).stdout

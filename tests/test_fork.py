@@ -482,6 +482,7 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "set_cooldown": lambda: e.set_cooldown(P, M, 3, duration_ms=1000),
         "cooldown": lambda: e.cooldown(P, M, K),
         "active_cooldowns": lambda: e.active_cooldowns(),
+        "stored_cooldowns": lambda: e.stored_cooldowns(),
         "soonest_cooldown_expiry": lambda: e.soonest_cooldown_expiry(),
         "probeable_cooldowns": lambda: e.probeable_cooldowns(),
         "clear_cooldown_early": lambda: e.clear_cooldown_early(P, M, 3),

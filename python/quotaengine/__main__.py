@@ -15,18 +15,11 @@ from . import DatabaseError, QuotaEngine
 from ._snapshot import _fmt_left, _fmt_time
 
 
-def _default_db() -> str:
-    return os.environ.get("QUOTAENGINE_DB") or "./quota.db"
-
-
-def _open_existing(path: str, readonly: bool = True) -> QuotaEngine:
-    if path.startswith(("redis://", "rediss://", "redis+unix://", "unix://")):
-        return QuotaEngine(path, readonly=readonly)
-    if path != ":memory:" and not os.path.exists(path):
-        raise DatabaseError(f"no database at {path!r}")
-    if not readonly and path != ":memory:":
-        # A write command must not turn an empty or foreign file into a quotaengine
-        # database: check it read-only first (which refuses an empty file).
+def _open_existing(path: str | None, readonly: bool = True) -> QuotaEngine:
+    """An engine on an existing database (``None``: the engine's default). A read-only
+    engine refuses a missing, empty or foreign file; a write command opens it read-only
+    first, so that it never turns such a file into a quotaengine database."""
+    if not readonly:
         QuotaEngine(path, readonly=True).close()
     return QuotaEngine(path, readonly=readonly)
 
@@ -142,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--db", default=_default_db(), help="database file (default: $QUOTAENGINE_DB or ./quota.db)")
+        p.add_argument("--db", default=None, help="database file (default: $QUOTAENGINE_DB or ./quota.db)")
         return p
 
     add("status", "windows, caps and cooldowns of a database").set_defaults(func=cmd_status)

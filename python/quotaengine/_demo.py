@@ -248,7 +248,7 @@ def _learned(e: QuotaEngine, providers: list[Provider]) -> dict[str, str]:
     return out
 
 
-def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = False) -> int:
+def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: bool = False) -> int:
     providers = _providers()
     routes = [(p, m, k) for p in providers for m in p.models for k in p.keys]
     stats_lock = threading.Lock()
@@ -260,6 +260,7 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
     answers: dict[str, Counter[int]] = defaultdict(Counter)  # platform -> status -> count
     per_key: Counter[str] = Counter()  # where lease_any sent the requests
     with QuotaEngine(db) as e:
+        path = e.path  # the engine's default when db is None
         _setup(e, providers)
         start_ms = e.now_ms()
         deadline = time.monotonic() + seconds
@@ -337,7 +338,7 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
         learned = _learned(e, providers)
         caps = {f"{p.platform} key {k}": e.key_concurrency_cap(p.platform, k) for p in providers for k in p.keys}
 
-    print(f"quotaengine demo: {threads} router threads for {seconds:g}s on {db}")
+    print(f"quotaengine demo: {threads} router threads for {seconds:g}s on {path}")
     print(f"  admitted   {admitted} (succeeded {succeeded}, failed {sum(failed.values())})")
     print(f"  refused    {sum(refused.values())} (every candidate refused; the first gate of the earliest)")
     for reason, n in refused.most_common():
@@ -355,5 +356,5 @@ def run_demo(db: str, *, seconds: float = 8.0, threads: int = 8, quiet: bool = F
     print(f"  concurrency caps: {({k: v for k, v in caps.items() if v is not None}) or 'none'}")
     print(f"  active cooldowns: {len(cooldowns)}")
     print(f"  overshoot: {over} requests over a published limit ({checked} windows checked)")
-    print(f"\nrun `python -m quotaengine status --db {db}` to see the windows and cooldowns")
+    print(f"\nrun `python -m quotaengine status --db {path}` to see the windows and cooldowns")
     return 0 if over == 0 else 1

@@ -26,10 +26,14 @@ class QuotaEngineError(Exception):
 class QuotaExceeded(QuotaEngineError):
     """``lease()`` was refused by a gate.
 
-    ``reason`` is the first failing gate ("cooldown", "rpm", "rpd", "tpm", "tpd",
-    "provider_daily_requests", "provider_minute_requests", "provider_daily_tokens",
-    "key_concurrency"); ``retry_at_ms`` is the earliest time it can open (epoch ms) or
-    None when unknown. ``refusals`` has one ``Refusal`` per candidate, in the given
+    ``reason`` is the first failing gate, in gate order (SPEC 14.1): "cooldown"; the
+    model's limits in gate order: "rpm", "rpd", "tpm", "tpd" for the classic four, any
+    other declared limit as "<metric>/<per>" as declared (e.g. "requests/1s",
+    "tokens/month", "input_tokens/minute"; ":key" appended to a key-scope limit whose
+    window is also declared at account scope, e.g. "rpm:key"); then
+    "provider_daily_requests", "provider_minute_requests", "provider_daily_tokens";
+    then "key_concurrency". ``retry_at_ms`` is the earliest time it can open (epoch ms)
+    or None when unknown. ``refusals`` has one ``Refusal`` per candidate, in the given
     order (one entry for ``lease()``); from ``lease_any()`` the exception's own fields
     are those of the refusal with the earliest known ``retry_at_ms`` (else the first).
     """

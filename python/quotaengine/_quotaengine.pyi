@@ -15,7 +15,8 @@ from typing_extensions import Self
 
 __version__: Final[str]
 
-_Reason = Literal[
+#: The gates whose reason is a fixed name, in gate order (SPEC 4, 14.1).
+_GateName = Literal[
     "cooldown",
     "rpm",
     "rpd",
@@ -26,6 +27,11 @@ _Reason = Literal[
     "provider_daily_tokens",
     "key_concurrency",
 ]
+#: Every reason a gate can give (SPEC 14.1): a fixed name, or a declared limit beyond the
+#: classic four named ``"<metric>/<per>"`` as declared (``"requests/1s"``, ``"tokens/month"``,
+#: ``"input_tokens/minute"``), with ``":key"`` appended to a key-scope limit whose window is
+#: also declared at account scope (``"rpm:key"``, ``"requests/1s:key"``).
+_Reason: TypeAlias = _GateName | str
 _Source = Literal["heuristic", "authoritative", "credit", "tier"]
 _Kind = Literal[
     "payment",
@@ -122,7 +128,8 @@ class Admission:
     def allowed(self) -> bool: ...
     @property
     def reason(self) -> _Reason | None:
-        """The first failing gate, in SPEC order; None when allowed."""
+        """The first failing gate, in SPEC order (a fixed name such as ``"rpm"`` or
+        ``"key_concurrency"``, or a declared limit's ``"<metric>/<per>"``); None when allowed."""
     @property
     def retry_at_ms(self) -> int | None:
         """Earliest time the failing gate can open; None when allowed or unknown."""
@@ -584,6 +591,10 @@ class _QuotaEngine:
     def cooldown(self, platform: str, model_id: str, key_id: int) -> Cooldown | None: ...
     def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
         """Active cooldowns, soonest expiry first."""
+    def stored_cooldowns(self) -> list[Cooldown]:
+        """Every cooldown the store holds, expired ones included until they are cleaned up
+        (``cleanup_expired_cooldowns``), sorted by platform, model_id, key_id; an expired
+        one has ``remaining_ms`` 0. What ``analysis.plot_cooldowns`` draws."""
     def clear_cooldowns_for_key(self, key_id: int) -> int: ...
     def clear_cooldown_early(self, platform: str, model_id: str, key_id: int) -> None: ...
     def cleanup_expired_cooldowns(self) -> int: ...

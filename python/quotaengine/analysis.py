@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
-import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Union
 
@@ -440,33 +438,6 @@ def _when(ms: int) -> str:
     return _fmt_time(ms)
 
 
-def _stored_cooldowns(e: QuotaEngine) -> list[tuple[str, str, int, str, int, int]]:
-    """Every row of ``rate_limit_cooldowns``, expired ones included (until the engine
-    cleans them up), read through a read-only SQLite connection; the engine's active
-    cooldowns for an in-memory database, a Redis store, or when the file cannot be read."""
-    active: list[tuple[str, str, int, str, int, int]] = [
-        (c.platform, c.model_id, c.key_id, str(c.source), c.set_at_ms, c.expires_at_ms) for c in e.active_cooldowns()
-    ]
-    path = e.path
-    if path == ":memory:" or not os.path.exists(path):
-        return active
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=1.0)
-        try:
-            stored = conn.execute(
-                "SELECT platform, model_id, key_id, source, set_at_ms, expires_at_ms FROM rate_limit_cooldowns"
-            ).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return active
-    # The engine's view wins for active cooldowns (e.g. an engine that buffers writes).
-    merged = {(r[0], r[1], r[2]): r for r in stored}
-    merged.update({(r[0], r[1], r[2]): r for r in active})
-    return list(merged.values())
-
-
 def plot_cooldowns(source: Source, since_ms: int | None = None) -> Figure:
     """Cooldown timelines: one row per route, a bar from ``set_at`` to ``expires_at``.
 
@@ -479,7 +450,10 @@ def plot_cooldowns(source: Source, since_ms: int | None = None) -> Figure:
     """
     with _engine(source) as e:
         now = e.now_ms()
-        rows = _stored_cooldowns(e)
+        rows = [
+            (c.platform, c.model_id, c.key_id, str(c.source), c.set_at_ms, c.expires_at_ms)
+            for c in e.stored_cooldowns()
+        ]
     if since_ms is not None:
         rows = [r for r in rows if r[5] >= since_ms]
     if not rows:

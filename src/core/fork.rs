@@ -19,10 +19,12 @@
 //! for anything a child may wait on.
 //!
 //! The gate costs two atomic increments per call and no system call; the fork hooks are
-//! called by the Python layer (`os.register_at_fork`).
+//! called by the Python layer (`os.register_at_fork`). They reach the engines through
+//! the registry beside them: every engine registers itself ([`register`]) as a
+//! [`Forkable`], what the hooks do with one engine.
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 /// Calls into the engines of the process, and whether a fork is being prepared.
@@ -107,13 +109,42 @@ impl Drop for Pass {
     }
 }
 
+/// What the fork hooks do with one engine of the process.
+pub trait Forkable: Send + Sync {
+    /// Before a fork, no call inside any engine (the gate is closed and drained): come
+    /// to rest, so that no transaction is open across the fork and a child inherits
+    /// nothing to write.
+    fn rest(&self);
+    /// In the child just after a fork (its only thread, no call inside): let go of what
+    /// was inherited without touching what the parent uses, and forget the parent's
+    /// threads and their queued calls.
+    fn forget_parent(&self);
+}
+
+/// Every engine of the process, for the fork hooks.
+static LIVE: Mutex<Vec<Weak<dyn Forkable>>> = Mutex::new(Vec::new());
+
+/// Registers an engine with the fork hooks, for as long as it lives.
+pub fn register(engine: Weak<dyn Forkable>) {
+    let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    live.retain(|w| w.strong_count() > 0);
+    live.push(engine);
+}
+
+/// The live engines.
+fn live() -> Vec<Arc<dyn Forkable>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect()
+}
+
 /// Before `fork()`, in the forking thread (not holding the GIL): waits until no call is
 /// inside an engine and keeps new ones out, then brings every engine to rest.
 pub fn before_fork() {
     let one = FORKS.lock().unwrap_or_else(PoisonError::into_inner);
     FORKING.with(|f| *f.borrow_mut() = Some(one));
     GATE.close_and_drain();
-    crate::core::handle::rest_all();
+    for engine in live() {
+        engine.rest();
+    }
 }
 
 /// After `fork()` in the parent: calls go on.
@@ -126,7 +157,9 @@ pub fn after_fork_in_parent() {
 /// After `fork()` in the child: every engine lets go of what it inherited, then calls go on.
 pub fn after_fork_in_child() {
     if FORKING.with(|f| f.borrow_mut().take()).is_some() {
-        crate::core::handle::forget_parent_all();
+        for engine in live() {
+            engine.forget_parent();
+        }
         GATE.open();
     }
 }

@@ -32,12 +32,11 @@
 //!   is not representable in i64 ms is unknown. An HTTP-date is also accepted
 //!   as a reset value.
 
-use crate::core::parse::{cached, days_from_civil, days_in_month, parse_http_date_ms};
+use crate::core::parse::{
+    cached, days_from_civil, days_in_month, parse_http_date_ms, parse_plain_decimal, parse_retry_after_ms,
+};
 use regex::Regex;
 use std::sync::OnceLock;
-
-/// One day in milliseconds: the clamp for `retry-after`.
-const DAY_MS: i64 = 86_400_000;
 
 /// Largest millisecond amount computed in f64 that is accepted (keeps the
 /// conversion to i64 exact-ish and far from overflow).
@@ -192,7 +191,7 @@ pub fn parse_quota_headers(headers: &[(String, String)], now_ms: i64) -> ParsedH
         let name = name.trim().to_ascii_lowercase();
         if name == "retry-after" {
             if retry_after_ms.is_none() {
-                retry_after_ms = parse_retry_after_ms(value, now_ms);
+                retry_after_ms = parse_retry_after_ms(Some(value), now_ms);
             }
             continue;
         }
@@ -234,24 +233,6 @@ fn parse_count(value: &str) -> Option<i64> {
         return None;
     }
     int.parse::<i64>().ok()
-}
-
-/// `digits[.digits]` (or `.digits` / `digits.`), nothing else: no sign, no
-/// exponent, no `inf`/`nan` text. The result is finite or +inf, never negative.
-fn parse_plain_decimal(text: &str) -> Option<f64> {
-    let mut dots = 0usize;
-    let mut digits = 0usize;
-    for c in text.chars() {
-        match c {
-            '0'..='9' => digits = digits.saturating_add(1),
-            '.' => dots = dots.saturating_add(1),
-            _ => return None,
-        }
-    }
-    if digits == 0 || dots > 1 {
-        return None;
-    }
-    text.parse::<f64>().ok().filter(|v| *v >= 0.0)
 }
 
 /// A non-negative millisecond amount rounded to the nearest ms, or `None` if
@@ -403,26 +384,10 @@ fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     base.checked_add(frac_ms)?.checked_sub(offset_ms)
 }
 
-/// A `retry-after` value as a delay from `now_ms`: delta seconds (fraction
-/// allowed) or an HTTP-date (past gives 0); rounded to the nearest ms and
-/// clamped to `[0, 24 h]`. Garbage is `None`.
-fn parse_retry_after_ms(value: &str, now_ms: i64) -> Option<i64> {
-    let text = value.trim();
-    if text.is_empty() {
-        return None;
-    }
-    if let Some(seconds) = parse_plain_decimal(text) {
-        let ms = seconds * 1000.0;
-        // +inf (a huge digit string) clamps to a day.
-        return Some(if ms >= DAY_MS as f64 { DAY_MS } else { ms_from_f64(ms)?.clamp(0, DAY_MS) });
-    }
-    let at_ms = parse_http_date_ms(text, now_ms)?;
-    Some(at_ms.saturating_sub(now_ms).clamp(0, DAY_MS))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::clock::DAY_MS;
     use proptest::prelude::*;
 
     /// 2026-01-01T12:00:00Z.

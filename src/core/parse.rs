@@ -5,13 +5,11 @@
 //! failed to compile (it cannot: the tests compile each one) would make its
 //! parser answer "nothing found" instead of panicking.
 
+use crate::core::clock::DAY_MS;
 use regex::Regex;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
-
-/// One day in milliseconds: the clamp for every parsed delay.
-pub const DAY_MS: i64 = 86_400_000;
 
 /// Compiles `pattern` once into `cell`; `None` if it does not compile.
 pub(crate) fn cached(cell: &'static OnceLock<Option<Regex>>, pattern: &str) -> Option<&'static Regex> {
@@ -74,14 +72,14 @@ pub fn parse_retry_after_ms(value: Option<&str>, now_ms: i64) -> Option<i64> {
 }
 
 /// `digits[.digits]` (or `.digits` / `digits.`), nothing else: no sign, no
-/// exponent, no `inf`/`nan` text.
-fn parse_plain_decimal(text: &str) -> Option<f64> {
+/// exponent, no `inf`/`nan` text. The result is finite or +inf, never negative.
+pub(crate) fn parse_plain_decimal(text: &str) -> Option<f64> {
     let mut dots = 0usize;
     let mut digits = 0usize;
     for c in text.chars() {
         match c {
-            '0'..='9' => digits += 1,
-            '.' => dots += 1,
+            '0'..='9' => digits = digits.saturating_add(1),
+            '.' => dots = dots.saturating_add(1),
             _ => return None,
         }
     }

@@ -184,7 +184,7 @@ pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate:
         return Ok(Some(RetryAfter::Text(s.to_str()?.to_string())));
     }
     let secs = seconds_arg(obj, "retry_after")?;
-    let ms = (secs * 1000.0).round().min(86_400_000.0);
+    let ms = (secs * 1000.0).round().min(crate::core::clock::DAY_MS as f64);
     Ok(Some(RetryAfter::Millis(ms as i64)))
 }
 

@@ -866,6 +866,12 @@ impl PyQuotaEngine {
         Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
     }
 
+    /// Every stored cooldown, expired ones included until cleaned up, by route.
+    fn stored_cooldowns(&self, py: Python<'_>) -> PyResult<Vec<PyCooldown>> {
+        let (v, now) = self.run(py, |e| Ok((e.stored_cooldowns()?, e.now_ms())))?;
+        Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
+    }
+
     /// Operator reset of a key: deletes its cooldowns; returns how many.
     fn clear_cooldowns_for_key(&self, py: Python<'_>, key_id: &Bound<'_, PyAny>) -> PyResult<i64> {
         let k = int_arg(key_id, "key_id")?;

@@ -60,7 +60,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            retention_ms: 86_400_000,
+            retention_ms: DAY_MS,
             lease_max_age_ms: 120_000,
             window_usage_ttl_ms: 5_000,
             busy_timeout_ms: 5_000,

@@ -75,13 +75,37 @@ impl Engine {
         Ok(self.unit.store.server_logs(limit)?)
     }
 
-    /// Writes a `server_logs` row (and hands the record to the host's logger).
-    pub fn log_event(&mut self, level: log::Level, row: LogRow) -> Result<()> {
-        self.logs.push((level, row.message.clone()));
-        if self.unit.store.readonly() {
-            return Ok(());
-        }
-        self.write(vec![Write::Log(row)]).map(|_| ())
+    /// Every cooldown the store holds, expired ones included until they are cleaned up
+    /// (`cleanup_expired_cooldowns`), sorted by (platform, model_id, key_id): what
+    /// `analysis.plot_cooldowns` draws (SPEC §12).
+    pub fn stored_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
+        self.read(|m, _| {
+            let mut v: Vec<Cooldown> = m
+                .cooldowns
+                .iter()
+                .map(|(rid, c)| {
+                    let r = m.route(*rid);
+                    Cooldown {
+                        route: Route {
+                            platform: r.platform.to_string(),
+                            model_id: r.model_id.to_string(),
+                            key_id: r.key_id,
+                        },
+                        expires_at_ms: c.expires_at_ms,
+                        source: c.source,
+                        set_at_ms: c.set_at_ms,
+                    }
+                })
+                .collect();
+            v.sort_by(|a, b| {
+                (&a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
+                    &b.route.platform,
+                    &b.route.model_id,
+                    b.route.key_id,
+                ))
+            });
+            v
+        })
     }
 
     // ---- observed provider quota (SPEC §8.2) -----------------------------------
