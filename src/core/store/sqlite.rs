@@ -5,9 +5,11 @@ use super::{
     TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
-use crate::core::limits::{decode_limits, encode_limits};
+use crate::core::limits::decode_limits;
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
+
+mod writes;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,9 +49,6 @@ pub struct SqliteStore {
 /// The first copy of the WAL index header: every commit changes it (frame count and
 /// checksums; a restarted WAL, its salts).
 const SHM_HEADER: usize = 48;
-
-/// Usage rows per multi-row insert when many are written at once.
-const USAGE_CHUNK: usize = 32;
 
 /// A row stamped this much before the newest one seen is a straggler.
 const STRAGGLER_SLACK_MS: i64 = 60_000;
@@ -456,376 +455,6 @@ impl SqliteStore {
         self.shm_seen = hdr;
         Ok(changes)
     }
-
-    /// Inserts usage rows, a merged request row as that many rows of one request
-    /// (SPEC §10): full chunks of `USAGE_CHUNK` rows with one statement each, the
-    /// rest one by one.
-    fn insert_usage<'a>(&mut self, rows: impl Iterator<Item = &'a UsageRow>) -> rusqlite::Result<()> {
-        let mut chunk: Vec<&UsageRow> = Vec::with_capacity(USAGE_CHUNK);
-        for u in rows {
-            for _ in 0..copies(u) {
-                chunk.push(u);
-                if chunk.len() == USAGE_CHUNK {
-                    self.insert_usage_chunk(&chunk)?;
-                    chunk.clear();
-                }
-            }
-        }
-        for u in chunk {
-            self.insert_usage_row(u)?;
-        }
-        Ok(())
-    }
-
-    fn insert_usage_row(&mut self, u: &UsageRow) -> rusqlite::Result<i64> {
-        let tokens = u.tokens * i64::from(u.kind == UsageKind::Tokens);
-        if u.kinds.is_empty() {
-            // The common row (a request, or a total only): its split columns stay NULL.
-            self.conn
-                .prepare_cached(
-                    "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?
-                .execute(params![
-                    &*u.platform,
-                    &*u.model_id,
-                    u.key_id,
-                    u.kind.as_str(),
-                    tokens,
-                    u.created_at_ms
-                ])?;
-        } else {
-            self.conn
-                .prepare_cached(
-                    "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
-                     input_tokens, output_tokens, cached_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )?
-                .execute(params![
-                    &*u.platform,
-                    &*u.model_id,
-                    u.key_id,
-                    u.kind.as_str(),
-                    tokens,
-                    u.created_at_ms,
-                    u.kinds.input,
-                    u.kinds.output,
-                    u.kinds.cached
-                ])?;
-        }
-        let id = self.conn.last_insert_rowid();
-        if let Some(cur) = self.usage_cursor.as_mut() {
-            *cur = (*cur).max(id);
-        }
-        self.seen.note(id, u.created_at_ms);
-        Ok(id)
-    }
-
-    /// Inserts `USAGE_CHUNK` usage rows, one request each, with one statement (the
-    /// split columns only when some row of the chunk has a split).
-    fn insert_usage_chunk(&mut self, ws: &[&UsageRow]) -> rusqlite::Result<()> {
-        static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        static SPLIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let chunk_sql = |split: bool| {
-            let (cols, row) = if split {
-                (", input_tokens, output_tokens, cached_tokens", "(?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            } else {
-                ("", "(?, ?, ?, ?, ?, ?)")
-            };
-            let values = vec![row; USAGE_CHUNK].join(", ");
-            format!(
-                "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms{cols}) \
-                 VALUES {values}"
-            )
-        };
-        let split = ws.iter().any(|u| !u.kinds.is_empty());
-        let sql = if split {
-            SPLIT.get_or_init(|| chunk_sql(true))
-        } else {
-            PLAIN.get_or_init(|| chunk_sql(false))
-        };
-        let width = if split { 9 } else { 6 };
-        let rows = || ws.iter().copied();
-        let mut stmt = self.conn.prepare_cached(sql)?;
-        for (n, u) in rows().enumerate() {
-            let at = n * width + 1;
-            stmt.raw_bind_parameter(at, &*u.platform)?;
-            stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
-            stmt.raw_bind_parameter(at + 2, u.key_id)?;
-            stmt.raw_bind_parameter(at + 3, u.kind.as_str())?;
-            stmt.raw_bind_parameter(at + 4, u.tokens * i64::from(u.kind == UsageKind::Tokens))?;
-            stmt.raw_bind_parameter(at + 5, u.created_at_ms)?;
-            if split {
-                stmt.raw_bind_parameter(at + 6, u.kinds.input)?;
-                stmt.raw_bind_parameter(at + 7, u.kinds.output)?;
-                stmt.raw_bind_parameter(at + 8, u.kinds.cached)?;
-            }
-        }
-        stmt.raw_execute()?;
-        drop(stmt);
-        // One statement under the write lock: the new ids are consecutive.
-        let last = self.conn.last_insert_rowid();
-        let first = last - ws.len() as i64 + 1;
-        if let Some(cur) = self.usage_cursor.as_mut() {
-            *cur = (*cur).max(last);
-        }
-        for (n, u) in rows().enumerate() {
-            self.seen.note(first + n as i64, u.created_at_ms);
-        }
-        Ok(())
-    }
-
-    fn write_inner(&mut self, w: &Write) -> rusqlite::Result<i64> {
-        let c = &self.conn;
-        Ok(match w {
-            Write::Usage(u) if copies(u) == 1 => self.insert_usage_row(u)?,
-            Write::Usage(u) => {
-                self.insert_usage(std::iter::once(u))?;
-                0
-            }
-            Write::InsertLease(l) => {
-                c.prepare_cached(
-                    "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
-                     output_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                )?
-                .execute(params![
-                    l.id,
-                    &*l.platform,
-                    &*l.model_id,
-                    l.key_id,
-                    l.tokens,
-                    l.created_at_ms,
-                    l.expires_at_ms,
-                    l.output_tokens
-                ])?;
-                l.id
-            }
-            Write::DeleteLease(id) => {
-                c.prepare_cached("DELETE FROM quota_leases WHERE id = ?1")?.execute([id])? as i64
-            }
-            Write::UpsertCooldown(cd) => {
-                c.prepare_cached(
-                    "INSERT INTO rate_limit_cooldowns (platform, model_id, key_id, expires_at_ms, source, set_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (platform, model_id, key_id) DO UPDATE SET \
-                     expires_at_ms = excluded.expires_at_ms, source = excluded.source, set_at_ms = excluded.set_at_ms",
-                )?
-                .execute(params![
-                    &*cd.platform,
-                    &*cd.model_id,
-                    cd.key_id,
-                    cd.expires_at_ms,
-                    cd.source.as_str(),
-                    cd.set_at_ms
-                ])?;
-                0
-            }
-            Write::DeleteCooldown { platform, model_id, key_id } => {
-                c.prepare_cached(
-                    "DELETE FROM rate_limit_cooldowns WHERE platform = ?1 AND model_id = ?2 AND key_id = ?3",
-                )?
-                .execute(params![&**platform, &**model_id, key_id])? as i64
-            }
-            Write::DeleteCooldownsForKey(key_id) => c
-                .prepare_cached("DELETE FROM rate_limit_cooldowns WHERE key_id = ?1")?
-                .execute([key_id])? as i64,
-            Write::DeleteExpiredCooldowns(now) => c
-                .prepare_cached("DELETE FROM rate_limit_cooldowns WHERE expires_at_ms <= ?1")?
-                .execute([now])? as i64,
-            Write::UpsertKey(k) => {
-                c.prepare_cached(
-                    "INSERT INTO api_keys (key_id, platform, base_url, label, enabled, account, concurrency_cap) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key_id) DO UPDATE SET platform = excluded.platform, \
-                     base_url = excluded.base_url, label = excluded.label, enabled = excluded.enabled, \
-                     account = excluded.account, concurrency_cap = excluded.concurrency_cap",
-                )?
-                .execute(params![
-                    k.key_id,
-                    k.platform,
-                    k.base_url,
-                    k.label,
-                    k.enabled as i64,
-                    k.account,
-                    k.concurrency_cap
-                ])?;
-                0
-            }
-            Write::UpsertModel(m) => {
-                c.prepare_cached(
-                    "INSERT INTO models (platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget, limits) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (platform, model_id) DO UPDATE SET \
-                     rpm_limit = excluded.rpm_limit, rpd_limit = excluded.rpd_limit, tpm_limit = excluded.tpm_limit, \
-                     tpd_limit = excluded.tpd_limit, monthly_token_budget = excluded.monthly_token_budget, \
-                     limits = excluded.limits",
-                )?
-                .execute(params![
-                    m.platform,
-                    m.model_id,
-                    m.limits.rpm,
-                    m.limits.rpd,
-                    m.limits.tpm,
-                    m.limits.tpd,
-                    m.monthly_token_budget,
-                    (!m.others.is_empty()).then(|| encode_limits(&m.others)),
-                ])?;
-                0
-            }
-            Write::SetCaps(platform, caps) => {
-                fn col(s: CapSetting) -> Option<i64> {
-                    match s {
-                        CapSetting::Inherit => None,
-                        CapSetting::NoCap => Some(-1),
-                        CapSetting::Cap(v) => Some(v),
-                    }
-                }
-                c.prepare_cached(
-                    "INSERT INTO provider_caps (platform, daily_requests, minute_requests, daily_tokens) \
-                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (platform) DO UPDATE SET daily_requests = excluded.daily_requests, \
-                     minute_requests = excluded.minute_requests, daily_tokens = excluded.daily_tokens",
-                )?
-                .execute(params![
-                    platform,
-                    col(caps.daily_requests),
-                    col(caps.minute_requests),
-                    col(caps.daily_tokens)
-                ])?;
-                0
-            }
-            Write::ResetCaps(platform) => {
-                c.prepare_cached("DELETE FROM provider_caps WHERE platform = ?1")?.execute([platform])? as i64
-            }
-            Write::UpsertQuotaState(q) => {
-                c.prepare_cached(
-                    "INSERT INTO provider_quota_state (platform, key_id, pool_key, metric, limit_value, remaining, \
-                     reset_at_ms, source, confidence, observed_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
-                     ON CONFLICT (platform, key_id, pool_key, metric) DO UPDATE SET limit_value = excluded.limit_value, \
-                     remaining = excluded.remaining, reset_at_ms = excluded.reset_at_ms, source = excluded.source, \
-                     confidence = excluded.confidence, observed_at_ms = excluded.observed_at_ms",
-                )?
-                .execute(params![
-                    q.platform,
-                    q.key_id,
-                    q.pool_key,
-                    q.metric,
-                    q.limit,
-                    q.remaining,
-                    q.reset_at_ms,
-                    q.source,
-                    q.confidence,
-                    q.observed_at_ms
-                ])?;
-                0
-            }
-            Write::InsertHistory(h) => {
-                c.prepare_cached(
-                    "INSERT INTO failure_history (platform, model_id, key_id, kind, hit_at_ms, value) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?
-                .execute(params![
-                    &*h.platform,
-                    &*h.model_id,
-                    h.key_id,
-                    h.kind.as_str(),
-                    h.hit_at_ms,
-                    h.value
-                ])?;
-                0
-            }
-            Write::DeleteHistory { key_id, route, kinds } => {
-                let mut n = 0;
-                for k in kinds {
-                    n += match route {
-                        Some((p, m)) => c
-                            .prepare_cached(
-                                "DELETE FROM failure_history WHERE key_id = ?1 AND kind = ?2 AND platform = ?3 AND model_id = ?4",
-                            )?
-                            .execute(params![key_id, k.as_str(), &**p, &**m])?,
-                        None => c
-                            .prepare_cached("DELETE FROM failure_history WHERE key_id = ?1 AND kind = ?2")?
-                            .execute(params![key_id, k.as_str()])?,
-                    };
-                }
-                n as i64
-            }
-            Write::Sweep { usage_before, leases_expired_before, history_before } => {
-                c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?
-                    .execute([history_before])?;
-                let cutoff = *usage_before;
-                let top = |c: &Connection| -> rusqlite::Result<i64> {
-                    c.prepare_cached("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage")?
-                        .query_row([], |r| r.get(0))
-                };
-                let top_before = top(c)?;
-                let n = if self.full_sweep_done && cutoff > self.seen.untracked_until {
-                    // Ids follow commit order, and a row stamped more than the slack
-                    // before a row below it is a remembered straggler. So past the first
-                    // id stamped at or after cutoff + slack, every other row is at or
-                    // after the cutoff: the scan stops there (about a minute of rows
-                    // beyond the stale ones), and stragglers go by id.
-                    let mut n = c
-                        .prepare_cached(
-                            "DELETE FROM rate_limit_usage WHERE id < COALESCE(\
-                             (SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?2 ORDER BY id LIMIT 1), \
-                             9223372036854775807) AND created_at_ms < ?1",
-                        )?
-                        .execute([cutoff, cutoff.saturating_add(STRAGGLER_SLACK_MS)])?;
-                    for (id, _) in self.seen.stragglers.iter().filter(|(_, t)| *t < cutoff) {
-                        n += c
-                            .prepare_cached(
-                                "DELETE FROM rate_limit_usage WHERE id = ?1 AND created_at_ms < ?2",
-                            )?
-                            .execute([*id, cutoff])?;
-                    }
-                    n
-                } else {
-                    c.prepare_cached("DELETE FROM rate_limit_usage WHERE created_at_ms < ?1")?
-                        .execute([cutoff])?
-                };
-                let top_after = top(c)?;
-                if top_after < top_before {
-                    // The newest rows went: SQLite will hand their ids out again. Every
-                    // engine following the table by id steps back to what is left.
-                    c.prepare_cached(
-                        "INSERT INTO quotaengine_meta (name, version) VALUES ('usage_trims', 1) \
-                         ON CONFLICT (name) DO UPDATE SET version = version + 1",
-                    )?
-                    .execute([])?;
-                    c.prepare_cached(
-                        "INSERT INTO quotaengine_meta (name, version) VALUES ('usage_trimmed_to', ?1) \
-                         ON CONFLICT (name) DO UPDATE SET version = excluded.version",
-                    )?
-                    .execute([top_after])?;
-                    let trims: i64 = c
-                        .prepare_cached("SELECT version FROM quotaengine_meta WHERE name = 'usage_trims'")?
-                        .query_row([], |r| r.get(0))?;
-                    self.trims_seen = Some(trims);
-                    if let Some(cur) = self.usage_cursor.as_mut() {
-                        *cur = (*cur).min(top_after);
-                    }
-                }
-                self.sweep_cutoff = Some(cutoff);
-                c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms < ?1")?
-                    .execute([leases_expired_before])?;
-                n as i64
-            }
-            Write::SetCalendar { platform, zone: Some(z) } => {
-                c.prepare_cached(
-                    "INSERT INTO platform_calendars (platform, tz) VALUES (?1, ?2) \
-                     ON CONFLICT (platform) DO UPDATE SET tz = excluded.tz",
-                )?
-                .execute(params![platform, z])? as i64
-            }
-            Write::SetCalendar { platform, zone: None } => c
-                .prepare_cached("DELETE FROM platform_calendars WHERE platform = ?1")?
-                .execute([platform])? as i64,
-            Write::Log(l) => {
-                c.prepare_cached(
-                    "INSERT INTO server_logs (level, source, provider, model, event, request_id, message, created_at_ms) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, NULL, ?6, ?7)",
-                )?
-                .execute(params![l.level, l.source, l.provider, l.model, l.event, l.message, l.created_at_ms])?;
-                c.last_insert_rowid()
-            }
-        })
-    }
 }
 
 /// Refuses a file whose pages are damaged, or whose tables are not the ones this
@@ -880,14 +509,6 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         created_at_ms: r.get(6)?,
         kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
     })
-}
-
-/// How many `rate_limit_usage` rows a usage row is written as: one per request.
-fn copies(u: &UsageRow) -> i64 {
-    match u.kind {
-        UsageKind::Request => u.count.max(1),
-        UsageKind::Tokens => 1,
-    }
 }
 
 /// Shares one allocation per distinct name within a batch of rows.
@@ -1037,7 +658,7 @@ impl Store for SqliteStore {
         if self.readonly {
             return Err(StoreError::ReadOnly);
         }
-        Ok(self.write_inner(w)?)
+        Ok(self.apply(w)?)
     }
 
     fn write_all(&mut self, ws: &[&Write]) -> StoreResult<()> {
@@ -1055,7 +676,7 @@ impl Store for SqliteStore {
                 }))?;
                 rest = &rest[run..];
             } else {
-                self.write_inner(first)?;
+                self.apply(first)?;
                 rest = tail;
             }
         }
