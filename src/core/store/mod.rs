@@ -3,6 +3,7 @@
 //! processes changed, and typed writes. SQLite is the first backend; a networked one
 //! (Redis, behind the cargo feature `redis`) implements the same trait, and an
 //! in-memory twin ([`memory`]) implements it for tests of the engine.
+pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
