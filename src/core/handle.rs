@@ -324,7 +324,7 @@ impl Handle {
             // the waiters (it would keep them from ever sleeping).
             let frees = ops.iter().any(|op| matches!(op, BatchOp::Success { .. } | BatchOp::Release(_)));
             let n = ops.len();
-            let all = |e: &Error| (0..n).map(|_| BatchOut::Done(Err(e.clone()))).collect();
+            let all = |e: &Error| (0..n).map(|_| BatchOut::failed(e.clone())).collect();
             let outs: Vec<BatchOut> = match (&ready, slot.as_mut()) {
                 (Err(e), _) => all(e),
                 (Ok(_), None) => all(&Error::Closed),
@@ -343,16 +343,20 @@ impl Handle {
             drop(slot);
             let wakes = if frees { self.wake_waiters() } else { Vec::new() };
             let out = lock(&job.out).take();
-            Ok((out.unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into())))), logs, wakes))
+            Ok((
+                out.unwrap_or_else(|| BatchOut::failed(Error::Internal("lost batch result".into()))),
+                logs,
+                wakes,
+            ))
         });
         let (out, logs, wakes) = match served {
             Ok(v) => v,
-            Err(e) => return BatchOut::Done(Err(e)),
+            Err(e) => return BatchOut::failed(e),
         };
         run_wakes(wakes);
         if reopened {
             if let Err(e) = self.start_flusher() {
-                return BatchOut::Done(Err(e));
+                return BatchOut::failed(e);
             }
         }
         emit(logs);

@@ -66,19 +66,19 @@ impl Engine {
 
     pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
         let _ = self.flush();
-        Ok(self.unit.store.usage_events(filter)?)
+        Ok(self.unit.usage_events(filter)?)
     }
 
     pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
         check_non_negative("limit", limit)?;
         let _ = self.flush();
-        Ok(self.unit.store.server_logs(limit)?)
+        Ok(self.unit.server_logs(limit)?)
     }
 
     /// Writes a `server_logs` row (and hands the record to the host's logger).
     pub fn log_event(&mut self, level: log::Level, row: LogRow) -> Result<()> {
         self.logs.push((level, row.message.clone()));
-        if self.unit.store.readonly() {
+        if self.unit.readonly() {
             return Ok(());
         }
         self.write(vec![Write::Log(row)]).map(|_| ())
@@ -140,10 +140,10 @@ impl Engine {
             if obs.is_empty() {
                 return Ok(obs);
             }
-            let existing = match e.unit.store.quota_states(Some(platform)) {
+            let existing = match e.unit.quota_states(Some(platform)) {
                 Ok(rows) => rows,
                 Err(err) => {
-                    e.unit.store.rollback();
+                    e.unit.rollback();
                     e.store_failed(&err, true);
                     Vec::new()
                 }
@@ -195,14 +195,11 @@ impl Engine {
 
     /// The merged quota rows; rows past their reset read (and are stored) full again.
     pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
-        let write = !self.unit.store.readonly();
+        let write = !self.unit.readonly();
         let sec = self.enter(write)?;
         let now = sec.now;
-        let rows = if sec.online || !write {
-            self.unit.store.quota_states(None).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let rows =
+            if sec.online || !write { self.unit.quota_states(None).unwrap_or_default() } else { Vec::new() };
         let mut writes = Vec::new();
         let rows: Vec<QuotaStateRow> = rows
             .into_iter()
@@ -233,7 +230,7 @@ impl Engine {
         if let Some(v) = self.fresh_headroom(platform, now) {
             return Ok(v.clone());
         }
-        let rows = self.reading(|e, _| e.unit.store.quota_states(Some(platform)).unwrap_or_default())?;
+        let rows = self.reading(|e, _| e.unit.quota_states(Some(platform)).unwrap_or_default())?;
         let mut worst: HashMap<i64, f64> = HashMap::new();
         for r in rows {
             if r.confidence < 0.7 {
@@ -289,7 +286,7 @@ impl Engine {
                     .or_default()
                     .insert(r.key_id, used);
             }
-            (e.unit.read_failed, snap)
+            (e.unit.read_failed(), snap)
         })?;
         if failed {
             self.window_snapshot = None;
