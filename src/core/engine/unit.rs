@@ -307,6 +307,71 @@ impl Unit {
         self.pending.len() >= self.compact_at && self.held.is_none()
     }
 
+    /// Compacts the buffer (see `Engine::compact_pending`): usage stamped before
+    /// `drop_before` goes, older than a minute is merged per (route, kind, UTC minute).
+    /// True when `server_logs` rows were dropped for the first time in this outage.
+    fn compact(&mut self, now: i64, drop_before: i64) -> bool {
+        let logs = self.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
+        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
+        let horizon = now.saturating_sub(MINUTE_MS);
+        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
+        let mut kept = Vec::with_capacity(self.pending.len());
+        let mut order = Vec::new();
+        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
+        let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
+        let mut ended = Vec::new();
+        for w in self.pending.drain(..) {
+            match w {
+                Write::Usage(u) if u.created_at_ms < drop_before => {}
+                Write::Usage(u) if u.created_at_ms <= horizon => {
+                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
+                    let key = (
+                        u.platform.clone(),
+                        u.model_id.clone(),
+                        u.key_id,
+                        u.kind == UsageKind::Request,
+                        minute,
+                    );
+                    match merged.get_mut(&key) {
+                        Some(m) => {
+                            m.tokens = m.tokens.saturating_add(u.tokens);
+                            m.kinds = m.kinds.merged(u.kinds);
+                            m.count = m.count.saturating_add(u.count);
+                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
+                        }
+                        None => {
+                            order.push(key.clone());
+                            merged.insert(key, u);
+                        }
+                    }
+                }
+                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
+                Write::DeleteLease(id) if inserted.contains(&id) => {}
+                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
+                Write::UpsertQuotaState(q) => {
+                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
+                    match quota_at.get(&key) {
+                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
+                        None => {
+                            quota_at.insert(key, kept.len());
+                            kept.push(Write::UpsertQuotaState(q));
+                        }
+                    }
+                }
+                w => kept.push(w),
+            }
+        }
+        for id in ended {
+            self.pending_inserted.remove(&id);
+            self.pending_deleted.remove(&id);
+        }
+        self.pending =
+            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
+        let first_drop = logs > MAX_BUFFERED_LOGS && !self.logs_dropped;
+        self.logs_dropped |= first_drop;
+        first_drop
+    }
+
     /// Nothing buffered, held or left in doubt: a flush has nothing to do.
     fn idle(&self) -> bool {
         self.pending.is_empty() && self.held.is_none() && self.store.undelivered() == 0
@@ -733,64 +798,7 @@ impl Engine {
         if self.mirror.declares_day() {
             drop_before = drop_before.min(self.mirror.earliest_day_start(now));
         }
-        let logs = self.unit.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
-        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
-        let horizon = now.saturating_sub(MINUTE_MS);
-        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
-        let mut kept = Vec::with_capacity(self.unit.pending.len());
-        let mut order = Vec::new();
-        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
-        let (inserted, deleted) = (&self.unit.pending_inserted, &self.unit.pending_deleted);
-        let mut ended = Vec::new();
-        for w in self.unit.pending.drain(..) {
-            match w {
-                Write::Usage(u) if u.created_at_ms < drop_before => {}
-                Write::Usage(u) if u.created_at_ms <= horizon => {
-                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
-                    let key = (
-                        u.platform.clone(),
-                        u.model_id.clone(),
-                        u.key_id,
-                        u.kind == UsageKind::Request,
-                        minute,
-                    );
-                    match merged.get_mut(&key) {
-                        Some(m) => {
-                            m.tokens = m.tokens.saturating_add(u.tokens);
-                            m.kinds = m.kinds.merged(u.kinds);
-                            m.count = m.count.saturating_add(u.count);
-                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
-                        }
-                        None => {
-                            order.push(key.clone());
-                            merged.insert(key, u);
-                        }
-                    }
-                }
-                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
-                Write::DeleteLease(id) if inserted.contains(&id) => {}
-                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
-                Write::UpsertQuotaState(q) => {
-                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
-                    match quota_at.get(&key) {
-                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
-                        None => {
-                            quota_at.insert(key, kept.len());
-                            kept.push(Write::UpsertQuotaState(q));
-                        }
-                    }
-                }
-                w => kept.push(w),
-            }
-        }
-        for id in ended {
-            self.unit.pending_inserted.remove(&id);
-            self.unit.pending_deleted.remove(&id);
-        }
-        self.unit.pending =
-            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
-        if logs > MAX_BUFFERED_LOGS && !self.unit.logs_dropped {
-            self.unit.logs_dropped = true;
+        if self.unit.compact(now, drop_before) {
             let msg = format!(
                 "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
                  are dropped from the buffer"
