@@ -322,7 +322,7 @@ impl Handle {
             let ops: Vec<BatchOp> = jobs.iter().filter_map(|j| lock(&j.op).take()).collect();
             // Only a lease that ends can free capacity: a waiter's own try does not wake
             // the waiters (it would keep them from ever sleeping).
-            let frees = ops.iter().any(|op| matches!(op, BatchOp::Success { .. } | BatchOp::Release(_)));
+            let frees = ops.iter().any(BatchOp::frees);
             let n = ops.len();
             let all = |e: &Error| (0..n).map(|_| BatchOut::failed(e.clone())).collect();
             let outs: Vec<BatchOut> = match (&ready, slot.as_mut()) {

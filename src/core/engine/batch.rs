@@ -37,6 +37,11 @@ impl BatchOp {
     fn leases(&self) -> bool {
         matches!(self, BatchOp::Lease { .. } | BatchOp::LeaseAny { .. })
     }
+
+    /// It ends a lease (frees capacity a waiter may be waiting for).
+    pub fn frees(&self) -> bool {
+        !self.leases()
+    }
 }
 
 /// The result of one [`BatchOp`]: the lease taken and the index of its candidate (0
