@@ -710,3 +710,16 @@ fn claims_and_sole_writer(b: &dyn Backend) {
     let _ro = b.open_readonly();
     assert_eq!(a.sole_writer(), b.knows_sole_writer());
 }
+
+/// Built without the Redis backend, a Redis URL is refused at open, not taken for the
+/// name of a SQLite file.
+#[cfg(not(feature = "redis"))]
+#[test]
+fn without_the_redis_feature_a_redis_url_is_refused() {
+    use quotaengine::core::store::StoreSpec;
+    let spec = StoreSpec::from_path("redis://127.0.0.1:1/0");
+    assert!(matches!(spec, StoreSpec::Redis(_)));
+    let err = spec.open(false, 100).err().unwrap();
+    assert!(matches!(&err, StoreError::Incompatible(m) if m.contains("cargo feature `redis`")), "{err}");
+    assert!(!std::path::Path::new("redis:").exists());
+}
