@@ -1,5 +1,6 @@
 //! The core on the Redis backend, without Python: a real `redis-server` started on a
 //! free loopback port for each test (Debian's package; `.ci/run` installs it).
+#![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
 use quotaengine::core::clock::ManualClock;

@@ -115,7 +115,7 @@ impl Engine {
     /// Claims the probe of `key_id` for this engine (SPEC §7: one prober per fleet).
     /// True when this engine may probe it; also true when the store cannot say.
     pub fn claim_probe(&mut self, key_id: i64, ttl_ms: i64) -> bool {
-        self.unit.store.try_claim(&format!("probe:{key_id}"), ttl_ms).unwrap_or(true)
+        self.unit.try_claim(&format!("probe:{key_id}"), ttl_ms)
     }
 
     pub fn probeable_cooldowns(&mut self) -> Result<Vec<Cooldown>> {

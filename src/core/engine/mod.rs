@@ -8,13 +8,17 @@
 //!
 //! Where things live: this file holds the engine's state, its settings and the use
 //! cases of admission (configuration, calendars, usage, the gates, leases); `unit.rs`
-//! the unit of work (sections, sync, commit, hold, degraded buffering, batches);
+//! the unit of work (sections, sync, commit, hold, degraded buffering); `batch.rs`
+//! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning; `observed.rs` provider pools,
 //! observed quota, the guardrail and the snapshot. The counters are in `windows.rs`
 //! and `state.rs`, what a limit is in `limits.rs`.
+mod batch;
 mod failures;
 mod observed;
 mod unit;
+
+pub use batch::{BatchOp, BatchOut};
 
 use crate::core::calendar::Calendar;
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
@@ -190,31 +194,6 @@ fn replenished(mut row: QuotaStateRow, now: i64) -> QuotaStateRow {
     row
 }
 
-/// A hot-path operation that can share a commit with other callers' (group commit).
-#[derive(Debug, Clone)]
-pub enum BatchOp {
-    /// `check = false`: `acquire_lease`, no gates.
-    Lease {
-        route: Route,
-        est: Estimate,
-        limits: Option<LimitSet>,
-        check: bool,
-    },
-    /// `lease_any` (SPEC 17.1): every gate of every candidate, one picked by
-    /// `strategy`, its lease taken.
-    LeaseAny {
-        routes: Vec<Route>,
-        est: Estimate,
-        strategy: Strategy,
-    },
-    Success {
-        lease_id: i64,
-        route: Route,
-        tokens: Option<TokenUse>,
-    },
-    Release(i64),
-}
-
 /// The tokens one call reports (SPEC §14.4): the total, or input and output apart
 /// (the total is then their sum), and the cached part of the input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -246,44 +225,6 @@ impl TokenUse {
             return Err(Error::invalid("give tokens, input_tokens, output_tokens or cached_tokens"));
         }
         Ok(self.tokens.unwrap_or_else(|| k.input.unwrap_or(0).saturating_add(k.output.unwrap_or(0))))
-    }
-}
-
-/// The result of one [`BatchOp`].
-#[derive(Debug)]
-pub enum BatchOut {
-    Lease(Result<i64>),
-    /// The lease and the index of the candidate it is on.
-    LeaseAny(Result<(i64, usize)>),
-    Done(Result<()>),
-}
-
-impl BatchOut {
-    pub fn lease_id(self) -> Result<i64> {
-        match self {
-            BatchOut::Lease(r) => r,
-            BatchOut::LeaseAny(r) => r.map(|(id, _)| id),
-            BatchOut::Done(r) => r.and(Err(Error::Internal("not a lease".into()))),
-        }
-    }
-    /// A `LeaseAny`'s lease and candidate index.
-    pub fn chosen(self) -> Result<(i64, usize)> {
-        match self {
-            BatchOut::LeaseAny(r) => r,
-            BatchOut::Lease(r) => r.map(|id| (id, 0)),
-            BatchOut::Done(r) => r.and(Err(Error::Internal("not a lease".into()))),
-        }
-    }
-    pub fn done(self) -> Result<()> {
-        match self {
-            BatchOut::Lease(r) => r.map(|_| ()),
-            BatchOut::LeaseAny(r) => r.map(|_| ()),
-            BatchOut::Done(r) => r,
-        }
-    }
-    /// A refused admission.
-    pub fn refused(&self) -> bool {
-        matches!(self, BatchOut::Lease(Err(Error::Refused(_))) | BatchOut::LeaseAny(Err(Error::Refused(_))))
     }
 }
 
@@ -386,9 +327,6 @@ enum Applied {
 /// engine opening the file waits at most this long for it.
 const HOLD_MAX_MS: i64 = 10;
 
-/// Optimistic attempts of a lease batch before it takes the store's lock.
-const OPTIMISTIC_ATTEMPTS: usize = 3;
-
 /// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
 type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
 
@@ -457,7 +395,7 @@ impl Engine {
             // Half the interval: a held lock ends at most one flusher tick after its
             // period, so nothing waits longer than `flush_interval_ms`.
             let ms = (engine.settings.flush_interval_ms / 2).clamp(1, HOLD_MAX_MS);
-            engine.unit.hold_for = Some(Duration::from_millis(ms as u64));
+            engine.unit.set_hold_for(Duration::from_millis(ms as u64));
         }
         // Load now, so that a broken database is reported by the constructor.
         let sec = engine.enter(false)?;
@@ -477,7 +415,7 @@ impl Engine {
 
     /// True while the store is failing and the engine serves from memory.
     pub fn degraded(&self) -> bool {
-        self.unit.degraded
+        self.unit.degraded()
     }
 
     /// Log records produced since the last call (emit them outside any lock).
@@ -488,12 +426,7 @@ impl Engine {
     /// After a caught panic: abandon any open store section and reload from the store,
     /// so a half-applied change cannot linger in memory.
     pub fn recover_after_panic(&mut self) {
-        self.unit.store.rollback();
-        self.unit.rebuild = true;
-        if self.unit.held.take().is_some() {
-            // What the held lock's calls decided is still in `pending`: write it next.
-            self.unit.flush_requested = true;
-        }
+        self.unit.recover_after_panic();
     }
 
     /// Before `fork()`: ends a held write lock and writes what is buffered, so that no
@@ -507,15 +440,14 @@ impl Engine {
     /// of what the parent still uses, nothing of it is written, and the child opens
     /// the engine anew.
     pub fn after_fork(&mut self) -> bool {
-        self.unit.held = None;
         // The leases taken before the fork are the parent's to end.
         self.own_leases.clear();
-        self.unit.store.after_fork()
+        self.unit.after_fork()
     }
 
     /// Number of writes waiting for the store.
     pub fn pending_writes(&self) -> usize {
-        self.unit.pending.len()
+        self.unit.pending_len()
     }
 
     // ---- configuration -----------------------------------------------------------
@@ -868,7 +800,9 @@ impl Engine {
     }
 
     fn single(&mut self, op: BatchOp) -> BatchOut {
-        self.run_batch(vec![op]).pop().unwrap_or(BatchOut::Done(Err(Error::Internal("empty batch".into()))))
+        self.run_batch(vec![op])
+            .pop()
+            .unwrap_or_else(|| BatchOut::failed(Error::Internal("empty batch".into())))
     }
 
     /// Takes a lease without checking any gate.

@@ -66,13 +66,13 @@ impl Engine {
 
     pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
         let _ = self.flush();
-        Ok(self.unit.store.usage_events(filter)?)
+        Ok(self.unit.usage_events(filter)?)
     }
 
     pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
         check_non_negative("limit", limit)?;
         let _ = self.flush();
-        Ok(self.unit.store.server_logs(limit)?)
+        Ok(self.unit.server_logs(limit)?)
     }
 
     /// Every cooldown the store holds, expired ones included until they are cleaned up
@@ -164,10 +164,10 @@ impl Engine {
             if obs.is_empty() {
                 return Ok(obs);
             }
-            let existing = match e.unit.store.quota_states(Some(platform)) {
+            let existing = match e.unit.quota_states(Some(platform)) {
                 Ok(rows) => rows,
                 Err(err) => {
-                    e.unit.store.rollback();
+                    e.unit.rollback();
                     e.store_failed(&err, true);
                     Vec::new()
                 }
@@ -219,14 +219,11 @@ impl Engine {
 
     /// The merged quota rows; rows past their reset read (and are stored) full again.
     pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
-        let write = !self.unit.store.readonly();
+        let write = !self.unit.readonly();
         let sec = self.enter(write)?;
         let now = sec.now;
-        let rows = if sec.online || !write {
-            self.unit.store.quota_states(None).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let rows =
+            if sec.online || !write { self.unit.quota_states(None).unwrap_or_default() } else { Vec::new() };
         let mut writes = Vec::new();
         let rows: Vec<QuotaStateRow> = rows
             .into_iter()
@@ -257,7 +254,7 @@ impl Engine {
         if let Some(v) = self.fresh_headroom(platform, now) {
             return Ok(v.clone());
         }
-        let rows = self.reading(|e, _| e.unit.store.quota_states(Some(platform)).unwrap_or_default())?;
+        let rows = self.reading(|e, _| e.unit.quota_states(Some(platform)).unwrap_or_default())?;
         let mut worst: HashMap<i64, f64> = HashMap::new();
         for r in rows {
             if r.confidence < 0.7 {
@@ -313,7 +310,7 @@ impl Engine {
                     .or_default()
                     .insert(r.key_id, used);
             }
-            (e.unit.read_failed, snap)
+            (e.unit.read_failed(), snap)
         })?;
         if failed {
             self.window_snapshot = None;

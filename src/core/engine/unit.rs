@@ -3,42 +3,43 @@
 //! buffers them while the store fails (degraded mode); grouped writes keep the
 //! write lock across calls (hold) and flush together. Use cases in the sibling
 //! files only open and close sections through `read`, `write`, `append`,
-//! `enter`/`leave` and `run_batch`; none touches the store directly.
+//! `enter`/`leave` and `leave_applied` (batches, `batch.rs`); none touches the store
+//! directly: [`Unit`] owns it, privately.
 use super::*;
 use crate::core::store::KeptUsage;
 
 /// The unit of work's state: the store, the writes waiting for it, the write lock
 /// kept across calls, and whether the store answers.
 pub(super) struct Unit {
-    pub(super) store: Box<dyn Store>,
+    store: Box<dyn Store>,
     /// Writes applied to the mirror but not yet to the store, in order.
-    pub(super) pending: Vec<Write>,
+    pending: Vec<Write>,
     /// Stored leases whose deletion is in `pending`.
-    pub(super) pending_deleted: HashSet<i64>,
+    pending_deleted: HashSet<i64>,
     /// Leases whose insertion is in `pending` (taken while degraded).
-    pub(super) pending_inserted: HashSet<i64>,
-    pub(super) compact_at: usize,
+    pending_inserted: HashSet<i64>,
+    compact_at: usize,
     /// Engine time of the oldest write in `pending`.
-    pub(super) pending_since: Option<i64>,
-    pub(super) flush_requested: bool,
-    pub(super) degraded: bool,
-    pub(super) loaded: bool,
-    pub(super) rebuild: bool,
-    pub(super) last_now: Option<i64>,
-    pub(super) last_sweep: Option<i64>,
+    pending_since: Option<i64>,
+    flush_requested: bool,
+    degraded: bool,
+    loaded: bool,
+    rebuild: bool,
+    last_now: Option<i64>,
+    last_sweep: Option<i64>,
     /// The last read section could not read the store.
-    pub(super) read_failed: bool,
+    read_failed: bool,
     /// Buffered `server_logs` rows were dropped during this outage (warned once).
-    pub(super) logs_dropped: bool,
+    logs_dropped: bool,
     /// With grouped writes, how long the write lock may be kept from one call to the
     /// next while this engine is the store's only one (`None`: never).
-    pub(super) hold_for: Option<Duration>,
+    hold_for: Option<Duration>,
     /// Since when this engine keeps the store's write lock (an open transaction)
     /// across calls: nobody else can write meanwhile, so calls neither read nor
     /// write the store; the writes wait in `pending` for the commit that ends it.
-    pub(super) held: Option<Instant>,
+    held: Option<Instant>,
     /// When to ask the store again whether this engine is its only one.
-    pub(super) next_sole_check: Option<Instant>,
+    next_sole_check: Option<Instant>,
 }
 
 impl Unit {
@@ -63,6 +64,324 @@ impl Unit {
             next_sole_check: None,
         }
     }
+
+    // ---- the one entry to the store outside a section's protocol ----------------
+
+    pub(super) fn readonly(&self) -> bool {
+        self.store.readonly()
+    }
+
+    /// True while the store is failing and the engine serves from memory.
+    pub(super) fn degraded(&self) -> bool {
+        self.degraded
+    }
+
+    /// The last read section could not read the store.
+    pub(super) fn read_failed(&self) -> bool {
+        self.read_failed
+    }
+
+    /// Writes waiting for the store.
+    pub(super) fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// With grouped writes: how long the write lock may be kept across calls.
+    pub(super) fn set_hold_for(&mut self, period: Duration) {
+        self.hold_for = Some(period);
+    }
+
+    /// Abandons the open section (nothing of it is written).
+    pub(super) fn rollback(&mut self) {
+        self.store.rollback();
+    }
+
+    /// The next section that reaches the store counts every window again from it.
+    pub(super) fn reload(&mut self) {
+        self.rebuild = true;
+    }
+
+    /// After a caught panic: abandons any open section and reloads from the store.
+    pub(super) fn recover_after_panic(&mut self) {
+        self.store.rollback();
+        self.rebuild = true;
+        if self.held.take().is_some() {
+            // What the held lock's calls decided is still in `pending`: write it next.
+            self.flush_requested = true;
+        }
+    }
+
+    /// In the child after `fork()`: see [`Store::after_fork`].
+    pub(super) fn after_fork(&mut self) -> bool {
+        self.held = None;
+        self.store.after_fork()
+    }
+
+    /// Claims `name` across the fleet (see [`Store::try_claim`]); true when the store
+    /// cannot say.
+    pub(super) fn try_claim(&mut self, name: &str, ttl_ms: i64) -> bool {
+        self.store.try_claim(name, ttl_ms).unwrap_or(true)
+    }
+
+    pub(super) fn usage_events(&mut self, f: &UsageFilter) -> std::result::Result<Vec<UsageRow>, StoreError> {
+        self.store.usage_events(f)
+    }
+
+    pub(super) fn server_logs(
+        &mut self,
+        limit: i64,
+    ) -> std::result::Result<Vec<(i64, LogRow, Option<String>)>, StoreError> {
+        self.store.server_logs(limit)
+    }
+
+    pub(super) fn quota_states(
+        &mut self,
+        platform: Option<&str>,
+    ) -> std::result::Result<Vec<QuotaStateRow>, StoreError> {
+        self.store.quota_states(platform)
+    }
+
+    /// Inside an optimistic section: its decision reads these keys too (see
+    /// [`Store::watch_keys`]).
+    pub(super) fn watch_keys(&mut self, platform: &str, keys: &[i64]) {
+        self.store.watch_keys(platform, keys);
+    }
+
+    // ---- sections ------------------------------------------------------------------
+
+    /// Opens the store's side of a section as `access` asks; while degraded, probes
+    /// without waiting on another engine's lock. Returns whether its decisions rest
+    /// on what was known before (an optimistic section).
+    fn begin(&mut self, access: Access, busy_timeout_ms: i64) -> std::result::Result<bool, StoreError> {
+        if self.degraded {
+            self.store.set_busy_timeout(0);
+        }
+        let mut stale = false;
+        let began = match access {
+            Access::Read | Access::Write => self.store.begin(access == Access::Write),
+            Access::Append => self.store.begin_append(),
+            Access::Decide => self.store.begin_optimistic().map(|s| stale = s),
+        };
+        if self.degraded {
+            self.store.set_busy_timeout(busy_timeout_ms);
+        }
+        began.map(|()| stale)
+    }
+
+    /// Outside a section: another writer may have changed something (or the store
+    /// cannot tell).
+    fn changed(&mut self) -> bool {
+        self.store.changed().unwrap_or(true)
+    }
+
+    /// A read snapshot (to reload from after the clock stepped back).
+    fn begin_read(&mut self) -> std::result::Result<(), StoreError> {
+        self.store.begin(false)
+    }
+
+    /// Ends a read section.
+    fn end_read(&mut self) {
+        let _ = self.store.commit();
+    }
+
+    fn load_usage_since(
+        &mut self,
+        since: i64,
+        f: &mut dyn FnMut(UsageRow),
+    ) -> std::result::Result<(), StoreError> {
+        self.store.load_usage_since(since, f)
+    }
+
+    fn pull(&mut self) -> std::result::Result<Changes, StoreError> {
+        self.store.pull()
+    }
+
+    /// Whether a hot-path section may take the write lock and keep it across calls:
+    /// grouped writes are on, the store answers, and no other engine has it open
+    /// (asked at most once per hold period while others do).
+    fn may_hold(&mut self) -> bool {
+        let Some(period) = self.hold_for else { return false };
+        if self.degraded {
+            return false;
+        }
+        let now = Instant::now();
+        if self.next_sole_check.is_some_and(|t| now < t) {
+            return false;
+        }
+        if self.store.sole_writer() {
+            return true;
+        }
+        self.next_sole_check = Some(now + period);
+        false
+    }
+
+    /// A held write lock is kept for this hot-path section's writes (its period is
+    /// not over, and no flush asked for it to end).
+    fn keeps_holding(&self, sec: &Section) -> bool {
+        sec.held && sec.hot && !self.flush_requested && !self.hold_period_over()
+    }
+
+    /// A write lock is kept across calls and its period has not run out.
+    fn hold_period_over(&self) -> bool {
+        self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
+    }
+
+    /// Inside an online write section: writes what is buffered (with `flush_pending`;
+    /// less what never needs to reach the store), then `writes`, then `sweep`, and
+    /// commits. Returns the per-write results (as far as they got) and how it ended.
+    fn write_and_commit(
+        &mut self,
+        flush_pending: bool,
+        retention: Option<&Retention>,
+        writes: &[Write],
+        sweep: Option<&Write>,
+    ) -> (Vec<i64>, std::result::Result<(), StoreError>) {
+        let mut ids = Vec::with_capacity(writes.len());
+        let result = self.write_all_and_commit(flush_pending, retention, writes, sweep, &mut ids);
+        (ids, result)
+    }
+
+    fn write_all_and_commit(
+        &mut self,
+        flush_pending: bool,
+        retention: Option<&Retention>,
+        writes: &[Write],
+        sweep: Option<&Write>,
+        ids: &mut Vec<i64>,
+    ) -> std::result::Result<(), StoreError> {
+        if flush_pending {
+            // A lease taken and finished while both waited here never reaches the
+            // store, nor does a usage row buffered past the retention.
+            let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
+            let live: Vec<&Write> = self
+                .pending
+                .iter()
+                .filter(|w| match w {
+                    Write::InsertLease(l) => !deleted.contains(&l.id),
+                    Write::DeleteLease(id) => !inserted.contains(id),
+                    Write::Usage(u) => retention.is_none_or(|r| r.keeps(u)),
+                    _ => true,
+                })
+                .collect();
+            self.store.write_all(&live)?;
+        }
+        for w in writes {
+            ids.push(self.store.write(w)?);
+        }
+        // Last, so that it sees every row, the section's own included.
+        if let Some(s) = sweep {
+            self.store.write(s)?;
+        }
+        self.store.commit()
+    }
+
+    /// After a commit that took the buffer with it: nothing waits any more.
+    fn flushed(&mut self) {
+        self.pending.clear();
+        self.pending_deleted.clear();
+        self.pending_inserted.clear();
+        self.pending_since = None;
+        self.compact_at = COMPACT_MIN;
+        self.logs_dropped = false;
+    }
+
+    /// Keeps a write for the store; true when the buffer is due for compaction.
+    fn push_pending(&mut self, w: Write, now: i64) -> bool {
+        if self.pending_since.is_none() {
+            self.pending_since = Some(now);
+        }
+        match w {
+            Write::Sweep { .. } => return false,
+            // A lease taken while degraded is written when the store answers again,
+            // so that other processes count it from then on.
+            Write::InsertLease(LeaseRow { id, .. }) => {
+                self.pending_inserted.insert(id);
+                self.pending.push(w);
+            }
+            Write::DeleteLease(id) => {
+                self.pending_deleted.insert(id);
+                self.pending.push(w);
+            }
+            w => self.pending.push(w),
+        }
+        // A held lock's writes are committed within its period: nothing to merge.
+        self.pending.len() >= self.compact_at && self.held.is_none()
+    }
+
+    /// Compacts the buffer (see `Engine::compact_pending`): usage `retention` does
+    /// not keep goes, older than a minute is merged per (route, kind, UTC minute).
+    /// True when `server_logs` rows were dropped for the first time in this outage.
+    fn compact(&mut self, now: i64, retention: &Retention) -> bool {
+        let logs = self.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
+        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
+        let horizon = now.saturating_sub(MINUTE_MS);
+        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
+        let mut kept = Vec::with_capacity(self.pending.len());
+        let mut order = Vec::new();
+        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
+        let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
+        let mut ended = Vec::new();
+        for w in self.pending.drain(..) {
+            match w {
+                Write::Usage(u) if !retention.keeps(&u) => {}
+                Write::Usage(u) if u.created_at_ms <= horizon => {
+                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
+                    let key = (
+                        u.platform.clone(),
+                        u.model_id.clone(),
+                        u.key_id,
+                        u.kind == UsageKind::Request,
+                        minute,
+                    );
+                    match merged.get_mut(&key) {
+                        Some(m) => {
+                            m.tokens = m.tokens.saturating_add(u.tokens);
+                            m.kinds = m.kinds.merged(u.kinds);
+                            m.count = m.count.saturating_add(u.count);
+                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
+                        }
+                        None => {
+                            order.push(key.clone());
+                            merged.insert(key, u);
+                        }
+                    }
+                }
+                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
+                Write::DeleteLease(id) if inserted.contains(&id) => {}
+                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
+                Write::UpsertQuotaState(q) => {
+                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
+                    match quota_at.get(&key) {
+                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
+                        None => {
+                            quota_at.insert(key, kept.len());
+                            kept.push(Write::UpsertQuotaState(q));
+                        }
+                    }
+                }
+                w => kept.push(w),
+            }
+        }
+        for id in ended {
+            self.pending_inserted.remove(&id);
+            self.pending_deleted.remove(&id);
+        }
+        self.pending =
+            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
+        let first_drop = logs > MAX_BUFFERED_LOGS && !self.logs_dropped;
+        self.logs_dropped |= first_drop;
+        first_drop
+    }
+
+    /// Nothing buffered, held or left in doubt: a flush has nothing to do.
+    fn idle(&self) -> bool {
+        self.pending.is_empty() && self.held.is_none() && self.store.undelivered() == 0
+    }
+
+    /// Writes the store has not accepted (buffered, or left in doubt).
+    fn unwritten(&self) -> usize {
+        self.pending.len() + self.store.undelivered()
+    }
 }
 
 impl Engine {
@@ -74,11 +393,11 @@ impl Engine {
 
     pub(super) fn enter_as(&mut self, mut access: Access) -> Result<Section> {
         let write = access != Access::Read;
-        if write && self.unit.store.readonly() {
+        if write && self.unit.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
         let hot = matches!(access, Access::Decide | Access::Append);
-        let start_hold = hot && self.unit.held.is_none() && self.may_hold();
+        let start_hold = hot && self.unit.held.is_none() && self.unit.may_hold();
         if start_hold {
             access = Access::Write;
         }
@@ -92,22 +411,13 @@ impl Engine {
                 || !self.unit.loaded
                 || self.unit.rebuild
                 || self.mirror.needs_reload
-                || self.unit.store.changed().unwrap_or(true));
+                || self.unit.changed());
         if need_store {
-            // While degraded, probe the store without waiting on its lock.
-            if self.unit.degraded {
-                self.unit.store.set_busy_timeout(0);
-            }
-            let began = match access {
-                Access::Read | Access::Write => self.unit.store.begin(write),
-                Access::Append => self.unit.store.begin_append(),
-                Access::Decide => self.unit.store.begin_optimistic().map(|s| stale = s),
-            };
-            if self.unit.degraded {
-                self.unit.store.set_busy_timeout(self.settings.busy_timeout_ms);
-            }
-            match began {
-                Ok(()) => online = true,
+            match self.unit.begin(access, self.settings.busy_timeout_ms) {
+                Ok(s) => {
+                    online = true;
+                    stale = s;
+                }
                 Err(e @ StoreError::Rejected(_)) => {
                     self.rejected(&e);
                     return Err(e.into());
@@ -129,14 +439,14 @@ impl Engine {
         self.unit.last_now = Some(now);
         if !online && self.unit.rebuild && !write {
             // A read noticed the step back: open a read snapshot to reload from.
-            match self.unit.store.begin(false) {
+            match self.unit.begin_read() {
                 Ok(()) => online = true,
                 Err(e) => self.store_failed(&e, false),
             }
         }
         if online && (!held || self.unit.rebuild) {
             if let Err(e) = self.sync(now) {
-                self.unit.store.rollback();
+                self.unit.rollback();
                 self.unit.held = None;
                 if let StoreError::Rejected(_) = e {
                     self.rejected(&e);
@@ -153,36 +463,6 @@ impl Engine {
         Ok(Section { now, online, write, held, hot, stale: stale && online })
     }
 
-    /// Whether a hot-path section may take the write lock and keep it across calls:
-    /// grouped writes are on, the store answers, and no other engine has it open
-    /// (asked at most once per hold period while others do).
-    pub(super) fn may_hold(&mut self) -> bool {
-        let Some(period) = self.unit.hold_for else { return false };
-        if self.unit.degraded {
-            return false;
-        }
-        let now = Instant::now();
-        if self.unit.next_sole_check.is_some_and(|t| now < t) {
-            return false;
-        }
-        if self.unit.store.sole_writer() {
-            return true;
-        }
-        self.unit.next_sole_check = Some(now + period);
-        false
-    }
-
-    /// A held write lock is kept for this hot-path section's writes (its period is
-    /// not over, and no flush asked for it to end).
-    pub(super) fn keeps_holding(&self, sec: &Section) -> bool {
-        sec.held && sec.hot && !self.unit.flush_requested && !self.hold_period_over()
-    }
-
-    /// A write lock is kept across calls and its period has not run out.
-    pub(super) fn hold_period_over(&self) -> bool {
-        self.unit.held.zip(self.unit.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
-    }
-
     /// Counts every window again from the store: the rows that count at `now` (the
     /// minute, today, and every window a route keeps or a model declares) and what is
     /// buffered.
@@ -194,7 +474,7 @@ impl Engine {
         self.mirror.reset_usage();
         self.unit.rebuild = true;
         let mirror = &mut self.mirror;
-        self.unit.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
+        self.unit.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
         for w in &self.unit.pending {
             if let Write::Usage(u) = w {
                 self.mirror.add_usage_row(u, now);
@@ -225,7 +505,7 @@ impl Engine {
         if !self.unit.loaded || self.unit.rebuild || self.mirror.needs_reload {
             self.load_usage(now)?;
         }
-        let changes = self.unit.store.pull()?;
+        let changes = self.unit.pull()?;
         self.apply_changes(changes, now);
         if std::mem::take(&mut self.mirror.needs_reload) {
             // A model declared a window its routes' events were not kept for.
@@ -310,34 +590,8 @@ impl Engine {
             }),
             _ => None,
         };
-        let mut ids = Vec::with_capacity(writes.len());
-        let result = (|| -> std::result::Result<(), StoreError> {
-            if flush_pending {
-                // A lease taken and finished while both waited here never reaches the
-                // store, nor does a usage row buffered past the retention.
-                let (inserted, deleted) = (&self.unit.pending_inserted, &self.unit.pending_deleted);
-                let live: Vec<&Write> = self
-                    .unit
-                    .pending
-                    .iter()
-                    .filter(|w| match w {
-                        Write::InsertLease(l) => !deleted.contains(&l.id),
-                        Write::DeleteLease(id) => !inserted.contains(id),
-                        Write::Usage(u) => retention.as_ref().is_none_or(|r| r.keeps(u)),
-                        _ => true,
-                    })
-                    .collect();
-                self.unit.store.write_all(&live)?;
-            }
-            for w in writes {
-                ids.push(self.unit.store.write(w)?);
-            }
-            // Last, so that it sees every row, the section's own included.
-            if let Some(s) = &sweep {
-                self.unit.store.write(s)?;
-            }
-            self.unit.store.commit()
-        })();
+        let (ids, result) =
+            self.unit.write_and_commit(flush_pending, retention.as_ref(), writes, sweep.as_ref());
         // The commit (or the rollback) ends a held lock.
         self.unit.held = None;
         // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
@@ -357,16 +611,9 @@ impl Engine {
                 }
                 let flushed = if flush_pending { self.unit.pending.len() } else { 0 };
                 if flush_pending {
-                    self.unit.pending.clear();
-                    self.unit.pending_deleted.clear();
-                    self.unit.pending_inserted.clear();
-                    self.unit.pending_since = None;
-                    self.unit.compact_at = COMPACT_MIN;
+                    self.unit.flushed();
                 }
                 self.unit.flush_requested = false;
-                if flush_pending {
-                    self.unit.logs_dropped = false;
-                }
                 if let Some(e) = in_doubt {
                     self.store_failed(&StoreError::Unavailable(e), true);
                 } else if self.unit.degraded {
@@ -382,12 +629,12 @@ impl Engine {
             Err(StoreError::Conflict) => Committed::Conflict,
             // SPEC 19.1: not an outage; the call fails, what was buffered stays.
             Err(e @ StoreError::Rejected(_)) => {
-                self.unit.store.rollback();
+                self.unit.rollback();
                 self.rejected(&e);
                 Committed::Rejected(e)
             }
             Err(e) => {
-                self.unit.store.rollback();
+                self.unit.rollback();
                 self.store_failed(&e, true);
                 Committed::Failed
             }
@@ -403,11 +650,11 @@ impl Engine {
         if !sec.write {
             if sec.online && !sec.held {
                 // Ends the read snapshot.
-                let _ = self.unit.store.commit();
+                self.unit.end_read();
             }
             return Ok(Vec::new());
         }
-        if sec.online && !self.keeps_holding(&sec) {
+        if sec.online && !self.unit.keeps_holding(&sec) {
             // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
             match self.commit_section(now, &writes) {
                 Committed::Done(ids) => {
@@ -439,7 +686,7 @@ impl Engine {
     /// handed back, still applied to the mirror.
     pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Applied {
         let now = sec.now;
-        if sec.online && !self.keeps_holding(&sec) {
+        if sec.online && !self.unit.keeps_holding(&sec) {
             match self.commit_section(now, &writes) {
                 Committed::Done(_) => return Applied::Done,
                 Committed::Conflict => return Applied::Conflict(writes),
@@ -451,325 +698,6 @@ impl Engine {
             self.buffer(w, now);
         }
         Applied::Done
-    }
-
-    /// Takes back a batch's lease inserts from the mirror (their commit conflicted,
-    /// or a refusal among them is to be confirmed on fresh data). A lease batch
-    /// writes nothing else.
-    pub(super) fn undo_leases(&mut self, writes: &[Write], now: i64) {
-        for w in writes {
-            if let Write::InsertLease(l) = w {
-                self.apply_local(&Write::DeleteLease(l.id), 0, now);
-            }
-        }
-        // A lease taken back was never this engine's: "spread" must not see it (SPEC
-        // 17.1, 18.6). On Redis another engine's write is what makes one conflict.
-        while let Some((rid, before)) = self.leased_undo.pop() {
-            match before {
-                Some(n) => self.leased_at.insert(rid, n),
-                None => self.leased_at.remove(&rid),
-            };
-        }
-    }
-
-    /// Runs hot-path operations of several callers in ONE section and one commit
-    /// (group commit): each sees the effects of the ones before it, exactly as if
-    /// they had run one after another, and every one has committed when this returns.
-    ///
-    /// A batch of leases alone is decided optimistically where the store allows it
-    /// (`Store::begin_optimistic`): on what the engine knows, in one round trip to a
-    /// networked store. A refusal is confirmed on freshly read data, and a decision
-    /// whose inputs another writer changed meanwhile is taken back and made again;
-    /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
-    pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
-        let leases =
-            ops.iter().filter(|op| matches!(op, BatchOp::Lease { .. } | BatchOp::LeaseAny { .. })).count();
-        self.refresh_headroom_for(&ops);
-        let mut access = match leases {
-            0 => Access::Append,
-            n if n == ops.len() => Access::Decide,
-            _ => Access::Write,
-        };
-        let mut fresh = false;
-        for attempt in 1.. {
-            if attempt > OPTIMISTIC_ATTEMPTS {
-                access = Access::Write;
-            }
-            match self.run_batch_as(&ops, access, fresh) {
-                Ok(outs) => return outs,
-                // Decided again on what the conflict (or the confirming read) brought.
-                Err(()) => fresh = true,
-            }
-        }
-        unreachable!("the loop returns once the batch holds the lock")
-    }
-
-    /// One attempt of `run_batch`. `Err(())`: an optimistic attempt to make again
-    /// (the mirror is as it was before it, and now up to date).
-    pub(super) fn run_batch_as(
-        &mut self,
-        ops: &[BatchOp],
-        access: Access,
-        fresh: bool,
-    ) -> std::result::Result<Vec<BatchOut>, ()> {
-        let deferred = self.groups_usage();
-        self.leased_undo.clear();
-        let needs_section = access != Access::Append || !deferred;
-        let sec = if needs_section {
-            match self.enter_as(access) {
-                Ok(sec) => Some(sec),
-                Err(e) => {
-                    return Ok(ops
-                        .iter()
-                        .map(|op| match op {
-                            BatchOp::Lease { .. } => BatchOut::Lease(Err(e.clone())),
-                            BatchOp::LeaseAny { .. } => BatchOut::LeaseAny(Err(e.clone())),
-                            _ => BatchOut::Done(Err(e.clone())),
-                        })
-                        .collect())
-                }
-            }
-        } else {
-            None
-        };
-        let now = sec.as_ref().map_or_else(|| self.clock.now_ms(), |s| s.now);
-        let mut writes: Vec<Write> = Vec::new();
-        let mut outs = Vec::with_capacity(ops.len());
-        for op in ops {
-            match op {
-                BatchOp::Lease { route, est, limits, check } => {
-                    outs.push(BatchOut::Lease(self.batch_lease(
-                        route,
-                        *est,
-                        limits.clone(),
-                        *check,
-                        now,
-                        &mut writes,
-                    )));
-                }
-                BatchOp::LeaseAny { routes, est, strategy } => {
-                    outs.push(BatchOut::LeaseAny(self.batch_lease_any(
-                        routes,
-                        *est,
-                        *strategy,
-                        now,
-                        &mut writes,
-                    )));
-                }
-                BatchOp::Success { lease_id, route, tokens } => {
-                    let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
-                    outs.push(BatchOut::Done(out));
-                }
-                BatchOp::Release(lease_id) => {
-                    let w = Write::DeleteLease(*lease_id);
-                    self.apply_local(&w, 0, now);
-                    if deferred {
-                        self.buffer(w, now);
-                    } else {
-                        writes.push(w);
-                    }
-                    outs.push(BatchOut::Done(Ok(())));
-                }
-            }
-        }
-        let Some(sec) = sec else { return Ok(outs) };
-        let refused = outs.iter().any(BatchOut::refused);
-        if sec.stale && refused && !fresh {
-            // What refused may have been freed meanwhile: read, then decide again.
-            self.undo_leases(&writes, now);
-            self.unit.store.rollback();
-            let _ = self.read(|_, _| ());
-            return Err(());
-        }
-        match self.leave_applied(sec, writes) {
-            Applied::Done => Ok(outs),
-            Applied::Conflict(writes) => {
-                self.undo_leases(&writes, now);
-                Err(())
-            }
-            Applied::Rejected(writes, e) => {
-                // Nothing was written: every operation of the batch fails, and the
-                // mirror forgets what they did.
-                self.undo_leases(&writes, now);
-                self.unit.rebuild = true;
-                let e = Error::from(e);
-                Ok(outs
-                    .into_iter()
-                    .map(|o| match o {
-                        BatchOut::Lease(_) => BatchOut::Lease(Err(e.clone())),
-                        BatchOut::LeaseAny(_) => BatchOut::LeaseAny(Err(e.clone())),
-                        BatchOut::Done(_) => BatchOut::Done(Err(e.clone())),
-                    })
-                    .collect())
-            }
-        }
-    }
-
-    pub(super) fn batch_lease(
-        &mut self,
-        route: &Route,
-        est: Estimate,
-        limits: Option<LimitSet>,
-        check: bool,
-        now: i64,
-        writes: &mut Vec<Write>,
-    ) -> Result<i64> {
-        check_estimate(est)?;
-        let rid = if check {
-            let (rid, _, adm) = self.judge(route, est, limits, now);
-            if let Some(refusal) = refusal_of(route, &adm) {
-                return Err(Error::Refused(Box::new(refusal)));
-            }
-            rid
-        } else {
-            self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
-        };
-        let id = self.take_lease(route, rid, est, now, writes);
-        if check {
-            // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
-            // the caller's to release.
-            self.own_leases.insert(id);
-        }
-        Ok(id)
-    }
-
-    /// SPEC 17.1 in a batch: every gate of every candidate (duplicates once), one of
-    /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
-    /// index of its candidate in `routes`.
-    pub(super) fn batch_lease_any(
-        &mut self,
-        routes: &[Route],
-        est: Estimate,
-        strategy: Strategy,
-        now: i64,
-        writes: &mut Vec<Write>,
-    ) -> Result<(i64, usize)> {
-        check_estimate(est)?;
-        if routes.is_empty() {
-            return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
-        }
-        let mut refusals = Vec::new();
-        // The pick so far: (index, score), a larger score better.
-        let mut best: Option<(usize, RouteId, f64)> = None;
-        for (i, route) in routes.iter().enumerate() {
-            if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
-                continue;
-            }
-            let ctx = self.gate_context(route, None, now);
-            let rid = self.ready_route(route, &ctx.limits, now);
-            let (adm, room) = if strategy == Strategy::Headroom {
-                self.mirror.evaluate_scored(rid, est, &ctx, now)
-            } else {
-                (self.mirror.evaluate(rid, est, &ctx, now), 0.0)
-            };
-            if let Some(refusal) = refusal_of(route, &adm) {
-                refusals.push(refusal);
-                continue;
-            }
-            let score = match strategy {
-                Strategy::Order => {
-                    best = Some((i, rid, 0.0));
-                    break;
-                }
-                Strategy::Headroom => {
-                    self.cached_headroom(&route.platform, route.key_id, now).map_or(room, |k| room.min(k))
-                }
-                // Least recently leased first; never leased before all.
-                Strategy::Spread => -(self.leased_at.get(&rid).copied().unwrap_or(0) as f64),
-            };
-            if best.is_none_or(|(_, _, b)| score > b) {
-                best = Some((i, rid, score));
-            }
-        }
-        match best {
-            Some((i, rid, _)) => {
-                let id = self.take_lease(&routes[i], rid, est, now, writes);
-                self.own_leases.insert(id);
-                Ok((id, i))
-            }
-            None => Err(Error::Refused(Box::new(
-                Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
-            ))),
-        }
-    }
-
-    /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
-    /// batch by `refresh_headroom_for`), while fresh.
-    fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
-        self.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
-    }
-
-    /// Before a batch's section: the observed quota headroom of the platforms a
-    /// `headroom` pick will read (cached 5 s; a store read at most that often).
-    fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
-        let now = self.clock.now_ms();
-        let mut stale: Vec<String> = Vec::new();
-        for op in ops {
-            if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
-                for r in routes {
-                    if self.fresh_headroom(&r.platform, now).is_none() && !stale.contains(&r.platform) {
-                        stale.push(r.platform.clone());
-                    }
-                }
-            }
-        }
-        for p in stale {
-            // Unreadable quota state: pick on the windows alone.
-            let _ = self.key_quota_headroom(&p);
-        }
-    }
-
-    /// Takes the lease (the gates already passed), inside the batch's section.
-    fn take_lease(
-        &mut self,
-        route: &Route,
-        rid: RouteId,
-        est: Estimate,
-        now: i64,
-        writes: &mut Vec<Write>,
-    ) -> i64 {
-        // On Redis, a lease on a shared account conflicts with any other engine's
-        // writes on the account's other keys (SPEC §14.3).
-        if let Some(keys) = self.mirror.shared_account_keys(route) {
-            self.unit.store.watch_keys(&route.platform, &keys);
-        }
-        let w = self.lease_write(route, est, now);
-        let Write::InsertLease(LeaseRow { id, .. }) = w else {
-            unreachable!("lease_write builds an InsertLease")
-        };
-        self.apply_local(&w, id, now);
-        writes.push(w);
-        self.leases_taken += 1;
-        let before = self.leased_at.insert(rid, self.leases_taken);
-        self.leased_undo.push((rid, before));
-        id
-    }
-
-    pub(super) fn batch_success(
-        &mut self,
-        lease_id: i64,
-        route: &Route,
-        tokens: Option<TokenUse>,
-        now: i64,
-        deferred: bool,
-        writes: &mut Vec<Write>,
-    ) -> Result<()> {
-        let total = tokens.map(|t| t.validate()).transpose()?;
-        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
-        if let (Some(total), Some(t)) = (total, tokens) {
-            ws.push(self.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
-        }
-        self.clear_history_on_success(route, &mut ws);
-        ws.push(Write::DeleteLease(lease_id));
-        for w in ws {
-            self.apply_local(&w, 0, now);
-            if deferred {
-                self.buffer(w, now);
-            } else {
-                writes.push(w);
-            }
-        }
-        Ok(())
     }
 
     /// Applies a write to the mirror. Returns the count of a delete (0 otherwise).
@@ -853,25 +781,7 @@ impl Engine {
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
     pub(super) fn buffer(&mut self, w: Write, now: i64) {
-        if self.unit.pending_since.is_none() {
-            self.unit.pending_since = Some(now);
-        }
-        match w {
-            Write::Sweep { .. } => return,
-            // A lease taken while degraded is written when the store answers again,
-            // so that other processes count it from then on.
-            Write::InsertLease(LeaseRow { id, .. }) => {
-                self.unit.pending_inserted.insert(id);
-                self.unit.pending.push(w);
-            }
-            Write::DeleteLease(id) => {
-                self.unit.pending_deleted.insert(id);
-                self.unit.pending.push(w);
-            }
-            w => self.unit.pending.push(w),
-        }
-        // A held lock's writes are committed within its period: nothing to merge.
-        if self.unit.pending.len() >= self.unit.compact_at && self.unit.held.is_none() {
+        if self.unit.push_pending(w, now) {
             self.compact_pending(now);
             self.unit.compact_at = (self.unit.pending.len() * 2).max(COMPACT_MIN);
         }
@@ -897,64 +807,7 @@ impl Engine {
     /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
         let retention = self.retention(now, true);
-        let logs = self.unit.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
-        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
-        let horizon = now.saturating_sub(MINUTE_MS);
-        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
-        let mut kept = Vec::with_capacity(self.unit.pending.len());
-        let mut order = Vec::new();
-        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
-        let (inserted, deleted) = (&self.unit.pending_inserted, &self.unit.pending_deleted);
-        let mut ended = Vec::new();
-        for w in self.unit.pending.drain(..) {
-            match w {
-                Write::Usage(u) if !retention.keeps(&u) => {}
-                Write::Usage(u) if u.created_at_ms <= horizon => {
-                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
-                    let key = (
-                        u.platform.clone(),
-                        u.model_id.clone(),
-                        u.key_id,
-                        u.kind == UsageKind::Request,
-                        minute,
-                    );
-                    match merged.get_mut(&key) {
-                        Some(m) => {
-                            m.tokens = m.tokens.saturating_add(u.tokens);
-                            m.kinds = m.kinds.merged(u.kinds);
-                            m.count = m.count.saturating_add(u.count);
-                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
-                        }
-                        None => {
-                            order.push(key.clone());
-                            merged.insert(key, u);
-                        }
-                    }
-                }
-                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
-                Write::DeleteLease(id) if inserted.contains(&id) => {}
-                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
-                Write::UpsertQuotaState(q) => {
-                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
-                    match quota_at.get(&key) {
-                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
-                        None => {
-                            quota_at.insert(key, kept.len());
-                            kept.push(Write::UpsertQuotaState(q));
-                        }
-                    }
-                }
-                w => kept.push(w),
-            }
-        }
-        for id in ended {
-            self.unit.pending_inserted.remove(&id);
-            self.unit.pending_deleted.remove(&id);
-        }
-        self.unit.pending =
-            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
-        if logs > MAX_BUFFERED_LOGS && !self.unit.logs_dropped {
-            self.unit.logs_dropped = true;
+        if self.unit.compact(now, &retention) {
             let msg = format!(
                 "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
                  are dropped from the buffer"
@@ -989,7 +842,7 @@ impl Engine {
     /// `server_logs` row (SPEC §12), written with the next commit, so that every
     /// engine and notebook on the store sees them.
     pub(super) fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
-        if level <= log::Level::Warn && !self.unit.store.readonly() {
+        if level <= log::Level::Warn && !self.unit.readonly() {
             self.unit.pending.push(Write::Log(LogRow {
                 level: if level == log::Level::Error { "error" } else { "warn" },
                 source: "quotaengine".into(),
@@ -1054,7 +907,7 @@ impl Engine {
 
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
     pub(super) fn groups_usage(&self) -> bool {
-        self.settings.flush_interval_ms > 0 && !self.unit.store.readonly()
+        self.settings.flush_interval_ms > 0 && !self.unit.readonly()
     }
 
     /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
@@ -1073,9 +926,7 @@ impl Engine {
 
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        let idle =
-            self.unit.pending.is_empty() && self.unit.held.is_none() && self.unit.store.undelivered() == 0;
-        if idle || self.unit.store.readonly() {
+        if self.unit.idle() || self.unit.readonly() {
             return Ok(());
         }
         self.unit.flush_requested = true;
@@ -1088,7 +939,7 @@ impl Engine {
     /// Ends a held write lock whose period is over (the flusher thread: an idle
     /// engine does not keep others waiting).
     pub fn end_hold_if_due(&mut self) -> Result<()> {
-        if self.unit.held.is_some() && self.hold_period_over() {
+        if self.unit.held.is_some() && self.unit.hold_period_over() {
             return self.flush();
         }
         Ok(())
@@ -1103,12 +954,12 @@ impl Engine {
     /// Ends this engine's live leases (SPEC 18.5), flushes and reports whether
     /// anything stayed unwritten.
     pub fn close(&mut self) -> Result<()> {
-        if !self.unit.store.readonly() {
+        if !self.unit.readonly() {
             let _ = self.end_own_leases();
         }
         let _ = self.flush();
-        if !self.unit.pending.is_empty() || self.unit.store.undelivered() > 0 {
-            let n = self.unit.pending.len() + self.unit.store.undelivered();
+        let n = self.unit.unwritten();
+        if n > 0 {
             self.logs.push((
                 log::Level::Error,
                 format!("closing with {n} changes the database did not accept; they are lost"),
@@ -1116,32 +967,6 @@ impl Engine {
         }
         Ok(())
     }
-}
-
-/// An estimate's counts are valid: none negative, the output part of the total.
-fn check_estimate(est: Estimate) -> Result<()> {
-    check_non_negative("estimated_tokens", est.tokens)?;
-    check_non_negative("estimated_output_tokens", est.output)?;
-    if est.output > est.tokens {
-        return Err(Error::invalid(format!(
-            "estimated_output_tokens ({}) is part of estimated_tokens ({}): it cannot be larger",
-            est.output, est.tokens
-        )));
-    }
-    Ok(())
-}
-
-/// The refusal of `route` when `adm` refuses.
-fn refusal_of(route: &Route, adm: &Admission) -> Option<Refusal> {
-    let reason = adm.reason.clone().filter(|_| !adm.allowed)?;
-    Some(Refusal {
-        reason,
-        retry_at_ms: adm.retry_at_ms,
-        platform: route.platform.clone(),
-        model_id: route.model_id.clone(),
-        key_id: route.key_id,
-        candidates: Vec::new(),
-    })
 }
 
 /// The retention of usage at one time (SPEC 10, 14.2): rows stamped `before` or later

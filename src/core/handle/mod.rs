@@ -262,12 +262,12 @@ impl Handle {
         });
         let (out, logs, wakes) = match served {
             Ok(v) => v,
-            Err(e) => return BatchOut::Done(Err(e)),
+            Err(e) => return BatchOut::failed(e),
         };
         run_wakes(wakes);
         if reopened {
             if let Err(e) = self.start_flusher() {
-                return BatchOut::Done(Err(e));
+                return BatchOut::failed(e);
             }
         }
         emit(logs);

@@ -45,9 +45,9 @@ impl CommitQueue {
         let ops: Vec<BatchOp> = jobs.iter().filter_map(|j| lock(&j.op).take()).collect();
         // Only a lease that ends can free capacity: a waiter's own try does not wake
         // the waiters (it would keep them from ever sleeping).
-        let frees = ops.iter().any(|op| matches!(op, BatchOp::Success { .. } | BatchOp::Release(_)));
+        let frees = ops.iter().any(BatchOp::frees);
         let n = ops.len();
-        let all = |e: &Error| (0..n).map(|_| BatchOut::Done(Err(e.clone()))).collect();
+        let all = |e: &Error| (0..n).map(|_| BatchOut::failed(e.clone())).collect();
         let outs: Vec<BatchOut> = match engine {
             Err(e) => all(&e),
             Ok(engine) => match catch_unwind(AssertUnwindSafe(|| engine.run_batch(ops))) {
@@ -61,7 +61,8 @@ impl CommitQueue {
         for (j, o) in jobs.iter().zip(outs) {
             *lock(&j.out) = Some(o);
         }
-        let out = mine.take_out().unwrap_or(BatchOut::Done(Err(Error::Internal("lost batch result".into()))));
+        let out =
+            mine.take_out().unwrap_or_else(|| BatchOut::failed(Error::Internal("lost batch result".into())));
         (out, frees)
     }
 

@@ -1,13 +1,26 @@
 //! Storage behind one trait. The engine keeps the live window state in memory and
 //! talks to a store only through [`Store`]: atomic sections, a feed of what other
 //! processes changed, and typed writes. SQLite is the first backend; a networked one
-//! (Redis) implements the same trait.
+//! (Redis, behind the cargo feature `redis`) implements the same trait, and an
+//! in-memory twin ([`memory`]) implements it for tests of the engine.
+pub mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
 pub mod schema;
 pub mod sqlite;
 
 use crate::core::error::StoreError;
+
+/// Without the Redis backend a Redis URL is still told from a file path (and refused
+/// at open rather than taken for a SQLite file of that name).
+#[cfg(not(feature = "redis"))]
+pub mod redis {
+    /// True when `path` names a Redis server rather than a file.
+    pub fn is_redis_url(path: &str) -> bool {
+        ["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| path.starts_with(s))
+    }
+}
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
@@ -36,7 +49,14 @@ impl StoreSpec {
     pub fn open(&self, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Box<dyn Store>> {
         Ok(match self {
             StoreSpec::Sqlite(path) => Box::new(sqlite::SqliteStore::open(path, readonly, busy_timeout_ms)?),
+            #[cfg(feature = "redis")]
             StoreSpec::Redis(url) => Box::new(redis::RedisStore::open(url, readonly, busy_timeout_ms)?),
+            #[cfg(not(feature = "redis"))]
+            StoreSpec::Redis(url) => {
+                return Err(StoreError::Incompatible(format!(
+                    "cannot open {url:?}: this build has no Redis backend (cargo feature `redis`)"
+                )))
+            }
         })
     }
 }

@@ -34,14 +34,12 @@
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
 //! long inside a section could let two decisions overlap.
-use super::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
-    TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
-};
+use super::{Changes, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult, UsageFilter, UsageRow, Write};
 use crate::core::error::StoreError;
-use crate::core::limits::{decode_limits, encode_limits};
-use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use codec::{parse_i64, parse_lease, parse_log, parse_quota, parse_usage};
 use redis::Value;
+
+mod codec;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +51,7 @@ const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
 /// models retention keeps longer sit among the others'); the rest at the next commit.
-const SWEEP_BUDGET: usize = 20_000;
+pub(super) const SWEEP_BUDGET: usize = 20_000;
 /// After a failed connect, calls fail at once for this long (a blackholed host would
 /// otherwise cost its connect timeout on every call while degraded).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -178,87 +176,12 @@ fn check_version(info: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Escapes the separator (and the escape) out of a name.
-fn esc(s: &str) -> String {
-    if !s.contains(['\\', SEP]) {
-        return s.to_string();
-    }
-    s.replace('\\', "\\\\").replace(SEP, "\\u")
-}
-
 /// Outside a call that writes, a lost reply is an outage like any other.
 fn not_in_doubt(e: StoreError) -> StoreError {
     match e {
         StoreError::InDoubt(m) => StoreError::Unavailable(m),
         e => e,
     }
-}
-
-fn unesc(s: &str) -> String {
-    if !s.contains('\\') {
-        return s.to_string();
-    }
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c == '\\' {
-            match it.next() {
-                Some('u') => out.push(SEP),
-                Some(c) => out.push(c),
-                None => {}
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn route(p: &str, m: &str) -> String {
-    format!("{}{SEP}{}", esc(p), esc(m))
-}
-
-fn opt(v: Option<&str>) -> String {
-    match v {
-        None => "-".to_string(),
-        Some(s) => format!("+{}", esc(s)),
-    }
-}
-
-fn unopt(s: &str) -> Option<String> {
-    s.strip_prefix('+').map(unesc)
-}
-
-fn opt_i64(v: Option<i64>) -> String {
-    v.map_or_else(String::new, |v| v.to_string())
-}
-
-fn parse_i64(s: &str) -> StoreResult<i64> {
-    s.parse().map_err(|_| unavailable(format!("unexpected number {s:?} in a stored value")))
-}
-
-fn parse_opt_i64(s: &str) -> StoreResult<Option<i64>> {
-    if s.is_empty() {
-        Ok(None)
-    } else {
-        parse_i64(s).map(Some)
-    }
-}
-
-fn cap_setting(s: CapSetting) -> String {
-    match s {
-        CapSetting::Inherit => String::new(),
-        CapSetting::NoCap => "-1".into(),
-        CapSetting::Cap(v) => v.to_string(),
-    }
-}
-
-fn parse_cap(s: &str) -> StoreResult<CapSetting> {
-    Ok(match parse_opt_i64(s)? {
-        None => CapSetting::Inherit,
-        Some(v) if v < 0 => CapSetting::NoCap,
-        Some(v) => CapSetting::Cap(v),
-    })
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {
@@ -303,230 +226,6 @@ fn pairs(v: &Value) -> StoreResult<Vec<(String, String)>> {
             _ => Err(unavailable("odd HGETALL reply")),
         })
         .collect()
-}
-
-fn split(s: &str, n: usize) -> StoreResult<Vec<&str>> {
-    let parts: Vec<&str> = s.splitn(n, SEP).collect();
-    if parts.len() != n {
-        return Err(unavailable(format!("malformed stored value {s:?}")));
-    }
-    Ok(parts)
-}
-
-/// The stored form of the route fields that end a value (`platform SEP model`).
-fn parse_route(p: &str, m: &str) -> (Arc<str>, Arc<str>) {
-    (Arc::from(unesc(p)), Arc::from(unesc(m)))
-}
-
-/// One usage feed entry after its writer: `U key kind amount created platform model`,
-/// where the amount of a request entry (`r`) is how many requests it stands for
-/// (more than 1 only for events merged while degraded) and that of a tokens entry
-/// (`t`) its tokens.
-fn parse_usage(body: &str) -> StoreResult<UsageRow> {
-    let f = split(body, 7)?;
-    let (platform, model_id) = parse_route(f[5], f[6]);
-    // A tokens entry's amount: `total`, or `total,input,output,cached` with `-` for a
-    // part the call did not report (SPEC §14.4).
-    let mut parts = f[3].split(',');
-    let amount = parse_i64(parts.next().unwrap_or_default())?;
-    let mut part = || -> StoreResult<Option<i64>> {
-        match parts.next() {
-            None | Some("-") => Ok(None),
-            Some(v) => parse_i64(v).map(Some),
-        }
-    };
-    let kinds = TokenKinds { input: part()?, output: part()?, cached: part()? };
-    let request = f[2] == "r";
-    Ok(UsageRow {
-        platform,
-        model_id,
-        key_id: parse_i64(f[1])?,
-        kind: if request { UsageKind::Request } else { UsageKind::Tokens },
-        tokens: if request { 0 } else { amount },
-        count: if request { amount.max(1) } else { 1 },
-        created_at_ms: parse_i64(f[4])?,
-        kinds,
-    })
-}
-
-/// A usage entry's amount (see [`parse_usage`]).
-fn usage_amount(u: &UsageRow) -> String {
-    if u.kinds.is_empty() {
-        return u.tokens.to_string();
-    }
-    let part = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
-    format!("{},{},{},{}", u.tokens, part(u.kinds.input), part(u.kinds.output), part(u.kinds.cached))
-}
-
-/// A lease value: `key expires tokens[,output] created platform model`.
-fn lease_value(l: &LeaseRow) -> String {
-    let tokens =
-        if l.output_tokens == 0 { l.tokens.to_string() } else { format!("{},{}", l.tokens, l.output_tokens) };
-    format!(
-        "{}{SEP}{}{SEP}{tokens}{SEP}{}{SEP}{}",
-        l.key_id,
-        l.expires_at_ms,
-        l.created_at_ms,
-        route(&l.platform, &l.model_id)
-    )
-}
-
-fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
-    let f = split(v, 6)?;
-    let (platform, model_id) = parse_route(f[4], f[5]);
-    let (tokens, output) = f[2].split_once(',').unwrap_or((f[2], "0"));
-    Ok(LeaseRow {
-        id,
-        platform,
-        model_id,
-        key_id: parse_i64(f[0])?,
-        tokens: parse_i64(tokens)?,
-        output_tokens: parse_i64(output)?,
-        created_at_ms: parse_i64(f[3])?,
-        expires_at_ms: parse_i64(f[1])?,
-    })
-}
-
-fn parse_cooldown(field: &str, v: &str) -> StoreResult<CooldownRow> {
-    let k = split(field, 3)?;
-    let f = split(v, 3)?;
-    let (platform, model_id) = parse_route(k[1], k[2]);
-    Ok(CooldownRow {
-        platform,
-        model_id,
-        key_id: parse_i64(k[0])?,
-        expires_at_ms: parse_i64(f[0])?,
-        source: f[1].parse().unwrap_or(CooldownSource::Heuristic),
-        set_at_ms: parse_i64(f[2])?,
-    })
-}
-
-fn parse_key(v: &str) -> StoreResult<KeyInfo> {
-    // Five fields before accounts; the sixth is the account (SPEC §14.3), the
-    // seventh the configured concurrency cap (SPEC 20; empty: none).
-    let f: Vec<&str> = v.splitn(7, SEP).collect();
-    if f.len() < 5 {
-        return Err(unavailable(format!("malformed stored value {v:?}")));
-    }
-    Ok(KeyInfo {
-        key_id: parse_i64(f[0])?,
-        enabled: f[1] == "1",
-        base_url: unopt(f[2]),
-        label: unopt(f[3]),
-        platform: unesc(f[4]),
-        account: f.get(5).and_then(|a| unopt(a)),
-        concurrency_cap: match f.get(6) {
-            Some(c) if !c.is_empty() => Some(parse_i64(c)?),
-            _ => None,
-        },
-    })
-}
-
-fn parse_model(field: &str, v: &str) -> StoreResult<ModelInfo> {
-    let k = split(field, 2)?;
-    // Five fields before limits as data; the sixth lists the other limits.
-    let mut f: Vec<&str> = v.splitn(6, SEP).collect();
-    if f.len() == 5 {
-        f.push("");
-    }
-    if f.len() != 6 {
-        return Err(unavailable(format!("malformed stored value {v:?}")));
-    }
-    Ok(ModelInfo {
-        platform: unesc(k[0]),
-        model_id: unesc(k[1]),
-        limits: Limits {
-            rpm: parse_opt_i64(f[0])?,
-            rpd: parse_opt_i64(f[1])?,
-            tpm: parse_opt_i64(f[2])?,
-            tpd: parse_opt_i64(f[3])?,
-        },
-        others: decode_limits(f[5]).unwrap_or_default(),
-        monthly_token_budget: unopt(f[4]),
-    })
-}
-
-fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
-    let f = split(v, 3)?;
-    Ok((
-        unesc(field),
-        CapOverrides {
-            daily_requests: parse_cap(f[0])?,
-            minute_requests: parse_cap(f[1])?,
-            daily_tokens: parse_cap(f[2])?,
-        },
-    ))
-}
-
-/// `key kind[:value] hit_at platform model`: a row that carries a value (a learned
-/// concurrency cap) holds it after its kind, where an engine that does not know the
-/// kind skips the row whole.
-fn parse_history(v: &str) -> StoreResult<Option<HistoryRow>> {
-    let f = split(v, 5)?;
-    let (kind, value) = match f[1].split_once(':') {
-        Some((k, n)) => (k, Some(parse_i64(n)?)),
-        None => (f[1], None),
-    };
-    let Some(kind) = HistoryKind::parse(kind) else { return Ok(None) };
-    let (platform, model_id) = parse_route(f[3], f[4]);
-    Ok(Some(HistoryRow {
-        platform,
-        model_id,
-        key_id: parse_i64(f[0])?,
-        kind,
-        hit_at_ms: parse_i64(f[2])?,
-        value,
-    }))
-}
-
-fn history_kind_field(h: &HistoryRow) -> String {
-    match h.value {
-        Some(n) => format!("{}:{n}", h.kind.as_str()),
-        None => h.kind.as_str().to_string(),
-    }
-}
-
-fn quota_field(q: &QuotaStateRow) -> String {
-    format!("{}{SEP}{}{SEP}{}{SEP}{}", q.key_id, esc(&q.platform), esc(&q.pool_key), esc(&q.metric))
-}
-
-fn parse_quota(field: &str, v: &str) -> StoreResult<QuotaStateRow> {
-    let k = split(field, 4)?;
-    let f = split(v, 6)?;
-    Ok(QuotaStateRow {
-        platform: unesc(k[1]),
-        key_id: parse_i64(k[0])?,
-        pool_key: unesc(k[2]),
-        metric: unesc(k[3]),
-        limit: parse_opt_i64(f[0])?,
-        remaining: parse_opt_i64(f[1])?,
-        reset_at_ms: parse_opt_i64(f[2])?,
-        confidence: f[3].parse().unwrap_or(0.0),
-        observed_at_ms: parse_i64(f[4])?,
-        source: unesc(f[5]),
-    })
-}
-
-fn parse_log(v: &str) -> StoreResult<(i64, LogRow, Option<String>)> {
-    let f = split(v, 8)?;
-    let level = match f[1] {
-        "error" => "error",
-        "warn" => "warn",
-        _ => "info",
-    };
-    Ok((
-        parse_i64(f[0])?,
-        LogRow {
-            level,
-            source: unesc(f[2]),
-            provider: unopt(f[3]),
-            model: unopt(f[4]),
-            event: unopt(f[5]),
-            created_at_ms: parse_i64(f[6])?,
-            message: unesc(f[7]),
-        },
-        None,
-    ))
 }
 
 /// A `redis://...` address taken apart: what the client gets, and this engine's own
@@ -828,33 +527,7 @@ impl RedisStore {
             if matches!(t, Value::Nil | Value::Boolean(false)) {
                 continue;
             }
-            let rows = pairs(t)?;
-            match i {
-                0 => {
-                    self.pending.cooldowns =
-                        Some(rows.iter().map(|(f, v)| parse_cooldown(f, v)).collect::<StoreResult<_>>()?)
-                }
-                1 => {
-                    self.pending.keys =
-                        Some(rows.iter().map(|(_, v)| parse_key(v)).collect::<StoreResult<_>>()?)
-                }
-                2 => {
-                    self.pending.models =
-                        Some(rows.iter().map(|(f, v)| parse_model(f, v)).collect::<StoreResult<_>>()?)
-                }
-                3 => {
-                    self.pending.caps =
-                        Some(rows.iter().map(|(f, v)| parse_caps(f, v)).collect::<StoreResult<_>>()?)
-                }
-                4 => {
-                    let mut hist = Vec::new();
-                    for (_, v) in &rows {
-                        hist.extend(parse_history(v)?);
-                    }
-                    self.pending.history = Some(hist);
-                }
-                _ => self.pending.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
-            }
+            codec::take_table(i, pairs(t)?, &mut self.pending)?;
             if let Some(v) = versions.get(i) {
                 self.versions[i] = text(v)?;
             }
@@ -878,150 +551,6 @@ impl RedisStore {
             more = self.absorb(&parts)?;
         }
         Ok(())
-    }
-
-    fn encode(&self, w: &Write, out: &mut Vec<String>) {
-        match w {
-            Write::Usage(u) => {
-                let (kind, amount) = match u.kind {
-                    UsageKind::Request => ("r", u.count.max(1).to_string()),
-                    UsageKind::Tokens => ("t", usage_amount(u)),
-                };
-                out.extend([
-                    "U".into(),
-                    u.created_at_ms.to_string(),
-                    format!(
-                        "U{SEP}{}{SEP}{kind}{SEP}{amount}{SEP}{}{SEP}{}",
-                        u.key_id,
-                        u.created_at_ms,
-                        route(&u.platform, &u.model_id)
-                    ),
-                ]);
-            }
-            Write::InsertLease(l) => {
-                out.extend(["L".into(), l.id.to_string(), l.created_at_ms.to_string(), lease_value(l)]);
-            }
-            Write::DeleteLease(id) => out.extend(["D".into(), id.to_string()]),
-            Write::UpsertCooldown(c) => out.extend([
-                "HSET".into(),
-                "cooldowns".into(),
-                format!("{}{SEP}{}", c.key_id, route(&c.platform, &c.model_id)),
-                format!("{}{SEP}{}{SEP}{}", c.expires_at_ms, c.source.as_str(), c.set_at_ms),
-            ]),
-            Write::DeleteCooldown { platform, model_id, key_id } => out.extend([
-                "HDEL".into(),
-                "cooldowns".into(),
-                format!("{key_id}{SEP}{}", route(platform, model_id)),
-            ]),
-            Write::DeleteCooldownsForKey(k) => out.extend(["CK".into(), k.to_string()]),
-            Write::DeleteExpiredCooldowns(now) => out.extend(["CE".into(), now.to_string()]),
-            Write::UpsertKey(k) => out.extend([
-                "HSET".into(),
-                "keys".into(),
-                k.key_id.to_string(),
-                format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
-                    k.key_id,
-                    if k.enabled { "1" } else { "0" },
-                    opt(k.base_url.as_deref()),
-                    opt(k.label.as_deref()),
-                    esc(&k.platform),
-                    opt(k.account.as_deref()),
-                    opt_i64(k.concurrency_cap)
-                ),
-            ]),
-            Write::UpsertModel(m) => out.extend([
-                "HSET".into(),
-                "models".into(),
-                route(&m.platform, &m.model_id),
-                format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
-                    opt_i64(m.limits.rpm),
-                    opt_i64(m.limits.rpd),
-                    opt_i64(m.limits.tpm),
-                    opt_i64(m.limits.tpd),
-                    opt(m.monthly_token_budget.as_deref()),
-                    encode_limits(&m.others)
-                ),
-            ]),
-            Write::SetCaps(platform, c) => out.extend([
-                "HSET".into(),
-                "caps".into(),
-                esc(platform),
-                format!(
-                    "{}{SEP}{}{SEP}{}",
-                    cap_setting(c.daily_requests),
-                    cap_setting(c.minute_requests),
-                    cap_setting(c.daily_tokens)
-                ),
-            ]),
-            Write::ResetCaps(platform) => out.extend(["HDEL".into(), "caps".into(), esc(platform)]),
-            Write::UpsertQuotaState(q) => out.extend([
-                "HSET".into(),
-                "quota".into(),
-                quota_field(q),
-                format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
-                    opt_i64(q.limit),
-                    opt_i64(q.remaining),
-                    opt_i64(q.reset_at_ms),
-                    q.confidence,
-                    q.observed_at_ms,
-                    esc(&q.source)
-                ),
-            ]),
-            Write::InsertHistory(h) => out.extend([
-                "H".into(),
-                format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}",
-                    h.key_id,
-                    history_kind_field(h),
-                    h.hit_at_ms,
-                    route(&h.platform, &h.model_id)
-                ),
-            ]),
-            Write::DeleteHistory { key_id, route: r, kinds } => {
-                let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-                out.extend([
-                    "HD".into(),
-                    key_id.to_string(),
-                    r.as_ref().map_or_else(String::new, |(p, m)| route(p, m)),
-                    format!(",{},", kinds.join(",")),
-                ]);
-            }
-            Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
-                out.extend([
-                    "S".into(),
-                    usage_before.max(&0).to_string(),
-                    leases_expired_before.to_string(),
-                    history_before.to_string(),
-                    kept.len().to_string(),
-                ]);
-                for k in kept.iter() {
-                    out.extend([route(&k.platform, &k.model_id), k.before.max(0).to_string()]);
-                }
-                out.push(SWEEP_BUDGET.to_string());
-            }
-            Write::SetCalendar { platform, zone: Some(z) } => {
-                out.extend(["HSET".into(), "calendars".into(), esc(platform), z.clone()])
-            }
-            Write::SetCalendar { platform, zone: None } => {
-                out.extend(["HDEL".into(), "calendars".into(), esc(platform)])
-            }
-            Write::Log(l) => out.extend([
-                "G".into(),
-                format!(
-                    "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
-                    l.level,
-                    esc(&l.source),
-                    opt(l.provider.as_deref()),
-                    opt(l.model.as_deref()),
-                    opt(l.event.as_deref()),
-                    l.created_at_ms,
-                    esc(&l.message)
-                ),
-            ]),
-        }
     }
 
     /// After a locked section's commit: the feed's head and the table versions,
@@ -1286,7 +815,7 @@ impl Store for RedisStore {
             return;
         }
         for k in keys {
-            let account = format!("{k}{SEP}{}", esc(platform));
+            let account = codec::account(*k, platform);
             if !self.accounts.contains(&account) {
                 self.accounts.push(account);
             }
@@ -1297,24 +826,21 @@ impl Store for RedisStore {
         if self.readonly {
             return Err(StoreError::ReadOnly);
         }
-        let mut args = std::mem::take(&mut self.args);
-        self.encode(w, &mut args);
-        self.args = args;
-        if let Write::InsertLease(l) = w {
-            if self.section == Some(Section::Optimistic) {
-                let account = format!("{}{SEP}{}", l.key_id, esc(&l.platform));
-                if !self.accounts.contains(&account) {
-                    self.accounts.push(account);
-                }
+        codec::encode(w, &mut self.args);
+        // Lease writes are applied to `leases` once committed; an inserted lease's
+        // account is what an optimistic commit checks.
+        match w {
+            Write::InsertLease(l) => {
+                self.watch_keys(&l.platform, &[l.key_id]);
+                self.lease_writes.push(w.clone());
+                Ok(l.id)
             }
+            Write::DeleteLease(_) | Write::Sweep { .. } => {
+                self.lease_writes.push(w.clone());
+                Ok(0)
+            }
+            _ => Ok(0),
         }
-        if matches!(w, Write::InsertLease(_) | Write::DeleteLease(_) | Write::Sweep { .. }) {
-            self.lease_writes.push(w.clone());
-        }
-        Ok(match w {
-            Write::InsertLease(l) => l.id,
-            _ => 0,
-        })
     }
 
     fn set_busy_timeout(&mut self, ms: i64) {
@@ -1416,20 +942,6 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_with_separators_round_trip() {
-        for s in ["plain", "a\u{1f}b", "back\\slash", "\\u", "\u{1f}\\\u{1f}", ""] {
-            assert_eq!(unesc(&esc(s)), s);
-            assert!(!esc(s).contains(SEP));
-        }
-        let row = parse_usage(&format!("U{SEP}7{SEP}r{SEP}1{SEP}42{SEP}{}", route("p\u{1f}x", "m\\y")))
-            .expect("parses");
-        assert_eq!(
-            (&*row.platform, &*row.model_id, row.key_id, row.created_at_ms),
-            ("p\u{1f}x", "m\\y", 7, 42)
-        );
-    }
 
     #[test]
     fn servers_older_than_redis_7_or_valkey_7_2_are_refused() {

@@ -1,0 +1,410 @@
+//! The hot path in batches (group commit): `lease`, `lease_any`, `success` and
+//! `release` of several callers decided in one section and written in one commit,
+//! optimistically where the store allows it (decided on what the engine knows, taken
+//! back and made again when another writer changed what they read).
+use super::*;
+
+/// Optimistic attempts of a lease batch before it takes the store's lock.
+const OPTIMISTIC_ATTEMPTS: usize = 3;
+
+/// A hot-path operation that can share a commit with other callers' (group commit).
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    /// `check = false`: `acquire_lease`, no gates.
+    Lease {
+        route: Route,
+        est: Estimate,
+        limits: Option<LimitSet>,
+        check: bool,
+    },
+    /// `lease_any` (SPEC 17.1): every gate of every candidate, one picked by
+    /// `strategy`, its lease taken.
+    LeaseAny {
+        routes: Vec<Route>,
+        est: Estimate,
+        strategy: Strategy,
+    },
+    Success {
+        lease_id: i64,
+        route: Route,
+        tokens: Option<TokenUse>,
+    },
+    Release(i64),
+}
+
+impl BatchOp {
+    /// An admission (it takes a lease).
+    fn leases(&self) -> bool {
+        matches!(self, BatchOp::Lease { .. } | BatchOp::LeaseAny { .. })
+    }
+
+    /// It ends a lease (frees capacity a waiter may be waiting for).
+    pub fn frees(&self) -> bool {
+        !self.leases()
+    }
+}
+
+/// The result of one [`BatchOp`]: the lease taken and the index of its candidate (0
+/// for a `Lease`), or nothing (`Success`, `Release`).
+#[derive(Debug)]
+pub struct BatchOut(Result<Option<(i64, usize)>>);
+
+impl BatchOut {
+    /// A batch operation that failed (the engine closed, the batch lost).
+    pub fn failed(e: Error) -> BatchOut {
+        BatchOut(Err(e))
+    }
+    fn of_lease(r: Result<i64>) -> BatchOut {
+        BatchOut(r.map(|id| Some((id, 0))))
+    }
+    fn of_choice(r: Result<(i64, usize)>) -> BatchOut {
+        BatchOut(r.map(Some))
+    }
+    fn of_done(r: Result<()>) -> BatchOut {
+        BatchOut(r.map(|()| None))
+    }
+    pub fn lease_id(self) -> Result<i64> {
+        self.chosen().map(|(id, _)| id)
+    }
+    /// The lease and its candidate's index.
+    pub fn chosen(self) -> Result<(i64, usize)> {
+        self.0?.ok_or_else(|| Error::Internal("not a lease".into()))
+    }
+    pub fn done(self) -> Result<()> {
+        self.0.map(|_| ())
+    }
+    /// A refused admission.
+    pub fn refused(&self) -> bool {
+        matches!(self.0, Err(Error::Refused(_)))
+    }
+}
+
+impl Engine {
+    /// Takes back a batch's lease inserts from the mirror (their commit conflicted,
+    /// or a refusal among them is to be confirmed on fresh data). A lease batch
+    /// writes nothing else.
+    pub(super) fn undo_leases(&mut self, writes: &[Write], now: i64) {
+        for w in writes {
+            if let Write::InsertLease(l) = w {
+                self.apply_local(&Write::DeleteLease(l.id), 0, now);
+            }
+        }
+        // A lease taken back was never this engine's: "spread" must not see it (SPEC
+        // 17.1, 18.6). On Redis another engine's write is what makes one conflict.
+        while let Some((rid, before)) = self.leased_undo.pop() {
+            match before {
+                Some(n) => self.leased_at.insert(rid, n),
+                None => self.leased_at.remove(&rid),
+            };
+        }
+    }
+
+    /// Runs hot-path operations of several callers in ONE section and one commit
+    /// (group commit): each sees the effects of the ones before it, exactly as if
+    /// they had run one after another, and every one has committed when this returns.
+    ///
+    /// A batch of leases alone is decided optimistically where the store allows it
+    /// (`Store::begin_optimistic`): on what the engine knows, in one round trip to a
+    /// networked store. A refusal is confirmed on freshly read data, and a decision
+    /// whose inputs another writer changed meanwhile is taken back and made again;
+    /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
+    pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
+        let leases = ops.iter().filter(|op| op.leases()).count();
+        self.refresh_headroom_for(&ops);
+        let mut access = match leases {
+            0 => Access::Append,
+            n if n == ops.len() => Access::Decide,
+            _ => Access::Write,
+        };
+        let mut fresh = false;
+        for attempt in 1.. {
+            if attempt > OPTIMISTIC_ATTEMPTS {
+                access = Access::Write;
+            }
+            match self.run_batch_as(&ops, access, fresh) {
+                Ok(outs) => return outs,
+                // Decided again on what the conflict (or the confirming read) brought.
+                Err(()) => fresh = true,
+            }
+        }
+        unreachable!("the loop returns once the batch holds the lock")
+    }
+
+    /// One attempt of `run_batch`. `Err(())`: an optimistic attempt to make again
+    /// (the mirror is as it was before it, and now up to date).
+    pub(super) fn run_batch_as(
+        &mut self,
+        ops: &[BatchOp],
+        access: Access,
+        fresh: bool,
+    ) -> std::result::Result<Vec<BatchOut>, ()> {
+        let deferred = self.groups_usage();
+        self.leased_undo.clear();
+        let needs_section = access != Access::Append || !deferred;
+        let sec = if needs_section {
+            match self.enter_as(access) {
+                Ok(sec) => Some(sec),
+                Err(e) => return Ok(ops.iter().map(|_| BatchOut::failed(e.clone())).collect()),
+            }
+        } else {
+            None
+        };
+        let now = sec.as_ref().map_or_else(|| self.clock.now_ms(), |s| s.now);
+        let mut writes: Vec<Write> = Vec::new();
+        let mut outs = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                BatchOp::Lease { route, est, limits, check } => {
+                    outs.push(BatchOut::of_lease(self.batch_lease(
+                        route,
+                        *est,
+                        limits.clone(),
+                        *check,
+                        now,
+                        &mut writes,
+                    )));
+                }
+                BatchOp::LeaseAny { routes, est, strategy } => {
+                    outs.push(BatchOut::of_choice(self.batch_lease_any(
+                        routes,
+                        *est,
+                        *strategy,
+                        now,
+                        &mut writes,
+                    )));
+                }
+                BatchOp::Success { lease_id, route, tokens } => {
+                    let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
+                    outs.push(BatchOut::of_done(out));
+                }
+                BatchOp::Release(lease_id) => {
+                    let w = Write::DeleteLease(*lease_id);
+                    self.apply_local(&w, 0, now);
+                    if deferred {
+                        self.buffer(w, now);
+                    } else {
+                        writes.push(w);
+                    }
+                    outs.push(BatchOut::of_done(Ok(())));
+                }
+            }
+        }
+        let Some(sec) = sec else { return Ok(outs) };
+        let refused = outs.iter().any(BatchOut::refused);
+        if sec.stale && refused && !fresh {
+            // What refused may have been freed meanwhile: read, then decide again.
+            self.undo_leases(&writes, now);
+            self.unit.rollback();
+            let _ = self.read(|_, _| ());
+            return Err(());
+        }
+        match self.leave_applied(sec, writes) {
+            Applied::Done => Ok(outs),
+            Applied::Conflict(writes) => {
+                self.undo_leases(&writes, now);
+                Err(())
+            }
+            Applied::Rejected(writes, e) => {
+                // Nothing was written: every operation of the batch fails, and the
+                // mirror forgets what they did.
+                self.undo_leases(&writes, now);
+                self.unit.reload();
+                let e = Error::from(e);
+                Ok(outs.iter().map(|_| BatchOut::failed(e.clone())).collect())
+            }
+        }
+    }
+
+    pub(super) fn batch_lease(
+        &mut self,
+        route: &Route,
+        est: Estimate,
+        limits: Option<LimitSet>,
+        check: bool,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> Result<i64> {
+        check_estimate(est)?;
+        let rid = if check {
+            let (rid, _, adm) = self.judge(route, est, limits, now);
+            if let Some(refusal) = refusal_of(route, &adm) {
+                return Err(Error::Refused(Box::new(refusal)));
+            }
+            rid
+        } else {
+            self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
+        };
+        let id = self.take_lease(route, rid, est, now, writes);
+        if check {
+            // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
+            // the caller's to release.
+            self.own_leases.insert(id);
+        }
+        Ok(id)
+    }
+
+    /// SPEC 17.1 in a batch: every gate of every candidate (duplicates once), one of
+    /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
+    /// index of its candidate in `routes`.
+    pub(super) fn batch_lease_any(
+        &mut self,
+        routes: &[Route],
+        est: Estimate,
+        strategy: Strategy,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> Result<(i64, usize)> {
+        check_estimate(est)?;
+        if routes.is_empty() {
+            return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
+        }
+        let mut refusals = Vec::new();
+        // The pick so far: (index, score), a larger score better.
+        let mut best: Option<(usize, RouteId, f64)> = None;
+        for (i, route) in routes.iter().enumerate() {
+            if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
+                continue;
+            }
+            let ctx = self.gate_context(route, None, now);
+            let rid = self.ready_route(route, &ctx.limits, now);
+            let (adm, room) = if strategy == Strategy::Headroom {
+                self.mirror.evaluate_scored(rid, est, &ctx, now)
+            } else {
+                (self.mirror.evaluate(rid, est, &ctx, now), 0.0)
+            };
+            if let Some(refusal) = refusal_of(route, &adm) {
+                refusals.push(refusal);
+                continue;
+            }
+            let score = match strategy {
+                Strategy::Order => {
+                    best = Some((i, rid, 0.0));
+                    break;
+                }
+                Strategy::Headroom => {
+                    self.cached_headroom(&route.platform, route.key_id, now).map_or(room, |k| room.min(k))
+                }
+                // Least recently leased first; never leased before all.
+                Strategy::Spread => -(self.leased_at.get(&rid).copied().unwrap_or(0) as f64),
+            };
+            if best.is_none_or(|(_, _, b)| score > b) {
+                best = Some((i, rid, score));
+            }
+        }
+        match best {
+            Some((i, rid, _)) => {
+                let id = self.take_lease(&routes[i], rid, est, now, writes);
+                self.own_leases.insert(id);
+                Ok((id, i))
+            }
+            None => Err(Error::Refused(Box::new(
+                Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
+            ))),
+        }
+    }
+
+    /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
+    /// batch by `refresh_headroom_for`), while fresh.
+    fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
+        self.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
+    }
+
+    /// Before a batch's section: the observed quota headroom of the platforms a
+    /// `headroom` pick will read (cached 5 s; a store read at most that often).
+    fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
+        let now = self.clock.now_ms();
+        let mut stale: Vec<String> = Vec::new();
+        for op in ops {
+            if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
+                for r in routes {
+                    if self.fresh_headroom(&r.platform, now).is_none() && !stale.contains(&r.platform) {
+                        stale.push(r.platform.clone());
+                    }
+                }
+            }
+        }
+        for p in stale {
+            // Unreadable quota state: pick on the windows alone.
+            let _ = self.key_quota_headroom(&p);
+        }
+    }
+
+    /// Takes the lease (the gates already passed), inside the batch's section.
+    fn take_lease(
+        &mut self,
+        route: &Route,
+        rid: RouteId,
+        est: Estimate,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> i64 {
+        // On Redis, a lease on a shared account conflicts with any other engine's
+        // writes on the account's other keys (SPEC §14.3).
+        if let Some(keys) = self.mirror.shared_account_keys(route) {
+            self.unit.watch_keys(&route.platform, &keys);
+        }
+        let w = self.lease_write(route, est, now);
+        let Write::InsertLease(LeaseRow { id, .. }) = w else {
+            unreachable!("lease_write builds an InsertLease")
+        };
+        self.apply_local(&w, id, now);
+        writes.push(w);
+        self.leases_taken += 1;
+        let before = self.leased_at.insert(rid, self.leases_taken);
+        self.leased_undo.push((rid, before));
+        id
+    }
+
+    pub(super) fn batch_success(
+        &mut self,
+        lease_id: i64,
+        route: &Route,
+        tokens: Option<TokenUse>,
+        now: i64,
+        deferred: bool,
+        writes: &mut Vec<Write>,
+    ) -> Result<()> {
+        let total = tokens.map(|t| t.validate()).transpose()?;
+        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        if let (Some(total), Some(t)) = (total, tokens) {
+            ws.push(self.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
+        }
+        self.clear_history_on_success(route, &mut ws);
+        ws.push(Write::DeleteLease(lease_id));
+        for w in ws {
+            self.apply_local(&w, 0, now);
+            if deferred {
+                self.buffer(w, now);
+            } else {
+                writes.push(w);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An estimate's counts are valid: none negative, the output part of the total.
+fn check_estimate(est: Estimate) -> Result<()> {
+    check_non_negative("estimated_tokens", est.tokens)?;
+    check_non_negative("estimated_output_tokens", est.output)?;
+    if est.output > est.tokens {
+        return Err(Error::invalid(format!(
+            "estimated_output_tokens ({}) is part of estimated_tokens ({}): it cannot be larger",
+            est.output, est.tokens
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal of `route` when `adm` refuses.
+fn refusal_of(route: &Route, adm: &Admission) -> Option<Refusal> {
+    let reason = adm.reason.clone().filter(|_| !adm.allowed)?;
+    Some(Refusal {
+        reason,
+        retry_at_ms: adm.retry_at_ms,
+        platform: route.platform.clone(),
+        model_id: route.model_id.clone(),
+        key_id: route.key_id,
+        candidates: Vec::new(),
+    })
+}

@@ -1,0 +1,733 @@
+//! One contract for every store: the same store-level tests run against the memory
+//! twin, a SQLite file and a real Redis server (started on a free loopback port;
+//! skipped, with a message, where `redis-server` is not installed). What a backend
+//! may do its own way (deletes' counts, claims, knowing it is alone) is asked of it,
+//! not assumed.
+#![allow(clippy::unwrap_used)]
+
+use quotaengine::core::error::StoreError;
+use quotaengine::core::store::memory::{Control, MemoryStore};
+use quotaengine::core::store::sqlite::SqliteStore;
+use quotaengine::core::store::{
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
+    UsageFilter, UsageKind, UsageRow, Write,
+};
+use quotaengine::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use std::sync::Arc;
+
+const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
+
+/// A store to test: handles on one shared state, as engines of several processes open it.
+trait Backend {
+    fn open(&self) -> Box<dyn Store>;
+    fn open_readonly(&self) -> Box<dyn Store>;
+    /// `try_claim` is exclusive across handles (a store shared by hosts).
+    fn claims_are_shared(&self) -> bool;
+    /// `sole_writer` can say yes (a store on one host that knows who has it open).
+    fn knows_sole_writer(&self) -> bool;
+}
+
+struct Memory(Control);
+
+impl Memory {
+    fn new() -> Memory {
+        Memory(MemoryStore::new().control())
+    }
+}
+
+impl Backend for Memory {
+    fn open(&self) -> Box<dyn Store> {
+        Box::new(self.0.connect())
+    }
+    fn open_readonly(&self) -> Box<dyn Store> {
+        Box::new(self.0.connect_readonly())
+    }
+    fn claims_are_shared(&self) -> bool {
+        true
+    }
+    fn knows_sole_writer(&self) -> bool {
+        true
+    }
+}
+
+struct Sqlite {
+    dir: tempfile::TempDir,
+}
+
+impl Sqlite {
+    fn new() -> Sqlite {
+        Sqlite { dir: tempfile::tempdir().unwrap() }
+    }
+    fn path(&self) -> String {
+        self.dir.path().join("q.db").to_str().unwrap().to_string()
+    }
+}
+
+impl Backend for Sqlite {
+    fn open(&self) -> Box<dyn Store> {
+        Box::new(SqliteStore::open(&self.path(), false, 5_000).unwrap())
+    }
+    fn open_readonly(&self) -> Box<dyn Store> {
+        Box::new(SqliteStore::open(&self.path(), true, 5_000).unwrap())
+    }
+    fn claims_are_shared(&self) -> bool {
+        false
+    }
+    fn knows_sole_writer(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_server {
+    use super::*;
+    use quotaengine::core::store::redis::RedisStore;
+    use std::net::TcpListener;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    pub struct Redis {
+        child: Child,
+        port: u16,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Redis {
+        /// A server of its own, or `None` (said on stderr) when redis-server is missing.
+        pub fn start() -> Option<Redis> {
+            let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let dir = tempfile::tempdir().unwrap();
+            let spawned = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let child = match spawned {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!(
+                        "skipped on Redis: cannot start redis-server ({e}); apt-get install redis-server"
+                    );
+                    return None;
+                }
+            };
+            let server = Redis { child, port, _dir: dir };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Some(server)
+        }
+
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}/0?prefix=contract", self.port)
+        }
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    impl Backend for Redis {
+        fn open(&self) -> Box<dyn Store> {
+            Box::new(RedisStore::open(&self.url(), false, 5_000).unwrap())
+        }
+        fn open_readonly(&self) -> Box<dyn Store> {
+            Box::new(RedisStore::open(&self.url(), true, 5_000).unwrap())
+        }
+        fn claims_are_shared(&self) -> bool {
+            true
+        }
+        fn knows_sole_writer(&self) -> bool {
+            false
+        }
+    }
+}
+
+/// Each contract test, once per backend.
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $( #[test] fn $name() { super::$name(&super::Memory::new()) } )*
+        }
+        mod sqlite {
+            $( #[test] fn $name() { super::$name(&super::Sqlite::new()) } )*
+        }
+        #[cfg(feature = "redis")]
+        mod redis {
+            $( #[test] fn $name() {
+                if let Some(server) = super::redis_server::Redis::start() {
+                    super::$name(&server)
+                }
+            } )*
+        }
+    };
+}
+
+contract!(
+    a_commit_reaches_every_other_handle,
+    a_rollback_writes_nothing,
+    appended_writes_reach_other_handles,
+    the_feed_follows_on_from_a_load,
+    usage_events_are_one_row_per_request_and_filtered,
+    many_rows_at_once_are_all_written,
+    the_sweep_deletes_what_retention_no_longer_keeps,
+    deletes_of_history_and_cooldowns_match_what_they_name,
+    a_readonly_handle_refuses_every_write,
+    an_optimistic_commit_conflicts_only_on_what_its_decision_read,
+    quota_states_and_server_logs_read_back,
+    changed_says_so_after_another_commit,
+    the_write_lock_keeps_a_second_writer_out,
+    claims_and_sole_writer,
+);
+
+// ---- rows -----------------------------------------------------------------------
+
+fn usage(key_id: i64, kind: UsageKind, tokens: i64, count: i64, at: i64) -> UsageRow {
+    UsageRow {
+        platform: Arc::from("p"),
+        model_id: Arc::from("m"),
+        key_id,
+        kind,
+        tokens,
+        count,
+        created_at_ms: at,
+        kinds: TokenKinds::default(),
+    }
+}
+
+fn request(key_id: i64, at: i64) -> Write {
+    Write::Usage(usage(key_id, UsageKind::Request, 0, 1, at))
+}
+
+fn lease(id: i64, key_id: i64, expires: i64) -> LeaseRow {
+    LeaseRow {
+        id,
+        platform: Arc::from("p"),
+        model_id: Arc::from("m"),
+        key_id,
+        tokens: 100,
+        output_tokens: 30,
+        created_at_ms: T0,
+        expires_at_ms: expires,
+    }
+}
+
+fn cooldown(key_id: i64, model: &str, expires: i64) -> CooldownRow {
+    CooldownRow {
+        platform: Arc::from("p"),
+        model_id: Arc::from(model),
+        key_id,
+        expires_at_ms: expires,
+        source: CooldownSource::Authoritative,
+        set_at_ms: T0,
+    }
+}
+
+fn history(key_id: i64, model: &str, kind: HistoryKind, at: i64) -> HistoryRow {
+    HistoryRow {
+        platform: Arc::from("p"),
+        model_id: Arc::from(model),
+        key_id,
+        kind,
+        hit_at_ms: at,
+        value: None,
+    }
+}
+
+fn key(key_id: i64) -> KeyInfo {
+    KeyInfo {
+        key_id,
+        platform: "p".into(),
+        base_url: Some("http://localhost:1".into()),
+        label: Some("k".into()),
+        enabled: true,
+        account: Some("acct".into()),
+        concurrency_cap: Some(4),
+    }
+}
+
+fn model() -> ModelInfo {
+    ModelInfo {
+        platform: "p".into(),
+        model_id: "m".into(),
+        limits: Limits { rpm: Some(10), rpd: Some(100), tpm: None, tpd: Some(1000) },
+        others: Vec::new(),
+        monthly_token_budget: Some("5000".into()),
+    }
+}
+
+fn log_row(message: &str, at: i64) -> LogRow {
+    LogRow {
+        level: "warn",
+        source: "quotaengine".into(),
+        provider: None,
+        model: Some("m".into()),
+        event: Some("degraded".into()),
+        message: message.into(),
+        created_at_ms: at,
+    }
+}
+
+// ---- sections --------------------------------------------------------------------
+
+/// Writes in one locked section; returns each write's result.
+fn commit(s: &mut dyn Store, writes: &[Write]) -> Vec<i64> {
+    s.begin(true).unwrap();
+    let _ = s.pull().unwrap();
+    let out = writes.iter().map(|w| s.write(w).unwrap()).collect();
+    s.commit().unwrap();
+    out
+}
+
+/// Starts following the store (the engine's start-up: a load, then pulls); returns
+/// the usage rows loaded.
+fn follow(s: &mut dyn Store, since: i64) -> Vec<UsageRow> {
+    start(s, since).0
+}
+
+/// The engine's start-up read: the usage rows loaded, and the first pull.
+fn start(s: &mut dyn Store, since: i64) -> (Vec<UsageRow>, Changes) {
+    let mut rows = Vec::new();
+    s.begin(false).unwrap();
+    s.load_usage_since(since, &mut |r| rows.push(r)).unwrap();
+    let ch = s.pull().unwrap();
+    s.commit().unwrap();
+    (rows, ch)
+}
+
+/// What a read section's pull brings.
+fn pull(s: &mut dyn Store) -> Changes {
+    s.begin(false).unwrap();
+    let ch = s.pull().unwrap();
+    s.commit().unwrap();
+    ch
+}
+
+fn requests(rows: &[UsageRow]) -> i64 {
+    rows.iter().map(UsageRow::requests).sum()
+}
+
+// ---- the contract ------------------------------------------------------------------
+
+fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let ids = commit(
+        &mut *a,
+        &[
+            request(1, T0),
+            Write::Usage(UsageRow {
+                kinds: TokenKinds { input: Some(70), output: Some(30), cached: Some(10) },
+                ..usage(1, UsageKind::Tokens, 100, 1, T0)
+            }),
+            Write::InsertLease(lease(77, 1, T0 + 60_000)),
+            Write::UpsertCooldown(cooldown(1, "m", T0 + 30_000)),
+            Write::UpsertKey(key(1)),
+            Write::UpsertModel(model()),
+            Write::SetCaps(
+                "p".into(),
+                CapOverrides {
+                    daily_requests: CapSetting::Cap(9),
+                    minute_requests: CapSetting::NoCap,
+                    ..Default::default()
+                },
+            ),
+            Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0)),
+            Write::SetCalendar { platform: "p".into(), zone: Some("America/Los_Angeles".into()) },
+        ],
+    );
+    assert_eq!(ids[2], 77, "an inserted lease answers its id");
+    let ch = pull(&mut *r);
+    assert_eq!(ch.usage.len(), 2);
+    assert_eq!(requests(&ch.usage), 1);
+    let tokens = ch.usage.iter().find(|u| u.kind == UsageKind::Tokens).unwrap();
+    assert_eq!((tokens.tokens, tokens.kinds.input, tokens.kinds.cached), (100, Some(70), Some(10)));
+    assert_eq!(ch.leases.unwrap(), vec![lease(77, 1, T0 + 60_000)]);
+    assert_eq!(ch.cooldowns.unwrap(), vec![cooldown(1, "m", T0 + 30_000)]);
+    assert_eq!(ch.keys.unwrap(), vec![key(1)]);
+    assert_eq!(ch.models.unwrap(), vec![model()]);
+    let caps = ch.caps.unwrap();
+    assert_eq!(caps.len(), 1);
+    assert_eq!(
+        (caps[0].1.daily_requests, caps[0].1.minute_requests),
+        (CapSetting::Cap(9), CapSetting::NoCap)
+    );
+    assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Ladder, T0)]);
+    assert_eq!(ch.calendars.unwrap(), vec![("p".to_string(), "America/Los_Angeles".to_string())]);
+    // The writer is never handed its own usage rows back.
+    assert!(pull(&mut *a).usage.is_empty());
+    // Nothing new: nothing more for the reader.
+    assert!(pull(&mut *r).usage.is_empty());
+    // A handle opened later loads it all.
+    let mut late = b.open();
+    let (rows, ch) = start(&mut *late, 0);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(ch.leases.unwrap().len(), 1);
+    assert_eq!(ch.keys.unwrap(), vec![key(1)]);
+}
+
+fn a_rollback_writes_nothing(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    a.begin(true).unwrap();
+    let _ = a.pull().unwrap();
+    a.write(&request(1, T0)).unwrap();
+    a.write(&Write::InsertLease(lease(5, 1, T0 + 60_000))).unwrap();
+    a.write(&Write::UpsertCooldown(cooldown(1, "m", T0 + 1))).unwrap();
+    a.rollback();
+    let ch = pull(&mut *r);
+    assert!(ch.usage.is_empty());
+    assert!(ch.leases.unwrap_or_default().is_empty());
+    assert!(ch.cooldowns.unwrap_or_default().is_empty());
+    // The abandoned section's writer goes on as before.
+    commit(&mut *a, &[request(2, T0)]);
+    assert_eq!(pull(&mut *r).usage.iter().map(|u| u.key_id).collect::<Vec<_>>(), vec![2]);
+}
+
+fn appended_writes_reach_other_handles(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    commit(&mut *a, &[Write::InsertLease(lease(5, 1, T0 + 60_000))]);
+    assert_eq!(pull(&mut *r).leases.unwrap().len(), 1);
+    a.begin_append().unwrap();
+    let _ = a.pull().unwrap();
+    a.write(&request(1, T0)).unwrap();
+    a.write(&Write::DeleteLease(5)).unwrap();
+    a.commit().unwrap();
+    let ch = pull(&mut *r);
+    assert_eq!(requests(&ch.usage), 1);
+    assert_eq!(ch.leases.unwrap(), Vec::<LeaseRow>::new());
+    // An append with nothing to write is a commit of nothing.
+    a.begin_append().unwrap();
+    a.commit().unwrap();
+    assert!(pull(&mut *r).usage.is_empty());
+}
+
+fn the_feed_follows_on_from_a_load(b: &dyn Backend) {
+    let mut a = b.open();
+    follow(&mut *a, 0);
+    commit(&mut *a, &[request(1, T0 + 1_000), request(2, T0 + 2_000), request(3, T0 + 3_000)]);
+    let mut r = b.open();
+    let loaded = follow(&mut *r, T0 + 2_000);
+    assert_eq!(
+        loaded.iter().map(|u| u.key_id).collect::<Vec<_>>(),
+        vec![2, 3],
+        "rows stamped from the time on"
+    );
+    commit(&mut *a, &[request(4, T0 + 4_000)]);
+    // Rows stamped before the load's time still come through the feed when new.
+    commit(&mut *a, &[request(5, T0)]);
+    let ch = pull(&mut *r);
+    assert_eq!(ch.usage.iter().map(|u| u.key_id).collect::<Vec<_>>(), vec![4, 5]);
+}
+
+fn usage_events_are_one_row_per_request_and_filtered(b: &dyn Backend) {
+    let mut a = b.open();
+    follow(&mut *a, 0);
+    commit(
+        &mut *a,
+        &[
+            // Three requests merged while degraded: three events.
+            Write::Usage(usage(1, UsageKind::Request, 0, 3, T0 + 10)),
+            Write::Usage(usage(1, UsageKind::Tokens, 250, 1, T0 + 20)),
+            request(2, T0 + 30),
+        ],
+    );
+    let all = a.usage_events(&UsageFilter::default()).unwrap();
+    assert_eq!(all.len(), 5);
+    assert!(all.iter().all(|u| u.count == 1));
+    assert!(all.windows(2).all(|w| w[0].created_at_ms <= w[1].created_at_ms), "in time order");
+    let of_key = |k| UsageFilter { key_id: Some(k), ..UsageFilter::default() };
+    assert_eq!(a.usage_events(&of_key(1)).unwrap().len(), 4);
+    let timed = UsageFilter { since_ms: Some(T0 + 20), until_ms: Some(T0 + 30), ..UsageFilter::default() };
+    let rows = a.usage_events(&timed).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].kind, rows[0].tokens), (UsageKind::Tokens, 250));
+    let other = UsageFilter { platform: Some("q".into()), ..UsageFilter::default() };
+    assert!(a.usage_events(&other).unwrap().is_empty());
+    let model = UsageFilter { model_id: Some("m".into()), key_id: Some(2), ..UsageFilter::default() };
+    assert_eq!(a.usage_events(&model).unwrap().len(), 1);
+}
+
+fn many_rows_at_once_are_all_written(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    let writes: Vec<Write> = (0..75).map(|i| request(1, T0 + i)).collect();
+    let refs: Vec<&Write> = writes.iter().collect();
+    a.begin(true).unwrap();
+    let _ = a.pull().unwrap();
+    a.write_all(&refs).unwrap();
+    a.write(&Write::Usage(usage(1, UsageKind::Request, 0, 40, T0 + 100))).unwrap();
+    a.commit().unwrap();
+    assert_eq!(requests(&pull(&mut *r).usage), 115);
+}
+
+fn the_sweep_deletes_what_retention_no_longer_keeps(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    commit(
+        &mut *a,
+        &[
+            request(1, T0 - 2_000),
+            request(1, T0 + 5),
+            Write::InsertLease(lease(1, 1, T0 - 1)),
+            Write::InsertLease(lease(2, 1, T0)),
+            Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0 - 10)),
+            Write::InsertHistory(history(1, "m", HistoryKind::Unknown, T0 + 10)),
+        ],
+    );
+    commit(
+        &mut *a,
+        &[Write::Sweep {
+            usage_before: T0,
+            kept: Vec::new().into(),
+            leases_expired_before: T0,
+            history_before: T0,
+        }],
+    );
+    let (left, ch) = start(&mut *r, 0);
+    assert_eq!(left.iter().map(|u| u.created_at_ms).collect::<Vec<_>>(), vec![T0 + 5]);
+    // A lease counts up to and including its expiry.
+    assert_eq!(ch.leases.unwrap().iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Unknown, T0 + 10)]);
+    assert_eq!(a.usage_events(&UsageFilter::default()).unwrap().len(), 1);
+}
+
+fn deletes_of_history_and_cooldowns_match_what_they_name(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    commit(
+        &mut *a,
+        &[
+            Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0)),
+            Write::InsertHistory(history(1, "n", HistoryKind::Ladder, T0)),
+            Write::InsertHistory(history(1, "m", HistoryKind::Empty, T0)),
+            Write::InsertHistory(history(1, "", HistoryKind::Auth, T0)),
+            Write::InsertHistory(history(2, "m", HistoryKind::Ladder, T0)),
+            Write::InsertHistory(HistoryRow {
+                value: Some(3),
+                ..history(1, "", HistoryKind::Concurrency, T0)
+            }),
+            Write::UpsertCooldown(cooldown(1, "m", T0 + 10)),
+            Write::UpsertCooldown(cooldown(1, "n", T0 + 20)),
+            Write::UpsertCooldown(cooldown(2, "m", T0 + 5)),
+            Write::UpsertCooldown(cooldown(3, "m", T0 + 50)),
+        ],
+    );
+    commit(
+        &mut *a,
+        &[
+            Write::DeleteHistory {
+                key_id: 1,
+                route: Some((Arc::from("p"), Arc::from("m"))),
+                kinds: vec![HistoryKind::Ladder, HistoryKind::Empty],
+            },
+            Write::DeleteHistory { key_id: 1, route: None, kinds: vec![HistoryKind::Auth] },
+            Write::DeleteCooldownsForKey(1),
+            Write::DeleteExpiredCooldowns(T0 + 5),
+        ],
+    );
+    let ch = pull(&mut *r);
+    let mut hist: Vec<(i64, String, HistoryKind, Option<i64>)> = ch
+        .history
+        .unwrap()
+        .into_iter()
+        .map(|h| (h.key_id, h.model_id.to_string(), h.kind, h.value))
+        .collect();
+    hist.sort_by_key(|h| (h.0, h.1.clone(), h.2.as_str()));
+    assert_eq!(
+        hist,
+        vec![
+            (1, String::new(), HistoryKind::Concurrency, Some(3)),
+            (1, "n".into(), HistoryKind::Ladder, None),
+            (2, "m".into(), HistoryKind::Ladder, None),
+        ]
+    );
+    assert_eq!(ch.cooldowns.unwrap(), vec![cooldown(3, "m", T0 + 50)]);
+    commit(
+        &mut *a,
+        &[
+            Write::DeleteCooldown { platform: Arc::from("p"), model_id: Arc::from("m"), key_id: 3 },
+            Write::ResetCaps("p".into()),
+            Write::SetCalendar { platform: "p".into(), zone: None },
+        ],
+    );
+    assert_eq!(pull(&mut *r).cooldowns.unwrap_or_default(), Vec::<CooldownRow>::new());
+}
+
+fn a_readonly_handle_refuses_every_write(b: &dyn Backend) {
+    let mut a = b.open();
+    commit(&mut *a, &[request(1, T0), Write::UpsertKey(key(1))]);
+    let mut ro = b.open_readonly();
+    assert!(ro.readonly());
+    assert!(matches!(ro.begin(true), Err(StoreError::ReadOnly)));
+    assert!(matches!(ro.begin_append(), Err(StoreError::ReadOnly)));
+    assert!(matches!(ro.begin_optimistic(), Err(StoreError::ReadOnly)));
+    assert!(matches!(ro.write(&request(1, T0)), Err(StoreError::ReadOnly)));
+    // It reads.
+    let (rows, ch) = start(&mut *ro, 0);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(ch.keys.unwrap(), vec![key(1)]);
+    assert_eq!(ro.usage_events(&UsageFilter::default()).unwrap().len(), 1);
+}
+
+fn an_optimistic_commit_conflicts_only_on_what_its_decision_read(b: &dyn Backend) {
+    let (mut a, mut other) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    follow(&mut *other, 0);
+    // Another handle records usage on key 1's account after `a` last read.
+    commit(&mut *other, &[request(1, T0)]);
+    let optimistic = a.begin_optimistic().unwrap();
+    if !optimistic {
+        // The section holds the write lock: what it decides on cannot be stale.
+        let _ = a.pull().unwrap();
+        a.write(&Write::InsertLease(lease(9, 1, T0 + 60_000))).unwrap();
+        a.commit().unwrap();
+        assert_eq!(pull(&mut *other).leases.unwrap().len(), 1);
+        return;
+    }
+    let _ = a.pull().unwrap();
+    assert_eq!(a.write(&Write::InsertLease(lease(9, 1, T0 + 60_000))).unwrap(), 9);
+    assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    // Nothing was written, and what changed is `a`'s next pull.
+    assert!(pull(&mut *other).leases.unwrap_or_default().is_empty());
+    let ch = pull(&mut *a);
+    assert_eq!(requests(&ch.usage), 1);
+    // Decided again on what it now knows: no conflict.
+    assert!(a.begin_optimistic().unwrap());
+    let _ = a.pull().unwrap();
+    a.write(&Write::InsertLease(lease(9, 1, T0 + 60_000))).unwrap();
+    a.commit().unwrap();
+    assert_eq!(pull(&mut *other).leases.unwrap().iter().map(|l| l.id).collect::<Vec<_>>(), vec![9]);
+    // Usage on another account meanwhile does not touch this decision...
+    let _ = pull(&mut *a);
+    commit(&mut *other, &[request(2, T0 + 1)]);
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&Write::InsertLease(lease(10, 1, T0 + 60_000))).unwrap();
+    a.commit().unwrap();
+    // ...unless the decision watched that key too (a shared account).
+    let _ = pull(&mut *a);
+    commit(&mut *other, &[request(2, T0 + 2)]);
+    assert!(a.begin_optimistic().unwrap());
+    a.watch_keys("p", &[1, 2]);
+    a.write(&Write::InsertLease(lease(11, 1, T0 + 60_000))).unwrap();
+    assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    // And a change to a small table conflicts with any decision.
+    let _ = pull(&mut *a);
+    commit(&mut *other, &[Write::UpsertCooldown(cooldown(1, "m", T0 + 9))]);
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&Write::InsertLease(lease(12, 1, T0 + 60_000))).unwrap();
+    assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    let mut late = b.open();
+    let ids: Vec<i64> = start(&mut *late, 0).1.leases.unwrap().iter().map(|l| l.id).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&9) && ids.contains(&10), "{ids:?}");
+}
+
+fn quota_states_and_server_logs_read_back(b: &dyn Backend) {
+    let mut a = b.open();
+    let q = |platform: &str, key_id, metric: &str, remaining| QuotaStateRow {
+        platform: platform.into(),
+        key_id,
+        pool_key: "pool".into(),
+        metric: metric.into(),
+        limit: Some(100),
+        remaining,
+        reset_at_ms: Some(T0 + 60_000),
+        source: "header".into(),
+        confidence: 1.0,
+        observed_at_ms: T0,
+    };
+    commit(
+        &mut *a,
+        &[
+            Write::UpsertQuotaState(q("p", 2, "tokens", Some(5))),
+            Write::UpsertQuotaState(q("p", 1, "requests", Some(50))),
+            Write::UpsertQuotaState(q("o", 1, "requests", None)),
+            // The same row again: the last value stays.
+            Write::UpsertQuotaState(q("p", 1, "requests", Some(40))),
+            Write::Log(log_row("first", T0)),
+            Write::Log(log_row("second", T0 + 1)),
+            Write::Log(log_row("third", T0 + 2)),
+        ],
+    );
+    let all = a.quota_states(None).unwrap();
+    assert_eq!(
+        all,
+        vec![q("o", 1, "requests", None), q("p", 1, "requests", Some(40)), q("p", 2, "tokens", Some(5))]
+    );
+    assert_eq!(a.quota_states(Some("p")).unwrap().len(), 2);
+    let logs = a.server_logs(2).unwrap();
+    assert_eq!(logs.iter().map(|(_, l, _)| l.message.as_str()).collect::<Vec<_>>(), vec!["third", "second"]);
+    assert_eq!(logs[0].1, log_row("third", T0 + 2));
+    assert!(logs[0].0 != logs[1].0, "rows have ids of their own");
+}
+
+fn changed_says_so_after_another_commit(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    assert!(r.changed().unwrap(), "nothing was read yet");
+    follow(&mut *r, 0);
+    commit(&mut *a, &[request(1, T0)]);
+    assert!(r.changed().unwrap());
+    assert_eq!(requests(&pull(&mut *r).usage), 1);
+    commit(&mut *a, &[Write::UpsertKey(key(1))]);
+    assert!(r.changed().unwrap());
+}
+
+fn the_write_lock_keeps_a_second_writer_out(b: &dyn Backend) {
+    let (mut a, mut other) = (b.open(), b.open());
+    a.begin(true).unwrap();
+    let _ = a.pull().unwrap();
+    other.set_busy_timeout(0);
+    assert!(matches!(other.begin(true), Err(StoreError::Unavailable(_))));
+    other.rollback();
+    a.write(&request(1, T0)).unwrap();
+    a.commit().unwrap();
+    other.begin(true).unwrap();
+    other.commit().unwrap();
+}
+
+fn claims_and_sole_writer(b: &dyn Backend) {
+    let mut a = b.open();
+    assert!(a.try_claim("probe:1", 60_000).unwrap());
+    assert!(a.try_claim("probe:1", 60_000).unwrap(), "re-entrant for the holder");
+    let mut other = b.open();
+    assert_eq!(other.try_claim("probe:1", 60_000).unwrap(), !b.claims_are_shared());
+    assert!(other.try_claim("probe:2", 60_000).unwrap());
+    // Alone on the store: only a store that can tell says so.
+    assert!(!a.sole_writer() && !other.sole_writer(), "two writers are open");
+    drop(other);
+    assert_eq!(a.sole_writer(), b.knows_sole_writer());
+    // A read-only handle is not a writer.
+    let _ro = b.open_readonly();
+    assert_eq!(a.sole_writer(), b.knows_sole_writer());
+}
+
+/// Built without the Redis backend, a Redis URL is refused at open, not taken for the
+/// name of a SQLite file.
+#[cfg(not(feature = "redis"))]
+#[test]
+fn without_the_redis_feature_a_redis_url_is_refused() {
+    use quotaengine::core::store::StoreSpec;
+    let spec = StoreSpec::from_path("redis://127.0.0.1:1/0");
+    assert!(matches!(spec, StoreSpec::Redis(_)));
+    let err = spec.open(false, 100).err().unwrap();
+    assert!(matches!(&err, StoreError::Incompatible(m) if m.contains("cargo feature `redis`")), "{err}");
+    assert!(!std::path::Path::new("redis:").exists());
+}
