@@ -9,7 +9,7 @@
 use crate::core::clock::Clock;
 use crate::core::engine::{BatchOp, BatchOut, Engine, LogRecord, Settings, StoreSpec};
 use crate::core::error::{Error, Result};
-use crate::core::fork::GATE;
+use crate::core::fork::TURNSTILE;
 use crate::core::probe::{ProbeState, Validator};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -142,7 +142,7 @@ fn open_engine(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> R
 
 impl Handle {
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Handle> {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         let mut engine = open_engine(spec, clock.clone(), settings.clone())?;
         emit(engine.take_logs());
         let handle = Handle {
@@ -193,7 +193,7 @@ impl Handle {
                     return;
                 }
                 let logs = {
-                    let _pass = GATE.pass();
+                    let _pass = TURNSTILE.pass();
                     let mut g = lock(&shared.engine);
                     let Some(e) = g.as_mut() else { return };
                     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -216,7 +216,7 @@ impl Handle {
     /// The one boundary: the fork gate, then `f`, a panic inside it turned into
     /// [`Error::Internal`].
     pub fn guard<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         self.boundary(f)
     }
 
@@ -372,7 +372,7 @@ impl Handle {
     }
 
     pub fn is_closed(&self) -> bool {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         lock(&self.shared.engine).is_none() && !self.shared.forked.load(Ordering::Acquire)
     }
 
@@ -403,7 +403,7 @@ impl Handle {
         let _running = PassRunning::wait(&self.shared.pass_running);
         let (cds, now) = self.with(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
         let due = {
-            let _pass = GATE.pass();
+            let _pass = TURNSTILE.pass();
             lock(&self.shared.probe).plan(&cds, now, max_probes, jitter)
         };
         let mut result = ProbePassResult::default();
@@ -584,7 +584,7 @@ impl Handle {
     /// may have freed capacity without blocking a thread on it.
     pub(crate) fn on_wake(&self, generation: u64, wake: Wake) {
         let now = {
-            let _pass = GATE.pass();
+            let _pass = TURNSTILE.pass();
             let mut w = lock(&self.shared.waiting);
             if w.generation == generation {
                 w.wakes.push(wake);
@@ -605,7 +605,7 @@ impl Handle {
 
     /// Joins the wait queue; returns the ticket.
     pub(crate) fn enqueue_waiter(&self, keys: Vec<(String, i64)>) -> u64 {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         self.shared.waiters.fetch_add(1, Ordering::AcqRel);
         let mut w = lock(&self.shared.waiting);
         let t = w.next_ticket;
@@ -617,7 +617,7 @@ impl Handle {
     /// Leaves the wait queue (admitted, given up or cancelled): the next may go.
     pub(crate) fn dequeue_waiter(&self, ticket: u64) {
         let wakes = {
-            let _pass = GATE.pass();
+            let _pass = TURNSTILE.pass();
             let mut removed = false;
             let wakes = self.bump_waiting(|w| removed = w.queue.remove(&ticket).is_some());
             if removed {
@@ -631,7 +631,7 @@ impl Handle {
     /// The waiting generation, and whether `ticket` is first in line among the waiters
     /// on any of its keys.
     pub(crate) fn waiter_turn(&self, ticket: u64) -> (u64, bool) {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         let w = lock(&self.shared.waiting);
         let Some(mine) = w.queue.get(&ticket) else { return (w.generation, true) };
         let first = !w.queue.range(..ticket).any(|(_, keys)| keys.iter().any(|k| mine.contains(k)));
@@ -642,7 +642,7 @@ impl Handle {
     /// lease of this engine ended, a waiter left, the engine closed). Inside a gate pass:
     /// a fork waits for it (at most `nap`) rather than inherit its lock.
     pub(crate) fn nap_waiter(&self, generation: u64, nap: Duration) {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         let w = lock(&self.shared.waiting);
         if w.generation == generation {
             let _ = self.shared.wake.wait_timeout_while(w, nap, |w| w.generation == generation);
