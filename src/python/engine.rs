@@ -21,7 +21,7 @@ use crate::core::env::Env;
 use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
 use crate::core::store::UsageFilter;
-use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route, Strategy};
+use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Reason, Route, Strategy};
 use crate::core::wait::Waiter;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
@@ -68,14 +68,17 @@ fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound
     Ok(d)
 }
 
+/// SPEC §4's `usage()` dict from the core's list of limits: the classic four always
+/// (`rpm`, `rpd`, `tpm`, `tpd`), `in_flight`, then every other declared limit by its
+/// reason, in gate order.
 fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("rpm", window(py, u.rpm.used, u.rpm.limit)?)?;
-    d.set_item("rpd", window(py, u.rpd.used, u.rpd.limit)?)?;
-    d.set_item("tpm", window(py, u.tpm.used, u.tpm.limit)?)?;
-    d.set_item("tpd", window(py, u.tpd.used, u.tpd.limit)?)?;
+    for r in [Reason::Rpm, Reason::Rpd, Reason::Tpm, Reason::Tpd] {
+        let w = u.window(&r);
+        d.set_item(r.as_str(), window(py, w.used, w.limit)?)?;
+    }
     d.set_item("in_flight", u.in_flight)?;
-    for (reason, w) in &u.others {
+    for (reason, w) in u.others() {
         d.set_item(reason, window(py, w.used, w.limit)?)?;
     }
     Ok(d)

@@ -26,7 +26,7 @@ use crate::core::cooldowns::{
 };
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
-use crate::core::limits::{Limit, LimitSet, WindowSpec};
+use crate::core::limits::{Declared, Limit, LimitSet, WindowSpec};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
@@ -102,16 +102,42 @@ pub struct WindowReport {
     pub limit: Option<i64>,
 }
 
-/// `usage()` (SPEC §4): recorded usage per window, live leases apart.
+/// `usage()` (SPEC §4, §14.1): every declared limit with what its scope recorded in its
+/// window, in gate order; the route's own minute and day beside them (what a classic
+/// window reports when it is not declared); live leases apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageReport {
-    pub rpm: WindowReport,
-    pub rpd: WindowReport,
-    pub tpm: WindowReport,
-    pub tpd: WindowReport,
+    pub limits: Vec<(Declared, i64)>,
+    /// The route's own counts in the sliding minute and the calendar day.
+    pub minute: Counts,
+    pub day: Counts,
     pub in_flight: i64,
-    /// Every other declared limit, by its reason, in gate order (SPEC §14.1).
-    pub others: Vec<(String, WindowReport)>,
+}
+
+impl UsageReport {
+    /// One window as SPEC §4 reports it, by its reason: a declared limit's use and
+    /// value; a classic window not declared, the route's own use and no limit.
+    pub fn window(&self, reason: &Reason) -> WindowReport {
+        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason == *reason) {
+            return WindowReport { used: *used, limit: Some(d.limit.limit) };
+        }
+        let used = match reason {
+            Reason::Rpm => self.minute.requests,
+            Reason::Rpd => self.day.requests,
+            Reason::Tpm => self.minute.tokens,
+            Reason::Tpd => self.day.tokens,
+            _ => 0,
+        };
+        WindowReport { used, limit: None }
+    }
+
+    /// Every declared limit but the classic four, by reason (SPEC §14.1's added keys).
+    pub fn others(&self) -> impl Iterator<Item = (&str, WindowReport)> {
+        self.limits
+            .iter()
+            .filter(|(d, _)| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+            .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
+    }
 }
 
 /// `retry_after=` of `record_failure`: header text, or a delay already in ms.
@@ -769,35 +795,16 @@ impl Engine {
         let rid = self.ready_route(route, &limits, now);
         let m = &self.mirror;
         let win = &m.route(rid).win;
-        let (minute, day) = (win.minute(), win.day(now));
-        let mut report = UsageReport {
-            rpm: WindowReport { used: minute.requests, limit: None },
-            rpd: WindowReport { used: day.requests, limit: None },
-            tpm: WindowReport { used: minute.tokens, limit: None },
-            tpd: WindowReport { used: day.tokens, limit: None },
-            in_flight: m.route_in_flight(rid, now).count,
-            others: Vec::new(),
-        };
-        for d in limits.iter() {
-            let slot = match d.reason {
-                Reason::Rpm => &mut report.rpm,
-                Reason::Rpd => &mut report.rpd,
-                Reason::Tpm => &mut report.tpm,
-                Reason::Tpd => &mut report.tpd,
-                _ => {
-                    let used = m.scoped_counts(rid, &d.limit, now).get(d.limit.metric);
-                    report.others.push((
-                        d.reason.as_str().to_string(),
-                        WindowReport { used, limit: Some(d.limit.limit) },
-                    ));
-                    continue;
-                }
-            };
+        UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
-            slot.used = m.scoped_counts(rid, &d.limit, now).get(d.limit.metric);
-            slot.limit = Some(d.limit.limit);
+            limits: limits
+                .iter()
+                .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
+                .collect(),
+            minute: win.minute(),
+            day: win.day(now),
+            in_flight: m.route_in_flight(rid, now).count,
         }
-        report
     }
 
     // ---- gates -------------------------------------------------------------------
