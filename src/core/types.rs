@@ -61,9 +61,6 @@ impl Limits {
         }
         Ok(self)
     }
-    pub fn is_unlimited(&self) -> bool {
-        self.rpm.is_none() && self.rpd.is_none() && self.tpm.is_none() && self.tpd.is_none()
-    }
 }
 
 /// The gates of `check()`, in the order they are tried (SPEC §4, §14.1).
