@@ -46,7 +46,7 @@ fn two_engines_share_one_truth() {
         assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
     }
     a.record_request(&Route::new("groq", "other", 1).unwrap()).unwrap();
-    assert_eq!(b.usage(&Route::new("groq", "other", 1).unwrap(), None).unwrap().rpm.used, 1);
+    assert_eq!(b.usage(&Route::new("groq", "other", 1).unwrap(), None).unwrap().window(&Reason::Rpm).used, 1);
     // a cooldown set by one engine benches the route in the other
     b.set_cooldown(&route(), 30_000, CooldownSource::Heuristic).unwrap();
     assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
@@ -66,7 +66,7 @@ fn close_ends_the_engines_live_leases_for_every_other_engine() {
     a.close().unwrap();
     let u = b.usage(&route(), None).unwrap();
     // The live one is recorded with its estimate (the ended one once, as it was).
-    assert_eq!((u.in_flight, u.rpm.used, u.tpm.used), (2, 2, 21));
+    assert_eq!((u.in_flight, u.window(&Reason::Rpm).used, u.window(&Reason::Tpm).used), (2, 2, 21));
     b.release_lease(raw).unwrap();
     b.release_lease(dropped).unwrap();
     assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
@@ -78,7 +78,7 @@ fn rows_from_a_plain_connection_are_seen() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut e = open(path.to_str().unwrap(), &clock);
-    assert_eq!(e.usage(&route(), None).unwrap().rpd.used, 0);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 0);
     let c = Connection::open(&path).unwrap();
     c.execute(
         "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
@@ -87,7 +87,7 @@ fn rows_from_a_plain_connection_are_seen() {
     )
     .unwrap();
     c.execute("INSERT INTO models (platform, model_id, rpm_limit) VALUES ('groq', 'llama', 1)", []).unwrap();
-    assert_eq!(e.usage(&route(), None).unwrap().rpd.used, 1);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 1);
     assert_eq!(e.check(&route(), 0, None).unwrap().reason, Some(Reason::Rpm));
 }
 
@@ -99,11 +99,11 @@ fn clock_stepping_back_reloads_the_minute_window() {
     let mut e = open(path.to_str().unwrap(), &clock);
     e.record_request(&route()).unwrap();
     clock.advance(61_000);
-    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 0);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 0);
     clock.advance(-30_000); // back to T0 + 31 s: the event counts again
-    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 1);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
     clock.advance(-60_000); // before the event: it is "in the future" and still counts
-    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 1);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
 }
 
 #[test]
@@ -155,7 +155,7 @@ fn long_outage_memory_stays_bounded() {
         clock.advance(100);
     }
     assert!(e.pending_writes() < 2 * 4096 + 200, "pending {}", e.pending_writes());
-    assert_eq!(e.usage(&route(), None).unwrap().rpd.used, 100_000);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 100_000);
     blocker.execute_batch("COMMIT").unwrap();
     e.record_request(&route()).unwrap();
     let n: i64 = blocker
@@ -166,7 +166,7 @@ fn long_outage_memory_stays_bounded() {
     assert_eq!(n, 100_001);
     // and a fresh engine counts them all
     let mut fresh = open(path.to_str().unwrap(), &clock);
-    assert_eq!(fresh.usage(&route(), None).unwrap().rpd.used, 100_001);
+    assert_eq!(fresh.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 100_001);
 }
 
 #[test]
@@ -184,8 +184,8 @@ fn grouped_writes_keep_admission_exact_across_engines() {
     // b still sees the finished lease until a flushes, so it cannot over-admit
     assert!(matches!(b.lease(&route(), 0, rpm(1)), Err(Error::Refused(_))));
     a.flush().unwrap();
-    assert_eq!(b.usage(&route(), None).unwrap().rpm.used, 1);
-    assert_eq!(b.usage(&route(), None).unwrap().tpm.used, 80);
+    assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Tpm).used, 80);
     assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
 }
 
@@ -250,11 +250,11 @@ fn every_commit_of_another_engine_is_seen_by_the_next_read() {
     let (_clock, mut a, mut b) = two_engines(&dir);
     for i in 0..50 {
         a.record_request(&route()).unwrap();
-        assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 1);
-        assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 1);
+        assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
+        assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
         b.record_request(&route()).unwrap();
-        assert_eq!(a.usage(&route(), None).unwrap().rpd.used, 2 * i + 2);
-        assert_eq!(b.usage(&route(), None).unwrap().rpd.used, 2 * i + 2);
+        assert_eq!(a.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
+        assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
     }
 }
 
@@ -313,7 +313,7 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
         let adm = e.check(&route(), 0, None).unwrap();
         assert_eq!(adm.reason.as_ref().map(|r| r.as_str()), Some("requests/5h"));
         let report = e.usage(&route(), None).unwrap();
-        assert_eq!(report.others.iter().find(|(n, _)| n == "requests/5h").map(|(_, w)| w.used), Some(2));
+        assert_eq!(report.others().find(|(n, _)| *n == "requests/5h").map(|(_, w)| w.used), Some(2));
     }
     assert_eq!(b.model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }

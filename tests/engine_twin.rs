@@ -136,7 +136,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     // The other engine counts what was buffered: one request and one live lease (the
     // lease taken and released while both waited never reached the store).
     let u = b.usage(&route(), None).unwrap();
-    assert_eq!((u.rpm.used, u.in_flight), (1, 1));
+    assert_eq!((u.window(&Reason::Rpm).used, u.in_flight), (1, 1));
     assert_eq!(control.leases(), 1);
 }
 
@@ -166,7 +166,7 @@ fn a_commit_whose_reply_was_lost_counts_as_committed() {
     e.flush().unwrap();
     assert!(!e.degraded());
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage(&route(), None).unwrap().rpm.used, 1);
+    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
 }
 
 // ---- grouped writes: hold and group commit -----------------------------------------------

@@ -123,7 +123,7 @@ fn threads_with_engines_of_their_own_admit_exactly_the_limit() {
     assert_eq!(counts.iter().sum::<i64>(), 50, "{counts:?}");
     let mut check = open(&url, &clock);
     let u = check.usage(&route(), rpm(50)).unwrap();
-    assert_eq!((u.rpm.used, u.tpm.used, u.in_flight), (50, 500, 0));
+    assert_eq!((u.window(&Reason::Rpm).used, u.window(&Reason::Tpm).used, u.in_flight), (50, 500, 0));
 }
 
 #[test]
@@ -139,7 +139,7 @@ fn usage_since_midnight_is_loaded_and_retention_trims_the_feed() {
     a.record_request(&route()).unwrap();
     let mut b = open(&url, &clock);
     let u = b.usage(&route(), None).unwrap();
-    assert_eq!((u.rpd.used, u.rpm.used), (1, 1));
+    assert_eq!((u.window(&Reason::Rpd).used, u.window(&Reason::Rpm).used), (1, 1));
     // Retention (one day by default): a sweep a day later drops the first day's rows.
     clock.set(T0 + 2 * 86_400_000 - 60_000);
     b.record_request(&route()).unwrap();

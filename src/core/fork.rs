@@ -1,24 +1,25 @@
 //! What a process that forks does with its engines (gunicorn `--preload`, Celery's
 //! prefork pool, `multiprocessing` with "fork").
 //!
-//! Every call into any engine of the process passes one [`Gate`]. Before a fork, the
-//! forking thread closes the gate and waits until no call is inside any engine: then no
-//! thread holds an engine's lock, its probe state or its queue, and no SQLite
-//! transaction or Redis round trip is half done. A probe's validator (the user's code,
-//! which may take long or hang) runs outside the gate and holds no lock, so a fork
-//! never waits for it. It then ends each engine's held write
-//! lock and writes its buffer ([`crate::core::engine::Engine::prepare_fork`]), so the
-//! child inherits nothing to write. In the parent the gate opens again; in the child
-//! each engine first lets go of the store it inherited (without writing or unlocking
-//! anything the parent uses) and of the parent's threads, then the gate opens: each
-//! engine opens its store anew at its first call there.
+//! Every call into any engine of the process passes one [`Turnstile`]. Before a fork,
+//! the forking thread closes the turnstile and waits until no call is inside any
+//! engine: then no thread holds an engine's lock, its probe state or its queue, and no
+//! SQLite transaction or Redis round trip is half done. A probe's validator (the user's
+//! code, which may take long or hang) runs outside the turnstile and holds no lock, so
+//! a fork never waits for it. It then ends each engine's held write lock and writes its
+//! buffer ([`crate::core::engine::Engine::prepare_fork`]), so the child inherits
+//! nothing to write. In the parent the turnstile opens again; in the child each engine
+//! first lets go of the store it inherited (without writing or unlocking anything the
+//! parent uses) and of the parent's threads, then the turnstile opens: each engine
+//! opens its store anew at its first call there. (A turnstile, not a gate: the gates
+//! are admission's, `core::admission`.)
 //!
 //! The engine's own locks are `std::sync` ones (a futex word each): a forked child sees
 //! them unlocked, whatever threads the parent had waiting. `parking_lot` keeps waiting
 //! threads in a process-wide table that a child inherits half-written; it is not used
 //! for anything a child may wait on.
 //!
-//! The gate costs two atomic increments per call and no system call; the fork hooks are
+//! The turnstile costs two atomic increments per call and no system call; the fork hooks are
 //! called by the Python layer (`os.register_at_fork`). They reach the engines through
 //! the registry beside them: every engine registers itself ([`register`]) as a
 //! [`Forkable`], what the hooks do with one engine.
@@ -28,15 +29,15 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 /// Calls into the engines of the process, and whether a fork is being prepared.
-pub struct Gate {
+pub struct Turnstile {
     inside: AtomicUsize,
     closed: AtomicBool,
     lock: Mutex<()>,
     opened: Condvar,
 }
 
-/// The process's one gate.
-pub static GATE: Gate = Gate::new();
+/// The process's one turnstile.
+pub static TURNSTILE: Turnstile = Turnstile::new();
 
 /// One fork at a time: held from `before_fork` to the hook after it (by the forking
 /// thread, which is also the child's only thread).
@@ -49,12 +50,12 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// A call inside the gate; leaving drops it.
+/// A call through the turnstile; leaving drops it.
 pub struct Pass(());
 
-impl Gate {
-    const fn new() -> Gate {
-        Gate {
+impl Turnstile {
+    const fn new() -> Turnstile {
+        Turnstile {
             inside: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             lock: Mutex::new(()),
@@ -83,7 +84,7 @@ impl Gate {
         Pass(())
     }
 
-    /// Closes the gate and waits until no other thread is inside.
+    /// Closes the turnstile and waits until no other thread is inside.
     fn close_and_drain(&self) {
         let mine = usize::from(DEPTH.with(Cell::get) > 0);
         self.closed.store(true, Ordering::SeqCst);
@@ -104,7 +105,7 @@ impl Drop for Pass {
         let depth = DEPTH.with(Cell::get).saturating_sub(1);
         DEPTH.with(|d| d.set(depth));
         if depth == 0 {
-            GATE.inside.fetch_sub(1, Ordering::SeqCst);
+            TURNSTILE.inside.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -141,7 +142,7 @@ fn live() -> Vec<Arc<dyn Forkable>> {
 pub fn before_fork() {
     let one = FORKS.lock().unwrap_or_else(PoisonError::into_inner);
     FORKING.with(|f| *f.borrow_mut() = Some(one));
-    GATE.close_and_drain();
+    TURNSTILE.close_and_drain();
     for engine in live() {
         engine.rest();
     }
@@ -150,7 +151,7 @@ pub fn before_fork() {
 /// After `fork()` in the parent: calls go on.
 pub fn after_fork_in_parent() {
     if FORKING.with(|f| f.borrow_mut().take()).is_some() {
-        GATE.open();
+        TURNSTILE.open();
     }
 }
 
@@ -160,6 +161,6 @@ pub fn after_fork_in_child() {
         for engine in live() {
             engine.forget_parent();
         }
-        GATE.open();
+        TURNSTILE.open();
     }
 }

@@ -6,7 +6,7 @@
 //! one more [`WindowSpec`] variant here and its counter in `windows.rs`.
 use crate::core::clock::{DAY_MS, MINUTE_MS};
 use crate::core::error::{Error, Result};
-use crate::core::types::{Limits, Reason};
+use crate::core::types::{Limits, ProviderCaps, Reason};
 use std::fmt;
 use std::sync::Arc;
 
@@ -156,6 +156,9 @@ pub enum Scope {
     Key,
     /// Every key of the key's account (SPEC §14.3); a key is its own account by default.
     Account,
+    /// Every model of every key of the key's account: SPEC §8's provider caps (never
+    /// declared on a model).
+    Provider,
 }
 
 impl Scope {
@@ -163,6 +166,7 @@ impl Scope {
         match self {
             Scope::Key => "key",
             Scope::Account => "account",
+            Scope::Provider => "provider",
         }
     }
 
@@ -283,6 +287,26 @@ impl LimitSet {
             })
             .collect();
         Ok(LimitSet { gates })
+    }
+
+    /// SPEC §8's provider caps as limits at provider scope, in their gate order (daily
+    /// requests, minute requests, daily tokens), each with its reason. A new provider
+    /// cap is one more row here.
+    pub fn provider(caps: ProviderCaps) -> LimitSet {
+        let rows = [
+            (caps.daily_requests, Metric::Requests, DAY, "day", Reason::ProviderDailyRequests),
+            (caps.minute_requests, Metric::Requests, MINUTE, "minute", Reason::ProviderMinuteRequests),
+            (caps.daily_tokens, Metric::Tokens, DAY, "day", Reason::ProviderDailyTokens),
+        ];
+        let gates = rows
+            .into_iter()
+            .filter_map(|(cap, metric, window, per, reason)| {
+                let limit =
+                    Limit { metric, limit: cap?, window, per: Arc::from(per), scope: Scope::Provider };
+                Some(Declared { limit, reason })
+            })
+            .collect();
+        LimitSet { gates }
     }
 
     /// The classic four as limits.

@@ -1,5 +1,6 @@
 //! The pure core: no Python, no system clock, no environment reads (the binding
 //! passes a clock and a copy of the environment in).
+pub mod admission;
 pub mod calendar;
 pub mod clock;
 pub mod cooldowns;

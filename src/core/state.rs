@@ -1,11 +1,13 @@
 //! The engine's in-memory picture of the store: window state per route and per
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
 //! incrementally from the store's change feed, and the only thing gates read.
+pub use crate::core::admission::Estimate;
+use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
-use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec};
+use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
-use crate::core::types::{Admission, CapOverrides, CooldownSource, KeyInfo, ModelInfo, ProviderCaps, Reason};
+use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 use regex::Regex;
 use std::collections::{HashMap, HashSet};
@@ -76,74 +78,6 @@ pub struct CooldownRec {
     pub expires_at_ms: i64,
     pub source: CooldownSource,
     pub set_at_ms: i64,
-}
-
-/// The live leases one admission decision reads, derived once per decision.
-#[derive(Debug, Clone, Copy)]
-pub struct View {
-    pub rid: Option<RouteId>,
-    pub account: AccountId,
-    /// The route's live leases (count and estimated tokens).
-    pub route: InFlight,
-    /// Live leases on the account, and their tokens billed at each lease's model rate
-    /// (0 unless a provider daily token cap is set).
-    pub account_count: i64,
-    pub account_billed: i64,
-    /// Live leases on the key (every model).
-    pub key_count: i64,
-    /// A shared account's (account, model) counters and their live leases: what
-    /// account-scope limits read (SPEC §14.3).
-    pub group: Option<(GroupId, InFlight)>,
-}
-
-/// Live in-flight totals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct InFlight {
-    pub count: i64,
-    pub tokens: i64,
-    /// Of `tokens`, estimated output.
-    pub output_tokens: i64,
-}
-
-/// How much of `requests` requests estimated at `tokens` tokens, `output` of them
-/// output, counts in a metric's windows (SPEC §14.4): the requests in a request
-/// window, the estimate in total-token windows, the estimate less its output in
-/// input windows, the output in output windows.
-pub fn estimate_in(metric: Metric, requests: i64, tokens: i64, output: i64) -> i64 {
-    match metric {
-        Metric::Requests => requests,
-        Metric::Tokens => tokens,
-        Metric::InputTokens => tokens.saturating_sub(output).max(0),
-        Metric::OutputTokens => output,
-    }
-}
-
-impl InFlight {
-    /// What the live leases hold in a metric's windows.
-    pub fn get(&self, metric: Metric) -> i64 {
-        estimate_in(metric, self.count, self.tokens, self.output_tokens)
-    }
-}
-
-/// An admission's estimate: `tokens` in all, `output` of them output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Estimate {
-    pub tokens: i64,
-    pub output: i64,
-}
-
-impl Estimate {
-    pub fn tokens(tokens: i64) -> Estimate {
-        Estimate { tokens, output: 0 }
-    }
-}
-
-/// What a gate needs besides the window state.
-#[derive(Debug, Clone, Default)]
-pub struct GateContext {
-    pub limits: LimitSet,
-    pub caps: ProviderCaps,
-    pub concurrency_cap: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -305,10 +239,10 @@ impl Mirror {
 
     /// The keys of a route's account when it has several (`None`, without allocating,
     /// for a key of its own: the hot path).
-    pub fn shared_account_keys(&self, route: &crate::core::types::Route) -> Option<Vec<i64>> {
-        let rid = self.find_route(&route.platform, &route.model_id, route.key_id)?;
-        self.routes[rid as usize].group?;
-        Some(self.account_keys(&route.platform, route.key_id))
+    pub fn shared_account_keys(&self, rid: RouteId) -> Option<Vec<i64>> {
+        let r = &self.routes[rid as usize];
+        r.group?;
+        Some(self.account_keys(&r.platform, r.key_id))
     }
 
     /// The registered keys of the account a key belongs to (the key alone when it is
@@ -1012,13 +946,15 @@ impl Mirror {
     /// Billed tokens since midnight on the account: each model's raw tokens times its
     /// multiplier, rounded up per model. Without a cap, raw tokens.
     pub fn provider_day_tokens(&self, platform: &str, key_id: i64, cap: Option<i64>, now: i64) -> i64 {
-        self.account_of(platform, key_id).map_or(0, |a| self.account_day_tokens(a, cap, now))
+        self.account_of(platform, key_id).map_or(0, |a| self.account_tokens(a, DAY, cap, now))
     }
 
-    fn account_day_tokens(&self, a: AccountId, cap: Option<i64>, now: i64) -> i64 {
+    /// Tokens of every model of an account in a window, billed at each model's
+    /// multiplier for a token cap of `cap` (raw without one).
+    fn account_tokens(&self, a: AccountId, window: WindowSpec, cap: Option<i64>, now: i64) -> i64 {
         let mut total = 0i64;
         for rid in &self.accounts[a as usize].routes {
-            let raw = self.routes[*rid as usize].win.day(now).tokens;
+            let raw = self.routes[*rid as usize].win.counts(window, now).map_or(0, |c| c.tokens);
             let billed = match cap {
                 Some(cap) => self.multiplier(*rid, cap).bill(raw),
                 None => raw,
@@ -1028,198 +964,54 @@ impl Mirror {
         total
     }
 
-    // ---- gates ---------------------------------------------------------------------
+    // ---- the view of a decision -----------------------------------------------------
 
-    /// What one decision on a route (or, with `rid` None, on an account) reads of the
-    /// live leases, each sum derived once (SPEC §4's "in flight").
-    pub fn view(&self, rid: Option<RouteId>, a: AccountId, key_id: i64, ctx: &GateContext, now: i64) -> View {
-        let route = rid.map(|r| self.route_in_flight(r, now)).unwrap_or_default();
-        let (account, key_count) = self.account_in_flight(a, key_id, ctx.caps.daily_tokens, now);
-        let group =
-            rid.and_then(|r| self.routes[r as usize].group).map(|g| (g, self.group_in_flight(g, now)));
-        View {
-            rid,
-            account: a,
-            route,
-            account_count: account.count,
-            account_billed: account.tokens,
-            key_count,
-            group,
-        }
-    }
-
-    /// Runs the gates of SPEC §4 and §14.1 in order; the first that fails decides.
-    /// Call `prune_route` and `keep_windows` first. A pure read of the mirror.
-    pub fn evaluate(&self, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
-        let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
-        self.gates(rid, &v, est, ctx, now).err().unwrap_or(Admission::ALLOWED)
-    }
-
-    /// `evaluate`, and when it admits, SPEC 17.1's headroom of the route (one view for
-    /// both).
-    pub fn evaluate_scored(
-        &self,
-        rid: RouteId,
+    /// Everything one admission on a route (or, with `rid` None, a provider gate on an
+    /// account) reads, gathered once: each scope's windows and live leases (SPEC §4's
+    /// "in flight"), the account's billed tokens when a provider token limit is in
+    /// force, the cooldown. Call `prune_route` and `keep_windows` first.
+    pub fn view<'a>(
+        &'a self,
+        rid: Option<RouteId>,
+        a: AccountId,
+        key_id: i64,
+        ctx: &'a GateContext,
         est: Estimate,
-        ctx: &GateContext,
         now: i64,
-    ) -> (Admission, f64) {
-        let v = self.view(Some(rid), self.account_of_route(rid), self.routes[rid as usize].key_id, ctx, now);
-        match self.gates(rid, &v, est, ctx, now) {
-            Ok(room) => (Admission::ALLOWED, room.min(self.caps_room(rid, &v, est, ctx, now))),
-            Err(refused) => (refused, 0.0),
-        }
-    }
-
-    /// Every gate in order on one view: the first refusal, or the room the declared
-    /// limits leave (their gates and rooms in one pass over their windows).
-    fn gates(
-        &self,
-        rid: RouteId,
-        v: &View,
-        est: Estimate,
-        ctx: &GateContext,
-        now: i64,
-    ) -> Result<f64, Admission> {
-        if let Some(refused) = self.gate_cooldown(rid, now) {
-            return Err(refused);
-        }
-        let mut room = 1.0f64;
-        for d in ctx.limits.iter() {
-            match self.limit_room(v, d, est, now) {
-                Some((Some(refused), _)) => return Err(refused),
-                Some((None, r)) => room = room.min(r),
-                None => {}
+    ) -> View<'a> {
+        let key =
+            rid.map(|r| Tally { win: &self.routes[r as usize].win, in_flight: self.route_in_flight(r, now) });
+        let account = match rid.and_then(|r| self.routes[r as usize].group) {
+            Some(g) => {
+                Some(Tally { win: &self.groups[g as usize].win, in_flight: self.group_in_flight(g, now) })
             }
-        }
-        let refused = self
-            .gate_provider_daily(v, ctx, now)
-            .or_else(|| self.gate_provider_minute(v, ctx))
-            .or_else(|| self.gate_provider_tokens(v, est.tokens, ctx, now))
-            .or_else(|| self.gate_concurrency(v, ctx));
-        refused.map_or(Ok(room), Err)
-    }
-
-    /// SPEC 17.1's room the provider caps leave a route for one more request: the
-    /// smallest `(cap - used - in_flight - this request) / cap`; 1.0 without caps.
-    fn caps_room(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
-        let mut score = 1.0f64;
-        let win = &self.accounts[v.account as usize].win;
-        if let Some(cap) = ctx.caps.daily_requests {
-            score =
-                score.min(room(cap, win.day(now).requests.saturating_add(v.account_count).saturating_add(1)));
-        }
-        if let Some(cap) = ctx.caps.minute_requests {
-            score =
-                score.min(room(cap, win.minute().requests.saturating_add(v.account_count).saturating_add(1)));
-        }
-        if let Some(cap) = ctx.caps.daily_tokens {
-            let taken = self
-                .account_day_tokens(v.account, Some(cap), now)
-                .saturating_add(v.account_billed)
-                .saturating_add(self.multiplier(rid, cap).bill(est.tokens));
-            score = score.min(room(cap, taken));
-        }
-        score
-    }
-
-    pub fn gate_cooldown(&self, rid: RouteId, now: i64) -> Option<Admission> {
-        self.active_cooldown(rid, now).map(|c| Admission::refused(Reason::Cooldown, Some(c.expires_at_ms)))
-    }
-
-    fn route_win(&self, v: &View) -> Option<&Windows> {
-        v.rid.map(|r| &self.routes[r as usize].win)
-    }
-
-    /// What a route has used in a window (`None` when it does not keep it).
-    pub fn route_counts(&self, rid: RouteId, spec: WindowSpec, now: i64) -> Option<Counts> {
-        self.routes[rid as usize].win.counts(spec, now)
-    }
-
-    /// One declared limit: a request window refuses when recorded requests and live
-    /// leases reach the limit; a token window when they and the estimate exceed it.
-    /// Each key is its own account, so both scopes count the route (SPEC §14.3).
-    pub fn gate_limit(&self, v: &View, d: &Declared, est: Estimate, now: i64) -> Option<Admission> {
-        self.limit_room(v, d, est, now).and_then(|(refused, _)| refused)
-    }
-
-    /// One declared limit for one more request: its refusal (when it refuses) and the
-    /// room it leaves, `(limit - used - in_flight - this request) / limit` (SPEC 17.1).
-    /// `None` when the route does not keep the window.
-    fn limit_room(
-        &self,
-        v: &View,
-        d: &Declared,
-        est: Estimate,
-        now: i64,
-    ) -> Option<(Option<Admission>, f64)> {
-        let l = &d.limit;
-        // A key of its own account: both scopes count the key (SPEC §14.3).
-        let (win, in_flight) = match v.group {
-            Some((g, f)) if l.scope == Scope::Account => (&self.groups[g as usize].win, f),
-            _ => (self.route_win(v)?, v.route),
+            None => key,
         };
-        let used = win.counts(l.window, now)?.get(l.metric).saturating_add(in_flight.get(l.metric));
-        let this = estimate_in(l.metric, 1, est.tokens, est.output);
-        let (over, excess) = if l.metric.is_tokens() {
-            let total = used.saturating_add(this);
-            (total > l.limit, total.saturating_sub(l.limit))
-        } else {
-            (used >= l.limit, used.saturating_sub(l.limit).saturating_add(1))
-        };
-        let refused = over
-            .then(|| Admission::refused(d.reason.clone(), win.release_time(l.window, l.metric, excess, now)));
-        Some((refused, room(l.limit, used.saturating_add(this))))
+        // SPEC §8: tokens at provider scope are billed at each model's multiplier.
+        let token_cap = ctx.provider.iter().find(|d| d.limit.metric.is_tokens()).map(|d| &d.limit);
+        let (in_flight, key_leases) = self.account_in_flight(a, key_id, token_cap.map(|l| l.limit), now);
+        let billed = token_cap.map(|l| Billed {
+            window: l.window,
+            used: self.account_tokens(a, l.window, Some(l.limit), now),
+            estimate: rid.map_or(est.tokens, |r| self.multiplier(r, l.limit).bill(est.tokens)),
+        });
+        View {
+            now,
+            est,
+            ctx,
+            cooldown_until: rid.and_then(|r| self.active_cooldown(r, now)).map(|c| c.expires_at_ms),
+            key,
+            account,
+            provider: Tally { win: &self.accounts[a as usize].win, in_flight },
+            billed,
+            key_leases,
+        }
     }
 
-    /// The gates of one metric group of `set`: requests (`tokens = false`) or tokens.
-    pub fn gate_metrics(
-        &self,
-        v: &View,
-        set: &LimitSet,
-        tokens: bool,
-        est: Estimate,
-        now: i64,
-    ) -> Option<Admission> {
-        set.iter()
-            .filter(|d| d.limit.metric.is_tokens() == tokens)
-            .find_map(|d| self.gate_limit(v, d, est, now))
-    }
-
-    pub fn gate_provider_daily(&self, v: &View, ctx: &GateContext, now: i64) -> Option<Admission> {
-        let cap = ctx.caps.daily_requests?;
-        let win = &self.accounts[v.account as usize].win;
-        let used = win.day(now).requests.saturating_add(v.account_count);
-        (used >= cap).then(|| {
-            Admission::refused(Reason::ProviderDailyRequests, Some(win.calendar().next_day_start(now)))
-        })
-    }
-
-    pub fn gate_provider_minute(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
-        let cap = ctx.caps.minute_requests?;
-        let win = &self.accounts[v.account as usize].win;
-        let used = win.minute().requests.saturating_add(v.account_count);
-        (used >= cap).then(|| {
-            let excess = used.saturating_sub(cap).saturating_add(1);
-            Admission::refused(Reason::ProviderMinuteRequests, win.minute_release_time(excess, false))
-        })
-    }
-
-    /// The route of `v` bills the estimate at its model's multiplier (raw without one).
-    pub fn gate_provider_tokens(&self, v: &View, est: i64, ctx: &GateContext, now: i64) -> Option<Admission> {
-        let cap = ctx.caps.daily_tokens?;
-        let billed_est = v.rid.map_or(est, |rid| self.multiplier(rid, cap).bill(est));
-        let total = self
-            .account_day_tokens(v.account, Some(cap), now)
-            .saturating_add(v.account_billed)
-            .saturating_add(billed_est);
-        let next_day = self.accounts[v.account as usize].win.calendar().next_day_start(now);
-        (total > cap).then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_day)))
-    }
-
-    pub fn gate_concurrency(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
-        let cap = ctx.concurrency_cap?;
-        (v.key_count >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
+    /// The view of a decision on a route.
+    pub fn route_view<'a>(&'a self, rid: RouteId, ctx: &'a GateContext, est: Estimate, now: i64) -> View<'a> {
+        let r = &self.routes[rid as usize];
+        self.view(Some(rid), r.account, r.key_id, ctx, est, now)
     }
 }
 
@@ -1258,18 +1050,16 @@ pub fn parse_multiplier(label: &str) -> Option<Multiplier> {
     (num > 0).then_some(Multiplier { num, den })
 }
 
-/// The room a limit leaves once `taken` counts in it: `(limit - taken) / limit`.
-fn room(limit: i64, taken: i64) -> f64 {
-    if limit <= 0 {
-        0.0
-    } else {
-        limit.saturating_sub(taken) as f64 / limit as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::admission::admit;
+    use crate::core::types::{Admission, Reason};
+
+    /// Every gate on the route's view (`check()`'s answer).
+    fn evaluate(m: &Mirror, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
+        admit(&m.route_view(rid, ctx, est, now)).admission()
+    }
 
     #[test]
     fn multiplier_from_label() {
@@ -1336,12 +1126,12 @@ mod tests {
         };
         let t0 = 1_000_000;
         m.add_usage(rid, 1, 0, t0, t0);
-        assert_eq!(m.evaluate(rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
+        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
         m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
-        let a = m.evaluate(rid, Estimate::default(), &ctx, t0 + 10);
+        let a = evaluate(&m, rid, Estimate::default(), &ctx, t0 + 10);
         assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
         m.prune_route(rid, t0 + 60_000);
-        assert!(m.evaluate(rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
+        assert!(evaluate(&m, rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
     }
 
     #[test]
@@ -1357,11 +1147,11 @@ mod tests {
             LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
         );
         // only the lease blocks: no retry time for a sliding window
-        assert_eq!(m.evaluate(rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
+        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
         // at exactly its max age it still counts; one millisecond later it does not
         m.prune_route(rid, 100);
-        assert_eq!(m.evaluate(rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
+        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
         m.prune_route(rid, 101);
-        assert!(m.evaluate(rid, Estimate::default(), &ctx, 101).allowed);
+        assert!(evaluate(&m, rid, Estimate::default(), &ctx, 101).allowed);
     }
 }

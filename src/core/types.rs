@@ -224,7 +224,7 @@ pub enum CapSetting {
 }
 
 /// Provider-wide caps of a platform (SPEC §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ProviderCaps {
     pub daily_requests: Option<i64>,
     pub minute_requests: Option<i64>,

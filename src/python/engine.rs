@@ -13,14 +13,15 @@ use super::types::{
 };
 use super::validator::PyValidator;
 use super::wait::{wait_blocking, PyLeaseWaiter};
+use crate::core::admission::Can;
+use crate::core::admission::Estimate;
 use crate::core::clock::{Clock, SystemClock};
-use crate::core::engine::{BatchOp, Engine, Gate, Settings, StoreSpec, UsageReport};
+use crate::core::engine::{BatchOp, Engine, Settings, StoreSpec, UsageReport};
 use crate::core::env::Env;
 use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
-use crate::core::state::Estimate;
 use crate::core::store::UsageFilter;
-use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Route, Strategy};
+use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Reason, Route, Strategy};
 use crate::core::wait::Waiter;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
@@ -67,14 +68,17 @@ fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound
     Ok(d)
 }
 
+/// SPEC §4's `usage()` dict from the core's list of limits: the classic four always
+/// (`rpm`, `rpd`, `tpm`, `tpd`), `in_flight`, then every other declared limit by its
+/// reason, in gate order.
 fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("rpm", window(py, u.rpm.used, u.rpm.limit)?)?;
-    d.set_item("rpd", window(py, u.rpd.used, u.rpd.limit)?)?;
-    d.set_item("tpm", window(py, u.tpm.used, u.tpm.limit)?)?;
-    d.set_item("tpd", window(py, u.tpd.used, u.tpd.limit)?)?;
+    for r in [Reason::Rpm, Reason::Rpd, Reason::Tpm, Reason::Tpd] {
+        let w = u.window(&r);
+        d.set_item(r.as_str(), window(py, w.used, w.limit)?)?;
+    }
     d.set_item("in_flight", u.in_flight)?;
-    for (reason, w) in &u.others {
+    for (reason, w) in u.others() {
         d.set_item(reason, window(py, w.used, w.limit)?)?;
     }
     Ok(d)
@@ -111,13 +115,13 @@ impl PyQuotaEngine {
     fn gate(
         &self,
         py: Python<'_>,
-        gate: Gate,
+        can: Can,
         route: Route,
         est: i64,
         limits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let limits = limits_arg(limits)?;
-        self.run(py, move |e| e.gate(gate, &route, est, limits))
+        self.run(py, move |e| e.check_gate(can, &route, est, limits))
     }
 
     /// `day_start_ms` / `next_day_start_ms`: the arguments, then `bound` in the core.
@@ -623,7 +627,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
         limits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        self.gate(py, Gate::Request, route(platform, model_id, key_id)?, 0, limits)
+        self.gate(py, Can::Request, route(platform, model_id, key_id)?, 0, limits)
     }
 
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens, limits=None))]
@@ -637,7 +641,7 @@ impl PyQuotaEngine {
         limits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let est = count_arg(estimated_tokens, "estimated_tokens")?;
-        self.gate(py, Gate::Tokens, route(platform, model_id, key_id)?, est, limits)
+        self.gate(py, Can::Tokens, route(platform, model_id, key_id)?, est, limits)
     }
 
     fn can_use_provider(
@@ -646,7 +650,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.gate(py, Gate::ProviderDaily, account(platform, key_id)?, 0, None)
+        self.gate(py, Can::ProviderDaily, account(platform, key_id)?, 0, None)
     }
 
     fn can_use_provider_minute(
@@ -655,7 +659,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.gate(py, Gate::ProviderMinute, account(platform, key_id)?, 0, None)
+        self.gate(py, Can::ProviderMinute, account(platform, key_id)?, 0, None)
     }
 
     fn can_use_provider_tokens(
@@ -667,7 +671,7 @@ impl PyQuotaEngine {
         estimated_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
         let est = count_arg(estimated_tokens, "estimated_tokens")?;
-        self.gate(py, Gate::ProviderTokens, route(platform, model_id, key_id)?, est, None)
+        self.gate(py, Can::ProviderTokens, route(platform, model_id, key_id)?, est, None)
     }
 
     fn can_use_key_concurrency(
@@ -676,7 +680,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.gate(py, Gate::KeyConcurrency, account(platform, key_id)?, 0, None)
+        self.gate(py, Can::KeyConcurrency, account(platform, key_id)?, 0, None)
     }
 
     fn is_on_cooldown(
@@ -686,7 +690,7 @@ impl PyQuotaEngine {
         model_id: &Bound<'_, PyAny>,
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        Ok(!self.gate(py, Gate::Cooldown, route(platform, model_id, key_id)?, 0, None)?)
+        Ok(!self.gate(py, Can::Cooldown, route(platform, model_id, key_id)?, 0, None)?)
     }
 
     /// Every gate, in order; the first that fails names the reason (SPEC §4).

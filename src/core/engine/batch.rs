@@ -3,6 +3,7 @@
 //! optimistically where the store allows it (decided on what the engine knows, taken
 //! back and made again when another writer changed what they read).
 use super::*;
+use crate::core::admission::Passed;
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
@@ -226,15 +227,15 @@ impl Engine {
     ) -> Result<i64> {
         check_estimate(est)?;
         let rid = if check {
-            let (rid, _, adm) = self.judge(route, est, limits, now);
-            if let Some(refusal) = refusal_of(route, &adm) {
+            let (rid, verdict) = self.admit(route, est, limits, now);
+            if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
             rid
         } else {
             self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
         };
-        let id = self.take_lease(route, rid, est, now, writes);
+        let id = self.take_lease(rid, est, now, writes);
         if check {
             // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
             // the caller's to release.
@@ -259,41 +260,30 @@ impl Engine {
             return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
         }
         let mut refusals = Vec::new();
-        // The pick so far: (index, score), a larger score better.
-        let mut best: Option<(usize, RouteId, f64)> = None;
+        // The candidates that pass: (index, route, what the strategy reads).
+        let mut passed: Vec<(usize, RouteId, Passed)> = Vec::new();
         for (i, route) in routes.iter().enumerate() {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let ctx = self.gate_context(route, None, now);
-            let rid = self.ready_route(route, &ctx.limits, now);
-            let (adm, room) = if strategy == Strategy::Headroom {
-                self.mirror.evaluate_scored(rid, est, &ctx, now)
-            } else {
-                (self.mirror.evaluate(rid, est, &ctx, now), 0.0)
-            };
-            if let Some(refusal) = refusal_of(route, &adm) {
+            let (rid, verdict) = self.admit(route, est, None, now);
+            if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;
             }
-            let score = match strategy {
-                Strategy::Order => {
-                    best = Some((i, rid, 0.0));
-                    break;
-                }
-                Strategy::Headroom => {
-                    self.cached_headroom(&route.platform, route.key_id, now).map_or(room, |k| room.min(k))
-                }
-                // Least recently leased first; never leased before all.
-                Strategy::Spread => -(self.leased_at.get(&rid).copied().unwrap_or(0) as f64),
+            let key_headroom = match strategy {
+                Strategy::Headroom => self.cached_headroom(&route.platform, route.key_id, now),
+                _ => None,
             };
-            if best.is_none_or(|(_, _, b)| score > b) {
-                best = Some((i, rid, score));
+            let leased_at = self.leased_at.get(&rid).copied().unwrap_or(0);
+            passed.push((i, rid, Passed { room: verdict.room, key_headroom, leased_at }));
+            if strategy == Strategy::Order {
+                break;
             }
         }
-        match best {
+        match admission::choose(strategy, passed.iter().map(|(_, _, p)| p)).map(|j| passed[j]) {
             Some((i, rid, _)) => {
-                let id = self.take_lease(&routes[i], rid, est, now, writes);
+                let id = self.take_lease(rid, est, now, writes);
                 self.own_leases.insert(id);
                 Ok((id, i))
             }
@@ -329,25 +319,25 @@ impl Engine {
         }
     }
 
-    /// Takes the lease (the gates already passed), inside the batch's section.
-    fn take_lease(
-        &mut self,
-        route: &Route,
-        rid: RouteId,
-        est: Estimate,
-        now: i64,
-        writes: &mut Vec<Write>,
-    ) -> i64 {
+    /// Takes a lease on the route the gates were run on, inside the batch's section.
+    fn take_lease(&mut self, rid: RouteId, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
         // On Redis, a lease on a shared account conflicts with any other engine's
         // writes on the account's other keys (SPEC §14.3).
-        if let Some(keys) = self.mirror.shared_account_keys(route) {
-            self.unit.watch_keys(&route.platform, &keys);
+        if let Some(keys) = self.mirror.shared_account_keys(rid) {
+            let platform = self.mirror.route(rid).platform.clone();
+            self.unit.watch_keys(&platform, &keys);
         }
-        let w = self.lease_write(route, est, now);
-        let Write::InsertLease(LeaseRow { id, .. }) = w else {
-            unreachable!("lease_write builds an InsertLease")
+        let w = self.lease_write(rid, est, now);
+        let Write::InsertLease(l) = &w else { unreachable!("lease_write builds an InsertLease") };
+        let id = l.id;
+        let rec = LeaseRec {
+            route: rid,
+            tokens: l.tokens,
+            output_tokens: l.output_tokens,
+            created_at_ms: l.created_at_ms,
+            expires_at_ms: l.expires_at_ms,
         };
-        self.apply_local(&w, id, now);
+        self.mirror.add_lease(id, rec);
         writes.push(w);
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);
@@ -396,11 +386,11 @@ fn check_estimate(est: Estimate) -> Result<()> {
     Ok(())
 }
 
-/// The refusal of `route` when `adm` refuses.
-fn refusal_of(route: &Route, adm: &Admission) -> Option<Refusal> {
-    let reason = adm.reason.clone().filter(|_| !adm.allowed)?;
+/// The refusal of `route` when its gates refused.
+fn refusal_of(route: &Route, refused: Option<Admission>) -> Option<Refusal> {
+    let adm = refused?;
     Some(Refusal {
-        reason,
+        reason: adm.reason?,
         retry_at_ms: adm.retry_at_ms,
         platform: route.platform.clone(),
         model_id: route.model_id.clone(),

@@ -12,7 +12,8 @@
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning; `observed.rs` provider pools,
 //! observed quota, the guardrail and the snapshot. The counters are in `windows.rs`
-//! and `state.rs`, what a limit is in `limits.rs`.
+//! and `state.rs`, what a limit is in `limits.rs`, the gates and the choice among
+//! candidates in `admission.rs` (a pure function of one view the mirror builds).
 mod batch;
 mod failures;
 mod observed;
@@ -20,6 +21,7 @@ mod unit;
 
 pub use batch::{BatchOp, BatchOut};
 
+use crate::core::admission::{self, Can, GateContext, Verdict};
 use crate::core::calendar::Calendar;
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::cooldowns::{
@@ -28,13 +30,13 @@ use crate::core::cooldowns::{
 };
 use crate::core::env::Env;
 use crate::core::error::{Error, Refusal, Result, StoreError};
-use crate::core::limits::{Limit, LimitSet, WindowSpec};
+use crate::core::limits::{Declared, Limit, LimitSet, WindowSpec};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
 };
 use crate::core::pools::is_local_base_url;
-use crate::core::state::{Calendars, CooldownRec, Estimate, FastMap, GateContext, LeaseRec, Mirror, RouteId};
+use crate::core::state::{Calendars, CooldownRec, Estimate, FastMap, LeaseRec, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
@@ -104,16 +106,42 @@ pub struct WindowReport {
     pub limit: Option<i64>,
 }
 
-/// `usage()` (SPEC §4): recorded usage per window, live leases apart.
+/// `usage()` (SPEC §4, §14.1): every declared limit with what its scope recorded in its
+/// window, in gate order; the route's own minute and day beside them (what a classic
+/// window reports when it is not declared); live leases apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageReport {
-    pub rpm: WindowReport,
-    pub rpd: WindowReport,
-    pub tpm: WindowReport,
-    pub tpd: WindowReport,
+    pub limits: Vec<(Declared, i64)>,
+    /// The route's own counts in the sliding minute and the calendar day.
+    pub minute: Counts,
+    pub day: Counts,
     pub in_flight: i64,
-    /// Every other declared limit, by its reason, in gate order (SPEC §14.1).
-    pub others: Vec<(String, WindowReport)>,
+}
+
+impl UsageReport {
+    /// One window as SPEC §4 reports it, by its reason: a declared limit's use and
+    /// value; a classic window not declared, the route's own use and no limit.
+    pub fn window(&self, reason: &Reason) -> WindowReport {
+        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason == *reason) {
+            return WindowReport { used: *used, limit: Some(d.limit.limit) };
+        }
+        let used = match reason {
+            Reason::Rpm => self.minute.requests,
+            Reason::Rpd => self.day.requests,
+            Reason::Tpm => self.minute.tokens,
+            Reason::Tpd => self.day.tokens,
+            _ => 0,
+        };
+        WindowReport { used, limit: None }
+    }
+
+    /// Every declared limit but the classic four, by reason (SPEC §14.1's added keys).
+    pub fn others(&self) -> impl Iterator<Item = (&str, WindowReport)> {
+        self.limits
+            .iter()
+            .filter(|(d, _)| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+            .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
+    }
 }
 
 /// `retry_after=` of `record_failure`: header text, or a delay already in ms.
@@ -265,18 +293,6 @@ impl SnapshotRow {
 /// A log record for the host's logger, emitted after the engine lock is released.
 pub type LogRecord = (log::Level, String);
 
-/// One individual gate of SPEC §4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
-    Request,
-    Tokens,
-    ProviderDaily,
-    ProviderMinute,
-    ProviderTokens,
-    KeyConcurrency,
-    Cooldown,
-}
-
 struct Section {
     now: i64,
     online: bool,
@@ -344,6 +360,8 @@ pub struct Engine {
     mirror: Mirror,
     lease_ids: LeaseIds,
     platform_env: FastMap<String, (ProviderCaps, Option<i64>)>,
+    /// SPEC §8's caps as limits at provider scope, by the caps they were built from.
+    provider_sets: FastMap<ProviderCaps, LimitSet>,
     logs: Vec<LogRecord>,
     window_snapshot: Option<WindowSnapshot>,
     /// `key_quota_headroom` per platform: (built at, key -> headroom).
@@ -383,6 +401,7 @@ impl Engine {
             mirror: Mirror::with_calendars(Calendars::with_env(day_zones)),
             lease_ids: LeaseIds::new(),
             platform_env: FastMap::default(),
+            provider_sets: FastMap::default(),
             logs: Vec::new(),
             window_snapshot: None,
             headroom_cache: FastMap::default(),
@@ -491,11 +510,26 @@ impl Engine {
         let configured = self.mirror.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
         let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
         let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
+        // SPEC 21.2's learned provider caps lower `caps` here (the lower of each pair).
+        let caps = self.caps_for(&route.platform);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
-            caps: self.caps_for(&route.platform),
+            provider: self.provider_limits(caps),
             concurrency_cap: failures::min_cap(conc, learned),
         }
+    }
+
+    /// SPEC §8's caps as limits at provider scope, built once per distinct set of caps.
+    fn provider_limits(&mut self, caps: ProviderCaps) -> LimitSet {
+        if let Some(set) = self.provider_sets.get(&caps) {
+            return set.clone();
+        }
+        if self.provider_sets.len() >= 64 {
+            self.provider_sets.clear();
+        }
+        let set = LimitSet::provider(caps);
+        self.provider_sets.insert(caps, set.clone());
+        set
     }
 
     pub fn register_key(&mut self, key: KeyInfo) -> Result<()> {
@@ -693,105 +727,71 @@ impl Engine {
         let rid = self.ready_route(route, &limits, now);
         let m = &self.mirror;
         let win = &m.route(rid).win;
-        let (minute, day) = (win.minute(), win.day(now));
-        let mut report = UsageReport {
-            rpm: WindowReport { used: minute.requests, limit: None },
-            rpd: WindowReport { used: day.requests, limit: None },
-            tpm: WindowReport { used: minute.tokens, limit: None },
-            tpd: WindowReport { used: day.tokens, limit: None },
-            in_flight: m.route_in_flight(rid, now).count,
-            others: Vec::new(),
-        };
-        for d in limits.iter() {
-            let slot = match d.reason {
-                Reason::Rpm => &mut report.rpm,
-                Reason::Rpd => &mut report.rpd,
-                Reason::Tpm => &mut report.tpm,
-                Reason::Tpd => &mut report.tpd,
-                _ => {
-                    let used = m.scoped_counts(rid, &d.limit, now).get(d.limit.metric);
-                    report.others.push((
-                        d.reason.as_str().to_string(),
-                        WindowReport { used, limit: Some(d.limit.limit) },
-                    ));
-                    continue;
-                }
-            };
+        UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
-            slot.used = m.scoped_counts(rid, &d.limit, now).get(d.limit.metric);
-            slot.limit = Some(d.limit.limit);
+            limits: limits
+                .iter()
+                .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
+                .collect(),
+            minute: win.minute(),
+            day: win.day(now),
+            in_flight: m.route_in_flight(rid, now).count,
         }
-        report
     }
 
     // ---- gates -------------------------------------------------------------------
 
-    /// All gates of SPEC §4, in order.
+    /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| e.decide(route, Estimate::tokens(est), limits, now))
+        self.reading(|e, now| e.admit(route, Estimate::tokens(est), limits, now).1.admission())
     }
 
-    fn decide(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, now: i64) -> Admission {
-        self.judge(route, est, limits, now).2
-    }
-
-    /// `decide`, with the route and the context it decided on.
-    fn judge(
+    /// Every gate on the route's view at `now`, and the route it decided on.
+    fn admit(
         &mut self,
         route: &Route,
         est: Estimate,
         limits: Option<LimitSet>,
         now: i64,
-    ) -> (RouteId, GateContext, Admission) {
+    ) -> (RouteId, Verdict) {
         let ctx = self.gate_context(route, limits, now);
         let rid = self.ready_route(route, &ctx.limits, now);
-        let adm = self.mirror.evaluate(rid, est, &ctx, now);
-        (rid, ctx, adm)
+        (rid, admission::admit(&self.mirror.route_view(rid, &ctx, est, now)))
     }
 
-    /// One gate; true when it admits. Provider gates need no model (`route.model_id`
-    /// may be empty for them); the token gate uses it to bill the estimate.
-    pub fn gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<bool> {
+    /// One of SPEC §4's `can_*` questions (and `is_on_cooldown`'s gate); true when its
+    /// gates admit. Provider gates need no model (`route.model_id` may be empty for
+    /// them); the token cap uses it to bill the estimate.
+    pub fn check_gate(
+        &mut self,
+        can: Can,
+        route: &Route,
+        est: i64,
+        limits: Option<LimitSet>,
+    ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| e.one_gate(gate, route, est, limits, now))
-    }
-
-    fn one_gate(&mut self, gate: Gate, route: &Route, est: i64, limits: Option<LimitSet>, now: i64) -> bool {
-        let ctx = self.gate_context(route, limits, now);
-        let m = &mut self.mirror;
-        let a = m.account_id(&route.platform, route.key_id);
-        m.prune_account_id(a, now);
-        let rid = if route.model_id.is_empty() {
-            None
-        } else {
-            let limits = ctx.limits.clone();
-            Some(self.ready_route(route, &limits, now))
-        };
-        let m = &mut self.mirror;
-        let v = m.view(rid, a, route.key_id, &ctx, now);
-        let refused = match (gate, rid) {
-            (Gate::Request, Some(_)) => m.gate_metrics(&v, &ctx.limits, false, Estimate::tokens(est), now),
-            (Gate::Tokens, Some(_)) => m.gate_metrics(&v, &ctx.limits, true, Estimate::tokens(est), now),
-            (Gate::Cooldown, Some(rid)) => m.gate_cooldown(rid, now),
-            (Gate::ProviderDaily, _) => m.gate_provider_daily(&v, &ctx, now),
-            (Gate::ProviderMinute, _) => m.gate_provider_minute(&v, &ctx),
-            (Gate::ProviderTokens, _) => m.gate_provider_tokens(&v, est, &ctx, now),
-            (Gate::KeyConcurrency, _) => m.gate_concurrency(&v, &ctx),
-            (_, None) => None,
-        };
-        refused.is_none()
+        self.reading(|e, now| {
+            let ctx = e.gate_context(route, limits, now);
+            let a = e.mirror.account_id(&route.platform, route.key_id);
+            e.mirror.prune_account_id(a, now);
+            let rid = (!route.model_id.is_empty()).then(|| e.ready_route(route, &ctx.limits, now));
+            let v = e.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
+            admission::admit_through(&v, admission::gates(&ctx).filter(|g| can.asks(g))).refused.is_none()
+        })
     }
 
     // ---- leases ------------------------------------------------------------------
 
-    fn lease_write(&mut self, route: &Route, est: Estimate, now: i64) -> Write {
-        let (platform, model_id) = self.route_names(route);
+    /// A new lease on the route a decision was made on.
+    fn lease_write(&mut self, rid: RouteId, est: Estimate, now: i64) -> Write {
+        let r = self.mirror.route(rid);
+        let (platform, model_id, key_id) = (r.platform.clone(), r.model_id.clone(), r.key_id);
         Write::InsertLease(LeaseRow {
             id: self.lease_ids.next(),
             platform,
             model_id,
-            key_id: route.key_id,
+            key_id,
             tokens: est.tokens,
             output_tokens: est.output,
             created_at_ms: now,

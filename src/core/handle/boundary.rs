@@ -1,7 +1,7 @@
 //! The boundary every call crosses into an engine: the fork gate, and a panic inside
 //! turned into [`Error::Internal`] (SPEC 18.1).
 use crate::core::error::{Error, Result};
-use crate::core::fork::GATE;
+use crate::core::fork::TURNSTILE;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -30,7 +30,7 @@ impl Boundary {
     /// The one boundary: the fork gate, then `f`, a panic inside it turned into
     /// [`Error::Internal`].
     pub(crate) fn guard<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         self.shield(f)
     }
 

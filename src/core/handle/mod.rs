@@ -23,7 +23,7 @@ pub use waiters::Wake;
 use crate::core::clock::Clock;
 use crate::core::engine::{BatchOp, BatchOut, Engine, LogRecord, Settings, StoreSpec};
 use crate::core::error::{Error, Result};
-use crate::core::fork::{self, Forkable, GATE};
+use crate::core::fork::{self, Forkable, TURNSTILE};
 use crate::core::probe::Validator;
 use boundary::{caught, lock, Boundary};
 use flusher::Flusher;
@@ -110,7 +110,7 @@ fn open_engine(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> R
 
 impl Handle {
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Handle> {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         let mut engine = open_engine(spec, clock.clone(), settings.clone())?;
         emit(engine.take_logs());
         let handle = Handle {
@@ -150,7 +150,7 @@ impl Handle {
         s.flusher.start(tick, move || {
             let Some(shared) = weak.upgrade() else { return false };
             let logs = {
-                let _pass = GATE.pass();
+                let _pass = TURNSTILE.pass();
                 let mut g = lock(&shared.engine);
                 let Some(e) = g.as_mut() else { return false };
                 let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -287,7 +287,7 @@ impl Handle {
     }
 
     pub fn is_closed(&self) -> bool {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         lock(&self.shared.engine).is_none() && !self.shared.forked.load(Ordering::Acquire)
     }
 

@@ -4,7 +4,7 @@
 use super::boundary::lock;
 use crate::core::engine::Engine;
 use crate::core::error::{Error, Result};
-use crate::core::fork::GATE;
+use crate::core::fork::TURNSTILE;
 use crate::core::probe::{ProbeState, Validator};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -105,7 +105,7 @@ impl Prober {
         let _running = PassRunning::wait(&self.pass_running);
         let (cds, now) = host.with_engine(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
         let due = {
-            let _pass = GATE.pass();
+            let _pass = TURNSTILE.pass();
             lock(&self.state).plan(&cds, now, max_probes, jitter)
         };
         let mut result = ProbePassResult::default();

@@ -2,7 +2,7 @@
 //! served among the waiters on a common key, and a generation that moves whenever this
 //! engine may have freed some (a lease ended, a waiter left, the engine closed).
 use super::boundary::lock;
-use crate::core::fork::GATE;
+use crate::core::fork::TURNSTILE;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -77,7 +77,7 @@ impl Waiters {
     /// may have freed capacity without blocking a thread on it.
     pub(crate) fn on_wake(&self, generation: u64, wake: Wake) {
         let now = {
-            let _pass = GATE.pass();
+            let _pass = TURNSTILE.pass();
             let mut w = lock(&self.waiting);
             if w.generation == generation {
                 w.wakes.push(wake);
@@ -98,7 +98,7 @@ impl Waiters {
 
     /// Joins the wait queue; returns the ticket.
     pub(crate) fn enqueue(&self, keys: Vec<(String, i64)>) -> u64 {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         self.count.fetch_add(1, Ordering::AcqRel);
         let mut w = lock(&self.waiting);
         let t = w.next_ticket;
@@ -110,7 +110,7 @@ impl Waiters {
     /// Leaves the wait queue (admitted, given up or cancelled): the next may go.
     pub(crate) fn dequeue(&self, ticket: u64) {
         let wakes = {
-            let _pass = GATE.pass();
+            let _pass = TURNSTILE.pass();
             let mut removed = false;
             let wakes = self.bump(|w| removed = w.queue.remove(&ticket).is_some());
             if removed {
@@ -124,7 +124,7 @@ impl Waiters {
     /// The waiting generation, and whether `ticket` is first in line among the waiters
     /// on any of its keys.
     pub(crate) fn turn(&self, ticket: u64) -> (u64, bool) {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         let w = lock(&self.waiting);
         let Some(mine) = w.queue.get(&ticket) else { return (w.generation, true) };
         let first = !w.queue.range(..ticket).any(|(_, keys)| keys.iter().any(|k| mine.contains(k)));
@@ -135,7 +135,7 @@ impl Waiters {
     /// lease of this engine ended, a waiter left, the engine closed). Inside a gate pass:
     /// a fork waits for it (at most `nap`) rather than inherit its lock.
     pub(crate) fn nap(&self, generation: u64, nap: Duration) {
-        let _pass = GATE.pass();
+        let _pass = TURNSTILE.pass();
         let w = lock(&self.waiting);
         if w.generation == generation {
             let _ = self.wake.wait_timeout_while(w, nap, |w| w.generation == generation);
