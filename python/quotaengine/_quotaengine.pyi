@@ -27,10 +27,13 @@ _Reason = Literal[
     "key_concurrency",
 ]
 _Source = Literal["heuristic", "authoritative", "credit", "tier"]
+# What benched: also "upstream", the model-wide bench of a congested upstream (SPEC 21.1).
+_BenchSource = Literal["heuristic", "authoritative", "credit", "tier", "upstream"]
 _Kind = Literal[
     "payment",
     "forbidden",
     "auth",
+    "upstream",
     "daily_quota",
     "concurrency",
     "rate_limit",
@@ -131,21 +134,23 @@ class Admission:
 
 @final
 class Cooldown:
-    """An active bench of one (platform, model_id, key_id)."""
+    """An active bench of one (platform, model_id, key_id); with key_id None, of the
+    model for every key of the platform (source "upstream", SPEC 21.1)."""
 
     @property
     def platform(self) -> str: ...
     @property
     def model_id(self) -> str: ...
     @property
-    def key_id(self) -> int: ...
+    def key_id(self) -> int | None:
+        """None for a model-wide bench (SPEC 21.1)."""
     @property
     def expires_at_ms(self) -> int: ...
     @property
     def remaining_ms(self) -> int:
         """Milliseconds left when this object was read."""
     @property
-    def source(self) -> _Source: ...
+    def source(self) -> _BenchSource: ...
     @property
     def set_at_ms(self) -> int: ...
     def __eq__(self, other: object, /) -> bool: ...
@@ -169,7 +174,7 @@ class CooldownDecision:
     @property
     def duration_ms(self) -> int: ...
     @property
-    def source(self) -> _Source: ...
+    def source(self) -> _BenchSource: ...
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -349,6 +354,17 @@ class Lease:
         TypeError and the lease stays live."""
     def _record_quota_headers(self, headers: Mapping[str, str], status: int) -> None:
         """``record_quota_headers`` for this lease's route."""
+    def _failure_with_headers(
+        self,
+        headers: Mapping[str, str],
+        *,
+        status: int,
+        retry_after: str | int | float | None = None,
+        message: str | None = None,
+    ) -> FailureOutcome | None:
+        """``record_quota_headers`` for this lease's route, then ``failure(...)`` with the
+        response's headers at hand (a pool 429's cap may sit there, SPEC 21.2): what
+        ``observe`` does with a failed response."""
     def release(self) -> None:
         """Release without recording anything. Idempotent."""
     def __enter__(self) -> Lease: ...
@@ -675,6 +691,9 @@ class _QuotaEngine:
         """An int sets a cap (0 refuses everything), None means no cap, an omitted
         argument keeps what is set. Persisted; wins over env and defaults."""
     def reset_provider_caps(self, platform: str) -> None: ...
+    def learned_provider_caps(self, platform: str, key_id: int) -> ProviderCaps:
+        """SPEC 21.2: the provider caps learned for the key's account from pool 429s
+        (daily and minute requests; None where nothing was learned)."""
     def provider_daily_request_count(self, platform: str, key_id: int) -> int: ...
     def provider_minute_request_count(self, platform: str, key_id: int) -> int: ...
     def provider_daily_token_count(self, platform: str, key_id: int) -> int: ...

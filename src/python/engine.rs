@@ -1127,6 +1127,19 @@ impl PyQuotaEngine {
         Ok(PyProviderCaps(self.run(py, |e| e.provider_caps(p))?))
     }
 
+    /// SPEC 21.2: the provider caps learned for the key's account from pool 429s
+    /// (daily and minute requests; None where nothing was learned).
+    fn learned_provider_caps(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<PyProviderCaps> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        Ok(PyProviderCaps(self.run(py, |e| e.learned_provider_caps(p, k))?))
+    }
+
     /// An int sets a cap (0 refuses everything), None means no cap, an omitted
     /// argument keeps what is set. Persisted; wins over env and defaults.
     #[pyo3(signature = (platform, **caps))]

@@ -12,6 +12,7 @@
 //! `failures.rs` the failure policy and learning; `observed.rs` provider pools,
 //! observed quota, the guardrail and the snapshot. The counters are in `windows.rs`
 //! and `state.rs`, what a limit is in `limits.rs`.
+mod aggregator;
 mod failures;
 mod observed;
 mod unit;
@@ -127,6 +128,9 @@ pub struct FailureInput {
     pub message: Option<String>,
     pub kind: Option<FailureKind>,
     pub limits: Option<LimitSet>,
+    /// The response's headers, when the caller has them (`Lease.observe`): a pool
+    /// 429's `X-RateLimit-Limit` and `-Reset` may sit there (SPEC 21.2).
+    pub headers: Vec<(String, String)>,
 }
 
 /// What `record_failure` decided.
@@ -561,7 +565,7 @@ impl Engine {
         let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
-            caps: self.caps_for(&route.platform),
+            caps: self.effective_caps(&route.platform, route.key_id, now),
             concurrency_cap: failures::min_cap(conc, learned),
         }
     }

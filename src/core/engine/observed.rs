@@ -397,7 +397,7 @@ impl Engine {
             for (rid, r) in m.routes() {
                 let (minute, day) = (r.win.minute(), r.win.day(now));
                 let in_flight = m.route_in_flight(rid, now).count;
-                let cooldown = m.active_cooldown(rid, now);
+                let cooldown = m.route_bench(rid, now).map(|(c, _)| c);
                 if day.requests == 0
                     && day.tokens == 0
                     && minute.requests == 0

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `P:log` | stream | every usage row and every lease insert/delete, in commit order |
 //! | `P:leases` | hash | live leases: id -> key, expires, tokens, created, route |
-//! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables |
+//! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables (a cooldown field with an empty key benches its model for every key, SPEC 21.1) |
 //! | `P:ver` | hash | a version per small table, bumped by every change to it |
 //! | `P:quota` | hash | observed provider quota state |
 //! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
@@ -385,7 +385,8 @@ fn parse_cooldown(field: &str, v: &str) -> StoreResult<CooldownRow> {
     Ok(CooldownRow {
         platform,
         model_id,
-        key_id: parse_i64(k[0])?,
+        // An empty key: the model-wide bench of SPEC 21.1.
+        key_id: if k[0].is_empty() { None } else { Some(parse_i64(k[0])?) },
         expires_at_ms: parse_i64(f[0])?,
         source: f[1].parse().unwrap_or(CooldownSource::Heuristic),
         set_at_ms: parse_i64(f[2])?,
@@ -895,7 +896,11 @@ impl RedisStore {
             Write::UpsertCooldown(c) => out.extend([
                 "HSET".into(),
                 "cooldowns".into(),
-                format!("{}{SEP}{}", c.key_id, route(&c.platform, &c.model_id)),
+                format!(
+                    "{}{SEP}{}",
+                    c.key_id.map(|k| k.to_string()).unwrap_or_default(),
+                    route(&c.platform, &c.model_id)
+                ),
                 format!("{}{SEP}{}{SEP}{}", c.expires_at_ms, c.source.as_str(), c.set_at_ms),
             ]),
             Write::DeleteCooldown { platform, model_id, key_id } => out.extend([

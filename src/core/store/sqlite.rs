@@ -602,6 +602,19 @@ impl SqliteStore {
             Write::DeleteLease(id) => {
                 c.prepare_cached("DELETE FROM quota_leases WHERE id = ?1")?.execute([id])? as i64
             }
+            Write::UpsertCooldown(cd) if cd.key_id.is_none() => {
+                // A model-wide bench (SPEC 21.1): NULL never conflicts, so replace it.
+                c.prepare_cached(
+                    "DELETE FROM rate_limit_cooldowns WHERE platform = ?1 AND model_id = ?2 AND key_id IS NULL",
+                )?
+                .execute(params![&*cd.platform, &*cd.model_id])?;
+                c.prepare_cached(
+                    "INSERT INTO rate_limit_cooldowns (platform, model_id, key_id, expires_at_ms, source, set_at_ms) \
+                     VALUES (?1, ?2, NULL, ?3, ?4, ?5)",
+                )?
+                .execute(params![&*cd.platform, &*cd.model_id, cd.expires_at_ms, cd.source.as_str(), cd.set_at_ms])?;
+                0
+            }
             Write::UpsertCooldown(cd) => {
                 c.prepare_cached(
                     "INSERT INTO rate_limit_cooldowns (platform, model_id, key_id, expires_at_ms, source, set_at_ms) \
