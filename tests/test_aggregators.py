@@ -321,3 +321,36 @@ def test_a_version_8_file_migrates_and_keeps_its_cooldowns(db_path: object, qclo
         assert {"ladder", "upstream", "pool_day"} <= kinds
     finally:
         con.close()
+
+
+@pytest.mark.sqlite_only
+def test_the_cli_and_the_cooldowns_frame_show_a_model_wide_bench(db_path: object) -> None:
+    import subprocess
+    import sys
+    import time
+
+    qclock = q.ManualClock(int(time.time() * 1000))  # the CLI reads the system clock
+
+    pd = pytest.importorskip("pandas")
+    from quotaengine import analysis
+
+    with q.QuotaEngine(db_path, clock=qclock, env={}) as e:  # type: ignore[arg-type]
+        e.set_cooldown(P, M2, 1, 10 * MINUTE, "tier")
+        upstream(e, 2)
+        qclock.advance(1)
+    df = analysis.cooldowns_frame(q.QuotaEngine(db_path, clock=qclock, env={}))  # type: ignore[arg-type]
+    assert df.key_id.dtype == "Int64"
+    assert [
+        (m, None if pd.isna(k) else int(k), s) for m, k, s in zip(df.model_id, df.key_id, df.source, strict=True)
+    ] == [
+        (M, None, "upstream"),
+        (M2, 1, "tier"),
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "quotaengine", "cooldowns", "--db", str(db_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"{P}/{M}/*  upstream" in out.stdout and f"{P}/{M2}/1  tier" in out.stdout

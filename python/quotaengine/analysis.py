@@ -227,9 +227,10 @@ def state_frame(source: Source) -> pd.DataFrame:
 def cooldowns_frame(source: Source) -> pd.DataFrame:
     """Active cooldowns, soonest expiry first.
 
-    Columns (:data:`COOLDOWN_COLUMNS`): ``platform``, ``model_id``, ``key_id``,
-    ``source`` (``"heuristic"``, ``"authoritative"``, ``"credit"`` or ``"tier"``,
-    see SPEC §6), ``set_at`` and ``expires_at`` (``datetime64[ns, UTC]``), and
+    Columns (:data:`COOLDOWN_COLUMNS`): ``platform``, ``model_id``, ``key_id``
+    (nullable ``Int64``: ``<NA>`` for a model benched on every key, SPEC 21.1),
+    ``source`` (``"heuristic"``, ``"authoritative"``, ``"credit"``, ``"tier"`` or
+    ``"upstream"``, see SPEC §6 and 21.1), ``set_at`` and ``expires_at`` (``datetime64[ns, UTC]``), and
     ``remaining_s`` (float64, seconds left at the engine's clock).
     """
     import pandas as pd
@@ -240,7 +241,7 @@ def cooldowns_frame(source: Source) -> pd.DataFrame:
         {
             "platform": pd.Series([c.platform for c in cds], dtype=str),
             "model_id": pd.Series([c.model_id for c in cds], dtype=str),
-            "key_id": pd.Series([c.key_id for c in cds], dtype="int64"),
+            "key_id": pd.Series([c.key_id for c in cds], dtype="Int64"),
             "source": pd.Series([c.source for c in cds], dtype=str),
             "set_at": _utc([c.set_at_ms for c in cds]),
             "expires_at": _utc([c.expires_at_ms for c in cds]),
