@@ -340,6 +340,10 @@ def test_the_cli_and_the_cooldowns_frame_show_a_model_wide_bench(db_path: object
         qclock.advance(1)
     df = analysis.cooldowns_frame(q.QuotaEngine(db_path, clock=qclock, env={}))  # type: ignore[arg-type]
     assert df.key_id.dtype == "Int64"
+    pytest.importorskip("matplotlib")
+    fig = analysis.plot_cooldowns(db_path)  # type: ignore[arg-type]
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == [f"{P} / {M} / every key", f"{P} / {M2} / key 1"]
     assert [
         (m, None if pd.isna(k) else int(k), s) for m, k, s in zip(df.model_id, df.key_id, df.source, strict=True)
     ] == [

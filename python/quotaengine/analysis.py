@@ -78,6 +78,7 @@ SOURCE_COLORS = {
     "authoritative": "#1565c0",
     "credit": "#6a1b9a",
     "tier": "#c62828",
+    "upstream": "#2e7d32",
 }
 
 _UTC = "datetime64[ns, UTC]"
@@ -110,8 +111,8 @@ def _utc(ms: Any) -> Any:
     return pd.to_datetime(values, unit="ms", utc=True).astype(_UTC)
 
 
-def _route_label(platform: str, model_id: str, key_id: int) -> str:
-    return f"{platform} / {model_id} / key {key_id}"
+def _route_label(platform: str, model_id: str, key_id: int | None) -> str:
+    return f"{platform} / {model_id} / " + ("every key" if key_id is None else f"key {key_id}")
 
 
 def _compact(value: float) -> str:
@@ -441,11 +442,11 @@ def _when(ms: int) -> str:
     return _fmt_time(ms)
 
 
-def _stored_cooldowns(e: QuotaEngine) -> list[tuple[str, str, int, str, int, int]]:
+def _stored_cooldowns(e: QuotaEngine) -> list[tuple[str, str, int | None, str, int, int]]:
     """Every row of ``rate_limit_cooldowns``, expired ones included (until the engine
     cleans them up), read through a read-only SQLite connection; the engine's active
     cooldowns for an in-memory database, a Redis store, or when the file cannot be read."""
-    active: list[tuple[str, str, int, str, int, int]] = [
+    active: list[tuple[str, str, int | None, str, int, int]] = [
         (c.platform, c.model_id, c.key_id, str(c.source), c.set_at_ms, c.expires_at_ms) for c in e.active_cooldowns()
     ]
     path = e.path
@@ -485,7 +486,7 @@ def plot_cooldowns(source: Source, since_ms: int | None = None) -> Figure:
         rows = [r for r in rows if r[5] >= since_ms]
     if not rows:
         return _no_data("cooldowns", "no cooldowns" + ("" if since_ms is None else " since then"))
-    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    rows.sort(key=lambda r: (r[0], r[1], -1 if r[2] is None else r[2]))  # None: every key (SPEC 21.1)
 
     import matplotlib.dates as mdates
     from matplotlib.patches import Patch
