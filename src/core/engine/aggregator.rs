@@ -35,8 +35,6 @@ impl Engine {
             source: CooldownSource::Upstream,
             set_at_ms: now,
         };
-        // Applied now too, so a later failure in the same section sees it.
-        self.mirror.put_cooldown(&row);
         writes.push(Write::UpsertCooldown(row));
         self.logs.push((
             log::Level::Info,
