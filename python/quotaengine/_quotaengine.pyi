@@ -597,9 +597,12 @@ class _QuotaEngine:
         self, platform: str, model_id: str, key_id: int, duration_ms: int = 60_000, source: _Source = "heuristic"
     ) -> None:
         """Bench a route (the operator's call: always overwrites)."""
-    def cooldown(self, platform: str, model_id: str, key_id: int) -> Cooldown | None: ...
+    def cooldown(self, platform: str, model_id: str, key_id: int) -> Cooldown | None:
+        """The route's bench: whichever of its own cooldown and its model's model-wide one
+        (key_id None, SPEC 21.1) ends later; None when neither is active."""
     def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
-        """Active cooldowns, soonest expiry first."""
+        """Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
+        when ``key_ids`` is None."""
     def clear_cooldowns_for_key(self, key_id: int) -> int: ...
     def clear_cooldown_early(self, platform: str, model_id: str, key_id: int) -> None: ...
     def cleanup_expired_cooldowns(self) -> int: ...
@@ -629,7 +632,9 @@ class _QuotaEngine:
         limits: _LimitsArg = None,
     ) -> FailureOutcome:
         """One call for any failure: infers the kind, benches the route (never shortening
-        a later-expiring cooldown), learns a limit stated in ``message``. Records no usage."""
+        a later-expiring cooldown), learns a limit stated in ``message``. Records no usage.
+        An ``"upstream"`` failure benches the model on every key of the platform instead
+        (SPEC 21.1); a pool 429 teaches the account a provider cap (21.2)."""
     def learn_limit_from_error(self, platform: str, model_id: str, message: str | None) -> LearnedLimit | None:
         """Writes the stated limit only when it tightens the stored one; returns it then."""
     # observed provider quota
