@@ -27,11 +27,26 @@ real limits in simulated time and answer as the real ones do:
 * OpenAI: 4,000 tokens a minute (not told); a 429 states the delay in ms or s.
 * Ollama on localhost: two requests at a time (not told); a third gets 503 "server
   busy, please try again. maximum pending requests exceeded".
+* OpenRouter (SPEC 21): two accounts (keys 7 and 8) on three ``:free`` models. Each
+  model's upstream is congested now and then (about one episode an hour per model,
+  2 to 8 minutes long, the same schedule for every key): every call to it then gets
+  OpenRouter's 429 "... is temporarily rate-limited upstream ..." with
+  ``metadata.provider_name``. The accounts' free pool takes 20 requests a minute
+  (not told) and 1,000 a day for key 7 but 50 for key 8 (no credits; the engine's
+  default is 1,000): past them a 429 "Rate limit exceeded: free-models-per-min" /
+  "free-models-per-day" with ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset`` in
+  ``error.metadata.headers``, as OpenRouter sends them.
+
+A request not served within 120 s of its arrival is lost; it is lost to benches when
+every route refused it for a cooldown the last time it tried them all. The oracle runs
+the same day knowing every provider's true state: it dispatches only what will be
+served (in the same route order), so it never sees a refusal.
 
 The clock is a ``ManualClock`` stepped from event to event; the store is ``:memory:``
 (this measures what reaches the providers, not speed). Reported per build: dispatches,
-refused answers (429 and 503) per provider and per 1,000 dispatches, requests served,
-and goodput (served per 1,000 dispatches).
+refused answers (429 and 503) per provider and per cause, requests served and lost,
+served against the oracle, and the Ollama concurrency cap over the day (SPEC 15.4:
+learned, forgotten an hour later, learned again).
 """
 
 from __future__ import annotations
@@ -49,7 +64,9 @@ from zoneinfo import ZoneInfo
 sys.path.insert(0, sys.argv[1])
 import quotaengine as q
 
-seed, hours = int(sys.argv[2]), float(sys.argv[3])
+seed, hours, mode = int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+ORACLE = mode == "oracle"
+DEADLINE_MS = 120_000
 START = 1_767_225_600_000  # 2026-01-01 00:00 UTC (16:00 Pacific the day before)
 PACIFIC = ZoneInfo("America/Los_Angeles")
 clock = q.ManualClock(START)
@@ -201,6 +218,59 @@ class Ollama(Provider):
         return None
 
 
+class OpenRouter(Provider):
+    """Three :free models behind one account-wide pool per key (SPEC 21)."""
+
+    MODELS = ["google/gemini-2.0-flash-exp:free", "meta-llama/llama-3.3-70b-instruct:free", "deepseek/deepseek-r1:free"]
+    UPSTREAMS = {"google/gemini-2.0-flash-exp:free": "Google AI Studio",
+                 "meta-llama/llama-3.3-70b-instruct:free": "Chutes", "deepseek/deepseek-r1:free": "Targon"}
+    RPM = 20
+    RPD = {7: 1_000, 8: 50}
+
+    def __init__(self, keys, hours):
+        super().__init__("openrouter", None, keys, (700, 2_500))
+        self.day = Counter()
+        self.minute = {k: Minute() for k in keys}
+        # The congestion schedule: its own randomness, so every build and the oracle see
+        # the same episodes.
+        sched = random.Random(seed * 104_729 + 17)
+        self.congested = {}
+        for m in self.MODELS:
+            t, spans = START, []
+            while t < START + hours * 3_600_000:
+                t += int(sched.expovariate(1 / 3_600_000))
+                spans.append((t, t + sched.randint(120_000, 480_000)))
+            self.congested[m] = spans
+        self.cause = Counter()
+
+    def is_congested(self, model, now):
+        return any(a <= now < b for a, b in self.congested[model])
+
+    def answer_model(self, model, key, tokens, now):
+        if self.is_congested(model, now):
+            raw = (f"{model} is temporarily rate-limited upstream. Please retry shortly, or add your own key "
+                   "to accumulate your rate limits: https://openrouter.ai/settings/integrations")
+            body = json.dumps({"error": {"message": "Provider returned error", "code": 429, "metadata": {
+                "raw": raw, "provider_name": self.UPSTREAMS[model]}}, "user_id": "user_2zqGkqYQm1"})
+            return 429, {}, body, "upstream"
+        day = now // 86_400_000
+        if self.day[(key, day)] >= self.RPD[key]:
+            reset = (day + 1) * 86_400_000
+            return 429, {}, pool_body("free-models-per-day", self.RPD[key], reset,
+                                      "Add 10 credits to unlock 1000 free model requests per day"), "pool-day"
+        m = self.minute[key]
+        if m.requests(now) >= self.RPM:
+            return 429, {}, pool_body("free-models-per-min", self.RPM, m.q[0][0] + 60_000, ""), "pool-minute"
+        self.day[(key, day)] += 1
+        return None
+
+
+def pool_body(pool, limit, reset_ms, upsell):
+    return json.dumps({"error": {"message": f"Rate limit exceeded: {pool}. {upsell}", "code": 429, "metadata": {
+        "headers": {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": "0",
+                    "X-RateLimit-Reset": str(reset_ms)}}}, "user_id": "user_2zqGkqYQm1"})
+
+
 def delay_until_fits(m, now, need, limit):
     """ms until `need` more tokens fit in the minute `m` under `limit`."""
     total = m.tokens(now)
@@ -212,8 +282,29 @@ def delay_until_fits(m, now, need, limit):
 
 
 gemini, groq, openai, ollama = Gemini([1, 2]), Groq([3, 4]), OpenAI([5]), Ollama([6])
-providers = [gemini, groq, openai, ollama]
-routes = [(p, k) for p in providers for k in p.keys]
+openrouter = OpenRouter([7, 8], hours)
+providers = [gemini, groq, openrouter, openai, ollama]
+# (provider, model, key) in preference order: OpenRouter's models after Groq's.
+routes = []
+for p in providers:
+    for model in (p.MODELS if p is openrouter else [p.model]):
+        routes += [(p, model, k) for k in p.keys]
+CAUSES = {"google": lambda b: "day" if "PerDay" in b else "minute", "groq": lambda b: "tpm" if "(TPM)" in b else "rpm/rpd",
+          "openai": lambda b: "tpm", "ollama": lambda b: "busy"}
+causes = Counter()
+lost = Counter()
+ollama_cap = Counter()  # ms spent at each learned cap (None: none in force)
+cap_state = [START, None]
+
+
+def note_cap(now):
+    if ORACLE or not hasattr(e, "key_concurrency_cap"):
+        return
+    cap = e.key_concurrency_cap("ollama", 6)
+    if cap != cap_state[1]:
+        ollama_cap[str(cap_state[1])] += now - cap_state[0]
+        cap_state[0], cap_state[1] = now, cap
+        ollama_cap["changes"] += 1
 e.register_key(6, "ollama", base_url="http://localhost:11434")
 e.set_model_limits("google", "gemini-2.0-flash", rpm=Gemini.RPM)
 e.set_model_limits("groq", "llama-3.3-70b-versatile", rpm=Groq.RPM, rpd=Groq.RPD)
@@ -233,23 +324,49 @@ dispatches = 0
 arrived = 0
 
 
-def attempt(now, est, born):
-    """A request tries the routes in order; refused everywhere, it waits."""
+def answer(p, model, k, tokens, now):
+    """(status, headers, body, cause) of a refusal, or None to serve."""
+    if p is openrouter:
+        return p.answer_model(model, k, tokens, now)
+    r = p.answer(k, tokens, now)
+    return None if r is None else (*r, CAUSES[p.platform](r[2]))
+
+
+def attempt(now, est, born, benched=False):
+    """A request tries the routes in order; refused everywhere, it waits (until its
+    deadline: then it is lost)."""
     global dispatches
+    if now - born > DEADLINE_MS:
+        lost["benched" if benched else "other"] += 1
+        return
     soonest = None  # the earliest retry_at_ms; `now` when a refusal names none (poll)
-    for p, k in routes:
-        try:
-            lease = e.lease(p.platform, p.model, k, est)
-        except q.QuotaExceeded as exc:
-            retry_at = now if exc.retry_at_ms is None else exc.retry_at_ms
-            soonest = retry_at if soonest is None else min(soonest, retry_at)
-            continue
+    all_cooldown = True
+    tokens = max(1, int(est * rng.uniform(0.6, 1.1)))
+    for p, model, k in routes:
+        if ORACLE:
+            refusal = answer(p, model, k, tokens, now)
+            if refusal is not None:
+                continue
+            lease = None
+        else:
+            if p is ollama:
+                note_cap(now)
+            try:
+                lease = e.lease(p.platform, model, k, est)
+            except q.QuotaExceeded as exc:
+                all_cooldown &= exc.reason == "cooldown"
+                retry_at = now if exc.retry_at_ms is None else exc.retry_at_ms
+                soonest = retry_at if soonest is None else min(soonest, retry_at)
+                continue
+            refusal = answer(p, model, k, tokens, now)
         dispatches += 1
         p.dispatched += 1
-        tokens = max(1, int(est * rng.uniform(0.6, 1.1)))
-        refusal = p.answer(k, tokens, now)
         if refusal is not None:
             p.refused += 1
+            cause = refusal[3]
+            if p is ollama and not ORACLE:  # SPEC 15.4's cost: a 503 while no learned cap is in force
+                cause += " (no cap in force)" if cap_state[1] is None else f" (cap {cap_state[1]} in force)"
+            causes[f"{p.platform} {cause}"] += 1
             at(now + rng.randint(80, 250), refused, lease, refusal, est, born)
         else:
             p.minute[k].q.append((now, tokens))
@@ -257,13 +374,15 @@ def attempt(now, est, born):
                 ollama.active += 1
             at(now + rng.randint(*p.latency), done, p, lease, tokens)
         return
-    wait = max(1_000, (soonest or 0) - now)
-    at(now + min(wait, 60_000), attempt, est, born)
+    wait = 1_000 if ORACLE else max(1_000, (soonest or 0) - now)
+    at(now + min(wait, 60_000), attempt, est, born, all_cooldown and not ORACLE)
 
 
 def refused(now, lease, refusal, est, born):
-    status, headers, body = refusal
+    status, headers, body, _ = refusal
     lease.failure(status=status, retry_after=headers.get("retry-after"), message=body)
+    if lease.platform == "ollama":
+        note_cap(now)
     attempt(now, est, born)
 
 
@@ -271,7 +390,8 @@ def done(now, p, lease, tokens):
     global served
     if p is ollama:
         ollama.active -= 1
-    lease.success(tokens=tokens)
+    if lease is not None:
+        lease.success(tokens=tokens)
     served += 1
 
 
@@ -291,20 +411,28 @@ while events:
     clock.set(t)
     fn(t, *args)
 
+note_cap(end)
 caps = {}
 if hasattr(e, "key_concurrency_cap"):
     caps = {"ollama/6": e.key_concurrency_cap("ollama", 6)}
+if hasattr(e, "learned_provider_caps"):
+    for k in openrouter.keys:
+        c = e.learned_provider_caps("openrouter", k)
+        caps[f"openrouter/{k}"] = {"daily": c.daily_requests, "minute": c.minute_requests}
 learned = {
     f"{p.platform}/{p.model}": (lambda l: None if l is None else {"rpm": l.rpm, "rpd": l.rpd, "tpm": l.tpm, "tpd": l.tpd})(
         e.model_limits(p.platform, p.model)
     )
-    for p in providers
+    for p in providers if p is not openrouter
 }
 e.close()
 print(json.dumps({
     "dispatches": dispatches,
     "served": served,
     "arrived": arrived,
+    "lost": dict(lost),
+    "causes": dict(causes),
+    "ollama_cap": dict(ollama_cap),
     "by_provider": {p.platform: [p.dispatched, p.refused] for p in providers},
     "learned": learned,
     "caps": caps,
@@ -312,14 +440,28 @@ print(json.dumps({
 '''
 
 
-def run(pkg: str, seed: int, hours: float) -> dict:
+def run(pkg: str, seed: int, hours: float, mode: str = "engine") -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, pkg, str(seed), str(hours)], capture_output=True, text=True, check=False
+        [sys.executable, "-c", CHILD, pkg, str(seed), str(hours), mode], capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
         raise SystemExit(f"child failed for {pkg}:\n{out.stderr}")
     result: dict = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def add(acc: dict, r: dict) -> None:
+    for k in ("dispatches", "served", "arrived"):
+        acc[k] = acc.get(k, 0) + r[k]
+    for table in ("lost", "causes", "ollama_cap"):
+        t = acc.setdefault(table, {})
+        for k, v in r[table].items():
+            t[k] = t.get(k, 0) + v
+    for prov, (d, refused) in r["by_provider"].items():
+        a = acc.setdefault("by_provider", {}).setdefault(prov, [0, 0])
+        a[0] += d
+        a[1] += refused
+    acc["last"] = r
 
 
 def main() -> None:
@@ -330,37 +472,42 @@ def main() -> None:
     args = ap.parse_args()
     builds = dict(p.split("=", 1) for p in args.pkg)
     totals: dict[str, dict] = {}
+    oracle: dict = {}
     for seed in range(1, args.seeds + 1):
+        add(oracle, run(next(iter(builds.values())), seed, args.hours, "oracle"))
         for name, pkg in builds.items():  # interleaved: one day per build per seed
-            r = run(pkg, seed, args.hours)
-            t = totals.setdefault(name, {"dispatches": 0, "served": 0, "arrived": 0, "by_provider": {}, "last": r})
-            t["dispatches"] += r["dispatches"]
-            t["served"] += r["served"]
-            t["arrived"] += r["arrived"]
-            for prov, (d, refused) in r["by_provider"].items():
-                acc = t["by_provider"].setdefault(prov, [0, 0])
-                acc[0] += d
-                acc[1] += refused
-            t["last"] = r
+            add(totals.setdefault(name, {}), run(pkg, seed, args.hours))
+    days = args.seeds * args.hours / 24
     print(f"{args.seeds} simulated day(s) of {args.hours:g} h, summed\n")
-    header = f"{'build':<10}{'arrived':>9}{'dispatches':>11}{'refused':>9}{'/1000':>8}{'served':>9}{'goodput/1000':>14}"
+    header = (
+        f"{'build':<10}{'arrived':>9}{'dispatches':>11}{'refused':>9}{'/day':>8}{'/1000':>7}{'served':>9}"
+        f"{'lost':>6}{'benched':>8}{'vs oracle':>10}"
+    )
     print(header)
-    for name, t in totals.items():
+    for name, t in [("oracle", oracle), *totals.items()]:
         refused = sum(r for _, r in t["by_provider"].values())
         d = t["dispatches"]
+        lost = sum(t["lost"].values())
         print(
-            f"{name:<10}{t['arrived']:>9}{d:>11}{refused:>9}{1000 * refused / max(d, 1):>8.1f}{t['served']:>9}"
-            f"{1000 * t['served'] / max(d, 1):>14.1f}"
+            f"{name:<10}{t['arrived']:>9}{d:>11}{refused:>9}{refused / days:>8.0f}{1000 * refused / max(d, 1):>7.1f}"
+            f"{t['served']:>9}{lost:>6}{t['lost'].get('benched', 0):>8}{100 * t['served'] / max(oracle['served'], 1):>9.2f}%"
         )
-    print("\nrefused answers (429/503) per provider: dispatches, refused, per 1000 dispatches")
+    print("\nrefused answers (429/503) per cause, per day")
+    causes = sorted({c for t in totals.values() for c in t["causes"]})
+    print(f"{'cause':<24}" + "".join(f"{name:>10}" for name in totals))
+    for c in causes:
+        print(f"{c:<24}" + "".join(f"{t['causes'].get(c, 0) / days:>10.1f}" for t in totals.values()))
+    print("\ndispatches, refused per provider")
     provs = list(next(iter(totals.values()))["by_provider"])
-    print(f"{'provider':<10}" + "".join(f"{name:>28}" for name in totals))
+    print(f"{'provider':<12}" + "".join(f"{name:>20}" for name in ["oracle", *totals]))
     for prov in provs:
-        cells = []
-        for t in totals.values():
-            d, r = t["by_provider"][prov]
-            cells.append(f"{d:>9} {r:>7} {1000 * r / max(d, 1):>9.1f}")
-        print(f"{prov:<10}" + "".join(f"{c:>28}" for c in cells))
+        cells = [f"{t['by_provider'][prov][0]:>10} {t['by_provider'][prov][1]:>8}" for t in [oracle, *totals.values()]]
+        print(f"{prov:<12}" + "".join(f"{c:>20}" for c in cells))
+    print("\nthe Ollama key's learned concurrency cap (SPEC 15.4): hours at each value, changes, per day")
+    for name, t in totals.items():
+        oc = t["ollama_cap"]
+        spent = {k: round(v / 3_600_000 / days, 1) for k, v in sorted(oc.items()) if k != "changes"}
+        print(f"  {name}: {spent} changes {oc.get('changes', 0) / days:.1f}")
     print("\nlearned by the end of the last day:")
     for name, t in totals.items():
         print(f"  {name}: limits {t['last']['learned']} caps {t['last']['caps'] or 'n/a'}")

@@ -172,6 +172,24 @@ def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
 # What each schema version added, undone newest first: `downgrade_schema` turns a file
 # the engine made into one of an older version, to test migrating it forward.
 _UNDO = {
+    9: [
+        "DELETE FROM rate_limit_cooldowns WHERE key_id IS NULL OR source = 'upstream'",
+        "CREATE TABLE rate_limit_cooldowns_v8 (platform TEXT NOT NULL, model_id TEXT NOT NULL, "
+        "key_id INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL, source TEXT NOT NULL "
+        "CHECK (source IN ('heuristic', 'authoritative', 'credit', 'tier')), set_at_ms INTEGER NOT NULL, "
+        "PRIMARY KEY (platform, model_id, key_id))",
+        "INSERT INTO rate_limit_cooldowns_v8 SELECT * FROM rate_limit_cooldowns",
+        "DROP TABLE rate_limit_cooldowns",
+        "ALTER TABLE rate_limit_cooldowns_v8 RENAME TO rate_limit_cooldowns",
+        "DELETE FROM failure_history WHERE kind IN ('upstream', 'pool_minute', 'pool_day')",
+        "CREATE TABLE failure_history_v8 (platform TEXT NOT NULL, model_id TEXT NOT NULL, "
+        "key_id INTEGER NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty', "
+        "'transient', 'concurrency')), hit_at_ms INTEGER NOT NULL, value INTEGER)",
+        "INSERT INTO failure_history_v8 SELECT * FROM failure_history",
+        "DROP TABLE failure_history",
+        "ALTER TABLE failure_history_v8 RENAME TO failure_history",
+        "CREATE INDEX idx_failure_history_key ON failure_history (key_id)",
+    ],
     8: ["ALTER TABLE api_keys DROP COLUMN concurrency_cap"],
     7: [
         "DELETE FROM failure_history WHERE kind IN ('transient', 'concurrency')",

@@ -9,6 +9,9 @@ the answer:
 * ``gemini-day``: Google's RESOURCE_EXHAUSTED for a spent daily quota, RetryInfo 17s;
 * ``busy``: at most ``busy_cap`` requests at once, each held ``busy_hold_s``; one more
   is answered 429 "Too many concurrent requests";
+* ``or-upstream``: OpenRouter's 429 for a free model congested upstream (SPEC 21.1);
+* ``or-pool``: OpenRouter's 429 "free-models-per-min" with ``X-RateLimit-Limit: 20``,
+  ``-Remaining`` and ``-Reset`` (30 s ahead, epoch ms) as response headers (SPEC 21.2);
 * ``flaky``: 503 for the first request, then ``ok``;
 * ``slow``: answers after 3 s.
 
@@ -23,7 +26,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from provider_bodies import GEMINI_PER_DAY_17S, GROQ_TPM_766
+from provider_bodies import GEMINI_PER_DAY_17S, GROQ_TPM_766, OPENROUTER_UPSTREAM
 
 HEADERS = {
     "x-ratelimit-limit-requests": "30",
@@ -126,6 +129,17 @@ class LiteLLMProviders:
         if model == "gemini-day":
             self._note(model, 429)
             self.send(h, 429, ("[" + GEMINI_PER_DAY_17S + "]").encode(), {})
+            return
+        if model == "or-upstream":
+            self._note(model, 429)
+            self.send(h, 429, OPENROUTER_UPSTREAM.encode(), {})
+            return
+        if model == "or-pool":
+            self._note(model, 429)
+            reset = str(int(time.time() * 1000) + 30_000)
+            pool = {"X-RateLimit-Limit": "20", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}
+            err = {"error": {"message": "Rate limit exceeded: free-models-per-min. ", "code": 429}}
+            self.send(h, 429, json.dumps(err).encode(), pool)
             return
         if model == "flaky" and self.total(model) == 0:
             self._note(model, 503)

@@ -50,3 +50,37 @@ OPENAI_TPM_20MS = (
 
 # Ollama's scheduler when its queue is full (OLLAMA_MAX_QUEUE), with HTTP 503.
 OLLAMA_BUSY = '{"error":"server busy, please try again.  maximum pending requests exceeded"}'
+
+# OpenRouter (SPEC 21). A free model's upstream congested for every key: the wording
+# and shape reported in github.com/Aculeasis/openrouter-proxy/issues/1 (2025-07-21).
+OPENROUTER_UPSTREAM = (
+    '{"error":{"message":"Provider returned error","code":429,"metadata":{"raw":'
+    '"google/gemini-2.0-flash-exp:free is temporarily rate-limited upstream. Please retry '
+    "shortly, or add your own key to accumulate your rate limits: "
+    'https://openrouter.ai/settings/integrations","provider_name":"Google AI Studio"}}}'
+)
+# The same error as LiteLLM passes it on (its exception's message prefixes the body).
+OPENROUTER_UPSTREAM_LITELLM = "litellm.RateLimitError: RateLimitError: OpenrouterException - " + OPENROUTER_UPSTREAM
+# A 402 whose metadata names no upstream (github.com/astrio-labs/forall/issues/76).
+OPENROUTER_402 = (
+    '{"error":{"message":"This request requires more credits, or fewer max_tokens. You requested '
+    "up to 64000 tokens, but can only afford 2666. To increase, visit "
+    'https://openrouter.ai/settings/credits and upgrade to a paid account","code":402,'
+    '"metadata":{"provider_name":null}},"user_id":"user_35tI40u3gKTMEMGS061Ov1xsUTj"}'
+)
+
+
+def openrouter_pool_body(pool: str, limit: int, reset_ms: int, upsell: str = "") -> str:
+    """OpenRouter's 429 for its account-wide free pools: the message names the pool
+    (`free-models-per-min`, `free-models-per-day`) and `error.metadata.headers` carries
+    X-RateLimit-Limit, -Remaining and -Reset (epoch ms). Shape and wording as reported in
+    github.com/Gitlawb/openclaude/issues/936 (free-models-per-day, Limit 50, Remaining 0,
+    the "Add 10 credits" upsell) and github.com/Aider-AI/aider/issues/3936."""
+    return (
+        f'{{"error":{{"message":"Rate limit exceeded: {pool}. {upsell}","code":429,"metadata":'
+        f'{{"headers":{{"X-RateLimit-Limit":"{limit}","X-RateLimit-Remaining":"0",'
+        f'"X-RateLimit-Reset":"{reset_ms}"}}}}}},"user_id":"user_2zqGkqYQm1"}}'
+    )
+
+
+OPENROUTER_PER_DAY_UPSELL = "Add 10 credits to unlock 1000 free model requests per day"

@@ -231,7 +231,7 @@ fn cooldown(key_id: i64, model: &str, expires: i64) -> CooldownRow {
     CooldownRow {
         platform: Arc::from("p"),
         model_id: Arc::from(model),
-        key_id,
+        key_id: Some(key_id),
         expires_at_ms: expires,
         source: CooldownSource::Authoritative,
         set_at_ms: T0,

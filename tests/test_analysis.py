@@ -476,7 +476,7 @@ def test_cooldowns_frame(reader: q.QuotaEngine, empty_db: Path) -> None:
     assert row.expires_at == pd.Timestamp("2026-01-01 10:15:00", tz="UTC")
     assert row.remaining_s == pytest.approx(599.0)
     assert str(df.set_at.dtype) == str(df.expires_at.dtype) == "datetime64[ns, UTC]"
-    assert df.remaining_s.dtype == "float64" and df.key_id.dtype == "int64"
+    assert df.remaining_s.dtype == "float64" and df.key_id.dtype == "Int64"  # <NA>: every key (SPEC 21.1)
     empty = analysis.cooldowns_frame(empty_db)
     assert len(empty) == 0 and list(empty.columns) == list(analysis.COOLDOWN_COLUMNS)
     assert str(empty.expires_at.dtype) == "datetime64[ns, UTC]"

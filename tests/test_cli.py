@@ -24,6 +24,9 @@ def test_demo_runs_and_proves_zero_overshoot(tmp_path: Path) -> None:
     assert "refused answers (429/503) per provider" in r.stdout
     assert "demo-gemini" in r.stdout and "demo-ollama" in r.stdout
     assert "limits learned:" in r.stdout and "concurrency caps:" in r.stdout
+    # what the engine learned from the OpenRouter-like aggregator (SPEC 21)
+    assert "provider caps learned from pool 429s:" in r.stdout
+    assert "upstream congestion:" in r.stdout
     assert (tmp_path / "quota.db").exists()  # the default database is ./quota.db
     status = run("status", "--db", str(tmp_path / "quota.db"))
     assert status.returncode == 0, status.stderr

@@ -494,6 +494,7 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "provider_caps": lambda: e.provider_caps(P),
         "set_provider_caps": lambda: e.set_provider_caps(P, daily_requests=None),
         "reset_provider_caps": lambda: e.reset_provider_caps(P),
+        "learned_provider_caps": lambda: e.learned_provider_caps(P, 1),
         "provider_daily_request_count": lambda: e.provider_daily_request_count(P, K),
         "provider_minute_request_count": lambda: e.provider_minute_request_count(P, K),
         "provider_daily_token_count": lambda: e.provider_daily_token_count(P, K),

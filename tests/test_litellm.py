@@ -451,6 +451,43 @@ def test_a_litellm_timeout_is_a_timeout_failure(
     plugin.uninstall()
 
 
+def test_an_upstream_429_benches_the_model_for_every_key(server: LiteLLMProviders, live_engine: q.QuotaEngine) -> None:
+    """SPEC 21.1 through the plugin: once the failure is logged, no key is sent the
+    congested model; the next call goes to another model."""
+    e = live_engine
+    ml = [
+        deployment(server, "g", "or-upstream", "a", 1),
+        deployment(server, "g", "or-upstream", "b", 2),
+        deployment(server, "g", "ok", "c", 3),
+    ]
+    plugin = qel.install(router(ml, num_retries=2), e, strategy="order")
+    resp = plugin._router.completion(model="g", messages=MESSAGES)
+    assert resp.usage.total_tokens == 20
+    settle(lambda: e.cooldown("local", "or-upstream", 2) is not None)
+    for key in (1, 2):
+        cd = e.cooldown("local", "or-upstream", key)
+        assert cd is not None and (cd.key_id, cd.source) == (None, "upstream")
+    settle(lambda: in_flight(e, ("local", "or-upstream", 1)) == in_flight(e, ("local", "or-upstream", 2)) == 0)
+    sent = server.total("or-upstream")
+    for _ in range(3):
+        plugin._router.completion(model="g", messages=MESSAGES)
+    assert server.total("or-upstream") == sent
+    plugin.uninstall()
+
+
+def test_a_pool_429s_headers_teach_the_account_its_cap(server: LiteLLMProviders, live_engine: q.QuotaEngine) -> None:
+    """SPEC 21.2 through the plugin: the cap and reset in the response's headers."""
+    e = live_engine
+    ml = [deployment(server, "g", "or-pool", "a", 4), deployment(server, "g", "ok", "b", 5)]
+    plugin = qel.install(router(ml, num_retries=1), e, strategy="order")
+    plugin._router.completion(model="g", messages=MESSAGES)
+    settle(lambda: e.learned_provider_caps("local", 4).minute_requests == 20)
+    cd = e.cooldown("local", "or-pool", 4)
+    assert cd is not None and cd.source == "authoritative" and 25_000 <= cd.remaining_ms <= 30_000
+    assert e.learned_provider_caps("local", 5).minute_requests is None
+    plugin.uninstall()
+
+
 def test_each_litellm_retry_is_a_new_choice(server: LiteLLMProviders, live_engine: q.QuotaEngine) -> None:
     e = live_engine
     ml = [deployment(server, "g", "groq-429", "a", 1), deployment(server, "g", "ok", "b", 2)]

@@ -33,6 +33,11 @@ def _opt(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _key(key_id: int | None) -> str:
+    """A cooldown's key: "*" for a model benched on every key (SPEC 21.1)."""
+    return "*" if key_id is None else str(key_id)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _open_existing(args.db) as e:
         snap = e.snapshot()
@@ -59,7 +64,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if cds:
             rows = [
                 [
-                    f"{c.platform}/{c.model_id}/{c.key_id}",
+                    f"{c.platform}/{c.model_id}/{_key(c.key_id)}",
                     c.source,
                     _fmt_left(c.remaining_ms),
                     f"until {_fmt_time(c.expires_at_ms)}",
@@ -83,7 +88,7 @@ def cmd_cooldowns(args: argparse.Namespace) -> int:
             print("no active cooldowns")
         for c in cds:
             print(
-                f"{c.platform}/{c.model_id}/{c.key_id}  {c.source:<13}  {_fmt_left(c.remaining_ms):>8} left"
+                f"{c.platform}/{c.model_id}/{_key(c.key_id)}  {c.source:<13}  {_fmt_left(c.remaining_ms):>8} left"
                 f"  (until {_fmt_time(c.expires_at_ms)})"
             )
     return 0

@@ -7,9 +7,13 @@ answer over-limit calls as the real ones do: 429 bodies Groq style (a
 ``Retry-After`` and the true limit in the text), a daily allocation error
 (Cloudflare style), Gemini's ``RESOURCE_EXHAUSTED`` for a spent daily quota with
 a ``retryDelay`` of a few seconds (which the engine does not believe, SPEC 15.1),
-and a local Ollama that takes two requests at a time and answers a third with
+a local Ollama that takes two requests at a time and answers a third with
 503 "server busy ... maximum pending requests exceeded" (the engine learns the
-cap, SPEC 15.4). Some published limits are looser than the provider's real ones,
+cap, SPEC 15.4), and an OpenRouter-like aggregator (SPEC 21) whose accounts share a
+pool of free-model requests a minute (its 429 "free-models-per-min" carries
+X-RateLimit-Limit and -Reset in the body: the engine learns the account's cap) and
+one of whose models is congested upstream for every key for a stretch ("...
+temporarily rate-limited upstream": the engine benches the model, not the keys). Some published limits are looser than the provider's real ones,
 or missing, so the engine has to learn them from the error bodies. The summary
 prints the refused answers per provider and what was learned, and proves zero
 overshoot of every published limit from the usage rows in the database.
@@ -48,6 +52,14 @@ class Provider:
     daily_allocation: int | None = None  # provider-side daily request allocation (per key)
     gemini: bool = False  # answers like Gemini: RESOURCE_EXHAUSTED with a quota id and a retryDelay
     max_concurrency: int | None = None  # a local server that takes this many requests at a time
+    # OpenRouter-like (SPEC 21): an account-wide pool of requests a minute per key,
+    # answered "free-models-per-min" with the X-RateLimit-* headers in the body, and
+    # models whose upstream is congested for every key between two offsets (seconds
+    # from the start) of the run.
+    pool_rpm: int | None = None
+    congested: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _t0: float = field(default_factory=time.monotonic)
+    _pool: dict[int, deque[float]] = field(default_factory=lambda: defaultdict(deque))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _minute: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=lambda: defaultdict(deque))
     _day: Counter[int] = field(default_factory=Counter)
@@ -60,6 +72,16 @@ class Provider:
         with self._lock:
             if self.max_concurrency is not None and self._active >= self.max_concurrency:
                 return 503, {}, OLLAMA_BUSY, 0
+            span = self.congested.get(model.name)
+            if span is not None and span[0] <= now - self._t0 < span[1]:
+                return 429, {}, openrouter_upstream_body(model.name), 0
+            if self.pool_rpm is not None:
+                pool = self._pool[key]
+                while pool and pool[0] <= now - 60:
+                    pool.popleft()
+                if len(pool) >= self.pool_rpm:
+                    reset_ms = int((time.time() + 60 - (now - pool[0])) * 1000)
+                    return 429, {}, openrouter_pool_body("free-models-per-min", self.pool_rpm, reset_ms), 0
             if self.daily_allocation is not None and self._day[key] >= self.daily_allocation:
                 if self.gemini:
                     quota = "GenerateRequestsPerDayPerProjectPerModel-FreeTier"
@@ -91,6 +113,8 @@ class Provider:
                 )
                 return 429, {"retry-after": "20"}, body, 0
             window.append((now, tokens))
+            if self.pool_rpm is not None:
+                self._pool[key].append(now)
             self._day[key] += 1
             self._active += 1
         try:
@@ -102,6 +126,24 @@ class Provider:
 
 
 OLLAMA_BUSY = '{"error":"server busy, please try again.  maximum pending requests exceeded"}'
+
+
+def openrouter_upstream_body(model: str) -> str:
+    """OpenRouter's 429 when a free model's upstream is congested, for every key."""
+    raw = (
+        f"{model} is temporarily rate-limited upstream. Please retry shortly, or add your own key to "
+        "accumulate your rate limits: https://openrouter.ai/settings/integrations"
+    )
+    error = {"message": "Provider returned error", "code": 429, "metadata": {"raw": raw, "provider_name": "Chutes"}}
+    return json.dumps({"error": error})
+
+
+def openrouter_pool_body(pool: str, limit: int, reset_ms: int) -> str:
+    """OpenRouter's 429 for its account-wide free pool, the X-RateLimit-* headers in the body."""
+    headers = {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(reset_ms)}
+    return json.dumps(
+        {"error": {"message": f"Rate limit exceeded: {pool}. ", "code": 429, "metadata": {"headers": headers}}}
+    )
 
 
 def gemini_body(quota_id: str, model: str, value: int, delay_s: int) -> str:
@@ -167,8 +209,15 @@ def _providers() -> list[Provider]:
         ),
         Provider(
             "demo-openrouter",
-            [Model("deepseek-chat:free", {"rpm": 20, "rpd": None, "tpm": None, "tpd": None})],
-            keys=[KEY_BASE + 6],
+            [
+                Model("deepseek-chat:free", {"rpm": 20, "rpd": None, "tpm": None, "tpd": None}),
+                Model("llama-3.3-70b-instruct:free", {"rpm": 20, "rpd": None, "tpm": None, "tpd": None}),
+            ],
+            keys=[KEY_BASE + 6, KEY_BASE + 10],
+            # each key's account takes 12 free-model requests a minute (not published)
+            pool_rpm=12,
+            # llama's upstream is congested for every key for a stretch of the run
+            congested={"llama-3.3-70b-instruct:free": (1.0, 4.0)},
         ),
         Provider(
             "demo-ollama",
@@ -259,6 +308,7 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
     benched: Counter[str] = Counter()
     answers: dict[str, Counter[int]] = defaultdict(Counter)  # platform -> status -> count
     per_key: Counter[str] = Counter()  # where lease_any sent the requests
+    upstream_seen: dict[str, int] = {}  # platform/model -> the longest model-wide bench (ms)
     with QuotaEngine(db) as e:
         path = e.path  # the engine's default when db is None
         _setup(e, providers)
@@ -306,6 +356,9 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
                                 failed[out.kind] += 1
                                 if out.cooldown is not None:
                                     benched[f"{out.kind} ({out.cooldown.source})"] += 1
+                                if out.kind == "upstream" and out.cooldown is not None:
+                                    route = f"{p.platform}/{m.name}"
+                                    upstream_seen[route] = max(upstream_seen.get(route, 0), out.cooldown.duration_ms)
                 time.sleep(rng.uniform(0, 2 * pace))
 
         def progress() -> None:
@@ -337,6 +390,14 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
         cooldowns = [c for c in e.active_cooldowns() if c.platform.startswith("demo-")]
         learned = _learned(e, providers)
         caps = {f"{p.platform} key {k}": e.key_concurrency_cap(p.platform, k) for p in providers for k in p.keys}
+        pool_caps = {f"{p.platform} key {k}": e.learned_provider_caps(p.platform, k) for p in providers for k in p.keys}
+        pool_caps_text = {
+            key: " ".join(
+                f"{axis}={v}" for axis, v in (("daily", c.daily_requests), ("minute", c.minute_requests)) if v
+            )
+            for key, c in pool_caps.items()
+            if c.daily_requests is not None or c.minute_requests is not None
+        }
 
     print(f"quotaengine demo: {threads} router threads for {seconds:g}s on {path}")
     print(f"  admitted   {admitted} (succeeded {succeeded}, failed {sum(failed.values())})")
@@ -354,6 +415,12 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
         print(f"    {platform:<26}{bad} of {sum(by_status.values())}")
     print(f"  limits learned:   {learned or 'none'}")
     print(f"  concurrency caps: {({k: v for k, v in caps.items() if v is not None}) or 'none'}")
+    print(f"  provider caps learned from pool 429s: {pool_caps_text or 'none'}")
+    benches = {route: f"up to {ms / 1000:g}s" for route, ms in upstream_seen.items()} or "none"
+    print(
+        f"  upstream congestion: {failed.get('upstream', 0)} answer(s) benched the model on every key "
+        f"(the keys' own ladders untouched): {benches}"
+    )
     print(f"  active cooldowns: {len(cooldowns)}")
     print(f"  overshoot: {over} requests over a published limit ({checked} windows checked)")
     print(f"\nrun `python -m quotaengine status --db {path}` to see the windows and cooldowns")

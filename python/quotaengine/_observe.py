@@ -127,8 +127,8 @@ def _observe_response(lease: Lease, response: Any, tokens: int | None) -> Failur
         _succeed(lease, counts, tokens)
         return None
     message = _text(response, MESSAGE_BYTES)
-    lease._record_quota_headers(headers, status)
-    return lease.failure(status=status, retry_after=_retry_after(headers), message=message)
+    # The headers go with the failure too: a pool 429 states its cap there (SPEC 21.2).
+    return lease._failure_with_headers(headers, status=status, retry_after=_retry_after(headers), message=message)
 
 
 def _retry_after(headers: Mapping[str, str]) -> str | None:
@@ -188,8 +188,7 @@ def _observe_litellm(lease: Lease, exc: BaseException) -> FailureOutcome | None:
         lease._record_quota_headers(headers, status)
         _succeed(lease, None, None)
         return None
-    lease._record_quota_headers(headers, status)
-    return lease.failure(status=status, retry_after=_retry_after(headers), message=body)
+    return lease._failure_with_headers(headers, status=status, retry_after=_retry_after(headers), message=body)
 
 
 def _hidden_headers(outcome: object) -> dict[str, str]:

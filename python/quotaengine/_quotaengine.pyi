@@ -33,10 +33,13 @@ _GateName = Literal[
 #: also declared at account scope (``"rpm:key"``, ``"requests/1s:key"``).
 _Reason: TypeAlias = _GateName | str
 _Source = Literal["heuristic", "authoritative", "credit", "tier"]
+# What benched: also "upstream", the model-wide bench of a congested upstream (SPEC 21.1).
+_BenchSource = Literal["heuristic", "authoritative", "credit", "tier", "upstream"]
 _Kind = Literal[
     "payment",
     "forbidden",
     "auth",
+    "upstream",
     "daily_quota",
     "concurrency",
     "rate_limit",
@@ -138,21 +141,23 @@ class Admission:
 
 @final
 class Cooldown:
-    """An active bench of one (platform, model_id, key_id)."""
+    """An active bench of one (platform, model_id, key_id); with key_id None, of the
+    model for every key of the platform (source "upstream", SPEC 21.1)."""
 
     @property
     def platform(self) -> str: ...
     @property
     def model_id(self) -> str: ...
     @property
-    def key_id(self) -> int: ...
+    def key_id(self) -> int | None:
+        """None for a model-wide bench (SPEC 21.1)."""
     @property
     def expires_at_ms(self) -> int: ...
     @property
     def remaining_ms(self) -> int:
         """Milliseconds left when this object was read."""
     @property
-    def source(self) -> _Source: ...
+    def source(self) -> _BenchSource: ...
     @property
     def set_at_ms(self) -> int: ...
     def __eq__(self, other: object, /) -> bool: ...
@@ -176,7 +181,7 @@ class CooldownDecision:
     @property
     def duration_ms(self) -> int: ...
     @property
-    def source(self) -> _Source: ...
+    def source(self) -> _BenchSource: ...
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -356,6 +361,17 @@ class Lease:
         TypeError and the lease stays live."""
     def _record_quota_headers(self, headers: Mapping[str, str], status: int) -> None:
         """``record_quota_headers`` for this lease's route."""
+    def _failure_with_headers(
+        self,
+        headers: Mapping[str, str],
+        *,
+        status: int,
+        retry_after: str | int | float | None = None,
+        message: str | None = None,
+    ) -> FailureOutcome | None:
+        """``record_quota_headers`` for this lease's route, then ``failure(...)`` with the
+        response's headers at hand (a pool 429's cap may sit there, SPEC 21.2): what
+        ``observe`` does with a failed response."""
     def release(self) -> None:
         """Release without recording anything. Idempotent."""
     def __enter__(self) -> Lease: ...
@@ -588,9 +604,12 @@ class _QuotaEngine:
         self, platform: str, model_id: str, key_id: int, duration_ms: int = 60_000, source: _Source = "heuristic"
     ) -> None:
         """Bench a route (the operator's call: always overwrites)."""
-    def cooldown(self, platform: str, model_id: str, key_id: int) -> Cooldown | None: ...
+    def cooldown(self, platform: str, model_id: str, key_id: int) -> Cooldown | None:
+        """The route's bench: whichever of its own cooldown and its model's model-wide one
+        (key_id None, SPEC 21.1) ends later; None when neither is active."""
     def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
-        """Active cooldowns, soonest expiry first."""
+        """Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
+        when ``key_ids`` is None."""
     def stored_cooldowns(self) -> list[Cooldown]:
         """Every cooldown the store holds, expired ones included until they are cleaned up
         (``cleanup_expired_cooldowns``), sorted by platform, model_id, key_id; an expired
@@ -624,7 +643,9 @@ class _QuotaEngine:
         limits: _LimitsArg = None,
     ) -> FailureOutcome:
         """One call for any failure: infers the kind, benches the route (never shortening
-        a later-expiring cooldown), learns a limit stated in ``message``. Records no usage."""
+        a later-expiring cooldown), learns a limit stated in ``message``. Records no usage.
+        An ``"upstream"`` failure benches the model on every key of the platform instead
+        (SPEC 21.1); a pool 429 teaches the account a provider cap (21.2)."""
     def learn_limit_from_error(self, platform: str, model_id: str, message: str | None) -> LearnedLimit | None:
         """Writes the stated limit only when it tightens the stored one; returns it then."""
     # observed provider quota
@@ -686,6 +707,9 @@ class _QuotaEngine:
         """An int sets a cap (0 refuses everything), None means no cap, an omitted
         argument keeps what is set. Persisted; wins over env and defaults."""
     def reset_provider_caps(self, platform: str) -> None: ...
+    def learned_provider_caps(self, platform: str, key_id: int) -> ProviderCaps:
+        """SPEC 21.2: the provider caps learned for the key's account from pool 429s
+        (daily and minute requests; None where nothing was learned)."""
     def provider_daily_request_count(self, platform: str, key_id: int) -> int: ...
     def provider_minute_request_count(self, platform: str, key_id: int) -> int: ...
     def provider_daily_token_count(self, platform: str, key_id: int) -> int: ...

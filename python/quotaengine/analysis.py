@@ -76,6 +76,7 @@ SOURCE_COLORS = {
     "authoritative": "#1565c0",
     "credit": "#6a1b9a",
     "tier": "#c62828",
+    "upstream": "#2e7d32",
 }
 
 _UTC = "datetime64[ns, UTC]"
@@ -108,8 +109,8 @@ def _utc(ms: Any) -> Any:
     return pd.to_datetime(values, unit="ms", utc=True).astype(_UTC)
 
 
-def _route_label(platform: str, model_id: str, key_id: int) -> str:
-    return f"{platform} / {model_id} / key {key_id}"
+def _route_label(platform: str, model_id: str, key_id: int | None) -> str:
+    return f"{platform} / {model_id} / " + ("every key" if key_id is None else f"key {key_id}")
 
 
 def _compact(value: float) -> str:
@@ -225,9 +226,10 @@ def state_frame(source: Source) -> pd.DataFrame:
 def cooldowns_frame(source: Source) -> pd.DataFrame:
     """Active cooldowns, soonest expiry first.
 
-    Columns (:data:`COOLDOWN_COLUMNS`): ``platform``, ``model_id``, ``key_id``,
-    ``source`` (``"heuristic"``, ``"authoritative"``, ``"credit"`` or ``"tier"``,
-    see SPEC §6), ``set_at`` and ``expires_at`` (``datetime64[ns, UTC]``), and
+    Columns (:data:`COOLDOWN_COLUMNS`): ``platform``, ``model_id``, ``key_id``
+    (nullable ``Int64``: ``<NA>`` for a model benched on every key, SPEC 21.1),
+    ``source`` (``"heuristic"``, ``"authoritative"``, ``"credit"``, ``"tier"`` or
+    ``"upstream"``, see SPEC §6 and 21.1), ``set_at`` and ``expires_at`` (``datetime64[ns, UTC]``), and
     ``remaining_s`` (float64, seconds left at the engine's clock).
     """
     import pandas as pd
@@ -238,7 +240,7 @@ def cooldowns_frame(source: Source) -> pd.DataFrame:
         {
             "platform": pd.Series([c.platform for c in cds], dtype=str),
             "model_id": pd.Series([c.model_id for c in cds], dtype=str),
-            "key_id": pd.Series([c.key_id for c in cds], dtype="int64"),
+            "key_id": pd.Series([c.key_id for c in cds], dtype="Int64"),
             "source": pd.Series([c.source for c in cds], dtype=str),
             "set_at": _utc([c.set_at_ms for c in cds]),
             "expires_at": _utc([c.expires_at_ms for c in cds]),
@@ -458,7 +460,7 @@ def plot_cooldowns(source: Source, since_ms: int | None = None) -> Figure:
         rows = [r for r in rows if r[5] >= since_ms]
     if not rows:
         return _no_data("cooldowns", "no cooldowns" + ("" if since_ms is None else " since then"))
-    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    rows.sort(key=lambda r: (r[0], r[1], -1 if r[2] is None else r[2]))  # None: every key (SPEC 21.1)
 
     import matplotlib.dates as mdates
     from matplotlib.patches import Patch

@@ -99,6 +99,8 @@ pub enum KindRule {
     DailyQuota,
     /// Benches nothing; learns a key concurrency cap (SPEC 15.4).
     Concurrency,
+    /// Benches the model for every key of the platform (SPEC 21.1).
+    Upstream,
     Limit {
         quota_signal: bool,
     },
@@ -111,6 +113,7 @@ pub fn kind_rule(kind: FailureKind) -> KindRule {
         FailureKind::Payment => KindRule::Fixed(CooldownDecision::new(DAY_MS, CooldownSource::Credit)),
         FailureKind::Forbidden => KindRule::Fixed(CooldownDecision::new(DAY_MS, CooldownSource::Tier)),
         FailureKind::Auth => KindRule::AuthLadder,
+        FailureKind::Upstream => KindRule::Upstream,
         FailureKind::DailyQuota => KindRule::DailyQuota,
         FailureKind::Concurrency => KindRule::Concurrency,
         FailureKind::RateLimit => KindRule::Limit { quota_signal: true },

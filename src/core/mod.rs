@@ -18,5 +18,6 @@ pub mod random;
 pub mod state;
 pub mod store;
 pub mod types;
+pub mod upstream;
 pub mod wait;
 pub mod windows;

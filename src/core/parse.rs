@@ -440,6 +440,8 @@ pub enum FailureKind {
     Payment,
     Forbidden,
     Auth,
+    /// SPEC 21.1: an aggregator's upstream for one model is congested, for every key.
+    Upstream,
     DailyQuota,
     /// SPEC 15.4: the provider refused for too many requests at once.
     Concurrency,
@@ -453,10 +455,11 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind, in SPEC table order.
-    pub const ALL: [FailureKind; 11] = [
+    pub const ALL: [FailureKind; 12] = [
         FailureKind::Payment,
         FailureKind::Forbidden,
         FailureKind::Auth,
+        FailureKind::Upstream,
         FailureKind::DailyQuota,
         FailureKind::Concurrency,
         FailureKind::RateLimit,
@@ -472,6 +475,7 @@ impl FailureKind {
             FailureKind::Payment => "payment",
             FailureKind::Forbidden => "forbidden",
             FailureKind::Auth => "auth",
+            FailureKind::Upstream => "upstream",
             FailureKind::DailyQuota => "daily_quota",
             FailureKind::Concurrency => "concurrency",
             FailureKind::RateLimit => "rate_limit",
@@ -528,6 +532,8 @@ const RATE_LIMIT_PHRASES: &[&str] = &[
     "resource_exhausted",
     "quota",
 ];
+/// SPEC 21.1: OpenRouter's "... is temporarily rate-limited upstream ..." and its kin.
+const UPSTREAM_PHRASES: &[&str] = &["rate-limited upstream", "overloaded upstream"];
 const TIMEOUT_PHRASES: &[&str] =
     &["timeout", "timed out", "time-out", "deadline exceeded", "deadline_exceeded", "etimedout"];
 const TRANSPORT_PHRASES: &[&str] = &[
@@ -565,7 +571,9 @@ fn contains_any_word(haystack: &str, words: &[&str]) -> bool {
 /// the first matching row wins, phrases match case-insensitively.
 ///
 /// Rows: payment (402, "payment required", "insufficient_quota", "insufficient
-/// credit(s)/balance"), forbidden (403, "forbidden"), auth (401), daily_quota
+/// credit(s)/balance"), forbidden (403, "forbidden"), auth (401), upstream (SPEC
+/// 21.1: a 429 or 503 saying "rate-limited upstream" / "overloaded upstream", or
+/// whose JSON body's `error.metadata.provider_name` names the upstream), daily_quota
 /// (a day AND a quota named, and no minute axis), concurrency (a 429 or 503, or
 /// no status, whose message names concurrency: "concurrent", "pending requests",
 /// ...), rate_limit (429, "rate
@@ -586,6 +594,12 @@ pub fn infer_failure_kind(status: Option<i64>, message: Option<&str>) -> Failure
     }
     if status == Some(401) {
         return FailureKind::Auth;
+    }
+    if matches!(status, Some(429 | 503))
+        && (has(UPSTREAM_PHRASES)
+            || message.is_some_and(|m| crate::core::upstream::upstream_provider_name(m).is_some()))
+    {
+        return FailureKind::Upstream;
     }
     let names_day = has(DAY_PHRASES) || contains_any_word(text, DAY_WORDS);
     let names_minute_axis = has(MINUTE_PHRASES) || contains_any_word(text, MINUTE_WORDS);

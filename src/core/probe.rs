@@ -130,6 +130,7 @@ mod tests {
             expires_at_ms: expires,
             source: CooldownSource::Heuristic,
             set_at_ms: set_at,
+            model_wide: false,
         }
     }
 

@@ -93,6 +93,8 @@ pub struct Mirror {
     account_members: HashMap<(String, Arc<str>), usize>,
     leases: FastMap<i64, LeaseRec>,
     pub cooldowns: FastMap<RouteId, CooldownRec>,
+    /// platform -> model_id -> the model's bench for every key (SPEC 21.1).
+    pub model_cooldowns: FastMap<Arc<str>, FastMap<Arc<str>, CooldownRec>>,
     /// Registered keys; change them through `put_key` / `replace_keys`.
     pub keys: HashMap<i64, KeyInfo>,
     /// platform -> its registered, enabled keys, kept with `keys`.
@@ -813,17 +815,61 @@ impl Mirror {
 
     pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
         self.cooldowns.clear();
+        self.model_cooldowns.clear();
         for r in rows {
-            let rid = self.route_id(&r.platform, &r.model_id, r.key_id);
-            self.cooldowns.insert(
-                rid,
-                CooldownRec { expires_at_ms: r.expires_at_ms, source: r.source, set_at_ms: r.set_at_ms },
-            );
+            self.put_cooldown(r);
         }
     }
 
+    /// One stored cooldown: a route's, or with no key the model's (SPEC 21.1).
+    pub fn put_cooldown(&mut self, r: &CooldownRow) {
+        let rec = CooldownRec { expires_at_ms: r.expires_at_ms, source: r.source, set_at_ms: r.set_at_ms };
+        match r.key_id {
+            Some(key_id) => {
+                let rid = self.route_id(&r.platform, &r.model_id, key_id);
+                self.cooldowns.insert(rid, rec);
+            }
+            None => {
+                self.model_cooldowns.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
+            }
+        }
+    }
+
+    /// The route's own active cooldown (not its model's, SPEC 21.1).
     pub fn active_cooldown(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
         self.cooldowns.get(&rid).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    /// The active model-wide bench of a (platform, model) (SPEC 21.1).
+    pub fn model_cooldown(&self, platform: &str, model_id: &str, now: i64) -> Option<CooldownRec> {
+        if self.model_cooldowns.is_empty() {
+            return None;
+        }
+        self.model_cooldowns.get(platform)?.get(model_id).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    /// What benches a route (SPEC 21.1): whichever of its own cooldown and its model's
+    /// ends later; true when it is the model's.
+    pub fn route_bench(&self, rid: RouteId, now: i64) -> Option<(CooldownRec, bool)> {
+        let own = self.active_cooldown(rid, now);
+        let r = &self.routes[rid as usize];
+        match (own, self.model_cooldown(&r.platform, &r.model_id, now)) {
+            (Some(o), Some(m)) if m.expires_at_ms > o.expires_at_ms => Some((m, true)),
+            (Some(o), _) => Some((o, false)),
+            (None, m) => m.map(|m| (m, true)),
+        }
+    }
+
+    /// Drops model-wide benches that expired at `now`; how many went.
+    pub fn remove_expired_model_cooldowns(&mut self, now: i64) -> i64 {
+        let mut n = 0i64;
+        for models in self.model_cooldowns.values_mut() {
+            let before = models.len();
+            models.retain(|_, c| c.expires_at_ms > now);
+            n += (before - models.len()) as i64;
+        }
+        self.model_cooldowns.retain(|_, m| !m.is_empty());
+        n
     }
 
     // ---- failure history -----------------------------------------------------------
@@ -886,7 +932,11 @@ impl Mirror {
         for h in rows {
             match h.kind {
                 HistoryKind::Auth => auth_rows = true,
-                HistoryKind::Concurrency => {}
+                // Kept: a learned cap, and the upstream chain that decays on its own.
+                HistoryKind::Concurrency
+                | HistoryKind::PoolMinute
+                | HistoryKind::PoolDay
+                | HistoryKind::Upstream => {}
                 _ => {
                     route_rows |=
                         &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
@@ -905,6 +955,55 @@ impl Mirror {
                 Some(**id) != except && l.live(now) && r.key_id == key_id && &*r.platform == platform
             })
             .count() as i64
+    }
+
+    /// The times of the upstream failures of a (platform, model) on any key (SPEC 21.1).
+    pub fn upstream_hits(&self, platform: &str, model_id: &str) -> Vec<i64> {
+        self.history
+            .values()
+            .flatten()
+            .filter(|h| {
+                h.kind == HistoryKind::Upstream && &*h.platform == platform && &*h.model_id == model_id
+            })
+            .map(|h| h.hit_at_ms)
+            .collect()
+    }
+
+    /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an
+    /// account from pool 429s (SPEC 21.2): the lowest any of its keys learned.
+    pub fn learned_pool_cap(&self, platform: &str, keys: &[i64], kind: HistoryKind) -> Option<i64> {
+        keys.iter()
+            .filter_map(|k| self.history.get(k))
+            .flatten()
+            .filter(|h| h.kind == kind && &*h.platform == platform)
+            .filter_map(|h| h.value)
+            .min()
+    }
+
+    /// The (daily, minute) request caps learned for a key's account from pool 429s
+    /// (SPEC 21.2); `None` at once, without allocating, when none can be (the hot path).
+    pub fn learned_pool_caps(&self, platform: &str, key_id: i64) -> Option<(Option<i64>, Option<i64>)> {
+        let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
+        let shared = self.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
+        if shared {
+            if !self.history.values().flatten().any(pool) {
+                return None;
+            }
+            let keys = self.account_keys(platform, key_id);
+            return Some((
+                self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+            ));
+        }
+        let rows = self.history.get(&key_id)?;
+        if !rows.iter().any(pool) {
+            return None;
+        }
+        let keys = [key_id];
+        Some((
+            self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+            self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+        ))
     }
 
     /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
@@ -999,7 +1098,7 @@ impl Mirror {
             now,
             est,
             ctx,
-            cooldown_until: rid.and_then(|r| self.active_cooldown(r, now)).map(|c| c.expires_at_ms),
+            cooldown_until: rid.and_then(|r| self.route_bench(r, now)).map(|(c, _)| c.expires_at_ms),
             key,
             account,
             provider: Tally { win: &self.accounts[a as usize].win, in_flight },

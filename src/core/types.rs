@@ -119,6 +119,8 @@ pub enum CooldownSource {
     Authoritative,
     Credit,
     Tier,
+    /// A model-wide bench of an aggregator's congested upstream (SPEC 21.1).
+    Upstream,
 }
 
 impl CooldownSource {
@@ -128,6 +130,7 @@ impl CooldownSource {
             CooldownSource::Authoritative => "authoritative",
             CooldownSource::Credit => "credit",
             CooldownSource::Tier => "tier",
+            CooldownSource::Upstream => "upstream",
         }
     }
 }
@@ -168,10 +171,11 @@ impl FromStr for CooldownSource {
             "authoritative" => CooldownSource::Authoritative,
             "credit" => CooldownSource::Credit,
             "tier" => CooldownSource::Tier,
+            "upstream" => CooldownSource::Upstream,
             _ => {
                 return Err(Error::invalid(format!(
-                    "unknown cooldown source {s:?}; expected heuristic, authoritative, credit or tier"
-                )))
+                "unknown cooldown source {s:?}; expected heuristic, authoritative, credit, tier or upstream"
+            )))
             }
         })
     }
@@ -180,10 +184,14 @@ impl FromStr for CooldownSource {
 /// An active bench of one route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cooldown {
+    /// The benched route; of a model-wide bench (`model_wide`), `key_id` is 0 and
+    /// stands for no key.
     pub route: Route,
     pub expires_at_ms: i64,
     pub source: CooldownSource,
     pub set_at_ms: i64,
+    /// A bench of the model for every key of the platform (SPEC 21.1): `key_id` None.
+    pub model_wide: bool,
 }
 
 /// A registered API key.

@@ -212,6 +212,7 @@ pub fn failure_args(
         },
         kind: kind_arg(kind)?,
         limits: limits_arg(limits)?,
+        headers: Vec::new(),
     })
 }
 

@@ -841,6 +841,8 @@ impl PyQuotaEngine {
         self.run(py, move |e| e.set_cooldown(&r, d, s))
     }
 
+    /// The route's bench: whichever of its own cooldown and its model's model-wide one
+    /// (key_id None, SPEC 21.1) ends later; None when neither is active.
     fn cooldown(
         &self,
         py: Python<'_>,
@@ -853,7 +855,8 @@ impl PyQuotaEngine {
         Ok(cd.map(|c| PyCooldown::new(c, now)))
     }
 
-    /// Active cooldowns, soonest expiry first.
+    /// Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
+    /// when `key_ids` is None.
     #[pyo3(signature = (key_ids=None))]
     fn active_cooldowns(
         &self,
@@ -926,7 +929,9 @@ impl PyQuotaEngine {
         Ok(PyCooldownDecision(self.run(py, move |e| e.cooldown_decision_for_limit(&r, l, ra, quota_signal))?))
     }
 
-    /// SPEC §6.2: one call for any failure; benches the route and learns limits.
+    /// SPEC §6.2: one call for any failure; benches the route and learns limits. An
+    /// "upstream" failure benches the model on every key of the platform instead (SPEC
+    /// 21.1); a pool 429 teaches the account a provider cap (21.2).
     #[pyo3(signature = (platform, model_id, key_id, *, status=None, retry_after=None, message=None, kind=None, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn record_failure(
@@ -1135,6 +1140,19 @@ impl PyQuotaEngine {
     fn provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<PyProviderCaps> {
         let p = str_arg(platform, "platform")?;
         Ok(PyProviderCaps(self.run(py, |e| e.provider_caps(p))?))
+    }
+
+    /// SPEC 21.2: the provider caps learned for the key's account from pool 429s
+    /// (daily and minute requests; None where nothing was learned).
+    fn learned_provider_caps(
+        &self,
+        py: Python<'_>,
+        platform: &Bound<'_, PyAny>,
+        key_id: &Bound<'_, PyAny>,
+    ) -> PyResult<PyProviderCaps> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        Ok(PyProviderCaps(self.run(py, |e| e.learned_provider_caps(p, k))?))
     }
 
     /// An int sets a cap (0 refuses everything), None means no cap, an omitted

@@ -174,6 +174,35 @@ impl PyLease {
         Ok(observe.call1((slf, outcome, tokens))?.unbind())
     }
 
+    /// `record_quota_headers` for this lease's route, then `failure(...)` with the
+    /// response's headers at hand (a pool 429's cap may sit there, SPEC 21.2): what
+    /// `observe` does with a failed response.
+    #[pyo3(signature = (headers, *, status, retry_after=None, message=None))]
+    fn _failure_with_headers(
+        &self,
+        py: Python<'_>,
+        headers: &Bound<'_, PyAny>,
+        status: i64,
+        retry_after: Option<&Bound<'_, PyAny>>,
+        message: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
+        let hs = super::convert::headers_arg(headers)?;
+        let status_obj = status.into_pyobject(py)?.into_any();
+        let mut input = super::convert::failure_args(Some(&status_obj), retry_after, message, None, None)?;
+        self._record_quota_headers(py, headers, status)?;
+        input.headers = hs;
+        if !self.take() {
+            return Ok(None);
+        }
+        let (id, route) = (self.id, &self.route);
+        let out =
+            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
+                self.done.store(false, Ordering::SeqCst);
+                to_pyerr(e)
+            })?;
+        Ok(Some(super::types::PyFailureOutcome(out)))
+    }
+
     /// `record_quota_headers` for this lease's route (what `observe` does with a
     /// response's headers).
     fn _record_quota_headers(&self, py: Python<'_>, headers: &Bound<'_, PyAny>, status: i64) -> PyResult<()> {

@@ -161,7 +161,8 @@ impl PyAdmission {
     }
 }
 
-/// An active bench of one (platform, model_id, key_id).
+/// An active bench of one (platform, model_id, key_id); with key_id None, of the
+/// model for every key of the platform (source "upstream", SPEC 21.1).
 #[pyclass(frozen, eq, name = "Cooldown", module = "quotaengine")]
 #[derive(Clone, PartialEq, Eq)]
 pub struct PyCooldown {
@@ -180,9 +181,10 @@ impl PyCooldown {
     fn model_id(&self) -> &str {
         &self.cd.route.model_id
     }
+    /// None for a model-wide bench (SPEC 21.1).
     #[getter]
-    fn key_id(&self) -> i64 {
-        self.cd.route.key_id
+    fn key_id(&self) -> Option<i64> {
+        (!self.cd.model_wide).then_some(self.cd.route.key_id)
     }
     #[getter]
     fn expires_at_ms(&self) -> i64 {
@@ -206,7 +208,7 @@ impl PyCooldown {
             "Cooldown(platform={:?}, model_id={:?}, key_id={}, expires_at_ms={}, remaining_ms={}, source={:?}, set_at_ms={})",
             self.cd.route.platform,
             self.cd.route.model_id,
-            self.cd.route.key_id,
+            if self.cd.model_wide { "None".to_string() } else { self.cd.route.key_id.to_string() },
             self.cd.expires_at_ms,
             self.remaining_ms,
             self.cd.source.as_str(),

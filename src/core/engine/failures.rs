@@ -1,33 +1,53 @@
 //! Failures (SPEC §6, §7): cooldowns, the failure kinds and their benches, the
 //! ladders, and learning limits from provider messages.
 use super::*;
+use crate::core::cooldowns::MIN_STATED_BENCH_MS;
+use crate::core::upstream::parse_pool_429;
 
 impl Engine {
     // ---- cooldowns ---------------------------------------------------------------
 
+    /// The route's own active cooldown.
     pub(super) fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
         let c = m.active_cooldown(rid, now)?;
         let r = m.route(rid);
-        Some(Cooldown {
+        Some(Self::cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
+    }
+
+    fn cooldown_row(
+        platform: &str,
+        model_id: &str,
+        key_id: i64,
+        c: CooldownRec,
+        model_wide: bool,
+    ) -> Cooldown {
+        Cooldown {
             route: Route {
-                platform: r.platform.to_string(),
-                model_id: r.model_id.to_string(),
-                key_id: r.key_id,
+                platform: platform.to_string(),
+                model_id: model_id.to_string(),
+                key_id: if model_wide { 0 } else { key_id },
             },
             expires_at_ms: c.expires_at_ms,
             source: c.source,
             set_at_ms: c.set_at_ms,
-        })
+            model_wide,
+        }
     }
 
     /// The operator's bench: always overwrites.
     pub fn set_cooldown(&mut self, route: &Route, duration_ms: i64, source: CooldownSource) -> Result<()> {
         check_non_negative("duration_ms", duration_ms)?;
+        if source == CooldownSource::Upstream {
+            return Err(Error::invalid(
+                "source \"upstream\" is the engine's model-wide bench of a congested upstream (SPEC 21.1), \
+                 not a key's; use heuristic, authoritative, credit or tier",
+            ));
+        }
         self.writing(|e, now, writes| {
             writes.push(Write::UpsertCooldown(CooldownRow {
                 platform: Arc::from(route.platform.as_str()),
                 model_id: Arc::from(route.model_id.as_str()),
-                key_id: route.key_id,
+                key_id: Some(route.key_id),
                 expires_at_ms: now.saturating_add(duration_ms),
                 source,
                 set_at_ms: now,
@@ -41,14 +61,21 @@ impl Engine {
         .map(|_| ())
     }
 
+    /// The route's bench (SPEC 21.1): whichever of its own cooldown and its model's
+    /// model-wide one ends later.
     pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
         self.read(|m, now| {
-            let rid = m.find_route(&route.platform, &route.model_id, route.key_id)?;
-            Self::cooldown_of(m, rid, now)
+            let (p, model, key) = (route.platform.as_str(), route.model_id.as_str(), route.key_id);
+            match m.find_route(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
+                Some((c, wide)) => Some(Self::cooldown_row(p, model, key, c, wide)),
+                // A key not seen yet on the model: only the model's bench can hold it.
+                None => m.model_cooldown(p, model, now).map(|c| Self::cooldown_row(p, model, key, c, true)),
+            }
         })
     }
 
-    /// Active cooldowns, soonest expiry first; `key_ids` filters.
+    /// Active cooldowns, soonest expiry first; `key_ids` filters (and then leaves out
+    /// the model-wide benches of SPEC 21.1, which have no key).
     pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
         self.read(|m, now| {
             let mut v: Vec<Cooldown> = m
@@ -57,6 +84,13 @@ impl Engine {
                 .filter_map(|rid| Self::cooldown_of(m, *rid, now))
                 .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
                 .collect();
+            if key_ids.is_none() {
+                for (p, models) in &m.model_cooldowns {
+                    for (model, c) in models.iter().filter(|(_, c)| now < c.expires_at_ms) {
+                        v.push(Self::cooldown_row(p, model, 0, *c, true));
+                    }
+                }
+            }
             v.sort_by(|a, b| {
                 (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
                     b.expires_at_ms,
@@ -298,12 +332,19 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
         let limits = f.limits.clone();
+        // SPEC 21.2: a pool 429's X-RateLimit-Reset is the authoritative retry time.
+        let pool = parse_pool_429(f.status, f.message.as_deref(), &f.headers);
+        let pool_retry = pool.and_then(|s| s.reset_at_ms).map(|at| at.saturating_sub(now).clamp(0, DAY_MS));
         let retry_ms = match &f.retry_after {
             Some(RetryAfter::Text(t)) => parse_retry_after_ms(Some(t), now),
             Some(RetryAfter::Millis(ms)) => Some((*ms).min(DAY_MS)),
             None => None,
         }
+        .or(pool_retry)
         .or_else(|| parse_stated_retry_ms(f.message.as_deref()));
+        if let Some(s) = pool {
+            self.learn_pool_cap(route, s, now, writes);
+        }
         let learned = if kind == FailureKind::Auth {
             None
         } else {
@@ -329,6 +370,10 @@ impl Engine {
         let local_bench = CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
         let decision = match kind_rule(kind) {
             KindRule::None | KindRule::Concurrency => None,
+            KindRule::Upstream if !local => {
+                let cooldown = Some(self.bench_upstream(route, retry_ms, now, writes));
+                return Ok(FailureOutcome { kind, cooldown, learned });
+            }
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
@@ -349,10 +394,17 @@ impl Engine {
                 writes.push(Self::history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
+            // SPEC 21.2: the pool's stated reset is authoritative, whatever the ladder says.
+            KindRule::DailyQuota | KindRule::Limit { .. } if pool_retry.is_some() => {
+                let ms = pool_retry.unwrap_or_default().max(MIN_STATED_BENCH_MS);
+                Some(CooldownDecision::new(ms, CooldownSource::Authoritative))
+            }
             KindRule::DailyQuota => Some(self.daily_quota_bench(route, retry_ms, now, writes)),
             KindRule::Limit { quota_signal } => {
                 Some(self.limit_decision(route, limits, retry_ms, quota_signal, now, writes))
             }
+            // A local endpoint (handled above): the route's 5 s.
+            KindRule::Upstream => Some(local_bench),
         };
         let cooldown = decision.map(|d| {
             let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
@@ -366,7 +418,7 @@ impl Engine {
                     writes.push(Write::UpsertCooldown(CooldownRow {
                         platform: Arc::from(route.platform.as_str()),
                         model_id: Arc::from(route.model_id.as_str()),
-                        key_id: route.key_id,
+                        key_id: Some(route.key_id),
                         expires_at_ms: expires,
                         source: d.source,
                         set_at_ms: now,

@@ -14,6 +14,7 @@
 //! observed quota, the guardrail and the snapshot. The counters are in `windows.rs`
 //! and `state.rs`, what a limit is in `limits.rs`, the gates and the choice among
 //! candidates in `admission.rs` (a pure function of one view the mirror builds).
+mod aggregator;
 mod batch;
 mod failures;
 mod observed;
@@ -159,6 +160,9 @@ pub struct FailureInput {
     pub message: Option<String>,
     pub kind: Option<FailureKind>,
     pub limits: Option<LimitSet>,
+    /// The response's headers, when the caller has them (`Lease.observe`): a pool
+    /// 429's `X-RateLimit-Limit` and `-Reset` may sit there (SPEC 21.2).
+    pub headers: Vec<(String, String)>,
 }
 
 /// What `record_failure` decided.
@@ -510,8 +514,8 @@ impl Engine {
         let configured = self.mirror.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
         let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
         let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
-        // SPEC 21.2's learned provider caps lower `caps` here (the lower of each pair).
-        let caps = self.caps_for(&route.platform);
+        // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
+        let caps = self.effective_caps(&route.platform, route.key_id, now);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
             provider: self.provider_limits(caps),

@@ -94,9 +94,26 @@ impl Engine {
                         expires_at_ms: c.expires_at_ms,
                         source: c.source,
                         set_at_ms: c.set_at_ms,
+                        model_wide: false,
                     }
                 })
                 .collect();
+            // The model-wide benches (SPEC 21.1): key_id 0 stands for no key.
+            for (platform, models) in &m.model_cooldowns {
+                for (model_id, c) in models {
+                    v.push(Cooldown {
+                        route: Route {
+                            platform: platform.to_string(),
+                            model_id: model_id.to_string(),
+                            key_id: 0,
+                        },
+                        expires_at_ms: c.expires_at_ms,
+                        source: c.source,
+                        set_at_ms: c.set_at_ms,
+                        model_wide: true,
+                    });
+                }
+            }
             v.sort_by(|a, b| {
                 (&a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
                     &b.route.platform,
@@ -418,7 +435,7 @@ impl Engine {
             for (rid, r) in m.routes() {
                 let (minute, day) = (r.win.minute(), r.win.day(now));
                 let in_flight = m.route_in_flight(rid, now).count;
-                let cooldown = m.active_cooldown(rid, now);
+                let cooldown = m.route_bench(rid, now).map(|(c, _)| c);
                 if day.requests == 0
                     && day.tokens == 0
                     && minute.requests == 0

@@ -722,13 +722,7 @@ impl Engine {
                 self.own_leases.remove(id);
                 return i64::from(self.mirror.remove_lease(*id).is_some());
             }
-            Write::UpsertCooldown(c) => {
-                let rid = self.mirror.route_id(&c.platform, &c.model_id, c.key_id);
-                self.mirror.cooldowns.insert(
-                    rid,
-                    CooldownRec { expires_at_ms: c.expires_at_ms, source: c.source, set_at_ms: c.set_at_ms },
-                );
-            }
+            Write::UpsertCooldown(c) => self.mirror.put_cooldown(c),
             Write::DeleteCooldown { platform, model_id, key_id } => {
                 if let Some(rid) = self.mirror.find_route(platform, model_id, *key_id) {
                     return i64::from(self.mirror.cooldowns.remove(&rid).is_some());
@@ -750,7 +744,8 @@ impl Engine {
             Write::DeleteExpiredCooldowns(t) => {
                 let before = self.mirror.cooldowns.len();
                 self.mirror.cooldowns.retain(|_, c| c.expires_at_ms > *t);
-                return (before - self.mirror.cooldowns.len()) as i64;
+                let models = self.mirror.remove_expired_model_cooldowns(*t);
+                return (before - self.mirror.cooldowns.len()) as i64 + models;
             }
             Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
             Write::UpsertModel(m) => self.mirror.put_model(m.clone()),

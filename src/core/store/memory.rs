@@ -56,7 +56,7 @@ struct Tables {
     /// The highest feed number committed.
     head: u64,
     leases: BTreeMap<i64, LeaseRow>,
-    cooldowns: BTreeMap<(Arc<str>, Arc<str>, i64), CooldownRow>,
+    cooldowns: BTreeMap<CooldownId, CooldownRow>,
     keys: BTreeMap<i64, KeyInfo>,
     models: BTreeMap<(String, String), ModelInfo>,
     caps: BTreeMap<String, CapOverrides>,
@@ -313,14 +313,16 @@ impl MemoryStore {
                 bump(t, COOLDOWNS);
             }
             Write::DeleteCooldown { platform, model_id, key_id } => {
-                let gone = t.cooldowns.remove(&(platform.clone(), model_id.clone(), *key_id)).is_some();
+                let gone = t.cooldowns.remove(&(platform.clone(), model_id.clone(), Some(*key_id))).is_some();
                 if gone {
                     bump(t, COOLDOWNS);
                 }
                 return i64::from(gone);
             }
             Write::DeleteCooldownsForKey(key_id) => {
-                return retain_counted(&mut t.cooldowns, &mut t.versions[COOLDOWNS], |c| c.key_id != *key_id)
+                return retain_counted(&mut t.cooldowns, &mut t.versions[COOLDOWNS], |c| {
+                    c.key_id != Some(*key_id)
+                })
             }
             Write::DeleteExpiredCooldowns(now) => {
                 return retain_counted(&mut t.cooldowns, &mut t.versions[COOLDOWNS], |c| {
@@ -511,9 +513,12 @@ impl MemoryStore {
     }
 }
 
+/// A cooldown's identity: (platform, model, key), no key for a model-wide bench.
+type CooldownId = (Arc<str>, Arc<str>, Option<i64>);
+
 /// Keeps the cooldowns `keep` says; returns how many went (and bumps their version).
 fn retain_counted(
-    rows: &mut BTreeMap<(Arc<str>, Arc<str>, i64), CooldownRow>,
+    rows: &mut BTreeMap<CooldownId, CooldownRow>,
     version: &mut u64,
     keep: impl Fn(&CooldownRow) -> bool,
 ) -> i64 {

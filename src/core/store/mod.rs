@@ -158,7 +158,8 @@ pub struct LeaseRow {
 pub struct CooldownRow {
     pub platform: Arc<str>,
     pub model_id: Arc<str>,
-    pub key_id: i64,
+    /// `None`: the model is benched for every key of the platform (SPEC 21.1).
+    pub key_id: Option<i64>,
     pub expires_at_ms: i64,
     pub source: CooldownSource,
     pub set_at_ms: i64,
@@ -192,6 +193,15 @@ pub enum HistoryKind {
     /// A concurrency failure of the key (model_id is ''); `value` is the key
     /// concurrency cap it taught or confirmed, SPEC 15.4.
     Concurrency,
+    /// An upstream failure of the route's model (SPEC 21.1): the (platform, model)'s
+    /// rows over every key make the chain its bench doubles along.
+    Upstream,
+    /// A provider minute-requests cap learned from a pool 429 (model_id ''; `value`
+    /// the cap), SPEC 21.2.
+    PoolMinute,
+    /// A provider daily-requests cap learned from a pool 429 (model_id ''; `value`
+    /// the cap), SPEC 21.2.
+    PoolDay,
 }
 
 impl HistoryKind {
@@ -203,6 +213,9 @@ impl HistoryKind {
             HistoryKind::Empty => "empty",
             HistoryKind::Transient => "transient",
             HistoryKind::Concurrency => "concurrency",
+            HistoryKind::Upstream => "upstream",
+            HistoryKind::PoolMinute => "pool_minute",
+            HistoryKind::PoolDay => "pool_day",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -213,13 +226,19 @@ impl HistoryKind {
             "empty" => HistoryKind::Empty,
             "transient" => HistoryKind::Transient,
             "concurrency" => HistoryKind::Concurrency,
+            "upstream" => HistoryKind::Upstream,
+            "pool_minute" => HistoryKind::PoolMinute,
+            "pool_day" => HistoryKind::PoolDay,
             _ => return None,
         })
     }
 
     /// Kinds kept per key (any model), with `model_id` ''.
     pub fn of_key(self) -> bool {
-        matches!(self, HistoryKind::Auth | HistoryKind::Concurrency)
+        matches!(
+            self,
+            HistoryKind::Auth | HistoryKind::Concurrency | HistoryKind::PoolMinute | HistoryKind::PoolDay
+        )
     }
 }
 
@@ -231,7 +250,8 @@ pub struct HistoryRow {
     pub key_id: i64,
     pub kind: HistoryKind,
     pub hit_at_ms: i64,
-    /// What the hit carries: the learned cap of a `Concurrency` row, else `None`.
+    /// What the hit carries: the learned cap of a `Concurrency`, `PoolMinute` or
+    /// `PoolDay` row, else `None`.
     pub value: Option<i64>,
 }
 

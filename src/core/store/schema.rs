@@ -201,6 +201,42 @@ CREATE INDEX idx_failure_history_key ON failure_history (key_id);
 -- NULL: none configured (the env cap and a learned cap still apply).
 ALTER TABLE api_keys ADD COLUMN concurrency_cap INTEGER;
 "#,
+    r#"
+-- Version 9: the last percent of wasted calls (SPEC 21). A cooldown with key_id NULL
+-- benches its model for every key of the platform, source 'upstream' (21.1). Three
+-- more kinds of failure history: 'upstream' (an upstream failure of the model, the
+-- chain its bench doubles along), 'pool_minute' and 'pool_day' (a provider cap
+-- learned from a pool 429, model_id ''; `value` holds the cap, 21.2). SQLite cannot
+-- widen a CHECK or drop NOT NULL in place, so both tables are rebuilt (they are small).
+CREATE TABLE rate_limit_cooldowns_v9 (
+    platform      TEXT    NOT NULL,
+    model_id      TEXT    NOT NULL,
+    key_id        INTEGER,
+    expires_at_ms INTEGER NOT NULL,
+    source        TEXT    NOT NULL
+                  CHECK (source IN ('heuristic', 'authoritative', 'credit', 'tier', 'upstream')),
+    set_at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (platform, model_id, key_id)
+);
+INSERT INTO rate_limit_cooldowns_v9 SELECT platform, model_id, key_id, expires_at_ms, source, set_at_ms
+    FROM rate_limit_cooldowns;
+DROP TABLE rate_limit_cooldowns;
+ALTER TABLE rate_limit_cooldowns_v9 RENAME TO rate_limit_cooldowns;
+CREATE TABLE failure_history_v9 (
+    platform  TEXT    NOT NULL,
+    model_id  TEXT    NOT NULL,
+    key_id    INTEGER NOT NULL,
+    kind      TEXT    NOT NULL
+              CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty', 'transient', 'concurrency',
+                              'upstream', 'pool_minute', 'pool_day')),
+    hit_at_ms INTEGER NOT NULL,
+    value     INTEGER
+);
+INSERT INTO failure_history_v9 SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history;
+DROP TABLE failure_history;
+ALTER TABLE failure_history_v9 RENAME TO failure_history;
+CREATE INDEX idx_failure_history_key ON failure_history (key_id);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

@@ -47,7 +47,7 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
             hset(out, "cooldowns", cooldown_field(c.key_id, &c.platform, &c.model_id), cooldown_value(c))
         }
         Write::DeleteCooldown { platform, model_id, key_id } => {
-            hdel(out, "cooldowns", cooldown_field(*key_id, platform, model_id))
+            hdel(out, "cooldowns", cooldown_field(Some(*key_id), platform, model_id))
         }
         Write::DeleteCooldownsForKey(k) => out.extend(["CK".into(), k.to_string()]),
         Write::DeleteExpiredCooldowns(now) => out.extend(["CE".into(), now.to_string()]),
@@ -261,8 +261,10 @@ pub(super) fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
 
 // ---- cooldowns: `key platform model` -> `expires source set_at` ----------------------
 
-fn cooldown_field(key_id: i64, platform: &str, model_id: &str) -> String {
-    format!("{key_id}{SEP}{}", route(platform, model_id))
+/// A cooldown's field: its key (empty for a model-wide bench, SPEC 21.1) and route.
+fn cooldown_field(key_id: Option<i64>, platform: &str, model_id: &str) -> String {
+    let key = key_id.map(|k| k.to_string()).unwrap_or_default();
+    format!("{key}{SEP}{}", route(platform, model_id))
 }
 
 fn cooldown_value(c: &CooldownRow) -> String {
@@ -276,7 +278,8 @@ fn parse_cooldown(field: &str, v: &str) -> StoreResult<CooldownRow> {
     Ok(CooldownRow {
         platform,
         model_id,
-        key_id: parse_i64(k[0])?,
+        // An empty key: the model-wide bench of SPEC 21.1.
+        key_id: if k[0].is_empty() { None } else { Some(parse_i64(k[0])?) },
         expires_at_ms: parse_i64(f[0])?,
         source: f[1].parse().unwrap_or(CooldownSource::Heuristic),
         set_at_ms: parse_i64(f[2])?,
@@ -551,7 +554,7 @@ mod tests {
         let c = CooldownRow {
             platform: p.clone(),
             model_id: m.clone(),
-            key_id: 7,
+            key_id: Some(7),
             expires_at_ms: 5,
             source: CooldownSource::Authoritative,
             set_at_ms: 3,

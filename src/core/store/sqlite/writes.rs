@@ -222,6 +222,13 @@ impl SqliteStore {
     }
 
     fn upsert_cooldown(&self, cd: &CooldownRow) -> rusqlite::Result<i64> {
+        if cd.key_id.is_none() {
+            // A model-wide bench (SPEC 21.1): NULL never conflicts, so replace it.
+            self.exec(
+                "DELETE FROM rate_limit_cooldowns WHERE platform = ?1 AND model_id = ?2 AND key_id IS NULL",
+                params![&*cd.platform, &*cd.model_id],
+            )?;
+        }
         self.exec(
             "INSERT INTO rate_limit_cooldowns (platform, model_id, key_id, expires_at_ms, source, set_at_ms) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (platform, model_id, key_id) DO UPDATE SET \
