@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ SPEC_COLUMNS = [
     "in_flight",
     "cooldown_source",
     "cooldown_expires_at_ms",
+    "exhausts_at_ms",
 ]
 
 # The known setup: the clock starts at 10:00 UTC; the snapshot is taken at 10:05:01.
@@ -79,25 +80,29 @@ EXPECTED_ROWS = [
         "rpm_used": 1, "rpm_limit": None, "rpd_used": 1, "rpd_limit": None,
         "tpm_used": 0, "tpm_limit": None, "tpd_used": 0, "tpd_limit": None,
         "used_fraction": None, "in_flight": 0, "cooldown_source": None, "cooldown_expires_at_ms": None,
+        "exhausts_at_ms": None,
     },
     {
         "platform": "groq", "model_id": "llama", "key_id": 1,
         "rpm_used": 1, "rpm_limit": 10, "rpd_used": 3, "rpd_limit": 100,
         "tpm_used": 200, "tpm_limit": 1000, "tpd_used": 500, "tpd_limit": None,
         "used_fraction": 0.2, "in_flight": 0, "cooldown_source": None, "cooldown_expires_at_ms": None,
+        # SPEC 22.2: 97 requests of the day left at 3 per 10 minutes
+        "exhausts_at_ms": T_NOW + 97 * 600_000 // 3,
     },
     {
         "platform": "groq", "model_id": "llama", "key_id": 2,
         "rpm_used": 0, "rpm_limit": 10, "rpd_used": 0, "rpd_limit": 100,
         "tpm_used": 0, "tpm_limit": 1000, "tpd_used": 0, "tpd_limit": None,
         "used_fraction": 0.0, "in_flight": 1, "cooldown_source": None, "cooldown_expires_at_ms": None,
+        "exhausts_at_ms": None,
     },
     {
         "platform": "groq", "model_id": "llama", "key_id": 3,
         "rpm_used": 0, "rpm_limit": 10, "rpd_used": 0, "rpd_limit": 100,
         "tpm_used": 0, "tpm_limit": 1000, "tpd_used": 0, "tpd_limit": None,
         "used_fraction": 0.0, "in_flight": 0, "cooldown_source": "tier",
-        "cooldown_expires_at_ms": T_SECOND + COOLDOWN_MS,
+        "cooldown_expires_at_ms": T_SECOND + COOLDOWN_MS, "exhausts_at_ms": None,
     },
 ]  # fmt: skip
 
@@ -155,8 +160,9 @@ def test_snapshot_to_pandas_has_exactly_the_spec_columns(known: q.QuotaEngine) -
     # Integers stay integers (nullable where a limit may be missing).
     for name in ("key_id", "rpm_used", "rpd_used", "tpm_used", "tpd_used", "in_flight"):
         assert df[name].dtype == "int64", name
-    for name in ("rpm_limit", "rpd_limit", "tpm_limit", "tpd_limit", "cooldown_expires_at_ms"):
+    for name in ("rpm_limit", "rpd_limit", "tpm_limit", "tpd_limit", "cooldown_expires_at_ms", "exhausts_at_ms"):
         assert df[name].dtype == "Int64", name
+    assert df.set_index("key_id").exhausts_at_ms.to_dict()[1] == T_NOW + 97 * 600_000 // 3
     assert df.used_fraction.dtype == "float64"
 
 
@@ -171,14 +177,17 @@ def test_empty_snapshot(empty_db: Path) -> None:
     assert all(row == [] for row in page.rows) and "no route has usage today" in page.text
 
 
-def test_snapshot_str_is_the_cli_table(known: q.QuotaEngine) -> None:
+def test_snapshot_str_is_the_cli_table(known: q.QuotaEngine, local_zone: Callable[[str], None]) -> None:
+    local_zone("UTC")
     text = str(known.snapshot())
     lines = text.splitlines()
     assert lines[0].endswith("at 2026-01-01 10:05:01 UTC: 4 routes")
-    head = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in", "flight", "cooldown"]
+    head = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in", "flight", "cooldown", "runs", "out"]
     assert lines[1].split() == head
-    assert lines[3].split() == ["groq", "llama", "1", "1/10", "3/100", "200/1000", "500/∞", "20%", "0", "-"]
-    assert lines[5].split()[-3:] == ["0", "tier", "9m59s"]
+    # SPEC 22.2: the day's requests run out at 15:28:21 UTC at this pace (the test runs in UTC)
+    row = ["groq", "llama", "1", "1/10", "3/100", "200/1000", "500/∞", "20%", "0", "-", "15:28"]
+    assert lines[3].split() == row
+    assert lines[5].split()[-4:] == ["0", "tier", "9m59s", "-"]
 
 
 # ============================================================================ snapshot HTML
@@ -262,7 +271,8 @@ def test_html_header_says_when_and_which_file(known: q.QuotaEngine, store: str) 
     assert store in page.header
     assert "2026-01-01 10:05:01 UTC" in page.header
     assert "4 routes" in page.header and "1 on cooldown" in page.header and "1 lease in flight" in page.header
-    assert page.head == ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown"]
+    head = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown", "runs out"]
+    assert page.head == head
 
 
 def test_html_shows_the_numbers_per_route(known: q.QuotaEngine) -> None:

@@ -94,6 +94,8 @@ pub struct View {
     /// A shared account's (account, model) counters and their live leases: what
     /// account-scope limits read (SPEC §14.3).
     pub group: Option<(GroupId, InFlight)>,
+    /// The call's priority reserve (`GateContext::reserve`).
+    pub reserve: f64,
 }
 
 /// Live in-flight totals.
@@ -144,6 +146,19 @@ pub struct GateContext {
     pub limits: LimitSet,
     pub caps: ProviderCaps,
     pub concurrency_cap: Option<i64>,
+    /// SPEC 22.1: the fraction of every limit the call's priority leaves free (0: none).
+    pub reserve: f64,
+}
+
+/// SPEC 22.1: the limit a call of a priority with `reserve` may fill,
+/// `limit - floor(limit * reserve)` (the floor in double precision). Every gate and
+/// every headroom score reads its limit through this one function.
+#[inline]
+pub fn reserved_limit(limit: i64, reserve: f64) -> i64 {
+    if reserve <= 0.0 {
+        return limit;
+    }
+    limit.saturating_sub((limit as f64 * reserve).floor() as i64)
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +195,8 @@ pub struct Mirror {
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: FastMap<i64, Vec<HistoryRow>>,
     pub calendars: Calendars,
+    /// SPEC 22.1: (priority, reserve fraction) as stored, by priority.
+    reserves: Vec<(i64, f64)>,
 }
 
 /// Which calendar each platform's days follow (SPEC §14.2): one set in the store
@@ -282,6 +299,31 @@ impl Mirror {
 
     /// The account a key belongs to (SPEC §14.3): the one it was registered with, else
     /// its own, `"key:<key_id>"`.
+    /// SPEC 22.1: the reserve of a call of `priority`, the fraction set for the largest
+    /// configured priority `<= priority` (0 when none).
+    #[inline]
+    pub fn reserve_for(&self, priority: i64) -> f64 {
+        if self.reserves.is_empty() {
+            return 0.0;
+        }
+        self.reserves.iter().rev().find(|(p, _)| *p <= priority).map_or(0.0, |(_, f)| *f)
+    }
+
+    /// Replaces the stored reserves (the store's whole table).
+    pub fn replace_reserves(&mut self, mut rows: Vec<(i64, f64)>) {
+        rows.sort_by_key(|(p, _)| *p);
+        rows.dedup_by_key(|(p, _)| *p);
+        self.reserves = rows;
+    }
+
+    /// Sets one priority's reserve.
+    pub fn put_reserve(&mut self, priority: i64, fraction: f64) {
+        match self.reserves.binary_search_by_key(&priority, |(p, _)| *p) {
+            Ok(i) => self.reserves[i].1 = fraction,
+            Err(i) => self.reserves.insert(i, (priority, fraction)),
+        }
+    }
+
     pub fn account_name(&self, platform: &str, key_id: i64) -> Arc<str> {
         match self.keys.get(&key_id) {
             Some(KeyInfo { platform: p, account: Some(a), .. }) if p == platform => Arc::from(a.as_str()),
@@ -1023,6 +1065,7 @@ impl Mirror {
             account_billed: account.tokens,
             key_count,
             group,
+            reserve: ctx.reserve,
         }
     }
 
@@ -1083,6 +1126,7 @@ impl Mirror {
     fn caps_room(&self, rid: RouteId, v: &View, est: Estimate, ctx: &GateContext, now: i64) -> f64 {
         let mut score = 1.0f64;
         let win = &self.accounts[v.account as usize].win;
+        let room = |cap: i64, taken: i64| room(reserved_limit(cap, v.reserve), taken);
         if let Some(cap) = ctx.caps.daily_requests {
             score =
                 score.min(room(cap, win.day(now).requests.saturating_add(v.account_count).saturating_add(1)));
@@ -1139,15 +1183,16 @@ impl Mirror {
         };
         let used = win.counts(l.window, now)?.get(l.metric).saturating_add(in_flight.get(l.metric));
         let this = estimate_in(l.metric, 1, est.tokens, est.output);
+        let limit = reserved_limit(l.limit, v.reserve);
         let (over, excess) = if l.metric.is_tokens() {
             let total = used.saturating_add(this);
-            (total > l.limit, total.saturating_sub(l.limit))
+            (total > limit, total.saturating_sub(limit))
         } else {
-            (used >= l.limit, used.saturating_sub(l.limit).saturating_add(1))
+            (used >= limit, used.saturating_sub(limit).saturating_add(1))
         };
         let refused = over
             .then(|| Admission::refused(d.reason.clone(), win.release_time(l.window, l.metric, excess, now)));
-        Some((refused, room(l.limit, used.saturating_add(this))))
+        Some((refused, room(limit, used.saturating_add(this))))
     }
 
     /// The gates of one metric group of `set`: requests (`tokens = false`) or tokens.
@@ -1165,7 +1210,7 @@ impl Mirror {
     }
 
     pub fn gate_provider_daily(&self, v: &View, ctx: &GateContext, now: i64) -> Option<Admission> {
-        let cap = ctx.caps.daily_requests?;
+        let cap = reserved_limit(ctx.caps.daily_requests?, v.reserve);
         let win = &self.accounts[v.account as usize].win;
         let used = win.day(now).requests.saturating_add(v.account_count);
         (used >= cap).then(|| {
@@ -1174,7 +1219,7 @@ impl Mirror {
     }
 
     pub fn gate_provider_minute(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
-        let cap = ctx.caps.minute_requests?;
+        let cap = reserved_limit(ctx.caps.minute_requests?, v.reserve);
         let win = &self.accounts[v.account as usize].win;
         let used = win.minute().requests.saturating_add(v.account_count);
         (used >= cap).then(|| {
@@ -1192,11 +1237,12 @@ impl Mirror {
             .saturating_add(v.account_billed)
             .saturating_add(billed_est);
         let next_day = self.accounts[v.account as usize].win.calendar().next_day_start(now);
-        (total > cap).then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_day)))
+        (total > reserved_limit(cap, v.reserve))
+            .then(|| Admission::refused(Reason::ProviderDailyTokens, Some(next_day)))
     }
 
     pub fn gate_concurrency(&self, v: &View, ctx: &GateContext) -> Option<Admission> {
-        let cap = ctx.concurrency_cap?;
+        let cap = reserved_limit(ctx.concurrency_cap?, v.reserve);
         (v.key_count >= cap).then(|| Admission::refused(Reason::KeyConcurrency, None))
     }
 }

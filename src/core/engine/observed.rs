@@ -431,6 +431,7 @@ impl Engine {
                     others,
                     in_flight,
                     cooldown,
+                    exhausts_at_ms: None,
                 });
             }
             rows.sort_by(|a, b| {
@@ -442,6 +443,54 @@ impl Engine {
             });
             rows
         })
+        .and_then(|mut rows| {
+            // SPEC 22.2: the earliest forecast of each row (none when usage cannot be read).
+            let recent = self.recent_usage(None, DEFAULT_LOOKBACK_MS).unwrap_or_default();
+            self.reading(|e, now| {
+                for row in &mut rows {
+                    let f = e.forecast_route(&row.route, &recent, DEFAULT_LOOKBACK_MS, now);
+                    row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
+                }
+                rows
+            })
+        })
+    }
+
+    // ---- forecasts (SPEC 22.2) -------------------------------------------------------
+
+    /// Per declared window of an hour or longer and per daily provider cap of the
+    /// route, when it would run out if the pace of the last `lookback_ms` went on.
+    pub fn forecast(&mut self, route: &Route, lookback_ms: i64) -> Result<Vec<(String, Option<i64>)>> {
+        check_name("platform", &route.platform)?;
+        check_name("model_id", &route.model_id)?;
+        if lookback_ms <= 0 {
+            return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
+        }
+        let recent = self.recent_usage(Some(&route.platform), lookback_ms)?;
+        self.reading(|e, now| e.forecast_route(route, &recent, lookback_ms, now))
+    }
+
+    /// The usage rows of the last `lookback_ms` (of one platform, or all).
+    fn recent_usage(&mut self, platform: Option<&str>, lookback_ms: i64) -> Result<Vec<UsageRow>> {
+        let since = self.clock.now_ms().saturating_sub(lookback_ms).saturating_add(1);
+        let filter = UsageFilter {
+            since_ms: Some(since),
+            platform: platform.map(str::to_string),
+            ..UsageFilter::default()
+        };
+        self.usage_events(&filter)
+    }
+
+    fn forecast_route(
+        &mut self,
+        route: &Route,
+        recent: &[UsageRow],
+        lookback_ms: i64,
+        now: i64,
+    ) -> Vec<(String, Option<i64>)> {
+        let ctx = self.gate_context(route, None, now);
+        let rid = self.ready_route(route, &ctx.limits, now);
+        crate::core::forecast::forecast(&self.mirror, rid, &ctx, recent, lookback_ms, now)
     }
 
     /// Deliberately panics inside the engine (tests prove a panic becomes an exception).

@@ -262,7 +262,11 @@ impl Engine {
         if let Some(c) = ch.caps {
             self.mirror.caps = c.into_iter().collect();
         }
-        let tables_changed = tables_changed || ch.history.is_some() || ch.calendars.is_some();
+        let tables_changed =
+            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
+        if let Some(p) = ch.priorities {
+            self.mirror.replace_reserves(p);
+        }
         if let Some(h) = ch.history {
             self.mirror.replace_history(h);
         }
@@ -529,21 +533,22 @@ impl Engine {
         let mut outs = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
-                BatchOp::Lease { route, est, limits, check } => {
+                BatchOp::Lease { route, est, limits, check, priority } => {
                     outs.push(BatchOut::Lease(self.batch_lease(
                         route,
                         *est,
                         limits.clone(),
-                        *check,
+                        (*check).then_some(*priority),
                         now,
                         &mut writes,
                     )));
                 }
-                BatchOp::LeaseAny { routes, est, strategy } => {
+                BatchOp::LeaseAny { routes, est, strategy, priority } => {
                     outs.push(BatchOut::LeaseAny(self.batch_lease_any(
                         routes,
                         *est,
                         *strategy,
+                        *priority,
                         now,
                         &mut writes,
                     )));
@@ -602,13 +607,14 @@ impl Engine {
         route: &Route,
         est: Estimate,
         limits: Option<LimitSet>,
-        check: bool,
+        check: Option<i64>,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
         check_estimate(est)?;
-        let rid = if check {
-            let (rid, _, adm) = self.judge(route, est, limits, now);
+        let rid = if let Some(priority) = check {
+            check_priority(priority)?;
+            let (rid, _, adm) = self.judge(route, est, limits, priority, now);
             if let Some(refusal) = refusal_of(route, &adm) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -617,7 +623,7 @@ impl Engine {
             self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
         };
         let id = self.take_lease(route, rid, est, now, writes);
-        if check {
+        if check.is_some() {
             // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
             // the caller's to release.
             self.own_leases.insert(id);
@@ -633,10 +639,13 @@ impl Engine {
         routes: &[Route],
         est: Estimate,
         strategy: Strategy,
+        priority: i64,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<(i64, usize)> {
         check_estimate(est)?;
+        check_priority(priority)?;
+        let reserve = self.mirror.reserve_for(priority);
         if routes.is_empty() {
             return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
         }
@@ -647,7 +656,8 @@ impl Engine {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let ctx = self.gate_context(route, None, now);
+            let mut ctx = self.gate_context(route, None, now);
+            ctx.reserve = reserve;
             let rid = self.ready_route(route, &ctx.limits, now);
             let (adm, room) = if strategy == Strategy::Headroom {
                 self.mirror.evaluate_scored(rid, est, &ctx, now)
@@ -838,6 +848,7 @@ impl Engine {
                     self.unit.rebuild = true;
                 }
             }
+            Write::SetPriorityReserve { priority, fraction } => self.mirror.put_reserve(*priority, *fraction),
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         0

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
-const TABLES: [&str; 6] = ["cooldowns", "keys", "models", "caps", "history", "calendars"];
+const TABLES: [&str; 7] = ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// After a failed connect, calls fail at once for this long (a blackholed host would
@@ -54,7 +54,7 @@ const MAX_ENTRIES: usize = 10_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 16] = [
+const LAYOUT: [(&str, &str); 17] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -64,6 +64,7 @@ const LAYOUT: [(&str, &str); 16] = [
     ("caps", "hash"),
     ("history", "hash"),
     ("calendars", "hash"),
+    ("priorities", "hash"),
     ("ver", "hash"),
     ("quota", "hash"),
     ("lock", "string"),
@@ -101,7 +102,7 @@ pub struct RedisStore {
     section: Option<Section>,
     /// Stream id of the last feed entry read.
     cursor: String,
-    versions: [String; 6],
+    versions: [String; 7],
     need_leases: bool,
     leases: HashMap<i64, LeaseRow>,
     /// What the last round trips brought, for the next `pull`.
@@ -225,6 +226,10 @@ fn opt_i64(v: Option<i64>) -> String {
 }
 
 fn parse_i64(s: &str) -> StoreResult<i64> {
+    s.parse().map_err(|_| unavailable(format!("unexpected number {s:?} in a stored value")))
+}
+
+fn parse_f64(s: &str) -> StoreResult<f64> {
     s.parse().map_err(|_| unavailable(format!("unexpected number {s:?} in a stored value")))
 }
 
@@ -837,7 +842,14 @@ impl RedisStore {
                     }
                     self.pending.history = Some(hist);
                 }
-                _ => self.pending.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
+                5 => self.pending.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
+                _ => {
+                    self.pending.priorities = Some(
+                        rows.iter()
+                            .map(|(f, v)| Ok((parse_i64(f)?, parse_f64(v)?)))
+                            .collect::<StoreResult<_>>()?,
+                    )
+                }
             }
             if let Some(v) = versions.get(i) {
                 self.versions[i] = text(v)?;
@@ -984,6 +996,9 @@ impl RedisStore {
             }
             Write::SetCalendar { platform, zone: None } => {
                 out.extend(["HDEL".into(), "calendars".into(), esc(platform)])
+            }
+            Write::SetPriorityReserve { priority, fraction } => {
+                out.extend(["HSET".into(), "priorities".into(), priority.to_string(), fraction.to_string()])
             }
             Write::Log(l) => out.extend([
                 "G".into(),

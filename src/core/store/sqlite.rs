@@ -451,6 +451,11 @@ impl SqliteStore {
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             changes.calendars = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
         }
+        if versions[6] != self.versions[6] {
+            let mut stmt = self.conn.prepare_cached("SELECT priority, fraction FROM priority_reserves")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            changes.priorities = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
         self.versions = versions;
         self.data_version = Some(dv);
         self.shm_seen = hdr;
@@ -816,6 +821,13 @@ impl SqliteStore {
             Write::SetCalendar { platform, zone: None } => c
                 .prepare_cached("DELETE FROM platform_calendars WHERE platform = ?1")?
                 .execute([platform])? as i64,
+            Write::SetPriorityReserve { priority, fraction } => {
+                c.prepare_cached(
+                    "INSERT INTO priority_reserves (priority, fraction) VALUES (?1, ?2) \
+                     ON CONFLICT (priority) DO UPDATE SET fraction = excluded.fraction",
+                )?
+                .execute(params![priority, fraction])? as i64
+            }
             Write::Log(l) => {
                 c.prepare_cached(
                     "INSERT INTO server_logs (level, source, provider, model, event, request_id, message, created_at_ms) \
