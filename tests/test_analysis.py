@@ -515,15 +515,17 @@ def test_plot_usage(reader: q.QuotaEngine) -> None:
     requests, tokens = fig.axes
     assert "requests" in requests.get_ylabel() and "tokens" in tokens.get_ylabel()
     req = lines_by_label(requests)
-    assert set(req) == {"cerebras", "groq", "groq limit 10/1min (rpm)"}
+    # SPEC 22.2: each declared limit its own line at its value
+    assert set(req) == {"cerebras", "groq", "groq/llama rpm 10", "groq/llama rpd 100"}
     # Per-minute bins from 10:00 to 10:05, plus the end of the last bin.
     assert list(req["groq"].get_ydata()) == [2, 0, 0, 0, 0, 1, 1]
     assert list(req["cerebras"].get_ydata()) == [0, 0, 0, 0, 0, 1, 1]
-    assert list(req["groq limit 10/1min (rpm)"].get_ydata()) == [10, 10]
+    assert list(req["groq/llama rpm 10"].get_ydata()) == [10, 10]
+    assert list(req["groq/llama rpd 100"].get_ydata()) == [100, 100]
     tok = lines_by_label(tokens)
-    assert set(tok) == {"cerebras", "groq", "groq limit 1k/1min (tpm)"}
+    assert set(tok) == {"cerebras", "groq", "groq/llama tpm 1k"}
     assert list(tok["groq"].get_ydata()) == [300, 0, 0, 0, 0, 200, 200]
-    assert list(tok["groq limit 1k/1min (tpm)"].get_ydata()) == [1000, 1000]
+    assert list(tok["groq/llama tpm 1k"].get_ydata()) == [1000, 1000]
     fig.canvas.draw()
 
 
@@ -531,24 +533,56 @@ def test_plot_usage_resamples_and_filters(reader: q.QuotaEngine) -> None:
     fig = analysis.plot_usage(reader, freq="5min", platform="groq")
     requests, tokens = fig.axes
     req = lines_by_label(requests)
-    assert set(req) == {"groq", "groq limit 50/5min (rpm)"}  # capacity scales with the bin
+    assert set(req) == {"groq", "groq/llama rpm 10", "groq/llama rpd 100"}
     assert list(req["groq"].get_ydata()) == [2, 1, 1]
     assert list(lines_by_label(tokens)["groq"].get_ydata()) == [300, 200, 200]
     since = analysis.plot_usage(reader, since_ms=T_SECOND)
     assert list(lines_by_label(since.axes[0])["groq"].get_ydata()) == [1, 1]
 
 
-def test_plot_usage_capacity_sums_the_routes_used(known: q.QuotaEngine, reader: q.QuotaEngine) -> None:
+@pytest.mark.parametrize("freq", ["10s", "1min", "5min", "1h"])
+def test_a_sliding_limit_is_not_divided_into_the_bins(engine: q.QuotaEngine, freq: str) -> None:
+    """SPEC 22.2: an rpm=30 window allows a burst of 30 in any bin, 10 s ones included."""
+    engine.set_model_limits("groq", "burst", rpm=30)
+    for _ in range(30):
+        engine.record_request("groq", "burst", 1)
+    (line,) = [v for k, v in lines_by_label(analysis.plot_usage(engine, freq=freq).axes[0]).items() if "rpm" in k]
+    assert list(line.get_ydata()) == [30, 30]
+    assert line.get_label() == "groq/burst rpm 30"
+
+
+def test_plot_usage_draws_every_declared_limit_and_cap(known: q.QuotaEngine, reader: q.QuotaEngine) -> None:
     known.record_request("groq", "llama", 2)
-    known.set_model_limits("groq", "mixtral", rpm=5, tpm=None)
+    known.set_model_limits(
+        "groq",
+        "mixtral",
+        rpm=5,
+        limits=[
+            q.Limit("requests", 3, "10s"),
+            q.Limit("tokens", 50_000, "week"),
+            q.Limit("requests", 2, "10s", scope="key"),
+            q.Limit("input_tokens", 4_000, "minute"),
+        ],
+    )
     known.record_request("groq", "mixtral", 1)
-    fig = analysis.plot_usage(reader)
-    req, tok = (lines_by_label(ax) for ax in fig.axes)
-    assert "groq limit 25/1min (rpm)" in req  # llama on keys 1 and 2 (10 + 10) + mixtral on key 1 (5)
-    assert not any("limit" in label for label in tok)  # mixtral has no tpm: unbounded, no line
-    known.set_provider_caps("groq", minute_requests=12)
-    req = lines_by_label(analysis.plot_usage(reader).axes[0])
-    assert "groq limit 22/1min (rpm)" in req  # key 1: min(15, 12), key 2: min(10, 12)
+    known.set_provider_caps("groq", minute_requests=12, daily_tokens=150_000)
+    req, tok = (lines_by_label(ax) for ax in analysis.plot_usage(reader).axes)
+    limits = {k: v.get_ydata()[0] for k, v in req.items() if " " in k}
+    assert limits == {
+        "groq/llama rpm 10": 10,
+        "groq/llama rpd 100": 100,
+        "groq/mixtral rpm 5": 5,
+        "groq/mixtral requests/10s 3": 3,
+        "groq/mixtral requests/10s:key 2": 2,
+        "groq provider_minute_requests 12": 12,
+    }
+    limits = {k: v.get_ydata()[0] for k, v in tok.items() if " " in k}
+    assert limits == {
+        "groq/llama tpm 1k": 1000,
+        "groq/mixtral input_tokens/minute 4k": 4000,
+        "groq/mixtral tokens/week 50k": 50_000,
+        "groq provider_daily_tokens 150k": 150_000,
+    }
 
 
 def test_plot_utilisation(reader: q.QuotaEngine) -> None:
