@@ -312,7 +312,8 @@ def plot_usage(
     at its value, labelled ``"<platform>/<model> <reason> <limit>"`` (``"<platform>
     <cap> <value>"`` for a cap): request limits on the requests axes, token limits
     on the tokens axes. A sliding window's limit is NOT divided into the bins: an
-    ``rpm=30`` window allows a burst of 30 inside any 10 s bin. Returns the Figure;
+    ``rpm=30`` window allows a burst of 30 inside any 10 s bin. The y axes are linear
+    up to 10 and logarithmic above (a day's limit and a bin's usage both show). Returns the Figure;
     axes ``fig.axes[0]`` (requests) and ``fig.axes[1]`` (tokens).
     """
     import numpy as np
@@ -372,6 +373,8 @@ def plot_usage(
     title = "usage over time" + (f": {platform}" if platform else " per provider")
     ax_req.set_title(f"{title} (dashed: each declared limit at its value)")
     for ax in (ax_req, ax_tok):
+        # Linear up to 10, logarithmic above: a day's limit and a bin's few requests both show.
+        ax.set_yscale("symlog", linthresh=10)
         ax.set_ylim(bottom=0)
         ax.set_xlim(x[0], x[-1])
         ax.grid(True, alpha=0.3)
