@@ -83,6 +83,8 @@ def test_now_plus_what_is_left_over_the_pace_of_the_lookback(engine: q.QuotaEngi
     # an event exactly lookback_ms ago is not in it (t > now - lookback_ms)
     assert engine.forecast(P, M, K, lookback_ms=3 * MINUTE) == {"rpd": None}
     assert engine.forecast(P, M, K, lookback_ms=3 * MINUTE + 1) == {"rpd": now + left * (3 * MINUTE + 1) // 8}
+    # a longer lookback than any asked before: the 30 of the last 20 minutes
+    assert engine.forecast(P, M, K, lookback_ms=20 * MINUTE) == {"rpd": now + left * 20 * MINUTE // 30}
     held.release()
 
 

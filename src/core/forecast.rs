@@ -1,11 +1,11 @@
 //! SPEC 22.2: when each long window of a route would run out at the recent pace.
 //!
-//! What a window has used and holds in flight is read from the mirror's windows (as
-//! `usage()` and the gates read them); the pace is the usage recorded in the window's
-//! metric and scope over the last `lookback_ms`, from the rows the caller read.
-use crate::core::limits::{Metric, Scope, WindowSpec};
-use crate::core::state::{estimate_in, GateContext, Mirror, Multiplier, RouteId};
-use crate::core::store::{UsageKind, UsageRow};
+//! Everything is read from the mirror's windows: what a window has used and holds in
+//! flight (as `usage()` and the gates read them), and the pace, the usage recorded in
+//! the window's metric and scope over the last `lookback_ms`, from a sliding window of
+//! that width the forecast makes the route's windows keep (`Mirror::keep_recent`).
+use crate::core::limits::{Scope, WindowSpec, MAX_WIDTH_MS};
+use crate::core::state::{GateContext, Mirror, RouteId};
 use crate::core::types::Reason;
 
 /// Windows this long or longer are forecast (calendar windows always).
@@ -37,37 +37,27 @@ pub fn exhaustion(
     }
 }
 
-/// What one usage row counts in a metric (SPEC §14.4; a request row its requests).
-fn row_amount(row: &UsageRow, metric: Metric) -> i64 {
-    match (row.kind, metric) {
-        (UsageKind::Request, Metric::Requests) => row.requests(),
-        (UsageKind::Request, _) | (UsageKind::Tokens, Metric::Requests) => 0,
-        (UsageKind::Tokens, Metric::Tokens) => row.tokens.max(0),
-        (UsageKind::Tokens, Metric::InputTokens) => row.kinds.metered_input(),
-        (UsageKind::Tokens, Metric::OutputTokens) => row.kinds.output.unwrap_or(0).max(0),
-    }
+/// The sliding width that holds a lookback's usage: the lookback, at most the longest
+/// window a limit may declare (31 days: older usage is not kept).
+pub fn recent_width(lookback_ms: i64) -> i64 {
+    lookback_ms.clamp(1, MAX_WIDTH_MS)
 }
 
 /// SPEC 22.2 for one route: per declared window of an hour or longer (keyed by its
 /// reason, as `usage()` keys it) and per daily provider cap (keyed by its gate reason),
-/// when it would run out. `recent` holds the platform's usage rows stamped after
-/// `now - lookback_ms` (more is filtered out here). Call `prune_route` and
-/// `keep_windows` first.
+/// when it would run out. Call `prune_route`, `keep_windows` and
+/// `keep_recent(rid, recent_width(lookback_ms))` first: the pace is read from the
+/// windows of the last `lookback_ms`.
 pub fn forecast(
     m: &Mirror,
     rid: RouteId,
     ctx: &GateContext,
-    recent: &[UsageRow],
     lookback_ms: i64,
     now: i64,
 ) -> Vec<(String, Option<i64>)> {
     let r = m.route(rid);
-    let (platform, model_id, key_id) = (&*r.platform, &*r.model_id, r.key_id);
-    let a = m.account_of_route(rid);
-    let v = m.view(Some(rid), a, key_id, ctx, now);
-    let since = now.saturating_sub(lookback_ms);
-    let account_keys = m.account_keys(platform, key_id);
-    let in_window = |row: &&UsageRow| row.created_at_ms > since && &*row.platform == platform;
+    let v = m.view(Some(rid), m.account_of_route(rid), r.key_id, ctx, now);
+    let width = recent_width(lookback_ms);
     let cal = m.route_calendar(rid);
     let mut out = Vec::new();
     for d in ctx.limits.iter() {
@@ -77,66 +67,30 @@ pub fn forecast(
             WindowSpec::Sliding(_) => None,
             WindowSpec::Calendar(p) => Some(cal.next_period_start(p, now)),
         };
-        let shared = l.scope == Scope::Account && v.group.is_some();
         let in_flight = match v.group {
-            Some((_, f)) if shared => f,
+            Some((_, f)) if l.scope == Scope::Account => f,
             _ => v.route,
         };
         let used = m.scoped_counts(rid, l, now).get(l.metric);
-        let taken = used.saturating_add(estimate_in(
-            l.metric,
-            in_flight.count,
-            in_flight.tokens,
-            in_flight.output_tokens,
-        ));
-        let pace: i64 = recent
-            .iter()
-            .filter(in_window)
-            .filter(|row| {
-                &*row.model_id == model_id
-                    && if shared { account_keys.contains(&row.key_id) } else { row.key_id == key_id }
-            })
-            .map(|row| row_amount(row, l.metric))
-            .fold(0i64, i64::saturating_add);
+        let taken = used.saturating_add(in_flight.get(l.metric));
+        let pace = m.recent(rid, l, width, now);
         out.push((d.reason.as_str().to_string(), exhaustion(now, l.limit, taken, pace, lookback_ms, reset)));
     }
     let next_day = cal.next_day_start(now);
-    let on_account = |row: &&UsageRow| account_keys.contains(&row.key_id);
+    let (requests, billed) = m.recent_account(rid, ctx.caps.daily_tokens, width, now);
     if let Some(cap) = ctx.caps.daily_requests {
-        let taken = m.provider_day_requests(platform, key_id, now).saturating_add(v.account_count);
-        let pace = recent
-            .iter()
-            .filter(in_window)
-            .filter(on_account)
-            .map(|row| row_amount(row, Metric::Requests))
-            .fold(0i64, i64::saturating_add);
+        let taken = m.provider_day_requests(&r.platform, r.key_id, now).saturating_add(v.account_count);
         out.push((
             Reason::ProviderDailyRequests.as_str().to_string(),
-            exhaustion(now, cap, taken, pace, lookback_ms, Some(next_day)),
+            exhaustion(now, cap, taken, requests, lookback_ms, Some(next_day)),
         ));
     }
     if let Some(cap) = ctx.caps.daily_tokens {
-        let taken = m.provider_day_tokens(platform, key_id, Some(cap), now).saturating_add(v.account_billed);
-        // Billed per model, as the cap counts them (SPEC §8).
-        let mut raw: Vec<(&str, i64, i64)> = Vec::new();
-        for row in recent.iter().filter(in_window).filter(on_account) {
-            let t = row_amount(row, Metric::Tokens);
-            match raw.iter_mut().find(|(mm, k, _)| *mm == &*row.model_id && *k == row.key_id) {
-                Some(e) => e.2 = e.2.saturating_add(t),
-                None => raw.push((&row.model_id, row.key_id, t)),
-            }
-        }
-        let pace = raw
-            .iter()
-            .map(|(mm, k, t)| {
-                let mult =
-                    m.find_route(platform, mm, *k).map_or(Multiplier::ONE, |rid| m.multiplier(rid, cap));
-                mult.bill(*t)
-            })
-            .fold(0i64, i64::saturating_add);
+        let taken =
+            m.provider_day_tokens(&r.platform, r.key_id, Some(cap), now).saturating_add(v.account_billed);
         out.push((
             Reason::ProviderDailyTokens.as_str().to_string(),
-            exhaustion(now, cap, taken, pace, lookback_ms, Some(next_day)),
+            exhaustion(now, cap, taken, billed, lookback_ms, Some(next_day)),
         ));
     }
     out

@@ -1048,6 +1048,56 @@ impl Mirror {
         total
     }
 
+    // ---- forecasts (SPEC 22.2) --------------------------------------------------------
+
+    /// Makes the windows a forecast of `rid` reads keep a sliding window of `width`:
+    /// the route's and its group's, every route of its account (billed tokens) and the
+    /// account's (requests). False when one of them could not be counted from memory:
+    /// `needs_reload` is then set. Prunes what it touches at `now` first.
+    pub fn keep_recent(&mut self, rid: RouteId, width: i64, now: i64) -> bool {
+        let spec = WindowSpec::Sliding(width);
+        let a = self.routes[rid as usize].account;
+        let mut complete = true;
+        for r in self.accounts[a as usize].routes.clone() {
+            self.prune_route(r, now);
+            let route = &mut self.routes[r as usize];
+            complete &= route.win.keep(spec);
+            if let Some(g) = route.group {
+                complete &= self.groups[g as usize].win.keep(spec);
+            }
+        }
+        complete &= self.accounts[a as usize].win.keep(spec);
+        self.needs_reload |= !complete;
+        complete
+    }
+
+    /// What a limit's scope recorded in its metric in the last `width` (`keep_recent`
+    /// first).
+    pub fn recent(&self, rid: RouteId, l: &crate::core::limits::Limit, width: i64, now: i64) -> i64 {
+        let r = &self.routes[rid as usize];
+        let win = match r.group {
+            Some(g) if l.scope == Scope::Account => &self.groups[g as usize].win,
+            _ => &r.win,
+        };
+        win.counts(WindowSpec::Sliding(width), now).unwrap_or_default().get(l.metric)
+    }
+
+    /// Requests of the route's account (every model) in the last `width`, and its
+    /// tokens billed per model at `cap`'s multipliers (`keep_recent` first).
+    pub fn recent_account(&self, rid: RouteId, cap: Option<i64>, width: i64, now: i64) -> (i64, i64) {
+        let spec = WindowSpec::Sliding(width);
+        let a = self.routes[rid as usize].account;
+        let requests = self.accounts[a as usize].win.counts(spec, now).unwrap_or_default().requests;
+        let mut billed = 0i64;
+        if let Some(cap) = cap {
+            for r in &self.accounts[a as usize].routes {
+                let raw = self.routes[*r as usize].win.counts(spec, now).unwrap_or_default().tokens;
+                billed = billed.saturating_add(self.multiplier(*r, cap).bill(raw));
+            }
+        }
+        (requests, billed)
+    }
+
     // ---- gates ---------------------------------------------------------------------
 
     /// What one decision on a route (or, with `rid` None, on an account) reads of the

@@ -444,11 +444,11 @@ impl Engine {
             rows
         })
         .and_then(|mut rows| {
-            // SPEC 22.2: the earliest forecast of each row (none when usage cannot be read).
-            let recent = self.recent_usage(None, DEFAULT_LOOKBACK_MS).unwrap_or_default();
+            // SPEC 22.2: the earliest forecast of each row.
             self.reading(|e, now| {
-                for row in &mut rows {
-                    let f = e.forecast_route(&row.route, &recent, DEFAULT_LOOKBACK_MS, now);
+                let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
+                let forecasts = e.forecast_routes(&routes, DEFAULT_LOOKBACK_MS, now);
+                for (row, f) in rows.iter_mut().zip(forecasts) {
                     row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
                 }
                 rows
@@ -466,31 +466,38 @@ impl Engine {
         if lookback_ms <= 0 {
             return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
         }
-        let recent = self.recent_usage(Some(&route.platform), lookback_ms)?;
-        self.reading(|e, now| e.forecast_route(route, &recent, lookback_ms, now))
+        self.reading(|e, now| e.forecast_routes(std::slice::from_ref(route), lookback_ms, now).remove(0))
     }
 
-    /// The usage rows of the last `lookback_ms` (of one platform, or all).
-    fn recent_usage(&mut self, platform: Option<&str>, lookback_ms: i64) -> Result<Vec<UsageRow>> {
-        let since = self.clock.now_ms().saturating_sub(lookback_ms).saturating_add(1);
-        let filter = UsageFilter {
-            since_ms: Some(since),
-            platform: platform.map(str::to_string),
-            ..UsageFilter::default()
-        };
-        self.usage_events(&filter)
-    }
-
-    fn forecast_route(
+    /// The forecasts of routes at `now`, their windows made ready (the pace's window
+    /// counted from the store, once for them all, the first time it is asked for).
+    fn forecast_routes(
         &mut self,
-        route: &Route,
-        recent: &[UsageRow],
+        routes: &[Route],
         lookback_ms: i64,
         now: i64,
-    ) -> Vec<(String, Option<i64>)> {
-        let ctx = self.gate_context(route, None, now);
-        let rid = self.ready_route(route, &ctx.limits, now);
-        crate::core::forecast::forecast(&self.mirror, rid, &ctx, recent, lookback_ms, now)
+    ) -> Vec<Vec<(String, Option<i64>)>> {
+        use crate::core::forecast::{forecast, recent_width};
+        let width = recent_width(lookback_ms);
+        let mut ready = Vec::with_capacity(routes.len());
+        for route in routes {
+            let ctx = self.gate_context(route, None, now);
+            let rid = self.ready_route(route, &ctx.limits, now);
+            ready.push((rid, ctx));
+        }
+        let mut complete = true;
+        for (rid, _) in &ready {
+            complete &= self.mirror.keep_recent(*rid, width, now);
+        }
+        if !complete || self.mirror.needs_reload {
+            if self.unit.degraded || self.load_usage(now).is_err() {
+                self.unit.rebuild = true;
+            }
+            for (rid, _) in &ready {
+                self.mirror.keep_recent(*rid, width, now);
+            }
+        }
+        ready.iter().map(|(rid, ctx)| forecast(&self.mirror, *rid, ctx, lookback_ms, now)).collect()
     }
 
     /// Deliberately panics inside the engine (tests prove a panic becomes an exception).
