@@ -1356,6 +1356,22 @@ mod tests {
     }
 
     #[test]
+    fn a_reserve_keeps_the_floor_of_its_fraction() {
+        assert_eq!(reserved_limit(10, 0.0), 10);
+        assert_eq!(reserved_limit(10, 0.2), 8);
+        assert_eq!(reserved_limit(10, 0.15), 9); // floor(1.5)
+        assert_eq!(reserved_limit(100, 0.29), 72); // 100 * 0.29 = 28.999999999999996
+        assert_eq!(reserved_limit(0, 0.5), 0);
+        assert_eq!(reserved_limit(i64::MAX, 0.5), i64::MAX - (i64::MAX as f64 * 0.5).floor() as i64);
+        let mut m = Mirror::default();
+        assert_eq!(m.reserve_for(3), 0.0);
+        m.replace_reserves(vec![(3, 0.5), (1, 0.2)]);
+        assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserve_for(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
+        m.put_reserve(0, 0.1);
+        assert_eq!(m.reserve_for(0), 0.1);
+    }
+
+    #[test]
     fn gates_refuse_at_limit_and_report_retry() {
         let mut m = Mirror::default();
         let rid = m.route_id("groq", "llama", 1);
