@@ -67,6 +67,7 @@ fn main() {
                     est: quotaengine::core::state::Estimate::tokens(600),
                     limits: limits.clone(),
                     check: true,
+                    priority: 0,
                 })
                 .collect();
             let ids: Vec<i64> = e.run_batch(ops).into_iter().map(|o| o.lease_id().unwrap()).collect();

@@ -13,7 +13,7 @@ import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -169,9 +169,23 @@ def engine(store: str, clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e.close()
 
 
+@pytest.fixture
+def local_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Sets the process's local time zone (``TZ``) for one test; restored after it."""
+
+    def use(tz: str) -> None:
+        monkeypatch.setenv("TZ", tz)
+        time.tzset()
+
+    yield use
+    monkeypatch.undo()
+    time.tzset()
+
+
 # What each schema version added, undone newest first: `downgrade_schema` turns a file
 # the engine made into one of an older version, to test migrating it forward.
 _UNDO = {
+    10: ["DROP TABLE priority_reserves", "DELETE FROM quotaengine_meta WHERE name = 'priority_reserves'"],
     9: [
         "DELETE FROM rate_limit_cooldowns WHERE key_id IS NULL OR source = 'upstream'",
         "CREATE TABLE rate_limit_cooldowns_v8 (platform TEXT NOT NULL, model_id TEXT NOT NULL, "

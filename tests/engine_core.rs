@@ -370,7 +370,13 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
     h.with(|e| e.set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() }))).unwrap();
     let r = Route::new("p", "m", 1).unwrap();
-    let op = || BatchOp::Lease { route: r.clone(), est: Estimate::tokens(0), limits: None, check: true };
+    let op = || BatchOp::Lease {
+        route: r.clone(),
+        est: Estimate::tokens(0),
+        limits: None,
+        check: true,
+        priority: 0,
+    };
     let held = h.batch(op()).lease_id().unwrap();
     let h2 = h.clone();
     let releaser = std::thread::spawn(move || {

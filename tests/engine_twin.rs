@@ -223,8 +223,13 @@ fn a_batch_of_several_callers_is_one_commit() {
     let (mut e, control, _) = engine(0);
     e.set_model_limits(limits(Some(3), None)).unwrap();
     let before = control.commits();
-    let lease =
-        |k| BatchOp::Lease { route: route_of(k), est: Estimate::tokens(5), limits: None, check: true };
+    let lease = |k| BatchOp::Lease {
+        route: route_of(k),
+        est: Estimate::tokens(5),
+        limits: None,
+        check: true,
+        priority: 0,
+    };
     let outs = e.run_batch(vec![lease(1), lease(1), lease(1), lease(1)]);
     assert_eq!(control.commits() - before, 1);
     let results: Vec<Result<i64, Error>> = outs.into_iter().map(|o| o.lease_id()).collect();

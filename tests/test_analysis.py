@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ SPEC_COLUMNS = [
     "in_flight",
     "cooldown_source",
     "cooldown_expires_at_ms",
+    "exhausts_at_ms",
 ]
 
 # The known setup: the clock starts at 10:00 UTC; the snapshot is taken at 10:05:01.
@@ -79,25 +80,29 @@ EXPECTED_ROWS = [
         "rpm_used": 1, "rpm_limit": None, "rpd_used": 1, "rpd_limit": None,
         "tpm_used": 0, "tpm_limit": None, "tpd_used": 0, "tpd_limit": None,
         "used_fraction": None, "in_flight": 0, "cooldown_source": None, "cooldown_expires_at_ms": None,
+        "exhausts_at_ms": None,
     },
     {
         "platform": "groq", "model_id": "llama", "key_id": 1,
         "rpm_used": 1, "rpm_limit": 10, "rpd_used": 3, "rpd_limit": 100,
         "tpm_used": 200, "tpm_limit": 1000, "tpd_used": 500, "tpd_limit": None,
         "used_fraction": 0.2, "in_flight": 0, "cooldown_source": None, "cooldown_expires_at_ms": None,
+        # SPEC 22.2: 97 requests of the day left at 3 per 10 minutes
+        "exhausts_at_ms": T_NOW + 97 * 600_000 // 3,
     },
     {
         "platform": "groq", "model_id": "llama", "key_id": 2,
         "rpm_used": 0, "rpm_limit": 10, "rpd_used": 0, "rpd_limit": 100,
         "tpm_used": 0, "tpm_limit": 1000, "tpd_used": 0, "tpd_limit": None,
         "used_fraction": 0.0, "in_flight": 1, "cooldown_source": None, "cooldown_expires_at_ms": None,
+        "exhausts_at_ms": None,
     },
     {
         "platform": "groq", "model_id": "llama", "key_id": 3,
         "rpm_used": 0, "rpm_limit": 10, "rpd_used": 0, "rpd_limit": 100,
         "tpm_used": 0, "tpm_limit": 1000, "tpd_used": 0, "tpd_limit": None,
         "used_fraction": 0.0, "in_flight": 0, "cooldown_source": "tier",
-        "cooldown_expires_at_ms": T_SECOND + COOLDOWN_MS,
+        "cooldown_expires_at_ms": T_SECOND + COOLDOWN_MS, "exhausts_at_ms": None,
     },
 ]  # fmt: skip
 
@@ -155,8 +160,9 @@ def test_snapshot_to_pandas_has_exactly_the_spec_columns(known: q.QuotaEngine) -
     # Integers stay integers (nullable where a limit may be missing).
     for name in ("key_id", "rpm_used", "rpd_used", "tpm_used", "tpd_used", "in_flight"):
         assert df[name].dtype == "int64", name
-    for name in ("rpm_limit", "rpd_limit", "tpm_limit", "tpd_limit", "cooldown_expires_at_ms"):
+    for name in ("rpm_limit", "rpd_limit", "tpm_limit", "tpd_limit", "cooldown_expires_at_ms", "exhausts_at_ms"):
         assert df[name].dtype == "Int64", name
+    assert df.set_index("key_id").exhausts_at_ms.to_dict()[1] == T_NOW + 97 * 600_000 // 3
     assert df.used_fraction.dtype == "float64"
 
 
@@ -171,14 +177,17 @@ def test_empty_snapshot(empty_db: Path) -> None:
     assert all(row == [] for row in page.rows) and "no route has usage today" in page.text
 
 
-def test_snapshot_str_is_the_cli_table(known: q.QuotaEngine) -> None:
+def test_snapshot_str_is_the_cli_table(known: q.QuotaEngine, local_zone: Callable[[str], None]) -> None:
+    local_zone("UTC")
     text = str(known.snapshot())
     lines = text.splitlines()
     assert lines[0].endswith("at 2026-01-01 10:05:01 UTC: 4 routes")
-    head = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in", "flight", "cooldown"]
+    head = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in", "flight", "cooldown", "runs", "out"]
     assert lines[1].split() == head
-    assert lines[3].split() == ["groq", "llama", "1", "1/10", "3/100", "200/1000", "500/∞", "20%", "0", "-"]
-    assert lines[5].split()[-3:] == ["0", "tier", "9m59s"]
+    # SPEC 22.2: the day's requests run out at 15:28:21 UTC at this pace (the test runs in UTC)
+    row = ["groq", "llama", "1", "1/10", "3/100", "200/1000", "500/∞", "20%", "0", "-", "15:28"]
+    assert lines[3].split() == row
+    assert lines[5].split()[-4:] == ["0", "tier", "9m59s", "-"]
 
 
 # ============================================================================ snapshot HTML
@@ -262,7 +271,8 @@ def test_html_header_says_when_and_which_file(known: q.QuotaEngine, store: str) 
     assert store in page.header
     assert "2026-01-01 10:05:01 UTC" in page.header
     assert "4 routes" in page.header and "1 on cooldown" in page.header and "1 lease in flight" in page.header
-    assert page.head == ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown"]
+    head = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown", "runs out"]
+    assert page.head == head
 
 
 def test_html_shows_the_numbers_per_route(known: q.QuotaEngine) -> None:
@@ -505,15 +515,17 @@ def test_plot_usage(reader: q.QuotaEngine) -> None:
     requests, tokens = fig.axes
     assert "requests" in requests.get_ylabel() and "tokens" in tokens.get_ylabel()
     req = lines_by_label(requests)
-    assert set(req) == {"cerebras", "groq", "groq limit 10/1min (rpm)"}
+    # SPEC 22.2: each declared limit its own line at its value
+    assert set(req) == {"cerebras", "groq", "groq/llama rpm 10", "groq/llama rpd 100"}
     # Per-minute bins from 10:00 to 10:05, plus the end of the last bin.
     assert list(req["groq"].get_ydata()) == [2, 0, 0, 0, 0, 1, 1]
     assert list(req["cerebras"].get_ydata()) == [0, 0, 0, 0, 0, 1, 1]
-    assert list(req["groq limit 10/1min (rpm)"].get_ydata()) == [10, 10]
+    assert list(req["groq/llama rpm 10"].get_ydata()) == [10, 10]
+    assert list(req["groq/llama rpd 100"].get_ydata()) == [100, 100]
     tok = lines_by_label(tokens)
-    assert set(tok) == {"cerebras", "groq", "groq limit 1k/1min (tpm)"}
+    assert set(tok) == {"cerebras", "groq", "groq/llama tpm 1k"}
     assert list(tok["groq"].get_ydata()) == [300, 0, 0, 0, 0, 200, 200]
-    assert list(tok["groq limit 1k/1min (tpm)"].get_ydata()) == [1000, 1000]
+    assert list(tok["groq/llama tpm 1k"].get_ydata()) == [1000, 1000]
     fig.canvas.draw()
 
 
@@ -521,24 +533,56 @@ def test_plot_usage_resamples_and_filters(reader: q.QuotaEngine) -> None:
     fig = analysis.plot_usage(reader, freq="5min", platform="groq")
     requests, tokens = fig.axes
     req = lines_by_label(requests)
-    assert set(req) == {"groq", "groq limit 50/5min (rpm)"}  # capacity scales with the bin
+    assert set(req) == {"groq", "groq/llama rpm 10", "groq/llama rpd 100"}
     assert list(req["groq"].get_ydata()) == [2, 1, 1]
     assert list(lines_by_label(tokens)["groq"].get_ydata()) == [300, 200, 200]
     since = analysis.plot_usage(reader, since_ms=T_SECOND)
     assert list(lines_by_label(since.axes[0])["groq"].get_ydata()) == [1, 1]
 
 
-def test_plot_usage_capacity_sums_the_routes_used(known: q.QuotaEngine, reader: q.QuotaEngine) -> None:
+@pytest.mark.parametrize("freq", ["10s", "1min", "5min", "1h"])
+def test_a_sliding_limit_is_not_divided_into_the_bins(engine: q.QuotaEngine, freq: str) -> None:
+    """SPEC 22.2: an rpm=30 window allows a burst of 30 in any bin, 10 s ones included."""
+    engine.set_model_limits("groq", "burst", rpm=30)
+    for _ in range(30):
+        engine.record_request("groq", "burst", 1)
+    (line,) = [v for k, v in lines_by_label(analysis.plot_usage(engine, freq=freq).axes[0]).items() if "rpm" in k]
+    assert list(line.get_ydata()) == [30, 30]
+    assert line.get_label() == "groq/burst rpm 30"
+
+
+def test_plot_usage_draws_every_declared_limit_and_cap(known: q.QuotaEngine, reader: q.QuotaEngine) -> None:
     known.record_request("groq", "llama", 2)
-    known.set_model_limits("groq", "mixtral", rpm=5, tpm=None)
+    known.set_model_limits(
+        "groq",
+        "mixtral",
+        rpm=5,
+        limits=[
+            q.Limit("requests", 3, "10s"),
+            q.Limit("tokens", 50_000, "week"),
+            q.Limit("requests", 2, "10s", scope="key"),
+            q.Limit("input_tokens", 4_000, "minute"),
+        ],
+    )
     known.record_request("groq", "mixtral", 1)
-    fig = analysis.plot_usage(reader)
-    req, tok = (lines_by_label(ax) for ax in fig.axes)
-    assert "groq limit 25/1min (rpm)" in req  # llama on keys 1 and 2 (10 + 10) + mixtral on key 1 (5)
-    assert not any("limit" in label for label in tok)  # mixtral has no tpm: unbounded, no line
-    known.set_provider_caps("groq", minute_requests=12)
-    req = lines_by_label(analysis.plot_usage(reader).axes[0])
-    assert "groq limit 22/1min (rpm)" in req  # key 1: min(15, 12), key 2: min(10, 12)
+    known.set_provider_caps("groq", minute_requests=12, daily_tokens=150_000)
+    req, tok = (lines_by_label(ax) for ax in analysis.plot_usage(reader).axes)
+    limits = {k: v.get_ydata()[0] for k, v in req.items() if " " in k}
+    assert limits == {
+        "groq/llama rpm 10": 10,
+        "groq/llama rpd 100": 100,
+        "groq/mixtral rpm 5": 5,
+        "groq/mixtral requests/10s 3": 3,
+        "groq/mixtral requests/10s:key 2": 2,
+        "groq provider_minute_requests 12": 12,
+    }
+    limits = {k: v.get_ydata()[0] for k, v in tok.items() if " " in k}
+    assert limits == {
+        "groq/llama tpm 1k": 1000,
+        "groq/mixtral input_tokens/minute 4k": 4000,
+        "groq/mixtral tokens/week 50k": 50_000,
+        "groq provider_daily_tokens 150k": 150_000,
+    }
 
 
 def test_plot_utilisation(reader: q.QuotaEngine) -> None:

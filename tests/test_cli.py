@@ -27,11 +27,17 @@ def test_demo_runs_and_proves_zero_overshoot(tmp_path: Path) -> None:
     # what the engine learned from the OpenRouter-like aggregator (SPEC 21)
     assert "provider caps learned from pool 429s:" in r.stdout
     assert "upstream congestion:" in r.stdout
+    # SPEC 22.1: interactive and batch callers on the same keys, batch leaving a reserve
+    assert "batch at priority 1 leaves 30% of every limit to interactive at priority 0" in r.stdout
+    lines = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.startswith("    ")}
+    assert lines["interactive"][1:3] == ["1", "thread(s)"] and lines["batch"][1:3] == ["3", "thread(s)"]
     assert (tmp_path / "quota.db").exists()  # the default database is ./quota.db
     status = run("status", "--db", str(tmp_path / "quota.db"))
     assert status.returncode == 0, status.stderr
     assert "demo-groq" in status.stdout
     assert "degraded: False" in status.stdout
+    with qe.QuotaEngine(tmp_path / "quota.db", env={}) as e:
+        assert e.priority_reserve(1) == 0.0  # the demo gave the file its reserve back
 
 
 def test_status_cooldowns_events_and_clear(tmp_path: Path) -> None:

@@ -514,6 +514,9 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "platform_calendar": lambda: e.platform_calendar(P),
         "day_start_ms": lambda: e.day_start_ms(P),
         "next_day_start_ms": lambda: e.next_day_start_ms(P),
+        "set_priority_reserve": lambda: e.set_priority_reserve(9, 0.0),
+        "priority_reserve": lambda: e.priority_reserve(1),
+        "forecast": lambda: e.forecast(P, M, K),
         "__exit__": lambda: e.__exit__(None, None, None),
     }
 

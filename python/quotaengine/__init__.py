@@ -79,10 +79,12 @@ class QuotaEngine(_QuotaEngine):
         *,
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
+        priority: int = 0,
     ) -> Lease:
         """``lease()`` for asyncio (SPEC 17.2): waits up to ``wait_s`` seconds for
         capacity without blocking the event loop; cancelling the task ends the wait
-        with nothing leased. ``async with await engine.lease_async(...) as lease:``."""
+        with nothing leased. ``async with await engine.lease_async(...) as lease:``.
+        ``priority`` as for ``lease()`` (SPEC 22.1)."""
         waiter = self._lease_waiter(
             platform,
             model_id,
@@ -91,6 +93,7 @@ class QuotaEngine(_QuotaEngine):
             limits,
             estimated_output_tokens=estimated_output_tokens,
             wait_s=wait_s,
+            priority=priority,
         )
         return await _wait_for(waiter)
 
@@ -102,16 +105,18 @@ class QuotaEngine(_QuotaEngine):
         estimated_output_tokens: int = 0,
         strategy: _Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
+        priority: int = 0,
     ) -> Lease:
         """``lease_any()`` for asyncio (SPEC 17.1, 17.2): waits up to ``wait_s``
         seconds without blocking the event loop; cancelling the task ends the wait
-        with nothing leased."""
+        with nothing leased. ``priority`` as for ``lease()`` (SPEC 22.1)."""
         waiter = self._lease_any_waiter(
             routes,
             estimated_tokens,
             estimated_output_tokens=estimated_output_tokens,
             strategy=strategy,
             wait_s=wait_s,
+            priority=priority,
         )
         return await _wait_for(waiter)
 

@@ -17,6 +17,11 @@ temporarily rate-limited upstream": the engine benches the model, not the keys).
 or missing, so the engine has to learn them from the error bodies. The summary
 prints the refused answers per provider and what was learned, and proves zero
 overshoot of every published limit from the usage rows in the database.
+
+Two kinds of callers share the keys (SPEC 22.1): a few interactive threads at priority
+0 and batch threads at priority 1, which leave ``BATCH_RESERVE`` of every limit to the
+interactive ones and wait their turn behind them. The summary shows the interactive
+callers served while the batch ones waited.
 """
 
 from __future__ import annotations
@@ -231,6 +236,18 @@ def _providers() -> list[Provider]:
 
 
 OPENROUTER_DAILY_CAP = 60
+# SPEC 22.1: batch calls (priority 1) leave this much of every limit to interactive ones.
+BATCH_RESERVE = 0.3
+BATCH_PRIORITY = 1
+
+
+@dataclass
+class Callers:
+    """What one kind of caller asked for and got."""
+
+    asked: int = 0
+    served: int = 0
+    waited_s: float = 0.0
 
 
 def _setup(e: QuotaEngine, providers: list[Provider]) -> None:
@@ -309,9 +326,14 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
     answers: dict[str, Counter[int]] = defaultdict(Counter)  # platform -> status -> count
     per_key: Counter[str] = Counter()  # where lease_any sent the requests
     upstream_seen: dict[str, int] = {}  # platform/model -> the longest model-wide bench (ms)
+    callers = {"interactive": Callers(), "batch": Callers()}
+    interactive = max(1, threads // 4)  # the first threads; the rest run batch jobs
     with QuotaEngine(db) as e:
         path = e.path  # the engine's default when db is None
         _setup(e, providers)
+        # the demo's reserve, for priority 1 only; the file gets its previous value back
+        previous_reserve = e.priority_reserve(BATCH_PRIORITY)
+        e.set_priority_reserve(BATCH_PRIORITY, BATCH_RESERVE)
         start_ms = e.now_ms()
         deadline = time.monotonic() + seconds
         stop = threading.Event()
@@ -319,20 +341,35 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
         def worker(seed: int) -> None:
             nonlocal admitted, succeeded
             rng = random.Random(seed)
-            # about 40 attempts a second in all, like a busy router's traffic
-            pace = threads / 40
+            kind = "interactive" if seed < interactive else "batch"
+            # about 40 attempts a second in all, like a busy router's traffic; a batch job
+            # asks twice as often and waits up to a second for room, a person 0.2 s
+            pace = threads / 40 / (2 if kind == "batch" else 1)
+            priority, wait_s = (BATCH_PRIORITY, 1.0) if kind == "batch" else (0, 0.2)
             while time.monotonic() < deadline:
                 # the routes that can serve this request (a few models, all their keys),
                 # and the engine picks the one with the most room, in one atomic step
                 candidates = rng.sample(routes, 4)
                 est = int(rng.lognormvariate(6.0, 0.5))
+                asked_at = time.monotonic()
                 try:
-                    lease = e.lease_any([(p.platform, m.name, k) for p, m, k in candidates], est)
+                    lease = e.lease_any(
+                        [(p.platform, m.name, k) for p, m, k in candidates],
+                        est,
+                        priority=priority,
+                        wait_s=wait_s,
+                    )
                 except QuotaExceeded as exc:
                     with stats_lock:
                         refused[exc.reason] += 1
+                        callers[kind].asked += 1
+                        callers[kind].waited_s += time.monotonic() - asked_at
                     time.sleep(pace)
                     continue
+                with stats_lock:
+                    callers[kind].asked += 1
+                    callers[kind].served += 1
+                    callers[kind].waited_s += time.monotonic() - asked_at
                 p, m, k = next(
                     c
                     for c in candidates
@@ -386,6 +423,7 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
         stop.set()
         if bar:
             bar.join()
+        e.set_priority_reserve(BATCH_PRIORITY, previous_reserve)
         checked, over = _overshoot(e, providers, start_ms)
         cooldowns = [c for c in e.active_cooldowns() if c.platform.startswith("demo-")]
         learned = _learned(e, providers)
@@ -413,6 +451,18 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
     for platform, by_status in answers.items():
         bad = sum(n for status, n in by_status.items() if status != 200)
         print(f"    {platform:<26}{bad} of {sum(by_status.values())}")
+    print(
+        f"  callers on the same keys (batch at priority {BATCH_PRIORITY} leaves {BATCH_RESERVE:.0%} of every "
+        "limit to interactive at priority 0, and waits behind it):"
+    )
+    for kind, c in callers.items():
+        threads_of = interactive if kind == "interactive" else threads - interactive
+        share = f"{c.served / c.asked:.0%}" if c.asked else "-"
+        wait = f"{c.waited_s / c.asked:.3f}s" if c.asked else "-"
+        print(
+            f"    {kind:<12} {threads_of} thread(s)  asked {c.asked:<5} served {c.served:<5} ({share})  "
+            f"waited {wait} per call"
+        )
     print(f"  limits learned:   {learned or 'none'}")
     print(f"  concurrency caps: {({k: v for k, v in caps.items() if v is not None}) or 'none'}")
     print(f"  provider caps learned from pool 429s: {pool_caps_text or 'none'}")

@@ -490,6 +490,22 @@ class _QuotaEngine:
         """SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
         ``limits=`` (an iterable of ``Limit``). Two limits on one (metric, window, scope), or a
         keyword and a ``Limit`` on the same window, are a ``ValueError``."""
+    def set_priority_reserve(self, priority: int, fraction: float) -> None:
+        """SPEC 22.1: a call of priority ``priority`` or larger (up to the next configured
+        one) leaves ``floor(limit * fraction)`` of every window, provider cap and
+        concurrency cap free. Persisted and shared through the store. A negative
+        priority or a fraction outside ``[0, 1)`` is a ``ValueError``."""
+    def priority_reserve(self, priority: int) -> float:
+        """SPEC 22.1: the reserve in force for a call of ``priority``, the fraction set for
+        the largest configured priority ``<= priority`` (0.0 when none)."""
+    def forecast(
+        self, platform: str, model_id: str, key_id: int, *, lookback_ms: int = 600_000
+    ) -> dict[str, int | None]:
+        """SPEC 22.2: for each declared window of an hour or longer (keyed as ``usage()``
+        keys them) and each daily provider cap (keyed ``provider_daily_requests``,
+        ``provider_daily_tokens``), the time in epoch ms at which it would run out if
+        the pace of the last ``lookback_ms`` went on; ``None`` when it would not before the
+        window resets, or nothing was used lately."""
     def set_platform_calendar(self, platform: str, tz: str | None) -> None:
         """Sets the IANA zone of a platform's days (persisted, shared; wins over
         ``PROVIDER_DAY_TZ_<PLATFORM>`` and the built-in zone). ``None`` forgets it. An
@@ -554,6 +570,7 @@ class _QuotaEngine:
         *,
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
+        priority: int = 0,
     ) -> Lease:
         """Run every gate and take the lease as one atomic step (across threads and
         processes sharing the file). Raises QuotaExceeded when a gate refuses. The estimate
@@ -562,7 +579,9 @@ class _QuotaEngine:
         ``wait_s``, waits up to that many seconds of real time for a gate to open (SPEC
         17.2): the GIL and the engine's lock released, first come first served, raising
         at once when every refusal's retry time lies beyond the wait. A ``wait_s`` over
-        10**12 s is an OverflowError."""
+        10**12 s is an OverflowError. ``priority`` (SPEC 22.1; 0 the most important): every
+        gate leaves ``floor(limit * priority_reserve(priority))`` free, and waiters of a
+        smaller number are admitted first."""
     def lease_any(
         self,
         routes: Iterable[tuple[str, str, int]],
@@ -571,12 +590,14 @@ class _QuotaEngine:
         estimated_output_tokens: int = 0,
         strategy: Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
+        priority: int = 0,
     ) -> Lease:
         """Choose a route and lease it in one atomic step (SPEC 17.1): every gate of every
         candidate (duplicates once), then among those that pass the one ``strategy``
         picks: ``"headroom"`` the most room left after this request, ``"order"`` the
         first, ``"spread"`` the one this engine leased least recently. When none passes
-        (and ``wait_s`` runs out), QuotaExceeded with ``refusals``, one per candidate."""
+        (and ``wait_s`` runs out), QuotaExceeded with ``refusals``, one per candidate.
+        ``priority`` as for ``lease()``; ``headroom`` scores with the priority's limits."""
     def _lease_waiter(
         self,
         platform: str,
@@ -587,6 +608,7 @@ class _QuotaEngine:
         *,
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
+        priority: int = 0,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_async``."""
     def _lease_any_waiter(
@@ -597,6 +619,7 @@ class _QuotaEngine:
         estimated_output_tokens: int = 0,
         strategy: Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
+        priority: int = 0,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_any_async``."""
     # cooldowns

@@ -23,11 +23,19 @@ COLUMNS = [
     "in_flight",
     "cooldown_source",
     "cooldown_expires_at_ms",
+    "exhausts_at_ms",
 ]
 
 
 def _fmt_time(ms: int) -> str:
     return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_local(ms: int, now_ms: int) -> str:
+    """An epoch-ms time as a local time: ``HH:MM``, with the date when not today's (SPEC 22.2)."""
+    at = _dt.datetime.fromtimestamp(ms / 1000).astimezone()
+    now = _dt.datetime.fromtimestamp(now_ms / 1000).astimezone()
+    return at.strftime("%H:%M") if at.date() == now.date() else at.strftime("%Y-%m-%d %H:%M")
 
 
 def _fmt_left(ms: int) -> str:
@@ -82,8 +90,9 @@ class QuotaSnapshot:
 
         ``platform``/``model_id``/``cooldown_source`` are strings; ``key_id``, the
         ``*_used`` counts (requests for rpm/rpd, tokens for tpm/tpd) and ``in_flight``
-        are int64; the ``*_limit`` columns and ``cooldown_expires_at_ms`` (epoch ms)
-        are nullable ``Int64`` (``<NA>``: no limit / no cooldown); ``used_fraction`` is
+        are int64; the ``*_limit`` columns, ``cooldown_expires_at_ms`` and
+        ``exhausts_at_ms`` (epoch ms, SPEC 22.2: the earliest of the route's forecasts)
+        are nullable ``Int64`` (``<NA>``: no limit / no cooldown / no forecast); ``used_fraction`` is
         float64 (NaN without limits). Each other declared limit adds ``<reason>_used`` and
         ``<reason>_limit`` (nullable ``Int64``: ``<NA>`` on routes that do not declare it).
         """
@@ -101,7 +110,7 @@ class QuotaSnapshot:
                 data[name] = pd.Series(col(name), dtype=object)
             elif name == "used_fraction":
                 data[name] = pd.Series([None if v is None else float(v) for v in col(name)], dtype="float64")
-            elif name.endswith("_limit") or name == "cooldown_expires_at_ms" or name in declared:
+            elif name.endswith("_limit") or name in ("cooldown_expires_at_ms", "exhausts_at_ms") or name in declared:
                 data[name] = pd.Series(col(name), dtype="Int64")
             else:
                 data[name] = pd.Series(col(name), dtype="int64")
@@ -130,9 +139,14 @@ class QuotaSnapshot:
             "-" if frac is None else f"{frac:.0%}",
             str(row["in_flight"]),
             cd,
+            self._runs_out(row),
         ]
 
-    _HEAD = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown"]
+    def _runs_out(self, row: dict[str, Any]) -> str:
+        at = row.get("exhausts_at_ms")
+        return "-" if at is None else fmt_local(at, self.taken_at_ms)
+
+    _HEAD = ["platform", "model", "key", "RPM", "RPD", "TPM", "TPD", "used", "in flight", "cooldown", "runs out"]
 
     @property
     def _head(self) -> list[str]:
@@ -158,7 +172,8 @@ class QuotaSnapshot:
     def _repr_html_(self) -> str:
         """An HTML table for Jupyter: a header line (which file, when), then per route
         the four windows as used/limit with a small utilisation bar, the worst
-        fraction, the leases in flight and the cooldown (source and time left)."""
+        fraction, the leases in flight, the cooldown (source and time left) and when a
+        window runs out at the recent pace (a local time, SPEC 22.2)."""
         esc = html.escape
 
         def bar(frac: float | None) -> str:
@@ -225,6 +240,14 @@ class QuotaSnapshot:
                 )
             else:
                 out.append('<td class="qe-cooldown">-</td>')
+            at = r.get("exhausts_at_ms")
+            if at is None:
+                out.append('<td class="qe-runs-out">-</td>')
+            else:
+                out.append(
+                    f'<td class="qe-runs-out" title="a window runs out at this pace at {esc(_fmt_time(at))}">'
+                    f"{esc(fmt_local(at, self.taken_at_ms))}</td>"
+                )
             out.append("</tr>")
         out.append("</tbody></table></div>")
         return "".join(out)

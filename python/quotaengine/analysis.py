@@ -253,28 +253,43 @@ def cooldowns_frame(source: Source) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- plots
 
 
-def _limit_per_minute(e: _QuotaEngine, platform: str, routes: set[tuple[str, int]], window: str) -> int | None:
-    """A provider's capacity per minute over ``routes`` (its (model, key) pairs seen).
+_CLASSIC = {
+    ("requests", "minute"): "rpm",
+    ("requests", "day"): "rpd",
+    ("tokens", "minute"): "tpm",
+    ("tokens", "day"): "tpd",
+}
 
-    The sum over the routes of each model's declared per-minute limit (``rpm`` or
-    ``tpm``); for requests, a key's sum is capped by the provider's per-key
-    ``minute_requests`` cap when one is set. ``None`` when any route has no such
-    limit (the provider is then unbounded per minute, as far as the engine knows).
-    """
-    per_key: dict[int, int] = {}
-    for model_id, key_id in routes:
-        limits = e.model_limits(platform, model_id)
-        value = None if limits is None else getattr(limits, window)
-        if value is None:
-            return None
-        per_key[key_id] = per_key.get(key_id, 0) + value
-    if not per_key:
-        return None
-    if window == "rpm":
-        cap = e.provider_caps(platform).minute_requests
-        if cap is not None:
-            per_key = {k: min(v, cap) for k, v in per_key.items()}
-    return sum(per_key.values())
+
+def _reason(limit: Any, declared: list[Any]) -> str:
+    """A declared limit's name as ``usage()`` and the gates call it (SPEC §14.1)."""
+    per = {"60s": "minute", "1m": "minute"}.get(limit.per, limit.per)
+    classic = _CLASSIC.get((limit.metric, per))
+    if classic is not None and limit.scope == "account":
+        return classic
+    name = f"{limit.metric}/{limit.per}"
+    twin = any(o.metric == limit.metric and o.per == limit.per and o.scope == "account" for o in declared)
+    return name + (":key" if limit.scope == "key" and twin else "")
+
+
+def _limit_lines(e: _QuotaEngine, platform: str, models: list[str]) -> list[tuple[str, bool, int]]:
+    """Every limit a provider's plot draws (SPEC 22.2): each declared limit of the
+    models it used, and its provider caps, as (label, is a token limit, value)."""
+    lines: list[tuple[str, bool, int]] = []
+    for model_id in models:
+        declared = e.model_limit_list(platform, model_id)
+        for limit in declared:
+            label = f"{platform}/{model_id} {_reason(limit, declared)} {_compact(limit.limit)}"
+            lines.append((label, limit.metric != "requests", limit.limit))
+    caps = e.provider_caps(platform)
+    for name, value, tokens in (
+        ("provider_daily_requests", caps.daily_requests, False),
+        ("provider_minute_requests", caps.minute_requests, False),
+        ("provider_daily_tokens", caps.daily_tokens, True),
+    ):
+        if value is not None:
+            lines.append((f"{platform} {name} {_compact(value)}", tokens, value))
+    return lines
 
 
 def plot_usage(
@@ -283,7 +298,7 @@ def plot_usage(
     platform: str | None = None,
     since_ms: int | None = None,
 ) -> Figure:
-    """Requests and tokens over time per provider, against their per-minute limits.
+    """Requests and tokens over time per provider, against their declared limits.
 
     Two axes rows sharing the time axis (UTC): requests per ``freq`` bin and tokens
     per ``freq`` bin, one solid line per provider (platform), summed over its models
@@ -292,13 +307,14 @@ def plot_usage(
     events; by default every event still in the database (the retention, a day by
     default).
 
-    Reference lines (dashed, same colour, labelled): a provider's capacity per bin =
-    (sum over the (model, key) routes it used of the model's ``rpm`` -- or ``tpm``
-    for tokens; for requests each key's sum capped by the provider's per-key
-    ``minute_requests`` cap) x bin length in minutes. That is the most the provider
-    could have admitted per bin on those routes. No line when a route has no such
-    limit (unbounded). Returns the Figure; axes ``fig.axes[0]`` (requests) and
-    ``fig.axes[1]`` (tokens).
+    Reference lines (SPEC 22.2; dashed, the provider's colour): each declared limit
+    of every model the provider used, and each of its provider caps, as its own line
+    at its value, labelled ``"<platform>/<model> <reason> <limit>"`` (``"<platform>
+    <cap> <value>"`` for a cap): request limits on the requests axes, token limits
+    on the tokens axes. A sliding window's limit is NOT divided into the bins: an
+    ``rpm=30`` window allows a burst of 30 inside any 10 s bin. The y axes are linear
+    up to 10 and logarithmic above (a day's limit and a bin's usage both show). Returns the Figure;
+    axes ``fig.axes[0]`` (requests) and ``fig.axes[1]`` (tokens).
     """
     import numpy as np
     import pandas as pd
@@ -307,15 +323,16 @@ def plot_usage(
         df = events_frame(e, since_ms=since_ms, platform=platform)
         if df.empty:
             return _no_data("usage over time", "no usage events" + (f" for {platform}" if platform else ""))
-        bin_minutes = pd.Timedelta(pd.tseries.frequencies.to_offset(freq)).total_seconds() / 60
-        routes: dict[str, set[tuple[str, int]]] = {}
-        for p, m, k in df[["platform", "model_id", "key_id"]].drop_duplicates().itertuples(index=False):
-            routes.setdefault(p, set()).add((m, int(k)))
-        limits = {(p, w): _limit_per_minute(e, p, rs, w) for p, rs in routes.items() for w in ("rpm", "tpm")}
+        models: dict[str, list[str]] = {}
+        for p, m in (
+            df[["platform", "model_id"]].drop_duplicates().sort_values(["platform", "model_id"]).itertuples(index=False)
+        ):
+            models.setdefault(p, []).append(m)
+        limits = {p: _limit_lines(e, p, ms) for p, ms in models.items()}
 
     df["bin"] = df["time"].dt.floor(freq)
     index = pd.date_range(df["bin"].min(), df["bin"].max(), freq=freq, name="bin")
-    platforms = sorted(routes)
+    platforms = sorted(models)
     requests = (
         df[df["kind"] == "request"]
         .groupby(["bin", "platform"])
@@ -343,25 +360,21 @@ def plot_usage(
     unit = freq if freq[0].isdigit() else f"1{freq}"
     for i, p in enumerate(platforms):
         color = colors(i % 10)
-        for ax, data, window in ((ax_req, requests, "rpm"), (ax_tok, tokens, "tpm")):
+        for ax, data in ((ax_req, requests), (ax_tok, tokens)):
             y = data[p].to_numpy()
             ax.plot(x, np.append(y, y[-1]), color=color, label=p, drawstyle="steps-post")
-            limit = limits[(p, window)]
-            if limit is not None:
-                per_bin = limit * bin_minutes
-                ax.axhline(
-                    per_bin,
-                    color=color,
-                    linestyle="--",
-                    linewidth=1,
-                    label=f"{p} limit {_compact(per_bin)}/{unit} ({window})",
-                )
+        styles = ["--", ":", "-.", (0, (5, 1, 1, 1))]
+        for j, (label, is_tokens, value) in enumerate(limits[p]):
+            ax = ax_tok if is_tokens else ax_req
+            ax.axhline(value, color=color, linestyle=styles[j % len(styles)], linewidth=1, label=label)
     ax_req.set_ylabel(f"requests per {unit}")
     ax_tok.set_ylabel(f"tokens per {unit}")
     ax_tok.set_xlabel("time (UTC)")
     title = "usage over time" + (f": {platform}" if platform else " per provider")
-    ax_req.set_title(f"{title} (dashed: per-{unit} capacity from declared limits)")
+    ax_req.set_title(f"{title} (dashed: each declared limit at its value)")
     for ax in (ax_req, ax_tok):
+        # Linear up to 10, logarithmic above: a day's limit and a bin's few requests both show.
+        ax.set_yscale("symlog", linthresh=10)
         ax.set_ylim(bottom=0)
         ax.set_xlim(x[0], x[-1])
         ax.grid(True, alpha=0.3)

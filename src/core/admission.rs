@@ -73,6 +73,8 @@ pub struct GateContext {
     /// tokens): `LimitSet::provider`.
     pub provider: LimitSet,
     pub concurrency_cap: Option<i64>,
+    /// SPEC 22.1: the fraction of every limit the call's priority leaves free (0: none).
+    pub reserve: f64,
 }
 
 /// What one scope has recorded (its windows) and has in flight (its live leases).
@@ -118,7 +120,7 @@ pub struct View<'a> {
 
 impl<'a> View<'a> {
     /// The tally a limit at `scope` counts.
-    fn tally(&self, scope: Scope) -> Option<&Tally<'a>> {
+    pub fn tally(&self, scope: Scope) -> Option<&Tally<'a>> {
         match scope {
             Scope::Key => self.key.as_ref(),
             Scope::Account => self.account.as_ref(),
@@ -242,11 +244,20 @@ pub fn admit_through<'a>(v: &View, gates: impl Iterator<Item = Gate<'a>>) -> Ver
     Verdict { refused: None, room }
 }
 
-/// How much of a limit this call may fill: all of it (SPEC 22.1's priority reserve
-/// takes its `floor(limit * reserve(p))` off here, for every limit and the
-/// concurrency cap alike).
-fn fillable(limit: i64, _v: &View) -> i64 {
-    limit
+/// How much of a limit this call may fill: all of it but SPEC 22.1's priority
+/// reserve, for every limit and the concurrency cap alike.
+fn fillable(limit: i64, v: &View) -> i64 {
+    reserved_limit(limit, v.ctx.reserve)
+}
+
+/// SPEC 22.1: the limit a call of a priority with `reserve` may fill,
+/// `limit - floor(limit * reserve)` (the floor in double precision).
+#[inline]
+pub fn reserved_limit(limit: i64, reserve: f64) -> i64 {
+    if reserve <= 0.0 {
+        return limit;
+    }
+    limit.saturating_sub((limit as f64 * reserve).floor() as i64)
 }
 
 /// One limit for one more request: a request window refuses when recorded requests
@@ -281,7 +292,8 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
         let retry = t.win.release_time(l.window, l.metric, excess, v.now);
         return Verdict::refused(d.reason.clone(), retry);
     }
-    Verdict { refused: None, room: room(l.limit, used.saturating_add(this)) }
+    // SPEC 22.1: headroom is scored with the priority's limit.
+    Verdict { refused: None, room: room(limit, used.saturating_add(this)) }
 }
 
 /// The room a limit leaves once `taken` counts in it: `(limit - taken) / limit`.

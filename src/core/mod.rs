@@ -7,6 +7,7 @@ pub mod cooldowns;
 pub mod engine;
 pub mod env;
 pub mod error;
+pub mod forecast;
 pub mod fork;
 pub mod handle;
 pub mod headers;

@@ -116,6 +116,8 @@ pub struct Mirror {
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: FastMap<i64, Vec<HistoryRow>>,
     pub calendars: Calendars,
+    /// SPEC 22.1: (priority, reserve fraction) as stored, by priority.
+    reserves: Vec<(i64, f64)>,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -227,6 +229,31 @@ impl Mirror {
 
     /// The account a key belongs to (SPEC §14.3): the one it was registered with, else
     /// its own, `"key:<key_id>"`.
+    /// SPEC 22.1: the reserve of a call of `priority`, the fraction set for the largest
+    /// configured priority `<= priority` (0 when none).
+    #[inline]
+    pub fn reserve_for(&self, priority: i64) -> f64 {
+        if self.reserves.is_empty() {
+            return 0.0;
+        }
+        self.reserves.iter().rev().find(|(p, _)| *p <= priority).map_or(0.0, |(_, f)| *f)
+    }
+
+    /// Replaces the stored reserves (the store's whole table).
+    pub fn replace_reserves(&mut self, mut rows: Vec<(i64, f64)>) {
+        rows.sort_by_key(|(p, _)| *p);
+        rows.dedup_by_key(|(p, _)| *p);
+        self.reserves = rows;
+    }
+
+    /// Sets one priority's reserve.
+    pub fn put_reserve(&mut self, priority: i64, fraction: f64) {
+        match self.reserves.binary_search_by_key(&priority, |(p, _)| *p) {
+            Ok(i) => self.reserves[i].1 = fraction,
+            Err(i) => self.reserves.insert(i, (priority, fraction)),
+        }
+    }
+
     pub fn account_name(&self, platform: &str, key_id: i64) -> Arc<str> {
         match self.keys.get(&key_id) {
             Some(KeyInfo { platform: p, account: Some(a), .. }) if p == platform => Arc::from(a.as_str()),
@@ -1063,6 +1090,56 @@ impl Mirror {
         total
     }
 
+    // ---- forecasts (SPEC 22.2) --------------------------------------------------------
+
+    /// Makes the windows a forecast of `rid` reads keep a sliding window of `width`:
+    /// the route's and its group's, every route of its account (billed tokens) and the
+    /// account's (requests). False when one of them could not be counted from memory:
+    /// `needs_reload` is then set. Prunes what it touches at `now` first.
+    pub fn keep_recent(&mut self, rid: RouteId, width: i64, now: i64) -> bool {
+        let spec = WindowSpec::Sliding(width);
+        let a = self.routes[rid as usize].account;
+        let mut complete = true;
+        for r in self.accounts[a as usize].routes.clone() {
+            self.prune_route(r, now);
+            let route = &mut self.routes[r as usize];
+            complete &= route.win.keep(spec);
+            if let Some(g) = route.group {
+                complete &= self.groups[g as usize].win.keep(spec);
+            }
+        }
+        complete &= self.accounts[a as usize].win.keep(spec);
+        self.needs_reload |= !complete;
+        complete
+    }
+
+    /// What a limit's scope recorded in its metric in the last `width` (`keep_recent`
+    /// first).
+    pub fn recent(&self, rid: RouteId, l: &crate::core::limits::Limit, width: i64, now: i64) -> i64 {
+        let r = &self.routes[rid as usize];
+        let win = match r.group {
+            Some(g) if l.scope == Scope::Account => &self.groups[g as usize].win,
+            _ => &r.win,
+        };
+        win.counts(WindowSpec::Sliding(width), now).unwrap_or_default().get(l.metric)
+    }
+
+    /// Requests of the route's account (every model) in the last `width`, and its
+    /// tokens billed per model at `cap`'s multipliers (`keep_recent` first).
+    pub fn recent_account(&self, rid: RouteId, cap: Option<i64>, width: i64, now: i64) -> (i64, i64) {
+        let spec = WindowSpec::Sliding(width);
+        let a = self.routes[rid as usize].account;
+        let requests = self.accounts[a as usize].win.counts(spec, now).unwrap_or_default().requests;
+        let mut billed = 0i64;
+        if let Some(cap) = cap {
+            for r in &self.accounts[a as usize].routes {
+                let raw = self.routes[*r as usize].win.counts(spec, now).unwrap_or_default().tokens;
+                billed = billed.saturating_add(self.multiplier(*r, cap).bill(raw));
+            }
+        }
+        (requests, billed)
+    }
+
     // ---- the view of a decision -----------------------------------------------------
 
     /// Everything one admission on a route (or, with `rid` None, a provider gate on an
@@ -1213,6 +1290,25 @@ mod tests {
         assert_eq!(day_model.before, dec1 + 9 * 86_400_000);
         // A window that reaches back less than the retention keeps nothing more.
         assert!(m.retained_usage(dec10, dec10 - 30 * 86_400_000, true).is_empty());
+    }
+
+    #[test]
+    fn a_reserve_keeps_the_floor_of_its_fraction() {
+        assert_eq!(crate::core::admission::reserved_limit(10, 0.0), 10);
+        assert_eq!(crate::core::admission::reserved_limit(10, 0.2), 8);
+        assert_eq!(crate::core::admission::reserved_limit(10, 0.15), 9); // floor(1.5)
+        assert_eq!(crate::core::admission::reserved_limit(100, 0.29), 72); // 100 * 0.29 = 28.999999999999996
+        assert_eq!(crate::core::admission::reserved_limit(0, 0.5), 0);
+        assert_eq!(
+            crate::core::admission::reserved_limit(i64::MAX, 0.5),
+            i64::MAX - (i64::MAX as f64 * 0.5).floor() as i64
+        );
+        let mut m = Mirror::default();
+        assert_eq!(m.reserve_for(3), 0.0);
+        m.replace_reserves(vec![(3, 0.5), (1, 0.2)]);
+        assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserve_for(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
+        m.put_reserve(0, 0.1);
+        assert_eq!(m.reserve_for(0), 0.1);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Waiting for capacity (SPEC 17.2): a call to `lease()` / `lease_any()` with a
 //! `wait_s` re-runs its gates until one admits it or the wait runs out.
 //!
-//! A [`Waiter`] is one waiting call. It queues in its engine (first come, first served
-//! among the waiters on a common key; a call that does not wait never queues) and
+//! A [`Waiter`] is one waiting call. It queues in its engine (a smaller priority number
+//! first, then first come, first served among the waiters on a common key, SPEC 22.1;
+//! a call that does not wait never queues) and
 //! takes steps: each step tries when it is the waiter's turn, and otherwise says how
 //! long to nap. The sync binding naps on the engine's wake-up (a lease of this engine
 //! ended, a waiter left, the engine closed) with the GIL released; the async one
@@ -67,14 +68,16 @@ impl Waiter {
         if self.ticket.is_some() || !self.waits {
             return;
         }
-        let keys = match &self.op {
-            BatchOp::Lease { route, .. } => vec![(route.platform.clone(), route.key_id)],
-            BatchOp::LeaseAny { routes, .. } => {
-                routes.iter().map(|r| (r.platform.clone(), r.key_id)).collect()
+        let (priority, keys) = match &self.op {
+            BatchOp::Lease { route, priority, .. } => {
+                (*priority, vec![(route.platform.clone(), route.key_id)])
             }
-            _ => Vec::new(),
+            BatchOp::LeaseAny { routes, priority, .. } => {
+                (*priority, routes.iter().map(|r| (r.platform.clone(), r.key_id)).collect())
+            }
+            _ => (0, Vec::new()),
         };
-        self.ticket = Some(self.handle.enqueue_waiter(keys));
+        self.ticket = Some(self.handle.enqueue_waiter(priority, keys));
     }
 
     /// One look at the gates, when it is this waiter's turn (or its wait is over).

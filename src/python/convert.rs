@@ -64,6 +64,35 @@ pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
     Ok(v)
 }
 
+/// A fraction in `[0, 1)` (int or float, not a bool; SPEC 22.1's reserve).
+pub fn fraction_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
+        return Err(type_error(format!(
+            "{name} must be a float in [0, 1), not {}",
+            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        )));
+    }
+    let v: f64 = obj.extract()?;
+    if !v.is_finite() || !(0.0..1.0).contains(&v) {
+        return Err(PyValueError::new_err(format!("{name} must be in [0, 1), got {v}")));
+    }
+    Ok(v)
+}
+
+/// SPEC 22.1's `priority`: an int >= 0.
+pub fn priority_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    let v = int_arg(obj, "priority")?;
+    if v < 0 {
+        return Err(PyValueError::new_err(format!("priority must be >= 0 (0 the most important), got {v}")));
+    }
+    Ok(v)
+}
+
+/// `priority=` of a lease: as [`priority_arg`], None meaning 0.
+pub fn opt_priority_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<i64> {
+    obj.filter(|p| !p.is_none()).map_or(Ok(0), priority_arg)
+}
+
 /// The longest wait or probe interval the engine takes, in seconds (SPEC 18.1):
 /// beyond it an `OverflowError`.
 pub const MAX_SECONDS: f64 = 1e12;

@@ -1,8 +1,8 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
 use super::convert::failure_args;
 use super::convert::{
-    count_arg, duration_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit, str_arg,
-    token_use_arg,
+    count_arg, duration_arg, fraction_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit,
+    opt_priority_arg, priority_arg, str_arg, token_use_arg,
 };
 use super::errors::to_pyerr;
 use super::errors::type_error;
@@ -156,6 +156,7 @@ impl PyQuotaEngine {
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
         strategy: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(BatchOp, Vec<Route>, i64, Duration)> {
         let rs = routes_arg(routes)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
@@ -165,7 +166,13 @@ impl PyQuotaEngine {
             None => Strategy::default(),
         };
         let wait = wait_arg(wait_s)?;
-        let op = BatchOp::LeaseAny { routes: rs.clone(), est: Estimate { tokens: est, output }, strategy };
+        let priority = opt_priority_arg(priority)?;
+        let op = BatchOp::LeaseAny {
+            routes: rs.clone(),
+            est: Estimate { tokens: est, output },
+            strategy,
+            priority,
+        };
         Ok((op, rs, est, wait))
     }
 }
@@ -182,6 +189,7 @@ impl PyQuotaEngine {
 }
 
 /// `lease()`'s arguments: the operation, its route, the estimate, the wait.
+#[allow(clippy::too_many_arguments)]
 fn lease_op(
     platform: &Bound<'_, PyAny>,
     model_id: &Bound<'_, PyAny>,
@@ -190,14 +198,21 @@ fn lease_op(
     limits: Option<&Bound<'_, PyAny>>,
     estimated_output_tokens: Option<&Bound<'_, PyAny>>,
     wait_s: Option<&Bound<'_, PyAny>>,
+    priority: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(BatchOp, Route, i64, Duration)> {
     let r = route(platform, model_id, key_id)?;
     let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
     let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
     let l = limits_arg(limits)?;
     let wait = wait_arg(wait_s)?;
-    let op =
-        BatchOp::Lease { route: r.clone(), est: Estimate { tokens: est, output }, limits: l, check: true };
+    let priority = opt_priority_arg(priority)?;
+    let op = BatchOp::Lease {
+        route: r.clone(),
+        est: Estimate { tokens: est, output },
+        limits: l,
+        check: true,
+        priority,
+    };
     Ok((op, r, est, wait))
 }
 
@@ -497,6 +512,30 @@ impl PyQuotaEngine {
 
     // ---- provider calendars (SPEC §14.2) ----------------------------------------------
 
+    /// SPEC 22.1: a call of priority `priority` or larger (up to the next configured
+    /// one) leaves `floor(limit * fraction)` of every window, provider cap and
+    /// concurrency cap free. Persisted and shared through the store. A negative
+    /// priority or a fraction outside `[0, 1)` is a `ValueError`.
+    #[pyo3(signature = (priority, fraction))]
+    fn set_priority_reserve(
+        &self,
+        py: Python<'_>,
+        priority: &Bound<'_, PyAny>,
+        fraction: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let p = priority_arg(priority)?;
+        let f = fraction_arg(fraction, "fraction")?;
+        self.run(py, |e| e.set_priority_reserve(p, f))
+    }
+
+    /// SPEC 22.1: the reserve in force for a call of `priority`, the fraction set for
+    /// the largest configured priority `<= priority` (0.0 when none).
+    #[pyo3(signature = (priority))]
+    fn priority_reserve(&self, py: Python<'_>, priority: &Bound<'_, PyAny>) -> PyResult<f64> {
+        let p = priority_arg(priority)?;
+        self.run(py, |e| e.priority_reserve(p))
+    }
+
     /// Sets the IANA zone of a platform's days (persisted, shared by every engine on the
     /// store; wins over `PROVIDER_DAY_TZ_<PLATFORM>` and the built-in zone). `None`
     /// forgets it. An unknown zone is a `ValueError`.
@@ -599,6 +638,33 @@ impl PyQuotaEngine {
             type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
         })?;
         self.run(py, move |e| e.record_token_use(&r, used))
+    }
+
+    /// SPEC 22.2: for each declared window of an hour or longer (keyed as `usage()`
+    /// keys them) and each daily provider cap (keyed `provider_daily_requests`,
+    /// `provider_daily_tokens`), the time in epoch ms at which it would run out if
+    /// the pace of the last `lookback_ms` went on; `None` when it would not before the
+    /// window resets, or nothing was used lately.
+    #[pyo3(signature = (platform, model_id, key_id, *, lookback_ms=None), text_signature = "(self, platform, model_id, key_id, *, lookback_ms=600000)")]
+    fn forecast<'py>(
+        &self,
+        py: Python<'py>,
+        platform: &Bound<'py, PyAny>,
+        model_id: &Bound<'py, PyAny>,
+        key_id: &Bound<'py, PyAny>,
+        lookback_ms: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let r = route(platform, model_id, key_id)?;
+        let lookback = match lookback_ms.filter(|l| !l.is_none()) {
+            None => crate::core::engine::DEFAULT_LOOKBACK_MS,
+            Some(l) => int_arg(l, "lookback_ms")?,
+        };
+        let f = self.run(py, move |e| e.forecast(&r, lookback))?;
+        let d = PyDict::new(py);
+        for (k, t) in f {
+            d.set_item(k, t)?;
+        }
+        Ok(d)
     }
 
     #[pyo3(signature = (platform, model_id, key_id, limits=None))]
@@ -738,7 +804,8 @@ impl PyQuotaEngine {
     ) -> PyResult<i64> {
         let r = route(platform, model_id, key_id)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-        let op = BatchOp::Lease { route: r, est: Estimate::tokens(est), limits: None, check: false };
+        let op =
+            BatchOp::Lease { route: r, est: Estimate::tokens(est), limits: None, check: false, priority: 0 };
         py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)
     }
 
@@ -751,7 +818,7 @@ impl PyQuotaEngine {
     /// Runs every gate and takes the lease as one atomic step (across threads and
     /// processes); raises QuotaExceeded when a gate refuses. With `wait_s`, waits up to
     /// that many seconds for a gate to open (SPEC 17.2), the GIL released.
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0)")]
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None, priority=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0, priority=0)")]
     #[allow(clippy::too_many_arguments)]
     fn lease(
         &self,
@@ -763,9 +830,18 @@ impl PyQuotaEngine {
         limits: Option<&Bound<'_, PyAny>>,
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
-        let (op, r, est, wait) =
-            lease_op(platform, model_id, key_id, estimated_tokens, limits, estimated_output_tokens, wait_s)?;
+        let (op, r, est, wait) = lease_op(
+            platform,
+            model_id,
+            key_id,
+            estimated_tokens,
+            limits,
+            estimated_output_tokens,
+            wait_s,
+            priority,
+        )?;
         let (id, _) = self.admit(py, op, wait)?;
         self.make_lease(py, id, r, est)
     }
@@ -774,7 +850,8 @@ impl PyQuotaEngine {
     /// its stored limits), every gate of every candidate, one of those that pass
     /// picked by `strategy` ("headroom", "order" or "spread"), and its lease taken, in
     /// one atomic step; with `wait_s`, waits for capacity as `lease()` does.
-    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0)")]
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
+    #[allow(clippy::too_many_arguments)]
     fn lease_any(
         &self,
         py: Python<'_>,
@@ -783,15 +860,22 @@ impl PyQuotaEngine {
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
         strategy: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
-        let (op, rs, est, wait) =
-            Self::lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s)?;
+        let (op, rs, est, wait) = Self::lease_any_op(
+            routes,
+            estimated_tokens,
+            estimated_output_tokens,
+            strategy,
+            wait_s,
+            priority,
+        )?;
         let (id, i) = self.admit(py, op, wait)?;
         self.make_lease(py, id, rs[i].clone(), est)
     }
 
     /// The stepper behind `lease_async` (see `quotaengine.QuotaEngine.lease_async`).
-    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0)")]
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None, priority=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0, priority=0)")]
     #[allow(clippy::too_many_arguments)]
     fn _lease_waiter(
         &self,
@@ -802,14 +886,23 @@ impl PyQuotaEngine {
         limits: Option<&Bound<'_, PyAny>>,
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyLeaseWaiter> {
-        let (op, r, est, wait) =
-            lease_op(platform, model_id, key_id, estimated_tokens, limits, estimated_output_tokens, wait_s)?;
+        let (op, r, est, wait) = lease_op(
+            platform,
+            model_id,
+            key_id,
+            estimated_tokens,
+            limits,
+            estimated_output_tokens,
+            wait_s,
+            priority,
+        )?;
         Ok(self.waiter(op, vec![r], est, wait))
     }
 
     /// The stepper behind `lease_any_async`.
-    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0)")]
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
     fn _lease_any_waiter(
         &self,
         routes: &Bound<'_, PyAny>,
@@ -817,9 +910,16 @@ impl PyQuotaEngine {
         estimated_output_tokens: Option<&Bound<'_, PyAny>>,
         strategy: Option<&Bound<'_, PyAny>>,
         wait_s: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyLeaseWaiter> {
-        let (op, rs, est, wait) =
-            Self::lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s)?;
+        let (op, rs, est, wait) = Self::lease_any_op(
+            routes,
+            estimated_tokens,
+            estimated_output_tokens,
+            strategy,
+            wait_s,
+            priority,
+        )?;
         Ok(self.waiter(op, rs, est, wait))
     }
 
@@ -1308,6 +1408,7 @@ impl PyQuotaEngine {
             d.set_item("in_flight", r.in_flight)?;
             d.set_item("cooldown_source", r.cooldown.map(|c| c.source.as_str()))?;
             d.set_item("cooldown_expires_at_ms", r.cooldown.map(|c| c.expires_at_ms))?;
+            d.set_item("exhausts_at_ms", r.exhausts_at_ms)?;
             out.append(d)?;
         }
         Ok((now, out))

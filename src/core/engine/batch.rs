@@ -17,6 +17,8 @@ pub enum BatchOp {
         est: Estimate,
         limits: Option<LimitSet>,
         check: bool,
+        /// SPEC 22.1: 0 the most important.
+        priority: i64,
     },
     /// `lease_any` (SPEC 17.1): every gate of every candidate, one picked by
     /// `strategy`, its lease taken.
@@ -24,6 +26,7 @@ pub enum BatchOp {
         routes: Vec<Route>,
         est: Estimate,
         strategy: Strategy,
+        priority: i64,
     },
     Success {
         lease_id: i64,
@@ -155,21 +158,22 @@ impl Engine {
         let mut outs = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
-                BatchOp::Lease { route, est, limits, check } => {
+                BatchOp::Lease { route, est, limits, check, priority } => {
                     outs.push(BatchOut::of_lease(self.batch_lease(
                         route,
                         *est,
                         limits.clone(),
-                        *check,
+                        (*check).then_some(*priority),
                         now,
                         &mut writes,
                     )));
                 }
-                BatchOp::LeaseAny { routes, est, strategy } => {
+                BatchOp::LeaseAny { routes, est, strategy, priority } => {
                     outs.push(BatchOut::of_choice(self.batch_lease_any(
                         routes,
                         *est,
                         *strategy,
+                        *priority,
                         now,
                         &mut writes,
                     )));
@@ -221,13 +225,15 @@ impl Engine {
         route: &Route,
         est: Estimate,
         limits: Option<LimitSet>,
-        check: bool,
+        check: Option<i64>,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
         check_estimate(est)?;
-        let rid = if check {
-            let (rid, verdict) = self.admit(route, est, limits, now);
+        // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
+        let rid = if let Some(priority) = check {
+            check_priority(priority)?;
+            let (rid, verdict) = self.admit(route, est, limits, priority, now);
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -236,7 +242,7 @@ impl Engine {
             self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
         };
         let id = self.take_lease(rid, est, now, writes);
-        if check {
+        if check.is_some() {
             // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
             // the caller's to release.
             self.own_leases.insert(id);
@@ -252,10 +258,12 @@ impl Engine {
         routes: &[Route],
         est: Estimate,
         strategy: Strategy,
+        priority: i64,
         now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<(i64, usize)> {
         check_estimate(est)?;
+        check_priority(priority)?;
         if routes.is_empty() {
             return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
         }
@@ -266,7 +274,7 @@ impl Engine {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let (rid, verdict) = self.admit(route, est, None, now);
+            let (rid, verdict) = self.admit(route, est, None, priority, now);
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;

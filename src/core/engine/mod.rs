@@ -273,6 +273,8 @@ pub struct SnapshotRow {
     pub others: Vec<(String, i64, i64)>,
     pub in_flight: i64,
     pub cooldown: Option<CooldownRec>,
+    /// SPEC 22.2: the earliest of the route's forecasts (default lookback).
+    pub exhausts_at_ms: Option<i64>,
 }
 
 impl SnapshotRow {
@@ -520,6 +522,8 @@ impl Engine {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
             provider: self.provider_limits(caps),
             concurrency_cap: failures::min_cap(conc, learned),
+            // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
+            reserve: self.mirror.reserve_for(0),
         }
     }
 
@@ -618,6 +622,25 @@ impl Engine {
         }
         let w = Write::SetCalendar { platform: platform.to_string(), zone: zone.map(str::to_string) };
         self.write(vec![w]).map(|_| ())
+    }
+
+    // ---- priorities (SPEC 22.1) ----------------------------------------------------
+
+    /// Keeps `floor(limit * fraction)` of every limit free for calls of a smaller
+    /// priority number than `priority` (persisted, shared through the store).
+    pub fn set_priority_reserve(&mut self, priority: i64, fraction: f64) -> Result<()> {
+        check_priority(priority)?;
+        if !fraction.is_finite() || !(0.0..1.0).contains(&fraction) {
+            return Err(Error::Invalid(format!("fraction must be in [0, 1), got {fraction}")));
+        }
+        self.write(vec![Write::SetPriorityReserve { priority, fraction }]).map(|_| ())
+    }
+
+    /// The reserve in force for a call of `priority`: the fraction set for the largest
+    /// configured priority `<= priority` (0 when none).
+    pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
+        check_priority(priority)?;
+        self.read(|m, _| m.reserve_for(priority))
     }
 
     /// The calendar in force for a platform (what `f` is given), after reading what
@@ -748,7 +771,7 @@ impl Engine {
     /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| e.admit(route, Estimate::tokens(est), limits, now).1.admission())
+        self.reading(|e, now| e.admit(route, Estimate::tokens(est), limits, 0, now).1.admission())
     }
 
     /// Every gate on the route's view at `now`, and the route it decided on.
@@ -757,9 +780,11 @@ impl Engine {
         route: &Route,
         est: Estimate,
         limits: Option<LimitSet>,
+        priority: i64,
         now: i64,
     ) -> (RouteId, Verdict) {
-        let ctx = self.gate_context(route, limits, now);
+        let mut ctx = self.gate_context(route, limits, now);
+        ctx.reserve = self.mirror.reserve_for(priority);
         let rid = self.ready_route(route, &ctx.limits, now);
         (rid, admission::admit(&self.mirror.route_view(rid, &ctx, est, now)))
     }
@@ -816,6 +841,7 @@ impl Engine {
             est: Estimate::tokens(est),
             limits: None,
             check: false,
+            priority: 0,
         })
         .lease_id()
     }
@@ -828,13 +854,13 @@ impl Engine {
 
     /// `lease()` with an estimate that says how much of it is output (SPEC §14.4).
     pub fn lease_estimate(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>) -> Result<i64> {
-        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true }).lease_id()
+        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true, priority: 0 }).lease_id()
     }
 
     /// SPEC 17.1: one of `routes` chosen by `strategy` and leased, in one atomic step;
     /// returns the lease and the index of its route in `routes`.
     pub fn lease_any(&mut self, routes: &[Route], est: Estimate, strategy: Strategy) -> Result<(i64, usize)> {
-        self.single(BatchOp::LeaseAny { routes: routes.to_vec(), est, strategy }).chosen()
+        self.single(BatchOp::LeaseAny { routes: routes.to_vec(), est, strategy, priority: 0 }).chosen()
     }
 
     /// Idempotent.
@@ -894,6 +920,9 @@ pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<Lim
     given.unwrap_or_else(|| m.limit_set(platform, model_id))
 }
 
+/// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
+pub const DEFAULT_LOOKBACK_MS: i64 = 600_000;
+
 /// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
 pub(super) const HEADROOM_CACHE_MS: i64 = 5_000;
 
@@ -920,6 +949,14 @@ impl LeaseIds {
         }
         (self.prefix << 23) | self.counter
     }
+}
+
+/// SPEC 22.1: a priority is an int >= 0.
+pub fn check_priority(priority: i64) -> Result<()> {
+    if priority < 0 {
+        return Err(Error::Invalid(format!("priority must be >= 0 (0 the most important), got {priority}")));
+    }
+    Ok(())
 }
 
 /// A key's configured concurrency cap (SPEC 20), `None` when it has none.

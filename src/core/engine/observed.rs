@@ -469,6 +469,7 @@ impl Engine {
                     others,
                     in_flight,
                     cooldown,
+                    exhausts_at_ms: None,
                 });
             }
             rows.sort_by(|a, b| {
@@ -480,6 +481,59 @@ impl Engine {
             });
             rows
         })
+        .and_then(|mut rows| {
+            // SPEC 22.2: the earliest forecast of each row.
+            self.reading(|e, now| {
+                let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
+                let forecasts = e.forecast_routes(&routes, DEFAULT_LOOKBACK_MS, now);
+                for (row, f) in rows.iter_mut().zip(forecasts) {
+                    row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
+                }
+                rows
+            })
+        })
+    }
+
+    // ---- forecasts (SPEC 22.2) -------------------------------------------------------
+
+    /// Per declared window of an hour or longer and per daily provider cap of the
+    /// route, when it would run out if the pace of the last `lookback_ms` went on.
+    pub fn forecast(&mut self, route: &Route, lookback_ms: i64) -> Result<Vec<(String, Option<i64>)>> {
+        check_name("platform", &route.platform)?;
+        check_name("model_id", &route.model_id)?;
+        if lookback_ms <= 0 {
+            return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
+        }
+        self.reading(|e, now| e.forecast_routes(std::slice::from_ref(route), lookback_ms, now).remove(0))
+    }
+
+    /// The forecasts of routes at `now`, their windows made ready (the pace's window
+    /// counted from the store, once for them all, the first time it is asked for).
+    fn forecast_routes(
+        &mut self,
+        routes: &[Route],
+        lookback_ms: i64,
+        now: i64,
+    ) -> Vec<Vec<(String, Option<i64>)>> {
+        use crate::core::forecast::{forecast, recent_width};
+        let width = recent_width(lookback_ms);
+        let mut ready = Vec::with_capacity(routes.len());
+        for route in routes {
+            let ctx = self.gate_context(route, None, now);
+            let rid = self.ready_route(route, &ctx.limits, now);
+            ready.push((rid, ctx));
+        }
+        let mut complete = true;
+        for (rid, _) in &ready {
+            complete &= self.mirror.keep_recent(*rid, width, now);
+        }
+        if !complete || self.mirror.needs_reload {
+            self.reload_windows(now);
+            for (rid, _) in &ready {
+                self.mirror.keep_recent(*rid, width, now);
+            }
+        }
+        ready.iter().map(|(rid, ctx)| forecast(&self.mirror, *rid, ctx, lookback_ms, now)).collect()
     }
 
     /// Deliberately panics inside the engine (tests prove a panic becomes an exception).

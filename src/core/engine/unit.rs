@@ -493,12 +493,18 @@ impl Engine {
         let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         self.mirror.prune_route(rid, now);
         if !self.mirror.keep_windows(rid, limits) || self.mirror.needs_reload {
-            if self.unit.degraded || self.load_usage(now).is_err() {
-                self.unit.rebuild = true;
-            }
+            self.reload_windows(now);
             self.mirror.prune_route(rid, now);
         }
         rid
+    }
+
+    /// Counts the windows a route now keeps from the store (or, degraded, at the next
+    /// sync that can).
+    pub(super) fn reload_windows(&mut self, now: i64) {
+        if self.unit.degraded || self.load_usage(now).is_err() {
+            self.unit.rebuild = true;
+        }
     }
 
     pub(super) fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
@@ -543,7 +549,11 @@ impl Engine {
         if let Some(c) = ch.caps {
             self.mirror.caps = c.into_iter().collect();
         }
-        let tables_changed = tables_changed || ch.history.is_some() || ch.calendars.is_some();
+        let tables_changed =
+            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
+        if let Some(p) = ch.priorities {
+            self.mirror.replace_reserves(p);
+        }
         if let Some(h) = ch.history {
             self.mirror.replace_history(h);
         }
@@ -769,6 +779,7 @@ impl Engine {
                     self.unit.rebuild = true;
                 }
             }
+            Write::SetPriorityReserve { priority, fraction } => self.mirror.put_reserve(*priority, *fraction),
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         0

@@ -355,9 +355,9 @@ impl Handle {
         self.shared.waiters.any()
     }
 
-    /// Joins the wait queue; returns the ticket.
-    pub(crate) fn enqueue_waiter(&self, keys: Vec<(String, i64)>) -> u64 {
-        self.shared.waiters.enqueue(keys)
+    /// Joins the wait queue at `priority` (SPEC 22.1); returns the ticket.
+    pub(crate) fn enqueue_waiter(&self, priority: i64, keys: Vec<(String, i64)>) -> u64 {
+        self.shared.waiters.enqueue(priority, keys)
     }
 
     /// Leaves the wait queue (admitted, given up or cancelled): the next may go.

@@ -20,12 +20,13 @@ pub(crate) fn run_wakes(wakes: Vec<Wake>) {
     }
 }
 
-/// The queue of calls waiting for capacity: first come, first served.
+/// The queue of calls waiting for capacity: a smaller priority number first (SPEC
+/// 22.1), first come, first served within one priority.
 #[derive(Default)]
 struct Waiting {
     next_ticket: u64,
-    /// Ticket -> the keys `(platform, key_id)` it waits on.
-    queue: BTreeMap<u64, Vec<(String, i64)>>,
+    /// Ticket -> its priority and the keys `(platform, key_id)` it waits on.
+    queue: BTreeMap<u64, (i64, Vec<(String, i64)>)>,
     /// Bumped whenever a lease of this engine ends, a waiter leaves, or it closes.
     generation: u64,
     /// Callbacks to run at the next bump.
@@ -97,13 +98,13 @@ impl Waiters {
     }
 
     /// Joins the wait queue; returns the ticket.
-    pub(crate) fn enqueue(&self, keys: Vec<(String, i64)>) -> u64 {
+    pub(crate) fn enqueue(&self, priority: i64, keys: Vec<(String, i64)>) -> u64 {
         let _pass = TURNSTILE.pass();
         self.count.fetch_add(1, Ordering::AcqRel);
         let mut w = lock(&self.waiting);
         let t = w.next_ticket;
         w.next_ticket += 1;
-        w.queue.insert(t, keys);
+        w.queue.insert(t, (priority, keys));
         t
     }
 
@@ -122,12 +123,15 @@ impl Waiters {
     }
 
     /// The waiting generation, and whether `ticket` is first in line among the waiters
-    /// on any of its keys.
+    /// on any of its keys: none of a smaller priority number waits on one, nor an
+    /// earlier one of its own priority (SPEC 22.1).
     pub(crate) fn turn(&self, ticket: u64) -> (u64, bool) {
         let _pass = TURNSTILE.pass();
         let w = lock(&self.waiting);
-        let Some(mine) = w.queue.get(&ticket) else { return (w.generation, true) };
-        let first = !w.queue.range(..ticket).any(|(_, keys)| keys.iter().any(|k| mine.contains(k)));
+        let Some((prio, mine)) = w.queue.get(&ticket) else { return (w.generation, true) };
+        let ahead = |t: &u64, p: &i64| (*p, *t) < (*prio, ticket);
+        let first =
+            !w.queue.iter().any(|(t, (p, keys))| ahead(t, p) && keys.iter().any(|k| mine.contains(k)));
         (w.generation, first)
     }
 

@@ -42,8 +42,9 @@ const MODELS: usize = 3;
 const CAPS: usize = 4;
 const HISTORY: usize = 5;
 const CALENDARS: usize = 6;
+const PRIORITIES: usize = 7;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 6] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS];
+const SMALL: [usize; 7] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
@@ -64,7 +65,9 @@ struct Tables {
     quota: BTreeMap<(String, i64, String, String), QuotaStateRow>,
     logs: Vec<(i64, LogRow)>,
     calendars: BTreeMap<String, String>,
-    versions: [u64; 7],
+    /// SPEC 22.1: priority -> reserve fraction.
+    priorities: BTreeMap<i64, f64>,
+    versions: [u64; 8],
 }
 
 #[derive(Default)]
@@ -121,7 +124,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 7]>,
+    seen: Option<[u64; 8]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -242,6 +245,9 @@ impl MemoryStore {
         if changed(CALENDARS) {
             ch.calendars = Some(t.calendars.iter().map(|(p, z)| (p.clone(), z.clone())).collect());
         }
+        if changed(PRIORITIES) {
+            ch.priorities = Some(t.priorities.iter().map(|(p, f)| (*p, *f)).collect());
+        }
         ch
     }
 
@@ -254,7 +260,7 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars);
+        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities);
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -403,6 +409,11 @@ impl MemoryStore {
                     bump(t, CALENDARS);
                 }
                 return i64::from(changed);
+            }
+            Write::SetPriorityReserve { priority, fraction } => {
+                if t.priorities.insert(*priority, *fraction) != Some(*fraction) {
+                    bump(t, PRIORITIES);
+                }
             }
         }
         0
@@ -556,7 +567,8 @@ impl Store for MemoryStore {
             || pending.models.is_some()
             || pending.caps.is_some()
             || pending.history.is_some()
-            || pending.calendars.is_some();
+            || pending.calendars.is_some()
+            || pending.priorities.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 

@@ -269,6 +269,8 @@ pub struct Changes {
     pub history: Option<Vec<HistoryRow>>,
     /// The stored platform zones: platform -> IANA name.
     pub calendars: Option<Vec<(String, String)>>,
+    /// The stored priority reserves (SPEC 22.1): (priority, fraction).
+    pub priorities: Option<Vec<(i64, f64)>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -330,6 +332,11 @@ pub enum Write {
     SetCalendar {
         platform: String,
         zone: Option<String>,
+    },
+    /// Sets the reserve fraction of a priority (SPEC 22.1).
+    SetPriorityReserve {
+        priority: i64,
+        fraction: f64,
     },
 }
 

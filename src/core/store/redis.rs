@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
-const TABLES: [&str; 6] = ["cooldowns", "keys", "models", "caps", "history", "calendars"];
+const TABLES: [&str; 7] = ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
@@ -57,7 +57,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 18] = [
+const LAYOUT: [(&str, &str); 19] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -67,6 +67,7 @@ const LAYOUT: [(&str, &str); 18] = [
     ("caps", "hash"),
     ("history", "hash"),
     ("calendars", "hash"),
+    ("priorities", "hash"),
     ("ver", "hash"),
     ("quota", "hash"),
     ("lock", "string"),
@@ -106,7 +107,7 @@ pub struct RedisStore {
     section: Option<Section>,
     /// Stream id of the last feed entry read.
     cursor: String,
-    versions: [String; 6],
+    versions: [String; 7],
     need_leases: bool,
     leases: HashMap<i64, LeaseRow>,
     /// What the last round trips brought, for the next `pull`.

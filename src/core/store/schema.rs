@@ -237,11 +237,28 @@ DROP TABLE failure_history;
 ALTER TABLE failure_history_v9 RENAME TO failure_history;
 CREATE INDEX idx_failure_history_key ON failure_history (key_id);
 "#,
+    r#"
+-- Version 10: priority reserves (SPEC 22.1, set_priority_reserve): a call of priority
+-- p leaves floor(limit * fraction) of every limit free, the fraction of the largest
+-- priority here <= p.
+CREATE TABLE priority_reserves (
+    priority INTEGER PRIMARY KEY,
+    fraction REAL    NOT NULL
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('priority_reserves', 0);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 6] =
-    ["rate_limit_cooldowns", "api_keys", "models", "provider_caps", "failure_history", "platform_calendars"];
+pub const VERSIONED_TABLES: [&str; 7] = [
+    "rate_limit_cooldowns",
+    "api_keys",
+    "models",
+    "provider_caps",
+    "failure_history",
+    "platform_calendars",
+    "priority_reserves",
+];
 
 /// Triggers are (re)created after every migration, so that later versions can add
 /// tables to [`VERSIONED_TABLES`].

@@ -471,6 +471,11 @@ impl SqliteStore {
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             changes.calendars = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
         }
+        if versions[6] != self.versions[6] {
+            let mut stmt = self.conn.prepare_cached("SELECT priority, fraction FROM priority_reserves")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            changes.priorities = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
         self.versions = versions;
         self.data_version = Some(dv);
         self.shm_seen = hdr;

@@ -30,7 +30,13 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
             }
             ch.history = Some(hist);
         }
-        _ => ch.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
+        5 => ch.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
+        // SPEC 22.1: priority -> reserve fraction.
+        _ => {
+            ch.priorities = Some(
+                rows.iter().map(|(f, v)| Ok((parse_i64(f)?, parse_f64(v)?))).collect::<StoreResult<_>>()?,
+            )
+        }
     }
     Ok(())
 }
@@ -82,6 +88,9 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         Write::SetCalendar { platform, zone: Some(z) } => hset(out, "calendars", esc(platform), z.clone()),
         Write::SetCalendar { platform, zone: None } => hdel(out, "calendars", esc(platform)),
         Write::Log(l) => out.extend(["G".into(), log_value(l)]),
+        Write::SetPriorityReserve { priority, fraction } => {
+            hset(out, "priorities", priority.to_string(), fraction.to_string())
+        }
     }
 }
 
@@ -154,6 +163,10 @@ fn opt_i64(v: Option<i64>) -> String {
 }
 
 pub(super) fn parse_i64(s: &str) -> StoreResult<i64> {
+    s.parse().map_err(|_| unavailable(format!("unexpected number {s:?} in a stored value")))
+}
+
+fn parse_f64(s: &str) -> StoreResult<f64> {
     s.parse().map_err(|_| unavailable(format!("unexpected number {s:?} in a stored value")))
 }
 

@@ -75,6 +75,11 @@ impl SqliteStore {
                 self.exec("DELETE FROM platform_calendars WHERE platform = ?1", [platform])
             }
             Write::Log(l) => self.insert_log(l),
+            Write::SetPriorityReserve { priority, fraction } => self.exec(
+                "INSERT INTO priority_reserves (priority, fraction) VALUES (?1, ?2) \
+                 ON CONFLICT (priority) DO UPDATE SET fraction = excluded.fraction",
+                params![priority, fraction],
+            ),
         }
     }
 
