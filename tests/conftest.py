@@ -56,7 +56,9 @@ class RedisServer:
     """A real ``redis-server`` on loopback, without persistence, in its own directory. With ``tls``
     (CA file, certificate file, key file) it speaks only TLS. With ``durable`` it keeps an
     append-only file synced before every reply, so that a restart loses nothing it answered for.
-    ``exe`` picks another binary (an old release)."""
+    ``exe`` picks another binary (an old release). ``extra`` are more arguments (a replica's
+    ``--replicaof``, a cluster node's ``--cluster-enabled yes``); the server then reads a config
+    file of its own in its directory, which a sentinel may rewrite."""
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class RedisServer:
         bind: tuple[str, ...] = ("127.0.0.1",),
         durable: bool = False,
         exe: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         exe = exe or shutil.which("redis-server")
         if exe is None:
@@ -78,6 +81,7 @@ class RedisServer:
         self.tls = tls
         self.bind = bind
         self.durable = durable
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -99,6 +103,11 @@ class RedisServer:
             args[1] = "0"  # no plain port
             args += ["--tls-port", str(self.port), "--tls-ca-cert-file", str(ca)]
             args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no"]
+        if self.extra:
+            conf = self.workdir / "redis.conf"
+            if not conf.exists():
+                conf.write_text("")
+            args = [str(conf), *args, *self.extra]
         self.proc = subprocess.Popen(
             [self.exe, *args],
             cwd=self.workdir,

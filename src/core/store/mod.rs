@@ -3,6 +3,7 @@
 //! processes changed, and typed writes. SQLite is the first backend; a networked one
 //! (Redis) implements the same trait.
 pub mod redis;
+pub mod redis_topology;
 pub mod registry;
 pub mod schema;
 pub mod sqlite;
@@ -18,7 +19,8 @@ pub type StoreResult<T> = std::result::Result<T, StoreError>;
 pub enum StoreSpec {
     /// A SQLite file, or `":memory:"` for a private in-memory database.
     Sqlite(String),
-    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`.
+    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`;
+    /// Sentinel (`redis+sentinel://`) or Cluster (`redis+cluster://`), SPEC 19.3.
     Redis(String),
 }
 
@@ -29,6 +31,18 @@ impl StoreSpec {
             StoreSpec::Redis(path.to_string())
         } else {
             StoreSpec::Sqlite(path.to_string())
+        }
+    }
+
+    /// A Redis URL that cannot be taken apart (no hosts, no service, an unknown
+    /// scheme variant, a cluster URL with a database number: SPEC 19.3) is bad input,
+    /// refused before anything is opened.
+    pub fn check(&self) -> std::result::Result<(), crate::core::error::Error> {
+        match self {
+            StoreSpec::Redis(url) => {
+                redis_topology::parse(url).map(drop).map_err(crate::core::error::Error::Invalid)
+            }
+            StoreSpec::Sqlite(_) => Ok(()),
         }
     }
 
