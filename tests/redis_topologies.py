@@ -117,7 +117,7 @@ class SentinelSet:
                 if cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE).split() != ["127.0.0.1", str(primary)]:
                     return False
                 master = cli(s.port, "SENTINEL", "master", SERVICE).split("\n")
-                fields = dict(zip(master[::2], master[1::2]))
+                fields = dict(zip(master[::2], master[1::2], strict=False))
                 if fields.get("num-other-sentinels") != "2" or fields.get("num-slaves") != str(len(live) - 1):
                     return False
                 if "master" not in fields.get("flags", "") or "down" in fields.get("flags", ""):
@@ -132,6 +132,17 @@ class SentinelSet:
             return info(primary, "replication").get("connected_slaves") == str(len(live) - 1)
 
         wait_until(settled, timeout, "the sentinels and replicas to settle")
+
+    def wait_replicated(self, timeout: float = 20) -> None:
+        """Until every live replica has everything the primary holds (replication offsets)."""
+        primary = self.primary()
+        offset = int(info(primary.port, "replication")["master_repl_offset"])
+        replicas = [s for s in self.servers if s.proc is not None and s is not primary]
+
+        def caught_up() -> bool:
+            return all(int(info(r.port, "replication").get("slave_repl_offset", "-1")) >= offset for r in replicas)
+
+        wait_until(caught_up, timeout, "the replicas to catch up")
 
     def url(self, prefix: str | None = None, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)

@@ -1193,6 +1193,7 @@ impl Store for RedisStore {
         self.section = None;
         let conflict =
             matches!(reply.as_deref().and_then(|p| p.first()).map(text), Some(Ok(s)) if s == "conflict");
+        let reply_applied = reply.is_some();
         let taken = match reply {
             None => Ok(()),
             // Only our own writes happened since `begin`: follow on after them.
@@ -1202,8 +1203,15 @@ impl Store for RedisStore {
             Some(parts) => self.absorb(&parts).and_then(|more| self.drain(more)),
         };
         if let Err(e) = taken {
-            self.lease_writes.clear();
             self.forget();
+            // The server applied the writes (SPEC 19.2): reported failed, the engine would
+            // buffer them and send them again under a new identity. Only what others
+            // wrote is read again.
+            if reply_applied && !conflict {
+                self.apply_own_leases();
+                return Ok(());
+            }
+            self.lease_writes.clear();
             return Err(e);
         }
         if conflict {

@@ -651,30 +651,46 @@ impl Link {
         connect(&node.client(&host, port)?, self.timeouts)
     }
 
-    /// Sends `cmd` (packed, `count` replies after `offset`) following redirections.
+    /// Sends `cmd` (packed, `count` replies after `offset`) following redirections. A
+    /// `TRYAGAIN` (a multi-key call in a slot whose keys are being moved) is sent again
+    /// for up to the connect timeout, then returned (an outage).
     fn send(&mut self, cmd: &[u8], offset: usize, count: usize) -> redis::RedisResult<Vec<Value>> {
+        let deadline = Instant::now() + self.timeouts.connect;
+        let mut pause = Duration::from_millis(5);
         let mut hops = 0;
         loop {
-            let replies = if count == 1 && offset == 0 {
+            let mut replies = if count == 1 && offset == 0 {
                 vec![self.con.req_packed_command(cmd)?]
             } else {
                 self.con.req_packed_commands(cmd, offset, count)?
             };
-            if self.node.is_none() || hops >= MAX_REDIRECTS {
+            if self.node.is_none() {
                 return Ok(replies);
             }
-            hops += 1;
             match redirect_of(&replies) {
-                None => return Ok(replies),
                 // The slot has a new owner: from now on this connection is to it.
-                Some(Redirect::Moved(addr)) => self.con = self.node_at(&addr)?,
+                Some(Redirect::Moved(addr)) if hops < MAX_REDIRECTS => {
+                    hops += 1;
+                    self.con = self.node_at(&addr)?;
+                    continue;
+                }
                 // Being moved: this call only goes to the node importing it.
-                Some(Redirect::Ask(addr)) => {
+                Some(Redirect::Ask(addr)) if hops < MAX_REDIRECTS => {
                     let mut asking = redis::cmd("ASKING").get_packed_command();
                     asking.extend_from_slice(cmd);
-                    return self.node_at(&addr)?.req_packed_commands(&asking, offset + 1, count);
+                    replies = self.node_at(&addr)?.req_packed_commands(&asking, offset + 1, count)?;
                 }
+                _ => {}
             }
+            let again = replies.iter().any(|v| {
+                matches!(v, Value::ServerError(e) if RedisError::from(e.clone()).kind() == ErrorKind::TryAgain)
+            });
+            if !again || Instant::now() + pause >= deadline {
+                return Ok(replies);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+            hops = 0;
         }
     }
 
