@@ -72,11 +72,11 @@ def stream(url: str, n: int) -> dict[str, float]:
     }
 
 
-def failover(topology: Any, kill: bool, seconds: float = 12.0) -> dict[str, float]:
+def failover(topology: Any, kill: bool, query: str = "", seconds: float = 20.0) -> dict[str, float]:
     """One engine leasing as fast as it can through a failover; times from the event."""
     import quotaengine as qe
 
-    url = topology.url()
+    url = topology.url(query=query)
     e = qe.QuotaEngine(url, env={}, busy_timeout_ms=300)
     e.set_model_limits("p", "m", rpm=10**9, rpd=10**9)
     for _ in range(200):
@@ -93,13 +93,16 @@ def failover(topology: Any, kill: bool, seconds: float = 12.0) -> dict[str, floa
     first_degraded = last_degraded = None
     calls = 0
     while time.monotonic() - t0 < seconds:
-        now = time.monotonic()
-        e.lease("p", "m", 1, 10).success(tokens=5)
+        lease = e.lease("p", "m", 1, 10)
+        for step in range(2):
+            if step:
+                lease.success(tokens=5)
+            now = time.monotonic()
+            if e.degraded:
+                first_degraded = first_degraded or now
+                last_degraded = now
         calls += 1
-        if e.degraded:
-            first_degraded = first_degraded or now
-            last_degraded = time.monotonic()
-        elif first_degraded is not None and last_degraded is not None and named is not None:
+        if not e.degraded and first_degraded is not None and named is not None:
             break
         if named is None and calls % 20 == 0 and topology.primary_port() != old.port:
             named = time.monotonic() - t0
@@ -121,6 +124,7 @@ def failover(topology: Any, kill: bool, seconds: float = 12.0) -> dict[str, floa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=8000)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from conftest import RedisServer
@@ -142,14 +146,22 @@ def main() -> None:
                 ),
                 ("Cluster, redis+cluster://", cluster.url("bench"), lambda: [n.port for n in cluster.nodes]),
             ]
-            for name, url, nodes in cases:
-                before = sum(calls(p, "evalsha", "eval") for p in nodes())
-                r = stream(url, args.ops)
-                r["scripts_per_op"] = (sum(calls(p, "evalsha", "eval") for p in nodes()) - before) / args.ops
-                rows.append((name, r))
-                print(name, r, flush=True)
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in cases}
+            for k in range(args.rounds):  # the topologies interleaved, each on a fresh prefix
+                for name, url, nodes in cases:
+                    url = url.replace("prefix=bench", f"prefix=r{k}bench")
+                    before = sum(calls(p, "evalsha", "eval") for p in nodes())
+                    r = stream(url, args.ops)
+                    r["scripts_per_op"] = (sum(calls(p, "evalsha", "eval") for p in nodes()) - before) / args.ops
+                    runs[name].append(r)
+                    print(name, r, flush=True)
+            for name, rs in runs.items():
+                median = sorted(rs, key=lambda r: r["ops_s"])[len(rs) // 2]
+                rows.append((name, median | {"all": [r["ops_s"] for r in rs]}))
             forced = failover(sentinel, kill=False)
             print("SENTINEL FAILOVER", forced, flush=True)
+            forced_wait = failover(sentinel, kill=False, query="wait_replicas=1")
+            print("SENTINEL FAILOVER, wait_replicas=1", forced_wait, flush=True)
             killed = failover(sentinel, kill=True)
             print("primary SIGKILLed", killed, flush=True)
         finally:
@@ -161,9 +173,11 @@ def main() -> None:
     lines = [
         "# Redis topologies: one server, Sentinel, Cluster; failovers",
         "",
-        f"`python benches/bench_redis_topologies.py --ops {args.ops}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},",
+        f"`python benches/bench_redis_topologies.py --ops {args.ops} --rounds {args.rounds}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},",
         f"redis-server 7.0 on loopback (no persistence), Python {sys.version.split()[0]}, {os.cpu_count()} cores shared",
-        "with other work. One run.",
+        f"with other work (load average {os.getloadavg()[0]:.1f} at the end). Median of {args.rounds} rounds, the",
+        "topologies interleaved in each round.",
         "",
         f"The bench_compare stream ({args.ops:,} ops: `lease(est)` then `success(tokens)`, about 10% refused),",
         "op i in process i mod 4, 4 processes at once; ops/s is the sum of each process's own rate.",
@@ -180,6 +194,10 @@ def main() -> None:
         )
     lines += [
         "",
+        "All rounds (ops/s): " + "; ".join(f"{n}: " + ", ".join(f"{v:,.0f}" for v in r["all"]) for n, r in rows),
+    ]
+    lines += [
+        "",
         "Failovers (primary + 1 replica + 3 sentinels, quorum 2, down-after-milliseconds 1000), one engine",
         "looping `lease()` + `success()` on the wall clock, times from the event:",
         "",
@@ -187,6 +205,8 @@ def main() -> None:
         "|---|---:|---:|---:|",
         f"| SENTINEL FAILOVER | {forced['sentinels_s']:.2f} s | {forced['degraded_s']:.2f} s | "
         f"{forced['from_event_s']:.2f} s |",
+        f"| SENTINEL FAILOVER, ?wait_replicas=1 | {forced_wait['sentinels_s']:.2f} s | "
+        f"{forced_wait['degraded_s']:.2f} s | {forced_wait['from_event_s']:.2f} s |",
         f"| primary SIGKILLed | {killed['sentinels_s']:.2f} s | {killed['degraded_s']:.2f} s | "
         f"{killed['from_event_s']:.2f} s |",
         "",

@@ -370,3 +370,16 @@ def test_fleet_leasing_through_a_primary_killed_with_wait_replicas_stores_what_c
     told_requests = sum(r[0] for r in results)
     told_tokens = sum(r[1] for r in results)
     assert stored(url) == (told_requests, told_tokens, 0)
+
+
+def test_the_command_line_opens_sentinel_and_cluster_urls(redis_sentinel: SentinelSet, redis_cluster: Cluster) -> None:
+    """`quotaengine status --db <url>` reads a Sentinel or Cluster store (not a file path)."""
+    for url in (redis_sentinel.url(), redis_cluster.url()):
+        with q.QuotaEngine(url, env={}) as e:  # the real clock, as the command line's
+            e.set_model_limits("cli-groq", M, rpm=10)
+            e.record_request("cli-groq", M, K)
+        r = subprocess.run(
+            [sys.executable, "-m", "quotaengine", "status", "--db", url], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        assert "cli-groq" in r.stdout

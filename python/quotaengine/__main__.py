@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ def _default_db() -> str:
 
 
 def _open_existing(path: str, readonly: bool = True) -> QuotaEngine:
-    if path.startswith(("redis://", "rediss://", "redis+unix://", "unix://")):
+    if path.startswith(("redis://", "rediss://", "unix://")) or re.match(r"rediss?\+\w+://", path):
         return QuotaEngine(path, readonly=readonly)
     if path != ":memory:" and not os.path.exists(path):
         raise DatabaseError(f"no database at {path!r}")

@@ -731,8 +731,20 @@ impl RedisStore {
         // With ?wait_replicas=, a call that writes is followed by WAIT in the same
         // pipeline; a write too few replicas hold is in doubt: kept and sent again.
         let writes = !id.is_empty();
-        let reply = self.round_trip(|con| con.eval(&script, &inv, writes))?;
-        if let Some(msg) = self.con.as_mut().and_then(Link::take_unconfirmed) {
+        let result = self.round_trip(|con| con.eval(&script, &inv, writes));
+        let unconfirmed = self.con.as_mut().and_then(Link::take_unconfirmed);
+        if let Some(short) = self.con.as_ref().map(Link::short) {
+            self.client.carry_short(short);
+            if short && self.client.kind() == topology::Kind::Sentinel {
+                // A primary without the replicas ?wait_replicas= asks for may have been
+                // failed over (a demoted primary takes writes until the sentinels
+                // reconfigure it): the sentinels are asked again, after a pause.
+                self.con = None;
+                self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
+            }
+        }
+        let reply = result?;
+        if let Some(msg) = unconfirmed {
             // Only a call the script applied (status `ok`; not `busy`, not `conflict`).
             let applied = matches!(&reply, Value::Array(p) if p.first().and_then(|s| text(s).ok()).as_deref() == Some("ok"));
             if writes && applied {

@@ -20,7 +20,10 @@
 //!   `WAIT N timeout`; a write fewer than N replicas acknowledged is reported in doubt
 //!   (the store keeps it and sends it again, applied once, SPEC 19.2). Until it is
 //!   confirmed the primary's replicas are counted with `ROLE` before a write is sent
-//!   again, so that a primary without replicas costs no `WAIT` timeout per call.
+//!   again, so that a primary without replicas costs no `WAIT` timeout per call. On
+//!   Sentinel a primary whose replicas fell short counts as a failed connection: the
+//!   sentinels are asked again (after a pause), since a primary demoted by a failover
+//!   keeps taking writes until the sentinels reconfigure it.
 //!
 //! The crate's own `sentinel` and `cluster` clients are not used: the sync sentinel
 //! client connects to sentinels and candidate primaries without a timeout, and the
@@ -371,6 +374,9 @@ pub struct Topology {
     nodes: Nodes,
     node: Option<NodeInfo>,
     wait: Option<Wait>,
+    /// The last write's replicas fell short: a new connection counts them (`ROLE`)
+    /// before it waits for them again.
+    short: bool,
 }
 
 impl Topology {
@@ -405,7 +411,12 @@ impl Topology {
                     ),
                 };
                 let client = client.map_err(|e| unusable(&e))?;
-                return Ok(Topology { nodes: Nodes::Single(client), node: None, wait: addr.wait });
+                return Ok(Topology {
+                    nodes: Nodes::Single(client),
+                    node: None,
+                    wait: addr.wait,
+                    short: false,
+                });
             }
             Kind::Sentinel => {
                 let sentinel = NodeInfo {
@@ -431,7 +442,12 @@ impl Topology {
                 last: None,
             },
         };
-        Ok(Topology { nodes, node: Some(node), wait: addr.wait })
+        Ok(Topology { nodes, node: Some(node), wait: addr.wait, short: false })
+    }
+
+    /// Remembers whether the last write's replicas fell short, for the next connection.
+    pub fn carry_short(&mut self, short: bool) {
+        self.short = short;
     }
 
     pub fn kind(&self) -> Kind {
@@ -460,16 +476,9 @@ impl Topology {
     /// node owning the prefix's slot.
     pub fn connect(&mut self, connect_timeout: Duration, io_timeout: Duration) -> redis::RedisResult<Link> {
         let t = Timeouts { connect: connect_timeout, io: io_timeout };
-        let wait = self.wait;
-        let link = |con, node| Link {
-            con,
-            node,
-            timeouts: t,
-            wait,
-            short: false,
-            next_try: None,
-            unconfirmed: None,
-        };
+        let (wait, short) = (self.wait, self.short);
+        let link =
+            |con, node| Link { con, node, timeouts: t, wait, short, next_try: None, unconfirmed: None };
         match &mut self.nodes {
             Nodes::Single(client) => Ok(link(connect(client, t)?, None)),
             Nodes::Sentinel { sentinels, service, first } => {
@@ -757,6 +766,11 @@ impl Link {
             self.short = false;
         }
         Ok(value)
+    }
+
+    /// True while the replicas of the last write fell short (`WAIT` or `ROLE`).
+    pub fn short(&self) -> bool {
+        self.short && self.wait.is_some()
     }
 
     /// Takes what the last write's `WAIT` said when it fell short.
