@@ -18,12 +18,13 @@ from conftest import RedisServer, free_port
 SERVICE = "qe"
 
 
-def cli(port: int, *args: str) -> str:
+def cli(port: int, *args: str, password: str | None = None) -> str:
     """One command through ``redis-cli``; its printed reply, stripped."""
     exe = shutil.which("redis-cli")
     if exe is None:
         pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
-    r = subprocess.run([exe, "-p", str(port), *args], capture_output=True, text=True, timeout=60)
+    auth = ["-a", password, "--no-auth-warning"] if password else []
+    r = subprocess.run([exe, "-p", str(port), *auth, *args], capture_output=True, text=True, timeout=60)
     return r.stdout.strip()
 
 
@@ -58,16 +59,27 @@ def calls(port: int, *names: str) -> int:
 class Sentinel:
     """One ``redis-server --sentinel`` monitoring ``SERVICE``."""
 
-    def __init__(self, workdir: Path, primary_port: int, down_after_ms: int) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        primary_port: int,
+        down_after_ms: int,
+        auth_pass: str | None = None,
+        requirepass: str | None = None,
+    ) -> None:
+        """``auth_pass``: the data nodes' password; ``requirepass``: this sentinel's own."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.port = free_port()
+        self.password = requirepass
         (workdir / "sentinel.conf").write_text(
             f"port {self.port}\nbind 127.0.0.1\ndaemonize no\n"
             f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n"
             f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
             f"sentinel failover-timeout {SERVICE} 4000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
+            + (f"sentinel auth-pass {SERVICE} {auth_pass}\n" if auth_pass else "")
+            + (f"requirepass {requirepass}\n" if requirepass else "")
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
@@ -81,7 +93,7 @@ class Sentinel:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: cli(self.port, "PING") == "PONG", 10, f"sentinel on {self.port}")
+        wait_until(lambda: cli(self.port, "PING", password=self.password) == "PONG", 10, f"sentinel on {self.port}")
 
     def kill(self) -> None:
         if self.proc is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from conftest import BACKENDS, TEN_AM, RedisServer, free_port
-from redis_topologies import Cluster, SentinelSet, calls, cli, info, wait_until
+from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, wait_until
 
 P, M, K = "groq", "llama", 1
 
@@ -383,3 +383,36 @@ def test_the_command_line_opens_sentinel_and_cluster_urls(redis_sentinel: Sentin
         )
         assert r.returncode == 0, r.stderr
         assert "cli-groq" in r.stdout
+
+
+def test_passwords_for_the_data_nodes_and_for_the_sentinels(tmp_path: Path) -> None:
+    """`user:password@` authenticates to the primary; ?sentinel_password= to sentinels that
+    require one. Either missing is a DatabaseError at open."""
+    pw, spw = "data-secret", "sentinel-secret"
+    primary = RedisServer(tmp_path / "p", password=pw, extra=("--masterauth", pw))
+    replica = RedisServer(
+        tmp_path / "r", password=pw, extra=("--masterauth", pw, "--replicaof", "127.0.0.1", str(primary.port))
+    )
+    sentinels = [Sentinel(tmp_path / f"s{i}", primary.port, 1000, auth_pass=pw, requirepass=spw) for i in range(3)]
+    try:
+
+        def named() -> bool:
+            out = cli(sentinels[0].port, "SENTINEL", "get-master-addr-by-name", SERVICE, password=spw).split()
+            return out == ["127.0.0.1", str(primary.port)]
+
+        wait_until(named, 20, "the sentinels")
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+        url = f"redis+sentinel://:{pw}@{hosts}/{SERVICE}?prefix=pw&sentinel_password={spw}"
+        with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
+            e.lease(P, M, K, 10).success(tokens=4)
+            assert e.usage(P, M, K)["rpd"]["used"] == 1
+        with pytest.raises(q.DatabaseError, match="sentinel"):
+            q.QuotaEngine(url.replace(f"&sentinel_password={spw}", ""), env={})
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(url.replace(f":{pw}@", ""), env={})
+        assert stored(f"redis://:{pw}@127.0.0.1:{primary.port}/0?prefix=pw") == (1, 4, 0)
+    finally:
+        for s in sentinels:
+            s.kill()
+        replica.kill()
+        primary.kill()
