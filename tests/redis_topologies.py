@@ -18,14 +18,31 @@ from conftest import RedisServer, free_port
 SERVICE = "qe"
 
 
-def cli(port: int, *args: str, password: str | None = None) -> str:
-    """One command through ``redis-cli``; its printed reply, stripped."""
+def cli(port: int, *args: str, password: str | None = None, ca: Path | None = None) -> str:
+    """One command through ``redis-cli`` (over TLS trusting ``ca`` when given); its printed
+    reply, stripped."""
     exe = shutil.which("redis-cli")
     if exe is None:
         pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
     auth = ["-a", password, "--no-auth-warning"] if password else []
-    r = subprocess.run([exe, "-p", str(port), *auth, *args], capture_output=True, text=True, timeout=60)
+    tls = ["--tls", "--cacert", str(ca)] if ca else []
+    r = subprocess.run([exe, "-p", str(port), *tls, *auth, *args], capture_output=True, text=True, timeout=60)
     return r.stdout.strip()
+
+
+def tls_files(d: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a certificate for 127.0.0.1 signed by it, good for a server and for
+    a client (cluster nodes present it to each other): (CA file, cert file, key file)."""
+    d.mkdir(parents=True, exist_ok=True)
+
+    def openssl(args: str) -> None:
+        subprocess.run(["openssl", *args.split()], cwd=d, check=True, capture_output=True)
+
+    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=qe-test-ca -keyout ca.key -out ca.pem")
+    openssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout node.key -out node.csr")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    openssl("x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out node.pem")
+    return d / "ca.pem", d / "node.pem", d / "node.key"
 
 
 def info(port: int, section: str) -> dict[str, str]:
@@ -209,13 +226,17 @@ class SentinelSet:
 class Cluster:
     """``n`` primaries (no replicas) with every slot assigned (``redis-cli --cluster create``)."""
 
-    def __init__(self, workdir: Path, n: int = 3) -> None:
+    def __init__(self, workdir: Path, n: int = 3, tls: tuple[Path, Path, Path] | None = None) -> None:
+        """``tls``: (CA, certificate, key): the nodes speak only TLS, to clients and each other."""
+        self.ca = tls[0] if tls else None
         self.nodes = [
             RedisServer(
                 workdir / f"c{i}",
+                tls=tls,
                 extra=(
                     *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
                     *("--cluster-node-timeout", "3000", "--cluster-port", str(free_port())),
+                    *(("--tls-cluster", "yes") if tls else ()),
                 ),
             )
             for i in range(n)
@@ -224,8 +245,9 @@ class Cluster:
         if exe is None:
             pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
         hosts = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        tls_args = ["--tls", "--cacert", str(self.ca)] if self.ca else []
         subprocess.run(
-            [exe, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
+            [exe, *tls_args, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
             check=True,
             capture_output=True,
             timeout=60,
@@ -234,7 +256,7 @@ class Cluster:
 
     def ok(self) -> bool:
         for node in self.nodes:
-            i = info_lines(cli(node.port, "CLUSTER", "INFO"))
+            i = info_lines(cli(node.port, "CLUSTER", "INFO", ca=self.ca))
             if i.get("cluster_state") != "ok" or i.get("cluster_known_nodes") != str(len(self.nodes)):
                 return False
             if i.get("cluster_slots_ok") != "16384":
@@ -244,7 +266,8 @@ class Cluster:
     def url(self, prefix: str | None = None, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
         prefix = prefix or f"t{uuid.uuid4().hex[:12]}"
-        return f"redis+cluster://{hosts}/?prefix={prefix}{'&' + query if query else ''}"
+        scheme, ca = ("rediss", f"&ssl_ca_certs={self.ca}") if self.ca else ("redis", "")
+        return f"{scheme}+cluster://{hosts}/?prefix={prefix}{ca}{'&' + query if query else ''}"
 
     def slot(self, key: str) -> int:
         return int(cli(self.nodes[0].port, "CLUSTER", "KEYSLOT", key))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from conftest import BACKENDS, TEN_AM, RedisServer, free_port
-from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, wait_until
+from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, tls_files, wait_until
 
 P, M, K = "groq", "llama", 1
 
@@ -416,3 +416,24 @@ def test_passwords_for_the_data_nodes_and_for_the_sentinels(tmp_path: Path) -> N
             s.kill()
         replica.kill()
         primary.kill()
+
+
+def test_rediss_cluster_with_a_private_ca(tmp_path: Path) -> None:
+    """rediss+cluster:// with ?ssl_ca_certs=: TLS to every node (the nodes speak only TLS, to
+    each other too); without the CA the nodes' certificate is not trusted: DatabaseError."""
+    cluster = Cluster(tmp_path / "cluster", tls=tls_files(tmp_path / "tls"))
+    try:
+        url = cluster.url("tls")
+        assert url.startswith("rediss+cluster://")
+        clock = q.ManualClock(TEN_AM)
+        with q.QuotaEngine(url, clock=clock, env={}) as a, q.QuotaEngine(url, clock=clock, env={}) as b:
+            a.set_model_limits(P, M, rpm=2)
+            a.lease(P, M, K, 10).success(tokens=3)
+            b.lease(P, M, K, 10).success(tokens=3)
+            with pytest.raises(q.QuotaExceeded):
+                a.lease(P, M, K, 10)
+        assert stored(url) == (2, 6, 0)
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(url.split("&ssl_ca_certs=")[0], env={})
+    finally:
+        cluster.close()
