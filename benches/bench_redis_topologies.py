@@ -72,6 +72,20 @@ def stream(url: str, n: int) -> dict[str, float]:
     }
 
 
+def sequential(url: str, n: int = 3000) -> float:
+    """One process, one thread: `lease()` + `success()` on one route, ops/s."""
+    import quotaengine as qe
+
+    with qe.QuotaEngine(url, clock=qe.ManualClock(1_767_261_600_000), env={}) as e:
+        e.set_model_limits("p", "m", rpm=10**9, rpd=10**9)
+        for _ in range(200):
+            e.lease("p", "m", 1, 10).success(tokens=1)
+        t = time.perf_counter()
+        for _ in range(n):
+            e.lease("p", "m", 1, 10).success(tokens=1)
+        return n / (time.perf_counter() - t)
+
+
 def failover(topology: Any, kill: bool, query: str = "", seconds: float = 20.0) -> dict[str, float]:
     """One engine leasing as fast as it can through a failover; times from the event."""
     import quotaengine as qe
@@ -138,6 +152,11 @@ def main() -> None:
         try:
             cases = [
                 ("one server, redis://", f"{single.url}?prefix=bench", lambda: [single.port]),
+                (
+                    "the Sentinel primary as redis://",
+                    f"redis://127.0.0.1:{sentinel.primary_port()}/0?prefix=pbench",
+                    lambda: [sentinel.primary_port()],
+                ),
                 ("Sentinel, redis+sentinel://", sentinel.url("bench"), lambda: [sentinel.primary_port()]),
                 (
                     "Sentinel, ?wait_replicas=1",
@@ -149,15 +168,20 @@ def main() -> None:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in cases}
             for k in range(args.rounds):  # the topologies interleaved, each on a fresh prefix
                 for name, url, nodes in cases:
-                    url = url.replace("prefix=bench", f"prefix=r{k}bench")
+                    url = url.replace("bench", f"r{k}bench")
                     before = sum(calls(p, "evalsha", "eval") for p in nodes())
                     r = stream(url, args.ops)
                     r["scripts_per_op"] = (sum(calls(p, "evalsha", "eval") for p in nodes()) - before) / args.ops
                     runs[name].append(r)
                     print(name, r, flush=True)
+            seq: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+            for k in range(2 * args.rounds + 1):
+                for name, url, _ in cases:
+                    seq[name].append(sequential(url.replace("bench", f"s{k}bench")))
+            print("sequential", seq, flush=True)
             for name, rs in runs.items():
                 median = sorted(rs, key=lambda r: r["ops_s"])[len(rs) // 2]
-                rows.append((name, median | {"all": [r["ops_s"] for r in rs]}))
+                rows.append((name, median | {"all": [r["ops_s"] for r in rs], "seq": statistics.median(seq[name])}))
             forced = failover(sentinel, kill=False)
             print("SENTINEL FAILOVER", forced, flush=True)
             forced_wait = failover(sentinel, kill=False, query="wait_replicas=1")
@@ -194,7 +218,19 @@ def main() -> None:
         )
     lines += [
         "",
-        "All rounds (ops/s): " + "; ".join(f"{n}: " + ", ".join(f"{v:,.0f}" for v in r["all"]) for n, r in rows),
+        f"One process, one thread, `lease()` + `success()` on one route (median of {2 * args.rounds + 1} interleaved",
+        "runs of 3,000): the cost of the topology itself, less exposed to the machine's other load.",
+        "",
+        "| topology | ops/s | vs one server |",
+        "|---|---:|---:|",
+    ]
+    seq_base = rows[0][1]["seq"]
+    for name, r in rows:
+        lines.append(f"| {name} | {r['seq']:,.0f} | {r['seq'] / seq_base:.2f}× |")
+    lines += [
+        "",
+        "All rounds (ops/s, 4 processes): "
+        + "; ".join(f"{n}: " + ", ".join(f"{v:,.0f}" for v in r["all"]) for n, r in rows),
     ]
     lines += [
         "",

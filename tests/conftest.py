@@ -61,6 +61,7 @@ TOPOLOGY_SUITE = {
     "test_accounts.py",
     "test_calendars.py",
     "test_analysis.py",
+    "test_probe.py",
 }
 STORES = BACKENDS + [f"redis-{t}" for t in TOPOLOGIES]
 

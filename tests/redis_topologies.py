@@ -130,8 +130,13 @@ class SentinelSet:
         primary = self.servers[0].port
         for i in range(replicas):
             self.servers.append(RedisServer(workdir / f"n{i + 1}", extra=("--replicaof", "127.0.0.1", str(primary))))
-        self.sentinels = [Sentinel(workdir / f"s{i}", primary, down_after_ms) for i in range(3)]
-        self.wait_settled()
+        self.sentinels: list[Sentinel] = []
+        try:
+            self.sentinels = [Sentinel(workdir / f"s{i}", primary, down_after_ms) for i in range(3)]
+            self.wait_settled()
+        except BaseException:
+            self.close()
+            raise
 
     def wait_settled(self, timeout: float = 30) -> None:
         """Until every sentinel agrees on the primary, knows the other two sentinels and
@@ -246,13 +251,17 @@ class Cluster:
             pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
         hosts = [f"127.0.0.1:{node.port}" for node in self.nodes]
         tls_args = ["--tls", "--cacert", str(self.ca)] if self.ca else []
-        subprocess.run(
-            [exe, *tls_args, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        wait_until(self.ok, 30, "the cluster to form")
+        try:
+            subprocess.run(
+                [exe, *tls_args, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            wait_until(self.ok, 30, "the cluster to form")
+        except BaseException:
+            self.close()
+            raise
 
     def ok(self) -> bool:
         for node in self.nodes:
