@@ -398,6 +398,135 @@ def test_retention_keeps_the_current_period_of_declared_month_limits(store: str)
         assert sorted(r["tokens"] for r in kept if r["kind"] == "tokens") == [200, 300]
 
 
+def test_retention_keeps_the_month_only_for_the_models_that_declare_it(store: str) -> None:
+    """SPEC 14.2 read per model: the month limit of model A keeps A's rows of this month (in
+    its own platform's calendar), while every other model's rows go at retention_ms (SPEC 10)
+    and A's rows of last month go too. A's month limit still refuses after a reopen and in a
+    second engine."""
+    clock = q.ManualClock(DEC1 - HOUR)  # Monday 2026-11-30 23:00 UTC
+    opts = {"clock": clock, "env": {}, "retention_ms": HOUR}
+    a, b = "model-a", "model-b"
+    # Google's month starts at 00:00 Pacific: 08:00 UTC on Dec 1.
+    g = ("google", "gemini-month")
+    with q.QuotaEngine(store, **opts) as e:  # type: ignore[arg-type]
+        e.set_model_limits(P, a, limits=[Limit("requests", 3, "month")])
+        e.set_model_limits(*g, limits=[Limit("requests", 10, "month")])
+        for model in (a, b):
+            e.record_request(P, model, K)  # November
+        clock.set(DEC1 + HOUR)  # 01:00 UTC: this month for A, still November in Pacific time
+        for model in (a, b):
+            e.record_request(P, model, K)
+        e.record_request(*g, K)
+        clock.set(DEC1 + 9 * HOUR)  # 09:00 UTC: December in Pacific time too
+        e.record_request(*g, K)
+        clock.set(DEC1 + 10 * HOUR)
+        e.record_request(P, a, K)  # a sweep: 09:00 UTC and later stays for undeclared models
+        e.record_request(P, b, K)
+
+        def rows() -> list[tuple[str, str, int]]:
+            return [(r["platform"], r["model_id"], r["created_at_ms"]) for r in e.usage_events(since_ms=0)]
+
+        assert sorted(rows()) == sorted(
+            [
+                (P, a, DEC1 + HOUR),  # A's month: kept past the hour of retention
+                (P, a, DEC1 + 10 * HOUR),
+                (P, b, DEC1 + 10 * HOUR),  # B keeps only the last hour
+                ("google", g[1], DEC1 + 9 * HOUR),  # Google's month began at 08:00 UTC
+            ]
+        )
+        assert e.usage(P, a, K)["requests/month"]["used"] == 2
+        e.record_request(P, a, K)
+        assert not e.check(P, a, K).allowed
+    with q.QuotaEngine(store, **opts) as e, q.QuotaEngine(store, **opts) as other:  # type: ignore[arg-type]
+        clock.advance(2 * MIN)
+        e.record_request(P, b, K)  # another sweep, by the reopened engine
+        assert other.usage(P, a, K)["requests/month"]["used"] == 3
+        refused = other.check(P, a, K)
+        assert (refused.allowed, refused.reason) == (False, "requests/month")
+        assert not e.check(P, a, K).allowed
+        assert e.check(P, b, K).allowed
+        assert sorted(r["created_at_ms"] for r in e.usage_events(since_ms=0, model_id=b)) == [
+            DEC1 + 10 * HOUR,
+            DEC1 + 10 * HOUR + 2 * MIN,
+        ]
+
+
+def test_retention_of_a_kept_model_follows_its_sliding_window_across_sweeps(store: str) -> None:
+    """A declared 3 h sliding window keeps that model's last 3 h, sweep after sweep, while a
+    model declaring a month keeps its month and an undeclared one keeps retention_ms: each
+    model's rows go at its own cut-off as the clock moves on."""
+    clock = q.ManualClock(DEC1 + HOUR)
+    opts = {"clock": clock, "env": {}, "retention_ms": HOUR}
+    with q.QuotaEngine(store, **opts) as e:  # type: ignore[arg-type]
+        e.set_model_limits(P, "slide", limits=[Limit("requests", 100, "3h")])
+        e.set_model_limits(P, "month", limits=[Limit("requests", 100, "month")])
+        for _ in range(8):  # a request of each model every 30 min, 01:00 to 04:30
+            for model in ("slide", "month", "plain"):
+                e.record_request(P, model, K)
+            clock.advance(30 * MIN)
+        now = clock.now_ms()  # 05:00
+        e.record_request(P, "plain", K)
+
+        def times(model: str) -> list[int]:
+            return [(r["created_at_ms"] - DEC1) // MIN for r in e.usage_events(since_ms=0, model_id=model)]
+
+        assert times("month") == [60 + 30 * i for i in range(8)]
+        assert now == DEC1 + 300 * MIN
+        assert times("slide") == [150, 180, 210, 240, 270]  # the last 3 h (t > now - 3 h)
+        assert times("plain") == [240, 270, 300]  # the last hour
+        assert e.usage(P, "slide", K)["requests/3h"]["used"] == len(times("slide"))
+
+
+def test_a_sweep_of_many_rows_among_kept_ones_finishes_at_the_next_calls(store: str) -> None:
+    """Between the rows a month limit keeps, 25,000 rows of an undeclared model pass the
+    retention at once. The sweep deletes them in bounded steps (20,000 ids of SQLite, or
+    feed entries of Redis, per step), the next step at the next call rather than a minute
+    later: two calls on, none is left, and the month's rows all are."""
+    clock = q.ManualClock(DEC1 + HOUR)
+    opts = {"clock": clock, "env": {}, "retention_ms": HOUR}
+    with q.QuotaEngine(store, **opts, flush_interval_ms=MIN) as e:  # type: ignore[arg-type]
+        e.set_model_limits(P, "kept", limits=[Limit("requests", 10**6, "month")])
+        for i in range(25_000):  # grouped: written together when the engine closes
+            e.record_request(P, "plain", K)
+            if i % 1_000 == 0:
+                e.record_request(P, "kept", K)
+    with q.QuotaEngine(store, **opts) as e:  # type: ignore[arg-type]
+        e.record_request(P, "other", K)  # this engine's first sweep: nothing is due yet
+        assert len(e.usage_events(since_ms=0, model_id="plain")) == 25_000
+        clock.set(DEC1 + 3 * HOUR)
+        e.record_request(P, "other", K)  # a sweep
+        e.record_request(P, "other", K)  # and, when it stopped at its bound, the rest
+        assert e.usage_events(since_ms=0, model_id="plain") == []
+        assert len(e.usage_events(since_ms=0, model_id="kept")) == 25
+        assert e.usage(P, "kept", K)["requests/month"]["used"] == 25
+
+
+def test_after_a_step_back_of_the_clock_each_model_keeps_its_own_rows(store: str) -> None:
+    """Rows written after the clock stepped back (SPEC 10: the sweep runs again then) go by
+    the same per-model rule: an undeclared model's at retention_ms, a month model's at the
+    start of its month."""
+    t = DEC1 + 10 * HOUR
+    clock = q.ManualClock(t)
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR) as e:
+        e.set_model_limits(P, "month", limits=[Limit("requests", 100, "month")])
+
+        def minutes(model: str) -> list[int]:
+            return sorted((r["created_at_ms"] - t) // MIN for r in e.usage_events(since_ms=0, model_id=model))
+
+        for model in ("month", "plain"):
+            e.record_request(P, model, K)  # 10:00
+        clock.advance(2 * MIN)
+        e.record_request(P, "plain", K)  # 10:02, a sweep
+        clock.set(t - 2 * HOUR)  # the clock steps back to 08:00
+        for model in ("month", "plain"):
+            e.record_request(P, model, K)
+        clock.set(t - 2 * HOUR + 90 * MIN)  # 09:30: the retention keeps 08:30 on
+        e.record_request(P, "plain", K)
+        assert minutes("plain") == [-30, 0, 2]
+        assert minutes("month") == [-120, 0]
+        assert e.usage(P, "month", K)["requests/month"]["used"] == 2
+
+
 # ---- where a user looks ---------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ class ReplyCutter:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.armed = threading.Event()
+        self.marker: bytes | None = None
         self.cut = 0
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -44,6 +45,11 @@ class ReplyCutter:
 
     def cut_next_reply(self) -> None:
         self.armed.set()
+
+    def cut_reply_to(self, marker: bytes) -> None:
+        """Arms the cut when a request holding ``marker`` goes to the server: the reply
+        to that request is the one lost."""
+        self.marker = marker
 
     def close(self) -> None:
         self.listener.close()
@@ -62,6 +68,9 @@ class ReplyCutter:
     def _pump(self, src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, ...], replies: bool) -> None:
         try:
             while data := src.recv(1 << 16):
+                if not replies and self.marker is not None and self.marker in data:
+                    self.marker = None
+                    self.armed.set()
                 if replies and self.armed.is_set():
                     with self.lock:
                         self.armed.clear()
@@ -127,6 +136,30 @@ def test_a_lease_whose_reply_was_lost_is_counted_once(own_server: RedisServer, c
             second.success(tokens=4)
         assert not e.degraded
     assert stored(own_server.url) == (2, 7, 0)
+
+
+def test_a_commit_applied_whose_follow_up_read_failed_is_counted_once(
+    own_server: RedisServer, cutter: ReplyCutter
+) -> None:
+    """A success's one round trip applies it and brings more of other engines' entries
+    than one reply holds; the read for the rest gets no reply. The success was applied:
+    it is not buffered and sent again (it was, and counted twice, under load), and the
+    entries already read still count here."""
+    with (
+        q.QuotaEngine(cutter.url, clock=q.ManualClock(TEN_AM), env={}) as a,
+        q.QuotaEngine(own_server.url, clock=q.ManualClock(TEN_AM), env={}) as b,
+    ):
+        a.set_model_limits(P, M, rpm=10**6)
+        lease = a.lease(P, M, K, 10)
+        for _ in range(10_001):  # more than one reply carries (10 000 entries)
+            b.record_request(P, M, K)
+        cutter.cut_reply_to(b"$4\r\nread\r\n")
+        lease.success(tokens=7)  # applied; the read of the rest is cut
+        assert cutter.cut == 1
+        a.lease(P, M, K, 10).success(tokens=5)  # reconnects
+        assert not a.degraded
+        assert a.usage(P, M, K)["rpd"]["used"] == 10_003
+    assert stored(own_server.url) == (10_003, 12, 0)
 
 
 def test_a_write_whose_request_never_arrived_is_applied(own_server: RedisServer) -> None:

@@ -4,7 +4,7 @@
 use crate::core::calendar::Calendar;
 use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
 use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec};
-use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LeaseRow, UsageKind, UsageRow};
+use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{Admission, CapOverrides, CooldownSource, KeyInfo, ModelInfo, ProviderCaps, Reason};
 use crate::core::windows::{Counts, Windows};
 use regex::Regex;
@@ -171,15 +171,24 @@ pub struct Mirror {
     /// Some route started keeping a window its events were not kept for: the usage
     /// is to be loaded again from the store.
     pub needs_reload: bool,
-    /// The distinct declared windows retention keeps rows for (`None`: to be worked
-    /// out again after a change of declarations or calendars).
-    retained_windows: Option<Vec<(Calendar, WindowSpec)>>,
+    /// The models retention keeps rows of past `retention_ms`, with their windows
+    /// (`None`: to be worked out again after a change of declarations or calendars).
+    retained_windows: Option<Vec<Retained>>,
     /// (since, at): the last load read the rows stamped `since` or later, at `at`.
     loaded: Option<(i64, i64)>,
     pub caps: FastMap<String, CapOverrides>,
     /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
     history: FastMap<i64, Vec<HistoryRow>>,
     pub calendars: Calendars,
+}
+
+/// A model with declared windows wider than the minute, for retention (SPEC 14.2).
+#[derive(Debug)]
+struct Retained {
+    platform: Arc<str>,
+    model_id: Arc<str>,
+    cal: Calendar,
+    windows: Vec<WindowSpec>,
 }
 
 /// Which calendar each platform's days follow (SPEC §14.2): one set in the store
@@ -558,44 +567,57 @@ impl Mirror {
         from
     }
 
-    /// Some model declares a day window (its rows are kept while degraded, SPEC 18.2).
-    pub fn declares_day(&self) -> bool {
-        self.limit_sets
-            .values()
-            .flat_map(|m| m.values())
-            .any(|set| set.windows().any(|w| w == crate::core::limits::DAY))
-    }
-
-    /// The oldest row a model's declared week, month or sliding window counts at
-    /// `now` (SPEC §14.2: retention keeps them); `now` when none is declared.
-    /// Worked out once per change of the declarations or calendars, not per commit.
-    pub fn declared_usage_from(&mut self, now: i64) -> i64 {
+    /// The models whose usage retention keeps past `before` at `now` (SPEC 14.2), each
+    /// with its own cut-off: the oldest row its declared week, month or sliding window
+    /// (wider than the minute) counts, in its own platform's calendar; with `with_day`,
+    /// also the start of today for a model declaring a day window (what the degraded
+    /// buffer keeps, SPEC 18.2). Every other model's rows go at `before`. Worked out
+    /// once per change of the declarations or calendars, not per commit.
+    pub fn retained_usage(&mut self, now: i64, before: i64, with_day: bool) -> Vec<KeptUsage> {
         if self.retained_windows.is_none() {
-            let mut specs: Vec<(String, WindowSpec)> = Vec::new();
-            for (platform, models) in &self.limit_sets {
-                for set in models.values() {
-                    // The day is retention's own business (SPEC §10): `retention_ms`.
-                    let kept = set
-                        .windows()
-                        .filter(|w| *w != crate::core::limits::DAY && *w != crate::core::limits::MINUTE);
-                    specs.extend(kept.map(|w| (platform.clone(), w)));
+            let mut models: Vec<(String, String, Vec<WindowSpec>)> = Vec::new();
+            for (platform, sets) in &self.limit_sets {
+                for (model_id, set) in sets {
+                    let kept: Vec<WindowSpec> =
+                        set.windows().filter(|w| *w != crate::core::limits::MINUTE).collect();
+                    if !kept.is_empty() {
+                        models.push((platform.clone(), model_id.clone(), kept));
+                    }
                 }
             }
-            let mut windows: Vec<(Calendar, WindowSpec)> =
-                specs.into_iter().map(|(p, w)| (self.calendars.of(&p), w)).collect();
-            windows.sort_by(|a, b| (a.0.name(), a.1).cmp(&(b.0.name(), b.1)));
-            windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-            self.retained_windows = Some(windows);
+            models.sort();
+            let retained = models
+                .into_iter()
+                .map(|(p, m, windows)| Retained {
+                    cal: self.calendars.of(&p),
+                    platform: Arc::from(p),
+                    model_id: Arc::from(m),
+                    windows,
+                })
+                .collect();
+            self.retained_windows = Some(retained);
         }
-        let windows = self.retained_windows.as_deref().unwrap_or_default();
-        windows
+        let retained = self.retained_windows.as_deref().unwrap_or_default();
+        retained
             .iter()
-            .map(|(cal, w)| match w {
-                WindowSpec::Sliding(width) => now.saturating_sub(width - 1),
-                WindowSpec::Calendar(p) => cal.period_start(*p, now),
+            .filter_map(|r| {
+                let from = r
+                    .windows
+                    .iter()
+                    // The day is retention's own business (SPEC §10): `retention_ms`.
+                    .filter(|w| with_day || **w != crate::core::limits::DAY)
+                    .map(|w| match w {
+                        WindowSpec::Sliding(width) => now.saturating_sub(width - 1),
+                        WindowSpec::Calendar(p) => r.cal.period_start(*p, now),
+                    })
+                    .min()?;
+                (from < before).then(|| KeptUsage {
+                    platform: r.platform.clone(),
+                    model_id: r.model_id.clone(),
+                    before: from,
+                })
             })
-            .min()
-            .unwrap_or(now)
+            .collect()
     }
 
     /// The oldest time a window of a platform counts at `now`.
@@ -1257,6 +1279,51 @@ mod tests {
         assert_eq!(parse_multiplier("0x"), None);
         assert_eq!(Multiplier { num: 15, den: 10 }.bill(3), 5);
         assert_eq!(Multiplier { num: 2, den: 1 }.bill(i64::MAX), i64::MAX);
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn retention_keeps_each_model_from_its_own_cut_off() {
+        // SPEC 14.2: only the models with a week, month or wide sliding window keep
+        // rows past the retention, each from its own window in its own calendar.
+        let model = |platform: &str, model_id: &str, others: &str, limits| ModelInfo {
+            platform: platform.into(),
+            model_id: model_id.into(),
+            limits,
+            others: crate::core::limits::decode_limits(others).unwrap(),
+            monthly_token_budget: None,
+        };
+        let mut m = Mirror::default();
+        let day = crate::core::types::Limits { rpd: Some(5), rpm: Some(1), ..Default::default() };
+        m.put_model(model("mistral", "month", "requests/month=3", Default::default()));
+        m.put_model(model("mistral", "week", "tokens/week=3", Default::default()));
+        m.put_model(model("mistral", "slide", "requests/7d=3", Default::default()));
+        m.put_model(model("mistral", "day", "", day));
+        m.put_model(model("google", "month", "requests/month=3", Default::default()));
+        m.put_model(model("mistral", "minute", "requests/1m=3", Default::default()));
+        let dec10 = 1_796_083_200_000 + 9 * 86_400_000 + 10 * 3_600_000; // Thursday 2026-12-10 10:00 UTC
+        let before = dec10 - 3_600_000;
+        let kept: Vec<(String, String, i64)> = m
+            .retained_usage(dec10, before, false)
+            .into_iter()
+            .map(|k| (k.platform.to_string(), k.model_id.to_string(), k.before))
+            .collect();
+        let dec1 = 1_796_083_200_000;
+        assert_eq!(
+            kept,
+            vec![
+                ("google".into(), "month".into(), dec1 + 8 * 3_600_000), // 00:00 Pacific
+                ("mistral".into(), "month".into(), dec1),
+                ("mistral".into(), "slide".into(), dec10 - 7 * 86_400_000 + 1),
+                ("mistral".into(), "week".into(), dec1 + 6 * 86_400_000), // Monday Dec 7
+            ]
+        );
+        // The degraded buffer also keeps today of a model declaring a day window.
+        let buffered = m.retained_usage(dec10, before, true);
+        let day_model = buffered.iter().find(|k| &*k.model_id == "day").unwrap();
+        assert_eq!(day_model.before, dec1 + 9 * 86_400_000);
+        // A window that reaches back less than the retention keeps nothing more.
+        assert!(m.retained_usage(dec10, dec10 - 30 * 86_400_000, true).is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! files only open and close sections through `read`, `write`, `append`,
 //! `enter`/`leave` and `run_batch`; none touches the store directly.
 use super::*;
+use crate::core::store::KeptUsage;
 
 /// The unit of work's state: the store, the writes waiting for it, the write lock
 /// kept across calls, and whether the store answers.
@@ -290,21 +291,25 @@ impl Engine {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        let retained_from = self.retained_from(now);
-        let sweep = match self.unit.last_sweep {
-            Some(t) if now >= t && now - t < MINUTE_MS => None,
-            _ => Some(Write::Sweep {
-                usage_before: retained_from,
-                leases_expired_before: now,
-                history_before: now.saturating_sub(DAY_MS),
-            }),
-        };
+        let sweep_due = !matches!(self.unit.last_sweep, Some(t) if now >= t && now - t < MINUTE_MS);
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
         let flush_pending = self.unit.degraded
             || self.unit.held.is_some()
             || self.unit.flush_requested
             || self.unit.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+        // Worked out only when a sweep or buffered usage needs it (not per commit).
+        let retention = (sweep_due || (flush_pending && !self.unit.pending.is_empty()))
+            .then(|| self.retention(now, false));
+        let sweep = match &retention {
+            Some(r) if sweep_due => Some(Write::Sweep {
+                usage_before: r.before,
+                kept: r.kept.clone(),
+                leases_expired_before: now,
+                history_before: now.saturating_sub(DAY_MS),
+            }),
+            _ => None,
+        };
         let mut ids = Vec::with_capacity(writes.len());
         let result = (|| -> std::result::Result<(), StoreError> {
             if flush_pending {
@@ -318,7 +323,7 @@ impl Engine {
                     .filter(|w| match w {
                         Write::InsertLease(l) => !deleted.contains(&l.id),
                         Write::DeleteLease(id) => !inserted.contains(id),
-                        Write::Usage(u) => u.created_at_ms >= retained_from,
+                        Write::Usage(u) => retention.as_ref().is_none_or(|r| r.keeps(u)),
                         _ => true,
                     })
                     .collect();
@@ -344,7 +349,10 @@ impl Engine {
         match result {
             Err(StoreError::InDoubt(_)) | Ok(()) => {
                 if sweep.is_some() {
-                    self.unit.last_sweep = Some(now);
+                    // A sweep that stopped at its bound goes on at the next commit.
+                    if !self.unit.store.sweep_unfinished() {
+                        self.unit.last_sweep = Some(now);
+                    }
                     self.prune_own_leases(now);
                 }
                 let flushed = if flush_pending { self.unit.pending.len() } else { 0 };
@@ -869,11 +877,14 @@ impl Engine {
         }
     }
 
-    /// The oldest usage row the retention sweep keeps at `now`. SPEC §14.2: the rows
-    /// of the current period of a declared week or month limit (and of a declared
-    /// sliding window) are kept past the retention.
-    pub(super) fn retained_from(&mut self, now: i64) -> i64 {
-        now.saturating_sub(self.settings.retention_ms).min(self.mirror.declared_usage_from(now))
+    /// What the retention sweep keeps at `now` (SPEC 10, 14.2): usage younger than
+    /// `retention_ms`, and of a model with a declared week, month or sliding window
+    /// (wider than the minute), the rows that window counts, per model in its own
+    /// platform's calendar; with `with_day` also today's rows of a model declaring a
+    /// day window (the degraded buffer, SPEC 18.2).
+    pub(super) fn retention(&mut self, now: i64, with_day: bool) -> Retention {
+        let before = now.saturating_sub(self.settings.retention_ms);
+        Retention { before, kept: self.mirror.retained_usage(now, before, with_day).into() }
     }
 
     /// Compacts the buffer, so that however long an outage lasts it holds about the
@@ -885,10 +896,7 @@ impl Engine {
     /// and `server_logs` rows beyond the newest 10,000 go, with one warning. Nothing
     /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
-        let mut drop_before = self.retained_from(now);
-        if self.mirror.declares_day() {
-            drop_before = drop_before.min(self.mirror.earliest_day_start(now));
-        }
+        let retention = self.retention(now, true);
         let logs = self.unit.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
         let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
         let horizon = now.saturating_sub(MINUTE_MS);
@@ -900,7 +908,7 @@ impl Engine {
         let mut ended = Vec::new();
         for w in self.unit.pending.drain(..) {
             match w {
-                Write::Usage(u) if u.created_at_ms < drop_before => {}
+                Write::Usage(u) if !retention.keeps(&u) => {}
                 Write::Usage(u) if u.created_at_ms <= horizon => {
                     let minute = u.created_at_ms.div_euclid(MINUTE_MS);
                     let key = (
@@ -1134,4 +1142,26 @@ fn refusal_of(route: &Route, adm: &Admission) -> Option<Refusal> {
         key_id: route.key_id,
         candidates: Vec::new(),
     })
+}
+
+/// The retention of usage at one time (SPEC 10, 14.2): rows stamped `before` or later
+/// stay, and of a model in `kept`, those stamped at or after its own cut-off.
+#[derive(Debug, Clone)]
+pub(super) struct Retention {
+    pub before: i64,
+    pub kept: Arc<[KeptUsage]>,
+}
+
+impl Retention {
+    /// The oldest time of a row of this model that retention keeps.
+    pub fn cutoff(&self, platform: &str, model_id: &str) -> i64 {
+        self.kept
+            .iter()
+            .find(|k| &*k.platform == platform && &*k.model_id == model_id)
+            .map_or(self.before, |k| k.before)
+    }
+
+    pub fn keeps(&self, u: &UsageRow) -> bool {
+        u.created_at_ms >= self.cutoff(&u.platform, &u.model_id)
+    }
 }

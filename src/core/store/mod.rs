@@ -290,10 +290,12 @@ pub enum Write {
         route: Option<(Arc<str>, Arc<str>)>,
         kinds: Vec<HistoryKind>,
     },
-    /// Retention: usage older than `usage_before`, leases whose expiry is before
+    /// Retention: usage older than `usage_before` (of a model in `kept`, older than
+    /// its own `before` instead, SPEC 14.2), leases whose expiry is before
     /// `leases_expired_before` (a lease counts up to and including its expiry).
     Sweep {
         usage_before: i64,
+        kept: Arc<[KeptUsage]>,
         leases_expired_before: i64,
         history_before: i64,
     },
@@ -303,6 +305,16 @@ pub enum Write {
         platform: String,
         zone: Option<String>,
     },
+}
+
+/// A model whose usage retention keeps longer than `retention_ms` (SPEC 14.2): the
+/// current period of a declared week or month limit, or a declared sliding window
+/// wider than the minute. Its rows stamped `before` or later stay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptUsage {
+    pub platform: Arc<str>,
+    pub model_id: Arc<str>,
+    pub before: i64,
 }
 
 /// Filter of `usage_events`.
@@ -364,6 +376,11 @@ pub trait Store: Send {
             self.write(w)?;
         }
         Ok(())
+    }
+    /// After a commit: true when its retention sweep stopped at its bound with more
+    /// left to delete (the engine sweeps again at its next commit). Taken once.
+    fn sweep_unfinished(&mut self) -> bool {
+        false
     }
     /// Claims `name` for this engine for `ttl_ms` (real time): false while another
     /// engine holds it. Re-entrant for the holder. Used so that one engine of a

@@ -146,6 +146,116 @@ local function delete_matching(key, keep, table_name)
   return n
 end
 
+local function xdel_all(ids)
+  local n = 0
+  for j = 1, #ids, 1000 do
+    n = n + redis.call('XDEL', LOG, unpack(ids, j, math.min(j + 999, #ids)))
+  end
+  return n
+end
+
+local function zrem_all(ids)
+  for j = 1, #ids, 1000 do
+    redis.call('ZREM', LATE, unpack(ids, j, math.min(j + 999, #ids)))
+  end
+end
+
+-- A usage entry's time and route ('owner U key kind amount created platform model').
+local U_ROUTE = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. string.rep('[^' .. SEP .. ']*' .. SEP, 3)
+  .. '([^' .. SEP .. ']*)' .. SEP .. '(.*)$'
+-- Where each class of the sweep goes on from: 's<class>' a feed id, 'z<class>' a time
+-- in LATE, for the kept set 'set' (class '' is every model not kept).
+local SWEEP = P .. ':sweep'
+
+-- Retention of usage (SPEC 10, 14.2): the entries of a kept model (route -> its
+-- cut-off) go at its own cut-off, every other entry at `before`. Everything before the
+-- lowest cut-off is trimmed; between it and the others, each class is scanned on from
+-- where its last sweep stopped, at most `budget` entries in all. Returns the entries
+-- deleted, or 'more' when the budget ran out first (the engine sweeps again soon).
+local function sweep_usage(before, kept, names, budget)
+  local lowest = before
+  for _, name in ipairs(names) do lowest = math.min(lowest, kept[name]) end
+  local low = string.format('%d', lowest)
+  local r = redis.call('XTRIM', LOG, 'MINID', low)
+  -- Usage rows written after a step back of the clock (SPEC 10), by their time.
+  local late = redis.call('ZRANGE', LATE, '-inf', '(' .. low, 'BYSCORE', 'LIMIT', 0, budget)
+  r = r + xdel_all(late)
+  zrem_all(late)
+  budget = budget - #late
+  if #names == 0 then
+    redis.call('DEL', SWEEP)
+    if budget <= 0 then return 'more' end
+    return r
+  end
+  table.sort(names)
+  local set = table.concat(names, '\30')
+  if redis.call('HGET', SWEEP, 'set') ~= set then
+    redis.call('DEL', SWEEP)
+    redis.call('HSET', SWEEP, 'set', set)
+  end
+  local function due(body, class, cut)
+    local created, route = string.match(body, U_ROUTE)
+    if class == '' then
+      if route and kept[route] then return false end
+      return created == nil or tonumber(created) < cut
+    end
+    return route == class and tonumber(created) < cut
+  end
+  local classes = {}
+  for _, name in ipairs(names) do classes[#classes + 1] = {name, kept[name]} end
+  classes[#classes + 1] = {'', before}
+  local more = budget <= 0
+  for _, c in ipairs(classes) do
+    local class, cut = c[1], c[2]
+    if cut > lowest and budget > 0 then
+      -- The feed by id (an entry's id is never before its time).
+      local from = redis.call('HGET', SWEEP, 's' .. class) or '-'
+      local rows = redis.call('XRANGE', LOG, from, string.format('%d', cut - 1), 'COUNT', budget)
+      local ids = {}
+      for _, e in ipairs(rows) do
+        if due(e[2][2], class, cut) then ids[#ids + 1] = e[1] end
+      end
+      r = r + xdel_all(ids)
+      budget = budget - #rows
+      if budget <= 0 then
+        more = true
+        redis.call('HSET', SWEEP, 's' .. class, '(' .. rows[#rows][1])
+      else
+        redis.call('HSET', SWEEP, 's' .. class, string.format('%d', cut))
+      end
+    end
+    if cut > lowest and budget > 0 then
+      -- Late entries by their time.
+      local from = redis.call('HGET', SWEEP, 'z' .. class) or '-inf'
+      local got = redis.call('ZRANGE', LATE, from, '(' .. string.format('%d', cut), 'BYSCORE', 'LIMIT', 0,
+        budget, 'WITHSCORES')
+      local ids, gone = {}, {}
+      for j = 1, #got, 2 do
+        local e = redis.call('XRANGE', LOG, got[j], got[j])
+        if not e[1] then
+          gone[#gone + 1] = got[j]
+        elseif due(e[1][2][2], class, cut) then
+          ids[#ids + 1] = got[j]
+          gone[#gone + 1] = got[j]
+        end
+      end
+      r = r + xdel_all(ids)
+      zrem_all(gone)
+      budget = budget - #got / 2
+      if budget <= 0 then
+        more = true
+        redis.call('HSET', SWEEP, 'z' .. class, got[#got])
+      else
+        redis.call('HSET', SWEEP, 'z' .. class, string.format('%d', cut))
+      end
+    elseif cut > lowest then
+      more = true
+    end
+  end
+  if more then return 'more' end
+  return r
+end
+
 local function apply_writes()
   local results = {}
   local i = first_write
@@ -206,15 +316,16 @@ local function apply_writes()
         return false
       end, 'history')
       i = i + 4
-    elseif op == 'S' then -- usage_before, leases_expired_before, history_before
-      local before, leases_at, hist = ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-      r = redis.call('XTRIM', LOG, 'MINID', before)
-      -- Usage rows written after a step back of the clock (SPEC 10), by their time.
-      local late = redis.call('ZRANGEBYSCORE', LATE, '-inf', '(' .. before)
-      for j = 1, #late, 1000 do
-        r = r + redis.call('XDEL', LOG, unpack(late, j, math.min(j + 999, #late)))
+    elseif op == 'S' then -- usage_before, leases_expired_before, history_before, n,
+      -- n x (route, before): the kept models (SPEC 14.2), then the budget (entries)
+      local before, leases_at, hist = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+      local n = tonumber(ARGV[i + 4])
+      local kept, names = {}, {}
+      for j = 1, n do
+        names[j] = ARGV[i + 3 + 2 * j]
+        kept[names[j]] = tonumber(ARGV[i + 4 + 2 * j])
       end
-      if #late > 0 then redis.call('ZREMRANGEBYSCORE', LATE, '-inf', '(' .. before) end
+      r = sweep_usage(before, kept, names, tonumber(ARGV[i + 5 + 2 * n]))
       local all = redis.call('HGETALL', P .. ':leases')
       for j = 1, #all, 2 do
         if tonumber(field(all[j + 1], 2)) < leases_at then
@@ -225,7 +336,7 @@ local function apply_writes()
       delete_matching(P .. ':history', function(_, v)
         return tonumber(field(v, 3)) >= hist
       end, 'history')
-      i = i + 4
+      i = i + 6 + 2 * n
     elseif op == 'G' then -- log value
       r = redis.call('INCR', P .. ':log_id')
       redis.call('XADD', P .. ':logs', 'MAXLEN', '~', 10000, '*', 'd', r .. SEP .. ARGV[i + 1])

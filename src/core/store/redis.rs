@@ -11,6 +11,8 @@
 //! | `P:quota` | hash | observed provider quota state |
 //! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
 //! | `P:lock` | string | the write lock: its owner, with a time to live |
+//! | `P:late` | zset | usage entries written after the clock stepped back: id -> time |
+//! | `P:sweep` | hash | where the retention sweep goes on from, per kept model (SPEC 14.2) |
 //!
 //! All access goes through one Lua script (`redis.lua`), so each step is atomic on the
 //! server. A section that decides (a lease, a failure) takes the lock and reads what
@@ -50,12 +52,15 @@ const SEP: char = '\u{1f}';
 const TABLES: [&str; 6] = ["cooldowns", "keys", "models", "caps", "history", "calendars"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
+/// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
+/// models retention keeps longer sit among the others'); the rest at the next commit.
+const SWEEP_BUDGET: usize = 20_000;
 /// After a failed connect, calls fail at once for this long (a blackholed host would
 /// otherwise cost its connect timeout on every call while degraded).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 16] = [
+const LAYOUT: [(&str, &str); 18] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -72,6 +77,8 @@ const LAYOUT: [(&str, &str); 16] = [
     ("history_id", "string"),
     ("log_id", "string"),
     ("applied", "none"),
+    ("late", "zset"),
+    ("sweep", "hash"),
 ];
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.
@@ -121,6 +128,8 @@ pub struct RedisStore {
     write_seq: u64,
     /// A call that wrote and got no reply: sent again before anything else.
     in_doubt: Option<InDoubt>,
+    /// The last commit's retention sweep stopped at its budget.
+    sweep_more: bool,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -606,6 +615,7 @@ impl RedisStore {
             accounts: Vec::new(),
             write_seq: 0,
             in_doubt: None,
+            sweep_more: false,
         };
         store.connection()?;
         store.check_layout()?;
@@ -646,8 +656,9 @@ impl RedisStore {
     }
 
     /// Drops what a failed read half took in, and reads everything afresh next time.
+    /// The usage already taken in stays: it is what lies before the cursor.
     fn forget(&mut self) {
-        self.pending = Changes::default();
+        self.pending = Changes { usage: std::mem::take(&mut self.pending.usage), ..Changes::default() };
         self.resync();
     }
 
@@ -825,6 +836,10 @@ impl RedisStore {
         let [_, head, more, entries, versions, tables, leases, _] = parts else {
             return Err(unavailable("short script reply"));
         };
+        // The usage read and the cursor move together: what `pending` holds is always
+        // exactly what lies before the cursor (a failure here takes in neither).
+        let head = text(head)?;
+        let mut usage = Vec::new();
         for e in array(entries)? {
             let e = text(e)?;
             let Some((who, body)) = e.split_once(SEP) else { continue };
@@ -832,12 +847,13 @@ impl RedisStore {
                 continue;
             }
             if body.starts_with('U') {
-                self.pending.usage.push(parse_usage(body)?);
+                usage.push(parse_usage(body)?);
             } else {
                 self.lease_entry(body)?;
             }
         }
-        self.cursor = text(head)?;
+        self.pending.usage.append(&mut usage);
+        self.cursor = head;
         let versions = array(versions)?;
         let tables = array(tables)?;
         for (i, t) in tables.iter().enumerate().take(TABLES.len()) {
@@ -1005,12 +1021,19 @@ impl RedisStore {
                     format!(",{},", kinds.join(",")),
                 ]);
             }
-            Write::Sweep { usage_before, leases_expired_before, history_before } => out.extend([
-                "S".into(),
-                usage_before.max(&0).to_string(),
-                leases_expired_before.to_string(),
-                history_before.to_string(),
-            ]),
+            Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
+                out.extend([
+                    "S".into(),
+                    usage_before.max(&0).to_string(),
+                    leases_expired_before.to_string(),
+                    history_before.to_string(),
+                    kept.len().to_string(),
+                ]);
+                for k in kept.iter() {
+                    out.extend([route(&k.platform, &k.model_id), k.before.max(0).to_string()]);
+                }
+                out.push(SWEEP_BUDGET.to_string());
+            }
             Write::SetCalendar { platform, zone: Some(z) } => {
                 out.extend(["HSET".into(), "calendars".into(), esc(platform), z.clone()])
             }
@@ -1205,7 +1228,11 @@ impl Store for RedisStore {
         self.section = None;
         let conflict =
             matches!(reply.as_deref().and_then(|p| p.first()).map(text), Some(Ok(s)) if s == "conflict");
-        let reply_applied = reply.is_some();
+        // The sweep's result is 'more' when it stopped at its budget (every other
+        // write's result is a number).
+        if let Some([.., Value::Array(results)]) = reply.as_deref() {
+            self.sweep_more |= results.iter().any(|v| matches!(text(v).as_deref(), Ok("more")));
+        }
         let taken = match reply {
             None => Ok(()),
             // Only our own writes happened since `begin`: follow on after them.
@@ -1216,15 +1243,15 @@ impl Store for RedisStore {
         };
         if let Err(e) = taken {
             self.forget();
-            // The server applied the writes (SPEC 19.2): reported failed, the engine would
-            // buffer them and send them again under a new identity. Only what others
-            // wrote is read again.
-            if reply_applied && !conflict {
-                self.apply_own_leases();
-                return Ok(());
+            if conflict {
+                self.lease_writes.clear();
+                return Err(e);
             }
-            self.lease_writes.clear();
-            return Err(e);
+            // SPEC 19.2: the writes were applied; only reading what others wrote since
+            // failed. They are not to be sent again: for the engine they are committed,
+            // and it is degraded until the store answers.
+            self.apply_own_leases();
+            return Err(StoreError::InDoubt(format!("{e} (after the writes were applied)")));
         }
         if conflict {
             self.lease_writes.clear();
@@ -1324,6 +1351,10 @@ impl Store for RedisStore {
 
     fn set_busy_timeout(&mut self, ms: i64) {
         self.busy_timeout_ms = ms;
+    }
+
+    fn sweep_unfinished(&mut self) -> bool {
+        std::mem::take(&mut self.sweep_more)
     }
 
     fn undelivered(&self) -> usize {

@@ -467,7 +467,9 @@ impl Topology {
         }
         let mut keys: Vec<String> =
             layout.iter().filter(|k| **k != "applied").map(|k| format!("{prefix}:{k}")).collect();
-        keys.push(format!("{prefix}:late"));
+        if !layout.contains(&"late") {
+            keys.push(format!("{prefix}:late"));
+        }
         keys.push(format!("{prefix}:applied:{owner}"));
         keys
     }

@@ -1,13 +1,15 @@
 //! The SQLite backend: one connection per engine, WAL mode, the system's SQLite.
 use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
 use super::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
-    TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, LogRow, QuotaStateRow, Store,
+    StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::limits::{decode_limits, encode_limits};
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::types::Value;
+use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,8 +35,17 @@ pub struct SqliteStore {
     /// the table by id steps its cursor back to what was left.
     trims_seen: Option<i64>,
     trims_at_begin: Option<i64>,
-    /// The cutoff of a sweep in the open section (applied to the above on commit).
-    sweep_cutoff: Option<i64>,
+    /// The cut-offs of a sweep in the open section (applied to the above on commit):
+    /// every other model's, and the kept models' own.
+    sweep_cutoff: Option<(i64, Arc<[KeptUsage]>)>,
+    /// Where the retention sweep's classes start (committed), and as the open
+    /// section's sweep left them (applied on commit).
+    sweep_lo: SweepCursors,
+    sweep_pending: Option<SweepCursors>,
+    /// The open section's sweep stopped at [`SWEEP_CHUNK`] (and, once committed, the
+    /// last one did).
+    sweep_more_pending: bool,
+    sweep_more: bool,
     /// This engine's registration on the file (writable files only).
     registry: Option<super::registry::Registry>,
     memory: bool,
@@ -53,6 +64,9 @@ const USAGE_CHUNK: usize = 32;
 
 /// A row stamped this much before the newest one seen is a straggler.
 const STRAGGLER_SLACK_MS: i64 = 60_000;
+/// Ids one step of the retention sweep covers per class, at most (SPEC 14.2: a kept
+/// model's period ending deletes a month of its rows); the rest at the next commit.
+const SWEEP_CHUNK: i64 = 20_000;
 /// Past this many stragglers, the next sweep scans the table instead.
 const MAX_STRAGGLERS: usize = 100_000;
 
@@ -176,6 +190,10 @@ impl SqliteStore {
             trims_seen: None,
             trims_at_begin: None,
             sweep_cutoff: None,
+            sweep_lo: SweepCursors::default(),
+            sweep_pending: None,
+            sweep_more_pending: false,
+            sweep_more: false,
             registry: None,
             memory,
             shm: None,
@@ -246,8 +264,9 @@ impl SqliteStore {
             while let Some(r) = rows.next()? {
                 let id: i64 = r.get(0)?;
                 max_id = max_id.max(id);
-                seen.note(id, r.get::<_, i64>(6)?);
-                f(usage_row(r, &mut names)?);
+                let u = usage_row(r, &mut names)?;
+                seen.note(id, &u);
+                f(u);
             }
             Ok(max_id)
         })()
@@ -406,6 +425,8 @@ impl SqliteStore {
             if let Some(cur) = self.usage_cursor.as_mut() {
                 *cur = (*cur).min(trimmed_to);
             }
+            // And the retention sweep's classes start over.
+            self.sweep_lo = SweepCursors::default();
         }
         self.trims_seen = Some(trims);
         self.trims_at_begin = self.trims_seen;
@@ -417,6 +438,7 @@ impl SqliteStore {
             if newest < cursor {
                 // Someone emptied the table behind our back: follow from the start.
                 self.usage_cursor = Some(0);
+                self.sweep_lo = SweepCursors::default();
             }
             let cursor = self.usage_cursor.unwrap_or(0);
             let mut rows = Vec::new();
@@ -516,7 +538,7 @@ impl SqliteStore {
         if let Some(cur) = self.usage_cursor.as_mut() {
             *cur = (*cur).max(id);
         }
-        self.seen.note(id, u.created_at_ms);
+        self.seen.note(id, u);
         Ok(id)
     }
 
@@ -569,7 +591,7 @@ impl SqliteStore {
             *cur = (*cur).max(last);
         }
         for (n, u) in rows().enumerate() {
-            self.seen.note(first + n as i64, u.created_at_ms);
+            self.seen.note(first + n as i64, u);
         }
         Ok(())
     }
@@ -745,40 +767,118 @@ impl SqliteStore {
                 }
                 n as i64
             }
-            Write::Sweep { usage_before, leases_expired_before, history_before } => {
+            Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
                 c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?
                     .execute([history_before])?;
-                let cutoff = *usage_before;
                 let top = |c: &Connection| -> rusqlite::Result<i64> {
                     c.prepare_cached("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage")?
                         .query_row([], |r| r.get(0))
                 };
                 let top_before = top(c)?;
-                let n = if self.full_sweep_done && cutoff > self.seen.untracked_until {
-                    // Ids follow commit order, and a row stamped more than the slack
-                    // before a row below it is a remembered straggler. So past the first
-                    // id stamped at or after cutoff + slack, every other row is at or
-                    // after the cutoff: the scan stops there (about a minute of rows
-                    // beyond the stale ones), and stragglers go by id.
-                    let mut n = c
-                        .prepare_cached(
-                            "DELETE FROM rate_limit_usage WHERE id < COALESCE(\
-                             (SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?2 ORDER BY id LIMIT 1), \
-                             9223372036854775807) AND created_at_ms < ?1",
-                        )?
-                        .execute([cutoff, cutoff.saturating_add(STRAGGLER_SLACK_MS)])?;
-                    for (id, _) in self.seen.stragglers.iter().filter(|(_, t)| *t < cutoff) {
-                        n += c
-                            .prepare_cached(
-                                "DELETE FROM rate_limit_usage WHERE id = ?1 AND created_at_ms < ?2",
-                            )?
-                            .execute([*id, cutoff])?;
-                    }
-                    n
+                // SPEC 14.2: each kept model's rows go at its own cut-off, every other
+                // model's at `usage_before`. One delete per class, each from where the
+                // class's rows start (a cursor), so that a month of one model's rows is
+                // not scanned again at every sweep to find the others' last minute.
+                let names: Vec<(Arc<str>, Arc<str>)> =
+                    kept.iter().map(|k| (k.platform.clone(), k.model_id.clone())).collect();
+                let mut cursors = if self.sweep_lo.kept == names {
+                    self.sweep_lo.clone()
                 } else {
-                    c.prepare_cached("DELETE FROM rate_limit_usage WHERE created_at_ms < ?1")?
-                        .execute([cutoff])?
+                    SweepCursors { kept: names, lo: HashMap::new() }
                 };
+                let others = if kept.is_empty() {
+                    "1".to_string()
+                } else {
+                    let each: Vec<String> = (0..kept.len())
+                        .map(|i| format!("(platform = ?{} AND model_id = ?{})", 4 + 2 * i, 5 + 2 * i))
+                        .collect();
+                    format!("NOT ({})", each.join(" OR "))
+                };
+                let every_name: Vec<Value> = kept
+                    .iter()
+                    .flat_map(|k| [Value::Text(k.platform.to_string()), Value::Text(k.model_id.to_string())])
+                    .collect();
+                let classes = kept
+                    .iter()
+                    .map(|k| (Some((k.platform.clone(), k.model_id.clone())), k.before))
+                    .chain(std::iter::once((None, *usage_before)));
+                let mut n = 0;
+                let mut unfinished = false;
+                for (class, cutoff) in classes {
+                    let (pred, names): (&str, Vec<Value>) = match &class {
+                        Some((p, m)) => (
+                            "platform = ?4 AND model_id = ?5",
+                            vec![Value::Text(p.to_string()), Value::Text(m.to_string())],
+                        ),
+                        None => (&others, every_name.clone()),
+                    };
+                    let args = |a: i64, b: i64| -> Vec<Value> {
+                        [Value::Integer(a), Value::Integer(b), Value::Integer(cutoff)]
+                            .into_iter()
+                            .chain(names.iter().cloned())
+                            .collect()
+                    };
+                    let delete = format!(
+                        "DELETE FROM rate_limit_usage WHERE id >= ?1 AND id < ?2 AND created_at_ms < ?3 AND {pred}"
+                    );
+                    // Until the first sweep has scanned the whole table, and while
+                    // stragglers went untracked, rows of the class may hide anywhere.
+                    let bounded = self.full_sweep_done && cutoff > self.seen.untracked_until;
+                    let lo = if bounded { cursors.lo.get(&class).copied().unwrap_or(0) } else { 0 };
+                    let hi = if bounded {
+                        // Ids follow commit order, and a row stamped more than the slack
+                        // before a row below it is a remembered straggler. So past the
+                        // first id stamped at or after cutoff + slack, every other row is
+                        // at or after the cutoff: the scan stops there (about a minute of
+                        // rows beyond the stale ones), and stragglers go by id. At most
+                        // SWEEP_CHUNK ids a sweep: the rest at the next commit.
+                        let end = lo.saturating_add(SWEEP_CHUNK);
+                        let found: Option<i64> = c
+                            .prepare_cached(
+                                "SELECT id FROM rate_limit_usage WHERE id >= ?1 AND id < ?3 \
+                                 AND created_at_ms >= ?2 ORDER BY id LIMIT 1",
+                            )?
+                            .query_row([lo, cutoff.saturating_add(STRAGGLER_SLACK_MS), end], |r| r.get(0))
+                            .optional()?;
+                        match found {
+                            Some(id) => id,
+                            None if end <= top_before => {
+                                unfinished = true;
+                                end
+                            }
+                            None => i64::MAX,
+                        }
+                    } else {
+                        i64::MAX
+                    };
+                    n += c.prepare_cached(&delete)?.execute(params_from_iter(args(lo, hi)))?;
+                    if bounded {
+                        // Only the class's own: a kept model's straggler is not tried again
+                        // by every other class at each sweep until its own cut-off passes it.
+                        let of_class = |s: &Straggler| match &class {
+                            Some((p, m)) => s.platform == *p && s.model_id == *m,
+                            None => {
+                                !kept.iter().any(|k| s.platform == k.platform && s.model_id == k.model_id)
+                            }
+                        };
+                        for s in self.seen.stragglers.iter().filter(|s| s.t < cutoff && of_class(s)) {
+                            n += c
+                                .prepare_cached(&delete)?
+                                .execute(params_from_iter(args(s.id, s.id.saturating_add(1))))?;
+                        }
+                    }
+                    // No row of the class is left below the first row stamped at or
+                    // after the cutoff (below `hi`, which is one, or where a bounded
+                    // step stopped): the next sweep of the class starts there.
+                    let next: i64 = c
+                        .prepare_cached(
+                            "SELECT COALESCE((SELECT id FROM rate_limit_usage WHERE id >= ?1 AND id < ?3 \
+                             AND created_at_ms >= ?2 ORDER BY id LIMIT 1), \
+                             MIN(?3, (SELECT COALESCE(MAX(id), 0) + 1 FROM rate_limit_usage)))",
+                        )?
+                        .query_row([lo, cutoff, hi], |r| r.get(0))?;
+                    cursors.lo.insert(class, next);
+                }
                 let top_after = top(c)?;
                 if top_after < top_before {
                     // The newest rows went: SQLite will hand their ids out again. Every
@@ -800,8 +900,14 @@ impl SqliteStore {
                     if let Some(cur) = self.usage_cursor.as_mut() {
                         *cur = (*cur).min(top_after);
                     }
+                    // SQLite hands the ids above what is left out again.
+                    for lo in cursors.lo.values_mut() {
+                        *lo = (*lo).min(top_after + 1);
+                    }
                 }
-                self.sweep_cutoff = Some(cutoff);
+                self.sweep_cutoff = Some((*usage_before, kept.clone()));
+                self.sweep_pending = Some(cursors);
+                self.sweep_more_pending = unfinished;
                 c.prepare_cached("DELETE FROM quota_leases WHERE expires_at_ms < ?1")?
                     .execute([leases_expired_before])?;
                 n as i64
@@ -907,6 +1013,21 @@ impl Interner {
     }
 }
 
+/// Where each class of the retention sweep starts (SPEC 14.2: a kept model, or every
+/// other model): no row of a class below its id is older than the class's last
+/// cut-off, so the next sweep of the class scans from there.
+#[derive(Debug, Default, Clone)]
+struct SweepCursors {
+    /// The kept models these are for: another set starts over.
+    kept: Vec<(Arc<str>, Arc<str>)>,
+    /// Per class (`None`: every model not kept), the lowest id a row of it may have.
+    lo: HashMap<SweepClass, i64>,
+}
+
+/// A class of the retention sweep: a kept model (platform, model), or `None` for
+/// every model not kept.
+type SweepClass = Option<(Arc<str>, Arc<str>)>;
+
 /// Retention without a time index: rows arrive in id order and almost in time order;
 /// the few stamped well before the newest seen ("stragglers": another process's slow
 /// clock, a plain sqlite3 insert, rows written after an outage) are remembered by id.
@@ -918,15 +1039,17 @@ struct RowsSeen {
     /// The newest time of a straggler that could not be remembered (past
     /// `MAX_STRAGGLERS`): sweeps scan the table until their cutoff passes it.
     untracked_until: i64,
-    stragglers: Vec<(i64, i64)>,
+    stragglers: Vec<Straggler>,
 }
 
 impl RowsSeen {
-    /// A row `id` stamped `t` was seen.
-    fn note(&mut self, id: i64, t: i64) {
+    /// A row `id` was seen.
+    fn note(&mut self, id: i64, u: &UsageRow) {
+        let t = u.created_at_ms;
         if t.saturating_add(STRAGGLER_SLACK_MS) < self.newest_seen_ms {
             if self.stragglers.len() < MAX_STRAGGLERS {
-                self.stragglers.push((id, t));
+                let (platform, model_id) = (u.platform.clone(), u.model_id.clone());
+                self.stragglers.push(Straggler { id, t, platform, model_id });
             } else {
                 self.untracked_until = self.untracked_until.max(t);
             }
@@ -934,6 +1057,15 @@ impl RowsSeen {
             self.newest_seen_ms = self.newest_seen_ms.max(t);
         }
     }
+}
+
+/// A row stamped well before the rows below it, remembered by id with its route's
+/// model (retention deletes it at that model's cut-off, SPEC 14.2).
+struct Straggler {
+    id: i64,
+    t: i64,
+    platform: Arc<str>,
+    model_id: Arc<str>,
 }
 
 impl Store for SqliteStore {
@@ -969,6 +1101,10 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    fn sweep_unfinished(&mut self) -> bool {
+        std::mem::take(&mut self.sweep_more)
+    }
+
     fn sole_writer(&mut self) -> bool {
         // An in-memory database is this connection's alone.
         self.registry.as_ref().map_or(self.memory, |r| r.alone())
@@ -983,9 +1119,20 @@ impl Store for SqliteStore {
                 self.in_section = false;
                 self.cursor_at_begin = self.usage_cursor;
                 self.trims_at_begin = self.trims_seen;
-                if let Some(cutoff) = self.sweep_cutoff.take() {
-                    self.seen.stragglers.retain(|(_, t)| *t >= cutoff);
+                if let Some((before, kept)) = self.sweep_cutoff.take() {
+                    // What the sweep deleted: each straggler older than its class's cut-off.
+                    self.seen.stragglers.retain(|s| {
+                        let cut = kept
+                            .iter()
+                            .find(|k| s.platform == k.platform && s.model_id == k.model_id)
+                            .map_or(before, |k| k.before);
+                        s.t >= cut
+                    });
                     self.full_sweep_done = true;
+                }
+                if let Some(cursors) = self.sweep_pending.take() {
+                    self.sweep_lo = cursors;
+                    self.sweep_more = std::mem::take(&mut self.sweep_more_pending);
                 }
                 Ok(())
             }
@@ -1002,6 +1149,8 @@ impl Store for SqliteStore {
         }
         self.in_section = false;
         self.sweep_cutoff = None;
+        self.sweep_pending = None;
+        self.sweep_more_pending = false;
         self.usage_cursor = self.cursor_at_begin;
         self.trims_seen = self.trims_at_begin;
         // What we delivered may include rows of the abandoned section: re-read on next pull.
@@ -1015,6 +1164,12 @@ impl Store for SqliteStore {
     }
 
     fn load_usage_since(&mut self, since_ms: i64, f: &mut dyn FnMut(UsageRow)) -> StoreResult<()> {
+        // The rows stamped `since_ms` or later are read again in id order: whether one
+        // is a straggler depends on the rows below it only, not on rows read before
+        // (a reload after a longer window was declared would otherwise make a month of
+        // rows stragglers, and every sweep a scan of the table).
+        self.seen.stragglers.retain(|s| s.t < since_ms);
+        self.seen.newest_seen_ms = i64::MIN;
         self.read_usage(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
              cached_tokens FROM rate_limit_usage \
