@@ -44,6 +44,43 @@ def clock() -> q.ManualClock:
 
 BACKENDS = [b for b in os.environ.get("QE_BACKENDS", "sqlite,redis").split(",") if b]
 
+# SPEC 19.3/19.4: the Redis contract runs unchanged on Sentinel (a primary, a replica, three
+# sentinels) and on Cluster (three primaries) too. ``QE_TOPOLOGIES`` picks them (default
+# "sentinel,cluster"; "" for none). On them only the modules of TOPOLOGY_SUITE run, a
+# representative part that keeps CI short; ``QE_TOPOLOGY_SUITE=all`` runs every module.
+TOPOLOGIES = (
+    [t for t in os.environ.get("QE_TOPOLOGIES", "sentinel,cluster").split(",") if t] if "redis" in BACKENDS else []
+)
+TOPOLOGY_SUITE = {
+    "test_leases.py",
+    "test_limits.py",
+    "test_persistence.py",
+    "test_processes.py",
+    "test_token_kinds.py",
+    "test_windows.py",
+    "test_accounts.py",
+    "test_calendars.py",
+    "test_analysis.py",
+    "test_probe.py",
+}
+STORES = BACKENDS + [f"redis-{t}" for t in TOPOLOGIES]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Sentinel and Cluster variants outside TOPOLOGY_SUITE are deselected (not skipped)."""
+    if os.environ.get("QE_TOPOLOGY_SUITE") == "all":
+        return
+    keep, drop = [], []
+    for item in items:
+        param = getattr(getattr(item, "callspec", None), "params", {}).get("store")
+        if isinstance(param, str) and param.startswith("redis-") and item.path.name not in TOPOLOGY_SUITE:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -56,7 +93,9 @@ class RedisServer:
     """A real ``redis-server`` on loopback, without persistence, in its own directory. With ``tls``
     (CA file, certificate file, key file) it speaks only TLS. With ``durable`` it keeps an
     append-only file synced before every reply, so that a restart loses nothing it answered for.
-    ``exe`` picks another binary (an old release)."""
+    ``exe`` picks another binary (an old release). ``extra`` are more arguments (a replica's
+    ``--replicaof``, a cluster node's ``--cluster-enabled yes``); the server then reads a config
+    file of its own in its directory, which a sentinel may rewrite."""
 
     def __init__(
         self,
@@ -67,6 +106,7 @@ class RedisServer:
         bind: tuple[str, ...] = ("127.0.0.1",),
         durable: bool = False,
         exe: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         exe = exe or shutil.which("redis-server")
         if exe is None:
@@ -78,6 +118,7 @@ class RedisServer:
         self.tls = tls
         self.bind = bind
         self.durable = durable
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -99,6 +140,11 @@ class RedisServer:
             args[1] = "0"  # no plain port
             args += ["--tls-port", str(self.port), "--tls-ca-cert-file", str(ca)]
             args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no"]
+        if self.extra:
+            conf = self.workdir / "redis.conf"
+            if not conf.exists():
+                conf.write_text("")
+            args = [str(conf), *args, *self.extra]
         self.proc = subprocess.Popen(
             [self.exe, *args],
             cwd=self.workdir,
@@ -145,13 +191,38 @@ def redis_location(server: RedisServer) -> str:
     return f"{server.url}?prefix=t{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A primary, a replica and three sentinels for the session (``redis_topologies``)."""
+    from redis_topologies import SentinelSet
+
+    topology = SentinelSet(tmp_path_factory.mktemp("sentinel"))
+    yield topology
+    topology.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A three-primary cluster for the session (``redis_topologies``)."""
+    from redis_topologies import Cluster
+
+    topology = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield topology
+    topology.close()
+
+
+@pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where an engine keeps its state: a SQLite file, or a Redis prefix. A test
-    marked ``sqlite_only`` reads the file itself and runs on SQLite only."""
-    if request.param == "redis":
+    """Where an engine keeps its state: a SQLite file, or a Redis prefix (on one server, or
+    through Sentinel or Cluster). A test marked ``sqlite_only`` reads the file itself and
+    runs on SQLite only."""
+    if request.param.startswith("redis"):
         if request.node.get_closest_marker("sqlite_only"):
             pytest.skip("reads the SQLite file itself")
+        if request.param == "redis-sentinel":
+            return str(request.getfixturevalue("redis_sentinel").url())  # type: ignore[attr-defined]
+        if request.param == "redis-cluster":
+            return str(request.getfixturevalue("redis_cluster").url())  # type: ignore[attr-defined]
         return redis_location(request.getfixturevalue("redis_server"))
     return str(tmp_path / "quota.db")
 

@@ -57,7 +57,8 @@ class QuotaEngine(_QuotaEngine):
     lease_max_age_ms=120_000, window_usage_ttl_ms=5_000, busy_timeout_ms=5_000,
     flush_interval_ms=0, readonly=False)``. ``path`` is a SQLite file (or
     ``":memory:"``), or a Redis URL (``redis://[:password@]host:port/db[?prefix=name]``,
-    ``rediss://...[?ssl_ca_certs=ca.pem]``) shared by engines on several hosts. Thread-safe: share one per
+    ``rediss://...[?ssl_ca_certs=ca.pem]``, ``redis+sentinel://host:26379[,...]/service``,
+    ``redis+cluster://host:7000[,...]``) shared by engines on several hosts. Thread-safe: share one per
     process.
     """
 

@@ -402,7 +402,8 @@ class _QuotaEngine:
 
     ``path``: a SQLite file (None -> ``$QUOTAENGINE_DB`` from ``env``, else ``./quota.db``),
     or ``":memory:"``, or a Redis URL (``redis://[:password@]host:port/db[?prefix=name]``,
-    ``rediss://...[?ssl_ca_certs=ca.pem]``) shared by engines on several hosts. ``env`` replaces ``os.environ`` for this engine and is read once.
+    ``rediss://...[?ssl_ca_certs=ca.pem]``, ``redis+sentinel://host:26379[,...]/service``,
+    ``redis+cluster://host:7000[,...]``) shared by engines on several hosts. ``env`` replaces ``os.environ`` for this engine and is read once.
     Raises ``DatabaseError`` when the file is not SQLite, holds another application's
     tables, or has a newer schema; the file is then left unchanged.
 

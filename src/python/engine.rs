@@ -32,7 +32,7 @@ use std::time::Duration;
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,
 /// `":memory:"`, or a Redis URL (`redis://[:password@]host:port/db[?prefix=name]`, `rediss://` with
-/// `?ssl_ca_certs=ca.pem` for a private CA).
+/// `?ssl_ca_certs=ca.pem` for a private CA; `redis+sentinel://` and `redis+cluster://`, SPEC 19.3).
 #[pyclass(frozen, weakref, name = "_QuotaEngine", module = "quotaengine._quotaengine", subclass)]
 pub struct PyQuotaEngine {
     handle: Handle,

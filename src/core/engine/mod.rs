@@ -391,6 +391,7 @@ impl Engine {
     pub fn open(spec: &StoreSpec, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
         let settings = settings.clamped();
         settings.validate()?;
+        spec.check()?;
         let store = spec.open(settings.readonly, settings.busy_timeout_ms)?;
         Self::with_store(store, clock, settings)
     }

@@ -6,6 +6,8 @@
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redis_topology;
 pub mod registry;
 pub mod schema;
 pub mod sqlite;
@@ -18,7 +20,7 @@ use crate::core::error::StoreError;
 pub mod redis {
     /// True when `path` names a Redis server rather than a file.
     pub fn is_redis_url(path: &str) -> bool {
-        ["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| path.starts_with(s))
+        ["redis://", "rediss://", "redis+", "rediss+", "unix://"].iter().any(|s| path.starts_with(s))
     }
 }
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
@@ -31,7 +33,8 @@ pub type StoreResult<T> = std::result::Result<T, StoreError>;
 pub enum StoreSpec {
     /// A SQLite file, or `":memory:"` for a private in-memory database.
     Sqlite(String),
-    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`.
+    /// A Redis server: `redis://[:password@]host:port/db[?prefix=name]`, `rediss://...`;
+    /// Sentinel (`redis+sentinel://`) or Cluster (`redis+cluster://`), SPEC 19.3.
     Redis(String),
 }
 
@@ -42,6 +45,22 @@ impl StoreSpec {
             StoreSpec::Redis(path.to_string())
         } else {
             StoreSpec::Sqlite(path.to_string())
+        }
+    }
+
+    /// A Redis URL that cannot be taken apart (no hosts, no service, an unknown
+    /// scheme variant, a cluster URL with a database number: SPEC 19.3) is bad input,
+    /// refused before anything is opened.
+    pub fn check(&self) -> std::result::Result<(), crate::core::error::Error> {
+        match self {
+            #[cfg(feature = "redis")]
+            StoreSpec::Redis(url) => {
+                redis_topology::parse(url).map(drop).map_err(crate::core::error::Error::Invalid)
+            }
+            // Refused at open: this build has no Redis backend.
+            #[cfg(not(feature = "redis"))]
+            StoreSpec::Redis(_) => Ok(()),
+            StoreSpec::Sqlite(_) => Ok(()),
         }
     }
 

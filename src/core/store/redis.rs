@@ -34,6 +34,7 @@
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
 //! long inside a section could let two decisions overlap.
+use super::redis_topology::{self as topology, Link, Topology};
 use super::{Changes, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult, UsageFilter, UsageRow, Write};
 use crate::core::error::StoreError;
 use codec::{parse_i64, parse_lease, parse_log, parse_quota, parse_usage};
@@ -96,8 +97,11 @@ enum Section {
 }
 
 pub struct RedisStore {
-    client: redis::Client,
-    con: Option<redis::Connection>,
+    /// The server, the sentinels or the cluster (SPEC 19.3; see `redis_topology`).
+    client: Topology,
+    con: Option<Link>,
+    /// The keys a script call declares (a cluster's: every key of the prefix).
+    script_keys: Vec<String>,
     next_connect: Option<Instant>,
     script: Arc<redis::Script>,
     prefix: String,
@@ -265,31 +269,34 @@ pub fn parse_address(url: &str) -> RedisAddress {
 /// True when `path` names a Redis server rather than a file.
 pub fn is_redis_url(path: &str) -> bool {
     ["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| path.starts_with(s))
+        || topology::is_variant(path)
 }
 
 impl RedisStore {
     /// Connects (failing at once when the server does not answer) and checks the
     /// prefix's data is this engine's.
     pub fn open(url: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
-        let RedisAddress { base, prefix, ca_file } = parse_address(url);
+        // A URL that does not parse was refused (ValueError) by `StoreSpec::check`.
+        let addr = topology::parse(url).map_err(StoreError::Incompatible)?;
+        let prefix = addr.prefix.clone();
         if prefix.is_empty() || prefix.contains(char::is_whitespace) {
             return Err(StoreError::Incompatible(format!("bad key prefix {prefix:?} in {url:?}")));
         }
-        let unusable = |e: &dyn std::fmt::Display| {
-            StoreError::Incompatible(format!("{url:?} is not a usable Redis URL: {e}"))
-        };
-        let client = match ca_file {
-            None => redis::Client::open(base.as_str()).map_err(|e| unusable(&e))?,
-            Some(f) => {
-                let pem = std::fs::read(&f).map_err(|e| unusable(&format!("ssl_ca_certs={f}: {e}")))?;
-                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
-                redis::Client::build_with_tls(base.as_str(), certs).map_err(|e| unusable(&e))?
-            }
-        };
+        // A cluster's keys carry the prefix as their hash tag (one slot).
+        let prefix = topology::key_prefix(addr.kind, &prefix);
+        if addr.kind == topology::Kind::Cluster && !topology::has_hash_tag(&prefix) {
+            return Err(StoreError::Incompatible(format!(
+                "key prefix {:?} in {url:?} cannot be a cluster hash tag (it starts with '}}')",
+                addr.prefix
+            )));
+        }
+        let client = Topology::new(&addr, url, &prefix)?;
         let owner = format!("{:016x}", crate::core::random::random_u64());
+        let script_keys = client.script_keys(&prefix, &owner, &LAYOUT.map(|(k, _)| k));
         let mut store = RedisStore {
             client,
             con: None,
+            script_keys,
             next_connect: None,
             script: Arc::new(redis::Script::new(SCRIPT)),
             prefix,
@@ -315,17 +322,17 @@ impl RedisStore {
         Ok(store)
     }
 
-    fn connection(&mut self) -> StoreResult<&mut redis::Connection> {
+    /// The connection to the data node; connecting asks the sentinels or the cluster
+    /// where it is (SPEC 19.3: at open and after a failed connection, never per call).
+    fn connection(&mut self) -> StoreResult<&mut Link> {
         if self.con.is_none() {
             if self.next_connect.is_some_and(|t| Instant::now() < t) {
                 return Err(unavailable("server did not answer (retrying shortly)"));
             }
             let timeout = Duration::from_millis(self.busy_timeout_ms.clamp(100, 5_000) as u64);
-            match self.client.get_connection_with_timeout(timeout) {
+            let io = Duration::from_millis(self.busy_timeout_ms.clamp(1_000, 30_000) as u64);
+            match self.client.connect(timeout, io) {
                 Ok(con) => {
-                    let io = Some(Duration::from_millis(self.busy_timeout_ms.clamp(1_000, 30_000) as u64));
-                    con.set_read_timeout(io).map_err(unavailable)?;
-                    con.set_write_timeout(io).map_err(unavailable)?;
                     self.con = Some(con);
                     self.next_connect = None;
                     // A new connection may reach a server that lost our state (a restart
@@ -358,13 +365,12 @@ impl RedisStore {
     /// One round trip on the connection; a failed connection is dropped so the next
     /// call reconnects. A transport failure after the request went out is
     /// [`StoreError::InDoubt`] (see [`store_error`]).
-    fn round_trip(
-        &mut self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<Value>,
-    ) -> StoreResult<Value> {
+    fn round_trip(&mut self, f: impl FnOnce(&mut Link) -> redis::RedisResult<Value>) -> StoreResult<Value> {
         let con = self.connection()?;
         f(con).map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+            // A node that is no longer the primary is left: the sentinels are asked again.
+            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || topology::must_reconnect(&e)
+            {
                 self.con = None;
             }
             store_error(&e, true)
@@ -415,8 +421,11 @@ impl RedisStore {
         writes: &[String],
     ) -> StoreResult<Value> {
         let script = Arc::clone(&self.script);
-        let mut inv = script.prepare_invoke();
-        inv.arg(&self.prefix)
+        let mut inv = redis::cmd("EVALSHA");
+        inv.arg(script.get_hash())
+            .arg(self.script_keys.len())
+            .arg(&self.script_keys)
+            .arg(&self.prefix)
             .arg(mode)
             .arg(&self.owner)
             .arg(LOCK_TTL_MS)
@@ -430,7 +439,30 @@ impl RedisStore {
         for w in extra.iter().chain(writes) {
             inv.arg(w);
         }
-        self.round_trip(|con| inv.invoke(con))
+        // With ?wait_replicas=, a call that writes is followed by WAIT in the same
+        // pipeline; a write too few replicas hold is in doubt: kept and sent again.
+        let writes = !id.is_empty();
+        let result = self.round_trip(|con| con.eval(&script, &inv, writes));
+        let unconfirmed = self.con.as_mut().and_then(Link::take_unconfirmed);
+        if let Some(short) = self.con.as_ref().map(Link::short) {
+            self.client.carry_short(short);
+            if short && self.client.kind() == topology::Kind::Sentinel {
+                // A primary without the replicas ?wait_replicas= asks for may have been
+                // failed over (a demoted primary takes writes until the sentinels
+                // reconfigure it): the sentinels are asked again, after a pause.
+                self.con = None;
+                self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
+            }
+        }
+        let reply = result?;
+        if let Some(msg) = unconfirmed {
+            // Only a call the script applied (status `ok`; not `busy`, not `conflict`).
+            let applied = matches!(&reply, Value::Array(p) if p.first().and_then(|s| text(s).ok()).as_deref() == Some("ok"));
+            if writes && applied {
+                return Err(StoreError::InDoubt(msg));
+            }
+        }
+        Ok(reply)
     }
 
     /// Calls the script, waiting (up to the busy timeout) while another engine holds

@@ -1,0 +1,876 @@
+//! Where the Redis backend's data lives (SPEC 19.3): one server (`redis://`), the
+//! primary that a set of sentinels names (`redis+sentinel://`), or the cluster node
+//! that owns the prefix's hash slot (`redis+cluster://`); `rediss+` for TLS.
+//!
+//! Whatever the topology, the store talks to ONE data node over one connection, so a
+//! call stays one round trip (a script, or a pipeline of the script and `WAIT`):
+//! * Sentinel: the sentinels are asked for the primary of the service at open and
+//!   whenever a connection to the primary fails (never per call); the node named is
+//!   checked with `ROLE` (a sentinel may still name a demoted primary). A node that
+//!   answers `READONLY` or `MASTERDOWN` is left, and the sentinels asked again.
+//! * Cluster: every key of a prefix is in one hash slot: the keys are named
+//!   `{prefix}:...` (the prefix is the hash tag; a prefix that already holds a hash
+//!   tag is kept as it is), where a single server or Sentinel keeps `prefix:...`, so
+//!   that data written before opens unchanged. The node owning that slot is found
+//!   with `CLUSTER SLOTS`; a `MOVED` reply moves the connection to the node it names
+//!   and sends again, an `ASK` reply sends once to the node it names after `ASKING`.
+//!   The script declares every key it touches, so that during a resharding the server
+//!   itself refuses (`TRYAGAIN`, an outage) a call whose keys are split between nodes.
+//! * `?wait_replicas=N`: a call that writes is followed, in the same pipeline, by
+//!   `WAIT N timeout`; a write fewer than N replicas acknowledged is reported in doubt
+//!   (the store keeps it and sends it again, applied once, SPEC 19.2). Until it is
+//!   confirmed the primary's replicas are counted with `ROLE` before a write is sent
+//!   again, so that a primary without replicas costs no `WAIT` timeout per call. On
+//!   Sentinel a primary whose replicas fell short counts as a failed connection: the
+//!   sentinels are asked again (after a pause), since a primary demoted by a failover
+//!   keeps taking writes until the sentinels reconfigure it.
+//!
+//! The crate's own `sentinel` and `cluster` clients are not used: the sync sentinel
+//! client connects to sentinels and candidate primaries without a timeout, and the
+//! sync cluster connection retries with backoff inside a call and routes `WAIT` to
+//! every primary rather than to the node that took the write.
+use crate::core::error::StoreError;
+use redis::{
+    ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, RedisConnectionInfo, RedisError, Value,
+};
+use std::time::{Duration, Instant};
+
+/// How long a store whose `WAIT` fell short leaves its primary alone before counting
+/// its replicas again.
+const WAIT_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// Redirections followed within one call before giving up (an outage).
+const MAX_REDIRECTS: usize = 5;
+const CLUSTER_SLOTS: u16 = 16384;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Single,
+    Sentinel,
+    Cluster,
+}
+
+/// `?wait_replicas=N&wait_timeout_ms=T`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    pub replicas: u32,
+    pub timeout_ms: u64,
+}
+
+/// A URL taken apart, before any I/O. Errors in it are the caller's (`ValueError`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    pub kind: Kind,
+    /// One server: the URL redis-rs opens (this engine's parameters taken out).
+    pub base: String,
+    /// Sentinels, or cluster seed nodes.
+    pub hosts: Vec<(String, u16)>,
+    pub tls: bool,
+    /// Sentinel: the monitored service's name.
+    pub service: String,
+    pub db: i64,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
+    pub resp3: bool,
+    /// `?prefix=` as given (see [`key_prefix`] for a cluster's key names).
+    pub prefix: String,
+    pub ca_file: Option<String>,
+    pub wait: Option<Wait>,
+}
+
+/// True for `redis+<anything>://` and `rediss+<anything>://`: a Redis URL, whose
+/// variant [`parse`] checks (an unknown one is a `ValueError`, not a file name).
+pub fn is_variant(path: &str) -> bool {
+    let Some((scheme, _)) = path.split_once("://") else { return false };
+    let variant = scheme.strip_prefix("redis+").or_else(|| scheme.strip_prefix("rediss+"));
+    variant.is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric()))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn host_port(h: &str, default_port: u16, url: &str) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(|| format!("bad host {h:?} in {url:?}"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("empty host name in {url:?}"));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => {
+            p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("bad port {p:?} in {url:?}"))?
+        }
+    };
+    Ok((host.to_string(), port))
+}
+
+/// Takes a Redis URL apart (SPEC 19.3). Errors name what is wrong with the URL.
+pub fn parse(url: &str) -> Result<Address, String> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url:?} is not a Redis URL"))?;
+    let (kind, tls) = match scheme {
+        "redis+sentinel" => (Kind::Sentinel, false),
+        "rediss+sentinel" => (Kind::Sentinel, true),
+        "redis+cluster" => (Kind::Cluster, false),
+        "rediss+cluster" => (Kind::Cluster, true),
+        "redis" | "redis+unix" | "unix" => (Kind::Single, false),
+        "rediss" => (Kind::Single, true),
+        other => {
+            return Err(format!(
+                "unknown Redis URL scheme {other:?} in {url:?}: redis://, rediss://, redis+unix://, \
+                 redis+sentinel://, rediss+sentinel://, redis+cluster:// or rediss+cluster://"
+            ))
+        }
+    };
+    let (head, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut addr = Address {
+        kind,
+        base: url.to_string(),
+        hosts: Vec::new(),
+        tls,
+        service: String::new(),
+        db: 0,
+        username: None,
+        password: None,
+        sentinel_username: None,
+        sentinel_password: None,
+        resp3: false,
+        prefix: "quotaengine".into(),
+        ca_file: None,
+        wait: None,
+    };
+    let (mut replicas, mut timeout_ms) = (None, 1000u64);
+    let mut rest_query = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "wait_replicas" => {
+                replicas = Some(v.parse::<u32>().map_err(|_| {
+                    format!("?wait_replicas= takes a number of replicas (0 or more), not {v:?}, in {url:?}")
+                })?)
+            }
+            "wait_timeout_ms" => {
+                timeout_ms =
+                    v.parse::<u64>().ok().filter(|t| (1..=3_600_000).contains(t)).ok_or_else(|| {
+                        format!(
+                            "?wait_timeout_ms= takes milliseconds from 1 to 3600000, not {v:?}, in {url:?}"
+                        )
+                    })?
+            }
+            "sentinel_password" | "sentinel_username" if kind != Kind::Sentinel => {
+                return Err(format!("?{k}= is for redis+sentinel:// URLs, not {url:?}"))
+            }
+            "sentinel_password" => addr.sentinel_password = Some(percent_decode(v)),
+            "sentinel_username" => addr.sentinel_username = Some(percent_decode(v)),
+            _ if kind == Kind::Single => rest_query.push(kv),
+            "prefix" => addr.prefix = v.to_string(),
+            "ssl_ca_certs" => addr.ca_file = Some(v.to_string()),
+            "protocol" => {
+                addr.resp3 = match v {
+                    "resp3" | "3" => true,
+                    "resp2" | "2" => false,
+                    _ => return Err(format!("?protocol= is resp2 or resp3, not {v:?}, in {url:?}")),
+                }
+            }
+            _ => return Err(format!("unknown parameter ?{k}= in {url:?}")),
+        }
+    }
+    addr.wait = replicas.filter(|n| *n > 0).map(|replicas| Wait { replicas, timeout_ms });
+    if kind == Kind::Single {
+        // The parameters redis-rs and `parse_address` know stay in the URL.
+        let base =
+            if rest_query.is_empty() { head.to_string() } else { format!("{head}?{}", rest_query.join("&")) };
+        let single = super::redis::parse_address(&format!("{scheme}://{base}"));
+        addr.base = single.base;
+        addr.prefix = single.prefix;
+        addr.ca_file = single.ca_file;
+        return Ok(addr);
+    }
+    let (userinfo, hostpath) = match head.rfind('@') {
+        Some(i) => (Some(&head[..i]), &head[i + 1..]),
+        None => (None, head),
+    };
+    if let Some(info) = userinfo {
+        let (user, password) = match info.split_once(':') {
+            Some((u, p)) => (u, Some(p)),
+            None => (info, None),
+        };
+        addr.username = Some(percent_decode(user)).filter(|u| !u.is_empty());
+        addr.password = password.map(percent_decode).filter(|p| !p.is_empty());
+    }
+    let (hosts, path) = hostpath.split_once('/').unwrap_or((hostpath, ""));
+    let default_port = if kind == Kind::Sentinel { 26379 } else { 6379 };
+    for h in hosts.split(',') {
+        if h.is_empty() {
+            continue;
+        }
+        addr.hosts.push(host_port(h, default_port, url)?);
+    }
+    if addr.hosts.is_empty() {
+        let what = if kind == Kind::Sentinel { "sentinel" } else { "cluster node" };
+        return Err(format!("no {what} host in {url:?}: {scheme}://host1:port[,host2:port...]"));
+    }
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    match kind {
+        Kind::Sentinel => {
+            addr.service = percent_decode(parts.next().ok_or_else(|| {
+                format!("no service name in {url:?}: {scheme}://host:port[,host:port...]/<service>[/<db>]")
+            })?);
+            if let Some(db) = parts.next() {
+                addr.db = db
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|d| *d >= 0)
+                    .ok_or_else(|| format!("bad database number {db:?} in {url:?}"))?;
+            }
+            if let Some(extra) = parts.next() {
+                return Err(format!("unexpected {extra:?} after the database number in {url:?}"));
+            }
+        }
+        _ => {
+            if let Some(p) = parts.next() {
+                return Err(format!(
+                    "a cluster has only database 0: no /{p} in {url:?} (the query may follow the hosts, \
+                     with or without a /)"
+                ));
+            }
+        }
+    }
+    Ok(addr)
+}
+
+/// Redis Cluster's CRC16 (XMODEM).
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// The hash tag of a key, as Redis Cluster reads it: between the first `{` and the
+/// first `}` after it, when not empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
+/// True when every key under `prefix` hashes by a tag within it.
+pub fn has_hash_tag(prefix: &str) -> bool {
+    hash_tag(prefix).is_some()
+}
+
+/// The slot a key hashes to.
+pub fn key_slot(key: &str) -> u16 {
+    crc16(hash_tag(key).unwrap_or(key).as_bytes()) % CLUSTER_SLOTS
+}
+
+/// The prefix of every key name: as given, or on a cluster with the prefix as its
+/// hash tag (`{prefix}`) unless it already holds one, so that every key of it hashes
+/// to one slot.
+pub fn key_prefix(kind: Kind, prefix: &str) -> String {
+    if kind == Kind::Cluster && hash_tag(prefix).is_none() {
+        format!("{{{prefix}}}")
+    } else {
+        prefix.to_string()
+    }
+}
+
+fn io_error(msg: String) -> RedisError {
+    RedisError::from(std::io::Error::other(msg))
+}
+
+/// A reply the store reconnects after: the node is no longer (or not yet) a primary.
+pub fn must_reconnect(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+/// How to reach a data node of a sentinel or cluster URL.
+#[derive(Clone)]
+struct NodeInfo {
+    tls: bool,
+    redis: RedisConnectionInfo,
+    ca: Option<Vec<u8>>,
+}
+
+impl NodeInfo {
+    fn client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        let addr = if self.tls {
+            ConnectionAddr::TcpTls { host: host.to_string(), port, insecure: false, tls_params: None }
+        } else {
+            ConnectionAddr::Tcp(host.to_string(), port)
+        };
+        let info = ConnectionInfo { addr, redis: self.redis.clone() };
+        match &self.ca {
+            None => redis::Client::open(info),
+            Some(pem) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) },
+            ),
+        }
+    }
+}
+
+/// Connect and I/O timeouts.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    connect: Duration,
+    io: Duration,
+}
+
+fn connect(client: &redis::Client, t: Timeouts) -> redis::RedisResult<redis::Connection> {
+    let con = client.get_connection_with_timeout(t.connect)?;
+    con.set_read_timeout(Some(t.io))?;
+    con.set_write_timeout(Some(t.io))?;
+    Ok(con)
+}
+
+enum Nodes {
+    Single(redis::Client),
+    Sentinel {
+        sentinels: Vec<(String, redis::Client)>,
+        service: String,
+        /// The sentinel that answered last, asked first next time.
+        first: usize,
+    },
+    Cluster {
+        seeds: Vec<(String, u16)>,
+        slot: u16,
+        /// The node that owned the slot when last asked, asked first next time.
+        last: Option<(String, u16)>,
+    },
+}
+
+/// The servers behind a URL, and how to connect to the data node.
+pub struct Topology {
+    nodes: Nodes,
+    node: Option<NodeInfo>,
+    wait: Option<Wait>,
+    /// The last write's replicas fell short: a new connection counts them (`ROLE`)
+    /// before it waits for them again.
+    short: bool,
+}
+
+impl Topology {
+    /// Builds the clients for `addr` (no I/O but reading `?ssl_ca_certs=`), keys named
+    /// from `key_prefix`. Errors are `StoreError::Incompatible` (a `DatabaseError`).
+    pub fn new(addr: &Address, url: &str, key_prefix: &str) -> Result<Topology, StoreError> {
+        let unusable = |e: &dyn std::fmt::Display| {
+            StoreError::Incompatible(format!("{url:?} is not a usable Redis URL: {e}"))
+        };
+        let ca = match &addr.ca_file {
+            None => None,
+            Some(f) => Some(std::fs::read(f).map_err(|e| unusable(&format!("ssl_ca_certs={f}: {e}")))?),
+        };
+        let protocol = if addr.resp3 { redis::ProtocolVersion::RESP3 } else { redis::ProtocolVersion::RESP2 };
+        let node = NodeInfo {
+            tls: addr.tls,
+            redis: RedisConnectionInfo {
+                db: addr.db,
+                username: addr.username.clone(),
+                password: addr.password.clone(),
+                protocol,
+            },
+            ca,
+        };
+        let nodes = match addr.kind {
+            Kind::Single => {
+                let client = match &node.ca {
+                    None => redis::Client::open(addr.base.as_str()),
+                    Some(pem) => redis::Client::build_with_tls(
+                        addr.base.as_str(),
+                        redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) },
+                    ),
+                };
+                let client = client.map_err(|e| unusable(&e))?;
+                return Ok(Topology {
+                    nodes: Nodes::Single(client),
+                    node: None,
+                    wait: addr.wait,
+                    short: false,
+                });
+            }
+            Kind::Sentinel => {
+                let sentinel = NodeInfo {
+                    redis: RedisConnectionInfo {
+                        db: 0,
+                        username: addr.sentinel_username.clone(),
+                        password: addr.sentinel_password.clone(),
+                        protocol,
+                    },
+                    ..node.clone()
+                };
+                let sentinels = addr
+                    .hosts
+                    .iter()
+                    .map(|(h, p)| Ok((format!("{h}:{p}"), sentinel.client(h, *p)?)))
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(|e| unusable(&e))?;
+                Nodes::Sentinel { sentinels, service: addr.service.clone(), first: 0 }
+            }
+            Kind::Cluster => Nodes::Cluster {
+                seeds: addr.hosts.clone(),
+                slot: key_slot(&format!("{key_prefix}:log")),
+                last: None,
+            },
+        };
+        Ok(Topology { nodes, node: Some(node), wait: addr.wait, short: false })
+    }
+
+    /// Remembers whether the last write's replicas fell short, for the next connection.
+    pub fn carry_short(&mut self, short: bool) {
+        self.short = short;
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self.nodes {
+            Nodes::Single(_) => Kind::Single,
+            Nodes::Sentinel { .. } => Kind::Sentinel,
+            Nodes::Cluster { .. } => Kind::Cluster,
+        }
+    }
+
+    /// The keys a script call declares: on a cluster every key the script may touch
+    /// (so that the server routes and checks them); elsewhere none (the script names
+    /// its keys from the prefix, as before).
+    pub fn script_keys(&self, prefix: &str, owner: &str, layout: &[&str]) -> Vec<String> {
+        if self.kind() != Kind::Cluster {
+            return Vec::new();
+        }
+        let mut keys: Vec<String> =
+            layout.iter().filter(|k| **k != "applied").map(|k| format!("{prefix}:{k}")).collect();
+        if !layout.contains(&"late") {
+            keys.push(format!("{prefix}:late"));
+        }
+        keys.push(format!("{prefix}:applied:{owner}"));
+        keys
+    }
+
+    /// Connects to the data node: the server, the primary the sentinels name, or the
+    /// node owning the prefix's slot.
+    pub fn connect(&mut self, connect_timeout: Duration, io_timeout: Duration) -> redis::RedisResult<Link> {
+        let t = Timeouts { connect: connect_timeout, io: io_timeout };
+        let (wait, short) = (self.wait, self.short);
+        let link =
+            |con, node| Link { con, node, timeouts: t, wait, short, next_try: None, unconfirmed: None };
+        match &mut self.nodes {
+            Nodes::Single(client) => Ok(link(connect(client, t)?, None)),
+            Nodes::Sentinel { sentinels, service, first } => {
+                let node = self.node.as_ref().ok_or_else(|| io_error("no node information".into()))?;
+                let (i, con) = find_primary(sentinels, *first, service, node, t)?;
+                *first = i;
+                Ok(link(con, None))
+            }
+            Nodes::Cluster { seeds, slot, last } => {
+                let node = self.node.as_ref().ok_or_else(|| io_error("no node information".into()))?;
+                let (owner, con) = find_slot_owner(seeds, last.as_ref(), *slot, node, t)?;
+                *last = Some(owner);
+                Ok(link(con, Some(node.clone())))
+            }
+        }
+    }
+}
+
+/// Asks the sentinels in turn (from `first`) for the primary of `service`, and
+/// connects to the first one named that says it is a primary. Returns the index of
+/// the sentinel that named it.
+fn find_primary(
+    sentinels: &[(String, redis::Client)],
+    first: usize,
+    service: &str,
+    node: &NodeInfo,
+    t: Timeouts,
+) -> redis::RedisResult<(usize, redis::Connection)> {
+    let mut problems = Vec::new();
+    let mut unknown = 0;
+    for k in 0..sentinels.len() {
+        let i = (first + k) % sentinels.len();
+        let (name, client) = &sentinels[i];
+        let asked = connect(client, t).and_then(|mut s| {
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(service)
+                .query::<Option<(String, u16)>>(&mut s)
+        });
+        let (host, port) = match asked {
+            Ok(Some(hp)) => hp,
+            Ok(None) => {
+                unknown += 1;
+                problems.push(format!("sentinel {name} knows no service {service:?}"));
+                continue;
+            }
+            Err(e) => {
+                problems.push(format!("sentinel {name}: {e}"));
+                continue;
+            }
+        };
+        let checked = node.client(&host, port).and_then(|c| connect(&c, t)).and_then(|mut con| {
+            match redis::cmd("ROLE").query::<redis::Role>(&mut con)? {
+                redis::Role::Primary { .. } => Ok(con),
+                other => Err(io_error(format!("{host}:{port} is not a primary ({other:?})"))),
+            }
+        });
+        match checked {
+            Ok(con) => return Ok((i, con)),
+            Err(e) => problems.push(format!("sentinel {name} names {host}:{port} for {service:?}: {e}")),
+        }
+    }
+    let msg = if unknown == sentinels.len() {
+        format!("no sentinel knows a service named {service:?} ({})", problems.join("; "))
+    } else {
+        format!("no primary for service {service:?}: {}", problems.join("; "))
+    };
+    Err(io_error(msg))
+}
+
+/// The node serving `slot` (from `CLUSTER SLOTS`, asked of the last owner, then of
+/// each seed), connected.
+fn find_slot_owner(
+    seeds: &[(String, u16)],
+    last: Option<&(String, u16)>,
+    slot: u16,
+    node: &NodeInfo,
+    t: Timeouts,
+) -> redis::RedisResult<((String, u16), redis::Connection)> {
+    let mut problems = Vec::new();
+    for (host, port) in last.into_iter().chain(seeds) {
+        let asked = node.client(host, *port).and_then(|c| connect(&c, t)).and_then(|mut con| {
+            let slots = redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut con)?;
+            let owner = slot_owner(&slots, slot, host)
+                .ok_or_else(|| io_error(format!("node {host}:{port} knows no owner of slot {slot}")))?;
+            Ok((owner, con))
+        });
+        match asked {
+            Ok((owner, con)) if owner == (host.clone(), *port) => return Ok((owner, con)),
+            Ok((owner, _)) => {
+                let con = node.client(&owner.0, owner.1).and_then(|c| connect(&c, t));
+                match con {
+                    Ok(con) => return Ok((owner, con)),
+                    Err(e) => problems.push(format!("slot {slot} owner {}:{}: {e}", owner.0, owner.1)),
+                }
+            }
+            Err(e) => problems.push(format!("cluster node {host}:{port}: {e}")),
+        }
+    }
+    Err(io_error(format!("no cluster node answered for slot {slot}: {}", problems.join("; "))))
+}
+
+fn value_text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn value_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        _ => value_text(v)?.parse().ok(),
+    }
+}
+
+/// The primary of `slot` in a `CLUSTER SLOTS` reply (an empty host is the node asked).
+fn slot_owner(reply: &Value, slot: u16, asked: &str) -> Option<(String, u16)> {
+    let Value::Array(ranges) = reply else { return None };
+    for r in ranges {
+        let Value::Array(r) = r else { continue };
+        let (Some(start), Some(end)) = (r.first().and_then(value_int), r.get(1).and_then(value_int)) else {
+            continue;
+        };
+        if !(start..=end).contains(&i64::from(slot)) {
+            continue;
+        }
+        let Some(Value::Array(primary)) = r.get(2) else { return None };
+        let host = primary.first().and_then(value_text)?;
+        let port = u16::try_from(primary.get(1).and_then(value_int)?).ok()?;
+        let host = if host.is_empty() || host == "?" { asked.to_string() } else { host };
+        return Some((host, port));
+    }
+    None
+}
+
+enum Redirect {
+    Moved(String),
+    Ask(String),
+}
+
+fn redirect_of(values: &[Value]) -> Option<Redirect> {
+    values.iter().find_map(|v| match v {
+        Value::ServerError(e) => {
+            let e = RedisError::from(e.clone());
+            let (addr, _) = e.redirect_node()?;
+            match e.kind() {
+                ErrorKind::Moved => Some(Redirect::Moved(addr.to_string())),
+                ErrorKind::Ask => Some(Redirect::Ask(addr.to_string())),
+                _ => None,
+            }
+        }
+        _ => None,
+    })
+}
+
+/// The connection to the data node. On a cluster it follows `MOVED` and `ASK`; with
+/// `?wait_replicas=` its script calls that write wait for the replicas.
+pub struct Link {
+    con: redis::Connection,
+    /// Cluster: how to reach the node a redirection names.
+    node: Option<NodeInfo>,
+    timeouts: Timeouts,
+    wait: Option<Wait>,
+    /// The last `WAIT` fell short: the replicas are counted before the next.
+    short: bool,
+    next_try: Option<Instant>,
+    /// What the last write's `WAIT` said when it fell short (taken by the store).
+    unconfirmed: Option<String>,
+}
+
+impl Link {
+    fn node_at(&self, addr: &str) -> redis::RedisResult<redis::Connection> {
+        let node =
+            self.node.as_ref().ok_or_else(|| io_error(format!("redirected to {addr} outside a cluster")))?;
+        let (host, port) = host_port(addr, 6379, addr).map_err(io_error)?;
+        connect(&node.client(&host, port)?, self.timeouts)
+    }
+
+    /// Sends `cmd` (packed, `count` replies after `offset`) following redirections. A
+    /// `TRYAGAIN` (a multi-key call in a slot whose keys are being moved) is sent again
+    /// for up to the connect timeout, then returned (an outage).
+    fn send(&mut self, cmd: &[u8], offset: usize, count: usize) -> redis::RedisResult<Vec<Value>> {
+        let deadline = Instant::now() + self.timeouts.connect;
+        let mut pause = Duration::from_millis(5);
+        let mut hops = 0;
+        loop {
+            let mut replies = if count == 1 && offset == 0 {
+                vec![self.con.req_packed_command(cmd)?]
+            } else {
+                self.con.req_packed_commands(cmd, offset, count)?
+            };
+            if self.node.is_none() {
+                return Ok(replies);
+            }
+            match redirect_of(&replies) {
+                // The slot has a new owner: from now on this connection is to it.
+                Some(Redirect::Moved(addr)) if hops < MAX_REDIRECTS => {
+                    hops += 1;
+                    self.con = self.node_at(&addr)?;
+                    continue;
+                }
+                // Being moved: this call only goes to the node importing it.
+                Some(Redirect::Ask(addr)) if hops < MAX_REDIRECTS => {
+                    let mut asking = redis::cmd("ASKING").get_packed_command();
+                    asking.extend_from_slice(cmd);
+                    replies = self.node_at(&addr)?.req_packed_commands(&asking, offset + 1, count)?;
+                }
+                _ => {}
+            }
+            let again = replies.iter().any(|v| {
+                matches!(v, Value::ServerError(e) if RedisError::from(e.clone()).kind() == ErrorKind::TryAgain)
+            });
+            if !again || Instant::now() + pause >= deadline {
+                return Ok(replies);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+            hops = 0;
+        }
+    }
+
+    /// One round trip: the script (`EVALSHA`, loaded on `NOSCRIPT`), followed in the
+    /// same pipeline by `WAIT` for a call that writes when `?wait_replicas=` asks.
+    pub fn eval(
+        &mut self,
+        script: &redis::Script,
+        eval: &redis::Cmd,
+        writes: bool,
+    ) -> redis::RedisResult<Value> {
+        let Some(w) = self.wait.filter(|_| writes) else {
+            return match eval.query::<Value>(self) {
+                Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                    script.load(self)?;
+                    eval.query(self)
+                }
+                r => r,
+            };
+        };
+        if self.short {
+            // No write is sent to wait for replicas that are not there.
+            let now = Instant::now();
+            if self.next_try.is_some_and(|t| now < t) {
+                return Err(RedisError::from((ErrorKind::TryAgain, "waiting for the primary's replicas")));
+            }
+            self.next_try = Some(now + WAIT_RETRY_PAUSE);
+            let online = match redis::cmd("ROLE").query::<redis::Role>(self)? {
+                redis::Role::Primary { replicas, .. } => replicas.len(),
+                _ => {
+                    return Err(RedisError::from((ErrorKind::ReadOnly, "the node is no longer the primary")))
+                }
+            };
+            if online < w.replicas as usize {
+                return Err(RedisError::from((
+                    ErrorKind::TryAgain,
+                    "the primary has too few replicas",
+                    format!("{online} connected, ?wait_replicas={}", w.replicas),
+                )));
+            }
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval.clone()).cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+        let replies: Vec<Value> = match pipe.query(self) {
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                script.load(self)?;
+                pipe.query(self)?
+            }
+            r => r?,
+        };
+        let mut it = replies.into_iter();
+        let (Some(value), Some(acked)) = (it.next(), it.next()) else {
+            return Err(io_error("short reply to a script and WAIT".into()));
+        };
+        let acked = value_int(&acked).unwrap_or(0);
+        if acked < i64::from(w.replicas) {
+            self.short = true;
+            self.next_try = Some(Instant::now() + WAIT_RETRY_PAUSE.max(Duration::from_millis(w.timeout_ms)));
+            self.unconfirmed = Some(format!(
+                "redis: WAIT: {acked} of {} replicas acknowledged the write within {} ms",
+                w.replicas, w.timeout_ms
+            ));
+        } else {
+            self.short = false;
+        }
+        Ok(value)
+    }
+
+    /// True while the replicas of the last write fell short (`WAIT` or `ROLE`).
+    pub fn short(&self) -> bool {
+        self.short && self.wait.is_some()
+    }
+
+    /// Takes what the last write's `WAIT` said when it fell short.
+    pub fn take_unconfirmed(&mut self) -> Option<String> {
+        self.unconfirmed.take()
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<Value> {
+        Ok(self.send(cmd, 0, 1)?.pop().unwrap_or(Value::Nil))
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<Value>> {
+        self.send(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.con.get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.con.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.con.is_open()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        // Values from `CLUSTER KEYSLOT`.
+        assert_eq!(key_slot("foo"), 12182);
+        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+        assert_eq!(key_slot("foo{}{bar}"), crc16(b"foo{}{bar}") % CLUSTER_SLOTS);
+        assert_eq!(key_prefix(Kind::Cluster, "fleet"), "{fleet}");
+        assert_eq!(key_prefix(Kind::Cluster, "a{b}c"), "a{b}c");
+        assert_eq!(key_prefix(Kind::Cluster, "a{}"), "{a{}}");
+        assert_eq!(key_prefix(Kind::Sentinel, "fleet"), "fleet");
+        assert!(!has_hash_tag(&key_prefix(Kind::Cluster, "}{")), "refused at open");
+        for p in ["fleet", "a{b}c", "a{}", "x}y", "{", "x}{"] {
+            let k = key_prefix(Kind::Cluster, p);
+            let slots: Vec<u16> =
+                ["log", "lock", "applied:0123"].iter().map(|s| key_slot(&format!("{k}:{s}"))).collect();
+            assert!(slots.iter().all(|s| *s == slots[0]), "{p}: {slots:?}");
+        }
+    }
+
+    #[test]
+    fn urls_come_apart() {
+        let a = parse("redis+sentinel://u:p%40ss@h1:26379,h2,[::1]:26380/mymaster/2?prefix=f&wait_replicas=1&sentinel_password=sp")
+            .expect("parses");
+        assert_eq!(a.kind, Kind::Sentinel);
+        assert_eq!(a.hosts, [("h1".into(), 26379), ("h2".into(), 26379), ("::1".into(), 26380)]);
+        assert_eq!((a.service.as_str(), a.db, a.prefix.as_str()), ("mymaster", 2, "f"));
+        assert_eq!((a.username.as_deref(), a.password.as_deref()), (Some("u"), Some("p@ss")));
+        assert_eq!(a.sentinel_password.as_deref(), Some("sp"));
+        assert_eq!(a.wait, Some(Wait { replicas: 1, timeout_ms: 1000 }));
+        for url in ["redis+cluster://h1:7000,h2:7001?prefix=x", "redis+cluster://h1:7000,h2:7001/?prefix=x"] {
+            let c = parse(url).expect("parses");
+            assert_eq!((c.kind, c.hosts.len(), c.prefix.as_str(), c.tls), (Kind::Cluster, 2, "x", false));
+        }
+        assert!(parse("rediss+cluster://h:1").expect("parses").tls);
+        let s = parse("redis://h:1/0?prefix=p&wait_replicas=2&wait_timeout_ms=50&protocol=resp3")
+            .expect("parses");
+        assert_eq!((s.base.as_str(), s.prefix.as_str()), ("redis://h:1/0?protocol=resp3", "p"));
+        assert_eq!(s.wait, Some(Wait { replicas: 2, timeout_ms: 50 }));
+        for (bad, says) in [
+            ("redis+sentinel:///mymaster", "no sentinel host"),
+            ("redis+sentinel://h:26379", "no service name"),
+            ("redis+sentinel://h:26379/", "no service name"),
+            ("redis+cluster://?prefix=a", "no cluster node host"),
+            ("redis+cluster://h:7000/0", "only database 0"),
+            ("redis+clustr://h:7000", "unknown Redis URL scheme"),
+            ("redis+sentinel://h:x/s", "bad port"),
+            ("redis+sentinel://h/s/x", "bad database"),
+            ("redis://h/0?wait_replicas=-1", "wait_replicas"),
+            ("redis://h/0?wait_timeout_ms=0", "wait_timeout_ms"),
+            ("redis://h/0?sentinel_password=x", "sentinel"),
+            ("redis+cluster://h:1?bogus=1", "unknown parameter"),
+        ] {
+            let err = parse(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        assert!(
+            is_variant("redis+sentinel://x") && is_variant("rediss+foo://x") && !is_variant("redis+://x")
+        );
+        assert!(!is_variant("/tmp/redis+x://y"));
+    }
+}

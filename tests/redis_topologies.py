@@ -1,0 +1,330 @@
+"""Real Redis topologies for the tests (SPEC 19.3, 19.4): a primary with replicas under three
+sentinels, and a three-primary cluster, each of real ``redis-server`` processes on loopback
+ports in a directory of their own. Administration goes through ``redis-cli`` (installed with
+``redis-server``)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import RedisServer, free_port
+
+SERVICE = "qe"
+
+
+def cli(port: int, *args: str, password: str | None = None, ca: Path | None = None) -> str:
+    """One command through ``redis-cli`` (over TLS trusting ``ca`` when given); its printed
+    reply, stripped."""
+    exe = shutil.which("redis-cli")
+    if exe is None:
+        pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
+    auth = ["-a", password, "--no-auth-warning"] if password else []
+    tls = ["--tls", "--cacert", str(ca)] if ca else []
+    r = subprocess.run([exe, "-p", str(port), *tls, *auth, *args], capture_output=True, text=True, timeout=60)
+    return r.stdout.strip()
+
+
+def tls_files(d: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a certificate for 127.0.0.1 signed by it, good for a server and for
+    a client (cluster nodes present it to each other): (CA file, cert file, key file)."""
+    d.mkdir(parents=True, exist_ok=True)
+
+    def openssl(args: str) -> None:
+        subprocess.run(["openssl", *args.split()], cwd=d, check=True, capture_output=True)
+
+    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=qe-test-ca -keyout ca.key -out ca.pem")
+    openssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout node.key -out node.csr")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    openssl("x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out node.pem")
+    return d / "ca.pem", d / "node.pem", d / "node.key"
+
+
+def info(port: int, section: str) -> dict[str, str]:
+    out = {}
+    for line in cli(port, "INFO", section).splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            out[k] = v.strip()
+    return out
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def calls(port: int, *names: str) -> int:
+    """How many of the named commands (``INFO commandstats`` names: ``evalsha``,
+    ``sentinel|get-master-addr-by-name``...) a server has answered."""
+    n = 0
+    for line in cli(port, "INFO", "commandstats").splitlines():
+        name, _, rest = line.partition(":")
+        if name.removeprefix("cmdstat_") in names:
+            n += int(rest.split("calls=")[1].split(",")[0])
+    return n
+
+
+class Sentinel:
+    """One ``redis-server --sentinel`` monitoring ``SERVICE``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        primary_port: int,
+        down_after_ms: int,
+        auth_pass: str | None = None,
+        requirepass: str | None = None,
+    ) -> None:
+        """``auth_pass``: the data nodes' password; ``requirepass``: this sentinel's own."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.port = free_port()
+        self.password = requirepass
+        (workdir / "sentinel.conf").write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndaemonize no\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n"
+            f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
+            f"sentinel failover-timeout {SERVICE} 4000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+            + (f"sentinel auth-pass {SERVICE} {auth_pass}\n" if auth_pass else "")
+            + (f"requirepass {requirepass}\n" if requirepass else "")
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        assert exe is not None
+        self.proc = subprocess.Popen(
+            [exe, str(self.workdir / "sentinel.conf"), "--sentinel"],
+            cwd=self.workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: cli(self.port, "PING", password=self.password) == "PONG", 10, f"sentinel on {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+class SentinelSet:
+    """A primary, ``replicas`` replicas and three sentinels (quorum 2)."""
+
+    def __init__(self, workdir: Path, replicas: int = 1, down_after_ms: int = 1000) -> None:
+        self.workdir = workdir
+        # Every data node reads a config file of its own, which the sentinels rewrite.
+        keep = ("--appendonly", "no")
+        self.servers = [RedisServer(workdir / "n0", extra=keep)]
+        primary = self.servers[0].port
+        for i in range(replicas):
+            self.servers.append(RedisServer(workdir / f"n{i + 1}", extra=("--replicaof", "127.0.0.1", str(primary))))
+        self.sentinels: list[Sentinel] = []
+        try:
+            self.sentinels = [Sentinel(workdir / f"s{i}", primary, down_after_ms) for i in range(3)]
+            self.wait_settled()
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_settled(self, timeout: float = 30) -> None:
+        """Until every sentinel agrees on the primary, knows the other two sentinels and
+        every live replica, and those replicas are in sync."""
+        live = [s for s in self.servers if s.proc is not None]
+
+        def settled() -> bool:
+            primary = self.primary_port()
+            if primary is None:
+                return False
+            for s in self.sentinels:
+                if cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE).split() != ["127.0.0.1", str(primary)]:
+                    return False
+                master = cli(s.port, "SENTINEL", "master", SERVICE).split("\n")
+                fields = dict(zip(master[::2], master[1::2], strict=False))
+                if fields.get("num-other-sentinels") != "2" or fields.get("num-slaves") != str(len(live) - 1):
+                    return False
+                if "master" not in fields.get("flags", "") or "down" in fields.get("flags", ""):
+                    return False
+            for r in live:
+                if r.port != primary:
+                    rep = info(r.port, "replication")
+                    if rep.get("role") != "slave" or rep.get("master_link_status") != "up":
+                        return False
+                    if rep.get("master_port") != str(primary):
+                        return False
+            return info(primary, "replication").get("connected_slaves") == str(len(live) - 1)
+
+        wait_until(settled, timeout, "the sentinels and replicas to settle")
+
+    def wait_replicated(self, timeout: float = 20) -> None:
+        """Until every live replica has everything the primary holds (replication offsets)."""
+        primary = self.primary()
+        offset = int(info(primary.port, "replication")["master_repl_offset"])
+        replicas = [s for s in self.servers if s.proc is not None and s is not primary]
+
+        def caught_up() -> bool:
+            return all(int(info(r.port, "replication").get("slave_repl_offset", "-1")) >= offset for r in replicas)
+
+        wait_until(caught_up, timeout, "the replicas to catch up")
+
+    def url(self, prefix: str | None = None, query: str = "") -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        prefix = prefix or f"t{uuid.uuid4().hex[:12]}"
+        return f"redis+sentinel://{hosts}/{SERVICE}?prefix={prefix}{'&' + query if query else ''}"
+
+    def primary_port(self) -> int | None:
+        """The primary's port as the first sentinel that answers names it."""
+        for s in self.sentinels:
+            if s.proc is None:
+                continue
+            out = cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE).split()
+            if len(out) == 2:
+                return int(out[1])
+        return None
+
+    def server(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def primary(self) -> RedisServer:
+        port = self.primary_port()
+        assert port is not None
+        return self.server(port)
+
+    def wait_new_primary(self, old: int, timeout: float = 30) -> int:
+        """Until the sentinels name a primary other than `old` and it says it is one."""
+
+        def moved() -> bool:
+            port = self.primary_port()
+            return port is not None and port != old and info(port, "replication").get("role") == "master"
+
+        wait_until(moved, timeout, "a failover")
+        port = self.primary_port()
+        assert port is not None
+        return port
+
+    def failover(self) -> int:
+        """``SENTINEL FAILOVER``: a replica promoted, the old primary demoted. Returns the new
+        primary's port."""
+        old = self.primary_port()
+        assert old is not None
+        assert cli(self.sentinels[0].port, "SENTINEL", "FAILOVER", SERVICE) == "OK"
+        return self.wait_new_primary(old)
+
+    def close(self) -> None:
+        for s in self.sentinels:
+            s.kill()
+        for r in self.servers:
+            r.kill()
+
+
+class Cluster:
+    """``n`` primaries (no replicas) with every slot assigned (``redis-cli --cluster create``)."""
+
+    def __init__(self, workdir: Path, n: int = 3, tls: tuple[Path, Path, Path] | None = None) -> None:
+        """``tls``: (CA, certificate, key): the nodes speak only TLS, to clients and each other."""
+        self.ca = tls[0] if tls else None
+        self.nodes = [
+            RedisServer(
+                workdir / f"c{i}",
+                tls=tls,
+                extra=(
+                    *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                    *("--cluster-node-timeout", "3000", "--cluster-port", str(free_port())),
+                    *(("--tls-cluster", "yes") if tls else ()),
+                ),
+            )
+            for i in range(n)
+        ]
+        exe = shutil.which("redis-cli")
+        if exe is None:
+            pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
+        hosts = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        tls_args = ["--tls", "--cacert", str(self.ca)] if self.ca else []
+        try:
+            subprocess.run(
+                [exe, *tls_args, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            wait_until(self.ok, 30, "the cluster to form")
+        except BaseException:
+            self.close()
+            raise
+
+    def ok(self) -> bool:
+        for node in self.nodes:
+            i = info_lines(cli(node.port, "CLUSTER", "INFO", ca=self.ca))
+            if i.get("cluster_state") != "ok" or i.get("cluster_known_nodes") != str(len(self.nodes)):
+                return False
+            if i.get("cluster_slots_ok") != "16384":
+                return False
+        return True
+
+    def url(self, prefix: str | None = None, query: str = "") -> str:
+        hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        prefix = prefix or f"t{uuid.uuid4().hex[:12]}"
+        scheme, ca = ("rediss", f"&ssl_ca_certs={self.ca}") if self.ca else ("redis", "")
+        return f"{scheme}+cluster://{hosts}/?prefix={prefix}{ca}{'&' + query if query else ''}"
+
+    def slot(self, key: str) -> int:
+        return int(cli(self.nodes[0].port, "CLUSTER", "KEYSLOT", key))
+
+    def node_id(self, port: int) -> str:
+        return cli(port, "CLUSTER", "MYID")
+
+    def owner(self, slot: int) -> int:
+        """The port of the node serving `slot`."""
+        for line in cli(self.nodes[0].port, "CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+            for r in fields[8:]:
+                if r.startswith("["):
+                    continue
+                lo, _, hi = r.partition("-")
+                if int(lo) <= slot <= int(hi or lo):
+                    return port
+        raise AssertionError(f"no owner for slot {slot}")
+
+    def keys_in(self, port: int, slot: int) -> list[str]:
+        out = cli(port, "CLUSTER", "GETKEYSINSLOT", str(slot), "100000")
+        return [k for k in out.splitlines() if k]
+
+    def begin_migration(self, slot: int, src: int, dst: int) -> None:
+        """Slot `slot` marked importing on `dst` and migrating on `src`, its keys moved (so the
+        source answers ASK), the slot not yet handed over."""
+        assert cli(dst, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", self.node_id(src)) == "OK"
+        assert cli(src, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", self.node_id(dst)) == "OK"
+        keys = self.keys_in(src, slot)
+        if keys:
+            out = cli(src, "MIGRATE", "127.0.0.1", str(dst), "", "0", "5000", "KEYS", *keys)
+            assert out == "OK", out
+
+    def end_migration(self, slot: int, dst: int) -> None:
+        """The slot handed over to `dst` on every node (the source then answers MOVED)."""
+        for node in self.nodes:
+            assert cli(node.port, "CLUSTER", "SETSLOT", str(slot), "NODE", self.node_id(dst)) == "OK"
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
+def info_lines(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            out[k] = v.strip()
+    return out

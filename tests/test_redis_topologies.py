@@ -1,0 +1,439 @@
+"""SPEC 19.3 and 19.4 on real ``redis-server`` processes: Sentinel (a primary, replicas and three
+sentinels) and Cluster (three primaries) URLs, failovers (``SENTINEL FAILOVER`` and the primary
+SIGKILLed) followed without a restart, the prefix in one hash slot, MOVED and ASK during a
+resharding, and ``?wait_replicas=``. The shared contract also runs on both topologies through
+the ``store`` fixture (conftest)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import quotaengine as q
+from conftest import BACKENDS, TEN_AM, RedisServer, free_port
+from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, tls_files, wait_until
+
+P, M, K = "groq", "llama", 1
+
+pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A sentinel set of this test's own, which it may fail over."""
+    topology = SentinelSet(tmp_path / "sentinel")
+    yield topology
+    topology.close()
+
+
+def stored(url: str) -> tuple[int, int, int]:
+    """(requests, tokens, live leases) as a fresh engine reads them."""
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
+        u = e.usage(P, M, K)
+        return u["rpd"]["used"], u["tpd"]["used"], u["in_flight"]
+
+
+def until_recovered(e: q.QuotaEngine, timeout: float = 30) -> None:
+    """Writes that count nothing until the engine is no longer degraded (reconnects are paced)."""
+    deadline = time.monotonic() + timeout
+    while e.degraded and time.monotonic() < deadline:
+        time.sleep(0.1)
+        e.set_platform_calendar(P, None)
+    assert not e.degraded
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel:///qe", "no sentinel host"),
+        ("redis+sentinel://127.0.0.1:26379", "no service name"),
+        ("redis+sentinel://127.0.0.1:26379/?prefix=a", "no service name"),
+        ("redis+cluster://?prefix=a", "no cluster node host"),
+        ("redis+cluster://127.0.0.1:7000/0", "only database 0"),
+        ("redis+cluster://127.0.0.1:7000/3?prefix=a", "only database 0"),
+        ("redis+clusters://127.0.0.1:7000", "unknown Redis URL scheme"),
+        ("rediss+sentinal://127.0.0.1:26379/qe", "unknown Redis URL scheme"),
+        ("redis+sentinel://127.0.0.1:99999/qe", "bad port"),
+        ("redis://127.0.0.1:6379/0?wait_replicas=many", "wait_replicas"),
+        ("redis://127.0.0.1:6379/0?sentinel_password=x", r"for redis\+sentinel://"),
+    ],
+)
+def test_bad_urls_are_value_errors_naming_what_is_wrong(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        q.QuotaEngine(url, env={})
+
+
+def test_a_service_no_sentinel_knows_is_a_database_error(redis_sentinel: SentinelSet) -> None:
+    url = redis_sentinel.url().replace("/qe?", "/nosuch?")
+    with pytest.raises(q.DatabaseError, match='no sentinel knows a service named "nosuch"'):
+        q.QuotaEngine(url, env={})
+
+
+def test_sentinels_all_down_at_open_is_a_database_error() -> None:
+    ports = [free_port() for _ in range(3)]
+    url = f"redis+sentinel://{','.join(f'127.0.0.1:{p}' for p in ports)}/qe"
+    with pytest.raises(q.DatabaseError, match=f"sentinel 127.0.0.1:{ports[2]}"):
+        q.QuotaEngine(url, env={})
+
+
+def test_sentinel_one_round_trip_per_call_and_sentinels_asked_only_at_open(redis_sentinel: SentinelSet) -> None:
+    primary = redis_sentinel.primary_port()
+    assert primary is not None
+    asked = "sentinel|get-master-addr-by-name"
+    with q.QuotaEngine(redis_sentinel.url(), clock=q.ManualClock(TEN_AM), env={}) as e:
+        e.set_model_limits(P, M, rpm=1000)
+        e.check(P, M, K)
+        before = calls(primary, "evalsha", "eval")
+        questions = sum(calls(s.port, asked) for s in redis_sentinel.sentinels)
+        for _ in range(50):
+            e.lease(P, M, K, 10).success(tokens=12)
+        assert calls(primary, "evalsha", "eval") - before == 50 * 2
+        assert sum(calls(s.port, asked) for s in redis_sentinel.sentinels) == questions
+        assert e.usage(P, M, K)["rpm"]["used"] == 50
+
+
+def test_wait_replicas_rides_in_the_same_round_trip(redis_sentinel: SentinelSet) -> None:
+    """With ?wait_replicas=1 every write is followed by WAIT: the script calls stay one per
+    lease and one per success, each with its WAIT, and nothing is degraded."""
+    primary = redis_sentinel.primary_port()
+    assert primary is not None
+    with q.QuotaEngine(redis_sentinel.url(query="wait_replicas=1"), clock=q.ManualClock(TEN_AM), env={}) as e:
+        e.set_model_limits(P, M, rpm=1000)
+        e.check(P, M, K)
+        scripts, waits = calls(primary, "evalsha", "eval"), calls(primary, "wait")
+        for _ in range(20):
+            e.lease(P, M, K, 10).success(tokens=3)
+        assert calls(primary, "evalsha", "eval") - scripts == 40
+        assert calls(primary, "wait") - waits == 40
+        assert not e.degraded
+
+
+def test_sentinel_failover_is_followed_without_a_restart(sentinels: SentinelSet) -> None:
+    """SENTINEL FAILOVER with ?wait_replicas=1: the engine follows the new primary (the demoted
+    one refuses writes and drops its clients), degraded at most while it switches; what it
+    wrote to the old primary after the replica was promoted was not confirmed, so it is sent
+    again to the new one: the requests and tokens stored equal what the callers were told."""
+    url = sentinels.url(query="wait_replicas=1")
+    told = [0, 0]
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+        e.set_model_limits(P, M, rpm=10_000)
+
+        def call(tokens: int) -> None:
+            e.lease(P, M, K, 10).success(tokens=tokens)
+            told[0] += 1
+            told[1] += tokens
+
+        for i in range(20):
+            call(i)
+        old = sentinels.primary_port()
+        assert old is not None
+        assert cli(sentinels.sentinels[0].port, "SENTINEL", "FAILOVER", "qe") == "OK"
+        deadline = time.monotonic() + 30
+        while sentinels.primary_port() == old and time.monotonic() < deadline:
+            call(1)
+            time.sleep(0.01)
+        new = sentinels.wait_new_primary(old)
+        # Until the demoted primary drops the engine, which then asks the sentinels again.
+        while calls(new, "evalsha", "eval") == 0 and time.monotonic() < deadline:
+            call(2)
+            time.sleep(0.05)
+        assert calls(new, "evalsha", "eval") > 0
+        sentinels.wait_settled()
+        until_recovered(e)
+        call(5)
+        assert not e.degraded
+    assert stored(url) == (told[0], told[1], 0)
+
+
+def test_primary_killed_degrades_then_replays_once_to_the_new_primary(sentinels: SentinelSet) -> None:
+    """The primary SIGKILLed: the engine serves from memory and enforces the limit while the
+    sentinels fail over, then writes its buffer, once, to the promoted replica."""
+    url = sentinels.url()
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+        for _ in range(3):
+            e.lease(P, M, K, 10, limits={"rpm": 8}).success(tokens=10)
+        sentinels.wait_replicated()  # the replica holds those three
+        old = sentinels.primary()
+        old.kill()
+        for _ in range(2):
+            e.lease(P, M, K, 10, limits={"rpm": 8}).success(tokens=10)
+        assert e.degraded
+        sentinels.wait_new_primary(old.port)
+        # Still counting from memory until it reconnects: 5 of 8 used.
+        deadline = time.monotonic() + 30
+        while e.degraded and time.monotonic() < deadline:
+            time.sleep(0.1)
+            e.usage(P, M, K)
+            e.set_platform_calendar(P, None)
+        assert not e.degraded
+        for _ in range(3):
+            e.lease(P, M, K, 10, limits={"rpm": 8}).success(tokens=10)
+        with pytest.raises(q.QuotaExceeded):
+            e.lease(P, M, K, 10, limits={"rpm": 8})
+    assert stored(url) == (8, 80, 0)
+
+
+def test_wait_replicas_keeps_an_unconfirmed_write_until_a_replica_holds_it(tmp_path: Path) -> None:
+    """?wait_replicas=1 on a primary without a replica: the write is applied but unconfirmed,
+    so the engine is degraded and keeps it; once a replica holds it, it is confirmed (applied
+    once) and the engine recovers."""
+    primary = RedisServer(tmp_path / "primary", extra=("--appendonly", "no"))
+    replica: RedisServer | None = None
+    try:
+        url = f"{primary.url}?wait_replicas=1&wait_timeout_ms=50"
+        with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+            e.lease(P, M, K, 10).success(tokens=7)
+            assert e.degraded  # the success was applied on the primary, not confirmed
+            e.record_request(P, M, K)  # buffered: the unconfirmed write goes again first
+            assert e.degraded
+            replica = RedisServer(tmp_path / "replica", extra=("--replicaof", "127.0.0.1", str(primary.port)))
+            wait_until(lambda: info(primary.port, "replication").get("connected_slaves") == "1", 20, "a replica")
+            until_recovered(e)
+        plain = primary.url
+        assert stored(plain) == (2, 7, 0)
+        assert stored(f"redis://127.0.0.1:{replica.port}/0") == (2, 7, 0)  # the replica holds it all
+    finally:
+        primary.kill()
+        if replica is not None:
+            replica.kill()
+
+
+def test_cluster_keeps_a_prefix_in_one_slot_and_spreads_prefixes(redis_cluster: Cluster) -> None:
+    """Every key of a prefix hashes to one slot ({prefix} is the hash tag), so each call is one
+    round trip on one node; many prefixes spread over all three primaries."""
+    owners = set()
+    for i in range(24):
+        prefix = f"fleet{i}"
+        with q.QuotaEngine(redis_cluster.url(prefix), clock=q.ManualClock(TEN_AM), env={}) as e:
+            e.set_model_limits(P, M, rpm=100)
+            e.set_cooldown(P, M, K + 1, 60_000)
+            e.lease(P, M, K, 10).success(tokens=1)
+        slot = redis_cluster.slot(f"{{{prefix}}}")
+        owner = redis_cluster.owner(slot)
+        keys = redis_cluster.keys_in(owner, slot)
+        assert {f"{{{prefix}}}:log", f"{{{prefix}}}:models", f"{{{prefix}}}:cooldowns"} <= set(keys)
+        assert all(k.startswith(f"{{{prefix}}}:") for k in keys if prefix in k)
+        owners.add(owner)
+    assert owners == {n.port for n in redis_cluster.nodes}
+    prefix = "rt"
+    url = redis_cluster.url(prefix)
+    owner = redis_cluster.owner(redis_cluster.slot("{rt}"))
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
+        e.set_model_limits(P, M, rpm=1000)
+        e.check(P, M, K)
+        before = calls(owner, "evalsha", "eval")
+        others = [calls(n.port, "evalsha", "eval") for n in redis_cluster.nodes if n.port != owner]
+        for _ in range(50):
+            e.lease(P, M, K, 10).success(tokens=12)
+        assert calls(owner, "evalsha", "eval") - before == 100
+        assert [calls(n.port, "evalsha", "eval") for n in redis_cluster.nodes if n.port != owner] == others
+
+
+def test_cluster_resharding_ask_then_moved_is_followed(tmp_path: Path) -> None:
+    """The prefix's slot migrated to another primary under a running engine. While its keys
+    are on the importing node and the slot is not handed over, the old owner answers ASK: a
+    one-key read follows it to the importing node; the script, which declares every key of the
+    prefix, gets TRYAGAIN there (some of its keys do not exist yet) and the engine serves from
+    memory. Once the slot is handed over the old owner answers MOVED: the engine follows,
+    recovers, and nothing is lost or doubled."""
+    cluster = Cluster(tmp_path / "cluster")
+    try:
+        url = cluster.url("moving")
+        slot = cluster.slot("{moving}")
+        src = cluster.owner(slot)
+        dst = next(n.port for n in cluster.nodes if n.port != src)
+        with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+            e.set_model_limits(P, M, rpm=12)
+            for _ in range(5):
+                e.lease(P, M, K, 10).success(tokens=2)
+            cluster.begin_migration(slot, src, dst)
+            assert cluster.keys_in(src, slot) == []
+            assert "{moving}:log" in cluster.keys_in(dst, slot)
+            # ASK followed: the usage feed read from the importing node.
+            assert len([ev for ev in e.usage_events() if ev["kind"] == "request"]) == 5
+            for _ in range(5):
+                e.lease(P, M, K, 10).success(tokens=2)  # TRYAGAIN: from memory
+            assert e.degraded
+            cluster.end_migration(slot, dst)
+            assert cluster.owner(slot) == dst
+            until_recovered(e)  # MOVED: the connection moves to the new owner
+            for _ in range(2):
+                e.lease(P, M, K, 10).success(tokens=2)
+            with pytest.raises(q.QuotaExceeded):
+                e.lease(P, M, K, 10)  # the limit held throughout: 12
+            assert not e.degraded
+        assert stored(url) == (12, 24, 0)
+        assert calls(dst, "evalsha", "eval") > 0
+    finally:
+        cluster.close()
+
+
+LOAD = """
+    import os, sys, threading, time
+    import quotaengine as q
+    url, now, phase_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    e = q.QuotaEngine(url, clock=q.ManualClock(now), env={}, busy_timeout_ms=300)
+    print("ready", flush=True)
+    told = [[0, 0] for _ in range(4)]
+    served = [{"before": 0, "down": 0, "after": 0} for _ in range(4)]
+    errors = []
+    def work(i):
+        n = 0
+        while True:
+            phase = open(phase_file).read().strip()
+            if phase == "stop":
+                return
+            n += 1
+            tokens = 1 + (n * 7 + i) % 13
+            try:
+                lease = e.lease("groq", "llama", 1, 10, limits={"rpm": 10**9})
+                lease.success(tokens=tokens)
+            except Exception as exc:
+                errors.append(repr(exc))
+                return
+            told[i][0] += 1
+            told[i][1] += tokens
+            if phase in served[i]:
+                served[i][phase] += 1
+            time.sleep(0.002)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 30
+    while e.degraded and time.monotonic() < deadline:
+        time.sleep(0.1)
+        e.set_platform_calendar("groq", None)  # a write that counts nothing: flushes
+    down = sum(s["down"] for s in served)
+    print(sum(t[0] for t in told), sum(t[1] for t in told), down, int(e.degraded), len(errors), flush=True)
+    print(errors[:3], file=sys.stderr)
+    e.close()
+"""
+
+
+def test_fleet_leasing_through_a_primary_killed_with_wait_replicas_stores_what_callers_were_told(
+    sentinels: SentinelSet, tmp_path: Path
+) -> None:
+    """4 processes × 4 threads lease and succeed through a SIGKILL of the primary with
+    ?wait_replicas=1: every process keeps serving (from memory while the sentinels fail over
+    and the promoted replica has no replica of its own), and once the killed server is back
+    as a replica, the requests and tokens stored equal what the callers were told, exactly."""
+    url = sentinels.url(prefix="load", query="wait_replicas=1")
+    phase_file = tmp_path / "phase"
+
+    def set_phase(name: str) -> None:
+        staged = tmp_path / "phase.new"
+        staged.write_text(name)
+        staged.replace(phase_file)
+
+    set_phase("before")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(LOAD), url, str(TEN_AM), str(phase_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.communicate()[1]
+        time.sleep(1.0)
+        old = sentinels.primary()
+        old.kill()  # SIGKILL, mid-call for some of the sixteen callers
+        set_phase("down")
+        sentinels.wait_new_primary(old.port)
+        time.sleep(0.5)
+        old.start()  # back, empty: the sentinels make it a replica of the new primary
+        sentinels.wait_settled()
+        set_phase("after")
+        time.sleep(1.5)
+        set_phase("stop")
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    results = [[int(x) for x in out.split()] for out, _ in outs]
+    assert all(r[4] == 0 for r in results), outs  # no call failed
+    assert all(r[2] > 0 for r in results), results  # every process served while the primary was gone
+    assert all(r[3] == 0 for r in results), results  # every engine recovered and flushed
+    told_requests = sum(r[0] for r in results)
+    told_tokens = sum(r[1] for r in results)
+    assert stored(url) == (told_requests, told_tokens, 0)
+
+
+def test_the_command_line_opens_sentinel_and_cluster_urls(redis_sentinel: SentinelSet, redis_cluster: Cluster) -> None:
+    """`quotaengine status --db <url>` reads a Sentinel or Cluster store (not a file path)."""
+    for url in (redis_sentinel.url(), redis_cluster.url()):
+        with q.QuotaEngine(url, env={}) as e:  # the real clock, as the command line's
+            e.set_model_limits("cli-groq", M, rpm=10)
+            e.record_request("cli-groq", M, K)
+        r = subprocess.run(
+            [sys.executable, "-m", "quotaengine", "status", "--db", url], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        assert "cli-groq" in r.stdout
+
+
+def test_passwords_for_the_data_nodes_and_for_the_sentinels(tmp_path: Path) -> None:
+    """`user:password@` authenticates to the primary; ?sentinel_password= to sentinels that
+    require one. Either missing is a DatabaseError at open."""
+    pw, spw = "data-secret", "sentinel-secret"
+    primary = RedisServer(tmp_path / "p", password=pw, extra=("--masterauth", pw))
+    replica = RedisServer(
+        tmp_path / "r", password=pw, extra=("--masterauth", pw, "--replicaof", "127.0.0.1", str(primary.port))
+    )
+    sentinels = [Sentinel(tmp_path / f"s{i}", primary.port, 1000, auth_pass=pw, requirepass=spw) for i in range(3)]
+    try:
+
+        def named() -> bool:
+            out = cli(sentinels[0].port, "SENTINEL", "get-master-addr-by-name", SERVICE, password=spw).split()
+            return out == ["127.0.0.1", str(primary.port)]
+
+        wait_until(named, 20, "the sentinels")
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+        url = f"redis+sentinel://:{pw}@{hosts}/{SERVICE}?prefix=pw&sentinel_password={spw}"
+        with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
+            e.lease(P, M, K, 10).success(tokens=4)
+            assert e.usage(P, M, K)["rpd"]["used"] == 1
+        with pytest.raises(q.DatabaseError, match="sentinel"):
+            q.QuotaEngine(url.replace(f"&sentinel_password={spw}", ""), env={})
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(url.replace(f":{pw}@", ""), env={})
+        assert stored(f"redis://:{pw}@127.0.0.1:{primary.port}/0?prefix=pw") == (1, 4, 0)
+    finally:
+        for s in sentinels:
+            s.kill()
+        replica.kill()
+        primary.kill()
+
+
+def test_rediss_cluster_with_a_private_ca(tmp_path: Path) -> None:
+    """rediss+cluster:// with ?ssl_ca_certs=: TLS to every node (the nodes speak only TLS, to
+    each other too); without the CA the nodes' certificate is not trusted: DatabaseError."""
+    cluster = Cluster(tmp_path / "cluster", tls=tls_files(tmp_path / "tls"))
+    try:
+        url = cluster.url("tls")
+        assert url.startswith("rediss+cluster://")
+        clock = q.ManualClock(TEN_AM)
+        with q.QuotaEngine(url, clock=clock, env={}) as a, q.QuotaEngine(url, clock=clock, env={}) as b:
+            a.set_model_limits(P, M, rpm=2)
+            a.lease(P, M, K, 10).success(tokens=3)
+            b.lease(P, M, K, 10).success(tokens=3)
+            with pytest.raises(q.QuotaExceeded):
+                a.lease(P, M, K, 10)
+        assert stored(url) == (2, 6, 0)
+        with pytest.raises(q.DatabaseError):
+            q.QuotaEngine(url.split("&ssl_ca_certs=")[0], env={})
+    finally:
+        cluster.close()
