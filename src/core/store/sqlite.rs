@@ -711,16 +711,29 @@ impl Store for SqliteStore {
         // rows stragglers, and every sweep a scan of the table).
         self.seen.stragglers.retain(|s| s.t < since_ms);
         self.seen.newest_seen_ms = i64::MIN;
-        self.read_usage(
-            "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-             cached_tokens FROM rate_limit_usage \
-             WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
-             9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
-            since_ms,
-            f,
-        )?;
-        let max_id: i64 =
-            self.conn.query_row("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage", [], |r| r.get(0))?;
+        // The rows and the cursor come from one snapshot: outside a section (a read
+        // that found nothing changed opens none), another engine's commit between the
+        // two reads would move the cursor past rows never loaded, and this engine
+        // would stop counting them (an overshoot).
+        let own_snapshot = self.conn.is_autocommit();
+        if own_snapshot {
+            self.conn.execute_batch("BEGIN DEFERRED")?;
+        }
+        let loaded = (|| -> rusqlite::Result<i64> {
+            self.read_usage(
+                "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
+                 cached_tokens FROM rate_limit_usage \
+                 WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
+                 9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
+                since_ms,
+                f,
+            )?;
+            self.conn.query_row("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage", [], |r| r.get(0))
+        })();
+        if own_snapshot {
+            let _ = self.conn.execute_batch(if loaded.is_ok() { "COMMIT" } else { "ROLLBACK" });
+        }
+        let max_id = loaded?;
         // Rows not loaded are stamped before `since_ms`: a row stamped well before
         // that, arriving later, is a straggler.
         self.seen.newest_seen_ms = self.seen.newest_seen_ms.max(since_ms);
