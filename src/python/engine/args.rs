@@ -3,7 +3,9 @@
 use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, UsageReport};
 use crate::core::types::{CapSetting, Reason, Route, Strategy};
-use crate::python::convert::*;
+use crate::python::convert::{
+    count_arg, duration_arg, int_arg, limits_arg, opt_limit, opt_priority_arg, str_arg,
+};
 use crate::python::errors::{to_pyerr, type_error};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};

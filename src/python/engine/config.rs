@@ -1,9 +1,9 @@
 //! Keys, models and provider caps (SPEC §4, §8, §14): what `register_key`,
 //! `set_model_limits` and `set_provider_caps` convert.
-use super::args::*;
+use super::args::cap_setting;
 use super::PyQuotaEngine;
 use crate::core::types::{CapSetting, KeyInfo, ModelInfo};
-use crate::python::convert::*;
+use crate::python::convert::{int_arg, limit_list_arg, opt_limit, str_arg};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 

@@ -1,11 +1,11 @@
 //! Leases (SPEC §5, 17.2): admission at once or waiting, and the lease objects.
-use super::args::*;
+use super::args::{lease_any_op, lease_op, route};
 use super::PyQuotaEngine;
 use crate::core::admission::Estimate;
 use crate::core::engine::BatchOp;
 use crate::core::types::Route;
 use crate::core::wait::Waiter;
-use crate::python::convert::*;
+use crate::python::convert::count_arg;
 use crate::python::errors::to_pyerr;
 use crate::python::lease::PyLease;
 use crate::python::wait::{wait_blocking, PyLeaseWaiter};
@@ -31,9 +31,8 @@ impl PyQuotaEngine {
         let waiter = Waiter::new(&self.handle, op, wait);
         wait_blocking(py, waiter)
     }
-}
 
-impl PyQuotaEngine {
+    /// A waiter object for `_lease_waiter` / `_lease_any_waiter` (SPEC 17.2).
     pub(super) fn waiter(&self, op: BatchOp, routes: Vec<Route>, est: i64, wait: Duration) -> PyLeaseWaiter {
         PyLeaseWaiter {
             waiter: std::sync::Mutex::new(Some(Waiter::new(&self.handle, op, wait))),

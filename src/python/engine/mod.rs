@@ -1,4 +1,9 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
+//!
+//! The class's one `#[pymethods]` block is here, each method with its docstring and
+//! signature; a longer body lives in its topic's file: opening (`open`), keys, models
+//! and caps (`config`), leases (`leases`), the probe (`probe`), what the engine
+//! reports (`reports`), and the conversions they share (`args`).
 use super::convert::failure_args;
 use super::convert::{
     count_arg, fraction_arg, int_arg, limits_arg, opt_int_arg, priority_arg, str_arg, token_use_arg,
@@ -24,12 +29,12 @@ use std::sync::Arc;
 
 mod args;
 mod config;
-mod history;
 mod leases;
 mod open;
 mod probe;
+mod reports;
 
-use args::*;
+use args::{account, route, usage_dict};
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,
@@ -410,7 +415,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'py, PyAny>,
         lookback_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        history::forecast(self, py, platform, model_id, key_id, lookback_ms)
+        reports::forecast(self, py, platform, model_id, key_id, lookback_ms)
     }
 
     #[pyo3(signature = (platform, model_id, key_id, limits=None))]
@@ -705,7 +710,7 @@ impl PyQuotaEngine {
         py: Python<'_>,
         key_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<PyCooldown>> {
-        history::active_cooldowns(self, py, key_ids)
+        reports::active_cooldowns(self, py, key_ids)
     }
 
     /// Every stored cooldown, expired ones included until cleaned up, by route.
@@ -832,7 +837,7 @@ impl PyQuotaEngine {
         model_id: Option<&Bound<'_, PyAny>>,
         status: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<super::types::PyQuotaObservation>> {
-        history::record_quota_headers(self, py, platform, key_id, headers, model_id, status)
+        reports::record_quota_headers(self, py, platform, key_id, headers, model_id, status)
     }
 
     /// The merged quota rows, one per (platform, key_id, pool_key, metric).
@@ -846,7 +851,7 @@ impl PyQuotaEngine {
         py: Python<'py>,
         platform: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        history::key_quota_headroom(self, py, platform)
+        reports::key_quota_headroom(self, py, platform)
     }
 
     /// Drops the guardrail snapshot so the next call rebuilds it.
@@ -974,7 +979,7 @@ impl PyQuotaEngine {
         model_id: Option<String>,
         key_id: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        history::usage_events(self, py, since_ms, until_ms, platform, model_id, key_id)
+        reports::usage_events(self, py, since_ms, until_ms, platform, model_id, key_id)
     }
 
     /// `server_logs` rows, newest first.
@@ -984,12 +989,12 @@ impl PyQuotaEngine {
         py: Python<'py>,
         limit: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        history::server_logs(self, py, limit)
+        reports::server_logs(self, py, limit)
     }
 
     /// Rows of the snapshot as dicts (wrapped by `quotaengine.QuotaSnapshot`).
     fn _snapshot_rows<'py>(&self, py: Python<'py>) -> PyResult<(i64, Bound<'py, PyList>)> {
-        history::snapshot_rows(self, py)
+        reports::snapshot_rows(self, py)
     }
 
     /// Test hook: panics inside the engine; the panic must come back as an exception.

@@ -1,6 +1,6 @@
 //! The recovery probe (SPEC §9): starting it and running a pass.
 use super::PyQuotaEngine;
-use crate::python::convert::*;
+use crate::python::convert::{count_arg, duration_arg};
 use crate::python::errors::to_pyerr;
 use crate::python::validator::PyValidator;
 use pyo3::prelude::*;

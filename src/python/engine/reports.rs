@@ -1,10 +1,10 @@
 //! What an engine reports: forecasts, usage events, server logs, quota headers,
 //! cooldown lists and the snapshot rows.
-use super::args::*;
+use super::args::route;
 use super::PyQuotaEngine;
 use crate::core::store::UsageFilter;
-use crate::python::convert::*;
-use crate::python::types::*;
+use crate::python::convert::{count_arg, int_arg, opt_int_arg, str_arg};
+use crate::python::types::PyCooldown;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
