@@ -93,3 +93,17 @@ pub(super) fn set_provider_caps(
     let p = str_arg(platform, "platform")?;
     this.run(py, |e| e.set_provider_caps(p, slots[0], slots[1], slots[2]))
 }
+
+pub(super) fn set_platform_calendar(
+    this: &PyQuotaEngine,
+    py: Python<'_>,
+    platform: &Bound<'_, PyAny>,
+    tz: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let p = str_arg(platform, "platform")?;
+    let z = match tz {
+        Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
+        _ => None,
+    };
+    this.run(py, |e| e.set_platform_calendar(p, z))
+}

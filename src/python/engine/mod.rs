@@ -2,14 +2,12 @@
 //!
 //! The class's one `#[pymethods]` block is here, each method with its docstring and
 //! signature; a longer body lives in its topic's file: opening (`open`), keys, models
-//! and caps (`config`), leases (`leases`), the probe (`probe`), what the engine
-//! reports (`reports`), and the conversions they share (`args`).
+//! and caps (`config`), leases (`leases`), what callers record (`record`), the probe
+//! (`probe`), what the engine reports (`reports`), the way into the core (`run`) and
+//! the conversions they share (`args`).
 use super::convert::failure_args;
-use super::convert::{
-    count_arg, fraction_arg, int_arg, limits_arg, opt_int_arg, priority_arg, str_arg, token_use_arg,
-};
+use super::convert::{count_arg, fraction_arg, int_arg, limits_arg, opt_int_arg, priority_arg, str_arg};
 use super::errors::to_pyerr;
-use super::errors::type_error;
 use super::lease::PyLease;
 use super::types::{
     PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
@@ -20,9 +18,8 @@ use super::wait::PyLeaseWaiter;
 use crate::core::admission::Can;
 use crate::core::clock::Clock;
 use crate::core::engine::{BatchOp, Engine};
-use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
-use crate::core::types::{CooldownSource, Route};
+use crate::core::types::CooldownSource;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::Arc;
@@ -32,7 +29,9 @@ mod config;
 mod leases;
 mod open;
 mod probe;
+mod record;
 mod reports;
+mod run;
 
 use args::{account, route, usage_dict};
 
@@ -59,42 +58,6 @@ impl Drop for PyQuotaEngine {
         let handle = self.handle.clone();
         // Nothing to raise to from a destructor; a caught panic is dropped here.
         let _ = Python::attach(|py| py.detach(|| handle.close()));
-    }
-}
-
-impl PyQuotaEngine {
-    /// The single way into the core: drop the GIL, lock, run; panics and errors come
-    /// back as Python exceptions.
-    fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
-    ) -> PyResult<T> {
-        py.detach(|| self.handle.with(op)).map_err(to_pyerr)
-    }
-
-    fn gate(
-        &self,
-        py: Python<'_>,
-        can: Can,
-        route: Route,
-        est: i64,
-        limits: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        let limits = limits_arg(limits)?;
-        self.run(py, move |e| e.check_gate(can, &route, est, limits))
-    }
-
-    /// `day_start_ms` / `next_day_start_ms`: the arguments, then `bound` in the core.
-    fn day_bound(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        at_ms: Option<&Bound<'_, PyAny>>,
-        bound: fn(&mut Engine, &str, Option<i64>) -> CoreResult<i64>,
-    ) -> PyResult<i64> {
-        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
-        self.run(py, |e| bound(e, p, at))
     }
 }
 
@@ -307,12 +270,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         tz: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let p = str_arg(platform, "platform")?;
-        let z = match tz {
-            Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
-            _ => None,
-        };
-        self.run(py, |e| e.set_platform_calendar(p, z))
+        config::set_platform_calendar(self, py, platform, tz)
     }
 
     /// The IANA zone in force for a platform's days ("UTC" unless set, in the
@@ -394,11 +352,17 @@ impl PyQuotaEngine {
         output_tokens: Option<&Bound<'_, PyAny>>,
         cached_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let r = route(platform, model_id, key_id)?;
-        let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
-            type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
-        })?;
-        self.run(py, move |e| e.record_token_use(&r, used))
+        record::record_tokens(
+            self,
+            py,
+            platform,
+            model_id,
+            key_id,
+            tokens,
+            input_tokens,
+            output_tokens,
+            cached_tokens,
+        )
     }
 
     /// SPEC 22.2: for each declared window of an hour or longer (keyed as `usage()`
@@ -763,10 +727,16 @@ impl PyQuotaEngine {
         retry_after_ms: Option<&Bound<'_, PyAny>>,
         quota_signal: bool,
     ) -> PyResult<PyCooldownDecision> {
-        let r = route(platform, model_id, key_id)?;
-        let l = limits_arg(limits)?;
-        let ra = opt_int_arg(retry_after_ms, "retry_after_ms")?;
-        Ok(PyCooldownDecision(self.run(py, move |e| e.cooldown_decision_for_limit(&r, l, ra, quota_signal))?))
+        record::cooldown_decision_for_limit(
+            self,
+            py,
+            platform,
+            model_id,
+            key_id,
+            limits,
+            retry_after_ms,
+            quota_signal,
+        )
     }
 
     /// SPEC §6.2: one call for any failure; benches the route and learns limits. An
@@ -799,12 +769,7 @@ impl PyQuotaEngine {
         model_id: &Bound<'_, PyAny>,
         message: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<PyLearnedLimit>> {
-        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-        let msg = match message.filter(|m| !m.is_none()) {
-            Some(x) => Some(str_arg(x, "message")?),
-            None => None,
-        };
-        Ok(self.run(py, |e| e.learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
+        record::learn_limit_from_error(self, py, platform, model_id, message)
     }
 
     /// SPEC §9: the used fraction of the model's windows on its key with the most
