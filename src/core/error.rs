@@ -1,5 +1,4 @@
 //! One error type for the core; the binding maps it to Python exceptions in one place.
-use crate::core::types::Reason;
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -124,5 +123,55 @@ impl Error {
             "panic".to_string()
         };
         Error::Internal(msg)
+    }
+}
+
+/// Rejects an empty name (SPEC §13).
+pub fn check_name(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid(format!("{what} must be a non-empty string")));
+    }
+    Ok(())
+}
+
+/// Rejects a negative amount (tokens, durations, limits).
+pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
+    if value < 0 {
+        return Err(Error::invalid(format!("{what} must be >= 0, got {value}")));
+    }
+    Ok(value)
+}
+
+/// The gates of `check()`, in the order they are tried (SPEC §4, §14.1).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Cooldown,
+    Rpm,
+    Rpd,
+    Tpm,
+    Tpd,
+    /// A declared limit other than the classic four, named as SPEC §14.1 says
+    /// (`"requests/1s"`, `"rpm:key"`).
+    Window(std::sync::Arc<str>),
+    ProviderDailyRequests,
+    ProviderMinuteRequests,
+    ProviderDailyTokens,
+    KeyConcurrency,
+}
+
+impl Reason {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Reason::Window(name) => name,
+            Reason::Cooldown => "cooldown",
+            Reason::Rpm => "rpm",
+            Reason::Rpd => "rpd",
+            Reason::Tpm => "tpm",
+            Reason::Tpd => "tpd",
+            Reason::ProviderDailyRequests => "provider_daily_requests",
+            Reason::ProviderMinuteRequests => "provider_minute_requests",
+            Reason::ProviderDailyTokens => "provider_daily_tokens",
+            Reason::KeyConcurrency => "key_concurrency",
+        }
     }
 }

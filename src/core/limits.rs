@@ -5,10 +5,37 @@
 //! with each limit's reason decided once, when it is declared. A new window kind is
 //! one more [`WindowSpec`] variant here and its counter in `windows.rs`.
 use crate::core::clock::{DAY_MS, MINUTE_MS};
-use crate::core::error::{Error, Result};
-use crate::core::types::{Limits, ProviderCaps, Reason};
+use crate::core::error::{check_non_negative, Error, Reason, Result};
 use std::fmt;
 use std::sync::Arc;
+
+/// A model's window limits; `None` is unlimited / unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Limits {
+    pub rpm: Option<i64>,
+    pub rpd: Option<i64>,
+    pub tpm: Option<i64>,
+    pub tpd: Option<i64>,
+}
+
+impl Limits {
+    pub fn validate(self) -> Result<Self> {
+        for (name, v) in [("rpm", self.rpm), ("rpd", self.rpd), ("tpm", self.tpm), ("tpd", self.tpd)] {
+            if let Some(v) = v {
+                check_non_negative(name, v)?;
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Provider-wide caps of a platform (SPEC §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ProviderCaps {
+    pub daily_requests: Option<i64>,
+    pub minute_requests: Option<i64>,
+    pub daily_tokens: Option<i64>,
+}
 
 /// What a limit counts. Declared in gate order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

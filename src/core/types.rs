@@ -1,5 +1,9 @@
 //! Domain values shared by the core: routes, limits, admissions, cooldown sources.
 use crate::core::error::{Error, Result};
+// Defined beside the error that carries it, so `error` names no other core module.
+pub use crate::core::error::{check_name, check_non_negative, Reason};
+// Defined beside `Limit`, so `limits` names no `types`.
+pub use crate::core::limits::{Limits, ProviderCaps};
 use std::fmt;
 use std::str::FromStr;
 
@@ -24,76 +28,6 @@ impl Route {
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}/{}", self.platform, self.model_id, self.key_id)
-    }
-}
-
-/// Rejects an empty name (SPEC §13).
-pub fn check_name(what: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(Error::invalid(format!("{what} must be a non-empty string")));
-    }
-    Ok(())
-}
-
-/// Rejects a negative amount (tokens, durations, limits).
-pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
-    if value < 0 {
-        return Err(Error::invalid(format!("{what} must be >= 0, got {value}")));
-    }
-    Ok(value)
-}
-
-/// A model's window limits; `None` is unlimited / unknown.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Limits {
-    pub rpm: Option<i64>,
-    pub rpd: Option<i64>,
-    pub tpm: Option<i64>,
-    pub tpd: Option<i64>,
-}
-
-impl Limits {
-    pub fn validate(self) -> Result<Self> {
-        for (name, v) in [("rpm", self.rpm), ("rpd", self.rpd), ("tpm", self.tpm), ("tpd", self.tpd)] {
-            if let Some(v) = v {
-                check_non_negative(name, v)?;
-            }
-        }
-        Ok(self)
-    }
-}
-
-/// The gates of `check()`, in the order they are tried (SPEC §4, §14.1).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Reason {
-    Cooldown,
-    Rpm,
-    Rpd,
-    Tpm,
-    Tpd,
-    /// A declared limit other than the classic four, named as SPEC §14.1 says
-    /// (`"requests/1s"`, `"rpm:key"`).
-    Window(std::sync::Arc<str>),
-    ProviderDailyRequests,
-    ProviderMinuteRequests,
-    ProviderDailyTokens,
-    KeyConcurrency,
-}
-
-impl Reason {
-    pub fn as_str(&self) -> &str {
-        match self {
-            Reason::Window(name) => name,
-            Reason::Cooldown => "cooldown",
-            Reason::Rpm => "rpm",
-            Reason::Rpd => "rpd",
-            Reason::Tpm => "tpm",
-            Reason::Tpd => "tpd",
-            Reason::ProviderDailyRequests => "provider_daily_requests",
-            Reason::ProviderMinuteRequests => "provider_minute_requests",
-            Reason::ProviderDailyTokens => "provider_daily_tokens",
-            Reason::KeyConcurrency => "key_concurrency",
-        }
     }
 }
 
@@ -229,14 +163,6 @@ pub enum CapSetting {
     Inherit,
     NoCap,
     Cap(i64),
-}
-
-/// Provider-wide caps of a platform (SPEC §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct ProviderCaps {
-    pub daily_requests: Option<i64>,
-    pub minute_requests: Option<i64>,
-    pub daily_tokens: Option<i64>,
 }
 
 /// What `set_provider_caps` persisted for a platform.

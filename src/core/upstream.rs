@@ -5,6 +5,9 @@ use crate::core::parse::{cached, head};
 use regex::Regex;
 use std::sync::OnceLock;
 
+// Read by the failure rules, so defined beside them in `parse`.
+pub use crate::core::parse::upstream_provider_name;
+
 /// The first bench of a congested upstream (SPEC 21.1).
 pub const UPSTREAM_FIRST_BENCH_MS: i64 = 60_000;
 /// The longest bench a doubling reaches.
@@ -12,16 +15,6 @@ pub const UPSTREAM_MAX_BENCH_MS: i64 = 300_000;
 /// A further upstream failure doubles the bench when it comes this soon after the
 /// last one of the (platform, model).
 pub const UPSTREAM_CHAIN_MS: i64 = 600_000;
-
-/// The name of the upstream a JSON error body blames: OpenRouter's
-/// `"metadata": {"provider_name": "Google AI Studio", "raw": ...}`. `None` when the
-/// body names none (`"provider_name": null` names none).
-pub fn upstream_provider_name(message: &str) -> Option<&str> {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = cached(&RE, r#""provider_name"\s*:\s*"([^"\\]+)""#)?;
-    let name = re.captures(head(message))?.get(1)?.as_str().trim();
-    (!name.is_empty()).then_some(name)
-}
 
 /// How many earlier upstream failures of one (platform, model) lead up to `now`,
 /// each within [`UPSTREAM_CHAIN_MS`] of the next: `hits` are their times, any order.

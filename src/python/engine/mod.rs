@@ -1,33 +1,39 @@
 //! `QuotaEngine`: argument conversion, then the core with the GIL released.
+//!
+//! The class's one `#[pymethods]` block is here, each method with its docstring and
+//! signature; a longer body lives in its topic's file: opening (`open`), keys, models
+//! and caps (`config`), leases (`leases`), what callers record (`record`), the probe
+//! (`probe`), what the engine reports (`reports`), the way into the core (`run`) and
+//! the conversions they share (`args`).
 use super::convert::failure_args;
-use super::convert::{
-    count_arg, duration_arg, fraction_arg, int_arg, limit_list_arg, limits_arg, opt_int_arg, opt_limit,
-    opt_priority_arg, priority_arg, str_arg, token_use_arg,
-};
+use super::convert::{count_arg, fraction_arg, int_arg, limits_arg, opt_int_arg, priority_arg, str_arg};
 use super::errors::to_pyerr;
-use super::errors::type_error;
 use super::lease::PyLease;
 use super::types::{
     PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
-    PyManualClock, PyProviderCaps,
+    PyProviderCaps,
 };
 use super::validator::PyValidator;
-use super::wait::{wait_blocking, PyLeaseWaiter};
+use super::wait::PyLeaseWaiter;
 use crate::core::admission::Can;
-use crate::core::admission::Estimate;
-use crate::core::clock::{Clock, SystemClock};
-use crate::core::engine::{BatchOp, Engine, Settings, StoreSpec, UsageReport};
-use crate::core::env::Env;
-use crate::core::error::Result as CoreResult;
+use crate::core::clock::Clock;
+use crate::core::engine::{BatchOp, Engine};
 use crate::core::handle::Handle;
-use crate::core::store::UsageFilter;
-use crate::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo, Reason, Route, Strategy};
-use crate::core::wait::Waiter;
+use crate::core::types::CooldownSource;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyMapping};
-use std::collections::HashMap;
+use pyo3::types::{PyDict, PyList};
 use std::sync::Arc;
-use std::time::Duration;
+
+mod args;
+mod config;
+mod leases;
+mod open;
+mod probe;
+mod record;
+mod reports;
+mod run;
+
+use args::{account, route, usage_dict};
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,
@@ -45,52 +51,6 @@ pub struct PyQuotaEngine {
     probe_max_per_pass: usize,
 }
 
-fn route(
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-) -> PyResult<Route> {
-    Route::new(str_arg(platform, "platform")?, str_arg(model_id, "model_id")?, int_arg(key_id, "key_id")?)
-        .map_err(to_pyerr)
-}
-
-/// A provider-level route: (platform, key_id) with no model.
-fn account(platform: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<Route> {
-    let platform = str_arg(platform, "platform")?;
-    crate::core::types::check_name("platform", platform).map_err(to_pyerr)?;
-    Ok(Route { platform: platform.to_string(), model_id: String::new(), key_id: int_arg(key_id, "key_id")? })
-}
-
-fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("used", used)?;
-    d.set_item("limit", limit)?;
-    Ok(d)
-}
-
-/// SPEC §4's `usage()` dict from the core's list of limits: the classic four always
-/// (`rpm`, `rpd`, `tpm`, `tpd`), `in_flight`, then every other declared limit by its
-/// reason, in gate order.
-fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for r in [Reason::Rpm, Reason::Rpd, Reason::Tpm, Reason::Tpd] {
-        let w = u.window(&r);
-        d.set_item(r.as_str(), window(py, w.used, w.limit)?)?;
-    }
-    d.set_item("in_flight", u.in_flight)?;
-    for (reason, w) in u.others() {
-        d.set_item(reason, window(py, w.used, w.limit)?)?;
-    }
-    Ok(d)
-}
-
-fn cap_setting(v: &Bound<'_, PyAny>, name: &str) -> PyResult<CapSetting> {
-    Ok(match opt_limit(v, name)? {
-        None => CapSetting::NoCap,
-        Some(c) => CapSetting::Cap(c),
-    })
-}
-
 impl Drop for PyQuotaEngine {
     /// An engine dropped without `close()`: stop its threads and write what is
     /// buffered, with the GIL released (the threads may be waiting for it).
@@ -99,172 +59,6 @@ impl Drop for PyQuotaEngine {
         // Nothing to raise to from a destructor; a caught panic is dropped here.
         let _ = Python::attach(|py| py.detach(|| handle.close()));
     }
-}
-
-impl PyQuotaEngine {
-    /// The single way into the core: drop the GIL, lock, run; panics and errors come
-    /// back as Python exceptions.
-    fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
-    ) -> PyResult<T> {
-        py.detach(|| self.handle.with(op)).map_err(to_pyerr)
-    }
-
-    fn gate(
-        &self,
-        py: Python<'_>,
-        can: Can,
-        route: Route,
-        est: i64,
-        limits: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        let limits = limits_arg(limits)?;
-        self.run(py, move |e| e.check_gate(can, &route, est, limits))
-    }
-
-    /// `day_start_ms` / `next_day_start_ms`: the arguments, then `bound` in the core.
-    fn day_bound(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        at_ms: Option<&Bound<'_, PyAny>>,
-        bound: fn(&mut Engine, &str, Option<i64>) -> CoreResult<i64>,
-    ) -> PyResult<i64> {
-        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
-        self.run(py, |e| bound(e, p, at))
-    }
-
-    fn make_lease(&self, py: Python<'_>, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
-        PyLease::create(py, &self.handle, id, route, est)
-    }
-
-    /// An admission: at once (`wait` zero), or waiting for capacity (SPEC 17.2).
-    fn admit(&self, py: Python<'_>, op: BatchOp, wait: Duration) -> PyResult<(i64, usize)> {
-        if wait.is_zero() {
-            return py.detach(|| self.handle.batch(op).chosen()).map_err(to_pyerr);
-        }
-        let waiter = Waiter::new(&self.handle, op, wait);
-        wait_blocking(py, waiter)
-    }
-
-    /// `lease_any`'s arguments: the candidates, the estimate, the strategy, the wait.
-    fn lease_any_op(
-        routes: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        strategy: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(BatchOp, Vec<Route>, i64, Duration)> {
-        let rs = routes_arg(routes)?;
-        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-        let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
-        let strategy: Strategy = match strategy.filter(|s| !s.is_none()) {
-            Some(s) => str_arg(s, "strategy")?.parse().map_err(to_pyerr)?,
-            None => Strategy::default(),
-        };
-        let wait = wait_arg(wait_s)?;
-        let priority = opt_priority_arg(priority)?;
-        let op = BatchOp::LeaseAny {
-            routes: rs.clone(),
-            est: Estimate { tokens: est, output },
-            strategy,
-            priority,
-        };
-        Ok((op, rs, est, wait))
-    }
-}
-
-impl PyQuotaEngine {
-    fn waiter(&self, op: BatchOp, routes: Vec<Route>, est: i64, wait: Duration) -> PyLeaseWaiter {
-        PyLeaseWaiter {
-            waiter: std::sync::Mutex::new(Some(Waiter::new(&self.handle, op, wait))),
-            handle: self.handle.clone(),
-            routes,
-            estimated_tokens: est,
-        }
-    }
-}
-
-/// `lease()`'s arguments: the operation, its route, the estimate, the wait.
-#[allow(clippy::too_many_arguments)]
-fn lease_op(
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-    estimated_tokens: Option<&Bound<'_, PyAny>>,
-    limits: Option<&Bound<'_, PyAny>>,
-    estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-    wait_s: Option<&Bound<'_, PyAny>>,
-    priority: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(BatchOp, Route, i64, Duration)> {
-    let r = route(platform, model_id, key_id)?;
-    let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-    let output = estimated_output_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
-    let l = limits_arg(limits)?;
-    let wait = wait_arg(wait_s)?;
-    let priority = opt_priority_arg(priority)?;
-    let op = BatchOp::Lease {
-        route: r.clone(),
-        est: Estimate { tokens: est, output },
-        limits: l,
-        check: true,
-        priority,
-    };
-    Ok((op, r, est, wait))
-}
-
-/// `wait_s`: seconds, finite and >= 0 (None: 0).
-fn wait_arg(wait_s: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
-    match wait_s.filter(|w| !w.is_none()) {
-        None => Ok(Duration::ZERO),
-        Some(w) => duration_arg(w, "wait_s"),
-    }
-}
-
-/// `routes`: an iterable of (platform, model_id, key_id).
-fn routes_arg(routes: &Bound<'_, PyAny>) -> PyResult<Vec<Route>> {
-    if routes.is_instance_of::<pyo3::types::PyString>() || routes.is_instance_of::<pyo3::types::PyBytes>() {
-        return Err(type_error(
-            "routes must be an iterable of (platform, model_id, key_id) tuples, not a str",
-        ));
-    }
-    let it = routes
-        .try_iter()
-        .map_err(|_| type_error("routes must be an iterable of (platform, model_id, key_id) tuples"))?;
-    let mut out = Vec::new();
-    for item in it {
-        let item = item?;
-        let bad = || {
-            type_error(format!(
-                "each route must be a (platform, model_id, key_id) tuple, got {}",
-                item.repr().map(|r| r.to_string()).unwrap_or_default()
-            ))
-        };
-        // A tuple (the common case) is read in place; a list is accepted too.
-        let r = if let Ok(t) = item.cast::<pyo3::types::PyTuple>() {
-            if t.len() != 3 {
-                return Err(bad());
-            }
-            route(&t.get_item(0)?, &t.get_item(1)?, &t.get_item(2)?)?
-        } else if let Ok(l) = item.cast::<PyList>() {
-            if l.len() != 3 {
-                return Err(bad());
-            }
-            route(&l.get_item(0)?, &l.get_item(1)?, &l.get_item(2)?)?
-        } else {
-            return Err(bad());
-        };
-        out.push(r);
-    }
-    if out.is_empty() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "routes is empty: give at least one (platform, model_id, key_id)",
-        ));
-    }
-    Ok(out)
 }
 
 #[pymethods]
@@ -288,69 +82,18 @@ impl PyQuotaEngine {
         flush_interval_ms: Option<&Bound<'_, PyAny>>,
         readonly: bool,
     ) -> PyResult<Self> {
-        // A panic anywhere in here (conversions, opening the store) is an exception.
-        super::errors::shield(|| {
-            // The environment is read once, here: a mapping replaces os.environ.
-            let env_obj = match env {
-                Some(e) if !e.is_none() => e.clone(),
-                _ => py.import("os")?.getattr("environ")?,
-            };
-            let mapping = env_obj
-                .cast::<PyMapping>()
-                .map_err(|_| super::errors::type_error("env must be a mapping"))?;
-            let mut vars = HashMap::new();
-            for item in mapping.items()?.iter() {
-                let (k, v): (String, String) = item
-                    .extract()
-                    .map_err(|_| super::errors::type_error("env keys and values must be str"))?;
-                vars.insert(k, v);
-            }
-            let path: String = match path {
-                Some(p) if !p.is_none() => py.import("os")?.getattr("fsdecode")?.call1((p,))?.extract()?,
-                _ => vars
-                    .get("QUOTAENGINE_DB")
-                    .filter(|v| !v.is_empty())
-                    .cloned()
-                    .unwrap_or_else(|| "./quota.db".into()),
-            };
-            let clock: Arc<dyn Clock> = match clock {
-                Some(c) if !c.is_none() => {
-                    let c = c.cast::<PyManualClock>().map_err(|_| {
-                        super::errors::type_error("clock must be a quotaengine.ManualClock or None")
-                    })?;
-                    c.get().0.clone()
-                }
-                _ => Arc::new(SystemClock),
-            };
-            let d = Settings::default();
-            let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
-                Some(v) if !v.is_none() => count_arg(v, name),
-                _ => Ok(default),
-            };
-            let settings = Settings {
-                retention_ms: ms(retention_ms, "retention_ms", d.retention_ms)?,
-                lease_max_age_ms: ms(lease_max_age_ms, "lease_max_age_ms", d.lease_max_age_ms)?,
-                window_usage_ttl_ms: ms(window_usage_ttl_ms, "window_usage_ttl_ms", d.window_usage_ttl_ms)?,
-                busy_timeout_ms: ms(busy_timeout_ms, "busy_timeout_ms", d.busy_timeout_ms)?,
-                flush_interval_ms: ms(flush_interval_ms, "flush_interval_ms", d.flush_interval_ms)?,
-                readonly,
-                env: Env::new(vars),
-            };
-            let probe_disabled = settings.env.probe_disabled();
-            let probe_max_per_pass = settings.env.probe_max_per_pass();
-            let spec = StoreSpec::from_path(&path);
-            let clock2 = clock.clone();
-            let handle = py.detach(move || Handle::open(&spec, clock2, settings)).map_err(to_pyerr)?;
-            Ok(Self {
-                handle,
-                clock,
-                path,
-                readonly,
-                validator: parking_lot::Mutex::new(None),
-                probe_disabled,
-                probe_max_per_pass,
-            })
-        })
+        open::new(
+            py,
+            path,
+            clock,
+            env,
+            retention_ms,
+            lease_max_age_ms,
+            window_usage_ttl_ms,
+            busy_timeout_ms,
+            flush_interval_ms,
+            readonly,
+        )
     }
 
     /// The database path this engine opened.
@@ -417,20 +160,7 @@ impl PyQuotaEngine {
         enabled: bool,
         account: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let account = match account.filter(|a| !a.is_none()) {
-            Some(a) => Some(str_arg(a, "account")?.to_string()),
-            None => None,
-        };
-        let key = KeyInfo {
-            key_id: int_arg(key_id, "key_id")?,
-            platform: str_arg(platform, "platform")?.to_string(),
-            base_url,
-            label,
-            enabled,
-            account,
-            concurrency_cap: None, // the engine keeps the key's configured cap
-        };
-        self.run(py, move |e| e.register_key(key))
+        config::register_key(self, py, key_id, platform, base_url, label, enabled, account)
     }
 
     /// SPEC §14.3: the account in force for a key (`"key:<key_id>"` for a key of its own).
@@ -490,24 +220,18 @@ impl PyQuotaEngine {
         monthly_token_budget: Option<String>,
         limits: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let others = match limits.filter(|l| !l.is_none()) {
-            Some(l) => limit_list_arg(l, "limits")?,
-            None => Vec::new(),
-        };
-        let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
-        let model = ModelInfo {
-            platform: str_arg(platform, "platform")?.to_string(),
-            model_id: str_arg(model_id, "model_id")?.to_string(),
-            limits: crate::core::types::Limits {
-                rpm: get(rpm, "rpm")?,
-                rpd: get(rpd, "rpd")?,
-                tpm: get(tpm, "tpm")?,
-                tpd: get(tpd, "tpd")?,
-            },
-            others,
+        config::set_model_limits(
+            self,
+            py,
+            platform,
+            model_id,
+            rpm,
+            rpd,
+            tpm,
+            tpd,
             monthly_token_budget,
-        };
-        self.run(py, move |e| e.set_model_limits(model))
+            limits,
+        )
     }
 
     // ---- provider calendars (SPEC §14.2) ----------------------------------------------
@@ -546,12 +270,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         tz: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let p = str_arg(platform, "platform")?;
-        let z = match tz {
-            Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
-            _ => None,
-        };
-        self.run(py, |e| e.set_platform_calendar(p, z))
+        config::set_platform_calendar(self, py, platform, tz)
     }
 
     /// The IANA zone in force for a platform's days ("UTC" unless set, in the
@@ -633,11 +352,17 @@ impl PyQuotaEngine {
         output_tokens: Option<&Bound<'_, PyAny>>,
         cached_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let r = route(platform, model_id, key_id)?;
-        let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
-            type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
-        })?;
-        self.run(py, move |e| e.record_token_use(&r, used))
+        record::record_tokens(
+            self,
+            py,
+            platform,
+            model_id,
+            key_id,
+            tokens,
+            input_tokens,
+            output_tokens,
+            cached_tokens,
+        )
     }
 
     /// SPEC 22.2: for each declared window of an hour or longer (keyed as `usage()`
@@ -654,17 +379,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'py, PyAny>,
         lookback_ms: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let r = route(platform, model_id, key_id)?;
-        let lookback = match lookback_ms.filter(|l| !l.is_none()) {
-            None => crate::core::engine::DEFAULT_LOOKBACK_MS,
-            Some(l) => int_arg(l, "lookback_ms")?,
-        };
-        let f = self.run(py, move |e| e.forecast(&r, lookback))?;
-        let d = PyDict::new(py);
-        for (k, t) in f {
-            d.set_item(k, t)?;
-        }
-        Ok(d)
+        reports::forecast(self, py, platform, model_id, key_id, lookback_ms)
     }
 
     #[pyo3(signature = (platform, model_id, key_id, limits=None))]
@@ -802,11 +517,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
         estimated_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
-        let r = route(platform, model_id, key_id)?;
-        let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-        let op =
-            BatchOp::Lease { route: r, est: Estimate::tokens(est), limits: None, check: false, priority: 0 };
-        py.detach(|| self.handle.batch(op).lease_id()).map_err(to_pyerr)
+        leases::acquire_lease(self, py, platform, model_id, key_id, estimated_tokens)
     }
 
     /// Releases a lease; idempotent.
@@ -832,7 +543,9 @@ impl PyQuotaEngine {
         wait_s: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
-        let (op, r, est, wait) = lease_op(
+        leases::lease(
+            self,
+            py,
             platform,
             model_id,
             key_id,
@@ -841,9 +554,7 @@ impl PyQuotaEngine {
             estimated_output_tokens,
             wait_s,
             priority,
-        )?;
-        let (id, _) = self.admit(py, op, wait)?;
-        self.make_lease(py, id, r, est)
+        )
     }
 
     /// SPEC 17.1: among `routes` ((platform, model_id, key_id) candidates, each with
@@ -862,16 +573,16 @@ impl PyQuotaEngine {
         wait_s: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyLease>> {
-        let (op, rs, est, wait) = Self::lease_any_op(
+        leases::lease_any(
+            self,
+            py,
             routes,
             estimated_tokens,
             estimated_output_tokens,
             strategy,
             wait_s,
             priority,
-        )?;
-        let (id, i) = self.admit(py, op, wait)?;
-        self.make_lease(py, id, rs[i].clone(), est)
+        )
     }
 
     /// The stepper behind `lease_async` (see `quotaengine.QuotaEngine.lease_async`).
@@ -888,7 +599,8 @@ impl PyQuotaEngine {
         wait_s: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyLeaseWaiter> {
-        let (op, r, est, wait) = lease_op(
+        leases::lease_waiter(
+            self,
             platform,
             model_id,
             key_id,
@@ -897,8 +609,7 @@ impl PyQuotaEngine {
             estimated_output_tokens,
             wait_s,
             priority,
-        )?;
-        Ok(self.waiter(op, vec![r], est, wait))
+        )
     }
 
     /// The stepper behind `lease_any_async`.
@@ -912,15 +623,15 @@ impl PyQuotaEngine {
         wait_s: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyLeaseWaiter> {
-        let (op, rs, est, wait) = Self::lease_any_op(
+        leases::lease_any_waiter(
+            self,
             routes,
             estimated_tokens,
             estimated_output_tokens,
             strategy,
             wait_s,
             priority,
-        )?;
-        Ok(self.waiter(op, rs, est, wait))
+        )
     }
 
     // ---- cooldowns ---------------------------------------------------------------
@@ -963,14 +674,7 @@ impl PyQuotaEngine {
         py: Python<'_>,
         key_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<PyCooldown>> {
-        let ids: Option<Vec<i64>> = match key_ids {
-            Some(k) if !k.is_none() => {
-                Some(k.try_iter()?.map(|i| int_arg(&i?, "key_ids[]")).collect::<PyResult<Vec<i64>>>()?)
-            }
-            _ => None,
-        };
-        let (v, now) = self.run(py, move |e| Ok((e.active_cooldowns(ids.as_deref())?, e.now_ms())))?;
-        Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
+        reports::active_cooldowns(self, py, key_ids)
     }
 
     /// Every stored cooldown, expired ones included until cleaned up, by route.
@@ -1023,10 +727,16 @@ impl PyQuotaEngine {
         retry_after_ms: Option<&Bound<'_, PyAny>>,
         quota_signal: bool,
     ) -> PyResult<PyCooldownDecision> {
-        let r = route(platform, model_id, key_id)?;
-        let l = limits_arg(limits)?;
-        let ra = opt_int_arg(retry_after_ms, "retry_after_ms")?;
-        Ok(PyCooldownDecision(self.run(py, move |e| e.cooldown_decision_for_limit(&r, l, ra, quota_signal))?))
+        record::cooldown_decision_for_limit(
+            self,
+            py,
+            platform,
+            model_id,
+            key_id,
+            limits,
+            retry_after_ms,
+            quota_signal,
+        )
     }
 
     /// SPEC §6.2: one call for any failure; benches the route and learns limits. An
@@ -1059,12 +769,7 @@ impl PyQuotaEngine {
         model_id: &Bound<'_, PyAny>,
         message: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<PyLearnedLimit>> {
-        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-        let msg = match message.filter(|m| !m.is_none()) {
-            Some(x) => Some(str_arg(x, "message")?),
-            None => None,
-        };
-        Ok(self.run(py, |e| e.learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
+        record::learn_limit_from_error(self, py, platform, model_id, message)
     }
 
     /// SPEC §9: the used fraction of the model's windows on its key with the most
@@ -1097,16 +802,7 @@ impl PyQuotaEngine {
         model_id: Option<&Bound<'_, PyAny>>,
         status: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<super::types::PyQuotaObservation>> {
-        let p = str_arg(platform, "platform")?;
-        let k = int_arg(key_id, "key_id")?;
-        let m = match model_id.filter(|m| !m.is_none()) {
-            Some(m) => Some(str_arg(m, "model_id")?),
-            None => None,
-        };
-        let st = opt_int_arg(status, "status")?.unwrap_or(200);
-        let hs = super::convert::headers_arg(headers)?;
-        let obs = self.run(py, |e| e.record_quota_headers(p, k, &hs, m, st))?;
-        Ok(obs.into_iter().map(super::types::PyQuotaObservation).collect())
+        reports::record_quota_headers(self, py, platform, key_id, headers, model_id, status)
     }
 
     /// The merged quota rows, one per (platform, key_id, pool_key, metric).
@@ -1120,13 +816,7 @@ impl PyQuotaEngine {
         py: Python<'py>,
         platform: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let p = str_arg(platform, "platform")?;
-        let v = self.run(py, |e| e.key_quota_headroom(p))?;
-        let d = PyDict::new(py);
-        for (k, h) in v {
-            d.set_item(k, h)?;
-        }
-        Ok(d)
+        reports::key_quota_headroom(self, py, platform)
     }
 
     /// Drops the guardrail snapshot so the next call rebuilds it.
@@ -1151,34 +841,7 @@ impl PyQuotaEngine {
         max_per_pass: Option<&Bound<'_, PyAny>>,
         r#loop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        if !validator.is_callable() {
-            return Err(super::errors::type_error("validator must be callable"));
-        }
-        let interval = match interval_s.filter(|v| !v.is_none()) {
-            Some(v) => duration_arg(v, "interval_s")?,
-            None => Duration::from_secs(60),
-        };
-        let max = match max_per_pass.filter(|v| !v.is_none()) {
-            Some(v) => usize::try_from(count_arg(v, "max_per_pass")?).unwrap_or(usize::MAX),
-            None => self.probe_max_per_pass,
-        };
-        let event_loop = r#loop.filter(|l| !l.is_none()).map(|l| l.clone().unbind());
-        if event_loop.is_none() && PyValidator::is_coroutine_function(py, validator)? {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "a coroutine validator needs loop= (the event loop to run it on)",
-            ));
-        }
-        let v = Arc::new(PyValidator::new(validator.clone().unbind(), event_loop, self.handle.id()));
-        *self.validator.lock() = Some(v.clone());
-        if self.probe_disabled {
-            return Ok(false);
-        }
-        if py.detach(|| self.handle.probe_running()).map_err(to_pyerr)? {
-            return Ok(true);
-        }
-        let period = interval.max(Duration::from_millis(1));
-        py.detach(|| self.handle.start_probe(v, period, max)).map_err(to_pyerr)?;
-        Ok(true)
+        probe::start_probe(self, py, validator, interval_s, max_per_pass, r#loop)
     }
 
     /// Stops the background probe; returns promptly, also while a validator runs.
@@ -1198,41 +861,7 @@ impl PyQuotaEngine {
         jitter: Option<&Bound<'_, PyAny>>,
         max_probes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<super::types::PyProbePassResult> {
-        // SPEC 18.3: from inside a pass (its validator, or what that calls) this would
-        // wait for itself. The core sees a pass on this thread; a coroutine validator runs
-        // on its loop's thread, in a context that names the engine.
-        let id = self.handle.id();
-        if crate::core::handle::in_probe_pass(id) || PyValidator::in_coroutine_pass(py, id)? {
-            return Err(to_pyerr(crate::core::handle::pass_running()));
-        }
-        let v: Arc<PyValidator> = match validator.filter(|v| !v.is_none()) {
-            Some(f) => {
-                if !f.is_callable() {
-                    return Err(super::errors::type_error("validator must be callable"));
-                }
-                Arc::new(PyValidator::new(f.clone().unbind(), None, self.handle.id()))
-            }
-            None => self.validator.lock().clone().ok_or_else(|| {
-                pyo3::exceptions::PyValueError::new_err("no validator: pass one or call start_probe first")
-            })?,
-        };
-        let max = match max_probes.filter(|v| !v.is_none()) {
-            Some(m) => usize::try_from(count_arg(m, "max_probes")?).unwrap_or(usize::MAX),
-            None => self.probe_max_per_pass,
-        };
-        let jitter_fn: Option<Py<PyAny>> = jitter.filter(|j| !j.is_none()).map(|j| j.clone().unbind());
-        let out = py.detach(|| {
-            let mut jit = || -> f64 {
-                match &jitter_fn {
-                    Some(f) => Python::attach(|py| {
-                        f.bind(py).call0().and_then(|v| v.extract::<f64>()).unwrap_or(0.0)
-                    }),
-                    None => crate::core::handle::default_jitter(),
-                }
-            };
-            self.handle.run_probe_pass(&*v, &mut jit, max)
-        });
-        Ok(super::types::PyProbePassResult(out.map_err(to_pyerr)?))
+        probe::run_probe_pass(self, py, validator, jitter, max_probes)
     }
 
     // ---- provider pools ----------------------------------------------------------
@@ -1264,25 +893,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         caps: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let mut slots: [Option<CapSetting>; 3] = [None; 3];
-        if let Some(caps) = caps {
-            for (k, v) in caps.iter() {
-                let name: String = k.extract()?;
-                let i = match name.as_str() {
-                    "daily_requests" => 0,
-                    "minute_requests" => 1,
-                    "daily_tokens" => 2,
-                    _ => {
-                        return Err(super::errors::type_error(format!(
-                            "set_provider_caps() got an unexpected keyword argument {name:?}"
-                        )))
-                    }
-                };
-                slots[i] = Some(cap_setting(&v, &name)?);
-            }
-        }
-        let p = str_arg(platform, "platform")?;
-        self.run(py, |e| e.set_provider_caps(p, slots[0], slots[1], slots[2]))
+        config::set_provider_caps(self, py, platform, caps)
     }
 
     fn reset_provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -1333,30 +944,7 @@ impl PyQuotaEngine {
         model_id: Option<String>,
         key_id: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let f = UsageFilter {
-            since_ms: opt_int_arg(since_ms, "since_ms")?,
-            until_ms: opt_int_arg(until_ms, "until_ms")?,
-            platform,
-            model_id,
-            key_id: opt_int_arg(key_id, "key_id")?,
-        };
-        let rows = self.run(py, move |e| e.usage_events(&f))?;
-        let out = PyList::empty(py);
-        for r in rows {
-            let d = PyDict::new(py);
-            d.set_item("platform", &*r.platform)?;
-            d.set_item("model_id", &*r.model_id)?;
-            d.set_item("key_id", r.key_id)?;
-            d.set_item("kind", r.kind.as_str())?;
-            d.set_item("tokens", r.tokens)?;
-            // SPEC §14.4: what the call reported of its split, None where it did not.
-            d.set_item("input_tokens", r.kinds.input)?;
-            d.set_item("output_tokens", r.kinds.output)?;
-            d.set_item("cached_tokens", r.kinds.cached)?;
-            d.set_item("created_at_ms", r.created_at_ms)?;
-            out.append(d)?;
-        }
-        Ok(out)
+        reports::usage_events(self, py, since_ms, until_ms, platform, model_id, key_id)
     }
 
     /// `server_logs` rows, newest first.
@@ -1366,52 +954,12 @@ impl PyQuotaEngine {
         py: Python<'py>,
         limit: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let n = limit.map_or(Ok(100), |l| count_arg(l, "limit"))?;
-        let rows = self.run(py, move |e| e.server_logs(n))?;
-        let out = PyList::empty(py);
-        for (id, r, request_id) in rows {
-            let d = PyDict::new(py);
-            d.set_item("id", id)?;
-            d.set_item("level", r.level)?;
-            d.set_item("source", r.source)?;
-            d.set_item("provider", r.provider)?;
-            d.set_item("model", r.model)?;
-            d.set_item("event", r.event)?;
-            d.set_item("request_id", request_id)?;
-            d.set_item("message", r.message)?;
-            d.set_item("created_at_ms", r.created_at_ms)?;
-            out.append(d)?;
-        }
-        Ok(out)
+        reports::server_logs(self, py, limit)
     }
 
     /// Rows of the snapshot as dicts (wrapped by `quotaengine.QuotaSnapshot`).
     fn _snapshot_rows<'py>(&self, py: Python<'py>) -> PyResult<(i64, Bound<'py, PyList>)> {
-        let (rows, now) = self.run(py, |e| Ok((e.snapshot()?, e.now_ms())))?;
-        let out = PyList::empty(py);
-        for r in rows {
-            let d = PyDict::new(py);
-            d.set_item("platform", &r.route.platform)?;
-            d.set_item("model_id", &r.route.model_id)?;
-            d.set_item("key_id", r.route.key_id)?;
-            d.set_item("rpm_used", r.rpm_used)?;
-            d.set_item("rpm_limit", r.limits.rpm)?;
-            d.set_item("rpd_used", r.rpd_used)?;
-            d.set_item("rpd_limit", r.limits.rpd)?;
-            d.set_item("tpm_used", r.tpm_used)?;
-            d.set_item("tpm_limit", r.limits.tpm)?;
-            d.set_item("tpd_used", r.tpd_used)?;
-            d.set_item("tpd_limit", r.limits.tpd)?;
-            d.set_item("used_fraction", r.used_fraction())?;
-            // SPEC §14.1: every other declared limit, as (reason, used, limit).
-            d.set_item("declared", r.others.clone())?;
-            d.set_item("in_flight", r.in_flight)?;
-            d.set_item("cooldown_source", r.cooldown.map(|c| c.source.as_str()))?;
-            d.set_item("cooldown_expires_at_ms", r.cooldown.map(|c| c.expires_at_ms))?;
-            d.set_item("exhausts_at_ms", r.exhausts_at_ms)?;
-            out.append(d)?;
-        }
-        Ok((now, out))
+        reports::snapshot_rows(self, py)
     }
 
     /// Test hook: panics inside the engine; the panic must come back as an exception.

@@ -1,0 +1,131 @@
+//! A limit stated in an error body (SPEC §7): Groq's words, Google's quota ids.
+use super::{cached, head};
+use regex::Regex;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+/// The window a provider-stated limit belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LimitAxis {
+    Tpd,
+    Tpm,
+    Rpd,
+    Rpm,
+    /// A key concurrency cap, learned from a concurrency failure (SPEC 15.4), never
+    /// from a message's axis (not in [`LimitAxis::ALL`]).
+    Concurrency,
+}
+
+impl LimitAxis {
+    /// Every axis, in the order [`parse_provider_limit`] tries them.
+    pub const ALL: [LimitAxis; 4] = [LimitAxis::Tpd, LimitAxis::Tpm, LimitAxis::Rpd, LimitAxis::Rpm];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitAxis::Tpd => "tpd",
+            LimitAxis::Tpm => "tpm",
+            LimitAxis::Rpd => "rpd",
+            LimitAxis::Rpm => "rpm",
+            LimitAxis::Concurrency => "concurrency",
+        }
+    }
+}
+
+impl fmt::Display for LimitAxis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LimitAxis {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        LimitAxis::ALL
+            .into_iter()
+            .find(|axis| axis.as_str() == s)
+            .ok_or_else(|| format!("unknown limit kind {s:?}; expected tpd, tpm, rpd or rpm"))
+    }
+}
+
+/// A limit a provider stated in an error body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LearnedLimit {
+    pub kind: LimitAxis,
+    pub limit: i64,
+}
+
+/// Learns a real limit from an error body (SPEC §7).
+///
+/// Needs BOTH a number after the word "limit" (`Limit 30000`, `limit: 1,000`,
+/// `limit of 50`; thousands separators allowed; > 0 and within i64) AND a
+/// confident axis: "tokens per day"/TPD, "tokens per minute"/TPM, "requests per
+/// day"/RPD, "requests per minute"/RPM (case-insensitive, whole words; spaces,
+/// `_` or `-` between the words), tried in exactly that order: the first axis
+/// named anywhere in the message wins. The first well-formed number after
+/// "limit" is the limit (`limit 30k` or `limit 1.5` are not well-formed and are
+/// skipped). Otherwise `None`.
+///
+/// SPEC §15.3: Google's CamelCase quota ids count as axes too (`Requests`, later
+/// `PerDay`, as in `GenerateRequestsPerDayPerProjectPerModel-FreeTier`, is RPD;
+/// `Tokens` ... `PerMinute` is TPM), and the number may come from the JSON
+/// details' `"quotaValue": "N"` when no "limit" states one.
+pub fn parse_provider_limit(message: Option<&str>) -> Option<LearnedLimit> {
+    let message = head(message?);
+    let limit = stated_limit(message).or_else(|| quota_value(message))?;
+    let kind =
+        LimitAxis::ALL.into_iter().find(|axis| axis_regex(*axis).is_some_and(|re| re.is_match(message)))?;
+    Some(LearnedLimit { kind, limit })
+}
+
+/// The first well-formed number after the word "limit", if it is > 0 and
+/// fits in i64.
+pub(super) fn stated_limit(message: &str) -> Option<i64> {
+    static LIMIT: OnceLock<Option<Regex>> = OnceLock::new();
+    let re = cached(&LIMIT, r"(?i)\blimit\b(?:\s*(?:[:=]|of\b|is\b))?\s*([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)")?;
+    for caps in re.captures_iter(message) {
+        let Some(number) = caps.get(1) else { continue };
+        let after = message.get(number.end()..).unwrap_or_default();
+        let mut next = after.chars();
+        let malformed = match next.next() {
+            Some(c) if c.is_alphanumeric() => true, // "30k", "1,0000"
+            Some('.' | ',') => next.next().is_some_and(|c| c.is_ascii_digit()), // "1.5", "6000,123"
+            _ => false,
+        };
+        if malformed {
+            continue;
+        }
+        let digits: String = number.as_str().chars().filter(char::is_ascii_digit).collect();
+        return digits.parse::<i64>().ok().filter(|n| *n > 0);
+    }
+    None
+}
+
+/// Google's `"quotaValue": "N"` (a JSON string or number), if > 0 and within i64.
+fn quota_value(message: &str) -> Option<i64> {
+    static VALUE: OnceLock<Option<Regex>> = OnceLock::new();
+    let re = cached(&VALUE, r#""quotaValue"\s*:\s*"?([0-9]{1,19})"?"#)?;
+    re.captures(message)?.get(1)?.as_str().parse::<i64>().ok().filter(|n| *n > 0)
+}
+
+pub(super) fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
+    static TPD: OnceLock<Option<Regex>> = OnceLock::new();
+    static TPM: OnceLock<Option<Regex>> = OnceLock::new();
+    static RPD: OnceLock<Option<Regex>> = OnceLock::new();
+    static RPM: OnceLock<Option<Regex>> = OnceLock::new();
+    // Word boundaries are "not an ASCII letter or digit", so `tpm_limit` and
+    // `(TPM)` count while `rpms` or `xtpd` do not.
+    const L: &str = r"(?:^|[^a-zA-Z0-9])";
+    const R: &str = r"(?:$|[^a-zA-Z0-9])";
+    const SEP: &str = r"[\s_-]+";
+    let (cell, noun, period, abbr) = match axis {
+        LimitAxis::Tpd => (&TPD, "tokens?", "day", "tpd"),
+        LimitAxis::Tpm => (&TPM, "tokens?", "minute", "tpm"),
+        LimitAxis::Rpd => (&RPD, "requests?", "day", "rpd"),
+        LimitAxis::Rpm => (&RPM, "requests?", "minute", "rpm"),
+        LimitAxis::Concurrency => return None,
+    };
+    // A Google quota id: the noun, and later in the same identifier `Per<Period>`.
+    let camel = format!(r"{noun}[a-zA-Z0-9]*?per{period}");
+    cached(cell, &format!(r"(?i)(?:{L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}|{camel})"))
+}
