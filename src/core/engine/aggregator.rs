@@ -18,7 +18,7 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let (platform, model_id) = (route.platform.as_str(), route.model_id.as_str());
-        let chain = upstream_chain(&mut self.mirror.upstream_hits(platform, model_id), now);
+        let chain = upstream_chain(&mut self.mirror.history.upstream_hits(platform, model_id), now);
         let bench = upstream_bench_ms(chain, stated_ms).min(DAY_MS);
         writes.push(Self::history_row(route, HistoryKind::Upstream, now));
         let expires = now.saturating_add(bench);
@@ -55,7 +55,7 @@ impl Engine {
             PoolAxis::Day => HistoryKind::PoolDay,
         };
         let keys = self.mirror.account_keys(&route.platform, route.key_id);
-        let before = self.mirror.learned_pool_cap(&route.platform, &keys, kind);
+        let before = self.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
         let cap = before.map_or(limit, |b| b.min(limit));
         // One row per key; the latest confirms the cap (history lives a day).
         writes.push(Write::DeleteHistory {
@@ -90,8 +90,8 @@ impl Engine {
         self.read(|m, _| {
             let keys = m.account_keys(platform, key_id);
             ProviderCaps {
-                daily_requests: m.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                minute_requests: m.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+                daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                minute_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
                 daily_tokens: None,
             }
         })

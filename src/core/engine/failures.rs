@@ -201,7 +201,7 @@ impl Engine {
             limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
         if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
-            let earlier = self.mirror.history_count(
+            let earlier = self.mirror.history.count(
                 route,
                 HistoryKind::Unknown,
                 now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
@@ -212,8 +212,8 @@ impl Engine {
         let facts = LimitFacts {
             daily_exhausted,
             effectively_exhausted,
-            ladder_steps: self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
-            recent_transient: self.mirror.history_count(
+            ladder_steps: self.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
+            recent_transient: self.mirror.history.count(
                 route,
                 HistoryKind::Transient,
                 now.saturating_sub(TRANSIENT_MEMORY_MS),
@@ -358,7 +358,7 @@ impl Engine {
         let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
-            && self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) > 0
+            && self.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
         {
             // Any other outcome ends the empty-completion streak.
             writes.push(Write::DeleteHistory {
@@ -377,7 +377,7 @@ impl Engine {
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
-                let n = self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) + 1;
+                let n = self.mirror.history.count(route, HistoryKind::Empty, i64::MIN) + 1;
                 writes.push(Self::history_row(route, HistoryKind::Empty, now));
                 (n >= EMPTY_STREAK_BENCH).then(|| {
                     if local {
@@ -390,7 +390,7 @@ impl Engine {
             _ if local => Some(local_bench),
             KindRule::Fixed(d) => Some(d),
             KindRule::AuthLadder => {
-                let n = self.mirror.history_count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
+                let n = self.mirror.history.count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
                 writes.push(Self::history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
@@ -502,7 +502,7 @@ impl Engine {
                 return CooldownDecision::new(d.min(DAY_MS), CooldownSource::Authoritative);
             }
         };
-        let steps = self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
+        let steps = self.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
         writes.push(Self::history_row(route, HistoryKind::Ladder, now));
         let step = ladder_step(&LADDER_MS, steps.saturating_add(1)).min(until_next_day);
         if delay > step {
@@ -524,7 +524,7 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> LearnedLimit {
         let others = self.mirror.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
-        let before = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let before = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         let cap = before.map_or(others, |c| c.min(others));
         // One row per key: the latest says what is in force.
         writes.push(Write::DeleteHistory {
@@ -553,7 +553,7 @@ impl Engine {
         let (configured, learned) = self.read(|m, now| {
             let configured =
                 m.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
-            (configured, m.learned_concurrency_cap(platform, key_id, now))
+            (configured, m.history.learned_concurrency_cap(platform, key_id, now))
         })?;
         Ok(min_cap(min_cap(env, configured), learned))
     }

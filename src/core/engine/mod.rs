@@ -516,7 +516,7 @@ impl Engine {
         // configured cap and the learned one.
         let configured = self.mirror.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
         let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
-        let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let learned = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
         let caps = self.effective_caps(&route.platform, route.key_id, now);
         GateContext {
@@ -524,7 +524,7 @@ impl Engine {
             provider: self.provider_limits(caps),
             concurrency_cap: failures::min_cap(conc, learned),
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
-            reserve: self.mirror.reserve_for(0),
+            reserve: self.mirror.reserves.for_priority(0),
         }
     }
 
@@ -641,7 +641,7 @@ impl Engine {
     /// configured priority `<= priority` (0 when none).
     pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
         check_priority(priority)?;
-        self.read(|m, _| m.reserve_for(priority))
+        self.read(|m, _| m.reserves.for_priority(priority))
     }
 
     /// The calendar in force for a platform (what `f` is given), after reading what
@@ -710,7 +710,7 @@ impl Engine {
     /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
     /// so the hot path writes nothing extra.
     fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
-        let (route_rows, auth_rows) = self.mirror.has_history_to_clear(route);
+        let (route_rows, auth_rows) = self.mirror.history.has_to_clear(route);
         if route_rows {
             writes.push(Write::DeleteHistory {
                 key_id: route.key_id,
@@ -785,7 +785,7 @@ impl Engine {
         now: i64,
     ) -> (RouteId, Verdict) {
         let mut ctx = self.gate_context(route, limits, now);
-        ctx.reserve = self.mirror.reserve_for(priority);
+        ctx.reserve = self.mirror.reserves.for_priority(priority);
         let rid = self.ready_route(route, &ctx.limits, now);
         (rid, admission::admit(&self.mirror.route_view(rid, &ctx, est, now)))
     }

@@ -552,10 +552,10 @@ impl Engine {
         let tables_changed =
             tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
         if let Some(p) = ch.priorities {
-            self.mirror.replace_reserves(p);
+            self.mirror.reserves.replace(p);
         }
         if let Some(h) = ch.history {
-            self.mirror.replace_history(h);
+            self.mirror.history.replace(h);
         }
         if let Some(c) = ch.calendars {
             if self.mirror.replace_calendars(c.into_iter().collect()) {
@@ -765,12 +765,12 @@ impl Engine {
             Write::ResetCaps(p) => {
                 self.mirror.caps.remove(p);
             }
-            Write::InsertHistory(h) => self.mirror.add_history(h.clone()),
+            Write::InsertHistory(h) => self.mirror.history.add(h.clone()),
             Write::DeleteHistory { key_id, route, kinds } => {
-                return self.mirror.remove_history(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
+                return self.mirror.history.remove(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
             }
             Write::Sweep { history_before, .. } => {
-                self.mirror.prune_history(*history_before);
+                self.mirror.history.prune(*history_before);
             }
             Write::SetCalendar { platform, zone } => {
                 let set = self.mirror.zones_with(platform, zone.as_deref());
@@ -779,7 +779,9 @@ impl Engine {
                     self.unit.rebuild = true;
                 }
             }
-            Write::SetPriorityReserve { priority, fraction } => self.mirror.put_reserve(*priority, *fraction),
+            Write::SetPriorityReserve { priority, fraction } => {
+                self.mirror.reserves.put(*priority, *fraction)
+            }
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         0

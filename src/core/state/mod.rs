@@ -4,12 +4,16 @@
 pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
-use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 use regex::Regex;
+
+mod config;
+mod history;
+pub use config::Reserves;
+pub use history::History;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
@@ -113,11 +117,9 @@ pub struct Mirror {
     /// (since, at): the last load read the rows stamped `since` or later, at `at`.
     loaded: Option<(i64, i64)>,
     pub caps: FastMap<String, CapOverrides>,
-    /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
-    history: FastMap<i64, Vec<HistoryRow>>,
+    pub history: History,
     pub calendars: Calendars,
-    /// SPEC 22.1: (priority, reserve fraction) as stored, by priority.
-    reserves: Vec<(i64, f64)>,
+    pub reserves: Reserves,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -229,31 +231,6 @@ impl Mirror {
 
     /// The account a key belongs to (SPEC §14.3): the one it was registered with, else
     /// its own, `"key:<key_id>"`.
-    /// SPEC 22.1: the reserve of a call of `priority`, the fraction set for the largest
-    /// configured priority `<= priority` (0 when none).
-    #[inline]
-    pub fn reserve_for(&self, priority: i64) -> f64 {
-        if self.reserves.is_empty() {
-            return 0.0;
-        }
-        self.reserves.iter().rev().find(|(p, _)| *p <= priority).map_or(0.0, |(_, f)| *f)
-    }
-
-    /// Replaces the stored reserves (the store's whole table).
-    pub fn replace_reserves(&mut self, mut rows: Vec<(i64, f64)>) {
-        rows.sort_by_key(|(p, _)| *p);
-        rows.dedup_by_key(|(p, _)| *p);
-        self.reserves = rows;
-    }
-
-    /// Sets one priority's reserve.
-    pub fn put_reserve(&mut self, priority: i64, fraction: f64) {
-        match self.reserves.binary_search_by_key(&priority, |(p, _)| *p) {
-            Ok(i) => self.reserves[i].1 = fraction,
-            Err(i) => self.reserves.insert(i, (priority, fraction)),
-        }
-    }
-
     pub fn account_name(&self, platform: &str, key_id: i64) -> Arc<str> {
         match self.keys.get(&key_id) {
             Some(KeyInfo { platform: p, account: Some(a), .. }) if p == platform => Arc::from(a.as_str()),
@@ -899,80 +876,6 @@ impl Mirror {
         n
     }
 
-    // ---- failure history -----------------------------------------------------------
-
-    pub fn replace_history(&mut self, rows: Vec<HistoryRow>) {
-        self.history.clear();
-        for r in rows {
-            self.add_history(r);
-        }
-    }
-
-    pub fn prune_history(&mut self, before: i64) {
-        self.history.retain(|_, rows| {
-            rows.retain(|h| h.hit_at_ms >= before);
-            !rows.is_empty()
-        });
-    }
-
-    pub fn add_history(&mut self, row: HistoryRow) {
-        self.history.entry(row.key_id).or_default().push(row);
-    }
-
-    /// Removes matching history; returns how many rows went.
-    pub fn remove_history(&mut self, key_id: i64, route: Option<(&str, &str)>, kinds: &[HistoryKind]) -> i64 {
-        let Some(rows) = self.history.get_mut(&key_id) else { return 0 };
-        let before = rows.len();
-        rows.retain(|h| {
-            !(kinds.contains(&h.kind) && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
-        });
-        let removed = (before - rows.len()) as i64;
-        if rows.is_empty() {
-            self.history.remove(&key_id);
-        }
-        removed
-    }
-
-    /// Hits of one kind on a route (or, for `Auth`, on the key) with `hit_at_ms > since`.
-    pub fn history_count(&self, route: &crate::core::types::Route, kind: HistoryKind, since: i64) -> i64 {
-        let Some(rows) = self.history.get(&route.key_id) else { return 0 };
-        rows.iter()
-            .filter(|h| {
-                h.kind == kind
-                    && h.hit_at_ms > since
-                    && (if kind.of_key() {
-                        &*h.platform == route.platform.as_str()
-                    } else {
-                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
-                    })
-            })
-            .count() as i64
-    }
-
-    /// Whether a success on `route` has history to clear: the route's ladder,
-    /// unknown-limit, transient and empty-completion rows, and the key's auth rows (a
-    /// learned concurrency cap stays). O(1) for a key without failures (the hot path).
-    pub fn has_history_to_clear(&self, route: &crate::core::types::Route) -> (bool, bool) {
-        let Some(rows) = self.history.get(&route.key_id) else { return (false, false) };
-        let mut route_rows = false;
-        let mut auth_rows = false;
-        for h in rows {
-            match h.kind {
-                HistoryKind::Auth => auth_rows = true,
-                // Kept: a learned cap, and the upstream chain that decays on its own.
-                HistoryKind::Concurrency
-                | HistoryKind::PoolMinute
-                | HistoryKind::PoolDay
-                | HistoryKind::Upstream => {}
-                _ => {
-                    route_rows |=
-                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
-                }
-            }
-        }
-        (route_rows, auth_rows)
-    }
-
     /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
     pub fn key_live_leases(&self, platform: &str, key_id: i64, except: Option<i64>, now: i64) -> i64 {
         self.leases
@@ -984,64 +887,30 @@ impl Mirror {
             .count() as i64
     }
 
-    /// The times of the upstream failures of a (platform, model) on any key (SPEC 21.1).
-    pub fn upstream_hits(&self, platform: &str, model_id: &str) -> Vec<i64> {
-        self.history
-            .values()
-            .flatten()
-            .filter(|h| {
-                h.kind == HistoryKind::Upstream && &*h.platform == platform && &*h.model_id == model_id
-            })
-            .map(|h| h.hit_at_ms)
-            .collect()
-    }
-
-    /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an
-    /// account from pool 429s (SPEC 21.2): the lowest any of its keys learned.
-    pub fn learned_pool_cap(&self, platform: &str, keys: &[i64], kind: HistoryKind) -> Option<i64> {
-        keys.iter()
-            .filter_map(|k| self.history.get(k))
-            .flatten()
-            .filter(|h| h.kind == kind && &*h.platform == platform)
-            .filter_map(|h| h.value)
-            .min()
-    }
-
     /// The (daily, minute) request caps learned for a key's account from pool 429s
     /// (SPEC 21.2); `None` at once, without allocating, when none can be (the hot path).
     pub fn learned_pool_caps(&self, platform: &str, key_id: i64) -> Option<(Option<i64>, Option<i64>)> {
         let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
         let shared = self.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
         if shared {
-            if !self.history.values().flatten().any(pool) {
+            if !self.history.by_key.values().flatten().any(pool) {
                 return None;
             }
             let keys = self.account_keys(platform, key_id);
             return Some((
-                self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+                self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
             ));
         }
-        let rows = self.history.get(&key_id)?;
+        let rows = self.history.by_key.get(&key_id)?;
         if !rows.iter().any(pool) {
             return None;
         }
         let keys = [key_id];
         Some((
-            self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-            self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+            self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+            self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
         ))
-    }
-
-    /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
-    /// the key's latest such failure taught or confirmed, until 1 h after it.
-    pub fn learned_concurrency_cap(&self, platform: &str, key_id: i64, now: i64) -> Option<i64> {
-        let rows = self.history.get(&key_id)?;
-        rows.iter()
-            .filter(|h| h.kind == HistoryKind::Concurrency && &*h.platform == platform)
-            .max_by_key(|h| h.hit_at_ms)
-            .filter(|h| now < h.hit_at_ms.saturating_add(LEARNED_CAP_TTL_MS))
-            .and_then(|h| h.value)
     }
 
     // ---- provider accounts ---------------------------------------------------------
@@ -1304,11 +1173,11 @@ mod tests {
             i64::MAX - (i64::MAX as f64 * 0.5).floor() as i64
         );
         let mut m = Mirror::default();
-        assert_eq!(m.reserve_for(3), 0.0);
-        m.replace_reserves(vec![(3, 0.5), (1, 0.2)]);
-        assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserve_for(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
-        m.put_reserve(0, 0.1);
-        assert_eq!(m.reserve_for(0), 0.1);
+        assert_eq!(m.reserves.for_priority(3), 0.0);
+        m.reserves.replace(vec![(3, 0.5), (1, 0.2)]);
+        assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserves.for_priority(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
+        m.reserves.put(0, 0.1);
+        assert_eq!(m.reserves.for_priority(0), 0.1);
     }
 
     #[test]
