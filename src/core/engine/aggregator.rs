@@ -22,7 +22,7 @@ impl Engine {
         let bench = upstream_bench_ms(chain, stated_ms).min(DAY_MS);
         writes.push(Self::history_row(route, HistoryKind::Upstream, now));
         let expires = now.saturating_add(bench);
-        if let Some(c) = self.mirror.model_cooldown(platform, model_id, now) {
+        if let Some(c) = self.mirror.cooldowns.of_model(platform, model_id, now) {
             if c.expires_at_ms >= expires {
                 return CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source);
             }

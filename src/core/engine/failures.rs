@@ -9,7 +9,7 @@ impl Engine {
 
     /// The route's own active cooldown.
     pub(super) fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
-        let c = m.active_cooldown(rid, now)?;
+        let c = m.cooldowns.of_route(rid, now)?;
         let r = m.route(rid);
         Some(Self::cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
     }
@@ -69,7 +69,9 @@ impl Engine {
             match m.find_route(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
                 Some((c, wide)) => Some(Self::cooldown_row(p, model, key, c, wide)),
                 // A key not seen yet on the model: only the model's bench can hold it.
-                None => m.model_cooldown(p, model, now).map(|c| Self::cooldown_row(p, model, key, c, true)),
+                None => {
+                    m.cooldowns.of_model(p, model, now).map(|c| Self::cooldown_row(p, model, key, c, true))
+                }
             }
         })
     }
@@ -80,12 +82,13 @@ impl Engine {
         self.read(|m, now| {
             let mut v: Vec<Cooldown> = m
                 .cooldowns
+                .routes
                 .keys()
                 .filter_map(|rid| Self::cooldown_of(m, *rid, now))
                 .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
                 .collect();
             if key_ids.is_none() {
-                for (p, models) in &m.model_cooldowns {
+                for (p, models) in &m.cooldowns.models {
                     for (model, c) in models.iter().filter(|(_, c)| now < c.expires_at_ms) {
                         v.push(Self::cooldown_row(p, model, 0, *c, true));
                     }
@@ -409,7 +412,7 @@ impl Engine {
         let cooldown = decision.map(|d| {
             let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             let expires = now.saturating_add(d.duration_ms);
-            match self.mirror.active_cooldown(rid, now) {
+            match self.mirror.cooldowns.of_route(rid, now) {
                 // Never shorten: a cooldown that lasts as long or longer stands.
                 Some(c) if c.expires_at_ms >= expires => {
                     CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source)
@@ -448,7 +451,7 @@ impl Engine {
 
     fn recover_key_at(&mut self, key_id: i64, now: i64, writes: &mut Vec<Write>) -> i64 {
         let mut cleared = Vec::new();
-        for (rid, c) in self.mirror.cooldowns.iter() {
+        for (rid, c) in self.mirror.cooldowns.routes.iter() {
             let r = self.mirror.route(*rid);
             if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
                 cleared.push(format!("{}/{}", r.platform, r.model_id));

@@ -82,6 +82,7 @@ impl Engine {
         self.read(|m, _| {
             let mut v: Vec<Cooldown> = m
                 .cooldowns
+                .routes
                 .iter()
                 .map(|(rid, c)| {
                     let r = m.route(*rid);
@@ -99,7 +100,7 @@ impl Engine {
                 })
                 .collect();
             // The model-wide benches (SPEC 21.1): key_id 0 stands for no key.
-            for (platform, models) in &m.model_cooldowns {
+            for (platform, models) in &m.cooldowns.models {
                 for (model_id, c) in models {
                     v.push(Cooldown {
                         route: Route {

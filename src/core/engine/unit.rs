@@ -735,27 +735,28 @@ impl Engine {
             Write::UpsertCooldown(c) => self.mirror.put_cooldown(c),
             Write::DeleteCooldown { platform, model_id, key_id } => {
                 if let Some(rid) = self.mirror.find_route(platform, model_id, *key_id) {
-                    return i64::from(self.mirror.cooldowns.remove(&rid).is_some());
+                    return i64::from(self.mirror.cooldowns.routes.remove(&rid).is_some());
                 }
             }
             Write::DeleteCooldownsForKey(key_id) => {
                 let routes: Vec<RouteId> = self
                     .mirror
                     .cooldowns
+                    .routes
                     .keys()
                     .copied()
                     .filter(|rid| self.mirror.route(*rid).key_id == *key_id)
                     .collect();
                 for rid in &routes {
-                    self.mirror.cooldowns.remove(rid);
+                    self.mirror.cooldowns.routes.remove(rid);
                 }
                 return routes.len() as i64;
             }
             Write::DeleteExpiredCooldowns(t) => {
-                let before = self.mirror.cooldowns.len();
-                self.mirror.cooldowns.retain(|_, c| c.expires_at_ms > *t);
-                let models = self.mirror.remove_expired_model_cooldowns(*t);
-                return (before - self.mirror.cooldowns.len()) as i64 + models;
+                let before = self.mirror.cooldowns.routes.len();
+                self.mirror.cooldowns.routes.retain(|_, c| c.expires_at_ms > *t);
+                let models = self.mirror.cooldowns.remove_expired_models(*t);
+                return (before - self.mirror.cooldowns.routes.len()) as i64 + models;
             }
             Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
             Write::UpsertModel(m) => self.mirror.put_model(m.clone()),

@@ -1,8 +1,9 @@
 //! The mirrored `failure_history` (SPEC 15, 21): rows by key, what the failure
 //! ladder counts and what learned caps are read from.
 use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
-use crate::core::state::FastMap;
+use crate::core::state::{CooldownRec, FastMap, RouteId};
 use crate::core::store::{HistoryKind, HistoryRow};
+use std::sync::Arc;
 
 /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
 #[derive(Debug, Default)]
@@ -115,5 +116,41 @@ impl History {
             .max_by_key(|h| h.hit_at_ms)
             .filter(|h| now < h.hit_at_ms.saturating_add(LEARNED_CAP_TTL_MS))
             .and_then(|h| h.value)
+    }
+}
+
+/// The mirrored cooldowns: each route's own, and each model's bench for every key
+/// (SPEC 21.1).
+#[derive(Debug, Default)]
+pub struct Cooldowns {
+    pub routes: FastMap<RouteId, CooldownRec>,
+    /// platform -> model_id -> the model's bench for every key (SPEC 21.1).
+    pub models: FastMap<Arc<str>, FastMap<Arc<str>, CooldownRec>>,
+}
+
+impl Cooldowns {
+    /// The route's own active cooldown (not its model's, SPEC 21.1).
+    pub fn of_route(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
+        self.routes.get(&rid).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    /// The active model-wide bench of a (platform, model) (SPEC 21.1).
+    pub fn of_model(&self, platform: &str, model_id: &str, now: i64) -> Option<CooldownRec> {
+        if self.models.is_empty() {
+            return None;
+        }
+        self.models.get(platform)?.get(model_id).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    /// Drops model-wide benches that expired at `now`; how many went.
+    pub fn remove_expired_models(&mut self, now: i64) -> i64 {
+        let mut n = 0i64;
+        for models in self.models.values_mut() {
+            let before = models.len();
+            models.retain(|_, c| c.expires_at_ms > now);
+            n += (before - models.len()) as i64;
+        }
+        self.models.retain(|_, m| !m.is_empty());
+        n
     }
 }

@@ -13,7 +13,7 @@ use regex::Regex;
 mod config;
 mod history;
 pub use config::Reserves;
-pub use history::History;
+pub use history::{Cooldowns, History};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
@@ -96,9 +96,7 @@ pub struct Mirror {
     /// (platform, account name) -> how many registered keys it has.
     account_members: HashMap<(String, Arc<str>), usize>,
     leases: FastMap<i64, LeaseRec>,
-    pub cooldowns: FastMap<RouteId, CooldownRec>,
-    /// platform -> model_id -> the model's bench for every key (SPEC 21.1).
-    pub model_cooldowns: FastMap<Arc<str>, FastMap<Arc<str>, CooldownRec>>,
+    pub cooldowns: Cooldowns,
     /// Registered keys; change them through `put_key` / `replace_keys`.
     pub keys: HashMap<i64, KeyInfo>,
     /// platform -> its registered, enabled keys, kept with `keys`.
@@ -818,8 +816,8 @@ impl Mirror {
     }
 
     pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
-        self.cooldowns.clear();
-        self.model_cooldowns.clear();
+        self.cooldowns.routes.clear();
+        self.cooldowns.models.clear();
         for r in rows {
             self.put_cooldown(r);
         }
@@ -831,49 +829,24 @@ impl Mirror {
         match r.key_id {
             Some(key_id) => {
                 let rid = self.route_id(&r.platform, &r.model_id, key_id);
-                self.cooldowns.insert(rid, rec);
+                self.cooldowns.routes.insert(rid, rec);
             }
             None => {
-                self.model_cooldowns.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
+                self.cooldowns.models.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
             }
         }
-    }
-
-    /// The route's own active cooldown (not its model's, SPEC 21.1).
-    pub fn active_cooldown(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
-        self.cooldowns.get(&rid).copied().filter(|c| now < c.expires_at_ms)
-    }
-
-    /// The active model-wide bench of a (platform, model) (SPEC 21.1).
-    pub fn model_cooldown(&self, platform: &str, model_id: &str, now: i64) -> Option<CooldownRec> {
-        if self.model_cooldowns.is_empty() {
-            return None;
-        }
-        self.model_cooldowns.get(platform)?.get(model_id).copied().filter(|c| now < c.expires_at_ms)
     }
 
     /// What benches a route (SPEC 21.1): whichever of its own cooldown and its model's
     /// ends later; true when it is the model's.
     pub fn route_bench(&self, rid: RouteId, now: i64) -> Option<(CooldownRec, bool)> {
-        let own = self.active_cooldown(rid, now);
+        let own = self.cooldowns.of_route(rid, now);
         let r = &self.routes[rid as usize];
-        match (own, self.model_cooldown(&r.platform, &r.model_id, now)) {
+        match (own, self.cooldowns.of_model(&r.platform, &r.model_id, now)) {
             (Some(o), Some(m)) if m.expires_at_ms > o.expires_at_ms => Some((m, true)),
             (Some(o), _) => Some((o, false)),
             (None, m) => m.map(|m| (m, true)),
         }
-    }
-
-    /// Drops model-wide benches that expired at `now`; how many went.
-    pub fn remove_expired_model_cooldowns(&mut self, now: i64) -> i64 {
-        let mut n = 0i64;
-        for models in self.model_cooldowns.values_mut() {
-            let before = models.len();
-            models.retain(|_, c| c.expires_at_ms > now);
-            n += (before - models.len()) as i64;
-        }
-        self.model_cooldowns.retain(|_, m| !m.is_empty());
-        n
     }
 
     /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
