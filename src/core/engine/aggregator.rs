@@ -78,7 +78,7 @@ impl Engine {
                 format!(
                     "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
                     route.platform,
-                    self.mirror.account_name(&route.platform, route.key_id)
+                    self.mirror.config.account_name(&route.platform, route.key_id)
                 ),
             ));
         }
@@ -103,7 +103,7 @@ impl Engine {
     pub(super) fn effective_caps(&mut self, platform: &str, key_id: i64, _now: i64) -> ProviderCaps {
         let caps = self.caps_for(platform);
         let Some((day, minute)) = self.mirror.learned_pool_caps(platform, key_id) else { return caps };
-        let set = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        let set = self.mirror.config.caps.get(platform).copied().unwrap_or_default();
         let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
             CapSetting::Inherit => failures::min_cap(cap, learned),
             _ => cap,

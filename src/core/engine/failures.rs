@@ -164,7 +164,12 @@ impl Engine {
     }
 
     pub(super) fn is_local(&self, key_id: i64) -> bool {
-        self.mirror.keys.get(&key_id).and_then(|k| k.base_url.as_deref()).is_some_and(is_local_base_url)
+        self.mirror
+            .config
+            .keys
+            .get(&key_id)
+            .and_then(|k| k.base_url.as_deref())
+            .is_some_and(is_local_base_url)
     }
 
     pub(super) fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
@@ -258,7 +263,7 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> Option<LearnedLimit> {
         let learned = parse_provider_limit(message)?;
-        let mut model = self.mirror.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
+        let mut model = self.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
             platform: platform.to_string(),
             model_id: model_id.to_string(),
             limits: Limits::default(),
@@ -555,7 +560,7 @@ impl Engine {
         let (_, env) = self.platform_env(platform);
         let (configured, learned) = self.read(|m, now| {
             let configured =
-                m.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
+                m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
             (configured, m.history.learned_concurrency_cap(platform, key_id, now))
         })?;
         Ok(min_cap(min_cap(env, configured), learned))

@@ -491,7 +491,7 @@ impl Engine {
     /// Effective caps: `set_provider_caps` wins over env, env over defaults.
     fn caps_for(&mut self, platform: &str) -> ProviderCaps {
         let (env_caps, _) = self.platform_env(platform);
-        let o = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        let o = self.mirror.config.caps.get(platform).copied().unwrap_or_default();
         fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
             match s {
                 CapSetting::Inherit => env,
@@ -514,7 +514,7 @@ impl Engine {
         let (_, env) = self.platform_env(&route.platform);
         // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
         // configured cap and the learned one.
-        let configured = self.mirror.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+        let configured = self.mirror.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
         let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
         let learned = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
@@ -570,7 +570,7 @@ impl Engine {
                 return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
             }
         }
-        let known = self.read(|m, _| m.keys.get(&key_id).cloned())?;
+        let known = self.read(|m, _| m.config.keys.get(&key_id).cloned())?;
         let key = match known {
             Some(k) if k.platform != platform => {
                 return Err(Error::Invalid(format!(
@@ -595,7 +595,7 @@ impl Engine {
     /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
     pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
         check_name("platform", platform)?;
-        self.read(|m, _| m.account_name(platform, key_id).to_string())
+        self.read(|m, _| m.config.account_name(platform, key_id).to_string())
     }
 
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
@@ -667,12 +667,12 @@ impl Engine {
     }
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
-        self.read(|m, _| m.model(platform, model_id).map(|m| m.limits))
+        self.read(|m, _| m.config.model(platform, model_id).map(|m| m.limits))
     }
 
     /// Every declared limit of a model, the classic four included, in gate order.
     pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
-        self.read(|m, _| m.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
+        self.read(|m, _| m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -918,7 +918,7 @@ impl Engine {
 
 /// The limits a call uses: the given ones, else the model's declared ones, else none.
 pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
-    given.unwrap_or_else(|| m.limit_set(platform, model_id))
+    given.unwrap_or_else(|| m.config.limit_set(platform, model_id))
 }
 
 /// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
@@ -962,5 +962,5 @@ pub fn check_priority(priority: i64) -> Result<()> {
 
 /// A key's configured concurrency cap (SPEC 20), `None` when it has none.
 fn configured_key_cap(m: &Mirror, key_id: i64) -> Option<i64> {
-    m.keys.get(&key_id).and_then(|k| k.concurrency_cap)
+    m.config.keys.get(&key_id).and_then(|k| k.concurrency_cap)
 }

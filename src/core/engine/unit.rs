@@ -547,7 +547,7 @@ impl Engine {
             self.mirror.replace_models(m);
         }
         if let Some(c) = ch.caps {
-            self.mirror.caps = c.into_iter().collect();
+            self.mirror.config.caps = c.into_iter().collect();
         }
         let tables_changed =
             tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
@@ -761,10 +761,10 @@ impl Engine {
             Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
             Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
             Write::SetCaps(p, c) => {
-                self.mirror.caps.insert(p.clone(), *c);
+                self.mirror.config.caps.insert(p.clone(), *c);
             }
             Write::ResetCaps(p) => {
-                self.mirror.caps.remove(p);
+                self.mirror.config.caps.remove(p);
             }
             Write::InsertHistory(h) => self.mirror.history.add(h.clone()),
             Write::DeleteHistory { key_id, route, kinds } => {
@@ -774,7 +774,7 @@ impl Engine {
                 self.mirror.history.prune(*history_before);
             }
             Write::SetCalendar { platform, zone } => {
-                let set = self.mirror.zones_with(platform, zone.as_deref());
+                let set = self.mirror.calendars.zones_with(platform, zone.as_deref());
                 if self.mirror.replace_calendars(set) {
                     // The platform's day windows start over: count them again from the store.
                     self.unit.rebuild = true;

@@ -6,16 +6,15 @@ use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
-use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
+use crate::core::types::{CooldownSource, KeyInfo, ModelInfo};
 use crate::core::windows::{Counts, Windows};
-use regex::Regex;
 
 mod config;
 mod history;
-pub use config::Reserves;
+pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use history::{Cooldowns, History};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 pub type RouteId = u32;
 /// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
@@ -97,15 +96,9 @@ pub struct Mirror {
     account_members: HashMap<(String, Arc<str>), usize>,
     leases: FastMap<i64, LeaseRec>,
     pub cooldowns: Cooldowns,
-    /// Registered keys; change them through `put_key` / `replace_keys`.
-    pub keys: HashMap<i64, KeyInfo>,
-    /// platform -> its registered, enabled keys, kept with `keys`.
-    routable: HashMap<String, Vec<i64>>,
-    models: HashMap<String, HashMap<String, ModelInfo>>,
-    /// platform -> model_id -> the billing multiplier of its `monthly_token_budget` label.
-    billing: FastMap<String, FastMap<String, Option<Multiplier>>>,
-    /// platform -> model_id -> its declared limits in gate order, built once.
-    limit_sets: FastMap<String, FastMap<String, LimitSet>>,
+    /// Keys, models and provider caps; change keys and models through the mirror's
+    /// `put_key` / `replace_keys` / `put_model` / `replace_models`.
+    pub config: Config,
     /// Some route started keeping a window its events were not kept for: the usage
     /// is to be loaded again from the store.
     pub needs_reload: bool,
@@ -114,7 +107,6 @@ pub struct Mirror {
     retained_windows: Option<Vec<Retained>>,
     /// (since, at): the last load read the rows stamped `since` or later, at `at`.
     loaded: Option<(i64, i64)>,
-    pub caps: FastMap<String, CapOverrides>,
     pub history: History,
     pub calendars: Calendars,
     pub reserves: Reserves,
@@ -127,56 +119,6 @@ struct Retained {
     model_id: Arc<str>,
     cal: Calendar,
     windows: Vec<WindowSpec>,
-}
-
-/// Which calendar each platform's days follow (SPEC §14.2): one set in the store
-/// wins, then `PROVIDER_DAY_TZ_<PLATFORM>`, then the built-in zone.
-#[derive(Debug, Default)]
-pub struct Calendars {
-    /// platform -> zone name, as stored (`set_platform_calendar`).
-    set: HashMap<String, String>,
-    /// Upper-cased platform -> calendar, from the environment (valid zones only).
-    env: HashMap<String, Calendar>,
-    /// platform -> calendar in force, resolved on first use.
-    resolved: HashMap<String, Calendar>,
-}
-
-impl Calendars {
-    pub fn with_env(env: HashMap<String, Calendar>) -> Calendars {
-        Calendars { env, ..Calendars::default() }
-    }
-
-    /// The calendar in force for a platform.
-    pub fn of(&mut self, platform: &str) -> Calendar {
-        if let Some(c) = self.resolved.get(platform) {
-            return c.clone();
-        }
-        let c = self
-            .set
-            .get(platform)
-            .and_then(|z| Calendar::of_zone(z))
-            .or_else(|| self.env.get(&crate::core::env::env_suffix(platform)).cloned())
-            .or_else(|| Calendar::of_zone(crate::core::calendar::builtin_zone(platform)))
-            .unwrap_or_default();
-        self.resolved.insert(platform.to_string(), c.clone());
-        c
-    }
-
-    /// The stored zones; the platforms whose calendar this changes.
-    fn replace(&mut self, set: HashMap<String, String>) -> Vec<String> {
-        let mut platforms: Vec<String> = set.keys().chain(self.set.keys()).cloned().collect();
-        platforms.sort();
-        platforms.dedup();
-        let before: Vec<Calendar> = platforms.iter().map(|p| self.of(p)).collect();
-        self.set = set;
-        self.resolved.clear();
-        platforms.into_iter().zip(before).filter_map(|(p, old)| (self.of(&p) != old).then_some(p)).collect()
-    }
-
-    /// Every calendar resolved so far (the platforms the mirror has seen).
-    fn all(&self) -> impl Iterator<Item = &Calendar> {
-        self.resolved.values()
-    }
 }
 
 impl Mirror {
@@ -217,25 +159,6 @@ impl Mirror {
         !changed.is_empty()
     }
 
-    /// The stored zones, with one changed (for a write of our own).
-    pub fn zones_with(&self, platform: &str, zone: Option<&str>) -> HashMap<String, String> {
-        let mut set = self.calendars.set.clone();
-        match zone {
-            Some(z) => set.insert(platform.to_string(), z.to_string()),
-            None => set.remove(platform),
-        };
-        set
-    }
-
-    /// The account a key belongs to (SPEC §14.3): the one it was registered with, else
-    /// its own, `"key:<key_id>"`.
-    pub fn account_name(&self, platform: &str, key_id: i64) -> Arc<str> {
-        match self.keys.get(&key_id) {
-            Some(KeyInfo { platform: p, account: Some(a), .. }) if p == platform => Arc::from(a.as_str()),
-            _ => Arc::from(format!("key:{key_id}")),
-        }
-    }
-
     /// Whether an account has more than one registered key.
     fn shared(&self, platform: &str, name: &Arc<str>) -> bool {
         self.account_members.get(&(platform.to_string(), name.clone())).is_some_and(|n| *n > 1)
@@ -252,11 +175,12 @@ impl Mirror {
     /// The registered keys of the account a key belongs to (the key alone when it is
     /// its own account).
     pub fn account_keys(&self, platform: &str, key_id: i64) -> Vec<i64> {
-        let name = self.account_name(platform, key_id);
+        let name = self.config.account_name(platform, key_id);
         if !self.shared(platform, &name) {
             return vec![key_id];
         }
         let mut keys: Vec<i64> = self
+            .config
             .keys
             .values()
             .filter(|k| k.platform == platform && k.account.as_deref() == Some(&*name))
@@ -268,7 +192,7 @@ impl Mirror {
 
     /// The id of a provider account (platform, key_id), created on first sight.
     pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
-        let name = self.account_name(platform, key_id);
+        let name = self.config.account_name(platform, key_id);
         if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&name)) {
             return *a;
         }
@@ -289,7 +213,7 @@ impl Mirror {
         }
         let g = self.groups.len() as GroupId;
         let mut win = Windows::new(self.calendars.of(platform));
-        for spec in self.limit_set(platform, model_id).windows() {
+        for spec in self.config.limit_set(platform, model_id).windows() {
             win.keep(spec);
         }
         self.groups.push(GroupState { win, leases: vec![], kept: LimitSet::default() });
@@ -333,14 +257,14 @@ impl Mirror {
     /// changed, reassign.
     fn accounts_changed(&mut self) {
         let mut members: HashMap<(String, Arc<str>), usize> = HashMap::new();
-        for k in self.keys.values() {
+        for k in self.config.keys.values() {
             if let Some(a) = &k.account {
                 *members.entry((k.platform.clone(), Arc::from(a.as_str()))).or_default() += 1;
             }
         }
         self.account_members = members;
         let stale = self.routes.iter().any(|r| {
-            let name = self.account_name(&r.platform, r.key_id);
+            let name = self.config.account_name(&r.platform, r.key_id);
             let acct = &self.accounts[r.account as usize];
             acct.name != name || r.group.is_some() != self.shared(&r.platform, &name)
         });
@@ -378,7 +302,7 @@ impl Mirror {
         let mut win = Windows::new(self.calendars.of(platform));
         // A route seen for the first time had no events since the last load, which
         // reached back as far as any declared window: its windows are complete.
-        for spec in self.limit_set(platform, model_id).windows() {
+        for spec in self.config.limit_set(platform, model_id).windows() {
             win.keep(spec);
         }
         self.routes.push(RouteState {
@@ -409,23 +333,12 @@ impl Mirror {
         self.routes[id as usize].win.calendar()
     }
 
-    /// The earliest start of today among the calendars that may be in use: the
-    /// oldest row a day window may count at `now`. Platforms not seen yet may have a
-    /// zone 14 hours behind UTC at most: their day started at most 14 h before UTC's.
-    pub fn earliest_day_start(&self, now: i64) -> i64 {
-        let mut earliest = Calendar::utc().day_start(now.saturating_sub(14 * 3_600_000));
-        for c in self.calendars.all() {
-            earliest = earliest.min(c.day_start(now));
-        }
-        earliest
-    }
-
     pub fn routes(&self) -> impl Iterator<Item = (RouteId, &RouteState)> {
         self.routes.iter().enumerate().map(|(i, r)| (i as RouteId, r))
     }
 
     fn account_of(&self, platform: &str, key_id: i64) -> Option<AccountId> {
-        self.account_index.get(platform)?.get(&self.account_name(platform, key_id)).copied()
+        self.account_index.get(platform)?.get(&self.config.account_name(platform, key_id)).copied()
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -486,9 +399,9 @@ impl Mirror {
 
     fn usage_horizon_at(&mut self, now: i64) -> i64 {
         let mut from =
-            now.saturating_sub(crate::core::clock::MINUTE_MS - 1).min(self.earliest_day_start(now));
+            now.saturating_sub(crate::core::clock::MINUTE_MS - 1).min(self.calendars.earliest_day_start(now));
         let mut specs: Vec<(String, WindowSpec)> = Vec::new();
-        for (platform, models) in &self.limit_sets {
+        for (platform, models) in &self.config.limit_sets {
             for set in models.values() {
                 specs.extend(set.windows().map(|w| (platform.clone(), w)));
             }
@@ -514,7 +427,7 @@ impl Mirror {
     pub fn retained_usage(&mut self, now: i64, before: i64, with_day: bool) -> Vec<KeptUsage> {
         if self.retained_windows.is_none() {
             let mut models: Vec<(String, String, Vec<WindowSpec>)> = Vec::new();
-            for (platform, sets) in &self.limit_sets {
+            for (platform, sets) in &self.config.limit_sets {
                 for (model_id, set) in sets {
                     let kept: Vec<WindowSpec> =
                         set.windows().filter(|w| *w != crate::core::limits::MINUTE).collect();
@@ -739,21 +652,16 @@ impl Mirror {
 
     // ---- keys, models, caps, cooldowns ---------------------------------------------
 
-    pub fn model(&self, platform: &str, model_id: &str) -> Option<&ModelInfo> {
-        self.models.get(platform)?.get(model_id)
-    }
-
     pub fn put_model(&mut self, m: ModelInfo) {
         // The label's billing multiplier and the gate order are worked out once here,
         // not at every admission.
-        let billing = m.monthly_token_budget.as_deref().and_then(parse_multiplier);
-        self.billing.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), billing);
-        let set = LimitSet::with_classic(m.limits, m.others.clone())
-            .unwrap_or_else(|_| LimitSet::from_classic(m.limits));
+        let platform = m.platform.clone();
+        let model_id = m.model_id.clone();
+        let set = self.config.put_model(m);
         let routes: Vec<RouteId> = self
             .index
-            .get(m.platform.as_str())
-            .and_then(|ms| ms.get(m.model_id.as_str()))
+            .get(platform.as_str())
+            .and_then(|ms| ms.get(model_id.as_str()))
             .map(|ks| ks.values().copied().collect())
             .unwrap_or_default();
         for rid in routes {
@@ -762,25 +670,15 @@ impl Mirror {
         // A declaration that reaches further back than the last load: the routes not
         // seen yet have rows in the store to count too.
         if let Some((since, at)) = self.loaded {
-            let platform = m.platform.clone();
             if set.windows().any(|w| self.window_start(&platform, w, at) < since) {
                 self.needs_reload = true;
             }
         }
-        self.limit_sets.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), set);
         self.retained_windows = None;
-        self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
-    }
-
-    /// A model's declared limits (empty when it has none).
-    pub fn limit_set(&self, platform: &str, model_id: &str) -> LimitSet {
-        self.limit_sets.get(platform).and_then(|m| m.get(model_id)).cloned().unwrap_or_default()
     }
 
     pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
-        self.models.clear();
-        self.billing.clear();
-        self.limit_sets.clear();
+        self.config.clear_models();
         self.retained_windows = None;
         for m in rows {
             self.put_model(m);
@@ -788,31 +686,14 @@ impl Mirror {
     }
 
     pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {
-        self.keys = rows.into_iter().map(|k| (k.key_id, k)).collect();
-        self.routable = HashMap::new();
-        for k in self.keys.values().filter(|k| k.enabled) {
-            self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
-        }
+        self.config.replace_keys(rows);
         self.accounts_changed();
     }
 
     /// Registers (or updates) one key; the routable keys follow at once.
     pub fn put_key(&mut self, k: KeyInfo) {
-        if let Some(old) = self.keys.get(&k.key_id) {
-            if let Some(ids) = self.routable.get_mut(&old.platform) {
-                ids.retain(|id| *id != k.key_id);
-            }
-        }
-        if k.enabled {
-            self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
-        }
-        self.keys.insert(k.key_id, k);
+        self.config.put_key(k);
         self.accounts_changed();
-    }
-
-    /// The registered, enabled keys of a platform (SPEC §9's routable keys).
-    pub fn routable_keys(&self, platform: &str) -> &[i64] {
-        self.routable.get(platform).map_or(&[], Vec::as_slice)
     }
 
     pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
@@ -864,7 +745,8 @@ impl Mirror {
     /// (SPEC 21.2); `None` at once, without allocating, when none can be (the hot path).
     pub fn learned_pool_caps(&self, platform: &str, key_id: i64) -> Option<(Option<i64>, Option<i64>)> {
         let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
-        let shared = self.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
+        let shared =
+            self.config.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
         if shared {
             if !self.history.by_key.values().flatten().any(pool) {
                 return None;
@@ -891,15 +773,7 @@ impl Mirror {
     /// The billing multiplier of a route's model on a platform whose daily token cap is `cap`.
     pub fn multiplier(&self, rid: RouteId, cap: i64) -> Multiplier {
         let r = &self.routes[rid as usize];
-        let model = self.model(&r.platform, &r.model_id);
-        let billing = self.billing.get(&*r.platform).and_then(|m| m.get(&*r.model_id)).copied().flatten();
-        if let Some(m) = billing {
-            return m;
-        }
-        match model.and_then(|m| m.limits.tpd) {
-            Some(tpd) if tpd > 0 && tpd < cap => Multiplier { num: cap, den: tpd },
-            _ => Multiplier::ONE,
-        }
+        self.config.multiplier(&r.platform, &r.model_id, cap)
     }
 
     /// Requests since midnight on the account (all models).
@@ -1031,41 +905,6 @@ impl Mirror {
         let r = &self.routes[rid as usize];
         self.view(Some(rid), r.account, r.key_id, ctx, est, now)
     }
-}
-
-/// A billing multiplier as an exact fraction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Multiplier {
-    pub num: i64,
-    pub den: i64,
-}
-
-impl Multiplier {
-    pub const ONE: Multiplier = Multiplier { num: 1, den: 1 };
-    /// `ceil(tokens * num / den)`, saturating.
-    pub fn bill(self, tokens: i64) -> i64 {
-        if self.den <= 0 || tokens <= 0 {
-            return tokens.max(0);
-        }
-        let n = i128::from(tokens) * i128::from(self.num);
-        let d = i128::from(self.den);
-        let q = (n + d - 1) / d;
-        i64::try_from(q).unwrap_or(i64::MAX)
-    }
-}
-
-/// The `N` of an `Nx` in a budget label such as `"150K/day · 2x"` (decimals allowed).
-pub fn parse_multiplier(label: &str) -> Option<Multiplier> {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = RE.get_or_init(|| Regex::new(r"(?i)(?:^|[^\w.])(\d{1,9})(?:\.(\d{1,6}))?\s*[x×](?:\W|$)").ok());
-    let caps = re.as_ref()?.captures(label)?;
-    let int: i64 = caps.get(1)?.as_str().parse().ok()?;
-    let (frac, den) = match caps.get(2) {
-        Some(f) => (f.as_str().parse::<i64>().ok()?, 10i64.pow(f.as_str().len() as u32)),
-        None => (0, 1),
-    };
-    let num = int.checked_mul(den)?.checked_add(frac)?;
-    (num > 0).then_some(Multiplier { num, den })
 }
 
 #[cfg(test)]
