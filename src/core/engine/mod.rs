@@ -884,7 +884,7 @@ impl Engine {
         let ops: Vec<BatchOp> = ids
             .into_iter()
             .filter_map(|id| {
-                let rec = self.mirror.lease(id).filter(|l| now <= l.expires_at_ms)?;
+                let rec = self.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
                 let r = self.mirror.route(rec.route);
                 let route = Route {
                     platform: r.platform.to_string(),
@@ -905,7 +905,7 @@ impl Engine {
     /// engine through `release_lease`).
     pub(super) fn prune_own_leases(&mut self, now: i64) {
         let mirror = &self.mirror;
-        self.own_leases.retain(|id| mirror.lease(*id).is_some_and(|l| now <= l.expires_at_ms));
+        self.own_leases.retain(|id| mirror.leases.get(*id).is_some_and(|l| now <= l.expires_at_ms));
     }
 
     /// A lease's success: its request (and tokens, when given) recorded and the lease

@@ -11,8 +11,10 @@ use crate::core::windows::{Counts, Windows};
 
 mod config;
 mod history;
+mod leases;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use history::{Cooldowns, History};
+pub use leases::{LeaseRec, Leases};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -58,24 +60,6 @@ struct GroupState {
     kept: LimitSet,
 }
 
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseRec {
-    pub route: RouteId,
-    pub tokens: i64,
-    /// Of `tokens`, the estimated output.
-    pub output_tokens: i64,
-    pub created_at_ms: i64,
-    pub expires_at_ms: i64,
-}
-
-impl LeaseRec {
-    /// A lease counts until it is older than `lease_max_age_ms` (SPEC §5): at exactly
-    /// that age (`now == expires_at_ms`) it still counts.
-    fn live(&self, now: i64) -> bool {
-        now <= self.expires_at_ms
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CooldownRec {
     pub expires_at_ms: i64,
@@ -94,7 +78,8 @@ pub struct Mirror {
     group_index: FastMap<(AccountId, Arc<str>), GroupId>,
     /// (platform, account name) -> how many registered keys it has.
     account_members: HashMap<(String, Arc<str>), usize>,
-    leases: FastMap<i64, LeaseRec>,
+    /// The live leases (and expired ones not yet pruned).
+    pub leases: Leases,
     pub cooldowns: Cooldowns,
     /// Keys, models and provider caps; change keys and models through the mirror's
     /// `put_key` / `replace_keys` / `put_model` / `replace_models`.
@@ -241,7 +226,7 @@ impl Mirror {
             r.account = a;
             r.group = group;
         }
-        let mut ids: Vec<(i64, RouteId)> = self.leases.iter().map(|(id, l)| (*id, l.route)).collect();
+        let mut ids: Vec<(i64, RouteId)> = self.leases.by_id.iter().map(|(id, l)| (*id, l.route)).collect();
         ids.sort_unstable();
         for (id, rid) in ids {
             let r = &self.routes[rid as usize];
@@ -283,7 +268,7 @@ impl Mirror {
         let leases = &self.leases;
         let acct = &mut self.accounts[a as usize];
         acct.win.prune(now);
-        acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        acct.leases.retain(|id| leases.is_live(*id, now));
     }
 
     /// The id of a route, created on first sight.
@@ -508,14 +493,14 @@ impl Mirror {
         let leases = &self.leases;
         let route = &mut self.routes[rid as usize];
         route.win.prune(now);
-        route.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        route.leases.retain(|id| leases.is_live(*id, now));
         let acct = &mut self.accounts[route.account as usize];
         acct.win.prune(now);
-        acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        acct.leases.retain(|id| leases.is_live(*id, now));
         if let Some(g) = route.group {
             let group = &mut self.groups[g as usize];
             group.win.prune(now);
-            group.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+            group.leases.retain(|id| leases.is_live(*id, now));
         }
     }
 
@@ -524,7 +509,7 @@ impl Mirror {
         for rid in 0..self.routes.len() as RouteId {
             self.prune_route(rid, now);
         }
-        self.leases.retain(|_, l| l.live(now));
+        self.leases.by_id.retain(|_, l| l.live(now));
     }
 
     // ---- leases ------------------------------------------------------------------
@@ -536,16 +521,11 @@ impl Mirror {
         if let Some(g) = route.group {
             self.groups[g as usize].leases.push(id);
         }
-        self.leases.insert(id, rec);
-    }
-
-    /// A lease the mirror holds (live or not yet pruned).
-    pub fn lease(&self, id: i64) -> Option<&LeaseRec> {
-        self.leases.get(&id)
+        self.leases.by_id.insert(id, rec);
     }
 
     pub fn remove_lease(&mut self, id: i64) -> Option<LeaseRec> {
-        let rec = self.leases.remove(&id)?;
+        let rec = self.leases.by_id.remove(&id)?;
         let route = &mut self.routes[rec.route as usize];
         route.leases.retain(|l| *l != id);
         self.accounts[route.account as usize].leases.retain(|l| *l != id);
@@ -564,7 +544,7 @@ impl Mirror {
         pending_inserted: &HashSet<i64>,
     ) {
         let stored: Vec<i64> =
-            self.leases.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
+            self.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
         for id in stored {
             self.remove_lease(id);
         }
@@ -587,28 +567,7 @@ impl Mirror {
     }
 
     pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
-        let mut f = InFlight::default();
-        for id in &self.routes[rid as usize].leases {
-            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
-                f.count += 1;
-                f.tokens = f.tokens.saturating_add(l.tokens);
-                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
-            }
-        }
-        f
-    }
-
-    /// Live leases of a shared account on one model.
-    fn group_in_flight(&self, g: GroupId, now: i64) -> InFlight {
-        let mut f = InFlight::default();
-        for id in &self.groups[g as usize].leases {
-            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
-                f.count += 1;
-                f.tokens = f.tokens.saturating_add(l.tokens);
-                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
-            }
-        }
-        f
+        self.leases.in_flight(&self.routes[rid as usize].leases, now)
     }
 
     /// What a limit's scope has recorded in its window for a route: the route's own
@@ -636,7 +595,7 @@ impl Mirror {
         let mut f = InFlight::default();
         let mut of_key = 0;
         for id in &acct.leases {
-            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
+            if let Some(l) = self.leases.by_id.get(id).filter(|l| l.live(now)) {
                 f.count += 1;
                 if self.routes[l.route as usize].key_id == key_id {
                     of_key += 1;
@@ -733,6 +692,7 @@ impl Mirror {
     /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
     pub fn key_live_leases(&self, platform: &str, key_id: i64, except: Option<i64>, now: i64) -> i64 {
         self.leases
+            .by_id
             .iter()
             .filter(|(id, l)| {
                 let r = &self.routes[l.route as usize];
@@ -874,9 +834,10 @@ impl Mirror {
         let key =
             rid.map(|r| Tally { win: &self.routes[r as usize].win, in_flight: self.route_in_flight(r, now) });
         let account = match rid.and_then(|r| self.routes[r as usize].group) {
-            Some(g) => {
-                Some(Tally { win: &self.groups[g as usize].win, in_flight: self.group_in_flight(g, now) })
-            }
+            Some(g) => Some(Tally {
+                win: &self.groups[g as usize].win,
+                in_flight: self.leases.in_flight(&self.groups[g as usize].leases, now),
+            }),
             None => key,
         };
         // SPEC §8: tokens at provider scope are billed at each model's multiplier.
@@ -908,126 +869,4 @@ impl Mirror {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::admission::admit;
-    use crate::core::types::{Admission, Reason};
-
-    /// Every gate on the route's view (`check()`'s answer).
-    fn evaluate(m: &Mirror, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
-        admit(&m.route_view(rid, ctx, est, now)).admission()
-    }
-
-    #[test]
-    fn multiplier_from_label() {
-        assert_eq!(parse_multiplier("150K/day · 2x"), Some(Multiplier { num: 2, den: 1 }));
-        assert_eq!(parse_multiplier("1.5x"), Some(Multiplier { num: 15, den: 10 }));
-        assert_eq!(parse_multiplier("150K/day"), None);
-        assert_eq!(parse_multiplier("0x"), None);
-        assert_eq!(Multiplier { num: 15, den: 10 }.bill(3), 5);
-        assert_eq!(Multiplier { num: 2, den: 1 }.bill(i64::MAX), i64::MAX);
-    }
-
-    #[test]
-    #[allow(clippy::unwrap_used)]
-    fn retention_keeps_each_model_from_its_own_cut_off() {
-        // SPEC 14.2: only the models with a week, month or wide sliding window keep
-        // rows past the retention, each from its own window in its own calendar.
-        let model = |platform: &str, model_id: &str, others: &str, limits| ModelInfo {
-            platform: platform.into(),
-            model_id: model_id.into(),
-            limits,
-            others: crate::core::limits::decode_limits(others).unwrap(),
-            monthly_token_budget: None,
-        };
-        let mut m = Mirror::default();
-        let day = crate::core::types::Limits { rpd: Some(5), rpm: Some(1), ..Default::default() };
-        m.put_model(model("mistral", "month", "requests/month=3", Default::default()));
-        m.put_model(model("mistral", "week", "tokens/week=3", Default::default()));
-        m.put_model(model("mistral", "slide", "requests/7d=3", Default::default()));
-        m.put_model(model("mistral", "day", "", day));
-        m.put_model(model("google", "month", "requests/month=3", Default::default()));
-        m.put_model(model("mistral", "minute", "requests/1m=3", Default::default()));
-        let dec10 = 1_796_083_200_000 + 9 * 86_400_000 + 10 * 3_600_000; // Thursday 2026-12-10 10:00 UTC
-        let before = dec10 - 3_600_000;
-        let kept: Vec<(String, String, i64)> = m
-            .retained_usage(dec10, before, false)
-            .into_iter()
-            .map(|k| (k.platform.to_string(), k.model_id.to_string(), k.before))
-            .collect();
-        let dec1 = 1_796_083_200_000;
-        assert_eq!(
-            kept,
-            vec![
-                ("google".into(), "month".into(), dec1 + 8 * 3_600_000), // 00:00 Pacific
-                ("mistral".into(), "month".into(), dec1),
-                ("mistral".into(), "slide".into(), dec10 - 7 * 86_400_000 + 1),
-                ("mistral".into(), "week".into(), dec1 + 6 * 86_400_000), // Monday Dec 7
-            ]
-        );
-        // The degraded buffer also keeps today of a model declaring a day window.
-        let buffered = m.retained_usage(dec10, before, true);
-        let day_model = buffered.iter().find(|k| &*k.model_id == "day").unwrap();
-        assert_eq!(day_model.before, dec1 + 9 * 86_400_000);
-        // A window that reaches back less than the retention keeps nothing more.
-        assert!(m.retained_usage(dec10, dec10 - 30 * 86_400_000, true).is_empty());
-    }
-
-    #[test]
-    fn a_reserve_keeps_the_floor_of_its_fraction() {
-        assert_eq!(crate::core::admission::reserved_limit(10, 0.0), 10);
-        assert_eq!(crate::core::admission::reserved_limit(10, 0.2), 8);
-        assert_eq!(crate::core::admission::reserved_limit(10, 0.15), 9); // floor(1.5)
-        assert_eq!(crate::core::admission::reserved_limit(100, 0.29), 72); // 100 * 0.29 = 28.999999999999996
-        assert_eq!(crate::core::admission::reserved_limit(0, 0.5), 0);
-        assert_eq!(
-            crate::core::admission::reserved_limit(i64::MAX, 0.5),
-            i64::MAX - (i64::MAX as f64 * 0.5).floor() as i64
-        );
-        let mut m = Mirror::default();
-        assert_eq!(m.reserves.for_priority(3), 0.0);
-        m.reserves.replace(vec![(3, 0.5), (1, 0.2)]);
-        assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserves.for_priority(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
-        m.reserves.put(0, 0.1);
-        assert_eq!(m.reserves.for_priority(0), 0.1);
-    }
-
-    #[test]
-    fn gates_refuse_at_limit_and_report_retry() {
-        let mut m = Mirror::default();
-        let rid = m.route_id("groq", "llama", 1);
-        let ctx = GateContext {
-            limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(2), ..Default::default() }),
-            ..Default::default()
-        };
-        let t0 = 1_000_000;
-        m.add_usage(rid, 1, 0, t0, t0);
-        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
-        m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
-        let a = evaluate(&m, rid, Estimate::default(), &ctx, t0 + 10);
-        assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
-        m.prune_route(rid, t0 + 60_000);
-        assert!(evaluate(&m, rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
-    }
-
-    #[test]
-    fn leases_count_until_they_expire() {
-        let mut m = Mirror::default();
-        let rid = m.route_id("groq", "llama", 1);
-        let ctx = GateContext {
-            limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
-            ..Default::default()
-        };
-        m.add_lease(
-            7,
-            LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
-        );
-        // only the lease blocks: no retry time for a sliding window
-        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
-        // at exactly its max age it still counts; one millisecond later it does not
-        m.prune_route(rid, 100);
-        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
-        m.prune_route(rid, 101);
-        assert!(evaluate(&m, rid, Estimate::default(), &ctx, 101).allowed);
-    }
-}
+mod tests;
