@@ -752,12 +752,7 @@ impl Engine {
                 }
                 return routes.len() as i64;
             }
-            Write::DeleteExpiredCooldowns(t) => {
-                let before = self.mirror.cooldowns.routes.len();
-                self.mirror.cooldowns.routes.retain(|_, c| c.expires_at_ms > *t);
-                let models = self.mirror.cooldowns.remove_expired_models(*t);
-                return (before - self.mirror.cooldowns.routes.len()) as i64 + models;
-            }
+            Write::DeleteExpiredCooldowns(t) => return self.mirror.cooldowns.remove_expired(*t),
             Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
             Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
             Write::SetCaps(p, c) => {

@@ -142,8 +142,16 @@ impl Cooldowns {
         self.models.get(platform)?.get(model_id).copied().filter(|c| now < c.expires_at_ms)
     }
 
+    /// Drops the route and model-wide cooldowns that expired at `t`; how many went.
+    pub fn remove_expired(&mut self, t: i64) -> i64 {
+        let before = self.routes.len();
+        self.routes.retain(|_, c| c.expires_at_ms > t);
+        let models = self.remove_expired_models(t);
+        (before - self.routes.len()) as i64 + models
+    }
+
     /// Drops model-wide benches that expired at `now`; how many went.
-    pub fn remove_expired_models(&mut self, now: i64) -> i64 {
+    fn remove_expired_models(&mut self, now: i64) -> i64 {
         let mut n = 0i64;
         for models in self.models.values_mut() {
             let before = models.len();
