@@ -18,11 +18,11 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let (platform, model_id) = (route.platform.as_str(), route.model_id.as_str());
-        let chain = upstream_chain(&mut self.mirror.upstream_hits(platform, model_id), now);
+        let chain = upstream_chain(&mut self.mirror.history.upstream_hits(platform, model_id), now);
         let bench = upstream_bench_ms(chain, stated_ms).min(DAY_MS);
         writes.push(Self::history_row(route, HistoryKind::Upstream, now));
         let expires = now.saturating_add(bench);
-        if let Some(c) = self.mirror.model_cooldown(platform, model_id, now) {
+        if let Some(c) = self.mirror.cooldowns.of_model(platform, model_id, now) {
             if c.expires_at_ms >= expires {
                 return CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source);
             }
@@ -55,7 +55,7 @@ impl Engine {
             PoolAxis::Day => HistoryKind::PoolDay,
         };
         let keys = self.mirror.account_keys(&route.platform, route.key_id);
-        let before = self.mirror.learned_pool_cap(&route.platform, &keys, kind);
+        let before = self.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
         let cap = before.map_or(limit, |b| b.min(limit));
         // One row per key; the latest confirms the cap (history lives a day).
         writes.push(Write::DeleteHistory {
@@ -78,7 +78,7 @@ impl Engine {
                 format!(
                     "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
                     route.platform,
-                    self.mirror.account_name(&route.platform, route.key_id)
+                    self.mirror.config.account_name(&route.platform, route.key_id)
                 ),
             ));
         }
@@ -90,8 +90,8 @@ impl Engine {
         self.read(|m, _| {
             let keys = m.account_keys(platform, key_id);
             ProviderCaps {
-                daily_requests: m.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                minute_requests: m.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+                daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                minute_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
                 daily_tokens: None,
             }
         })
@@ -103,7 +103,7 @@ impl Engine {
     pub(super) fn effective_caps(&mut self, platform: &str, key_id: i64, _now: i64) -> ProviderCaps {
         let caps = self.caps_for(platform);
         let Some((day, minute)) = self.mirror.learned_pool_caps(platform, key_id) else { return caps };
-        let set = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        let set = self.mirror.config.caps.get(platform).copied().unwrap_or_default();
         let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
             CapSetting::Inherit => failures::min_cap(cap, learned),
             _ => cap,

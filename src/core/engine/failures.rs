@@ -9,7 +9,7 @@ impl Engine {
 
     /// The route's own active cooldown.
     pub(super) fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
-        let c = m.active_cooldown(rid, now)?;
+        let c = m.cooldowns.of_route(rid, now)?;
         let r = m.route(rid);
         Some(Self::cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
     }
@@ -69,7 +69,9 @@ impl Engine {
             match m.find_route(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
                 Some((c, wide)) => Some(Self::cooldown_row(p, model, key, c, wide)),
                 // A key not seen yet on the model: only the model's bench can hold it.
-                None => m.model_cooldown(p, model, now).map(|c| Self::cooldown_row(p, model, key, c, true)),
+                None => {
+                    m.cooldowns.of_model(p, model, now).map(|c| Self::cooldown_row(p, model, key, c, true))
+                }
             }
         })
     }
@@ -80,12 +82,13 @@ impl Engine {
         self.read(|m, now| {
             let mut v: Vec<Cooldown> = m
                 .cooldowns
+                .routes
                 .keys()
                 .filter_map(|rid| Self::cooldown_of(m, *rid, now))
                 .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
                 .collect();
             if key_ids.is_none() {
-                for (p, models) in &m.model_cooldowns {
+                for (p, models) in &m.cooldowns.models {
                     for (model, c) in models.iter().filter(|(_, c)| now < c.expires_at_ms) {
                         v.push(Self::cooldown_row(p, model, 0, *c, true));
                     }
@@ -161,7 +164,12 @@ impl Engine {
     }
 
     pub(super) fn is_local(&self, key_id: i64) -> bool {
-        self.mirror.keys.get(&key_id).and_then(|k| k.base_url.as_deref()).is_some_and(is_local_base_url)
+        self.mirror
+            .config
+            .keys
+            .get(&key_id)
+            .and_then(|k| k.base_url.as_deref())
+            .is_some_and(is_local_base_url)
     }
 
     pub(super) fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
@@ -201,7 +209,7 @@ impl Engine {
             limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
         if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
-            let earlier = self.mirror.history_count(
+            let earlier = self.mirror.history.count(
                 route,
                 HistoryKind::Unknown,
                 now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
@@ -212,8 +220,8 @@ impl Engine {
         let facts = LimitFacts {
             daily_exhausted,
             effectively_exhausted,
-            ladder_steps: self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
-            recent_transient: self.mirror.history_count(
+            ladder_steps: self.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
+            recent_transient: self.mirror.history.count(
                 route,
                 HistoryKind::Transient,
                 now.saturating_sub(TRANSIENT_MEMORY_MS),
@@ -255,7 +263,7 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> Option<LearnedLimit> {
         let learned = parse_provider_limit(message)?;
-        let mut model = self.mirror.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
+        let mut model = self.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
             platform: platform.to_string(),
             model_id: model_id.to_string(),
             limits: Limits::default(),
@@ -358,7 +366,7 @@ impl Engine {
         let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
-            && self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) > 0
+            && self.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
         {
             // Any other outcome ends the empty-completion streak.
             writes.push(Write::DeleteHistory {
@@ -377,7 +385,7 @@ impl Engine {
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
-                let n = self.mirror.history_count(route, HistoryKind::Empty, i64::MIN) + 1;
+                let n = self.mirror.history.count(route, HistoryKind::Empty, i64::MIN) + 1;
                 writes.push(Self::history_row(route, HistoryKind::Empty, now));
                 (n >= EMPTY_STREAK_BENCH).then(|| {
                     if local {
@@ -390,7 +398,7 @@ impl Engine {
             _ if local => Some(local_bench),
             KindRule::Fixed(d) => Some(d),
             KindRule::AuthLadder => {
-                let n = self.mirror.history_count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
+                let n = self.mirror.history.count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
                 writes.push(Self::history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
@@ -409,7 +417,7 @@ impl Engine {
         let cooldown = decision.map(|d| {
             let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             let expires = now.saturating_add(d.duration_ms);
-            match self.mirror.active_cooldown(rid, now) {
+            match self.mirror.cooldowns.of_route(rid, now) {
                 // Never shorten: a cooldown that lasts as long or longer stands.
                 Some(c) if c.expires_at_ms >= expires => {
                     CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source)
@@ -448,7 +456,7 @@ impl Engine {
 
     fn recover_key_at(&mut self, key_id: i64, now: i64, writes: &mut Vec<Write>) -> i64 {
         let mut cleared = Vec::new();
-        for (rid, c) in self.mirror.cooldowns.iter() {
+        for (rid, c) in self.mirror.cooldowns.routes.iter() {
             let r = self.mirror.route(*rid);
             if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
                 cleared.push(format!("{}/{}", r.platform, r.model_id));
@@ -502,7 +510,7 @@ impl Engine {
                 return CooldownDecision::new(d.min(DAY_MS), CooldownSource::Authoritative);
             }
         };
-        let steps = self.mirror.history_count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
+        let steps = self.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
         writes.push(Self::history_row(route, HistoryKind::Ladder, now));
         let step = ladder_step(&LADDER_MS, steps.saturating_add(1)).min(until_next_day);
         if delay > step {
@@ -524,7 +532,7 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> LearnedLimit {
         let others = self.mirror.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
-        let before = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let before = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         let cap = before.map_or(others, |c| c.min(others));
         // One row per key: the latest says what is in force.
         writes.push(Write::DeleteHistory {
@@ -552,8 +560,8 @@ impl Engine {
         let (_, env) = self.platform_env(platform);
         let (configured, learned) = self.read(|m, now| {
             let configured =
-                m.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
-            (configured, m.learned_concurrency_cap(platform, key_id, now))
+                m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
+            (configured, m.history.learned_concurrency_cap(platform, key_id, now))
         })?;
         Ok(min_cap(min_cap(env, configured), learned))
     }

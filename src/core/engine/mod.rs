@@ -491,7 +491,7 @@ impl Engine {
     /// Effective caps: `set_provider_caps` wins over env, env over defaults.
     fn caps_for(&mut self, platform: &str) -> ProviderCaps {
         let (env_caps, _) = self.platform_env(platform);
-        let o = self.mirror.caps.get(platform).copied().unwrap_or_default();
+        let o = self.mirror.config.caps.get(platform).copied().unwrap_or_default();
         fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
             match s {
                 CapSetting::Inherit => env,
@@ -514,9 +514,9 @@ impl Engine {
         let (_, env) = self.platform_env(&route.platform);
         // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
         // configured cap and the learned one.
-        let configured = self.mirror.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+        let configured = self.mirror.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
         let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
-        let learned = self.mirror.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let learned = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
         let caps = self.effective_caps(&route.platform, route.key_id, now);
         GateContext {
@@ -524,7 +524,7 @@ impl Engine {
             provider: self.provider_limits(caps),
             concurrency_cap: failures::min_cap(conc, learned),
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
-            reserve: self.mirror.reserve_for(0),
+            reserve: self.mirror.reserves.for_priority(0),
         }
     }
 
@@ -570,7 +570,7 @@ impl Engine {
                 return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
             }
         }
-        let known = self.read(|m, _| m.keys.get(&key_id).cloned())?;
+        let known = self.read(|m, _| m.config.keys.get(&key_id).cloned())?;
         let key = match known {
             Some(k) if k.platform != platform => {
                 return Err(Error::Invalid(format!(
@@ -595,7 +595,7 @@ impl Engine {
     /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
     pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
         check_name("platform", platform)?;
-        self.read(|m, _| m.account_name(platform, key_id).to_string())
+        self.read(|m, _| m.config.account_name(platform, key_id).to_string())
     }
 
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
@@ -641,7 +641,7 @@ impl Engine {
     /// configured priority `<= priority` (0 when none).
     pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
         check_priority(priority)?;
-        self.read(|m, _| m.reserve_for(priority))
+        self.read(|m, _| m.reserves.for_priority(priority))
     }
 
     /// The calendar in force for a platform (what `f` is given), after reading what
@@ -667,12 +667,12 @@ impl Engine {
     }
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
-        self.read(|m, _| m.model(platform, model_id).map(|m| m.limits))
+        self.read(|m, _| m.config.model(platform, model_id).map(|m| m.limits))
     }
 
     /// Every declared limit of a model, the classic four included, in gate order.
     pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
-        self.read(|m, _| m.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
+        self.read(|m, _| m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -710,7 +710,7 @@ impl Engine {
     /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
     /// so the hot path writes nothing extra.
     fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
-        let (route_rows, auth_rows) = self.mirror.has_history_to_clear(route);
+        let (route_rows, auth_rows) = self.mirror.history.has_to_clear(route);
         if route_rows {
             writes.push(Write::DeleteHistory {
                 key_id: route.key_id,
@@ -785,7 +785,7 @@ impl Engine {
         now: i64,
     ) -> (RouteId, Verdict) {
         let mut ctx = self.gate_context(route, limits, now);
-        ctx.reserve = self.mirror.reserve_for(priority);
+        ctx.reserve = self.mirror.reserves.for_priority(priority);
         let rid = self.ready_route(route, &ctx.limits, now);
         (rid, admission::admit(&self.mirror.route_view(rid, &ctx, est, now)))
     }
@@ -884,7 +884,7 @@ impl Engine {
         let ops: Vec<BatchOp> = ids
             .into_iter()
             .filter_map(|id| {
-                let rec = self.mirror.lease(id).filter(|l| now <= l.expires_at_ms)?;
+                let rec = self.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
                 let r = self.mirror.route(rec.route);
                 let route = Route {
                     platform: r.platform.to_string(),
@@ -905,7 +905,7 @@ impl Engine {
     /// engine through `release_lease`).
     pub(super) fn prune_own_leases(&mut self, now: i64) {
         let mirror = &self.mirror;
-        self.own_leases.retain(|id| mirror.lease(*id).is_some_and(|l| now <= l.expires_at_ms));
+        self.own_leases.retain(|id| mirror.leases.get(*id).is_some_and(|l| now <= l.expires_at_ms));
     }
 
     /// A lease's success: its request (and tokens, when given) recorded and the lease
@@ -918,7 +918,7 @@ impl Engine {
 
 /// The limits a call uses: the given ones, else the model's declared ones, else none.
 pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
-    given.unwrap_or_else(|| m.limit_set(platform, model_id))
+    given.unwrap_or_else(|| m.config.limit_set(platform, model_id))
 }
 
 /// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
@@ -962,5 +962,5 @@ pub fn check_priority(priority: i64) -> Result<()> {
 
 /// A key's configured concurrency cap (SPEC 20), `None` when it has none.
 fn configured_key_cap(m: &Mirror, key_id: i64) -> Option<i64> {
-    m.keys.get(&key_id).and_then(|k| k.concurrency_cap)
+    m.config.keys.get(&key_id).and_then(|k| k.concurrency_cap)
 }

@@ -26,7 +26,7 @@ impl Engine {
             }
         }
         self.writing(|e, _, writes| {
-            let old = e.mirror.caps.get(platform).copied().unwrap_or_default();
+            let old = e.mirror.config.caps.get(platform).copied().unwrap_or_default();
             let new = CapOverrides {
                 daily_requests: daily_requests.unwrap_or(old.daily_requests),
                 minute_requests: minute_requests.unwrap_or(old.minute_requests),
@@ -82,6 +82,7 @@ impl Engine {
         self.read(|m, _| {
             let mut v: Vec<Cooldown> = m
                 .cooldowns
+                .routes
                 .iter()
                 .map(|(rid, c)| {
                     let r = m.route(*rid);
@@ -99,7 +100,7 @@ impl Engine {
                 })
                 .collect();
             // The model-wide benches (SPEC 21.1): key_id 0 stands for no key.
-            for (platform, models) in &m.model_cooldowns {
+            for (platform, models) in &m.cooldowns.models {
                 for (model_id, c) in models {
                     v.push(Cooldown {
                         route: Route {
@@ -308,7 +309,7 @@ impl Engine {
             e.mirror.prune_all(now);
             for (rid, r) in e.mirror.routes() {
                 if let Some(group) = e.mirror.group_counts(rid, now) {
-                    let name = e.mirror.account_name(&r.platform, r.key_id);
+                    let name = e.mirror.config.account_name(&r.platform, r.key_id);
                     snap.accounts
                         .entry(r.platform.clone())
                         .or_default()
@@ -345,7 +346,7 @@ impl Engine {
         model_id: &str,
         limits: &LimitSet,
     ) -> Result<()> {
-        let keys = self.mirror.routable_keys(platform).to_vec();
+        let keys = self.mirror.config.routable_keys(platform).to_vec();
         let missing = keys.iter().any(|k| {
             self.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
                 let win = &self.mirror.route(rid).win;
@@ -396,14 +397,14 @@ impl Engine {
             return Ok(None);
         }
         let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
-        let keys = self.mirror.routable_keys(platform);
+        let keys = self.mirror.config.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
         let per_account = snap.accounts.get(platform).and_then(|m| m.get(model_id));
         let mut best: Option<f64> = None;
         for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
             let used = per_model.and_then(|m| m.get(k));
             // SPEC §14.3: a key's figure at the scope of each limit.
-            let shared = per_account.and_then(|a| a.get(&self.mirror.account_name(platform, *k)));
+            let shared = per_account.and_then(|a| a.get(&self.mirror.config.account_name(platform, *k)));
             let worst = limits
                 .iter()
                 .map(|d| {
@@ -445,8 +446,9 @@ impl Engine {
                 {
                     continue;
                 }
-                let limits = m.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
+                let limits = m.config.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
                 let others = m
+                    .config
                     .limit_set(&r.platform, &r.model_id)
                     .iter()
                     .filter(|d| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))

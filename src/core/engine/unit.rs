@@ -547,15 +547,15 @@ impl Engine {
             self.mirror.replace_models(m);
         }
         if let Some(c) = ch.caps {
-            self.mirror.caps = c.into_iter().collect();
+            self.mirror.config.caps = c.into_iter().collect();
         }
         let tables_changed =
             tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
         if let Some(p) = ch.priorities {
-            self.mirror.replace_reserves(p);
+            self.mirror.reserves.replace(p);
         }
         if let Some(h) = ch.history {
-            self.mirror.replace_history(h);
+            self.mirror.history.replace(h);
         }
         if let Some(c) = ch.calendars {
             if self.mirror.replace_calendars(c.into_iter().collect()) {
@@ -735,51 +735,49 @@ impl Engine {
             Write::UpsertCooldown(c) => self.mirror.put_cooldown(c),
             Write::DeleteCooldown { platform, model_id, key_id } => {
                 if let Some(rid) = self.mirror.find_route(platform, model_id, *key_id) {
-                    return i64::from(self.mirror.cooldowns.remove(&rid).is_some());
+                    return i64::from(self.mirror.cooldowns.routes.remove(&rid).is_some());
                 }
             }
             Write::DeleteCooldownsForKey(key_id) => {
                 let routes: Vec<RouteId> = self
                     .mirror
                     .cooldowns
+                    .routes
                     .keys()
                     .copied()
                     .filter(|rid| self.mirror.route(*rid).key_id == *key_id)
                     .collect();
                 for rid in &routes {
-                    self.mirror.cooldowns.remove(rid);
+                    self.mirror.cooldowns.routes.remove(rid);
                 }
                 return routes.len() as i64;
             }
-            Write::DeleteExpiredCooldowns(t) => {
-                let before = self.mirror.cooldowns.len();
-                self.mirror.cooldowns.retain(|_, c| c.expires_at_ms > *t);
-                let models = self.mirror.remove_expired_model_cooldowns(*t);
-                return (before - self.mirror.cooldowns.len()) as i64 + models;
-            }
+            Write::DeleteExpiredCooldowns(t) => return self.mirror.cooldowns.remove_expired(*t),
             Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
             Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
             Write::SetCaps(p, c) => {
-                self.mirror.caps.insert(p.clone(), *c);
+                self.mirror.config.caps.insert(p.clone(), *c);
             }
             Write::ResetCaps(p) => {
-                self.mirror.caps.remove(p);
+                self.mirror.config.caps.remove(p);
             }
-            Write::InsertHistory(h) => self.mirror.add_history(h.clone()),
+            Write::InsertHistory(h) => self.mirror.history.add(h.clone()),
             Write::DeleteHistory { key_id, route, kinds } => {
-                return self.mirror.remove_history(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
+                return self.mirror.history.remove(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
             }
             Write::Sweep { history_before, .. } => {
-                self.mirror.prune_history(*history_before);
+                self.mirror.history.prune(*history_before);
             }
             Write::SetCalendar { platform, zone } => {
-                let set = self.mirror.zones_with(platform, zone.as_deref());
+                let set = self.mirror.calendars.zones_with(platform, zone.as_deref());
                 if self.mirror.replace_calendars(set) {
                     // The platform's day windows start over: count them again from the store.
                     self.unit.rebuild = true;
                 }
             }
-            Write::SetPriorityReserve { priority, fraction } => self.mirror.put_reserve(*priority, *fraction),
+            Write::SetPriorityReserve { priority, fraction } => {
+                self.mirror.reserves.put(*priority, *fraction)
+            }
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         0

@@ -4,14 +4,19 @@
 pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
-use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
-use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
+use crate::core::types::{CooldownSource, KeyInfo, ModelInfo};
 use crate::core::windows::{Counts, Windows};
-use regex::Regex;
+
+mod config;
+mod history;
+mod leases;
+pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
+pub use history::{Cooldowns, History};
+pub use leases::{LeaseRec, Leases};
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 pub type RouteId = u32;
 /// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
@@ -55,24 +60,6 @@ struct GroupState {
     kept: LimitSet,
 }
 
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseRec {
-    pub route: RouteId,
-    pub tokens: i64,
-    /// Of `tokens`, the estimated output.
-    pub output_tokens: i64,
-    pub created_at_ms: i64,
-    pub expires_at_ms: i64,
-}
-
-impl LeaseRec {
-    /// A lease counts until it is older than `lease_max_age_ms` (SPEC §5): at exactly
-    /// that age (`now == expires_at_ms`) it still counts.
-    fn live(&self, now: i64) -> bool {
-        now <= self.expires_at_ms
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CooldownRec {
     pub expires_at_ms: i64,
@@ -91,19 +78,12 @@ pub struct Mirror {
     group_index: FastMap<(AccountId, Arc<str>), GroupId>,
     /// (platform, account name) -> how many registered keys it has.
     account_members: HashMap<(String, Arc<str>), usize>,
-    leases: FastMap<i64, LeaseRec>,
-    pub cooldowns: FastMap<RouteId, CooldownRec>,
-    /// platform -> model_id -> the model's bench for every key (SPEC 21.1).
-    pub model_cooldowns: FastMap<Arc<str>, FastMap<Arc<str>, CooldownRec>>,
-    /// Registered keys; change them through `put_key` / `replace_keys`.
-    pub keys: HashMap<i64, KeyInfo>,
-    /// platform -> its registered, enabled keys, kept with `keys`.
-    routable: HashMap<String, Vec<i64>>,
-    models: HashMap<String, HashMap<String, ModelInfo>>,
-    /// platform -> model_id -> the billing multiplier of its `monthly_token_budget` label.
-    billing: FastMap<String, FastMap<String, Option<Multiplier>>>,
-    /// platform -> model_id -> its declared limits in gate order, built once.
-    limit_sets: FastMap<String, FastMap<String, LimitSet>>,
+    /// The live leases (and expired ones not yet pruned).
+    pub leases: Leases,
+    pub cooldowns: Cooldowns,
+    /// Keys, models and provider caps; change keys and models through the mirror's
+    /// `put_key` / `replace_keys` / `put_model` / `replace_models`.
+    pub config: Config,
     /// Some route started keeping a window its events were not kept for: the usage
     /// is to be loaded again from the store.
     pub needs_reload: bool,
@@ -112,12 +92,9 @@ pub struct Mirror {
     retained_windows: Option<Vec<Retained>>,
     /// (since, at): the last load read the rows stamped `since` or later, at `at`.
     loaded: Option<(i64, i64)>,
-    pub caps: FastMap<String, CapOverrides>,
-    /// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
-    history: FastMap<i64, Vec<HistoryRow>>,
+    pub history: History,
     pub calendars: Calendars,
-    /// SPEC 22.1: (priority, reserve fraction) as stored, by priority.
-    reserves: Vec<(i64, f64)>,
+    pub reserves: Reserves,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -127,56 +104,6 @@ struct Retained {
     model_id: Arc<str>,
     cal: Calendar,
     windows: Vec<WindowSpec>,
-}
-
-/// Which calendar each platform's days follow (SPEC §14.2): one set in the store
-/// wins, then `PROVIDER_DAY_TZ_<PLATFORM>`, then the built-in zone.
-#[derive(Debug, Default)]
-pub struct Calendars {
-    /// platform -> zone name, as stored (`set_platform_calendar`).
-    set: HashMap<String, String>,
-    /// Upper-cased platform -> calendar, from the environment (valid zones only).
-    env: HashMap<String, Calendar>,
-    /// platform -> calendar in force, resolved on first use.
-    resolved: HashMap<String, Calendar>,
-}
-
-impl Calendars {
-    pub fn with_env(env: HashMap<String, Calendar>) -> Calendars {
-        Calendars { env, ..Calendars::default() }
-    }
-
-    /// The calendar in force for a platform.
-    pub fn of(&mut self, platform: &str) -> Calendar {
-        if let Some(c) = self.resolved.get(platform) {
-            return c.clone();
-        }
-        let c = self
-            .set
-            .get(platform)
-            .and_then(|z| Calendar::of_zone(z))
-            .or_else(|| self.env.get(&crate::core::env::env_suffix(platform)).cloned())
-            .or_else(|| Calendar::of_zone(crate::core::calendar::builtin_zone(platform)))
-            .unwrap_or_default();
-        self.resolved.insert(platform.to_string(), c.clone());
-        c
-    }
-
-    /// The stored zones; the platforms whose calendar this changes.
-    fn replace(&mut self, set: HashMap<String, String>) -> Vec<String> {
-        let mut platforms: Vec<String> = set.keys().chain(self.set.keys()).cloned().collect();
-        platforms.sort();
-        platforms.dedup();
-        let before: Vec<Calendar> = platforms.iter().map(|p| self.of(p)).collect();
-        self.set = set;
-        self.resolved.clear();
-        platforms.into_iter().zip(before).filter_map(|(p, old)| (self.of(&p) != old).then_some(p)).collect()
-    }
-
-    /// Every calendar resolved so far (the platforms the mirror has seen).
-    fn all(&self) -> impl Iterator<Item = &Calendar> {
-        self.resolved.values()
-    }
 }
 
 impl Mirror {
@@ -217,50 +144,6 @@ impl Mirror {
         !changed.is_empty()
     }
 
-    /// The stored zones, with one changed (for a write of our own).
-    pub fn zones_with(&self, platform: &str, zone: Option<&str>) -> HashMap<String, String> {
-        let mut set = self.calendars.set.clone();
-        match zone {
-            Some(z) => set.insert(platform.to_string(), z.to_string()),
-            None => set.remove(platform),
-        };
-        set
-    }
-
-    /// The account a key belongs to (SPEC §14.3): the one it was registered with, else
-    /// its own, `"key:<key_id>"`.
-    /// SPEC 22.1: the reserve of a call of `priority`, the fraction set for the largest
-    /// configured priority `<= priority` (0 when none).
-    #[inline]
-    pub fn reserve_for(&self, priority: i64) -> f64 {
-        if self.reserves.is_empty() {
-            return 0.0;
-        }
-        self.reserves.iter().rev().find(|(p, _)| *p <= priority).map_or(0.0, |(_, f)| *f)
-    }
-
-    /// Replaces the stored reserves (the store's whole table).
-    pub fn replace_reserves(&mut self, mut rows: Vec<(i64, f64)>) {
-        rows.sort_by_key(|(p, _)| *p);
-        rows.dedup_by_key(|(p, _)| *p);
-        self.reserves = rows;
-    }
-
-    /// Sets one priority's reserve.
-    pub fn put_reserve(&mut self, priority: i64, fraction: f64) {
-        match self.reserves.binary_search_by_key(&priority, |(p, _)| *p) {
-            Ok(i) => self.reserves[i].1 = fraction,
-            Err(i) => self.reserves.insert(i, (priority, fraction)),
-        }
-    }
-
-    pub fn account_name(&self, platform: &str, key_id: i64) -> Arc<str> {
-        match self.keys.get(&key_id) {
-            Some(KeyInfo { platform: p, account: Some(a), .. }) if p == platform => Arc::from(a.as_str()),
-            _ => Arc::from(format!("key:{key_id}")),
-        }
-    }
-
     /// Whether an account has more than one registered key.
     fn shared(&self, platform: &str, name: &Arc<str>) -> bool {
         self.account_members.get(&(platform.to_string(), name.clone())).is_some_and(|n| *n > 1)
@@ -277,11 +160,12 @@ impl Mirror {
     /// The registered keys of the account a key belongs to (the key alone when it is
     /// its own account).
     pub fn account_keys(&self, platform: &str, key_id: i64) -> Vec<i64> {
-        let name = self.account_name(platform, key_id);
+        let name = self.config.account_name(platform, key_id);
         if !self.shared(platform, &name) {
             return vec![key_id];
         }
         let mut keys: Vec<i64> = self
+            .config
             .keys
             .values()
             .filter(|k| k.platform == platform && k.account.as_deref() == Some(&*name))
@@ -293,7 +177,7 @@ impl Mirror {
 
     /// The id of a provider account (platform, key_id), created on first sight.
     pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
-        let name = self.account_name(platform, key_id);
+        let name = self.config.account_name(platform, key_id);
         if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&name)) {
             return *a;
         }
@@ -314,7 +198,7 @@ impl Mirror {
         }
         let g = self.groups.len() as GroupId;
         let mut win = Windows::new(self.calendars.of(platform));
-        for spec in self.limit_set(platform, model_id).windows() {
+        for spec in self.config.limit_set(platform, model_id).windows() {
             win.keep(spec);
         }
         self.groups.push(GroupState { win, leases: vec![], kept: LimitSet::default() });
@@ -342,7 +226,7 @@ impl Mirror {
             r.account = a;
             r.group = group;
         }
-        let mut ids: Vec<(i64, RouteId)> = self.leases.iter().map(|(id, l)| (*id, l.route)).collect();
+        let mut ids: Vec<(i64, RouteId)> = self.leases.by_id.iter().map(|(id, l)| (*id, l.route)).collect();
         ids.sort_unstable();
         for (id, rid) in ids {
             let r = &self.routes[rid as usize];
@@ -358,14 +242,14 @@ impl Mirror {
     /// changed, reassign.
     fn accounts_changed(&mut self) {
         let mut members: HashMap<(String, Arc<str>), usize> = HashMap::new();
-        for k in self.keys.values() {
+        for k in self.config.keys.values() {
             if let Some(a) = &k.account {
                 *members.entry((k.platform.clone(), Arc::from(a.as_str()))).or_default() += 1;
             }
         }
         self.account_members = members;
         let stale = self.routes.iter().any(|r| {
-            let name = self.account_name(&r.platform, r.key_id);
+            let name = self.config.account_name(&r.platform, r.key_id);
             let acct = &self.accounts[r.account as usize];
             acct.name != name || r.group.is_some() != self.shared(&r.platform, &name)
         });
@@ -384,7 +268,7 @@ impl Mirror {
         let leases = &self.leases;
         let acct = &mut self.accounts[a as usize];
         acct.win.prune(now);
-        acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        acct.leases.retain(|id| leases.is_live(*id, now));
     }
 
     /// The id of a route, created on first sight.
@@ -403,7 +287,7 @@ impl Mirror {
         let mut win = Windows::new(self.calendars.of(platform));
         // A route seen for the first time had no events since the last load, which
         // reached back as far as any declared window: its windows are complete.
-        for spec in self.limit_set(platform, model_id).windows() {
+        for spec in self.config.limit_set(platform, model_id).windows() {
             win.keep(spec);
         }
         self.routes.push(RouteState {
@@ -434,23 +318,12 @@ impl Mirror {
         self.routes[id as usize].win.calendar()
     }
 
-    /// The earliest start of today among the calendars that may be in use: the
-    /// oldest row a day window may count at `now`. Platforms not seen yet may have a
-    /// zone 14 hours behind UTC at most: their day started at most 14 h before UTC's.
-    pub fn earliest_day_start(&self, now: i64) -> i64 {
-        let mut earliest = Calendar::utc().day_start(now.saturating_sub(14 * 3_600_000));
-        for c in self.calendars.all() {
-            earliest = earliest.min(c.day_start(now));
-        }
-        earliest
-    }
-
     pub fn routes(&self) -> impl Iterator<Item = (RouteId, &RouteState)> {
         self.routes.iter().enumerate().map(|(i, r)| (i as RouteId, r))
     }
 
     fn account_of(&self, platform: &str, key_id: i64) -> Option<AccountId> {
-        self.account_index.get(platform)?.get(&self.account_name(platform, key_id)).copied()
+        self.account_index.get(platform)?.get(&self.config.account_name(platform, key_id)).copied()
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -511,9 +384,9 @@ impl Mirror {
 
     fn usage_horizon_at(&mut self, now: i64) -> i64 {
         let mut from =
-            now.saturating_sub(crate::core::clock::MINUTE_MS - 1).min(self.earliest_day_start(now));
+            now.saturating_sub(crate::core::clock::MINUTE_MS - 1).min(self.calendars.earliest_day_start(now));
         let mut specs: Vec<(String, WindowSpec)> = Vec::new();
-        for (platform, models) in &self.limit_sets {
+        for (platform, models) in &self.config.limit_sets {
             for set in models.values() {
                 specs.extend(set.windows().map(|w| (platform.clone(), w)));
             }
@@ -539,7 +412,7 @@ impl Mirror {
     pub fn retained_usage(&mut self, now: i64, before: i64, with_day: bool) -> Vec<KeptUsage> {
         if self.retained_windows.is_none() {
             let mut models: Vec<(String, String, Vec<WindowSpec>)> = Vec::new();
-            for (platform, sets) in &self.limit_sets {
+            for (platform, sets) in &self.config.limit_sets {
                 for (model_id, set) in sets {
                     let kept: Vec<WindowSpec> =
                         set.windows().filter(|w| *w != crate::core::limits::MINUTE).collect();
@@ -620,14 +493,14 @@ impl Mirror {
         let leases = &self.leases;
         let route = &mut self.routes[rid as usize];
         route.win.prune(now);
-        route.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        route.leases.retain(|id| leases.is_live(*id, now));
         let acct = &mut self.accounts[route.account as usize];
         acct.win.prune(now);
-        acct.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+        acct.leases.retain(|id| leases.is_live(*id, now));
         if let Some(g) = route.group {
             let group = &mut self.groups[g as usize];
             group.win.prune(now);
-            group.leases.retain(|id| leases.get(id).is_some_and(|l| l.live(now)));
+            group.leases.retain(|id| leases.is_live(*id, now));
         }
     }
 
@@ -636,7 +509,7 @@ impl Mirror {
         for rid in 0..self.routes.len() as RouteId {
             self.prune_route(rid, now);
         }
-        self.leases.retain(|_, l| l.live(now));
+        self.leases.by_id.retain(|_, l| l.live(now));
     }
 
     // ---- leases ------------------------------------------------------------------
@@ -648,16 +521,11 @@ impl Mirror {
         if let Some(g) = route.group {
             self.groups[g as usize].leases.push(id);
         }
-        self.leases.insert(id, rec);
-    }
-
-    /// A lease the mirror holds (live or not yet pruned).
-    pub fn lease(&self, id: i64) -> Option<&LeaseRec> {
-        self.leases.get(&id)
+        self.leases.by_id.insert(id, rec);
     }
 
     pub fn remove_lease(&mut self, id: i64) -> Option<LeaseRec> {
-        let rec = self.leases.remove(&id)?;
+        let rec = self.leases.by_id.remove(&id)?;
         let route = &mut self.routes[rec.route as usize];
         route.leases.retain(|l| *l != id);
         self.accounts[route.account as usize].leases.retain(|l| *l != id);
@@ -676,7 +544,7 @@ impl Mirror {
         pending_inserted: &HashSet<i64>,
     ) {
         let stored: Vec<i64> =
-            self.leases.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
+            self.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
         for id in stored {
             self.remove_lease(id);
         }
@@ -699,28 +567,7 @@ impl Mirror {
     }
 
     pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
-        let mut f = InFlight::default();
-        for id in &self.routes[rid as usize].leases {
-            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
-                f.count += 1;
-                f.tokens = f.tokens.saturating_add(l.tokens);
-                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
-            }
-        }
-        f
-    }
-
-    /// Live leases of a shared account on one model.
-    fn group_in_flight(&self, g: GroupId, now: i64) -> InFlight {
-        let mut f = InFlight::default();
-        for id in &self.groups[g as usize].leases {
-            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
-                f.count += 1;
-                f.tokens = f.tokens.saturating_add(l.tokens);
-                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
-            }
-        }
-        f
+        self.leases.in_flight(&self.routes[rid as usize].leases, now)
     }
 
     /// What a limit's scope has recorded in its window for a route: the route's own
@@ -748,7 +595,7 @@ impl Mirror {
         let mut f = InFlight::default();
         let mut of_key = 0;
         for id in &acct.leases {
-            if let Some(l) = self.leases.get(id).filter(|l| l.live(now)) {
+            if let Some(l) = self.leases.by_id.get(id).filter(|l| l.live(now)) {
                 f.count += 1;
                 if self.routes[l.route as usize].key_id == key_id {
                     of_key += 1;
@@ -764,21 +611,16 @@ impl Mirror {
 
     // ---- keys, models, caps, cooldowns ---------------------------------------------
 
-    pub fn model(&self, platform: &str, model_id: &str) -> Option<&ModelInfo> {
-        self.models.get(platform)?.get(model_id)
-    }
-
     pub fn put_model(&mut self, m: ModelInfo) {
         // The label's billing multiplier and the gate order are worked out once here,
         // not at every admission.
-        let billing = m.monthly_token_budget.as_deref().and_then(parse_multiplier);
-        self.billing.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), billing);
-        let set = LimitSet::with_classic(m.limits, m.others.clone())
-            .unwrap_or_else(|_| LimitSet::from_classic(m.limits));
+        let platform = m.platform.clone();
+        let model_id = m.model_id.clone();
+        let set = self.config.put_model(m);
         let routes: Vec<RouteId> = self
             .index
-            .get(m.platform.as_str())
-            .and_then(|ms| ms.get(m.model_id.as_str()))
+            .get(platform.as_str())
+            .and_then(|ms| ms.get(model_id.as_str()))
             .map(|ks| ks.values().copied().collect())
             .unwrap_or_default();
         for rid in routes {
@@ -787,25 +629,15 @@ impl Mirror {
         // A declaration that reaches further back than the last load: the routes not
         // seen yet have rows in the store to count too.
         if let Some((since, at)) = self.loaded {
-            let platform = m.platform.clone();
             if set.windows().any(|w| self.window_start(&platform, w, at) < since) {
                 self.needs_reload = true;
             }
         }
-        self.limit_sets.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), set);
         self.retained_windows = None;
-        self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
-    }
-
-    /// A model's declared limits (empty when it has none).
-    pub fn limit_set(&self, platform: &str, model_id: &str) -> LimitSet {
-        self.limit_sets.get(platform).and_then(|m| m.get(model_id)).cloned().unwrap_or_default()
     }
 
     pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
-        self.models.clear();
-        self.billing.clear();
-        self.limit_sets.clear();
+        self.config.clear_models();
         self.retained_windows = None;
         for m in rows {
             self.put_model(m);
@@ -813,36 +645,19 @@ impl Mirror {
     }
 
     pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {
-        self.keys = rows.into_iter().map(|k| (k.key_id, k)).collect();
-        self.routable = HashMap::new();
-        for k in self.keys.values().filter(|k| k.enabled) {
-            self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
-        }
+        self.config.replace_keys(rows);
         self.accounts_changed();
     }
 
     /// Registers (or updates) one key; the routable keys follow at once.
     pub fn put_key(&mut self, k: KeyInfo) {
-        if let Some(old) = self.keys.get(&k.key_id) {
-            if let Some(ids) = self.routable.get_mut(&old.platform) {
-                ids.retain(|id| *id != k.key_id);
-            }
-        }
-        if k.enabled {
-            self.routable.entry(k.platform.clone()).or_default().push(k.key_id);
-        }
-        self.keys.insert(k.key_id, k);
+        self.config.put_key(k);
         self.accounts_changed();
     }
 
-    /// The registered, enabled keys of a platform (SPEC §9's routable keys).
-    pub fn routable_keys(&self, platform: &str) -> &[i64] {
-        self.routable.get(platform).map_or(&[], Vec::as_slice)
-    }
-
     pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
-        self.cooldowns.clear();
-        self.model_cooldowns.clear();
+        self.cooldowns.routes.clear();
+        self.cooldowns.models.clear();
         for r in rows {
             self.put_cooldown(r);
         }
@@ -854,128 +669,30 @@ impl Mirror {
         match r.key_id {
             Some(key_id) => {
                 let rid = self.route_id(&r.platform, &r.model_id, key_id);
-                self.cooldowns.insert(rid, rec);
+                self.cooldowns.routes.insert(rid, rec);
             }
             None => {
-                self.model_cooldowns.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
+                self.cooldowns.models.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
             }
         }
-    }
-
-    /// The route's own active cooldown (not its model's, SPEC 21.1).
-    pub fn active_cooldown(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
-        self.cooldowns.get(&rid).copied().filter(|c| now < c.expires_at_ms)
-    }
-
-    /// The active model-wide bench of a (platform, model) (SPEC 21.1).
-    pub fn model_cooldown(&self, platform: &str, model_id: &str, now: i64) -> Option<CooldownRec> {
-        if self.model_cooldowns.is_empty() {
-            return None;
-        }
-        self.model_cooldowns.get(platform)?.get(model_id).copied().filter(|c| now < c.expires_at_ms)
     }
 
     /// What benches a route (SPEC 21.1): whichever of its own cooldown and its model's
     /// ends later; true when it is the model's.
     pub fn route_bench(&self, rid: RouteId, now: i64) -> Option<(CooldownRec, bool)> {
-        let own = self.active_cooldown(rid, now);
+        let own = self.cooldowns.of_route(rid, now);
         let r = &self.routes[rid as usize];
-        match (own, self.model_cooldown(&r.platform, &r.model_id, now)) {
+        match (own, self.cooldowns.of_model(&r.platform, &r.model_id, now)) {
             (Some(o), Some(m)) if m.expires_at_ms > o.expires_at_ms => Some((m, true)),
             (Some(o), _) => Some((o, false)),
             (None, m) => m.map(|m| (m, true)),
         }
     }
 
-    /// Drops model-wide benches that expired at `now`; how many went.
-    pub fn remove_expired_model_cooldowns(&mut self, now: i64) -> i64 {
-        let mut n = 0i64;
-        for models in self.model_cooldowns.values_mut() {
-            let before = models.len();
-            models.retain(|_, c| c.expires_at_ms > now);
-            n += (before - models.len()) as i64;
-        }
-        self.model_cooldowns.retain(|_, m| !m.is_empty());
-        n
-    }
-
-    // ---- failure history -----------------------------------------------------------
-
-    pub fn replace_history(&mut self, rows: Vec<HistoryRow>) {
-        self.history.clear();
-        for r in rows {
-            self.add_history(r);
-        }
-    }
-
-    pub fn prune_history(&mut self, before: i64) {
-        self.history.retain(|_, rows| {
-            rows.retain(|h| h.hit_at_ms >= before);
-            !rows.is_empty()
-        });
-    }
-
-    pub fn add_history(&mut self, row: HistoryRow) {
-        self.history.entry(row.key_id).or_default().push(row);
-    }
-
-    /// Removes matching history; returns how many rows went.
-    pub fn remove_history(&mut self, key_id: i64, route: Option<(&str, &str)>, kinds: &[HistoryKind]) -> i64 {
-        let Some(rows) = self.history.get_mut(&key_id) else { return 0 };
-        let before = rows.len();
-        rows.retain(|h| {
-            !(kinds.contains(&h.kind) && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
-        });
-        let removed = (before - rows.len()) as i64;
-        if rows.is_empty() {
-            self.history.remove(&key_id);
-        }
-        removed
-    }
-
-    /// Hits of one kind on a route (or, for `Auth`, on the key) with `hit_at_ms > since`.
-    pub fn history_count(&self, route: &crate::core::types::Route, kind: HistoryKind, since: i64) -> i64 {
-        let Some(rows) = self.history.get(&route.key_id) else { return 0 };
-        rows.iter()
-            .filter(|h| {
-                h.kind == kind
-                    && h.hit_at_ms > since
-                    && (if kind.of_key() {
-                        &*h.platform == route.platform.as_str()
-                    } else {
-                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
-                    })
-            })
-            .count() as i64
-    }
-
-    /// Whether a success on `route` has history to clear: the route's ladder,
-    /// unknown-limit, transient and empty-completion rows, and the key's auth rows (a
-    /// learned concurrency cap stays). O(1) for a key without failures (the hot path).
-    pub fn has_history_to_clear(&self, route: &crate::core::types::Route) -> (bool, bool) {
-        let Some(rows) = self.history.get(&route.key_id) else { return (false, false) };
-        let mut route_rows = false;
-        let mut auth_rows = false;
-        for h in rows {
-            match h.kind {
-                HistoryKind::Auth => auth_rows = true,
-                // Kept: a learned cap, and the upstream chain that decays on its own.
-                HistoryKind::Concurrency
-                | HistoryKind::PoolMinute
-                | HistoryKind::PoolDay
-                | HistoryKind::Upstream => {}
-                _ => {
-                    route_rows |=
-                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
-                }
-            }
-        }
-        (route_rows, auth_rows)
-    }
-
     /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
     pub fn key_live_leases(&self, platform: &str, key_id: i64, except: Option<i64>, now: i64) -> i64 {
         self.leases
+            .by_id
             .iter()
             .filter(|(id, l)| {
                 let r = &self.routes[l.route as usize];
@@ -984,64 +701,31 @@ impl Mirror {
             .count() as i64
     }
 
-    /// The times of the upstream failures of a (platform, model) on any key (SPEC 21.1).
-    pub fn upstream_hits(&self, platform: &str, model_id: &str) -> Vec<i64> {
-        self.history
-            .values()
-            .flatten()
-            .filter(|h| {
-                h.kind == HistoryKind::Upstream && &*h.platform == platform && &*h.model_id == model_id
-            })
-            .map(|h| h.hit_at_ms)
-            .collect()
-    }
-
-    /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an
-    /// account from pool 429s (SPEC 21.2): the lowest any of its keys learned.
-    pub fn learned_pool_cap(&self, platform: &str, keys: &[i64], kind: HistoryKind) -> Option<i64> {
-        keys.iter()
-            .filter_map(|k| self.history.get(k))
-            .flatten()
-            .filter(|h| h.kind == kind && &*h.platform == platform)
-            .filter_map(|h| h.value)
-            .min()
-    }
-
     /// The (daily, minute) request caps learned for a key's account from pool 429s
     /// (SPEC 21.2); `None` at once, without allocating, when none can be (the hot path).
     pub fn learned_pool_caps(&self, platform: &str, key_id: i64) -> Option<(Option<i64>, Option<i64>)> {
         let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
-        let shared = self.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
+        let shared =
+            self.config.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
         if shared {
-            if !self.history.values().flatten().any(pool) {
+            if !self.history.by_key.values().flatten().any(pool) {
                 return None;
             }
             let keys = self.account_keys(platform, key_id);
             return Some((
-                self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+                self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
             ));
         }
-        let rows = self.history.get(&key_id)?;
+        let rows = self.history.by_key.get(&key_id)?;
         if !rows.iter().any(pool) {
             return None;
         }
         let keys = [key_id];
         Some((
-            self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-            self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+            self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+            self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
         ))
-    }
-
-    /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
-    /// the key's latest such failure taught or confirmed, until 1 h after it.
-    pub fn learned_concurrency_cap(&self, platform: &str, key_id: i64, now: i64) -> Option<i64> {
-        let rows = self.history.get(&key_id)?;
-        rows.iter()
-            .filter(|h| h.kind == HistoryKind::Concurrency && &*h.platform == platform)
-            .max_by_key(|h| h.hit_at_ms)
-            .filter(|h| now < h.hit_at_ms.saturating_add(LEARNED_CAP_TTL_MS))
-            .and_then(|h| h.value)
     }
 
     // ---- provider accounts ---------------------------------------------------------
@@ -1049,15 +733,7 @@ impl Mirror {
     /// The billing multiplier of a route's model on a platform whose daily token cap is `cap`.
     pub fn multiplier(&self, rid: RouteId, cap: i64) -> Multiplier {
         let r = &self.routes[rid as usize];
-        let model = self.model(&r.platform, &r.model_id);
-        let billing = self.billing.get(&*r.platform).and_then(|m| m.get(&*r.model_id)).copied().flatten();
-        if let Some(m) = billing {
-            return m;
-        }
-        match model.and_then(|m| m.limits.tpd) {
-            Some(tpd) if tpd > 0 && tpd < cap => Multiplier { num: cap, den: tpd },
-            _ => Multiplier::ONE,
-        }
+        self.config.multiplier(&r.platform, &r.model_id, cap)
     }
 
     /// Requests since midnight on the account (all models).
@@ -1158,9 +834,10 @@ impl Mirror {
         let key =
             rid.map(|r| Tally { win: &self.routes[r as usize].win, in_flight: self.route_in_flight(r, now) });
         let account = match rid.and_then(|r| self.routes[r as usize].group) {
-            Some(g) => {
-                Some(Tally { win: &self.groups[g as usize].win, in_flight: self.group_in_flight(g, now) })
-            }
+            Some(g) => Some(Tally {
+                win: &self.groups[g as usize].win,
+                in_flight: self.leases.in_flight(&self.groups[g as usize].leases, now),
+            }),
             None => key,
         };
         // SPEC §8: tokens at provider scope are billed at each model's multiplier.
@@ -1191,162 +868,5 @@ impl Mirror {
     }
 }
 
-/// A billing multiplier as an exact fraction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Multiplier {
-    pub num: i64,
-    pub den: i64,
-}
-
-impl Multiplier {
-    pub const ONE: Multiplier = Multiplier { num: 1, den: 1 };
-    /// `ceil(tokens * num / den)`, saturating.
-    pub fn bill(self, tokens: i64) -> i64 {
-        if self.den <= 0 || tokens <= 0 {
-            return tokens.max(0);
-        }
-        let n = i128::from(tokens) * i128::from(self.num);
-        let d = i128::from(self.den);
-        let q = (n + d - 1) / d;
-        i64::try_from(q).unwrap_or(i64::MAX)
-    }
-}
-
-/// The `N` of an `Nx` in a budget label such as `"150K/day · 2x"` (decimals allowed).
-pub fn parse_multiplier(label: &str) -> Option<Multiplier> {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = RE.get_or_init(|| Regex::new(r"(?i)(?:^|[^\w.])(\d{1,9})(?:\.(\d{1,6}))?\s*[x×](?:\W|$)").ok());
-    let caps = re.as_ref()?.captures(label)?;
-    let int: i64 = caps.get(1)?.as_str().parse().ok()?;
-    let (frac, den) = match caps.get(2) {
-        Some(f) => (f.as_str().parse::<i64>().ok()?, 10i64.pow(f.as_str().len() as u32)),
-        None => (0, 1),
-    };
-    let num = int.checked_mul(den)?.checked_add(frac)?;
-    (num > 0).then_some(Multiplier { num, den })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::admission::admit;
-    use crate::core::types::{Admission, Reason};
-
-    /// Every gate on the route's view (`check()`'s answer).
-    fn evaluate(m: &Mirror, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
-        admit(&m.route_view(rid, ctx, est, now)).admission()
-    }
-
-    #[test]
-    fn multiplier_from_label() {
-        assert_eq!(parse_multiplier("150K/day · 2x"), Some(Multiplier { num: 2, den: 1 }));
-        assert_eq!(parse_multiplier("1.5x"), Some(Multiplier { num: 15, den: 10 }));
-        assert_eq!(parse_multiplier("150K/day"), None);
-        assert_eq!(parse_multiplier("0x"), None);
-        assert_eq!(Multiplier { num: 15, den: 10 }.bill(3), 5);
-        assert_eq!(Multiplier { num: 2, den: 1 }.bill(i64::MAX), i64::MAX);
-    }
-
-    #[test]
-    #[allow(clippy::unwrap_used)]
-    fn retention_keeps_each_model_from_its_own_cut_off() {
-        // SPEC 14.2: only the models with a week, month or wide sliding window keep
-        // rows past the retention, each from its own window in its own calendar.
-        let model = |platform: &str, model_id: &str, others: &str, limits| ModelInfo {
-            platform: platform.into(),
-            model_id: model_id.into(),
-            limits,
-            others: crate::core::limits::decode_limits(others).unwrap(),
-            monthly_token_budget: None,
-        };
-        let mut m = Mirror::default();
-        let day = crate::core::types::Limits { rpd: Some(5), rpm: Some(1), ..Default::default() };
-        m.put_model(model("mistral", "month", "requests/month=3", Default::default()));
-        m.put_model(model("mistral", "week", "tokens/week=3", Default::default()));
-        m.put_model(model("mistral", "slide", "requests/7d=3", Default::default()));
-        m.put_model(model("mistral", "day", "", day));
-        m.put_model(model("google", "month", "requests/month=3", Default::default()));
-        m.put_model(model("mistral", "minute", "requests/1m=3", Default::default()));
-        let dec10 = 1_796_083_200_000 + 9 * 86_400_000 + 10 * 3_600_000; // Thursday 2026-12-10 10:00 UTC
-        let before = dec10 - 3_600_000;
-        let kept: Vec<(String, String, i64)> = m
-            .retained_usage(dec10, before, false)
-            .into_iter()
-            .map(|k| (k.platform.to_string(), k.model_id.to_string(), k.before))
-            .collect();
-        let dec1 = 1_796_083_200_000;
-        assert_eq!(
-            kept,
-            vec![
-                ("google".into(), "month".into(), dec1 + 8 * 3_600_000), // 00:00 Pacific
-                ("mistral".into(), "month".into(), dec1),
-                ("mistral".into(), "slide".into(), dec10 - 7 * 86_400_000 + 1),
-                ("mistral".into(), "week".into(), dec1 + 6 * 86_400_000), // Monday Dec 7
-            ]
-        );
-        // The degraded buffer also keeps today of a model declaring a day window.
-        let buffered = m.retained_usage(dec10, before, true);
-        let day_model = buffered.iter().find(|k| &*k.model_id == "day").unwrap();
-        assert_eq!(day_model.before, dec1 + 9 * 86_400_000);
-        // A window that reaches back less than the retention keeps nothing more.
-        assert!(m.retained_usage(dec10, dec10 - 30 * 86_400_000, true).is_empty());
-    }
-
-    #[test]
-    fn a_reserve_keeps_the_floor_of_its_fraction() {
-        assert_eq!(crate::core::admission::reserved_limit(10, 0.0), 10);
-        assert_eq!(crate::core::admission::reserved_limit(10, 0.2), 8);
-        assert_eq!(crate::core::admission::reserved_limit(10, 0.15), 9); // floor(1.5)
-        assert_eq!(crate::core::admission::reserved_limit(100, 0.29), 72); // 100 * 0.29 = 28.999999999999996
-        assert_eq!(crate::core::admission::reserved_limit(0, 0.5), 0);
-        assert_eq!(
-            crate::core::admission::reserved_limit(i64::MAX, 0.5),
-            i64::MAX - (i64::MAX as f64 * 0.5).floor() as i64
-        );
-        let mut m = Mirror::default();
-        assert_eq!(m.reserve_for(3), 0.0);
-        m.replace_reserves(vec![(3, 0.5), (1, 0.2)]);
-        assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserve_for(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
-        m.put_reserve(0, 0.1);
-        assert_eq!(m.reserve_for(0), 0.1);
-    }
-
-    #[test]
-    fn gates_refuse_at_limit_and_report_retry() {
-        let mut m = Mirror::default();
-        let rid = m.route_id("groq", "llama", 1);
-        let ctx = GateContext {
-            limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(2), ..Default::default() }),
-            ..Default::default()
-        };
-        let t0 = 1_000_000;
-        m.add_usage(rid, 1, 0, t0, t0);
-        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
-        m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
-        let a = evaluate(&m, rid, Estimate::default(), &ctx, t0 + 10);
-        assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
-        m.prune_route(rid, t0 + 60_000);
-        assert!(evaluate(&m, rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
-    }
-
-    #[test]
-    fn leases_count_until_they_expire() {
-        let mut m = Mirror::default();
-        let rid = m.route_id("groq", "llama", 1);
-        let ctx = GateContext {
-            limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
-            ..Default::default()
-        };
-        m.add_lease(
-            7,
-            LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
-        );
-        // only the lease blocks: no retry time for a sliding window
-        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
-        // at exactly its max age it still counts; one millisecond later it does not
-        m.prune_route(rid, 100);
-        assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
-        m.prune_route(rid, 101);
-        assert!(evaluate(&m, rid, Estimate::default(), &ctx, 101).allowed);
-    }
-}
+mod tests;

@@ -1,0 +1,164 @@
+//! The mirrored `failure_history` (SPEC 15, 21): rows by key, what the failure
+//! ladder counts and what learned caps are read from.
+use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
+use crate::core::state::{CooldownRec, FastMap, RouteId};
+use crate::core::store::{HistoryKind, HistoryRow};
+use std::sync::Arc;
+
+/// `failure_history` by key_id, mirrored (pruned after 24 h, cleared by successes).
+#[derive(Debug, Default)]
+pub struct History {
+    pub(super) by_key: FastMap<i64, Vec<HistoryRow>>,
+}
+
+impl History {
+    pub fn replace(&mut self, rows: Vec<HistoryRow>) {
+        self.by_key.clear();
+        for r in rows {
+            self.add(r);
+        }
+    }
+
+    pub fn prune(&mut self, before: i64) {
+        self.by_key.retain(|_, rows| {
+            rows.retain(|h| h.hit_at_ms >= before);
+            !rows.is_empty()
+        });
+    }
+
+    pub fn add(&mut self, row: HistoryRow) {
+        self.by_key.entry(row.key_id).or_default().push(row);
+    }
+
+    /// Removes matching history; returns how many rows went.
+    pub fn remove(&mut self, key_id: i64, route: Option<(&str, &str)>, kinds: &[HistoryKind]) -> i64 {
+        let Some(rows) = self.by_key.get_mut(&key_id) else { return 0 };
+        let before = rows.len();
+        rows.retain(|h| {
+            !(kinds.contains(&h.kind) && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
+        });
+        let removed = (before - rows.len()) as i64;
+        if rows.is_empty() {
+            self.by_key.remove(&key_id);
+        }
+        removed
+    }
+
+    /// Hits of one kind on a route (or, for `Auth`, on the key) with `hit_at_ms > since`.
+    pub fn count(&self, route: &crate::core::types::Route, kind: HistoryKind, since: i64) -> i64 {
+        let Some(rows) = self.by_key.get(&route.key_id) else { return 0 };
+        rows.iter()
+            .filter(|h| {
+                h.kind == kind
+                    && h.hit_at_ms > since
+                    && (if kind.of_key() {
+                        &*h.platform == route.platform.as_str()
+                    } else {
+                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
+                    })
+            })
+            .count() as i64
+    }
+
+    /// Whether a success on `route` has history to clear: the route's ladder,
+    /// unknown-limit, transient and empty-completion rows, and the key's auth rows (a
+    /// learned concurrency cap stays). O(1) for a key without failures (the hot path).
+    pub fn has_to_clear(&self, route: &crate::core::types::Route) -> (bool, bool) {
+        let Some(rows) = self.by_key.get(&route.key_id) else { return (false, false) };
+        let mut route_rows = false;
+        let mut auth_rows = false;
+        for h in rows {
+            match h.kind {
+                HistoryKind::Auth => auth_rows = true,
+                // Kept: a learned cap, and the upstream chain that decays on its own.
+                HistoryKind::Concurrency
+                | HistoryKind::PoolMinute
+                | HistoryKind::PoolDay
+                | HistoryKind::Upstream => {}
+                _ => {
+                    route_rows |=
+                        &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
+                }
+            }
+        }
+        (route_rows, auth_rows)
+    }
+
+    /// The times of the upstream failures of a (platform, model) on any key (SPEC 21.1).
+    pub fn upstream_hits(&self, platform: &str, model_id: &str) -> Vec<i64> {
+        self.by_key
+            .values()
+            .flatten()
+            .filter(|h| {
+                h.kind == HistoryKind::Upstream && &*h.platform == platform && &*h.model_id == model_id
+            })
+            .map(|h| h.hit_at_ms)
+            .collect()
+    }
+
+    /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an
+    /// account from pool 429s (SPEC 21.2): the lowest any of its keys learned.
+    pub fn learned_pool_cap(&self, platform: &str, keys: &[i64], kind: HistoryKind) -> Option<i64> {
+        keys.iter()
+            .filter_map(|k| self.by_key.get(k))
+            .flatten()
+            .filter(|h| h.kind == kind && &*h.platform == platform)
+            .filter_map(|h| h.value)
+            .min()
+    }
+
+    /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
+    /// the key's latest such failure taught or confirmed, until 1 h after it.
+    pub fn learned_concurrency_cap(&self, platform: &str, key_id: i64, now: i64) -> Option<i64> {
+        let rows = self.by_key.get(&key_id)?;
+        rows.iter()
+            .filter(|h| h.kind == HistoryKind::Concurrency && &*h.platform == platform)
+            .max_by_key(|h| h.hit_at_ms)
+            .filter(|h| now < h.hit_at_ms.saturating_add(LEARNED_CAP_TTL_MS))
+            .and_then(|h| h.value)
+    }
+}
+
+/// The mirrored cooldowns: each route's own, and each model's bench for every key
+/// (SPEC 21.1).
+#[derive(Debug, Default)]
+pub struct Cooldowns {
+    pub routes: FastMap<RouteId, CooldownRec>,
+    /// platform -> model_id -> the model's bench for every key (SPEC 21.1).
+    pub models: FastMap<Arc<str>, FastMap<Arc<str>, CooldownRec>>,
+}
+
+impl Cooldowns {
+    /// The route's own active cooldown (not its model's, SPEC 21.1).
+    pub fn of_route(&self, rid: RouteId, now: i64) -> Option<CooldownRec> {
+        self.routes.get(&rid).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    /// The active model-wide bench of a (platform, model) (SPEC 21.1).
+    pub fn of_model(&self, platform: &str, model_id: &str, now: i64) -> Option<CooldownRec> {
+        if self.models.is_empty() {
+            return None;
+        }
+        self.models.get(platform)?.get(model_id).copied().filter(|c| now < c.expires_at_ms)
+    }
+
+    /// Drops the route and model-wide cooldowns that expired at `t`; how many went.
+    pub fn remove_expired(&mut self, t: i64) -> i64 {
+        let before = self.routes.len();
+        self.routes.retain(|_, c| c.expires_at_ms > t);
+        let models = self.remove_expired_models(t);
+        (before - self.routes.len()) as i64 + models
+    }
+
+    /// Drops model-wide benches that expired at `now`; how many went.
+    fn remove_expired_models(&mut self, now: i64) -> i64 {
+        let mut n = 0i64;
+        for models in self.models.values_mut() {
+            let before = models.len();
+            models.retain(|_, c| c.expires_at_ms > now);
+            n += (before - models.len()) as i64;
+        }
+        self.models.retain(|_, m| !m.is_empty());
+        n
+    }
+}

@@ -1,0 +1,52 @@
+//! The mirrored live leases (SPEC 4's "in flight", SPEC 5's lease age).
+use crate::core::admission::InFlight;
+use crate::core::state::{FastMap, RouteId};
+
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRec {
+    pub route: RouteId,
+    pub tokens: i64,
+    /// Of `tokens`, the estimated output.
+    pub output_tokens: i64,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+impl LeaseRec {
+    /// A lease counts until it is older than `lease_max_age_ms` (SPEC §5): at exactly
+    /// that age (`now == expires_at_ms`) it still counts.
+    pub(super) fn live(&self, now: i64) -> bool {
+        now <= self.expires_at_ms
+    }
+}
+
+/// Every lease the mirror holds, by id (live, or expired and not yet pruned).
+#[derive(Debug, Default)]
+pub struct Leases {
+    pub(super) by_id: FastMap<i64, LeaseRec>,
+}
+
+impl Leases {
+    /// A lease the mirror holds (live or not yet pruned).
+    pub fn get(&self, id: i64) -> Option<&LeaseRec> {
+        self.by_id.get(&id)
+    }
+
+    /// Whether lease `id` is held and still counts at `now`.
+    pub fn is_live(&self, id: i64, now: i64) -> bool {
+        self.by_id.get(&id).is_some_and(|l| l.live(now))
+    }
+
+    /// What the live leases among `ids` hold in flight at `now`.
+    pub fn in_flight(&self, ids: &[i64], now: i64) -> InFlight {
+        let mut f = InFlight::default();
+        for id in ids {
+            if let Some(l) = self.by_id.get(id).filter(|l| l.live(now)) {
+                f.count += 1;
+                f.tokens = f.tokens.saturating_add(l.tokens);
+                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
+            }
+        }
+        f
+    }
+}

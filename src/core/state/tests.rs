@@ -1,0 +1,122 @@
+//! The mirror's own tests: retention, reserves, gates over a view, lease expiry.
+use super::*;
+use crate::core::admission::admit;
+use crate::core::types::{Admission, Reason};
+
+/// Every gate on the route's view (`check()`'s answer).
+fn evaluate(m: &Mirror, rid: RouteId, est: Estimate, ctx: &GateContext, now: i64) -> Admission {
+    admit(&m.route_view(rid, ctx, est, now)).admission()
+}
+
+#[test]
+fn multiplier_from_label() {
+    assert_eq!(parse_multiplier("150K/day · 2x"), Some(Multiplier { num: 2, den: 1 }));
+    assert_eq!(parse_multiplier("1.5x"), Some(Multiplier { num: 15, den: 10 }));
+    assert_eq!(parse_multiplier("150K/day"), None);
+    assert_eq!(parse_multiplier("0x"), None);
+    assert_eq!(Multiplier { num: 15, den: 10 }.bill(3), 5);
+    assert_eq!(Multiplier { num: 2, den: 1 }.bill(i64::MAX), i64::MAX);
+}
+
+#[test]
+#[allow(clippy::unwrap_used)]
+fn retention_keeps_each_model_from_its_own_cut_off() {
+    // SPEC 14.2: only the models with a week, month or wide sliding window keep
+    // rows past the retention, each from its own window in its own calendar.
+    let model = |platform: &str, model_id: &str, others: &str, limits| ModelInfo {
+        platform: platform.into(),
+        model_id: model_id.into(),
+        limits,
+        others: crate::core::limits::decode_limits(others).unwrap(),
+        monthly_token_budget: None,
+    };
+    let mut m = Mirror::default();
+    let day = crate::core::types::Limits { rpd: Some(5), rpm: Some(1), ..Default::default() };
+    m.put_model(model("mistral", "month", "requests/month=3", Default::default()));
+    m.put_model(model("mistral", "week", "tokens/week=3", Default::default()));
+    m.put_model(model("mistral", "slide", "requests/7d=3", Default::default()));
+    m.put_model(model("mistral", "day", "", day));
+    m.put_model(model("google", "month", "requests/month=3", Default::default()));
+    m.put_model(model("mistral", "minute", "requests/1m=3", Default::default()));
+    let dec10 = 1_796_083_200_000 + 9 * 86_400_000 + 10 * 3_600_000; // Thursday 2026-12-10 10:00 UTC
+    let before = dec10 - 3_600_000;
+    let kept: Vec<(String, String, i64)> = m
+        .retained_usage(dec10, before, false)
+        .into_iter()
+        .map(|k| (k.platform.to_string(), k.model_id.to_string(), k.before))
+        .collect();
+    let dec1 = 1_796_083_200_000;
+    assert_eq!(
+        kept,
+        vec![
+            ("google".into(), "month".into(), dec1 + 8 * 3_600_000), // 00:00 Pacific
+            ("mistral".into(), "month".into(), dec1),
+            ("mistral".into(), "slide".into(), dec10 - 7 * 86_400_000 + 1),
+            ("mistral".into(), "week".into(), dec1 + 6 * 86_400_000), // Monday Dec 7
+        ]
+    );
+    // The degraded buffer also keeps today of a model declaring a day window.
+    let buffered = m.retained_usage(dec10, before, true);
+    let day_model = buffered.iter().find(|k| &*k.model_id == "day").unwrap();
+    assert_eq!(day_model.before, dec1 + 9 * 86_400_000);
+    // A window that reaches back less than the retention keeps nothing more.
+    assert!(m.retained_usage(dec10, dec10 - 30 * 86_400_000, true).is_empty());
+}
+
+#[test]
+fn a_reserve_keeps_the_floor_of_its_fraction() {
+    assert_eq!(crate::core::admission::reserved_limit(10, 0.0), 10);
+    assert_eq!(crate::core::admission::reserved_limit(10, 0.2), 8);
+    assert_eq!(crate::core::admission::reserved_limit(10, 0.15), 9); // floor(1.5)
+    assert_eq!(crate::core::admission::reserved_limit(100, 0.29), 72); // 100 * 0.29 = 28.999999999999996
+    assert_eq!(crate::core::admission::reserved_limit(0, 0.5), 0);
+    assert_eq!(
+        crate::core::admission::reserved_limit(i64::MAX, 0.5),
+        i64::MAX - (i64::MAX as f64 * 0.5).floor() as i64
+    );
+    let mut m = Mirror::default();
+    assert_eq!(m.reserves.for_priority(3), 0.0);
+    m.reserves.replace(vec![(3, 0.5), (1, 0.2)]);
+    assert_eq!([0, 1, 2, 3, 9].map(|p| m.reserves.for_priority(p)), [0.0, 0.2, 0.2, 0.5, 0.5]);
+    m.reserves.put(0, 0.1);
+    assert_eq!(m.reserves.for_priority(0), 0.1);
+}
+
+#[test]
+fn gates_refuse_at_limit_and_report_retry() {
+    let mut m = Mirror::default();
+    let rid = m.route_id("groq", "llama", 1);
+    let ctx = GateContext {
+        limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(2), ..Default::default() }),
+        ..Default::default()
+    };
+    let t0 = 1_000_000;
+    m.add_usage(rid, 1, 0, t0, t0);
+    assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
+    m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
+    let a = evaluate(&m, rid, Estimate::default(), &ctx, t0 + 10);
+    assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
+    m.prune_route(rid, t0 + 60_000);
+    assert!(evaluate(&m, rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
+}
+
+#[test]
+fn leases_count_until_they_expire() {
+    let mut m = Mirror::default();
+    let rid = m.route_id("groq", "llama", 1);
+    let ctx = GateContext {
+        limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
+        ..Default::default()
+    };
+    m.add_lease(
+        7,
+        LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
+    );
+    // only the lease blocks: no retry time for a sliding window
+    assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
+    // at exactly its max age it still counts; one millisecond later it does not
+    m.prune_route(rid, 100);
+    assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
+    m.prune_route(rid, 101);
+    assert!(evaluate(&m, rid, Estimate::default(), &ctx, 101).allowed);
+}
