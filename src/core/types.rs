@@ -8,7 +8,8 @@ use std::fmt;
 use std::str::FromStr;
 
 /// One (platform, model_id, key_id): the unit every window and cooldown is kept for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Ordered by those fields, in that order (how reports list routes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Route {
     pub platform: String,
     pub model_id: String,

@@ -59,6 +59,24 @@ impl PyLease {
         !self.done.swap(true, Ordering::SeqCst) && self.epoch == self.handle.epoch()
     }
 
+    /// Ends the lease with a failure (once; a lease ended already returns None).
+    fn finish_failure(
+        &self,
+        py: Python<'_>,
+        input: crate::core::engine::FailureInput,
+    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
+        if !self.take() {
+            return Ok(None);
+        }
+        let (id, route) = (self.id, &self.route);
+        let out =
+            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
+                self.done.store(false, Ordering::SeqCst);
+                to_pyerr(e)
+            })?;
+        Ok(Some(super::types::PyFailureOutcome(out)))
+    }
+
     fn finish_success(&self, py: Python<'_>, tokens: Option<TokenUse>) -> PyResult<()> {
         if !self.take() {
             return Ok(());
@@ -146,16 +164,7 @@ impl PyLease {
         kind: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<super::types::PyFailureOutcome>> {
         let input = super::convert::failure_args(status, retry_after, message, kind, None)?;
-        if !self.take() {
-            return Ok(None);
-        }
-        let (id, route) = (self.id, &self.route);
-        let out =
-            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
-                self.done.store(false, Ordering::SeqCst);
-                to_pyerr(e)
-            })?;
-        Ok(Some(super::types::PyFailureOutcome(out)))
+        self.finish_failure(py, input)
     }
 
     /// SPEC 16: tells the engine what came back and ends the lease, from an HTTP
@@ -191,16 +200,7 @@ impl PyLease {
         let mut input = super::convert::failure_args(Some(&status_obj), retry_after, message, None, None)?;
         self._record_quota_headers(py, headers, status)?;
         input.headers = hs;
-        if !self.take() {
-            return Ok(None);
-        }
-        let (id, route) = (self.id, &self.route);
-        let out =
-            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
-                self.done.store(false, Ordering::SeqCst);
-                to_pyerr(e)
-            })?;
-        Ok(Some(super::types::PyFailureOutcome(out)))
+        self.finish_failure(py, input)
     }
 
     /// `record_quota_headers` for this lease's route (what `observe` does with a

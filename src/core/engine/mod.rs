@@ -510,7 +510,14 @@ impl Engine {
         limits_from(&self.mirror, platform, model_id, given)
     }
 
-    fn gate_context(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> GateContext {
+    /// What a decision at `priority` on `route` reads besides the windows.
+    fn gate_context(
+        &mut self,
+        route: &Route,
+        limits: Option<LimitSet>,
+        priority: i64,
+        now: i64,
+    ) -> GateContext {
         let (_, env) = self.platform_env(&route.platform);
         // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
         // configured cap and the learned one.
@@ -523,8 +530,7 @@ impl Engine {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
             provider: self.provider_limits(caps),
             concurrency_cap: failures::min_cap(conc, learned),
-            // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
-            reserve: self.mirror.reserves.for_priority(0),
+            reserve: self.mirror.reserves.for_priority(priority),
         }
     }
 
@@ -784,8 +790,7 @@ impl Engine {
         priority: i64,
         now: i64,
     ) -> (RouteId, Verdict) {
-        let mut ctx = self.gate_context(route, limits, now);
-        ctx.reserve = self.mirror.reserves.for_priority(priority);
+        let ctx = self.gate_context(route, limits, priority, now);
         let rid = self.ready_route(route, &ctx.limits, now);
         (rid, admission::admit(&self.mirror.route_view(rid, &ctx, est, now)))
     }
@@ -802,7 +807,8 @@ impl Engine {
     ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
         self.reading(|e, now| {
-            let ctx = e.gate_context(route, limits, now);
+            // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
+            let ctx = e.gate_context(route, limits, 0, now);
             let a = e.mirror.account_id(&route.platform, route.key_id);
             e.mirror.prune_account_id(a, now);
             let rid = (!route.model_id.is_empty()).then(|| e.ready_route(route, &ctx.limits, now));

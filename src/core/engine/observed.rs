@@ -115,13 +115,7 @@ impl Engine {
                     });
                 }
             }
-            v.sort_by(|a, b| {
-                (&a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
-                    &b.route.platform,
-                    &b.route.model_id,
-                    b.route.key_id,
-                ))
-            });
+            v.sort_by(|a, b| a.route.cmp(&b.route));
             v
         })
     }
@@ -474,13 +468,7 @@ impl Engine {
                     exhausts_at_ms: None,
                 });
             }
-            rows.sort_by(|a, b| {
-                (&a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
-                    &b.route.platform,
-                    &b.route.model_id,
-                    b.route.key_id,
-                ))
-            });
+            rows.sort_by(|a, b| a.route.cmp(&b.route));
             rows
         })
         .and_then(|mut rows| {
@@ -521,7 +509,7 @@ impl Engine {
         let width = recent_width(lookback_ms);
         let mut ready = Vec::with_capacity(routes.len());
         for route in routes {
-            let ctx = self.gate_context(route, None, now);
+            let ctx = self.gate_context(route, None, 0, now);
             let rid = self.ready_route(route, &ctx.limits, now);
             ready.push((rid, ctx));
         }

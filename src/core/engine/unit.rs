@@ -984,10 +984,7 @@ pub(super) struct Retention {
 impl Retention {
     /// The oldest time of a row of this model that retention keeps.
     pub fn cutoff(&self, platform: &str, model_id: &str) -> i64 {
-        self.kept
-            .iter()
-            .find(|k| &*k.platform == platform && &*k.model_id == model_id)
-            .map_or(self.before, |k| k.before)
+        crate::core::store::usage_cutoff(&self.kept, self.before, platform, model_id)
     }
 
     pub fn keeps(&self, u: &UsageRow) -> bool {

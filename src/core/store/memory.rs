@@ -387,12 +387,9 @@ impl MemoryStore {
                 }
                 let before = t.usage.len();
                 // SPEC 14.2: a kept model's rows stay back to its own cut-off.
-                let cutoff = |u: &UsageRow| {
-                    kept.iter()
-                        .find(|k| *k.platform == *u.platform && *k.model_id == *u.model_id)
-                        .map_or(*usage_before, |k| k.before)
-                };
-                t.usage.retain(|(_, _, u)| u.created_at_ms >= cutoff(u));
+                t.usage.retain(|(_, _, u)| {
+                    u.created_at_ms >= super::usage_cutoff(kept, *usage_before, &u.platform, &u.model_id)
+                });
                 return (before - t.usage.len()) as i64;
             }
             Write::Log(l) => {

@@ -369,6 +369,12 @@ pub struct KeptUsage {
     pub before: i64,
 }
 
+/// The oldest time of a usage row of (platform, model_id) that retention keeps: its
+/// own cut-off when the model is in `kept`, else `before` (SPEC 10, 14.2).
+pub fn usage_cutoff(kept: &[KeptUsage], before: i64, platform: &str, model_id: &str) -> i64 {
+    kept.iter().find(|k| &*k.platform == platform && &*k.model_id == model_id).map_or(before, |k| k.before)
+}
+
 /// Filter of `usage_events`.
 #[derive(Debug, Clone, Default)]
 pub struct UsageFilter {

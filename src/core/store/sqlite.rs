@@ -662,13 +662,9 @@ impl Store for SqliteStore {
                 self.trims_at_begin = self.trims_seen;
                 if let Some((before, kept)) = self.sweep_cutoff.take() {
                     // What the sweep deleted: each straggler older than its class's cut-off.
-                    self.seen.stragglers.retain(|s| {
-                        let cut = kept
-                            .iter()
-                            .find(|k| s.platform == k.platform && s.model_id == k.model_id)
-                            .map_or(before, |k| k.before);
-                        s.t >= cut
-                    });
+                    self.seen
+                        .stragglers
+                        .retain(|s| s.t >= super::usage_cutoff(&kept, before, &s.platform, &s.model_id));
                     self.full_sweep_done = true;
                 }
                 if let Some(cursors) = self.sweep_pending.take() {
