@@ -18,11 +18,11 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let (platform, model_id) = (route.platform.as_str(), route.model_id.as_str());
-        let chain = upstream_chain(&mut self.mirror.history.upstream_hits(platform, model_id), now);
+        let chain = upstream_chain(&mut self.unit.mirror.history.upstream_hits(platform, model_id), now);
         let bench = upstream_bench_ms(chain, stated_ms).min(DAY_MS);
         writes.push(Self::history_row(route, HistoryKind::Upstream, now));
         let expires = now.saturating_add(bench);
-        if let Some(c) = self.mirror.cooldowns.of_model(platform, model_id, now) {
+        if let Some(c) = self.unit.mirror.cooldowns.of_model(platform, model_id, now) {
             if c.expires_at_ms >= expires {
                 return CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source);
             }
@@ -36,7 +36,7 @@ impl Engine {
             set_at_ms: now,
         };
         writes.push(Write::UpsertCooldown(row));
-        self.logs.push((
+        self.unit.logs.push((
             log::Level::Info,
             format!(
                 "cooldown {platform}/{model_id} on every key for {bench} ms (upstream, failure {})",
@@ -54,8 +54,8 @@ impl Engine {
             PoolAxis::Minute => HistoryKind::PoolMinute,
             PoolAxis::Day => HistoryKind::PoolDay,
         };
-        let keys = self.mirror.account_keys(&route.platform, route.key_id);
-        let before = self.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
+        let keys = self.unit.mirror.account_keys(&route.platform, route.key_id);
+        let before = self.unit.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
         let cap = before.map_or(limit, |b| b.min(limit));
         // One row per key; the latest confirms the cap (history lives a day).
         writes.push(Write::DeleteHistory {
@@ -73,12 +73,12 @@ impl Engine {
         }));
         if before != Some(cap) {
             let axis = if kind == HistoryKind::PoolMinute { "minute" } else { "daily" };
-            self.logs.push((
+            self.unit.logs.push((
                 log::Level::Info,
                 format!(
                     "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
                     route.platform,
-                    self.mirror.config.account_name(&route.platform, route.key_id)
+                    self.unit.mirror.config.account_name(&route.platform, route.key_id)
                 ),
             ));
         }
@@ -87,7 +87,7 @@ impl Engine {
     /// The provider caps learned for a key's account from pool 429s (SPEC 21.2).
     pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        self.read(|m, _| {
+        self.unit.read(|m, _| {
             let keys = m.account_keys(platform, key_id);
             ProviderCaps {
                 daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
@@ -102,8 +102,8 @@ impl Engine {
     /// The one place the gates read provider caps.
     pub(super) fn effective_caps(&mut self, platform: &str, key_id: i64, _now: i64) -> ProviderCaps {
         let caps = self.caps_for(platform);
-        let Some((day, minute)) = self.mirror.learned_pool_caps(platform, key_id) else { return caps };
-        let set = self.mirror.config.caps.get(platform).copied().unwrap_or_default();
+        let Some((day, minute)) = self.unit.mirror.learned_pool_caps(platform, key_id) else { return caps };
+        let set = self.unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
         let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
             CapSetting::Inherit => failures::min_cap(cap, learned),
             _ => cap,

@@ -90,7 +90,7 @@ impl Engine {
     pub(super) fn undo_leases(&mut self, writes: &[Write], now: i64) {
         for w in writes {
             if let Write::InsertLease(l) = w {
-                self.apply_local(&Write::DeleteLease(l.id), 0, now);
+                self.unit.apply_local(&Write::DeleteLease(l.id), 0, now);
             }
         }
         // A lease taken back was never this engine's: "spread" must not see it (SPEC
@@ -142,18 +142,18 @@ impl Engine {
         access: Access,
         fresh: bool,
     ) -> std::result::Result<Vec<BatchOut>, ()> {
-        let deferred = self.groups_usage();
+        let deferred = self.unit.groups_usage();
         self.leased_undo.clear();
         let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
-            match self.enter_as(access) {
+            match self.unit.enter_as(access) {
                 Ok(sec) => Some(sec),
                 Err(e) => return Ok(ops.iter().map(|_| BatchOut::failed(e.clone())).collect()),
             }
         } else {
             None
         };
-        let now = sec.as_ref().map_or_else(|| self.clock.now_ms(), |s| s.now);
+        let now = sec.as_ref().map_or_else(|| self.unit.clock.now_ms(), |s| s.now);
         let mut writes: Vec<Write> = Vec::new();
         let mut outs = Vec::with_capacity(ops.len());
         for op in ops {
@@ -184,9 +184,9 @@ impl Engine {
                 }
                 BatchOp::Release(lease_id) => {
                     let w = Write::DeleteLease(*lease_id);
-                    self.apply_local(&w, 0, now);
+                    self.unit.apply_local(&w, 0, now);
                     if deferred {
-                        self.buffer(w, now);
+                        self.unit.buffer(w, now);
                     } else {
                         writes.push(w);
                     }
@@ -200,10 +200,10 @@ impl Engine {
             // What refused may have been freed meanwhile: read, then decide again.
             self.undo_leases(&writes, now);
             self.unit.rollback();
-            let _ = self.read(|_, _| ());
+            let _ = self.unit.read(|_, _| ());
             return Err(());
         }
-        match self.leave_applied(sec, writes) {
+        match self.unit.leave_applied(sec, writes) {
             Applied::Done => Ok(outs),
             Applied::Conflict(writes) => {
                 self.undo_leases(&writes, now);
@@ -239,13 +239,13 @@ impl Engine {
             }
             rid
         } else {
-            self.mirror.route_id(&route.platform, &route.model_id, route.key_id)
+            self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id)
         };
         let id = self.take_lease(rid, est, now, writes);
         if check.is_some() {
             // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
             // the caller's to release.
-            self.own_leases.insert(id);
+            self.unit.own_leases.insert(id);
         }
         Ok(id)
     }
@@ -292,7 +292,7 @@ impl Engine {
         match admission::choose(strategy, passed.iter().map(|(_, _, p)| p)).map(|j| passed[j]) {
             Some((i, rid, _)) => {
                 let id = self.take_lease(rid, est, now, writes);
-                self.own_leases.insert(id);
+                self.unit.own_leases.insert(id);
                 Ok((id, i))
             }
             None => Err(Error::Refused(Box::new(
@@ -310,7 +310,7 @@ impl Engine {
     /// Before a batch's section: the observed quota headroom of the platforms a
     /// `headroom` pick will read (cached 5 s; a store read at most that often).
     fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
-        let now = self.clock.now_ms();
+        let now = self.unit.clock.now_ms();
         let mut stale: Vec<String> = Vec::new();
         for op in ops {
             if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
@@ -331,8 +331,8 @@ impl Engine {
     fn take_lease(&mut self, rid: RouteId, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
         // On Redis, a lease on a shared account conflicts with any other engine's
         // writes on the account's other keys (SPEC §14.3).
-        if let Some(keys) = self.mirror.shared_account_keys(rid) {
-            let platform = self.mirror.route(rid).platform.clone();
+        if let Some(keys) = self.unit.mirror.shared_account_keys(rid) {
+            let platform = self.unit.mirror.route(rid).platform.clone();
             self.unit.watch_keys(&platform, &keys);
         }
         let w = self.lease_write(rid, est, now);
@@ -345,7 +345,7 @@ impl Engine {
             created_at_ms: l.created_at_ms,
             expires_at_ms: l.expires_at_ms,
         };
-        self.mirror.add_lease(id, rec);
+        self.unit.mirror.add_lease(id, rec);
         writes.push(w);
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);
@@ -370,9 +370,9 @@ impl Engine {
         self.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));
         for w in ws {
-            self.apply_local(&w, 0, now);
+            self.unit.apply_local(&w, 0, now);
             if deferred {
-                self.buffer(w, now);
+                self.unit.buffer(w, now);
             } else {
                 writes.push(w);
             }

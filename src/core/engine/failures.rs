@@ -52,7 +52,7 @@ impl Engine {
                 source,
                 set_at_ms: now,
             }));
-            e.logs.push((
+            e.unit.logs.push((
                 log::Level::Info,
                 format!("cooldown {route} set for {duration_ms} ms ({}, by the operator)", source.as_str()),
             ));
@@ -64,7 +64,7 @@ impl Engine {
     /// The route's bench (SPEC 21.1): whichever of its own cooldown and its model's
     /// model-wide one ends later.
     pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
-        self.read(|m, now| {
+        self.unit.read(|m, now| {
             let (p, model, key) = (route.platform.as_str(), route.model_id.as_str(), route.key_id);
             match m.find_route(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
                 Some((c, wide)) => Some(Self::cooldown_row(p, model, key, c, wide)),
@@ -79,7 +79,7 @@ impl Engine {
     /// Active cooldowns, soonest expiry first; `key_ids` filters (and then leaves out
     /// the model-wide benches of SPEC 21.1, which have no key).
     pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
-        self.read(|m, now| {
+        self.unit.read(|m, now| {
             let mut v: Vec<Cooldown> = m
                 .cooldowns
                 .routes
@@ -107,14 +107,14 @@ impl Engine {
     }
 
     pub fn clear_cooldown_early(&mut self, route: &Route) -> Result<bool> {
-        let ids = self.write(vec![Write::DeleteCooldown {
+        let ids = self.unit.write(vec![Write::DeleteCooldown {
             platform: Arc::from(route.platform.as_str()),
             model_id: Arc::from(route.model_id.as_str()),
             key_id: route.key_id,
         }])?;
         let cleared = ids.first().copied().unwrap_or(0) > 0;
         if cleared {
-            self.logs.push((log::Level::Info, format!("cooldown {route} cleared early")));
+            self.unit.logs.push((log::Level::Info, format!("cooldown {route} cleared early")));
         }
         Ok(cleared)
     }
@@ -122,7 +122,7 @@ impl Engine {
     /// Operator reset: the key's cooldowns and all its failure history, learned
     /// concurrency cap included.
     pub fn clear_cooldowns_for_key(&mut self, key_id: i64) -> Result<i64> {
-        let ids = self.write(vec![
+        let ids = self.unit.write(vec![
             Write::DeleteCooldownsForKey(key_id),
             Write::DeleteHistory {
                 key_id,
@@ -164,7 +164,8 @@ impl Engine {
     }
 
     pub(super) fn is_local(&self, key_id: i64) -> bool {
-        self.mirror
+        self.unit
+            .mirror
             .config
             .keys
             .get(&key_id)
@@ -202,14 +203,14 @@ impl Engine {
         if self.is_local(route.key_id) {
             return CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
         }
-        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        self.mirror.prune_route(rid, now);
-        let day = self.mirror.route(rid).win.day(now);
+        let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        self.unit.mirror.prune_route(rid, now);
+        let day = self.unit.mirror.route(rid).win.day(now);
         let daily_exhausted =
             limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
         if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
-            let earlier = self.mirror.history.count(
+            let earlier = self.unit.mirror.history.count(
                 route,
                 HistoryKind::Unknown,
                 now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
@@ -220,14 +221,18 @@ impl Engine {
         let facts = LimitFacts {
             daily_exhausted,
             effectively_exhausted,
-            ladder_steps: self.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS)),
-            recent_transient: self.mirror.history.count(
+            ladder_steps: self.unit.mirror.history.count(
+                route,
+                HistoryKind::Ladder,
+                now.saturating_sub(DAY_MS),
+            ),
+            recent_transient: self.unit.mirror.history.count(
                 route,
                 HistoryKind::Transient,
                 now.saturating_sub(TRANSIENT_MEMORY_MS),
             ) > 0,
         };
-        let next_day = self.mirror.route_calendar(rid).next_day_start(now);
+        let next_day = self.unit.mirror.route_calendar(rid).next_day_start(now);
         let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
         // A ladder step, or a transient bench that 15.2 remembers for 10 minutes.
         let kind = if stepped { HistoryKind::Ladder } else { HistoryKind::Transient };
@@ -263,13 +268,14 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> Option<LearnedLimit> {
         let learned = parse_provider_limit(message)?;
-        let mut model = self.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
-            platform: platform.to_string(),
-            model_id: model_id.to_string(),
-            limits: Limits::default(),
-            others: Vec::new(),
-            monthly_token_budget: None,
-        });
+        let mut model =
+            self.unit.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
+                platform: platform.to_string(),
+                model_id: model_id.to_string(),
+                limits: Limits::default(),
+                others: Vec::new(),
+                monthly_token_budget: None,
+            });
         let slot = match learned.kind {
             LimitAxis::Rpm => &mut model.limits.rpm,
             LimitAxis::Rpd => &mut model.limits.rpd,
@@ -281,7 +287,7 @@ impl Engine {
             return None;
         }
         *slot = Some(learned.limit);
-        self.logs.push((
+        self.unit.logs.push((
             log::Level::Info,
             format!(
                 "learned {} = {} for {platform}/{model_id} from a provider error",
@@ -290,7 +296,7 @@ impl Engine {
             ),
         ));
         // Apply now so a decision in the same section sees it.
-        self.mirror.put_model(model.clone());
+        self.unit.mirror.put_model(model.clone());
         writes.push(Write::UpsertModel(model));
         Some(learned)
     }
@@ -366,7 +372,7 @@ impl Engine {
         let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
-            && self.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
+            && self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
         {
             // Any other outcome ends the empty-completion streak.
             writes.push(Write::DeleteHistory {
@@ -385,7 +391,7 @@ impl Engine {
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
-                let n = self.mirror.history.count(route, HistoryKind::Empty, i64::MIN) + 1;
+                let n = self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) + 1;
                 writes.push(Self::history_row(route, HistoryKind::Empty, now));
                 (n >= EMPTY_STREAK_BENCH).then(|| {
                     if local {
@@ -398,7 +404,8 @@ impl Engine {
             _ if local => Some(local_bench),
             KindRule::Fixed(d) => Some(d),
             KindRule::AuthLadder => {
-                let n = self.mirror.history.count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
+                let n =
+                    self.unit.mirror.history.count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
                 writes.push(Self::history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
@@ -415,9 +422,9 @@ impl Engine {
             KindRule::Upstream => Some(local_bench),
         };
         let cooldown = decision.map(|d| {
-            let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+            let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             let expires = now.saturating_add(d.duration_ms);
-            match self.mirror.cooldowns.of_route(rid, now) {
+            match self.unit.mirror.cooldowns.of_route(rid, now) {
                 // Never shorten: a cooldown that lasts as long or longer stands.
                 Some(c) if c.expires_at_ms >= expires => {
                     CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source)
@@ -431,7 +438,7 @@ impl Engine {
                         source: d.source,
                         set_at_ms: now,
                     }));
-                    self.logs.push((
+                    self.unit.logs.push((
                         log::Level::Info,
                         format!(
                             "cooldown {route} for {} ms ({}, {})",
@@ -456,8 +463,8 @@ impl Engine {
 
     fn recover_key_at(&mut self, key_id: i64, now: i64, writes: &mut Vec<Write>) -> i64 {
         let mut cleared = Vec::new();
-        for (rid, c) in self.mirror.cooldowns.routes.iter() {
-            let r = self.mirror.route(*rid);
+        for (rid, c) in self.unit.mirror.cooldowns.routes.iter() {
+            let r = self.unit.mirror.route(*rid);
             if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
                 cleared.push(format!("{}/{}", r.platform, r.model_id));
                 writes.push(Write::DeleteCooldown {
@@ -475,7 +482,7 @@ impl Engine {
         let message =
             format!("cooldown_recovered: key {key_id} passed a probe; cleared {}", cleared.join(", "));
         let platform = cleared.first().and_then(|r| r.split('/').next()).map(str::to_string);
-        self.logs.push((log::Level::Info, message.clone()));
+        self.unit.logs.push((log::Level::Info, message.clone()));
         writes.push(Write::Log(LogRow {
             level: "info",
             source: "cooldown-probe".into(),
@@ -501,8 +508,8 @@ impl Engine {
         now: i64,
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
-        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let until_next_day = self.mirror.route_calendar(rid).next_day_start(now).saturating_sub(now);
+        let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        let until_next_day = self.unit.mirror.route_calendar(rid).next_day_start(now).saturating_sub(now);
         let delay = match retry_ms {
             Some(d) if d < until_next_day => d,
             stated => {
@@ -510,7 +517,7 @@ impl Engine {
                 return CooldownDecision::new(d.min(DAY_MS), CooldownSource::Authoritative);
             }
         };
-        let steps = self.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
+        let steps = self.unit.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
         writes.push(Self::history_row(route, HistoryKind::Ladder, now));
         let step = ladder_step(&LADDER_MS, steps.saturating_add(1)).min(until_next_day);
         if delay > step {
@@ -531,8 +538,8 @@ impl Engine {
         now: i64,
         writes: &mut Vec<Write>,
     ) -> LearnedLimit {
-        let others = self.mirror.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
-        let before = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let others = self.unit.mirror.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
+        let before = self.unit.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         let cap = before.map_or(others, |c| c.min(others));
         // One row per key: the latest says what is in force.
         writes.push(Write::DeleteHistory {
@@ -542,7 +549,7 @@ impl Engine {
         });
         writes.push(Self::history_value_row(route, HistoryKind::Concurrency, Some(cap), now));
         if before != Some(cap) {
-            self.logs.push((
+            self.unit.logs.push((
                 log::Level::Info,
                 format!(
                     "learned a concurrency cap of {cap} for {}/key {} from a provider error",
@@ -558,7 +565,7 @@ impl Engine {
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;
         let (_, env) = self.platform_env(platform);
-        let (configured, learned) = self.read(|m, now| {
+        let (configured, learned) = self.unit.read(|m, now| {
             let configured =
                 m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
             (configured, m.history.learned_concurrency_cap(platform, key_id, now))

@@ -361,14 +361,10 @@ const MAX_BUFFERED_LOGS: usize = 10_000;
 pub struct Engine {
     /// The store and everything about talking to it (the unit of work's state).
     unit: unit::Unit,
-    clock: Arc<dyn Clock>,
-    settings: Settings,
-    mirror: Mirror,
     lease_ids: LeaseIds,
     platform_env: FastMap<String, (ProviderCaps, Option<i64>)>,
     /// SPEC §8's caps as limits at provider scope, by the caps they were built from.
     provider_sets: FastMap<ProviderCaps, LimitSet>,
-    logs: Vec<LogRecord>,
     window_snapshot: Option<WindowSnapshot>,
     /// `key_quota_headroom` per platform: (built at, key -> headroom).
     headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
@@ -379,11 +375,6 @@ pub struct Engine {
     /// What the current batch changed in `leased_at` (route, the stamp before), to take
     /// back with its leases when their commit conflicts.
     leased_undo: Vec<(RouteId, Option<u64>)>,
-    /// The leases this engine took for a `Lease` (`lease()`, `lease_any()`) and has
-    /// not ended (SPEC 18.5: `close()` ends them), less those whose `Lease` object was
-    /// dropped while live (they count until `lease_max_age_ms`, as a crashed
-    /// process's do). `acquire_lease`'s ids are the caller's to release.
-    own_leases: HashSet<i64, foldhash::fast::RandomState>,
 }
 
 impl Engine {
@@ -402,41 +393,41 @@ impl Engine {
         settings.validate()?;
         let day_zones = settings.env.day_zones();
         let mut engine = Engine {
-            unit: unit::Unit::new(store),
-            clock,
-            settings,
-            mirror: Mirror::with_calendars(Calendars::with_env(day_zones)),
+            unit: unit::Unit::new(
+                store,
+                clock,
+                settings,
+                Mirror::with_calendars(Calendars::with_env(day_zones)),
+            ),
             lease_ids: LeaseIds::new(),
             platform_env: FastMap::default(),
             provider_sets: FastMap::default(),
-            logs: Vec::new(),
             window_snapshot: None,
             headroom_cache: FastMap::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
             leased_undo: Vec::new(),
-            own_leases: HashSet::default(),
         };
-        if engine.settings.flush_interval_ms > 0 && !engine.settings.readonly {
+        if engine.unit.settings.flush_interval_ms > 0 && !engine.unit.settings.readonly {
             // Half the interval: a held lock ends at most one flusher tick after its
             // period, so nothing waits longer than `flush_interval_ms`.
-            let ms = (engine.settings.flush_interval_ms / 2).clamp(1, HOLD_MAX_MS);
+            let ms = (engine.unit.settings.flush_interval_ms / 2).clamp(1, HOLD_MAX_MS);
             engine.unit.set_hold_for(Duration::from_millis(ms as u64));
         }
         // Load now, so that a broken database is reported by the constructor.
-        let sec = engine.enter(false)?;
-        engine.leave(sec, Vec::new())?;
+        let sec = engine.unit.enter(false)?;
+        engine.unit.leave(sec, Vec::new())?;
         // What is wrong in the environment is said once, here, and lands in
         // `server_logs` for every other reader of the store (SPEC §12).
-        for w in engine.settings.env.warnings() {
-            engine.note(log::Level::Warn, Some("config"), w);
+        for w in engine.unit.settings.env.warnings() {
+            engine.unit.note(log::Level::Warn, Some("config"), w);
         }
         engine.flush()?;
         Ok(engine)
     }
 
     pub fn now_ms(&self) -> i64 {
-        self.clock.now_ms()
+        self.unit.clock.now_ms()
     }
 
     /// True while the store is failing and the engine serves from memory.
@@ -446,7 +437,7 @@ impl Engine {
 
     /// Log records produced since the last call (emit them outside any lock).
     pub fn take_logs(&mut self) -> Vec<LogRecord> {
-        std::mem::take(&mut self.logs)
+        std::mem::take(&mut self.unit.logs)
     }
 
     /// After a caught panic: abandon any open store section and reload from the store,
@@ -467,7 +458,7 @@ impl Engine {
     /// the engine anew.
     pub fn after_fork(&mut self) -> bool {
         // The leases taken before the fork are the parent's to end.
-        self.own_leases.clear();
+        self.unit.own_leases.clear();
         self.unit.after_fork()
     }
 
@@ -482,8 +473,8 @@ impl Engine {
         if let Some(v) = self.platform_env.get(platform) {
             return *v;
         }
-        let caps = self.settings.env.provider_caps(platform);
-        let conc = self.settings.env.key_concurrency_cap(platform);
+        let caps = self.unit.settings.env.provider_caps(platform);
+        let conc = self.unit.settings.env.key_concurrency_cap(platform);
         self.platform_env.insert(platform.to_string(), (caps, conc));
         (caps, conc)
     }
@@ -491,7 +482,7 @@ impl Engine {
     /// Effective caps: `set_provider_caps` wins over env, env over defaults.
     fn caps_for(&mut self, platform: &str) -> ProviderCaps {
         let (env_caps, _) = self.platform_env(platform);
-        let o = self.mirror.config.caps.get(platform).copied().unwrap_or_default();
+        let o = self.unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
         fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
             match s {
                 CapSetting::Inherit => env,
@@ -507,7 +498,7 @@ impl Engine {
     }
 
     fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
-        limits_from(&self.mirror, platform, model_id, given)
+        limits_from(&self.unit.mirror, platform, model_id, given)
     }
 
     /// What a decision at `priority` on `route` reads besides the windows.
@@ -521,16 +512,17 @@ impl Engine {
         let (_, env) = self.platform_env(&route.platform);
         // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
         // configured cap and the learned one.
-        let configured = self.mirror.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+        let configured =
+            self.unit.mirror.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
         let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
-        let learned = self.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let learned = self.unit.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
         let caps = self.effective_caps(&route.platform, route.key_id, now);
         GateContext {
             limits: self.limits_for(&route.platform, &route.model_id, limits),
             provider: self.provider_limits(caps),
             concurrency_cap: failures::min_cap(conc, learned),
-            reserve: self.mirror.reserves.for_priority(priority),
+            reserve: self.unit.mirror.reserves.for_priority(priority),
         }
     }
 
@@ -562,8 +554,9 @@ impl Engine {
         }
         // A configured concurrency cap is the key's own setting: registering the key
         // again (its account, label, ...) keeps it.
-        let key = KeyInfo { concurrency_cap: self.read(|m, _| configured_key_cap(m, key.key_id))?, ..key };
-        self.write(vec![Write::UpsertKey(key)]).map(|_| ())
+        let key =
+            KeyInfo { concurrency_cap: self.unit.read(|m, _| configured_key_cap(m, key.key_id))?, ..key };
+        self.unit.write(vec![Write::UpsertKey(key)]).map(|_| ())
     }
 
     /// Configures a key's concurrency cap (SPEC 20): persisted and shared; the gate
@@ -576,7 +569,7 @@ impl Engine {
                 return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
             }
         }
-        let known = self.read(|m, _| m.config.keys.get(&key_id).cloned())?;
+        let known = self.unit.read(|m, _| m.config.keys.get(&key_id).cloned())?;
         let key = match known {
             Some(k) if k.platform != platform => {
                 return Err(Error::Invalid(format!(
@@ -595,13 +588,13 @@ impl Engine {
                 concurrency_cap: cap,
             },
         };
-        self.write(vec![Write::UpsertKey(key)]).map(|_| ())
+        self.unit.write(vec![Write::UpsertKey(key)]).map(|_| ())
     }
 
     /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
     pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
         check_name("platform", platform)?;
-        self.read(|m, _| m.config.account_name(platform, key_id).to_string())
+        self.unit.read(|m, _| m.config.account_name(platform, key_id).to_string())
     }
 
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
@@ -611,7 +604,7 @@ impl Engine {
         // (SPEC §14.1): it is stored in its column, the others beside.
         let set = LimitSet::with_classic(model.limits.validate()?, model.others.clone())?;
         let model = ModelInfo { limits: set.classic(), others: set.others(), ..model };
-        self.write(vec![Write::UpsertModel(model)]).map(|_| ())
+        self.unit.write(vec![Write::UpsertModel(model)]).map(|_| ())
     }
 
     // ---- provider calendars (SPEC §14.2) ---------------------------------------------
@@ -628,7 +621,7 @@ impl Engine {
             }
         }
         let w = Write::SetCalendar { platform: platform.to_string(), zone: zone.map(str::to_string) };
-        self.write(vec![w]).map(|_| ())
+        self.unit.write(vec![w]).map(|_| ())
     }
 
     // ---- priorities (SPEC 22.1) ----------------------------------------------------
@@ -640,21 +633,21 @@ impl Engine {
         if !fraction.is_finite() || !(0.0..1.0).contains(&fraction) {
             return Err(Error::Invalid(format!("fraction must be in [0, 1), got {fraction}")));
         }
-        self.write(vec![Write::SetPriorityReserve { priority, fraction }]).map(|_| ())
+        self.unit.write(vec![Write::SetPriorityReserve { priority, fraction }]).map(|_| ())
     }
 
     /// The reserve in force for a call of `priority`: the fraction set for the largest
     /// configured priority `<= priority` (0 when none).
     pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
         check_priority(priority)?;
-        self.read(|m, _| m.reserves.for_priority(priority))
+        self.unit.read(|m, _| m.reserves.for_priority(priority))
     }
 
     /// The calendar in force for a platform (what `f` is given), after reading what
     /// other engines changed.
     fn with_calendar<T>(&mut self, platform: &str, f: impl FnOnce(&Calendar, i64) -> T) -> Result<T> {
         check_name("platform", platform)?;
-        self.read(|m, now| f(&m.calendars.of(platform), now))
+        self.unit.read(|m, now| f(&m.calendars.of(platform), now))
     }
 
     /// The zone in force for a platform's days.
@@ -673,20 +666,21 @@ impl Engine {
     }
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
-        self.read(|m, _| m.config.model(platform, model_id).map(|m| m.limits))
+        self.unit.read(|m, _| m.config.model(platform, model_id).map(|m| m.limits))
     }
 
     /// Every declared limit of a model, the classic four included, in gate order.
     pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
-        self.read(|m, _| m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
+        self.unit
+            .read(|m, _| m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
     }
 
     // ---- usage -------------------------------------------------------------------
 
     /// The route's names as the mirror holds them (shared, not copied per write).
     fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
-        let rid = self.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let r = self.mirror.route(rid);
+        let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        let r = self.unit.mirror.route(rid);
         (r.platform.clone(), r.model_id.clone())
     }
 
@@ -706,17 +700,17 @@ impl Engine {
     }
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
-        let now = self.clock.now_ms();
+        let now = self.unit.clock.now_ms();
         let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
         self.clear_history_on_success(route, &mut writes);
-        self.write_usage(writes)
+        self.unit.write_usage(writes)
     }
 
     /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
     /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
     /// so the hot path writes nothing extra.
     fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
-        let (route_rows, auth_rows) = self.mirror.history.has_to_clear(route);
+        let (route_rows, auth_rows) = self.unit.mirror.history.has_to_clear(route);
         if route_rows {
             writes.push(Write::DeleteHistory {
                 key_id: route.key_id,
@@ -745,9 +739,9 @@ impl Engine {
     /// SPEC §14.4: one call's tokens, the total and (when reported) the split.
     pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
         let total = used.validate()?;
-        let now = self.clock.now_ms();
+        let now = self.unit.clock.now_ms();
         let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
-        self.write_usage(vec![row])
+        self.unit.write_usage(vec![row])
     }
 
     /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
@@ -758,8 +752,8 @@ impl Engine {
 
     fn usage_report(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
         let limits = self.limits_for(&route.platform, &route.model_id, limits);
-        let rid = self.ready_route(route, &limits, now);
-        let m = &self.mirror;
+        let rid = self.unit.ready_route(route, &limits, now);
+        let m = &self.unit.mirror;
         let win = &m.route(rid).win;
         UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
@@ -791,8 +785,8 @@ impl Engine {
         now: i64,
     ) -> (RouteId, Verdict) {
         let ctx = self.gate_context(route, limits, priority, now);
-        let rid = self.ready_route(route, &ctx.limits, now);
-        (rid, admission::admit(&self.mirror.route_view(rid, &ctx, est, now)))
+        let rid = self.unit.ready_route(route, &ctx.limits, now);
+        (rid, admission::admit(&self.unit.mirror.route_view(rid, &ctx, est, now)))
     }
 
     /// One of SPEC §4's `can_*` questions (and `is_on_cooldown`'s gate); true when its
@@ -809,10 +803,10 @@ impl Engine {
         self.reading(|e, now| {
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
             let ctx = e.gate_context(route, limits, 0, now);
-            let a = e.mirror.account_id(&route.platform, route.key_id);
-            e.mirror.prune_account_id(a, now);
-            let rid = (!route.model_id.is_empty()).then(|| e.ready_route(route, &ctx.limits, now));
-            let v = e.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
+            let a = e.unit.mirror.account_id(&route.platform, route.key_id);
+            e.unit.mirror.prune_account_id(a, now);
+            let rid = (!route.model_id.is_empty()).then(|| e.unit.ready_route(route, &ctx.limits, now));
+            let v = e.unit.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
             admission::admit_through(&v, admission::gates(&ctx).filter(|g| can.asks(g))).refused.is_none()
         })
     }
@@ -821,7 +815,7 @@ impl Engine {
 
     /// A new lease on the route a decision was made on.
     fn lease_write(&mut self, rid: RouteId, est: Estimate, now: i64) -> Write {
-        let r = self.mirror.route(rid);
+        let r = self.unit.mirror.route(rid);
         let (platform, model_id, key_id) = (r.platform.clone(), r.model_id.clone(), r.key_id);
         Write::InsertLease(LeaseRow {
             id: self.lease_ids.next(),
@@ -831,7 +825,7 @@ impl Engine {
             tokens: est.tokens,
             output_tokens: est.output,
             created_at_ms: now,
-            expires_at_ms: now.saturating_add(self.settings.lease_max_age_ms),
+            expires_at_ms: now.saturating_add(self.unit.settings.lease_max_age_ms),
         })
     }
 
@@ -878,20 +872,20 @@ impl Engine {
     /// SPEC 18.5: a live lease whose `Lease` object went away unended is left to count
     /// until `lease_max_age_ms` (its call may still run); `close()` does not end it.
     pub fn forget_lease(&mut self, lease_id: i64) {
-        self.own_leases.remove(&lease_id);
+        self.unit.own_leases.remove(&lease_id);
     }
 
     /// SPEC 18.5, at `close()`: every live lease of this engine ends as leaving its
     /// `with` block without an outcome does (its estimate recorded, its slot freed).
     pub fn end_own_leases(&mut self) -> Result<()> {
-        let now = self.clock.now_ms();
-        let mut ids: Vec<i64> = self.own_leases.iter().copied().collect();
+        let now = self.unit.clock.now_ms();
+        let mut ids: Vec<i64> = self.unit.own_leases.iter().copied().collect();
         ids.sort_unstable();
         let ops: Vec<BatchOp> = ids
             .into_iter()
             .filter_map(|id| {
-                let rec = self.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
-                let r = self.mirror.route(rec.route);
+                let rec = self.unit.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
+                let r = self.unit.mirror.route(rec.route);
                 let route = Route {
                     platform: r.platform.to_string(),
                     model_id: r.model_id.to_string(),
@@ -900,18 +894,11 @@ impl Engine {
                 Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(rec.tokens)) })
             })
             .collect();
-        self.own_leases.clear();
+        self.unit.own_leases.clear();
         if ops.is_empty() {
             return Ok(());
         }
         self.run_batch(ops).into_iter().try_for_each(BatchOut::done)
-    }
-
-    /// Drops from `own_leases` what no longer counts (expired, or ended by another
-    /// engine through `release_lease`).
-    pub(super) fn prune_own_leases(&mut self, now: i64) {
-        let mirror = &self.mirror;
-        self.own_leases.retain(|id| mirror.leases.get(*id).is_some_and(|l| now <= l.expires_at_ms));
     }
 
     /// A lease's success: its request (and tokens, when given) recorded and the lease

@@ -26,7 +26,7 @@ impl Engine {
             }
         }
         self.writing(|e, _, writes| {
-            let old = e.mirror.config.caps.get(platform).copied().unwrap_or_default();
+            let old = e.unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
             let new = CapOverrides {
                 daily_requests: daily_requests.unwrap_or(old.daily_requests),
                 minute_requests: minute_requests.unwrap_or(old.minute_requests),
@@ -40,15 +40,15 @@ impl Engine {
 
     pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
         check_name("platform", platform)?;
-        self.write(vec![Write::ResetCaps(platform.to_string())]).map(|_| ())
+        self.unit.write(vec![Write::ResetCaps(platform.to_string())]).map(|_| ())
     }
 
     pub fn provider_daily_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.read(|m, now| m.provider_day_requests(platform, key_id, now))
+        self.unit.read(|m, now| m.provider_day_requests(platform, key_id, now))
     }
 
     pub fn provider_minute_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.read(|m, now| {
+        self.unit.read(|m, now| {
             let a = m.account_id(platform, key_id);
             m.prune_account_id(a, now);
             m.provider_minute_requests(platform, key_id, now)
@@ -58,7 +58,7 @@ impl Engine {
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
         self.reading(|e, now| {
             let cap = e.caps_for(platform).daily_tokens;
-            e.mirror.provider_day_tokens(platform, key_id, cap, now)
+            e.unit.mirror.provider_day_tokens(platform, key_id, cap, now)
         })
     }
 
@@ -79,7 +79,7 @@ impl Engine {
     /// (`cleanup_expired_cooldowns`), sorted by (platform, model_id, key_id): what
     /// `analysis.plot_cooldowns` draws (SPEC §12).
     pub fn stored_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
-        self.read(|m, _| {
+        self.unit.read(|m, _| {
             let mut v: Vec<Cooldown> = m
                 .cooldowns
                 .routes
@@ -180,7 +180,7 @@ impl Engine {
                 Ok(rows) => rows,
                 Err(err) => {
                     e.unit.rollback();
-                    e.store_failed(&err, true);
+                    e.unit.store_failed(&err, true);
                     Vec::new()
                 }
             };
@@ -232,7 +232,7 @@ impl Engine {
     /// The merged quota rows; rows past their reset read (and are stored) full again.
     pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
         let write = !self.unit.readonly();
-        let sec = self.enter(write)?;
+        let sec = self.unit.enter(write)?;
         let now = sec.now;
         let rows =
             if sec.online || !write { self.unit.quota_states(None).unwrap_or_default() } else { Vec::new() };
@@ -247,7 +247,7 @@ impl Engine {
                 fresh
             })
             .collect();
-        self.leave(sec, writes)?;
+        self.unit.leave(sec, writes)?;
         Ok(rows)
     }
 
@@ -262,7 +262,7 @@ impl Engine {
     /// observation through this engine drops the cache.
     pub fn key_quota_headroom(&mut self, platform: &str) -> Result<Vec<(i64, f64)>> {
         check_name("platform", platform)?;
-        let now = self.clock.now_ms();
+        let now = self.unit.clock.now_ms();
         if let Some(v) = self.fresh_headroom(platform, now) {
             return Ok(v.clone());
         }
@@ -300,10 +300,10 @@ impl Engine {
     pub(super) fn rebuild_window_snapshot(&mut self) -> Result<bool> {
         let (failed, snap) = self.reading(|e, now| {
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
-            e.mirror.prune_all(now);
-            for (rid, r) in e.mirror.routes() {
-                if let Some(group) = e.mirror.group_counts(rid, now) {
-                    let name = e.mirror.config.account_name(&r.platform, r.key_id);
+            e.unit.mirror.prune_all(now);
+            for (rid, r) in e.unit.mirror.routes() {
+                if let Some(group) = e.unit.mirror.group_counts(rid, now) {
+                    let name = e.unit.mirror.config.account_name(&r.platform, r.key_id);
                     snap.accounts
                         .entry(r.platform.clone())
                         .or_default()
@@ -340,10 +340,10 @@ impl Engine {
         model_id: &str,
         limits: &LimitSet,
     ) -> Result<()> {
-        let keys = self.mirror.config.routable_keys(platform).to_vec();
+        let keys = self.unit.mirror.config.routable_keys(platform).to_vec();
         let missing = keys.iter().any(|k| {
-            self.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
-                let win = &self.mirror.route(rid).win;
+            self.unit.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
+                let win = &self.unit.mirror.route(rid).win;
                 limits.windows().any(|w| !win.keeps(w))
             })
         });
@@ -354,7 +354,7 @@ impl Engine {
             for k in keys {
                 let route =
                     Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
-                e.ready_route(&route, limits, now);
+                e.unit.ready_route(&route, limits, now);
             }
         })?;
         self.window_snapshot = None;
@@ -382,23 +382,22 @@ impl Engine {
         if ad_hoc {
             self.keep_guardrail_windows(platform, model_id, &limits)?;
         }
-        let now = self.clock.now_ms();
-        let fresh = self
-            .window_snapshot
-            .as_ref()
-            .is_some_and(|s| now >= s.built_at_ms && now - s.built_at_ms < self.settings.window_usage_ttl_ms);
+        let now = self.unit.clock.now_ms();
+        let fresh = self.window_snapshot.as_ref().is_some_and(|s| {
+            now >= s.built_at_ms && now - s.built_at_ms < self.unit.settings.window_usage_ttl_ms
+        });
         if !fresh && !self.rebuild_window_snapshot()? {
             return Ok(None);
         }
         let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
-        let keys = self.mirror.config.routable_keys(platform);
+        let keys = self.unit.mirror.config.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
         let per_account = snap.accounts.get(platform).and_then(|m| m.get(model_id));
         let mut best: Option<f64> = None;
         for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
             let used = per_model.and_then(|m| m.get(k));
             // SPEC §14.3: a key's figure at the scope of each limit.
-            let shared = per_account.and_then(|a| a.get(&self.mirror.config.account_name(platform, *k)));
+            let shared = per_account.and_then(|a| a.get(&self.unit.mirror.config.account_name(platform, *k)));
             let worst = limits
                 .iter()
                 .map(|d| {
@@ -424,64 +423,69 @@ impl Engine {
     /// One row per route that has usage today, a live lease or an active cooldown,
     /// sorted by (platform, model_id, key_id) (SPEC §12).
     pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
-        self.read(|m, now| {
-            m.prune_all(now);
-            let mut rows = Vec::new();
-            for (rid, r) in m.routes() {
-                let (minute, day) = (r.win.minute(), r.win.day(now));
-                let in_flight = m.route_in_flight(rid, now).count;
-                let cooldown = m.route_bench(rid, now).map(|(c, _)| c);
-                if day.requests == 0
-                    && day.tokens == 0
-                    && minute.requests == 0
-                    && minute.tokens == 0
-                    && in_flight == 0
-                    && cooldown.is_none()
-                {
-                    continue;
+        self.unit
+            .read(|m, now| {
+                m.prune_all(now);
+                let mut rows = Vec::new();
+                for (rid, r) in m.routes() {
+                    let (minute, day) = (r.win.minute(), r.win.day(now));
+                    let in_flight = m.route_in_flight(rid, now).count;
+                    let cooldown = m.route_bench(rid, now).map(|(c, _)| c);
+                    if day.requests == 0
+                        && day.tokens == 0
+                        && minute.requests == 0
+                        && minute.tokens == 0
+                        && in_flight == 0
+                        && cooldown.is_none()
+                    {
+                        continue;
+                    }
+                    let limits =
+                        m.config.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
+                    let others = m
+                        .config
+                        .limit_set(&r.platform, &r.model_id)
+                        .iter()
+                        .filter(|d| {
+                            !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd)
+                        })
+                        .map(|d| {
+                            let used =
+                                r.win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
+                            (d.reason.as_str().to_string(), used, d.limit.limit)
+                        })
+                        .collect();
+                    rows.push(SnapshotRow {
+                        route: Route {
+                            platform: r.platform.to_string(),
+                            model_id: r.model_id.to_string(),
+                            key_id: r.key_id,
+                        },
+                        rpm_used: minute.requests,
+                        rpd_used: day.requests,
+                        tpm_used: minute.tokens,
+                        tpd_used: day.tokens,
+                        limits,
+                        others,
+                        in_flight,
+                        cooldown,
+                        exhausts_at_ms: None,
+                    });
                 }
-                let limits = m.config.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
-                let others = m
-                    .config
-                    .limit_set(&r.platform, &r.model_id)
-                    .iter()
-                    .filter(|d| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
-                    .map(|d| {
-                        let used = r.win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
-                        (d.reason.as_str().to_string(), used, d.limit.limit)
-                    })
-                    .collect();
-                rows.push(SnapshotRow {
-                    route: Route {
-                        platform: r.platform.to_string(),
-                        model_id: r.model_id.to_string(),
-                        key_id: r.key_id,
-                    },
-                    rpm_used: minute.requests,
-                    rpd_used: day.requests,
-                    tpm_used: minute.tokens,
-                    tpd_used: day.tokens,
-                    limits,
-                    others,
-                    in_flight,
-                    cooldown,
-                    exhausts_at_ms: None,
-                });
-            }
-            rows.sort_by(|a, b| a.route.cmp(&b.route));
-            rows
-        })
-        .and_then(|mut rows| {
-            // SPEC 22.2: the earliest forecast of each row.
-            self.reading(|e, now| {
-                let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
-                let forecasts = e.forecast_routes(&routes, DEFAULT_LOOKBACK_MS, now);
-                for (row, f) in rows.iter_mut().zip(forecasts) {
-                    row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
-                }
+                rows.sort_by(|a, b| a.route.cmp(&b.route));
                 rows
             })
-        })
+            .and_then(|mut rows| {
+                // SPEC 22.2: the earliest forecast of each row.
+                self.reading(|e, now| {
+                    let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
+                    let forecasts = e.forecast_routes(&routes, DEFAULT_LOOKBACK_MS, now);
+                    for (row, f) in rows.iter_mut().zip(forecasts) {
+                        row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
+                    }
+                    rows
+                })
+            })
     }
 
     // ---- forecasts (SPEC 22.2) -------------------------------------------------------
@@ -510,20 +514,20 @@ impl Engine {
         let mut ready = Vec::with_capacity(routes.len());
         for route in routes {
             let ctx = self.gate_context(route, None, 0, now);
-            let rid = self.ready_route(route, &ctx.limits, now);
+            let rid = self.unit.ready_route(route, &ctx.limits, now);
             ready.push((rid, ctx));
         }
         let mut complete = true;
         for (rid, _) in &ready {
-            complete &= self.mirror.keep_recent(*rid, width, now);
+            complete &= self.unit.mirror.keep_recent(*rid, width, now);
         }
-        if !complete || self.mirror.needs_reload {
-            self.reload_windows(now);
+        if !complete || self.unit.mirror.needs_reload {
+            self.unit.reload_windows(now);
             for (rid, _) in &ready {
-                self.mirror.keep_recent(*rid, width, now);
+                self.unit.mirror.keep_recent(*rid, width, now);
             }
         }
-        ready.iter().map(|(rid, ctx)| forecast(&self.mirror, *rid, ctx, lookback_ms, now)).collect()
+        ready.iter().map(|(rid, ctx)| forecast(&self.unit.mirror, *rid, ctx, lookback_ms, now)).collect()
     }
 
     /// Deliberately panics inside the engine (tests prove a panic becomes an exception).

@@ -3,15 +3,32 @@
 //! buffers them while the store fails (degraded mode); grouped writes keep the
 //! write lock across calls (hold) and flush together. Use cases in the sibling
 //! files only open and close sections through `read`, `write`, `append`,
-//! `enter`/`leave` and `leave_applied` (batches, `batch.rs`); none touches the store
-//! directly: [`Unit`] owns it, privately.
+//! `enter`/`leave` and `leave_applied` (batches, `batch.rs`), or the engine's
+//! `reading`/`writing`; none touches the store directly: [`Unit`] owns it, privately,
+//! with the mirror the sections keep in step with it.
 use super::*;
 use crate::core::store::KeptUsage;
 
-/// The unit of work's state: the store, the writes waiting for it, the write lock
-/// kept across calls, and whether the store answers.
+/// The unit of work's state: the store and the mirror of it (what every decision
+/// reads, as a session keeps its identity map), the clock, the writes waiting for the
+/// store, the write lock kept across calls, and whether the store answers. Sections
+/// (`enter` .. `leave`), sync, commit, buffering and hold are its methods; the
+/// engine's use cases open and close sections through them.
 pub(super) struct Unit {
     store: Box<dyn Store>,
+    /// What the engine knows of the store: synced at each section's start, and every
+    /// write applied to it as it is made.
+    pub(super) mirror: Mirror,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) settings: Settings,
+    /// Records for the host's logger, taken after the engine lock is released.
+    pub(super) logs: Vec<LogRecord>,
+    /// The leases this engine took for a `Lease` (`lease()`, `lease_any()`) and has
+    /// not ended (SPEC 18.5: `close()` ends them), less those whose `Lease` object was
+    /// dropped while live (they count until `lease_max_age_ms`, as a crashed
+    /// process's do). `acquire_lease`'s ids are the caller's to release.
+    pub(super) own_leases: HashSet<i64, foldhash::fast::RandomState>,
+
     /// Writes applied to the mirror but not yet to the store, in order.
     pending: Vec<Write>,
     /// Stored leases whose deletion is in `pending`.
@@ -43,9 +60,19 @@ pub(super) struct Unit {
 }
 
 impl Unit {
-    pub(super) fn new(store: Box<dyn Store>) -> Unit {
+    pub(super) fn new(
+        store: Box<dyn Store>,
+        clock: Arc<dyn Clock>,
+        settings: Settings,
+        mirror: Mirror,
+    ) -> Unit {
         Unit {
             store,
+            mirror,
+            clock,
+            settings,
+            logs: Vec::new(),
+            own_leases: HashSet::default(),
             pending: Vec::new(),
             pending_deleted: HashSet::new(),
             pending_inserted: HashSet::new(),
@@ -182,14 +209,6 @@ impl Unit {
     /// Ends a read section.
     fn end_read(&mut self) {
         let _ = self.store.commit();
-    }
-
-    fn load_usage_since(
-        &mut self,
-        since: i64,
-        f: &mut dyn FnMut(UsageRow),
-    ) -> std::result::Result<(), StoreError> {
-        self.store.load_usage_since(since, f)
     }
 
     fn pull(&mut self) -> std::result::Result<Changes, StoreError> {
@@ -384,7 +403,7 @@ impl Unit {
     }
 }
 
-impl Engine {
+impl Unit {
     // ---- sections ----------------------------------------------------------------
 
     pub(super) fn enter(&mut self, write: bool) -> Result<Section> {
@@ -393,27 +412,23 @@ impl Engine {
 
     pub(super) fn enter_as(&mut self, mut access: Access) -> Result<Section> {
         let write = access != Access::Read;
-        if write && self.unit.readonly() {
+        if write && self.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
         let hot = matches!(access, Access::Decide | Access::Append);
-        let start_hold = hot && self.unit.held.is_none() && self.unit.may_hold();
+        let start_hold = hot && self.held.is_none() && self.may_hold();
         if start_hold {
             access = Access::Write;
         }
-        let held = self.unit.held.is_some();
+        let held = self.held.is_some();
         let mut online = held;
         let mut stale = false;
-        self.unit.read_failed = false;
+        self.read_failed = false;
         // Holding the write lock, nothing can have changed under us.
-        let need_store = !held
-            && (write
-                || !self.unit.loaded
-                || self.unit.rebuild
-                || self.mirror.needs_reload
-                || self.unit.changed());
+        let need_store =
+            !held && (write || !self.loaded || self.rebuild || self.mirror.needs_reload || self.changed());
         if need_store {
-            match self.unit.begin(access, self.settings.busy_timeout_ms) {
+            match self.begin(access, self.settings.busy_timeout_ms) {
                 Ok(s) => {
                     online = true;
                     stale = s;
@@ -428,26 +443,26 @@ impl Engine {
         // Read the clock only now: a writer that waited for the lock must see every
         // row stamped before its own admission.
         let now = self.clock.now_ms();
-        if let Some(last) = self.unit.last_now {
+        if let Some(last) = self.last_now {
             if now < last {
                 // SPEC §2/§10: the clock stepped back. Events pruned from the minute
                 // window may count again: reload the windows, and sweep again.
-                self.unit.rebuild = true;
-                self.unit.last_sweep = None;
+                self.rebuild = true;
+                self.last_sweep = None;
             }
         }
-        self.unit.last_now = Some(now);
-        if !online && self.unit.rebuild && !write {
+        self.last_now = Some(now);
+        if !online && self.rebuild && !write {
             // A read noticed the step back: open a read snapshot to reload from.
-            match self.unit.begin_read() {
+            match self.begin_read() {
                 Ok(()) => online = true,
                 Err(e) => self.store_failed(&e, false),
             }
         }
-        if online && (!held || self.unit.rebuild) {
+        if online && (!held || self.rebuild) {
             if let Err(e) = self.sync(now) {
-                self.unit.rollback();
-                self.unit.held = None;
+                self.rollback();
+                self.held = None;
                 if let StoreError::Rejected(_) = e {
                     self.rejected(&e);
                     return Err(e.into());
@@ -457,9 +472,9 @@ impl Engine {
             }
         }
         if online && start_hold {
-            self.unit.held = Some(Instant::now());
+            self.held = Some(Instant::now());
         }
-        let held = online && self.unit.held.is_some();
+        let held = online && self.held.is_some();
         Ok(Section { now, online, write, held, hot, stale: stale && online })
     }
 
@@ -472,16 +487,16 @@ impl Engine {
         // load that fails half-way leaves `rebuild` set: the next section that
         // reaches the store counts again from scratch.
         self.mirror.reset_usage();
-        self.unit.rebuild = true;
+        self.rebuild = true;
         let mirror = &mut self.mirror;
-        self.unit.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
-        for w in &self.unit.pending {
+        self.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
+        for w in &self.pending {
             if let Write::Usage(u) = w {
                 self.mirror.add_usage_row(u, now);
             }
         }
-        self.unit.loaded = true;
-        self.unit.rebuild = false;
+        self.loaded = true;
+        self.rebuild = false;
         Ok(())
     }
 
@@ -502,22 +517,22 @@ impl Engine {
     /// Counts the windows a route now keeps from the store (or, degraded, at the next
     /// sync that can).
     pub(super) fn reload_windows(&mut self, now: i64) {
-        if self.unit.degraded || self.load_usage(now).is_err() {
-            self.unit.rebuild = true;
+        if self.degraded || self.load_usage(now).is_err() {
+            self.rebuild = true;
         }
     }
 
     pub(super) fn sync(&mut self, now: i64) -> std::result::Result<(), StoreError> {
-        if !self.unit.loaded || self.unit.rebuild || self.mirror.needs_reload {
+        if !self.loaded || self.rebuild || self.mirror.needs_reload {
             self.load_usage(now)?;
         }
-        let changes = self.unit.pull()?;
+        let changes = self.pull()?;
         self.apply_changes(changes, now);
         if std::mem::take(&mut self.mirror.needs_reload) {
             // A model declared a window its routes' events were not kept for.
-            self.unit.rebuild = true;
+            self.rebuild = true;
         }
-        if self.unit.rebuild {
+        if self.rebuild {
             // A platform's calendar changed: its day windows count again from the store.
             return self.sync(now);
         }
@@ -529,11 +544,7 @@ impl Engine {
             self.mirror.add_usage_row(r, now);
         }
         if let Some(leases) = &ch.leases {
-            self.mirror.replace_stored_leases(
-                leases,
-                &self.unit.pending_deleted,
-                &self.unit.pending_inserted,
-            );
+            self.mirror.replace_stored_leases(leases, &self.pending_deleted, &self.pending_inserted);
         }
         let tables_changed =
             ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
@@ -559,12 +570,12 @@ impl Engine {
         }
         if let Some(c) = ch.calendars {
             if self.mirror.replace_calendars(c.into_iter().collect()) {
-                self.unit.rebuild = true;
+                self.rebuild = true;
             }
         }
-        if tables_changed && !self.unit.pending.is_empty() {
+        if tables_changed && !self.pending.is_empty() {
             // Our own buffered changes are newer than what the store holds.
-            let pending = std::mem::take(&mut self.unit.pending);
+            let pending = std::mem::take(&mut self.pending);
             // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
             // pending deletes skipped); re-applying an insert would resurrect a
             // lease finished while its writes waited.
@@ -574,23 +585,23 @@ impl Engine {
             {
                 self.apply_local(w, 0, now);
             }
-            self.unit.pending = pending;
+            self.pending = pending;
         }
     }
 
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        let sweep_due = !matches!(self.unit.last_sweep, Some(t) if now >= t && now - t < MINUTE_MS);
+        let sweep_due = !matches!(self.last_sweep, Some(t) if now >= t && now - t < MINUTE_MS);
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
-        let flush_pending = self.unit.degraded
-            || self.unit.held.is_some()
-            || self.unit.flush_requested
-            || self.unit.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+        let flush_pending = self.degraded
+            || self.held.is_some()
+            || self.flush_requested
+            || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
         // Worked out only when a sweep or buffered usage needs it (not per commit).
-        let retention = (sweep_due || (flush_pending && !self.unit.pending.is_empty()))
-            .then(|| self.retention(now, false));
+        let retention =
+            (sweep_due || (flush_pending && !self.pending.is_empty())).then(|| self.retention(now, false));
         let sweep = match &retention {
             Some(r) if sweep_due => Some(Write::Sweep {
                 usage_before: r.before,
@@ -600,10 +611,9 @@ impl Engine {
             }),
             _ => None,
         };
-        let (ids, result) =
-            self.unit.write_and_commit(flush_pending, retention.as_ref(), writes, sweep.as_ref());
+        let (ids, result) = self.write_and_commit(flush_pending, retention.as_ref(), writes, sweep.as_ref());
         // The commit (or the rollback) ends a held lock.
-        self.unit.held = None;
+        self.held = None;
         // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
         // once: committed for the engine, which is degraded until the store answers.
         let in_doubt = match &result {
@@ -614,20 +624,20 @@ impl Engine {
             Err(StoreError::InDoubt(_)) | Ok(()) => {
                 if sweep.is_some() {
                     // A sweep that stopped at its bound goes on at the next commit.
-                    if !self.unit.store.sweep_unfinished() {
-                        self.unit.last_sweep = Some(now);
+                    if !self.store.sweep_unfinished() {
+                        self.last_sweep = Some(now);
                     }
                     self.prune_own_leases(now);
                 }
-                let flushed = if flush_pending { self.unit.pending.len() } else { 0 };
+                let flushed = if flush_pending { self.pending.len() } else { 0 };
                 if flush_pending {
-                    self.unit.flushed();
+                    self.flushed();
                 }
-                self.unit.flush_requested = false;
+                self.flush_requested = false;
                 if let Some(e) = in_doubt {
                     self.store_failed(&StoreError::Unavailable(e), true);
-                } else if self.unit.degraded {
-                    self.unit.degraded = false;
+                } else if self.degraded {
+                    self.degraded = false;
                     self.logs.push((
                         log::Level::Info,
                         format!("database answers again: wrote {flushed} buffered changes"),
@@ -639,12 +649,12 @@ impl Engine {
             Err(StoreError::Conflict) => Committed::Conflict,
             // SPEC 19.1: not an outage; the call fails, what was buffered stays.
             Err(e @ StoreError::Rejected(_)) => {
-                self.unit.rollback();
+                self.rollback();
                 self.rejected(&e);
                 Committed::Rejected(e)
             }
             Err(e) => {
-                self.unit.rollback();
+                self.rollback();
                 self.store_failed(&e, true);
                 Committed::Failed
             }
@@ -660,11 +670,11 @@ impl Engine {
         if !sec.write {
             if sec.online && !sec.held {
                 // Ends the read snapshot.
-                self.unit.end_read();
+                self.end_read();
             }
             return Ok(Vec::new());
         }
-        if sec.online && !self.unit.keeps_holding(&sec) {
+        if sec.online && !self.keeps_holding(&sec) {
             // Only `Access::Decide` sections can conflict, and they end in `leave_applied`.
             match self.commit_section(now, &writes) {
                 Committed::Done(ids) => {
@@ -696,7 +706,7 @@ impl Engine {
     /// handed back, still applied to the mirror.
     pub(super) fn leave_applied(&mut self, sec: Section, writes: Vec<Write>) -> Applied {
         let now = sec.now;
-        if sec.online && !self.unit.keeps_holding(&sec) {
+        if sec.online && !self.keeps_holding(&sec) {
             match self.commit_section(now, &writes) {
                 Committed::Done(_) => return Applied::Done,
                 Committed::Conflict => return Applied::Conflict(writes),
@@ -772,7 +782,7 @@ impl Engine {
                 let set = self.mirror.calendars.zones_with(platform, zone.as_deref());
                 if self.mirror.replace_calendars(set) {
                     // The platform's day windows start over: count them again from the store.
-                    self.unit.rebuild = true;
+                    self.rebuild = true;
                 }
             }
             Write::SetPriorityReserve { priority, fraction } => {
@@ -785,9 +795,9 @@ impl Engine {
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
     pub(super) fn buffer(&mut self, w: Write, now: i64) {
-        if self.unit.push_pending(w, now) {
+        if self.push_pending(w, now) {
             self.compact_pending(now);
-            self.unit.compact_at = (self.unit.pending.len() * 2).max(COMPACT_MIN);
+            self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
         }
     }
 
@@ -811,7 +821,7 @@ impl Engine {
     /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
         let retention = self.retention(now, true);
-        if self.unit.compact(now, &retention) {
+        if self.compact(now, &retention) {
             let msg = format!(
                 "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
                  are dropped from the buffer"
@@ -827,14 +837,14 @@ impl Engine {
     }
 
     pub(super) fn store_failed(&mut self, e: &StoreError, write: bool) {
-        self.unit.read_failed = true;
+        self.read_failed = true;
         if !write {
             // A failed read: keep serving from memory; writes decide degraded mode.
             self.logs.push((log::Level::Debug, format!("database read failed: {e}")));
             return;
         }
-        if !self.unit.degraded {
-            self.unit.degraded = true;
+        if !self.degraded {
+            self.degraded = true;
             let msg = format!(
                 "database write failed ({e}); serving from memory and buffering changes until it answers"
             );
@@ -846,8 +856,8 @@ impl Engine {
     /// `server_logs` row (SPEC §12), written with the next commit, so that every
     /// engine and notebook on the store sees them.
     pub(super) fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
-        if level <= log::Level::Warn && !self.unit.readonly() {
-            self.unit.pending.push(Write::Log(LogRow {
+        if level <= log::Level::Warn && !self.readonly() {
+            self.pending.push(Write::Log(LogRow {
                 level: if level == log::Level::Error { "error" } else { "warn" },
                 source: "quotaengine".into(),
                 provider: None,
@@ -868,34 +878,6 @@ impl Engine {
         Ok(out)
     }
 
-    /// A use case that only reads, in one section: `f` answers with the engine as of
-    /// `now` (the mirror synced with what other engines wrote).
-    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Self, i64) -> T) -> Result<T> {
-        let sec = self.enter(false)?;
-        let out = f(self, sec.now);
-        self.leave(sec, Vec::new())?;
-        Ok(out)
-    }
-
-    /// A use case that writes, in one section holding the store's write lock: `f`
-    /// decides at `now` and queues its writes, committed with the section; when `f`
-    /// fails, none of them is. Returns what `f` answers and, per write, the id of an
-    /// insert or the number of rows a delete removed.
-    pub(super) fn writing<T>(
-        &mut self,
-        f: impl FnOnce(&mut Self, i64, &mut Vec<Write>) -> Result<T>,
-    ) -> Result<(T, Vec<i64>)> {
-        let sec = self.enter(true)?;
-        let mut writes = Vec::new();
-        match f(self, sec.now, &mut writes) {
-            Ok(out) => Ok((out, self.leave(sec, writes)?)),
-            Err(e) => {
-                self.leave(sec, Vec::new())?;
-                Err(e)
-            }
-        }
-    }
-
     /// A write section with writes that do not depend on the mirror.
     pub(super) fn write(&mut self, writes: Vec<Write>) -> Result<Vec<i64>> {
         let sec = self.enter(true)?;
@@ -909,9 +891,16 @@ impl Engine {
         self.leave(sec, writes).map(|_| ())
     }
 
+    /// Drops from `own_leases` what no longer counts (expired, or ended by another
+    /// engine through `release_lease`).
+    pub(super) fn prune_own_leases(&mut self, now: i64) {
+        let mirror = &self.mirror;
+        self.own_leases.retain(|id| mirror.leases.get(*id).is_some_and(|l| now <= l.expires_at_ms));
+    }
+
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
     pub(super) fn groups_usage(&self) -> bool {
-        self.settings.flush_interval_ms > 0 && !self.unit.readonly()
+        self.settings.flush_interval_ms > 0 && !self.readonly()
     }
 
     /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
@@ -930,20 +919,20 @@ impl Engine {
 
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if self.unit.idle() || self.unit.readonly() {
+        if self.idle() || self.readonly() {
             return Ok(());
         }
-        self.unit.flush_requested = true;
+        self.flush_requested = true;
         // Buffered writes were decided when they were made: they only append now.
         let out = self.append(Vec::new());
-        self.unit.flush_requested = false;
+        self.flush_requested = false;
         out
     }
 
     /// Ends a held write lock whose period is over (the flusher thread: an idle
     /// engine does not keep others waiting).
     pub fn end_hold_if_due(&mut self) -> Result<()> {
-        if self.unit.held.is_some() && self.unit.hold_period_over() {
+        if self.held.is_some() && self.hold_period_over() {
             return self.flush();
         }
         Ok(())
@@ -952,7 +941,52 @@ impl Engine {
     /// The period of the flusher thread: the hold period when a write lock may be
     /// held across calls, else `flush_interval_ms`.
     pub fn tick_period(&self) -> Duration {
-        self.unit.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
+        self.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
+    }
+}
+
+impl Engine {
+    /// Writes everything buffered (the flusher thread, `close()`).
+    pub fn flush(&mut self) -> Result<()> {
+        self.unit.flush()
+    }
+
+    /// Ends a held write lock whose period is over (the flusher thread).
+    pub fn end_hold_if_due(&mut self) -> Result<()> {
+        self.unit.end_hold_if_due()
+    }
+
+    /// The period of the flusher thread.
+    pub fn tick_period(&self) -> Duration {
+        self.unit.tick_period()
+    }
+
+    /// A use case that only reads, in one section: `f` answers with the engine as of
+    /// `now` (the mirror synced with what other engines wrote).
+    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Self, i64) -> T) -> Result<T> {
+        let sec = self.unit.enter(false)?;
+        let out = f(self, sec.now);
+        self.unit.leave(sec, Vec::new())?;
+        Ok(out)
+    }
+
+    /// A use case that writes, in one section holding the store's write lock: `f`
+    /// decides at `now` and queues its writes, committed with the section; when `f`
+    /// fails, none of them is. Returns what `f` answers and, per write, the id of an
+    /// insert or the number of rows a delete removed.
+    pub(super) fn writing<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self, i64, &mut Vec<Write>) -> Result<T>,
+    ) -> Result<(T, Vec<i64>)> {
+        let sec = self.unit.enter(true)?;
+        let mut writes = Vec::new();
+        match f(self, sec.now, &mut writes) {
+            Ok(out) => Ok((out, self.unit.leave(sec, writes)?)),
+            Err(e) => {
+                self.unit.leave(sec, Vec::new())?;
+                Err(e)
+            }
+        }
     }
 
     /// Ends this engine's live leases (SPEC 18.5), flushes and reports whether
@@ -961,10 +995,10 @@ impl Engine {
         if !self.unit.readonly() {
             let _ = self.end_own_leases();
         }
-        let _ = self.flush();
+        let _ = self.unit.flush();
         let n = self.unit.unwritten();
         if n > 0 {
-            self.logs.push((
+            self.unit.logs.push((
                 log::Level::Error,
                 format!("closing with {n} changes the database did not accept; they are lost"),
             ));
