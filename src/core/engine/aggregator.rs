@@ -96,22 +96,4 @@ impl Engine {
             }
         })
     }
-
-    /// The provider caps the gates apply to a key's account: the platform's (8), each
-    /// lowered to the account's learned one (21.2) unless `set_provider_caps` set it.
-    /// The one place the gates read provider caps.
-    pub(super) fn effective_caps(&mut self, platform: &str, key_id: i64, _now: i64) -> ProviderCaps {
-        let caps = self.caps_for(platform);
-        let Some((day, minute)) = self.unit.mirror.learned_pool_caps(platform, key_id) else { return caps };
-        let set = self.unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
-        let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
-            CapSetting::Inherit => failures::min_cap(cap, learned),
-            _ => cap,
-        };
-        ProviderCaps {
-            daily_requests: lower(set.daily_requests, caps.daily_requests, day),
-            minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
-            daily_tokens: caps.daily_tokens,
-        }
-    }
 }

@@ -43,22 +43,26 @@ impl Engine {
                  not a key's; use heuristic, authoritative, credit or tier",
             ));
         }
-        self.writing(|e, now, writes| {
-            writes.push(Write::UpsertCooldown(CooldownRow {
-                platform: Arc::from(route.platform.as_str()),
-                model_id: Arc::from(route.model_id.as_str()),
-                key_id: Some(route.key_id),
-                expires_at_ms: now.saturating_add(duration_ms),
-                source,
-                set_at_ms: now,
-            }));
-            e.unit.logs.push((
-                log::Level::Info,
-                format!("cooldown {route} set for {duration_ms} ms ({}, by the operator)", source.as_str()),
-            ));
-            Ok(())
-        })
-        .map(|_| ())
+        self.unit
+            .writing(|u, now, writes| {
+                writes.push(Write::UpsertCooldown(CooldownRow {
+                    platform: Arc::from(route.platform.as_str()),
+                    model_id: Arc::from(route.model_id.as_str()),
+                    key_id: Some(route.key_id),
+                    expires_at_ms: now.saturating_add(duration_ms),
+                    source,
+                    set_at_ms: now,
+                }));
+                u.logs.push((
+                    log::Level::Info,
+                    format!(
+                        "cooldown {route} set for {duration_ms} ms ({}, by the operator)",
+                        source.as_str()
+                    ),
+                ));
+                Ok(())
+            })
+            .map(|_| ())
     }
 
     /// The route's bench (SPEC 21.1): whichever of its own cooldown and its model's
@@ -252,7 +256,7 @@ impl Engine {
             check_non_negative("retry_after_ms", ra)?;
         }
         self.writing(|e, now, writes| {
-            let limits = e.limits_for(&route.platform, &route.model_id, limits).classic();
+            let limits = limits_from(&e.unit.mirror, &route.platform, &route.model_id, limits).classic();
             Ok(e.limit_decision(route, limits, retry_after_ms, quota_signal, now, writes))
         })
         .map(|(d, _)| d)
@@ -369,7 +373,7 @@ impl Engine {
         } else {
             learned
         };
-        let limits = self.limits_for(&route.platform, &route.model_id, limits).classic();
+        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
             && self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
@@ -564,7 +568,7 @@ impl Engine {
     /// the key's configured cap and the one learned from concurrency failures.
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;
-        let (_, env) = self.platform_env(platform);
+        let (_, env) = self.setup.platform_env(&self.unit.settings.env, platform);
         let (configured, learned) = self.unit.read(|m, now| {
             let configured =
                 m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);

@@ -18,6 +18,7 @@ mod aggregator;
 mod batch;
 mod failures;
 mod observed;
+mod setup;
 mod unit;
 
 pub use batch::{BatchOp, BatchOut};
@@ -362,9 +363,8 @@ pub struct Engine {
     /// The store and everything about talking to it (the unit of work's state).
     unit: unit::Unit,
     lease_ids: LeaseIds,
-    platform_env: FastMap<String, (ProviderCaps, Option<i64>)>,
-    /// SPEC §8's caps as limits at provider scope, by the caps they were built from.
-    provider_sets: FastMap<ProviderCaps, LimitSet>,
+    /// What a decision reads besides the windows: caps and limits in force.
+    setup: setup::Setup,
     window_snapshot: Option<WindowSnapshot>,
     /// `key_quota_headroom` per platform: (built at, key -> headroom).
     headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
@@ -400,8 +400,7 @@ impl Engine {
                 Mirror::with_calendars(Calendars::with_env(day_zones)),
             ),
             lease_ids: LeaseIds::new(),
-            platform_env: FastMap::default(),
-            provider_sets: FastMap::default(),
+            setup: setup::Setup::default(),
             window_snapshot: None,
             headroom_cache: FastMap::default(),
             leased_at: FastMap::default(),
@@ -468,76 +467,6 @@ impl Engine {
     }
 
     // ---- configuration -----------------------------------------------------------
-
-    fn platform_env(&mut self, platform: &str) -> (ProviderCaps, Option<i64>) {
-        if let Some(v) = self.platform_env.get(platform) {
-            return *v;
-        }
-        let caps = self.unit.settings.env.provider_caps(platform);
-        let conc = self.unit.settings.env.key_concurrency_cap(platform);
-        self.platform_env.insert(platform.to_string(), (caps, conc));
-        (caps, conc)
-    }
-
-    /// Effective caps: `set_provider_caps` wins over env, env over defaults.
-    fn caps_for(&mut self, platform: &str) -> ProviderCaps {
-        let (env_caps, _) = self.platform_env(platform);
-        let o = self.unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
-        fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
-            match s {
-                CapSetting::Inherit => env,
-                CapSetting::NoCap => None,
-                CapSetting::Cap(v) => Some(v),
-            }
-        }
-        ProviderCaps {
-            daily_requests: pick(o.daily_requests, env_caps.daily_requests),
-            minute_requests: pick(o.minute_requests, env_caps.minute_requests),
-            daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
-        }
-    }
-
-    fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
-        limits_from(&self.unit.mirror, platform, model_id, given)
-    }
-
-    /// What a decision at `priority` on `route` reads besides the windows.
-    fn gate_context(
-        &mut self,
-        route: &Route,
-        limits: Option<LimitSet>,
-        priority: i64,
-        now: i64,
-    ) -> GateContext {
-        let (_, env) = self.platform_env(&route.platform);
-        // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
-        // configured cap and the learned one.
-        let configured =
-            self.unit.mirror.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
-        let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
-        let learned = self.unit.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
-        // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
-        let caps = self.effective_caps(&route.platform, route.key_id, now);
-        GateContext {
-            limits: self.limits_for(&route.platform, &route.model_id, limits),
-            provider: self.provider_limits(caps),
-            concurrency_cap: failures::min_cap(conc, learned),
-            reserve: self.unit.mirror.reserves.for_priority(priority),
-        }
-    }
-
-    /// SPEC §8's caps as limits at provider scope, built once per distinct set of caps.
-    fn provider_limits(&mut self, caps: ProviderCaps) -> LimitSet {
-        if let Some(set) = self.provider_sets.get(&caps) {
-            return set.clone();
-        }
-        if self.provider_sets.len() >= 64 {
-            self.provider_sets.clear();
-        }
-        let set = LimitSet::provider(caps);
-        self.provider_sets.insert(caps, set.clone());
-        set
-    }
 
     pub fn register_key(&mut self, key: KeyInfo) -> Result<()> {
         check_name("platform", &key.platform)?;
@@ -751,7 +680,7 @@ impl Engine {
     }
 
     fn usage_report(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
-        let limits = self.limits_for(&route.platform, &route.model_id, limits);
+        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits);
         let rid = self.unit.ready_route(route, &limits, now);
         let m = &self.unit.mirror;
         let win = &m.route(rid).win;
@@ -784,7 +713,7 @@ impl Engine {
         priority: i64,
         now: i64,
     ) -> (RouteId, Verdict) {
-        let ctx = self.gate_context(route, limits, priority, now);
+        let ctx = self.setup.gate_context(&self.unit, route, limits, priority, now);
         let rid = self.unit.ready_route(route, &ctx.limits, now);
         (rid, admission::admit(&self.unit.mirror.route_view(rid, &ctx, est, now)))
     }
@@ -800,13 +729,14 @@ impl Engine {
         limits: Option<LimitSet>,
     ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| {
+        let setup = &mut self.setup;
+        self.unit.reading(|u, now| {
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
-            let ctx = e.gate_context(route, limits, 0, now);
-            let a = e.unit.mirror.account_id(&route.platform, route.key_id);
-            e.unit.mirror.prune_account_id(a, now);
-            let rid = (!route.model_id.is_empty()).then(|| e.unit.ready_route(route, &ctx.limits, now));
-            let v = e.unit.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
+            let ctx = setup.gate_context(u, route, limits, 0, now);
+            let a = u.mirror.account_id(&route.platform, route.key_id);
+            u.mirror.prune_account_id(a, now);
+            let rid = (!route.model_id.is_empty()).then(|| u.ready_route(route, &ctx.limits, now));
+            let v = u.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
             admission::admit_through(&v, admission::gates(&ctx).filter(|g| can.asks(g))).refused.is_none()
         })
     }

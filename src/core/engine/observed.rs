@@ -8,7 +8,7 @@ impl Engine {
 
     pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        self.reading(|e, _| e.caps_for(platform))
+        self.reading(|e, _| e.setup.caps_for(&e.unit, platform))
     }
 
     /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
@@ -57,7 +57,7 @@ impl Engine {
 
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
         self.reading(|e, now| {
-            let cap = e.caps_for(platform).daily_tokens;
+            let cap = e.setup.caps_for(&e.unit, platform).daily_tokens;
             e.unit.mirror.provider_day_tokens(platform, key_id, cap, now)
         })
     }
@@ -375,7 +375,7 @@ impl Engine {
         // The model's own declaration is kept by every route of it; an ad hoc one may
         // name a window they do not keep yet.
         let ad_hoc = limits.is_some();
-        let limits = self.limits_for(platform, model_id, limits);
+        let limits = limits_from(&self.unit.mirror, platform, model_id, limits);
         if limits.is_empty() {
             return Ok(None);
         }
@@ -513,7 +513,7 @@ impl Engine {
         let width = recent_width(lookback_ms);
         let mut ready = Vec::with_capacity(routes.len());
         for route in routes {
-            let ctx = self.gate_context(route, None, 0, now);
+            let ctx = self.setup.gate_context(&self.unit, route, None, 0, now);
             let rid = self.unit.ready_route(route, &ctx.limits, now);
             ready.push((rid, ctx));
         }

@@ -878,6 +878,34 @@ impl Unit {
         Ok(out)
     }
 
+    /// A use case that only reads, in one section: `f` answers from the unit (its
+    /// mirror synced with what other engines wrote) as of `now`.
+    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Unit, i64) -> T) -> Result<T> {
+        let sec = self.enter(false)?;
+        let out = f(self, sec.now);
+        self.leave(sec, Vec::new())?;
+        Ok(out)
+    }
+
+    /// A use case that writes, in one section holding the store's write lock: `f`
+    /// decides at `now` and queues its writes, committed with the section; when `f`
+    /// fails, none of them is. Returns what `f` answers and, per write, the id of an
+    /// insert or the number of rows a delete removed.
+    pub(super) fn writing<T>(
+        &mut self,
+        f: impl FnOnce(&mut Unit, i64, &mut Vec<Write>) -> Result<T>,
+    ) -> Result<(T, Vec<i64>)> {
+        let sec = self.enter(true)?;
+        let mut writes = Vec::new();
+        match f(self, sec.now, &mut writes) {
+            Ok(out) => Ok((out, self.leave(sec, writes)?)),
+            Err(e) => {
+                self.leave(sec, Vec::new())?;
+                Err(e)
+            }
+        }
+    }
+
     /// A write section with writes that do not depend on the mirror.
     pub(super) fn write(&mut self, writes: Vec<Write>) -> Result<Vec<i64>> {
         let sec = self.enter(true)?;

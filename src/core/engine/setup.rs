@@ -1,0 +1,102 @@
+//! What a decision reads besides the windows: the provider caps in force (SPEC 8,
+//! 21.2), the declared limits, the concurrency cap (15.4, 20) and the priority's
+//! reserve (22.1), gathered into one [`GateContext`]. [`Setup`] keeps what it derives
+//! from the environment and from the caps, so a decision builds neither again.
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Setup {
+    /// Per platform: the caps and the concurrency cap its environment sets.
+    platform_env: FastMap<String, (ProviderCaps, Option<i64>)>,
+    /// SPEC §8's caps as limits at provider scope, by the caps they were built from.
+    provider_sets: FastMap<ProviderCaps, LimitSet>,
+}
+
+impl Setup {
+    /// The platform's caps and concurrency cap from the environment (read once).
+    pub(super) fn platform_env(&mut self, env: &Env, platform: &str) -> (ProviderCaps, Option<i64>) {
+        if let Some(v) = self.platform_env.get(platform) {
+            return *v;
+        }
+        let caps = env.provider_caps(platform);
+        let conc = env.key_concurrency_cap(platform);
+        self.platform_env.insert(platform.to_string(), (caps, conc));
+        (caps, conc)
+    }
+
+    /// Effective caps: `set_provider_caps` wins over env, env over defaults.
+    pub(super) fn caps_for(&mut self, unit: &unit::Unit, platform: &str) -> ProviderCaps {
+        let (env_caps, _) = self.platform_env(&unit.settings.env, platform);
+        let o = unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
+        fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
+            match s {
+                CapSetting::Inherit => env,
+                CapSetting::NoCap => None,
+                CapSetting::Cap(v) => Some(v),
+            }
+        }
+        ProviderCaps {
+            daily_requests: pick(o.daily_requests, env_caps.daily_requests),
+            minute_requests: pick(o.minute_requests, env_caps.minute_requests),
+            daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
+        }
+    }
+
+    /// The provider caps the gates apply to a key's account: the platform's (8), each
+    /// lowered to the account's learned one (21.2) unless `set_provider_caps` set it.
+    /// The one place the gates read provider caps.
+    fn effective_caps(&mut self, unit: &unit::Unit, platform: &str, key_id: i64) -> ProviderCaps {
+        let caps = self.caps_for(unit, platform);
+        let m = &unit.mirror;
+        let Some((day, minute)) = m.learned_pool_caps(platform, key_id) else { return caps };
+        let set = m.config.caps.get(platform).copied().unwrap_or_default();
+        let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
+            CapSetting::Inherit => failures::min_cap(cap, learned),
+            _ => cap,
+        };
+        ProviderCaps {
+            daily_requests: lower(set.daily_requests, caps.daily_requests, day),
+            minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
+            daily_tokens: caps.daily_tokens,
+        }
+    }
+
+    /// What a decision at `priority` on `route` reads besides the windows.
+    pub(super) fn gate_context(
+        &mut self,
+        unit: &unit::Unit,
+        route: &Route,
+        limits: Option<LimitSet>,
+        priority: i64,
+        now: i64,
+    ) -> GateContext {
+        let (_, env) = self.platform_env(&unit.settings.env, &route.platform);
+        // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
+        let caps = self.effective_caps(unit, &route.platform, route.key_id);
+        let m = &unit.mirror;
+        // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
+        // configured cap and the learned one.
+        let configured = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+        let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
+        let learned = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
+        GateContext {
+            limits: limits_from(m, &route.platform, &route.model_id, limits),
+            provider: self.provider_limits(caps),
+            concurrency_cap: failures::min_cap(conc, learned),
+            reserve: m.reserves.for_priority(priority),
+        }
+    }
+
+    /// SPEC §8's caps as limits at provider scope, built once per distinct set of caps.
+    fn provider_limits(&mut self, caps: ProviderCaps) -> LimitSet {
+        if let Some(set) = self.provider_sets.get(&caps) {
+            return set.clone();
+        }
+        if self.provider_sets.len() >= 64 {
+            self.provider_sets.clear();
+        }
+        let set = LimitSet::provider(caps);
+        self.provider_sets.insert(caps, set.clone());
+        set
+    }
+}
