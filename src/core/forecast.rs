@@ -5,7 +5,7 @@
 //! the window's metric and scope over the last `lookback_ms`, from a sliding window of
 //! that width the forecast makes the route's windows keep (`Mirror::keep_recent`).
 use crate::core::admission::{Estimate, GateContext};
-use crate::core::limits::{Metric, WindowSpec, DAY, MAX_WIDTH_MS};
+use crate::core::limits::{Limit, Metric, WindowSpec, DAY, MAX_WIDTH_MS};
 use crate::core::state::{Mirror, RouteId};
 
 /// Windows this long or longer are forecast (calendar windows always).
@@ -70,7 +70,9 @@ pub fn forecast(
         let in_flight = v.tally(l.scope).map_or(0, |t| t.in_flight.get(l.metric));
         let used = m.scoped_counts(rid, l, now).get(l.metric);
         let taken = used.saturating_add(in_flight);
-        let pace = m.recent(rid, l, width, now);
+        // The pace: what the same scope recorded in the same metric in the last `width`.
+        let recent = Limit { window: WindowSpec::Sliding(width), ..l.clone() };
+        let pace = m.scoped_counts(rid, &recent, now).get(l.metric);
         out.push((d.reason.as_str().to_string(), exhaustion(now, l.limit, taken, pace, lookback_ms, reset)));
     }
     // The daily provider caps (SPEC §8): the account's requests, its tokens billed per

@@ -48,7 +48,11 @@ impl Setup {
     fn effective_caps(&mut self, unit: &unit::Unit, platform: &str, key_id: i64) -> ProviderCaps {
         let caps = self.caps_for(unit, platform);
         let m = &unit.mirror;
-        let Some((day, minute)) = m.learned_pool_caps(platform, key_id) else { return caps };
+        let shared =
+            m.config.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
+        let learned =
+            m.history.learned_pool_caps(platform, key_id, shared, || m.account_keys(platform, key_id));
+        let Some((day, minute)) = learned else { return caps };
         let set = m.config.caps.get(platform).copied().unwrap_or_default();
         let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
             CapSetting::Inherit => failures::min_cap(cap, learned),

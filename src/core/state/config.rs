@@ -1,7 +1,7 @@
 //! The engine's configuration as mirrored: registered keys, models and their limit
 //! sets, provider caps, the platforms' calendars and the priority reserves.
 use crate::core::calendar::Calendar;
-use crate::core::limits::LimitSet;
+use crate::core::limits::{LimitSet, WindowSpec};
 use crate::core::state::FastMap;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use regex::Regex;
@@ -167,6 +167,14 @@ impl Calendars {
             .unwrap_or_default();
         self.resolved.insert(platform.to_string(), c.clone());
         c
+    }
+
+    /// The oldest time a window of a platform counts at `now`.
+    pub fn window_start(&mut self, platform: &str, spec: WindowSpec, now: i64) -> i64 {
+        match spec {
+            WindowSpec::Sliding(w) => now.saturating_sub(w - 1),
+            WindowSpec::Calendar(p) => self.of(platform).period_start(p, now),
+        }
     }
 
     /// The stored zones; the platforms whose calendar this changes.

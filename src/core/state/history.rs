@@ -107,6 +107,38 @@ impl History {
             .min()
     }
 
+    /// The (daily, minute) request caps learned for a key's account from pool 429s
+    /// (SPEC 21.2): of its account's keys (`account_keys`) when `shared`; `None` at
+    /// once, without allocating, when none can be (the hot path).
+    pub fn learned_pool_caps(
+        &self,
+        platform: &str,
+        key_id: i64,
+        shared: bool,
+        account_keys: impl FnOnce() -> Vec<i64>,
+    ) -> Option<(Option<i64>, Option<i64>)> {
+        let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
+        if shared {
+            if !self.by_key.values().flatten().any(pool) {
+                return None;
+            }
+            let keys = account_keys();
+            return Some((
+                self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+            ));
+        }
+        let rows = self.by_key.get(&key_id)?;
+        if !rows.iter().any(pool) {
+            return None;
+        }
+        let keys = [key_id];
+        Some((
+            self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+            self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+        ))
+    }
+
     /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
     /// the key's latest such failure taught or confirmed, until 1 h after it.
     pub fn learned_concurrency_cap(&self, platform: &str, key_id: i64, now: i64) -> Option<i64> {

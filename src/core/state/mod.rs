@@ -5,13 +5,15 @@ pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
-use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
+use crate::core::store::{CooldownRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
 use crate::core::types::{CooldownSource, KeyInfo, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 
+mod accounts;
 mod config;
 mod history;
 mod leases;
+use accounts::Accounts;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
@@ -42,22 +44,12 @@ pub struct RouteState {
     kept: LimitSet,
 }
 
-#[derive(Debug)]
-struct AccountState {
-    name: Arc<str>,
-    /// Requests of every model of the account (tokens are billed per route).
-    win: Windows,
-    routes: Vec<RouteId>,
-    leases: Vec<i64>,
-}
-
-/// Usage and live leases of every key of one account on one model: what a limit at
-/// account scope counts (SPEC §14.1, §14.3).
-#[derive(Debug)]
-struct GroupState {
-    win: Windows,
-    leases: Vec<i64>,
-    kept: LimitSet,
+impl RouteState {
+    /// The billing multiplier of the route's model on a platform whose daily token
+    /// cap is `cap` (SPEC §8).
+    fn billing(&self, config: &Config, cap: i64) -> Multiplier {
+        config.multiplier(&self.platform, &self.model_id, cap)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +63,8 @@ pub struct CooldownRec {
 pub struct Mirror {
     routes: Vec<RouteState>,
     index: RouteIndex,
-    accounts: Vec<AccountState>,
-    /// platform -> account name -> account.
-    account_index: FastMap<Arc<str>, FastMap<Arc<str>, AccountId>>,
-    groups: Vec<GroupState>,
-    group_index: FastMap<(AccountId, Arc<str>), GroupId>,
-    /// (platform, account name) -> how many registered keys it has.
-    account_members: HashMap<(String, Arc<str>), usize>,
+    /// Provider accounts and, of a shared one, its (account, model) groups.
+    accounts: Accounts,
     /// The live leases (and expired ones not yet pruned).
     pub leases: Leases,
     pub cooldowns: Cooldowns,
@@ -122,31 +109,31 @@ impl Mirror {
             for r in self.routes.iter_mut().filter(|r| &*r.platform == p.as_str()) {
                 r.win = r.win.cleared(cal.clone());
             }
-            if let Some(accts) = self.account_index.get(p.as_str()) {
+            if let Some(accts) = self.accounts.index.get(p.as_str()) {
                 for a in accts.values() {
-                    let acct = &mut self.accounts[*a as usize];
+                    let acct = &mut self.accounts.list[*a as usize];
                     acct.win = acct.win.cleared(cal.clone());
                 }
             }
             let of_platform = |a: &AccountId| {
-                self.accounts[*a as usize]
+                self.accounts.list[*a as usize]
                     .routes
                     .first()
                     .is_some_and(|r| &*self.routes[*r as usize].platform == p.as_str())
             };
-            let gids: Vec<GroupId> =
-                self.group_index.iter().filter(|((a, _), _)| of_platform(a)).map(|(_, g)| *g).collect();
+            let gids: Vec<GroupId> = self
+                .accounts
+                .group_index
+                .iter()
+                .filter(|((a, _), _)| of_platform(a))
+                .map(|(_, g)| *g)
+                .collect();
             for g in gids {
-                let grp = &mut self.groups[g as usize];
+                let grp = &mut self.accounts.groups[g as usize];
                 grp.win = grp.win.cleared(cal.clone());
             }
         }
         !changed.is_empty()
-    }
-
-    /// Whether an account has more than one registered key.
-    fn shared(&self, platform: &str, name: &Arc<str>) -> bool {
-        self.account_members.get(&(platform.to_string(), name.clone())).is_some_and(|n| *n > 1)
     }
 
     /// The keys of a route's account when it has several (`None`, without allocating,
@@ -161,7 +148,7 @@ impl Mirror {
     /// its own account).
     pub fn account_keys(&self, platform: &str, key_id: i64) -> Vec<i64> {
         let name = self.config.account_name(platform, key_id);
-        if !self.shared(platform, &name) {
+        if !self.accounts.shared(platform, &name) {
             return vec![key_id];
         }
         let mut keys: Vec<i64> = self
@@ -178,50 +165,46 @@ impl Mirror {
     /// The id of a provider account (platform, key_id), created on first sight.
     pub fn account_id(&mut self, platform: &str, key_id: i64) -> AccountId {
         let name = self.config.account_name(platform, key_id);
-        if let Some(a) = self.account_index.get(platform).and_then(|k| k.get(&name)) {
-            return *a;
+        if let Some(a) = self.accounts.of(platform, &name) {
+            return a;
         }
         let p: Arc<str> =
             self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
-        let a = self.accounts.len() as AccountId;
-        let win = Windows::new(self.calendars.of(platform));
-        self.accounts.push(AccountState { name: name.clone(), win, routes: vec![], leases: vec![] });
-        self.account_index.entry(p).or_default().insert(name, a);
-        a
+        self.accounts.add(p, name, self.calendars.of(platform))
     }
 
-    /// The (account, model) counters of a route of a shared account, created on first
-    /// sight with the model's windows.
-    fn group_id(&mut self, a: AccountId, model_id: &Arc<str>, platform: &str) -> GroupId {
-        if let Some(g) = self.group_index.get(&(a, model_id.clone())) {
-            return *g;
+    /// The group of a route of account `a` on `model_id` when the account is shared
+    /// (`None` for a key of its own), created on first sight with the model's windows.
+    fn group_of(&mut self, a: AccountId, model_id: &Arc<str>, platform: &str) -> Option<GroupId> {
+        if !self.accounts.shared(platform, &self.accounts.list[a as usize].name) {
+            return None;
         }
-        let g = self.groups.len() as GroupId;
-        let mut win = Windows::new(self.calendars.of(platform));
-        for spec in self.config.limit_set(platform, model_id).windows() {
-            win.keep(spec);
-        }
-        self.groups.push(GroupState { win, leases: vec![], kept: LimitSet::default() });
-        self.group_index.insert((a, model_id.clone()), g);
-        g
+        let set = self.config.limit_set(platform, model_id);
+        Some(self.accounts.group(a, model_id, self.calendars.of(platform), &set))
     }
 
-    /// Puts every route in the account its key belongs to now, after keys changed
-    /// accounts; the account and group counters are then recounted from the store.
-    fn reassign_accounts(&mut self) {
+    /// After the keys changed: when a route's account (or whether it is shared)
+    /// changed, puts every route in the account its key belongs to now; the account
+    /// and group counters are then recounted from the store.
+    fn accounts_changed(&mut self) {
+        self.accounts.count_members(self.config.keys.values());
+        let stale = self.routes.iter().any(|r| {
+            let name = self.config.account_name(&r.platform, r.key_id);
+            let acct = &self.accounts.list[r.account as usize];
+            acct.name != name || r.group.is_some() != self.accounts.shared(&r.platform, &name)
+        });
+        if !stale {
+            return;
+        }
         self.accounts.clear();
-        self.account_index.clear();
-        self.groups.clear();
-        self.group_index.clear();
         for rid in 0..self.routes.len() {
             let (platform, model, key) = {
                 let r = &self.routes[rid];
                 (r.platform.clone(), r.model_id.clone(), r.key_id)
             };
             let a = self.account_id(&platform, key);
-            self.accounts[a as usize].routes.push(rid as RouteId);
-            let name = self.accounts[a as usize].name.clone();
-            let group = self.shared(&platform, &name).then(|| self.group_id(a, &model, &platform));
+            self.accounts.list[a as usize].routes.push(rid as RouteId);
+            let group = self.group_of(a, &model, &platform);
             let r = &mut self.routes[rid];
             r.account = a;
             r.group = group;
@@ -230,45 +213,14 @@ impl Mirror {
         ids.sort_unstable();
         for (id, rid) in ids {
             let r = &self.routes[rid as usize];
-            self.accounts[r.account as usize].leases.push(id);
-            if let Some(g) = r.group {
-                self.groups[g as usize].leases.push(id);
-            }
+            self.accounts.add_lease(r.account, r.group, id);
         }
         self.needs_reload = true;
     }
 
-    /// After the keys changed: when a route's account (or whether it is shared)
-    /// changed, reassign.
-    fn accounts_changed(&mut self) {
-        let mut members: HashMap<(String, Arc<str>), usize> = HashMap::new();
-        for k in self.config.keys.values() {
-            if let Some(a) = &k.account {
-                *members.entry((k.platform.clone(), Arc::from(a.as_str()))).or_default() += 1;
-            }
-        }
-        self.account_members = members;
-        let stale = self.routes.iter().any(|r| {
-            let name = self.config.account_name(&r.platform, r.key_id);
-            let acct = &self.accounts[r.account as usize];
-            acct.name != name || r.group.is_some() != self.shared(&r.platform, &name)
-        });
-        if stale {
-            self.reassign_accounts();
-        }
-    }
-
-    /// The account a route belongs to.
-    pub fn account_of_route(&self, rid: RouteId) -> AccountId {
-        self.routes[rid as usize].account
-    }
-
     /// Prunes an account's own windows and lease list.
     pub fn prune_account_id(&mut self, a: AccountId, now: i64) {
-        let leases = &self.leases;
-        let acct = &mut self.accounts[a as usize];
-        acct.win.prune(now);
-        acct.leases.retain(|id| leases.is_live(*id, now));
+        self.accounts.prune(a, &self.leases, now);
     }
 
     /// The id of a route, created on first sight.
@@ -281,8 +233,7 @@ impl Mirror {
             self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
-        let name = self.accounts[account as usize].name.clone();
-        let group = self.shared(platform, &name).then(|| self.group_id(account, &m, platform));
+        let group = self.group_of(account, &m, platform);
         let id = self.routes.len() as RouteId;
         let mut win = Windows::new(self.calendars.of(platform));
         // A route seen for the first time had no events since the last load, which
@@ -300,7 +251,7 @@ impl Mirror {
             leases: vec![],
             kept: LimitSet::default(),
         });
-        self.accounts[account as usize].routes.push(id);
+        self.accounts.list[account as usize].routes.push(id);
         self.index.entry(p).or_default().entry(m).or_default().insert(key_id, id);
         id
     }
@@ -322,16 +273,7 @@ impl Mirror {
         self.routes.iter().enumerate().map(|(i, r)| (i as RouteId, r))
     }
 
-    fn account_of(&self, platform: &str, key_id: i64) -> Option<AccountId> {
-        self.account_index.get(platform)?.get(&self.config.account_name(platform, key_id)).copied()
-    }
-
     // ---- usage -------------------------------------------------------------------
-
-    /// Counts `req` requests and `tok` tokens stamped `t` in the route's windows.
-    pub fn add_usage(&mut self, rid: RouteId, req: i64, tok: i64, t: i64, now: i64) {
-        self.add_counts(rid, Counts::of(req, tok.max(0)), t, now);
-    }
 
     /// Counts an event stamped `t` in the route's windows (its requests also in the
     /// account's).
@@ -339,10 +281,10 @@ impl Mirror {
         let route = &mut self.routes[rid as usize];
         route.win.add_counts(t, c, now);
         if let Some(g) = route.group {
-            self.groups[g as usize].win.add_counts(t, c, now);
+            self.accounts.groups[g as usize].win.add_counts(t, c, now);
         }
         if c.requests > 0 {
-            self.accounts[route.account as usize].win.add(t, c.requests, 0, now);
+            self.accounts.list[route.account as usize].win.add(t, c.requests, 0, now);
         }
     }
 
@@ -365,10 +307,10 @@ impl Mirror {
         for r in &mut self.routes {
             r.win = r.win.cleared(r.win.calendar().clone());
         }
-        for a in &mut self.accounts {
+        for a in &mut self.accounts.list {
             a.win = a.win.cleared(a.win.calendar().clone());
         }
-        for g in &mut self.groups {
+        for g in &mut self.accounts.groups {
             g.win = g.win.cleared(g.win.calendar().clone());
         }
         self.needs_reload = false;
@@ -377,12 +319,6 @@ impl Mirror {
     /// The oldest row any window of the mirror counts at `now`: the 60 s window, the
     /// earliest day start, and every window a route keeps or a model declares.
     pub fn usage_horizon(&mut self, now: i64) -> i64 {
-        let from = self.usage_horizon_at(now);
-        self.loaded = Some((from, now));
-        from
-    }
-
-    fn usage_horizon_at(&mut self, now: i64) -> i64 {
         let mut from =
             now.saturating_sub(crate::core::clock::MINUTE_MS - 1).min(self.calendars.earliest_day_start(now));
         let mut specs: Vec<(String, WindowSpec)> = Vec::new();
@@ -394,12 +330,13 @@ impl Mirror {
         for r in &self.routes {
             from = from.min(r.win.oldest_counted(now));
         }
-        for g in &self.groups {
+        for g in &self.accounts.groups {
             from = from.min(g.win.oldest_counted(now));
         }
         for (platform, spec) in specs {
-            from = from.min(self.window_start(&platform, spec, now));
+            from = from.min(self.calendars.window_start(&platform, spec, now));
         }
+        self.loaded = Some((from, now));
         from
     }
 
@@ -456,14 +393,6 @@ impl Mirror {
             .collect()
     }
 
-    /// The oldest time a window of a platform counts at `now`.
-    fn window_start(&mut self, platform: &str, spec: WindowSpec, now: i64) -> i64 {
-        match spec {
-            WindowSpec::Sliding(w) => now.saturating_sub(w - 1),
-            WindowSpec::Calendar(p) => self.calendars.of(platform).period_start(p, now),
-        }
-    }
-
     /// Makes a route keep every window of `set` (after `prune_route`). False when one
     /// of them could not be counted from memory: `needs_reload` is then set.
     pub fn keep_windows(&mut self, rid: RouteId, set: &LimitSet) -> bool {
@@ -476,7 +405,7 @@ impl Mirror {
             route.kept = set.clone();
         }
         if let Some(g) = route.group {
-            let group = &mut self.groups[g as usize];
+            let group = &mut self.accounts.groups[g as usize];
             if !group.kept.same(set) {
                 for spec in set.windows() {
                     complete &= group.win.keep(spec);
@@ -494,11 +423,11 @@ impl Mirror {
         let route = &mut self.routes[rid as usize];
         route.win.prune(now);
         route.leases.retain(|id| leases.is_live(*id, now));
-        let acct = &mut self.accounts[route.account as usize];
+        let acct = &mut self.accounts.list[route.account as usize];
         acct.win.prune(now);
         acct.leases.retain(|id| leases.is_live(*id, now));
         if let Some(g) = route.group {
-            let group = &mut self.groups[g as usize];
+            let group = &mut self.accounts.groups[g as usize];
             group.win.prune(now);
             group.leases.retain(|id| leases.is_live(*id, now));
         }
@@ -517,9 +446,9 @@ impl Mirror {
     pub fn add_lease(&mut self, id: i64, rec: LeaseRec) {
         let route = &mut self.routes[rec.route as usize];
         route.leases.push(id);
-        self.accounts[route.account as usize].leases.push(id);
+        self.accounts.list[route.account as usize].leases.push(id);
         if let Some(g) = route.group {
-            self.groups[g as usize].leases.push(id);
+            self.accounts.groups[g as usize].leases.push(id);
         }
         self.leases.by_id.insert(id, rec);
     }
@@ -528,9 +457,9 @@ impl Mirror {
         let rec = self.leases.by_id.remove(&id)?;
         let route = &mut self.routes[rec.route as usize];
         route.leases.retain(|l| *l != id);
-        self.accounts[route.account as usize].leases.retain(|l| *l != id);
+        self.accounts.list[route.account as usize].leases.retain(|l| *l != id);
         if let Some(g) = route.group {
-            self.groups[g as usize].leases.retain(|l| *l != id);
+            self.accounts.groups[g as usize].leases.retain(|l| *l != id);
         }
         Some(rec)
     }
@@ -575,7 +504,7 @@ impl Mirror {
     pub fn scoped_counts(&self, rid: RouteId, l: &crate::core::limits::Limit, now: i64) -> Counts {
         let r = &self.routes[rid as usize];
         let win = match r.group {
-            Some(g) if l.scope == Scope::Account => &self.groups[g as usize].win,
+            Some(g) if l.scope == Scope::Account => &self.accounts.groups[g as usize].win,
             _ => &r.win,
         };
         win.counts(l.window, now).unwrap_or_default()
@@ -584,29 +513,7 @@ impl Mirror {
     /// Every window a route's account keeps on its model, when the account is shared.
     pub fn group_counts(&self, rid: RouteId, now: i64) -> Option<Vec<(WindowSpec, Counts)>> {
         let g = self.routes[rid as usize].group?;
-        Some(self.groups[g as usize].win.all_counts(now))
-    }
-
-    /// Live leases on an account, with tokens billed per lease at its own model's rate.
-    /// With the live leases of `key_id` alone among them (the key concurrency cap is
-    /// the key's, SPEC §4).
-    fn account_in_flight(&self, a: AccountId, key_id: i64, cap: Option<i64>, now: i64) -> (InFlight, i64) {
-        let acct = &self.accounts[a as usize];
-        let mut f = InFlight::default();
-        let mut of_key = 0;
-        for id in &acct.leases {
-            if let Some(l) = self.leases.by_id.get(id).filter(|l| l.live(now)) {
-                f.count += 1;
-                if self.routes[l.route as usize].key_id == key_id {
-                    of_key += 1;
-                }
-                if let Some(cap) = cap {
-                    let mult = self.multiplier(l.route, cap);
-                    f.tokens = f.tokens.saturating_add(mult.bill(l.tokens));
-                }
-            }
-        }
-        (f, of_key)
+        Some(self.accounts.groups[g as usize].win.all_counts(now))
     }
 
     // ---- keys, models, caps, cooldowns ---------------------------------------------
@@ -629,7 +536,7 @@ impl Mirror {
         // A declaration that reaches further back than the last load: the routes not
         // seen yet have rows in the store to count too.
         if let Some((since, at)) = self.loaded {
-            if set.windows().any(|w| self.window_start(&platform, w, at) < since) {
+            if set.windows().any(|w| self.calendars.window_start(&platform, w, at) < since) {
                 self.needs_reload = true;
             }
         }
@@ -701,69 +608,27 @@ impl Mirror {
             .count() as i64
     }
 
-    /// The (daily, minute) request caps learned for a key's account from pool 429s
-    /// (SPEC 21.2); `None` at once, without allocating, when none can be (the hot path).
-    pub fn learned_pool_caps(&self, platform: &str, key_id: i64) -> Option<(Option<i64>, Option<i64>)> {
-        let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
-        let shared =
-            self.config.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
-        if shared {
-            if !self.history.by_key.values().flatten().any(pool) {
-                return None;
-            }
-            let keys = self.account_keys(platform, key_id);
-            return Some((
-                self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
-            ));
-        }
-        let rows = self.history.by_key.get(&key_id)?;
-        if !rows.iter().any(pool) {
-            return None;
-        }
-        let keys = [key_id];
-        Some((
-            self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-            self.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
-        ))
-    }
-
     // ---- provider accounts ---------------------------------------------------------
-
-    /// The billing multiplier of a route's model on a platform whose daily token cap is `cap`.
-    pub fn multiplier(&self, rid: RouteId, cap: i64) -> Multiplier {
-        let r = &self.routes[rid as usize];
-        self.config.multiplier(&r.platform, &r.model_id, cap)
-    }
 
     /// Requests since midnight on the account (all models).
     pub fn provider_day_requests(&self, platform: &str, key_id: i64, now: i64) -> i64 {
-        self.account_of(platform, key_id).map_or(0, |a| self.accounts[a as usize].win.day(now).requests)
+        self.accounts
+            .of(platform, &self.config.account_name(platform, key_id))
+            .map_or(0, |a| self.accounts.list[a as usize].win.day(now).requests)
     }
 
     pub fn provider_minute_requests(&self, platform: &str, key_id: i64, _now: i64) -> i64 {
-        self.account_of(platform, key_id).map_or(0, |a| self.accounts[a as usize].win.minute().requests)
+        self.accounts
+            .of(platform, &self.config.account_name(platform, key_id))
+            .map_or(0, |a| self.accounts.list[a as usize].win.minute().requests)
     }
 
     /// Billed tokens since midnight on the account: each model's raw tokens times its
     /// multiplier, rounded up per model. Without a cap, raw tokens.
     pub fn provider_day_tokens(&self, platform: &str, key_id: i64, cap: Option<i64>, now: i64) -> i64 {
-        self.account_of(platform, key_id).map_or(0, |a| self.account_tokens(a, DAY, cap, now))
-    }
-
-    /// Tokens of every model of an account in a window, billed at each model's
-    /// multiplier for a token cap of `cap` (raw without one).
-    fn account_tokens(&self, a: AccountId, window: WindowSpec, cap: Option<i64>, now: i64) -> i64 {
-        let mut total = 0i64;
-        for rid in &self.accounts[a as usize].routes {
-            let raw = self.routes[*rid as usize].win.counts(window, now).map_or(0, |c| c.tokens);
-            let billed = match cap {
-                Some(cap) => self.multiplier(*rid, cap).bill(raw),
-                None => raw,
-            };
-            total = total.saturating_add(billed);
-        }
-        total
+        self.accounts
+            .of(platform, &self.config.account_name(platform, key_id))
+            .map_or(0, |a| self.accounts.tokens(a, DAY, cap, (&self.routes, &self.config), now))
     }
 
     // ---- forecasts (SPEC 22.2) --------------------------------------------------------
@@ -776,28 +641,17 @@ impl Mirror {
         let spec = WindowSpec::Sliding(width);
         let a = self.routes[rid as usize].account;
         let mut complete = true;
-        for r in self.accounts[a as usize].routes.clone() {
+        for r in self.accounts.list[a as usize].routes.clone() {
             self.prune_route(r, now);
             let route = &mut self.routes[r as usize];
             complete &= route.win.keep(spec);
             if let Some(g) = route.group {
-                complete &= self.groups[g as usize].win.keep(spec);
+                complete &= self.accounts.groups[g as usize].win.keep(spec);
             }
         }
-        complete &= self.accounts[a as usize].win.keep(spec);
+        complete &= self.accounts.list[a as usize].win.keep(spec);
         self.needs_reload |= !complete;
         complete
-    }
-
-    /// What a limit's scope recorded in its metric in the last `width` (`keep_recent`
-    /// first).
-    pub fn recent(&self, rid: RouteId, l: &crate::core::limits::Limit, width: i64, now: i64) -> i64 {
-        let r = &self.routes[rid as usize];
-        let win = match r.group {
-            Some(g) if l.scope == Scope::Account => &self.groups[g as usize].win,
-            _ => &r.win,
-        };
-        win.counts(WindowSpec::Sliding(width), now).unwrap_or_default().get(l.metric)
     }
 
     /// Requests of the route's account (every model) in the last `width`, and its
@@ -805,12 +659,12 @@ impl Mirror {
     pub fn recent_account(&self, rid: RouteId, cap: Option<i64>, width: i64, now: i64) -> (i64, i64) {
         let spec = WindowSpec::Sliding(width);
         let a = self.routes[rid as usize].account;
-        let requests = self.accounts[a as usize].win.counts(spec, now).unwrap_or_default().requests;
+        let requests = self.accounts.list[a as usize].win.counts(spec, now).unwrap_or_default().requests;
         let mut billed = 0i64;
         if let Some(cap) = cap {
-            for r in &self.accounts[a as usize].routes {
+            for r in &self.accounts.list[a as usize].routes {
                 let raw = self.routes[*r as usize].win.counts(spec, now).unwrap_or_default().tokens;
-                billed = billed.saturating_add(self.multiplier(*r, cap).bill(raw));
+                billed = billed.saturating_add(self.routes[*r as usize].billing(&self.config, cap).bill(raw));
             }
         }
         (requests, billed)
@@ -835,18 +689,22 @@ impl Mirror {
             rid.map(|r| Tally { win: &self.routes[r as usize].win, in_flight: self.route_in_flight(r, now) });
         let account = match rid.and_then(|r| self.routes[r as usize].group) {
             Some(g) => Some(Tally {
-                win: &self.groups[g as usize].win,
-                in_flight: self.leases.in_flight(&self.groups[g as usize].leases, now),
+                win: &self.accounts.groups[g as usize].win,
+                in_flight: self.leases.in_flight(&self.accounts.groups[g as usize].leases, now),
             }),
             None => key,
         };
         // SPEC §8: tokens at provider scope are billed at each model's multiplier.
         let token_cap = ctx.provider.iter().find(|d| d.limit.metric.is_tokens()).map(|d| &d.limit);
-        let (in_flight, key_leases) = self.account_in_flight(a, key_id, token_cap.map(|l| l.limit), now);
+        let parts = (&self.routes[..], &self.leases, &self.config);
+        let (in_flight, key_leases) =
+            self.accounts.in_flight(a, key_id, token_cap.map(|l| l.limit), parts, now);
         let billed = token_cap.map(|l| Billed {
             window: l.window,
-            used: self.account_tokens(a, l.window, Some(l.limit), now),
-            estimate: rid.map_or(est.tokens, |r| self.multiplier(r, l.limit).bill(est.tokens)),
+            used: self.accounts.tokens(a, l.window, Some(l.limit), (&self.routes, &self.config), now),
+            estimate: rid.map_or(est.tokens, |r| {
+                self.routes[r as usize].billing(&self.config, l.limit).bill(est.tokens)
+            }),
         });
         View {
             now,
@@ -855,7 +713,7 @@ impl Mirror {
             cooldown_until: rid.and_then(|r| self.route_bench(r, now)).map(|(c, _)| c.expires_at_ms),
             key,
             account,
-            provider: Tally { win: &self.accounts[a as usize].win, in_flight },
+            provider: Tally { win: &self.accounts.list[a as usize].win, in_flight },
             billed,
             key_leases,
         }

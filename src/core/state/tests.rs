@@ -91,9 +91,9 @@ fn gates_refuse_at_limit_and_report_retry() {
         ..Default::default()
     };
     let t0 = 1_000_000;
-    m.add_usage(rid, 1, 0, t0, t0);
+    m.add_counts(rid, Counts::of(1, 0), t0, t0);
     assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
-    m.add_usage(rid, 1, 0, t0 + 10, t0 + 10);
+    m.add_counts(rid, Counts::of(1, 0), t0 + 10, t0 + 10);
     let a = evaluate(&m, rid, Estimate::default(), &ctx, t0 + 10);
     assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
     m.prune_route(rid, t0 + 60_000);
