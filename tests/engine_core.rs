@@ -48,7 +48,7 @@ fn two_engines_share_one_truth() {
     a.record_request(&Route::new("groq", "other", 1).unwrap()).unwrap();
     assert_eq!(b.usage(&Route::new("groq", "other", 1).unwrap(), None).unwrap().window(&Reason::Rpm).used, 1);
     // a cooldown set by one engine benches the route in the other
-    b.set_cooldown(&route(), 30_000, CooldownSource::Heuristic).unwrap();
+    b.failures().set_cooldown(&route(), 30_000, CooldownSource::Heuristic).unwrap();
     assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
 }
 
@@ -231,15 +231,15 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     .unwrap();
     a.record_request(&route()).unwrap(); // the day is spent
     let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
-    let d1 = a.record_failure(&route(), fail()).unwrap();
+    let d1 = a.failures().record_failure(&route(), fail()).unwrap();
     assert_eq!(d1.kind, FailureKind::RateLimit);
     assert_eq!(d1.cooldown.unwrap().duration_ms, 120_000);
     clock.advance(130_000);
     let mut b = open(path.to_str().unwrap(), &clock); // another worker continues the ladder
-    assert_eq!(b.record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 600_000);
+    assert_eq!(b.failures().record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 600_000);
     b.record_request(&route()).unwrap(); // a success clears it
     clock.advance(700_000);
-    assert_eq!(a.record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 120_000);
+    assert_eq!(a.failures().record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 120_000);
 }
 
 #[test]
@@ -427,7 +427,7 @@ fn a_pass_called_from_inside_a_pass_is_a_runtime_error() {
     let handle =
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock.clone(), Settings::default())
             .unwrap();
-    handle.with(|e| e.set_cooldown(&route(), 86_400_000, CooldownSource::Heuristic)).unwrap();
+    handle.with(|e| e.failures().set_cooldown(&route(), 86_400_000, CooldownSource::Heuristic)).unwrap();
     clock.advance(43_200_000);
     let v = Nested { handle: handle.clone(), seen: Mutex::new(Vec::new()) };
     handle.run_probe_pass(&v, &mut || 0.0, 3).unwrap(); // the first sighting

@@ -91,7 +91,7 @@ fn the_token_gate_counts_live_estimates_and_frees_them_on_release() {
 #[test]
 fn a_cooldown_benches_the_route_until_it_expires() {
     let (mut e, _, clock) = engine(0);
-    e.set_cooldown(&route(), 30_000, CooldownSource::Authoritative).unwrap();
+    e.failures().set_cooldown(&route(), 30_000, CooldownSource::Authoritative).unwrap();
     assert_eq!(e.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
     assert_eq!(refusal(e.lease(&route(), 1, None).unwrap_err()), Reason::Cooldown);
     // Another key of the model is not benched.
@@ -300,7 +300,7 @@ fn routes() -> Vec<Route> {
 #[test]
 fn lease_any_in_order_takes_the_first_candidate_that_passes() {
     let (mut e, _, _) = engine(0);
-    e.set_cooldown(&route_of(1), 60_000, CooldownSource::Heuristic).unwrap();
+    e.failures().set_cooldown(&route_of(1), 60_000, CooldownSource::Heuristic).unwrap();
     let (_, i) = e.lease_any(&routes(), Estimate::tokens(5), Strategy::Order).unwrap();
     assert_eq!(i, 1);
     let (_, i) = e.lease_any(&routes(), Estimate::tokens(5), Strategy::Order).unwrap();
@@ -330,7 +330,7 @@ fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
     let (mut e, control, _) = engine(0);
     e.set_model_limits(limits(Some(1), None)).unwrap();
     e.lease(&route_of(1), 5, None).unwrap();
-    e.set_cooldown(&route_of(2), 10_000, CooldownSource::Authoritative).unwrap();
+    e.failures().set_cooldown(&route_of(2), 10_000, CooldownSource::Authoritative).unwrap();
     e.lease(&route_of(3), 5, None).unwrap();
     let err = e.lease_any(&routes(), Estimate::tokens(5), Strategy::Headroom).unwrap_err();
     let Error::Refused(r) = err else { panic!("{err:?}") };

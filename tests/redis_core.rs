@@ -78,19 +78,19 @@ fn two_engines_share_one_truth() {
         let err = e.lease(&route(), 10, rpm(2)).unwrap_err();
         assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
     }
-    b.set_cooldown(&route(), 3_600_000, CooldownSource::Heuristic).unwrap();
+    b.failures().set_cooldown(&route(), 3_600_000, CooldownSource::Heuristic).unwrap();
     assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
     // The ladder's history is shared: a 429 in one engine, the next step in the other.
     let other = Route::new("groq", "other", 1).unwrap();
     let f = || FailureInput { status: Some(429), ..FailureInput::default() };
-    let first = a.record_failure(&other, f()).unwrap().cooldown.unwrap();
+    let first = a.failures().record_failure(&other, f()).unwrap().cooldown.unwrap();
     clock.advance(first.duration_ms);
-    let second = b.record_failure(&other, f()).unwrap().cooldown.unwrap();
+    let second = b.failures().record_failure(&other, f()).unwrap().cooldown.unwrap();
     assert!(second.duration_ms > first.duration_ms, "{first:?} then {second:?}");
     // A third engine opened later loads all of it.
     let mut c = open(&url, &clock);
     assert_eq!(c.usage(&route(), None).unwrap().in_flight, 2);
-    assert!(c.cooldown(&route()).unwrap().is_some());
+    assert!(c.failures().cooldown(&route()).unwrap().is_some());
 }
 
 #[test]

@@ -1,38 +1,89 @@
 //! Failures (SPEC §6, §7): cooldowns, the failure kinds and their benches, the
-//! ladders, and learning limits from provider messages.
+//! ladders, and learning limits from provider messages. SPEC 21, what an aggregator's
+//! errors teach beyond the failing route: an upstream congested for one model benches
+//! the model on every key (21.1); a pool 429 teaches the account a provider cap
+//! (21.2), which the gates read through `Setup::effective_caps`.
 use super::*;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
-use crate::core::upstream::parse_pool_429;
+use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
+
+/// The failure policy (SPEC §6, §7, 15.4, 21): cooldowns and their probes, what a
+/// failure benches and counts, and the limits and caps it teaches. It keeps no state
+/// of its own: cooldowns and history are the mirror's, kept through the unit of work.
+pub struct Failures<'e> {
+    unit: &'e mut unit::Unit,
+    /// The environment's concurrency cap (`key_concurrency_cap`).
+    setup: &'e mut setup::Setup,
+}
 
 impl Engine {
+    /// The failure policy: cooldowns, failures, learning.
+    pub fn failures(&mut self) -> Failures<'_> {
+        Failures { unit: &mut self.unit, setup: &mut self.setup }
+    }
+
+    /// A lease's failure: `record_failure` for its route, then the lease released.
+    pub fn finish_lease_failure(
+        &mut self,
+        lease_id: i64,
+        route: &Route,
+        f: FailureInput,
+    ) -> Result<FailureOutcome> {
+        let out = self.failures().record_failure_of(route, f, Some(lease_id))?;
+        self.release_lease(lease_id)?;
+        Ok(out)
+    }
+}
+
+/// The route's own active cooldown.
+fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
+    let c = m.cooldowns.of_route(rid, now)?;
+    let r = m.route(rid);
+    Some(cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
+}
+
+fn cooldown_row(platform: &str, model_id: &str, key_id: i64, c: CooldownRec, model_wide: bool) -> Cooldown {
+    Cooldown {
+        route: Route {
+            platform: platform.to_string(),
+            model_id: model_id.to_string(),
+            key_id: if model_wide { 0 } else { key_id },
+        },
+        expires_at_ms: c.expires_at_ms,
+        source: c.source,
+        set_at_ms: c.set_at_ms,
+        model_wide,
+    }
+}
+
+/// A failure-history row of `kind` for the route at `now`.
+pub(super) fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
+    history_value_row(route, kind, None, now)
+}
+
+fn history_value_row(route: &Route, kind: HistoryKind, value: Option<i64>, now: i64) -> Write {
+    let model_id = if kind.of_key() { "" } else { route.model_id.as_str() };
+    Write::InsertHistory(HistoryRow {
+        platform: Arc::from(route.platform.as_str()),
+        model_id: Arc::from(model_id),
+        key_id: route.key_id,
+        kind,
+        hit_at_ms: now,
+        value,
+    })
+}
+
+impl Failures<'_> {
+    /// A write section whose body decides with the desk (its helpers take `&mut self`).
+    fn writing<T>(
+        &mut self,
+        f: impl FnOnce(&mut Failures<'_>, i64, &mut Vec<Write>) -> Result<T>,
+    ) -> Result<(T, Vec<i64>)> {
+        let setup = &mut *self.setup;
+        self.unit.writing(|unit, now, writes| f(&mut Failures { unit, setup }, now, writes))
+    }
+
     // ---- cooldowns ---------------------------------------------------------------
-
-    /// The route's own active cooldown.
-    pub(super) fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
-        let c = m.cooldowns.of_route(rid, now)?;
-        let r = m.route(rid);
-        Some(Self::cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
-    }
-
-    fn cooldown_row(
-        platform: &str,
-        model_id: &str,
-        key_id: i64,
-        c: CooldownRec,
-        model_wide: bool,
-    ) -> Cooldown {
-        Cooldown {
-            route: Route {
-                platform: platform.to_string(),
-                model_id: model_id.to_string(),
-                key_id: if model_wide { 0 } else { key_id },
-            },
-            expires_at_ms: c.expires_at_ms,
-            source: c.source,
-            set_at_ms: c.set_at_ms,
-            model_wide,
-        }
-    }
 
     /// The operator's bench: always overwrites.
     pub fn set_cooldown(&mut self, route: &Route, duration_ms: i64, source: CooldownSource) -> Result<()> {
@@ -71,11 +122,9 @@ impl Engine {
         self.unit.read(|m, now| {
             let (p, model, key) = (route.platform.as_str(), route.model_id.as_str(), route.key_id);
             match m.find_route(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
-                Some((c, wide)) => Some(Self::cooldown_row(p, model, key, c, wide)),
+                Some((c, wide)) => Some(cooldown_row(p, model, key, c, wide)),
                 // A key not seen yet on the model: only the model's bench can hold it.
-                None => {
-                    m.cooldowns.of_model(p, model, now).map(|c| Self::cooldown_row(p, model, key, c, true))
-                }
+                None => m.cooldowns.of_model(p, model, now).map(|c| cooldown_row(p, model, key, c, true)),
             }
         })
     }
@@ -88,13 +137,13 @@ impl Engine {
                 .cooldowns
                 .routes
                 .keys()
-                .filter_map(|rid| Self::cooldown_of(m, *rid, now))
+                .filter_map(|rid| cooldown_of(m, *rid, now))
                 .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
                 .collect();
             if key_ids.is_none() {
                 for (p, models) in &m.cooldowns.models {
                     for (model, c) in models.iter().filter(|(_, c)| now < c.expires_at_ms) {
-                        v.push(Self::cooldown_row(p, model, 0, *c, true));
+                        v.push(cooldown_row(p, model, 0, *c, true));
                     }
                 }
             }
@@ -145,7 +194,7 @@ impl Engine {
     }
 
     pub fn cleanup_expired_cooldowns(&mut self) -> Result<i64> {
-        let ((), removed) = self.writing(|_, now, writes| {
+        let ((), removed) = self.unit.writing(|_, now, writes| {
             writes.push(Write::DeleteExpiredCooldowns(now));
             Ok(())
         })?;
@@ -167,7 +216,7 @@ impl Engine {
             .collect())
     }
 
-    pub(super) fn is_local(&self, key_id: i64) -> bool {
+    fn is_local(&self, key_id: i64) -> bool {
         self.unit
             .mirror
             .config
@@ -177,25 +226,9 @@ impl Engine {
             .is_some_and(is_local_base_url)
     }
 
-    pub(super) fn history_row(route: &Route, kind: HistoryKind, now: i64) -> Write {
-        Self::history_value_row(route, kind, None, now)
-    }
-
-    fn history_value_row(route: &Route, kind: HistoryKind, value: Option<i64>, now: i64) -> Write {
-        let model_id = if kind.of_key() { "" } else { route.model_id.as_str() };
-        Write::InsertHistory(HistoryRow {
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(model_id),
-            key_id: route.key_id,
-            kind,
-            hit_at_ms: now,
-            value,
-        })
-    }
-
     /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
     /// ladder step it counts.
-    pub(super) fn limit_decision(
+    fn limit_decision(
         &mut self,
         route: &Route,
         limits: Limits,
@@ -219,7 +252,7 @@ impl Engine {
                 HistoryKind::Unknown,
                 now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
             );
-            writes.push(Self::history_row(route, HistoryKind::Unknown, now));
+            writes.push(history_row(route, HistoryKind::Unknown, now));
             effectively_exhausted = earlier + 1 >= 2;
         }
         let facts = LimitFacts {
@@ -240,7 +273,7 @@ impl Engine {
         let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
         // A ladder step, or a transient bench that 15.2 remembers for 10 minutes.
         let kind = if stepped { HistoryKind::Ladder } else { HistoryKind::Transient };
-        writes.push(Self::history_row(route, kind, now));
+        writes.push(history_row(route, kind, now));
         decision
     }
 
@@ -264,7 +297,7 @@ impl Engine {
 
     /// SPEC §7 inside an open write section: the limit a message states, written only
     /// when it tightens the stored one.
-    pub(super) fn learn(
+    fn learn(
         &mut self,
         platform: &str,
         model_id: &str,
@@ -396,7 +429,7 @@ impl Engine {
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
                 let n = self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) + 1;
-                writes.push(Self::history_row(route, HistoryKind::Empty, now));
+                writes.push(history_row(route, HistoryKind::Empty, now));
                 (n >= EMPTY_STREAK_BENCH).then(|| {
                     if local {
                         local_bench
@@ -410,7 +443,7 @@ impl Engine {
             KindRule::AuthLadder => {
                 let n =
                     self.unit.mirror.history.count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
-                writes.push(Self::history_row(route, HistoryKind::Auth, now));
+                writes.push(history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
             // SPEC 21.2: the pool's stated reset is authoritative, whatever the ladder says.
@@ -522,7 +555,7 @@ impl Engine {
             }
         };
         let steps = self.unit.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
-        writes.push(Self::history_row(route, HistoryKind::Ladder, now));
+        writes.push(history_row(route, HistoryKind::Ladder, now));
         let step = ladder_step(&LADDER_MS, steps.saturating_add(1)).min(until_next_day);
         if delay > step {
             CooldownDecision::new(delay, CooldownSource::Authoritative)
@@ -551,7 +584,7 @@ impl Engine {
             route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
             kinds: vec![HistoryKind::Concurrency],
         });
-        writes.push(Self::history_value_row(route, HistoryKind::Concurrency, Some(cap), now));
+        writes.push(history_value_row(route, HistoryKind::Concurrency, Some(cap), now));
         if before != Some(cap) {
             self.unit.logs.push((
                 log::Level::Info,
@@ -577,16 +610,98 @@ impl Engine {
         Ok(min_cap(min_cap(env, configured), learned))
     }
 
-    /// A lease's failure: `record_failure` for its route, then the lease released.
-    pub fn finish_lease_failure(
+    // ---- aggregators (SPEC 21) ---------------------------------------------------
+
+    /// SPEC 21.1 inside an open write section: benches the route's model for every key
+    /// of the platform (a cooldown with no key, source "upstream"), 60 s doubling along
+    /// a chain of upstream failures each within 10 min of the last, at most 5 min, or
+    /// the stated delay. Never shortens a model bench that lasts as long or longer.
+    /// The key's own cooldown and ladder are untouched.
+    fn bench_upstream(
         &mut self,
-        lease_id: i64,
         route: &Route,
-        f: FailureInput,
-    ) -> Result<FailureOutcome> {
-        let out = self.record_failure_of(route, f, Some(lease_id))?;
-        self.release_lease(lease_id)?;
-        Ok(out)
+        stated_ms: Option<i64>,
+        now: i64,
+        writes: &mut Vec<Write>,
+    ) -> CooldownDecision {
+        let (platform, model_id) = (route.platform.as_str(), route.model_id.as_str());
+        let chain = upstream_chain(&mut self.unit.mirror.history.upstream_hits(platform, model_id), now);
+        let bench = upstream_bench_ms(chain, stated_ms).min(DAY_MS);
+        writes.push(history_row(route, HistoryKind::Upstream, now));
+        let expires = now.saturating_add(bench);
+        if let Some(c) = self.unit.mirror.cooldowns.of_model(platform, model_id, now) {
+            if c.expires_at_ms >= expires {
+                return CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source);
+            }
+        }
+        let row = CooldownRow {
+            platform: Arc::from(platform),
+            model_id: Arc::from(model_id),
+            key_id: None,
+            expires_at_ms: expires,
+            source: CooldownSource::Upstream,
+            set_at_ms: now,
+        };
+        writes.push(Write::UpsertCooldown(row));
+        self.unit.logs.push((
+            log::Level::Info,
+            format!(
+                "cooldown {platform}/{model_id} on every key for {bench} ms (upstream, failure {})",
+                chain + 1
+            ),
+        ));
+        CooldownDecision::new(bench, CooldownSource::Upstream)
+    }
+
+    /// SPEC 21.2 inside an open write section: the cap a pool 429 states becomes the
+    /// key's account's learned provider cap, only ever lowered by learning.
+    fn learn_pool_cap(&mut self, route: &Route, s: PoolSignal, now: i64, writes: &mut Vec<Write>) {
+        let Some(limit) = s.limit else { return };
+        let kind = match s.axis {
+            PoolAxis::Minute => HistoryKind::PoolMinute,
+            PoolAxis::Day => HistoryKind::PoolDay,
+        };
+        let keys = self.unit.mirror.account_keys(&route.platform, route.key_id);
+        let before = self.unit.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
+        let cap = before.map_or(limit, |b| b.min(limit));
+        // One row per key; the latest confirms the cap (history lives a day).
+        writes.push(Write::DeleteHistory {
+            key_id: route.key_id,
+            route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
+            kinds: vec![kind],
+        });
+        writes.push(Write::InsertHistory(HistoryRow {
+            platform: Arc::from(route.platform.as_str()),
+            model_id: Arc::from(""),
+            key_id: route.key_id,
+            kind,
+            hit_at_ms: now,
+            value: Some(cap),
+        }));
+        if before != Some(cap) {
+            let axis = if kind == HistoryKind::PoolMinute { "minute" } else { "daily" };
+            self.unit.logs.push((
+                log::Level::Info,
+                format!(
+                    "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
+                    route.platform,
+                    self.unit.mirror.config.account_name(&route.platform, route.key_id)
+                ),
+            ));
+        }
+    }
+
+    /// The provider caps learned for a key's account from pool 429s (SPEC 21.2).
+    pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<ProviderCaps> {
+        check_name("platform", platform)?;
+        self.unit.read(|m, _| {
+            let keys = m.account_keys(platform, key_id);
+            ProviderCaps {
+                daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
+                minute_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
+                daily_tokens: None,
+            }
+        })
     }
 }
 

@@ -10,11 +10,12 @@
 //! cases of admission (configuration, calendars, usage, the gates, leases); `unit.rs`
 //! the unit of work (sections, sync, commit, hold, degraded buffering); `batch.rs`
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
-//! `failures.rs` the failure policy and learning; `observed.rs` provider pools,
-//! observed quota, the guardrail and the snapshot. The counters are in `windows.rs`
-//! and `state.rs`, what a limit is in `limits.rs`, the gates and the choice among
-//! candidates in `admission.rs` (a pure function of one view the mirror builds).
-mod aggregator;
+//! `failures.rs` the failure policy and learning, aggregators' upstream benches and
+//! learned pool caps included (`Failures`, reached as `engine.failures()`);
+//! `observed.rs` provider pools, observed quota, the guardrail and the snapshot. The
+//! counters are in `windows.rs` and `state.rs`, what a limit is in `limits.rs`, the
+//! gates and the choice among candidates in `admission.rs` (a pure function of one
+//! view the mirror builds).
 mod batch;
 mod failures;
 mod observed;
@@ -22,6 +23,7 @@ mod setup;
 mod unit;
 
 pub use batch::{BatchOp, BatchOut};
+pub use failures::Failures;
 
 use crate::core::admission::{self, Can, GateContext, Verdict};
 use crate::core::calendar::Calendar;

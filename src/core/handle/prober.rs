@@ -103,7 +103,7 @@ impl Prober {
     ) -> Result<ProbePassResult> {
         let _inside = InPass::enter(host.engine_id());
         let _running = PassRunning::wait(&self.pass_running);
-        let (cds, now) = host.with_engine(|e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
+        let (cds, now) = host.with_engine(|e| Ok((e.failures().probeable_cooldowns()?, e.now_ms())))?;
         let due = {
             let _pass = TURNSTILE.pass();
             lock(&self.state).plan(&cds, now, max_probes, jitter)
@@ -111,7 +111,7 @@ impl Prober {
         let mut result = ProbePassResult::default();
         for key in due {
             // Another engine of the fleet probes this key now: leave it to that one.
-            if !host.with_engine(|e| Ok(e.claim_probe(key, PROBE_CLAIM_MS)))? {
+            if !host.with_engine(|e| Ok(e.failures().claim_probe(key, PROBE_CLAIM_MS)))? {
                 continue;
             }
             if let Some((f, _)) = flags {
@@ -134,7 +134,7 @@ impl Prober {
                 let now = e.now_ms();
                 lock(&self.state).record(key, passed, now);
                 if passed {
-                    e.recover_key(key)
+                    e.failures().recover_key(key)
                 } else {
                     Ok(0)
                 }

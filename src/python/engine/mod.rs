@@ -201,7 +201,7 @@ impl PyQuotaEngine {
     ) -> PyResult<Option<i64>> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
-        self.run(py, |e| e.key_concurrency_cap(p, k))
+        self.run(py, |e| e.failures().key_concurrency_cap(p, k))
     }
 
     /// SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
@@ -649,7 +649,7 @@ impl PyQuotaEngine {
         let r = route(platform, model_id, key_id)?;
         let d = duration_ms.map_or(Ok(60_000), |d| count_arg(d, "duration_ms"))?;
         let s: CooldownSource = source.parse().map_err(to_pyerr)?;
-        self.run(py, move |e| e.set_cooldown(&r, d, s))
+        self.run(py, move |e| e.failures().set_cooldown(&r, d, s))
     }
 
     /// The route's bench: whichever of its own cooldown and its model's model-wide one
@@ -662,7 +662,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<PyCooldown>> {
         let r = route(platform, model_id, key_id)?;
-        let (cd, now) = self.run(py, move |e| Ok((e.cooldown(&r)?, e.now_ms())))?;
+        let (cd, now) = self.run(py, move |e| Ok((e.failures().cooldown(&r)?, e.now_ms())))?;
         Ok(cd.map(|c| PyCooldown::new(c, now)))
     }
 
@@ -686,7 +686,7 @@ impl PyQuotaEngine {
     /// Operator reset of a key: deletes its cooldowns; returns how many.
     fn clear_cooldowns_for_key(&self, py: Python<'_>, key_id: &Bound<'_, PyAny>) -> PyResult<i64> {
         let k = int_arg(key_id, "key_id")?;
-        self.run(py, move |e| e.clear_cooldowns_for_key(k))
+        self.run(py, move |e| e.failures().clear_cooldowns_for_key(k))
     }
 
     fn clear_cooldown_early(
@@ -697,20 +697,20 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
-        self.run(py, move |e| e.clear_cooldown_early(&r).map(|_| ()))
+        self.run(py, move |e| e.failures().clear_cooldown_early(&r).map(|_| ()))
     }
 
     fn cleanup_expired_cooldowns(&self, py: Python<'_>) -> PyResult<i64> {
-        self.run(py, |e| e.cleanup_expired_cooldowns())
+        self.run(py, |e| e.failures().cleanup_expired_cooldowns())
     }
 
     fn soonest_cooldown_expiry(&self, py: Python<'_>) -> PyResult<Option<i64>> {
-        self.run(py, |e| Ok(e.active_cooldowns(None)?.first().map(|c| c.expires_at_ms)))
+        self.run(py, |e| Ok(e.failures().active_cooldowns(None)?.first().map(|c| c.expires_at_ms)))
     }
 
     /// Active heuristic cooldowns (those a probe may clear), soonest first.
     fn probeable_cooldowns(&self, py: Python<'_>) -> PyResult<Vec<PyCooldown>> {
-        let (v, now) = self.run(py, |e| Ok((e.probeable_cooldowns()?, e.now_ms())))?;
+        let (v, now) = self.run(py, |e| Ok((e.failures().probeable_cooldowns()?, e.now_ms())))?;
         Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
     }
 
@@ -758,7 +758,7 @@ impl PyQuotaEngine {
     ) -> PyResult<PyFailureOutcome> {
         let r = route(platform, model_id, key_id)?;
         let input = failure_args(status, retry_after, message, kind, limits)?;
-        Ok(PyFailureOutcome(self.run(py, move |e| e.record_failure(&r, input))?))
+        Ok(PyFailureOutcome(self.run(py, move |e| e.failures().record_failure(&r, input))?))
     }
 
     /// SPEC §7: writes the model's limit only when it tightens it; returns what changed.
@@ -881,7 +881,7 @@ impl PyQuotaEngine {
     ) -> PyResult<PyProviderCaps> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
-        Ok(PyProviderCaps(self.run(py, |e| e.learned_provider_caps(p, k))?))
+        Ok(PyProviderCaps(self.run(py, |e| e.failures().learned_provider_caps(p, k))?))
     }
 
     /// An int sets a cap (0 refuses everything), None means no cap, an omitted

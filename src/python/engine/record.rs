@@ -40,7 +40,9 @@ pub(super) fn cooldown_decision_for_limit(
     let r = route(platform, model_id, key_id)?;
     let l = limits_arg(limits)?;
     let ra = opt_int_arg(retry_after_ms, "retry_after_ms")?;
-    Ok(PyCooldownDecision(this.run(py, move |e| e.cooldown_decision_for_limit(&r, l, ra, quota_signal))?))
+    Ok(PyCooldownDecision(
+        this.run(py, move |e| e.failures().cooldown_decision_for_limit(&r, l, ra, quota_signal))?,
+    ))
 }
 
 pub(super) fn learn_limit_from_error(
@@ -55,5 +57,5 @@ pub(super) fn learn_limit_from_error(
         Some(x) => Some(str_arg(x, "message")?),
         None => None,
     };
-    Ok(this.run(py, |e| e.learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
+    Ok(this.run(py, |e| e.failures().learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
 }

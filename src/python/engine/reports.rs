@@ -40,7 +40,7 @@ pub(super) fn active_cooldowns(
         }
         _ => None,
     };
-    let (v, now) = this.run(py, move |e| Ok((e.active_cooldowns(ids.as_deref())?, e.now_ms())))?;
+    let (v, now) = this.run(py, move |e| Ok((e.failures().active_cooldowns(ids.as_deref())?, e.now_ms())))?;
     Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
 }
 
