@@ -143,7 +143,7 @@ fn usage_since_midnight_is_loaded_and_retention_trims_the_feed() {
     // Retention (one day by default): a sweep a day later drops the first day's rows.
     clock.set(T0 + 2 * 86_400_000 - 60_000);
     b.record_request(&route()).unwrap();
-    let all = b.usage_events(&Default::default()).unwrap();
+    let all = b.observed().usage_events(&Default::default()).unwrap();
     assert!(all.iter().all(|r| r.created_at_ms >= T0 + 86_400_000), "{all:?}");
     assert_eq!(all.len(), 2);
 }

@@ -210,7 +210,13 @@ impl PyLease {
         let route = &self.route;
         py.detach(|| {
             self.handle.with(|e| {
-                e.record_quota_headers(&route.platform, route.key_id, &hs, Some(&route.model_id), status)
+                e.observed().record_quota_headers(
+                    &route.platform,
+                    route.key_id,
+                    &hs,
+                    Some(&route.model_id),
+                    status,
+                )
             })
         })
         .map(|_| ())

@@ -304,7 +304,7 @@ impl Engine {
     /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
     /// batch by `refresh_headroom_for`), while fresh.
     fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
-        self.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
+        self.observed.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
     }
 
     /// Before a batch's section: the observed quota headroom of the platforms a
@@ -315,7 +315,9 @@ impl Engine {
         for op in ops {
             if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
                 for r in routes {
-                    if self.fresh_headroom(&r.platform, now).is_none() && !stale.contains(&r.platform) {
+                    if self.observed.fresh_headroom(&r.platform, now).is_none()
+                        && !stale.contains(&r.platform)
+                    {
                         stale.push(r.platform.clone());
                     }
                 }
@@ -323,7 +325,7 @@ impl Engine {
         }
         for p in stale {
             // Unreadable quota state: pick on the windows alone.
-            let _ = self.key_quota_headroom(&p);
+            let _ = self.observed().key_quota_headroom(&p);
         }
     }
 

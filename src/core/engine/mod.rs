@@ -12,7 +12,8 @@
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning, aggregators' upstream benches and
 //! learned pool caps included (`Failures`, reached as `engine.failures()`);
-//! `observed.rs` provider pools, observed quota, the guardrail and the snapshot. The
+//! `observed.rs` the `Observed` desk (`engine.observed()`: provider pools, observed
+//! quota, the guardrail, the snapshot, forecasts) and the state only it keeps. The
 //! counters are in `windows.rs` and `state.rs`, what a limit is in `limits.rs`, the
 //! gates and the choice among candidates in `admission.rs` (a pure function of one
 //! view the mirror builds).
@@ -24,6 +25,7 @@ mod unit;
 
 pub use batch::{BatchOp, BatchOut};
 pub use failures::Failures;
+pub use observed::Observed;
 
 use crate::core::admission::{self, Can, GateContext, Verdict};
 use crate::core::calendar::Calendar;
@@ -176,21 +178,6 @@ pub struct FailureOutcome {
     pub learned: Option<LearnedLimit>,
 }
 
-/// platform -> model_id -> `K` -> what each window used.
-type ByModel<K> = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<K, Vec<(WindowSpec, Counts)>>>>;
-
-/// The routing guardrail's snapshot (SPEC §9): window usage per route, reused for
-/// `window_usage_ttl_ms`. Keys and limits are not part of it: they are read from the
-/// mirror at each call, so a key or limit changed through this engine counts at once.
-#[derive(Debug, Default)]
-struct WindowSnapshot {
-    built_at_ms: i64,
-    /// platform -> model_id -> key_id -> what each window the route keeps has used.
-    usage: ByModel<i64>,
-    /// platform -> model_id -> shared account name -> what its windows used.
-    accounts: ByModel<Arc<str>>,
-}
-
 /// One observation of a provider's quota (SPEC §8.2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuotaObservation {
@@ -218,15 +205,6 @@ pub fn source_confidence(source: &str) -> f64 {
         "documentation" => 0.35,
         _ => 0.0,
     }
-}
-
-/// A state row as it reads at `now`: past its reset, the window is full again.
-fn replenished(mut row: QuotaStateRow, now: i64) -> QuotaStateRow {
-    if row.reset_at_ms.is_some_and(|t| t <= now) {
-        row.remaining = row.limit;
-        row.reset_at_ms = None;
-    }
-    row
 }
 
 /// The tokens one call reports (SPEC §14.4): the total, or input and output apart
@@ -367,9 +345,8 @@ pub struct Engine {
     lease_ids: LeaseIds,
     /// What a decision reads besides the windows: caps and limits in force.
     setup: setup::Setup,
-    window_snapshot: Option<WindowSnapshot>,
-    /// `key_quota_headroom` per platform: (built at, key -> headroom).
-    headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
+    /// What only the observed desk keeps (the guardrail snapshot, the headroom cache).
+    observed: observed::ObservedState,
     /// When this engine last leased each route, as a count of its leases (SPEC 17.1's
     /// `spread`).
     leased_at: FastMap<RouteId, u64>,
@@ -403,8 +380,7 @@ impl Engine {
             ),
             lease_ids: LeaseIds::new(),
             setup: setup::Setup::default(),
-            window_snapshot: None,
-            headroom_cache: FastMap::default(),
+            observed: observed::ObservedState::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
             leased_undo: Vec::new(),
@@ -445,6 +421,12 @@ impl Engine {
     /// so a half-applied change cannot linger in memory.
     pub fn recover_after_panic(&mut self) {
         self.unit.recover_after_panic();
+    }
+
+    /// Deliberately panics inside the engine (tests prove a panic becomes an exception
+    /// and that `recover_after_panic` follows it).
+    pub fn debug_panic(&mut self) -> Result<()> {
+        panic!("debug_panic: a deliberate panic inside the engine")
     }
 
     /// Before `fork()`: ends a held write lock and writes what is buffered, so that no
@@ -848,9 +830,6 @@ pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<Lim
 
 /// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
 pub const DEFAULT_LOOKBACK_MS: i64 = 600_000;
-
-/// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
-pub(super) const HEADROOM_CACHE_MS: i64 = 5_000;
 
 /// Lease ids: random 63-bit numbers, distinct across processes without coordination
 /// (a random 40-bit prefix per engine and a 23-bit counter, re-randomised on wrap).

@@ -1,14 +1,69 @@
 //! What the engine tells about providers (SPEC §8, §9, §12): provider pools and caps,
 //! observed quota headers and states, the routing guardrail, snapshots and the
-//! analysis reads.
+//! analysis reads. [`Observed`] is the desk (`engine.observed()`); [`ObservedState`]
+//! what only it keeps (the guardrail snapshot, the headroom cache).
 use super::*;
 
+/// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
+const HEADROOM_CACHE_MS: i64 = 5_000;
+
+/// platform -> model_id -> `K` -> what each window used.
+type ByModel<K> = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<K, Vec<(WindowSpec, Counts)>>>>;
+
+/// The routing guardrail's snapshot (SPEC §9): window usage per route, reused for
+/// `window_usage_ttl_ms`. Keys and limits are not part of it: they are read from the
+/// mirror at each call, so a key or limit changed through this engine counts at once.
+#[derive(Debug, Default)]
+struct WindowSnapshot {
+    built_at_ms: i64,
+    /// platform -> model_id -> key_id -> what each window the route keeps has used.
+    usage: ByModel<i64>,
+    /// platform -> model_id -> shared account name -> what its windows used.
+    accounts: ByModel<Arc<str>>,
+}
+
+/// What only the observed desk keeps between calls (a field of [`Engine`]).
+#[derive(Default)]
+pub(super) struct ObservedState {
+    /// The routing guardrail's snapshot (SPEC §9), reused for `window_usage_ttl_ms`.
+    window_snapshot: Option<WindowSnapshot>,
+    /// `key_quota_headroom` per platform: (built at, key -> headroom).
+    headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
+}
+
+impl ObservedState {
+    /// The cached `key_quota_headroom` of a platform while it is fresh (the lease
+    /// path's `headroom` pick reads it without a section).
+    pub(super) fn fresh_headroom(&self, platform: &str, now: i64) -> Option<&Vec<(i64, f64)>> {
+        let (at, v) = self.headroom_cache.get(platform)?;
+        (now >= *at && now - *at < HEADROOM_CACHE_MS).then_some(v)
+    }
+}
+
+/// What the engine observed and reports (SPEC §8, §9, §12, 22.2): provider pools and
+/// caps, observed quota headers and states, the routing guardrail, snapshots,
+/// forecasts and the analysis reads.
+pub struct Observed<'e> {
+    unit: &'e mut unit::Unit,
+    setup: &'e mut setup::Setup,
+    state: &'e mut ObservedState,
+}
+
 impl Engine {
+    /// What the engine observed and reports: provider pools, quota, the guardrail,
+    /// snapshots and forecasts.
+    pub fn observed(&mut self) -> Observed<'_> {
+        Observed { unit: &mut self.unit, setup: &mut self.setup, state: &mut self.observed }
+    }
+}
+
+impl Observed<'_> {
     // ---- provider pools ----------------------------------------------------------
 
     pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        self.reading(|e, _| e.setup.caps_for(&e.unit, platform))
+        let setup = &mut *self.setup;
+        self.unit.reading(|u, _| setup.caps_for(u, platform))
     }
 
     /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
@@ -25,17 +80,18 @@ impl Engine {
                 check_non_negative("cap", v)?;
             }
         }
-        self.writing(|e, _, writes| {
-            let old = e.unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
-            let new = CapOverrides {
-                daily_requests: daily_requests.unwrap_or(old.daily_requests),
-                minute_requests: minute_requests.unwrap_or(old.minute_requests),
-                daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
-            };
-            writes.push(Write::SetCaps(platform.to_string(), new));
-            Ok(())
-        })
-        .map(|_| ())
+        self.unit
+            .writing(|u, _, writes| {
+                let old = u.mirror.config.caps.get(platform).copied().unwrap_or_default();
+                let new = CapOverrides {
+                    daily_requests: daily_requests.unwrap_or(old.daily_requests),
+                    minute_requests: minute_requests.unwrap_or(old.minute_requests),
+                    daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
+                };
+                writes.push(Write::SetCaps(platform.to_string(), new));
+                Ok(())
+            })
+            .map(|_| ())
     }
 
     pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
@@ -56,22 +112,23 @@ impl Engine {
     }
 
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.reading(|e, now| {
-            let cap = e.setup.caps_for(&e.unit, platform).daily_tokens;
-            e.unit.mirror.provider_day_tokens(platform, key_id, cap, now)
+        let setup = &mut *self.setup;
+        self.unit.reading(|u, now| {
+            let cap = setup.caps_for(u, platform).daily_tokens;
+            u.mirror.provider_day_tokens(platform, key_id, cap, now)
         })
     }
 
     // ---- analysis ----------------------------------------------------------------
 
     pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
-        let _ = self.flush();
+        let _ = self.unit.flush();
         Ok(self.unit.usage_events(filter)?)
     }
 
     pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
         check_non_negative("limit", limit)?;
-        let _ = self.flush();
+        let _ = self.unit.flush();
         Ok(self.unit.server_logs(limit)?)
     }
 
@@ -136,7 +193,7 @@ impl Engine {
         if let Some(m) = model_id {
             check_name("model_id", m)?;
         }
-        let (obs, _) = self.writing(|e, now, writes| {
+        let (obs, _) = self.unit.writing(|u, now, writes| {
             let parsed = crate::core::headers::parse_quota_headers(headers, now);
             let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
             let mut obs: Vec<QuotaObservation> = parsed
@@ -176,11 +233,11 @@ impl Engine {
             if obs.is_empty() {
                 return Ok(obs);
             }
-            let existing = match e.unit.quota_states(Some(platform)) {
+            let existing = match u.quota_states(Some(platform)) {
                 Ok(rows) => rows,
                 Err(err) => {
-                    e.unit.rollback();
-                    e.unit.store_failed(&err, true);
+                    u.rollback();
+                    u.store_failed(&err, true);
                     Vec::new()
                 }
             };
@@ -225,7 +282,7 @@ impl Engine {
             writes.extend(merged.into_iter().map(Write::UpsertQuotaState));
             Ok(obs)
         })?;
-        self.headroom_cache.remove(platform);
+        self.state.headroom_cache.remove(platform);
         Ok(obs)
     }
 
@@ -251,22 +308,16 @@ impl Engine {
         Ok(rows)
     }
 
-    /// The cached `key_quota_headroom` of a platform while it is fresh.
-    pub(super) fn fresh_headroom(&self, platform: &str, now: i64) -> Option<&Vec<(i64, f64)>> {
-        let (at, v) = self.headroom_cache.get(platform)?;
-        (now >= *at && now - *at < HEADROOM_CACHE_MS).then_some(v)
-    }
-
     /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
     /// its confident rows (a row past its reset counts 1.0). Cached for 5 s; a new
     /// observation through this engine drops the cache.
     pub fn key_quota_headroom(&mut self, platform: &str) -> Result<Vec<(i64, f64)>> {
         check_name("platform", platform)?;
         let now = self.unit.clock.now_ms();
-        if let Some(v) = self.fresh_headroom(platform, now) {
+        if let Some(v) = self.state.fresh_headroom(platform, now) {
             return Ok(v.clone());
         }
-        let rows = self.reading(|e, _| e.unit.quota_states(Some(platform)).unwrap_or_default())?;
+        let rows = self.unit.reading(|u, _| u.quota_states(Some(platform)).unwrap_or_default())?;
         let mut worst: HashMap<i64, f64> = HashMap::new();
         for r in rows {
             if r.confidence < 0.7 {
@@ -286,7 +337,7 @@ impl Engine {
         }
         let mut v: Vec<(i64, f64)> = worst.into_iter().collect();
         v.sort_by_key(|(k, _)| *k);
-        self.headroom_cache.insert(platform.to_string(), (now, v.clone()));
+        self.state.headroom_cache.insert(platform.to_string(), (now, v.clone()));
         Ok(v)
     }
 
@@ -294,16 +345,16 @@ impl Engine {
 
     /// Drops the guardrail snapshot; the next call rebuilds it.
     pub fn invalidate_window_usage(&mut self) {
-        self.window_snapshot = None;
+        self.state.window_snapshot = None;
     }
 
-    pub(super) fn rebuild_window_snapshot(&mut self) -> Result<bool> {
-        let (failed, snap) = self.reading(|e, now| {
+    fn rebuild_window_snapshot(&mut self) -> Result<bool> {
+        let (failed, snap) = self.unit.reading(|u, now| {
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
-            e.unit.mirror.prune_all(now);
-            for (rid, r) in e.unit.mirror.routes() {
-                if let Some(group) = e.unit.mirror.group_counts(rid, now) {
-                    let name = e.unit.mirror.config.account_name(&r.platform, r.key_id);
+            u.mirror.prune_all(now);
+            for (rid, r) in u.mirror.routes() {
+                if let Some(group) = u.mirror.group_counts(rid, now) {
+                    let name = u.mirror.config.account_name(&r.platform, r.key_id);
                     snap.accounts
                         .entry(r.platform.clone())
                         .or_default()
@@ -322,24 +373,19 @@ impl Engine {
                     .or_default()
                     .insert(r.key_id, used);
             }
-            (e.unit.read_failed(), snap)
+            (u.read_failed(), snap)
         })?;
         if failed {
-            self.window_snapshot = None;
+            self.state.window_snapshot = None;
             return Ok(false);
         }
-        self.window_snapshot = Some(snap);
+        self.state.window_snapshot = Some(snap);
         Ok(true)
     }
 
     /// The routes of a model's routable keys keep every window of `limits` (an ad hoc
     /// `limits=` may name one they do not): when one did not, the snapshot is rebuilt.
-    pub(super) fn keep_guardrail_windows(
-        &mut self,
-        platform: &str,
-        model_id: &str,
-        limits: &LimitSet,
-    ) -> Result<()> {
+    fn keep_guardrail_windows(&mut self, platform: &str, model_id: &str, limits: &LimitSet) -> Result<()> {
         let keys = self.unit.mirror.config.routable_keys(platform).to_vec();
         let missing = keys.iter().any(|k| {
             self.unit.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
@@ -350,14 +396,14 @@ impl Engine {
         if !missing {
             return Ok(());
         }
-        self.reading(|e, now| {
+        self.unit.reading(|u, now| {
             for k in keys {
                 let route =
                     Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
-                e.unit.ready_route(&route, limits, now);
+                u.ready_route(&route, limits, now);
             }
         })?;
-        self.window_snapshot = None;
+        self.state.window_snapshot = None;
         Ok(())
     }
 
@@ -383,13 +429,13 @@ impl Engine {
             self.keep_guardrail_windows(platform, model_id, &limits)?;
         }
         let now = self.unit.clock.now_ms();
-        let fresh = self.window_snapshot.as_ref().is_some_and(|s| {
+        let fresh = self.state.window_snapshot.as_ref().is_some_and(|s| {
             now >= s.built_at_ms && now - s.built_at_ms < self.unit.settings.window_usage_ttl_ms
         });
         if !fresh && !self.rebuild_window_snapshot()? {
             return Ok(None);
         }
-        let Some(snap) = self.window_snapshot.as_ref() else { return Ok(None) };
+        let Some(snap) = self.state.window_snapshot.as_ref() else { return Ok(None) };
         let keys = self.unit.mirror.config.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
         let per_account = snap.accounts.get(platform).and_then(|m| m.get(model_id));
@@ -423,6 +469,7 @@ impl Engine {
     /// One row per route that has usage today, a live lease or an active cooldown,
     /// sorted by (platform, model_id, key_id) (SPEC §12).
     pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
+        let setup = &mut *self.setup;
         self.unit
             .read(|m, now| {
                 m.prune_all(now);
@@ -477,9 +524,9 @@ impl Engine {
             })
             .and_then(|mut rows| {
                 // SPEC 22.2: the earliest forecast of each row.
-                self.reading(|e, now| {
+                self.unit.reading(|u, now| {
                     let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
-                    let forecasts = e.forecast_routes(&routes, DEFAULT_LOOKBACK_MS, now);
+                    let forecasts = forecast_routes(u, setup, &routes, DEFAULT_LOOKBACK_MS, now);
                     for (row, f) in rows.iter_mut().zip(forecasts) {
                         row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
                     }
@@ -498,40 +545,48 @@ impl Engine {
         if lookback_ms <= 0 {
             return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
         }
-        self.reading(|e, now| e.forecast_routes(std::slice::from_ref(route), lookback_ms, now).remove(0))
+        let setup = &mut *self.setup;
+        self.unit.reading(|u, now| {
+            forecast_routes(u, setup, std::slice::from_ref(route), lookback_ms, now).remove(0)
+        })
     }
+}
 
-    /// The forecasts of routes at `now`, their windows made ready (the pace's window
-    /// counted from the store, once for them all, the first time it is asked for).
-    fn forecast_routes(
-        &mut self,
-        routes: &[Route],
-        lookback_ms: i64,
-        now: i64,
-    ) -> Vec<Vec<(String, Option<i64>)>> {
-        use crate::core::forecast::{forecast, recent_width};
-        let width = recent_width(lookback_ms);
-        let mut ready = Vec::with_capacity(routes.len());
-        for route in routes {
-            let ctx = self.setup.gate_context(&self.unit, route, None, 0, now);
-            let rid = self.unit.ready_route(route, &ctx.limits, now);
-            ready.push((rid, ctx));
-        }
-        let mut complete = true;
+/// The forecasts of routes at `now`, their windows made ready (the pace's window
+/// counted from the store, once for them all, the first time it is asked for).
+fn forecast_routes(
+    unit: &mut unit::Unit,
+    setup: &mut setup::Setup,
+    routes: &[Route],
+    lookback_ms: i64,
+    now: i64,
+) -> Vec<Vec<(String, Option<i64>)>> {
+    use crate::core::forecast::{forecast, recent_width};
+    let width = recent_width(lookback_ms);
+    let mut ready = Vec::with_capacity(routes.len());
+    for route in routes {
+        let ctx = setup.gate_context(unit, route, None, 0, now);
+        let rid = unit.ready_route(route, &ctx.limits, now);
+        ready.push((rid, ctx));
+    }
+    let mut complete = true;
+    for (rid, _) in &ready {
+        complete &= unit.mirror.keep_recent(*rid, width, now);
+    }
+    if !complete || unit.mirror.needs_reload {
+        unit.reload_windows(now);
         for (rid, _) in &ready {
-            complete &= self.unit.mirror.keep_recent(*rid, width, now);
+            unit.mirror.keep_recent(*rid, width, now);
         }
-        if !complete || self.unit.mirror.needs_reload {
-            self.unit.reload_windows(now);
-            for (rid, _) in &ready {
-                self.unit.mirror.keep_recent(*rid, width, now);
-            }
-        }
-        ready.iter().map(|(rid, ctx)| forecast(&self.unit.mirror, *rid, ctx, lookback_ms, now)).collect()
     }
+    ready.iter().map(|(rid, ctx)| forecast(&unit.mirror, *rid, ctx, lookback_ms, now)).collect()
+}
 
-    /// Deliberately panics inside the engine (tests prove a panic becomes an exception).
-    pub fn debug_panic(&mut self) -> Result<()> {
-        panic!("debug_panic: a deliberate panic inside the engine")
+/// A state row as it reads at `now`: past its reset, the window is full again.
+fn replenished(mut row: QuotaStateRow, now: i64) -> QuotaStateRow {
+    if row.reset_at_ms.is_some_and(|t| t <= now) {
+        row.remaining = row.limit;
+        row.reset_at_ms = None;
     }
+    row
 }

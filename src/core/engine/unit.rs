@@ -998,25 +998,6 @@ impl Engine {
         Ok(out)
     }
 
-    /// A use case that writes, in one section holding the store's write lock: `f`
-    /// decides at `now` and queues its writes, committed with the section; when `f`
-    /// fails, none of them is. Returns what `f` answers and, per write, the id of an
-    /// insert or the number of rows a delete removed.
-    pub(super) fn writing<T>(
-        &mut self,
-        f: impl FnOnce(&mut Self, i64, &mut Vec<Write>) -> Result<T>,
-    ) -> Result<(T, Vec<i64>)> {
-        let sec = self.unit.enter(true)?;
-        let mut writes = Vec::new();
-        match f(self, sec.now, &mut writes) {
-            Ok(out) => Ok((out, self.unit.leave(sec, writes)?)),
-            Err(e) => {
-                self.unit.leave(sec, Vec::new())?;
-                Err(e)
-            }
-        }
-    }
-
     /// Ends this engine's live leases (SPEC 18.5), flushes and reports whether
     /// anything stayed unwritten.
     pub fn close(&mut self) -> Result<()> {

@@ -91,7 +91,7 @@ pub(super) fn set_provider_caps(
         }
     }
     let p = str_arg(platform, "platform")?;
-    this.run(py, |e| e.set_provider_caps(p, slots[0], slots[1], slots[2]))
+    this.run(py, |e| e.observed().set_provider_caps(p, slots[0], slots[1], slots[2]))
 }
 
 pub(super) fn set_platform_calendar(

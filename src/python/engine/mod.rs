@@ -679,7 +679,7 @@ impl PyQuotaEngine {
 
     /// Every stored cooldown, expired ones included until cleaned up, by route.
     fn stored_cooldowns(&self, py: Python<'_>) -> PyResult<Vec<PyCooldown>> {
-        let (v, now) = self.run(py, |e| Ok((e.stored_cooldowns()?, e.now_ms())))?;
+        let (v, now) = self.run(py, |e| Ok((e.observed().stored_cooldowns()?, e.now_ms())))?;
         Ok(v.into_iter().map(|c| PyCooldown::new(c, now)).collect())
     }
 
@@ -787,7 +787,7 @@ impl PyQuotaEngine {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         let l = limits_arg(limits)?;
         let k = opt_int_arg(key_id, "key_id")?;
-        self.run(py, |e| e.model_window_used_fraction(p, m, l, k))
+        self.run(py, |e| e.observed().model_window_used_fraction(p, m, l, k))
     }
 
     /// SPEC §8.2: reads x-ratelimit-*, anthropic-ratelimit-* and retry-after headers
@@ -807,7 +807,11 @@ impl PyQuotaEngine {
 
     /// The merged quota rows, one per (platform, key_id, pool_key, metric).
     fn quota_state(&self, py: Python<'_>) -> PyResult<Vec<super::types::PyQuotaState>> {
-        Ok(self.run(py, |e| e.quota_state())?.into_iter().map(super::types::PyQuotaState).collect())
+        Ok(self
+            .run(py, |e| e.observed().quota_state())?
+            .into_iter()
+            .map(super::types::PyQuotaState)
+            .collect())
     }
 
     /// SPEC §8.2: key_id -> worst remaining/limit over its confident rows (<= 1.0).
@@ -822,7 +826,7 @@ impl PyQuotaEngine {
     /// Drops the guardrail snapshot so the next call rebuilds it.
     fn invalidate_window_usage(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |e| {
-            e.invalidate_window_usage();
+            e.observed().invalidate_window_usage();
             Ok(())
         })
     }
@@ -868,7 +872,7 @@ impl PyQuotaEngine {
 
     fn provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<PyProviderCaps> {
         let p = str_arg(platform, "platform")?;
-        Ok(PyProviderCaps(self.run(py, |e| e.provider_caps(p))?))
+        Ok(PyProviderCaps(self.run(py, |e| e.observed().provider_caps(p))?))
     }
 
     /// SPEC 21.2: the provider caps learned for the key's account from pool 429s
@@ -898,7 +902,7 @@ impl PyQuotaEngine {
 
     fn reset_provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<()> {
         let p = str_arg(platform, "platform")?;
-        self.run(py, |e| e.reset_provider_caps(p))
+        self.run(py, |e| e.observed().reset_provider_caps(p))
     }
 
     fn provider_daily_request_count(
@@ -908,7 +912,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<i64> {
         let a = account(platform, key_id)?;
-        self.run(py, move |e| e.provider_daily_request_count(&a.platform, a.key_id))
+        self.run(py, move |e| e.observed().provider_daily_request_count(&a.platform, a.key_id))
     }
 
     fn provider_minute_request_count(
@@ -918,7 +922,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<i64> {
         let a = account(platform, key_id)?;
-        self.run(py, move |e| e.provider_minute_request_count(&a.platform, a.key_id))
+        self.run(py, move |e| e.observed().provider_minute_request_count(&a.platform, a.key_id))
     }
 
     fn provider_daily_token_count(
@@ -928,7 +932,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<i64> {
         let a = account(platform, key_id)?;
-        self.run(py, move |e| e.provider_daily_token_count(&a.platform, a.key_id))
+        self.run(py, move |e| e.observed().provider_daily_token_count(&a.platform, a.key_id))
     }
 
     // ---- analysis ----------------------------------------------------------------

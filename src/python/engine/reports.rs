@@ -21,7 +21,7 @@ pub(super) fn forecast<'py>(
         None => crate::core::engine::DEFAULT_LOOKBACK_MS,
         Some(l) => int_arg(l, "lookback_ms")?,
     };
-    let f = this.run(py, move |e| e.forecast(&r, lookback))?;
+    let f = this.run(py, move |e| e.observed().forecast(&r, lookback))?;
     let d = PyDict::new(py);
     for (k, t) in f {
         d.set_item(k, t)?;
@@ -61,7 +61,7 @@ pub(super) fn record_quota_headers(
     };
     let st = opt_int_arg(status, "status")?.unwrap_or(200);
     let hs = crate::python::convert::headers_arg(headers)?;
-    let obs = this.run(py, |e| e.record_quota_headers(p, k, &hs, m, st))?;
+    let obs = this.run(py, |e| e.observed().record_quota_headers(p, k, &hs, m, st))?;
     Ok(obs.into_iter().map(crate::python::types::PyQuotaObservation).collect())
 }
 
@@ -71,7 +71,7 @@ pub(super) fn key_quota_headroom<'py>(
     platform: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let p = str_arg(platform, "platform")?;
-    let v = this.run(py, |e| e.key_quota_headroom(p))?;
+    let v = this.run(py, |e| e.observed().key_quota_headroom(p))?;
     let d = PyDict::new(py);
     for (k, h) in v {
         d.set_item(k, h)?;
@@ -95,7 +95,7 @@ pub(super) fn usage_events<'py>(
         model_id,
         key_id: opt_int_arg(key_id, "key_id")?,
     };
-    let rows = this.run(py, move |e| e.usage_events(&f))?;
+    let rows = this.run(py, move |e| e.observed().usage_events(&f))?;
     let out = PyList::empty(py);
     for r in rows {
         let d = PyDict::new(py);
@@ -120,7 +120,7 @@ pub(super) fn server_logs<'py>(
     limit: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
     let n = limit.map_or(Ok(100), |l| count_arg(l, "limit"))?;
-    let rows = this.run(py, move |e| e.server_logs(n))?;
+    let rows = this.run(py, move |e| e.observed().server_logs(n))?;
     let out = PyList::empty(py);
     for (id, r, request_id) in rows {
         let d = PyDict::new(py);
@@ -142,7 +142,7 @@ pub(super) fn snapshot_rows<'py>(
     this: &PyQuotaEngine,
     py: Python<'py>,
 ) -> PyResult<(i64, Bound<'py, PyList>)> {
-    let (rows, now) = this.run(py, |e| Ok((e.snapshot()?, e.now_ms())))?;
+    let (rows, now) = this.run(py, |e| Ok((e.observed().snapshot()?, e.now_ms())))?;
     let out = PyList::empty(py);
     for r in rows {
         let d = PyDict::new(py);
