@@ -221,14 +221,15 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut a = open(path.to_str().unwrap(), &clock);
-    a.set_model_limits(ModelInfo {
-        platform: "groq".into(),
-        model_id: "llama".into(),
-        limits: Limits { rpd: Some(1), ..Limits::default() },
-        others: Vec::new(),
-        monthly_token_budget: None,
-    })
-    .unwrap();
+    a.config()
+        .set_model_limits(ModelInfo {
+            platform: "groq".into(),
+            model_id: "llama".into(),
+            limits: Limits { rpd: Some(1), ..Limits::default() },
+            others: Vec::new(),
+            monthly_token_budget: None,
+        })
+        .unwrap();
     a.record_request(&route()).unwrap(); // the day is spent
     let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
     let d1 = a.record_failure(&route(), fail()).unwrap();
@@ -267,7 +268,7 @@ fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
     clock.set(pst_midnight - 30 * 60_000);
     let google = Route::new("google", "gemini", 1).unwrap();
     let rpd1 = Some(LimitSet::from_classic(Limits { rpd: Some(1), ..Limits::default() }));
-    assert_eq!(a.platform_calendar("google").unwrap(), "America/Los_Angeles");
+    assert_eq!(a.config().platform_calendar("google").unwrap(), "America/Los_Angeles");
     a.record_request(&google).unwrap();
     let refused = b.check(&google, 0, rpd1.clone()).unwrap();
     assert_eq!((refused.reason, refused.retry_at_ms), (Some(Reason::Rpd), Some(pst_midnight)));
@@ -275,12 +276,15 @@ fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
     assert!(b.check(&google, 0, rpd1.clone()).unwrap().allowed);
     // A zone set by one engine holds in the other at its next call, and its day windows
     // count again: 08:00 UTC is already 09:00 in Warsaw, a day that began at 23:00 UTC.
-    a.set_platform_calendar("google", Some("Europe/Warsaw")).unwrap();
-    assert_eq!(b.platform_calendar("google").unwrap(), "Europe/Warsaw");
+    a.config().set_platform_calendar("google", Some("Europe/Warsaw")).unwrap();
+    assert_eq!(b.config().platform_calendar("google").unwrap(), "Europe/Warsaw");
     assert!(!b.check(&google, 0, rpd1.clone()).unwrap().allowed);
-    assert_eq!(b.next_day_start_ms("google", None).unwrap(), pst_midnight + 15 * 3_600_000);
-    assert!(matches!(a.set_platform_calendar("google", Some("Nowhere/Land")), Err(Error::Invalid(_))));
-    assert_eq!(a.platform_calendar("google").unwrap(), "Europe/Warsaw");
+    assert_eq!(b.config().next_day_start_ms("google", None).unwrap(), pst_midnight + 15 * 3_600_000);
+    assert!(matches!(
+        a.config().set_platform_calendar("google", Some("Nowhere/Land")),
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(a.config().platform_calendar("google").unwrap(), "Europe/Warsaw");
 }
 
 #[test]
@@ -293,14 +297,15 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     clock.advance(3_600_000);
     let five_hours = Limit::parse("requests", 2, "5h", "account").unwrap();
     let one_second = Limit::parse("requests", 1, "1s", "account").unwrap();
-    a.set_model_limits(ModelInfo {
-        platform: "groq".into(),
-        model_id: "llama".into(),
-        limits: Limits::default(),
-        others: vec![five_hours.clone(), one_second],
-        monthly_token_budget: None,
-    })
-    .unwrap();
+    a.config()
+        .set_model_limits(ModelInfo {
+            platform: "groq".into(),
+            model_id: "llama".into(),
+            limits: Limits::default(),
+            others: vec![five_hours.clone(), one_second],
+            monthly_token_budget: None,
+        })
+        .unwrap();
     b.record_request(&route()).unwrap();
     for e in [&mut a, &mut b] {
         let adm = e.check(&route(), 0, None).unwrap();
@@ -315,7 +320,7 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
         let report = e.usage(&route(), None).unwrap();
         assert_eq!(report.others().find(|(n, _)| *n == "requests/5h").map(|(_, w)| w.used), Some(2));
     }
-    assert_eq!(b.model_limit_list("groq", "llama").unwrap()[1], five_hours);
+    assert_eq!(b.config().model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }
 
 fn model(platform: &str, limits: Limits) -> ModelInfo {
@@ -334,8 +339,8 @@ fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
     use quotaengine::core::types::Strategy;
     let dir = tempfile::tempdir().unwrap();
     let (_clock, mut a, mut b) = two_engines(&dir);
-    a.set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
-    a.set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
+    a.config().set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
+    a.config().set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
     let routes = [Route::new("tok", "m", 1).unwrap(), Route::new("req", "m", 2).unwrap()];
     // A big request hurts the request-metered route least, a small one the other.
     let (id, i) = b.lease_any(&routes, Estimate::tokens(8_000), Strategy::Headroom).unwrap();
@@ -368,7 +373,8 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     let clock = Arc::new(ManualClock::new(T0));
     let h =
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
-    h.with(|e| e.set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() }))).unwrap();
+    h.with(|e| e.config().set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() })))
+        .unwrap();
     let r = Route::new("p", "m", 1).unwrap();
     let op = || BatchOp::Lease {
         route: r.clone(),
