@@ -80,11 +80,11 @@ fn the_token_gate_counts_live_estimates_and_frees_them_on_release() {
     e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
     let big = e.lease(&route(), 600, None).unwrap();
     assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::Tpm);
-    assert_eq!(e.usage(&route(), None).unwrap().in_flight, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 1);
     e.release_lease(big).unwrap();
     e.lease(&route(), 500, None).unwrap();
     // Recorded tokens count like estimates did.
-    e.record_token_use(&route(), TokenUse::total(400)).unwrap();
+    e.usage().record_token_use(&route(), TokenUse::total(400)).unwrap();
     assert_eq!(refusal(e.lease(&route(), 200, None).unwrap_err()), Reason::Tpm);
 }
 
@@ -121,7 +121,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     let mut b = another(&control, &clock);
     a.config().set_model_limits(limits(Some(3), None)).unwrap();
     control.set_down(true);
-    a.record_request(&route()).unwrap();
+    a.usage().record_request(&route()).unwrap();
     let id = a.lease(&route(), 5, None).unwrap();
     assert!(a.degraded());
     assert!(a.pending_writes() >= 2);
@@ -135,7 +135,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     assert_eq!(a.pending_writes(), 0);
     // The other engine counts what was buffered: one request and one live lease (the
     // lease taken and released while both waited never reached the store).
-    let u = b.usage(&route(), None).unwrap();
+    let u = b.usage().report(&route(), None).unwrap();
     assert_eq!((u.window(&Reason::Rpm).used, u.in_flight), (1, 1));
     assert_eq!(control.leases(), 1);
 }
@@ -149,7 +149,7 @@ fn a_refused_commit_fails_its_call_and_is_not_an_outage() {
     assert!(!e.degraded());
     // Nothing of it stays, in the store or in memory.
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage(&route(), None).unwrap().in_flight, 0);
+    assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 0);
     e.lease(&route(), 5, None).unwrap();
     assert_eq!(control.leases(), 1);
 }
@@ -166,7 +166,7 @@ fn a_commit_whose_reply_was_lost_counts_as_committed() {
     e.flush().unwrap();
     assert!(!e.degraded());
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
 }
 
 // ---- grouped writes: hold and group commit -----------------------------------------------
@@ -213,7 +213,7 @@ fn a_second_engine_on_the_store_ends_holding_the_lock_across_calls() {
     // is kept from one call to the next), so `b` counts it without waiting.
     for n in 1..=3 {
         a.lease(&route(), 5, None).unwrap();
-        assert_eq!(b.usage(&route(), None).unwrap().in_flight, n);
+        assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, n);
     }
 }
 
@@ -252,7 +252,7 @@ fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
     a.lease(&route(), 5, None).unwrap();
     assert_eq!(refusal(b.lease(&route(), 5, None).unwrap_err()), Reason::Rpm);
     assert_eq!(control.leases(), 1);
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
 }
 
 #[test]
@@ -261,7 +261,7 @@ fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
     let mut b = another(&control, &clock);
     a.config().set_model_limits(limits(None, Some(1_000))).unwrap();
     let id = a.lease(&route(), 800, None).unwrap();
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
     // `a` frees the room; `b`'s first decision, on what it knew, refuses, and is
     // confirmed on a fresh read, which admits.
     a.release_lease(id).unwrap();

@@ -7,8 +7,9 @@
 //! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
 //!
 //! Where things live: this file holds the engine's state, its settings and the use
-//! cases of admission (usage, the gates, leases); `configuration.rs` the keys,
-//! models, calendars and priority reserves ([`Configuration`], `engine.config()`);
+//! cases of admission (the gates, leases); `configuration.rs` the keys, models,
+//! calendars and priority reserves ([`Configuration`], `engine.config()`); `usage.rs`
+//! recorded requests and tokens and the usage report ([`Usage`], `engine.usage()`);
 //! `unit.rs` the unit of work (sections, sync, commit, hold, degraded buffering); `batch.rs`
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning; `observed.rs` provider pools,
@@ -22,9 +23,11 @@ mod failures;
 mod observed;
 mod setup;
 mod unit;
+mod usage;
 
 pub use batch::{BatchOp, BatchOut};
 pub use configuration::Configuration;
+pub use usage::Usage;
 
 use crate::core::admission::{self, Can, GateContext, Verdict};
 use crate::core::calendar::Calendar;
@@ -467,98 +470,6 @@ impl Engine {
     /// Number of writes waiting for the store.
     pub fn pending_writes(&self) -> usize {
         self.unit.pending_len()
-    }
-
-    // ---- usage -------------------------------------------------------------------
-
-    /// The route's names as the mirror holds them (shared, not copied per write).
-    fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
-        let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let r = self.unit.mirror.route(rid);
-        (r.platform.clone(), r.model_id.clone())
-    }
-
-    /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
-    fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64) -> Write {
-        let (platform, model_id) = self.route_names(route);
-        Write::Usage(UsageRow {
-            platform,
-            model_id,
-            key_id: route.key_id,
-            kind,
-            tokens,
-            count: 1,
-            created_at_ms: t,
-            kinds,
-        })
-    }
-
-    pub fn record_request(&mut self, route: &Route) -> Result<()> {
-        let now = self.unit.clock.now_ms();
-        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
-        self.clear_history_on_success(route, &mut writes);
-        self.unit.write_usage(writes)
-    }
-
-    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
-    /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
-    /// so the hot path writes nothing extra.
-    fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
-        let (route_rows, auth_rows) = self.unit.mirror.history.has_to_clear(route);
-        if route_rows {
-            writes.push(Write::DeleteHistory {
-                key_id: route.key_id,
-                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
-                kinds: vec![
-                    HistoryKind::Ladder,
-                    HistoryKind::Unknown,
-                    HistoryKind::Empty,
-                    HistoryKind::Transient,
-                ],
-            });
-        }
-        if auth_rows {
-            writes.push(Write::DeleteHistory {
-                key_id: route.key_id,
-                route: None,
-                kinds: vec![HistoryKind::Auth],
-            });
-        }
-    }
-
-    pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
-        self.record_token_use(route, TokenUse::total(tokens))
-    }
-
-    /// SPEC §14.4: one call's tokens, the total and (when reported) the split.
-    pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
-        let total = used.validate()?;
-        let now = self.unit.clock.now_ms();
-        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
-        self.unit.write_usage(vec![row])
-    }
-
-    /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
-    /// every other declared limit by its reason.
-    pub fn usage(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
-        self.reading(|e, now| e.usage_report(route, limits, now))
-    }
-
-    fn usage_report(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
-        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits);
-        let rid = self.unit.ready_route(route, &limits, now);
-        let m = &self.unit.mirror;
-        let win = &m.route(rid).win;
-        UsageReport {
-            // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
-            limits: limits
-                .iter()
-                .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
-                .collect(),
-            minute: win.minute(),
-            day: win.day(now),
-            in_flight: m.route_in_flight(rid, now).count,
-        }
     }
 
     // ---- gates -------------------------------------------------------------------

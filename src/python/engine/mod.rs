@@ -334,7 +334,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
-        self.run(py, move |e| e.record_request(&r))
+        self.run(py, move |e| e.usage().record_request(&r))
     }
 
     /// SPEC §4/§14.4: one call's tokens: the total, or input and output apart (the
@@ -393,7 +393,7 @@ impl PyQuotaEngine {
     ) -> PyResult<Bound<'py, PyDict>> {
         let r = route(platform, model_id, key_id)?;
         let l = limits_arg(limits)?;
-        let u = self.run(py, move |e| e.usage(&r, l))?;
+        let u = self.run(py, move |e| e.usage().report(&r, l))?;
         usage_dict(py, &u)
     }
 
