@@ -4,6 +4,51 @@
 //! window used. The lease path's success (`batch.rs`) builds its rows here too.
 use super::*;
 
+/// One window of a usage report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowReport {
+    pub used: i64,
+    pub limit: Option<i64>,
+}
+
+/// `usage()` (SPEC §4, §14.1): every declared limit with what its scope recorded in its
+/// window, in gate order; the route's own minute and day beside them (what a classic
+/// window reports when it is not declared); live leases apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageReport {
+    pub limits: Vec<(Declared, i64)>,
+    /// The route's own counts in the sliding minute and the calendar day.
+    pub minute: Counts,
+    pub day: Counts,
+    pub in_flight: i64,
+}
+
+impl UsageReport {
+    /// One window as SPEC §4 reports it, by its reason: a declared limit's use and
+    /// value; a classic window not declared, the route's own use and no limit.
+    pub fn window(&self, reason: &Reason) -> WindowReport {
+        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason == *reason) {
+            return WindowReport { used: *used, limit: Some(d.limit.limit) };
+        }
+        let used = match reason {
+            Reason::Rpm => self.minute.requests,
+            Reason::Rpd => self.day.requests,
+            Reason::Tpm => self.minute.tokens,
+            Reason::Tpd => self.day.tokens,
+            _ => 0,
+        };
+        WindowReport { used, limit: None }
+    }
+
+    /// Every declared limit but the classic four, by reason (SPEC §14.1's added keys).
+    pub fn others(&self) -> impl Iterator<Item = (&str, WindowReport)> {
+        self.limits
+            .iter()
+            .filter(|(d, _)| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+            .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
+    }
+}
+
 /// What a route used: recording requests and tokens, and the report of each window
 /// (SPEC §4, §14), reached as [`Engine::usage`].
 pub struct Usage<'e> {
