@@ -48,7 +48,7 @@ fn main() {
         let n = 20_000;
         time(&format!("[{label}] record_request"), n, 1, |i| {
             clock.advance(1);
-            e.record_request(&routes[i % routes.len()]).unwrap();
+            e.usage().record_request(&routes[i % routes.len()]).unwrap();
         });
         time(&format!("[{label}] check"), n * 5, 1, |i| {
             e.check(&routes[i % routes.len()], 600, limits.clone()).unwrap();

@@ -45,8 +45,11 @@ fn two_engines_share_one_truth() {
         let err = e.lease(&route(), 10, rpm(2)).unwrap_err();
         assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
     }
-    a.record_request(&Route::new("groq", "other", 1).unwrap()).unwrap();
-    assert_eq!(b.usage(&Route::new("groq", "other", 1).unwrap(), None).unwrap().window(&Reason::Rpm).used, 1);
+    a.usage().record_request(&Route::new("groq", "other", 1).unwrap()).unwrap();
+    assert_eq!(
+        b.usage().report(&Route::new("groq", "other", 1).unwrap(), None).unwrap().window(&Reason::Rpm).used,
+        1
+    );
     // a cooldown set by one engine benches the route in the other
     b.failures().set_cooldown(&route(), 30_000, CooldownSource::Heuristic).unwrap();
     assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
@@ -62,14 +65,14 @@ fn close_ends_the_engines_live_leases_for_every_other_engine() {
     let dropped = a.lease(&route(), 40, rpm(3)).unwrap();
     a.forget_lease(dropped); // its Lease was garbage-collected: it keeps counting
     let raw = a.acquire_lease(&route(), 80).unwrap(); // the caller's to release
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 3);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 3);
     a.close().unwrap();
-    let u = b.usage(&route(), None).unwrap();
+    let u = b.usage().report(&route(), None).unwrap();
     // The live one is recorded with its estimate (the ended one once, as it was).
     assert_eq!((u.in_flight, u.window(&Reason::Rpm).used, u.window(&Reason::Tpm).used), (2, 2, 21));
     b.release_lease(raw).unwrap();
     b.release_lease(dropped).unwrap();
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 0);
 }
 
 #[test]
@@ -78,7 +81,7 @@ fn rows_from_a_plain_connection_are_seen() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut e = open(path.to_str().unwrap(), &clock);
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 0);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 0);
     let c = Connection::open(&path).unwrap();
     c.execute(
         "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
@@ -87,7 +90,7 @@ fn rows_from_a_plain_connection_are_seen() {
     )
     .unwrap();
     c.execute("INSERT INTO models (platform, model_id, rpm_limit) VALUES ('groq', 'llama', 1)", []).unwrap();
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 1);
     assert_eq!(e.check(&route(), 0, None).unwrap().reason, Some(Reason::Rpm));
 }
 
@@ -97,13 +100,13 @@ fn clock_stepping_back_reloads_the_minute_window() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut e = open(path.to_str().unwrap(), &clock);
-    e.record_request(&route()).unwrap();
+    e.usage().record_request(&route()).unwrap();
     clock.advance(61_000);
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 0);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 0);
     clock.advance(-30_000); // back to T0 + 31 s: the event counts again
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
     clock.advance(-60_000); // before the event: it is "in the future" and still counts
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
 }
 
 #[test]
@@ -118,7 +121,7 @@ fn degraded_mode_buffers_and_replays() {
     blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
     for _ in 0..3 {
         e.lease(&route(), 0, rpm(3)).unwrap();
-        e.record_request(&Route::new("groq", "m2", 1).unwrap()).unwrap();
+        e.usage().record_request(&Route::new("groq", "m2", 1).unwrap()).unwrap();
         clock.advance(10);
     }
     assert!(e.degraded());
@@ -127,7 +130,7 @@ fn degraded_mode_buffers_and_replays() {
     let warnings = e.take_logs().into_iter().filter(|(l, _)| *l == log::Level::Warn).count();
     assert_eq!(warnings, 1);
     blocker.execute_batch("COMMIT").unwrap();
-    e.record_request(&Route::new("groq", "m2", 1).unwrap()).unwrap();
+    e.usage().record_request(&Route::new("groq", "m2", 1).unwrap()).unwrap();
     assert!(!e.degraded());
     let rows: Vec<i64> = blocker
         .prepare("SELECT created_at_ms FROM rate_limit_usage WHERE model_id = 'm2' ORDER BY created_at_ms")
@@ -151,13 +154,13 @@ fn long_outage_memory_stays_bounded() {
     blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
     // 100k events over ~3 hours on one route
     for _ in 0..100_000 {
-        e.record_request(&route()).unwrap();
+        e.usage().record_request(&route()).unwrap();
         clock.advance(100);
     }
     assert!(e.pending_writes() < 2 * 4096 + 200, "pending {}", e.pending_writes());
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 100_000);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 100_000);
     blocker.execute_batch("COMMIT").unwrap();
-    e.record_request(&route()).unwrap();
+    e.usage().record_request(&route()).unwrap();
     let n: i64 = blocker
         .query_row("SELECT SUM(MAX(tokens, 1)) FROM rate_limit_usage WHERE kind = 'request'", [], |r| {
             r.get(0)
@@ -166,7 +169,7 @@ fn long_outage_memory_stays_bounded() {
     assert_eq!(n, 100_001);
     // and a fresh engine counts them all
     let mut fresh = open(path.to_str().unwrap(), &clock);
-    assert_eq!(fresh.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 100_001);
+    assert_eq!(fresh.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 100_001);
 }
 
 #[test]
@@ -184,9 +187,9 @@ fn grouped_writes_keep_admission_exact_across_engines() {
     // b still sees the finished lease until a flushes, so it cannot over-admit
     assert!(matches!(b.lease(&route(), 0, rpm(1)), Err(Error::Refused(_))));
     a.flush().unwrap();
-    assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
-    assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Tpm).used, 80);
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 0);
+    assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Tpm).used, 80);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 0);
 }
 
 #[test]
@@ -221,15 +224,16 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut a = open(path.to_str().unwrap(), &clock);
-    a.set_model_limits(ModelInfo {
-        platform: "groq".into(),
-        model_id: "llama".into(),
-        limits: Limits { rpd: Some(1), ..Limits::default() },
-        others: Vec::new(),
-        monthly_token_budget: None,
-    })
-    .unwrap();
-    a.record_request(&route()).unwrap(); // the day is spent
+    a.config()
+        .set_model_limits(ModelInfo {
+            platform: "groq".into(),
+            model_id: "llama".into(),
+            limits: Limits { rpd: Some(1), ..Limits::default() },
+            others: Vec::new(),
+            monthly_token_budget: None,
+        })
+        .unwrap();
+    a.usage().record_request(&route()).unwrap(); // the day is spent
     let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
     let d1 = a.failures().record_failure(&route(), fail()).unwrap();
     assert_eq!(d1.kind, FailureKind::RateLimit);
@@ -237,7 +241,7 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     clock.advance(130_000);
     let mut b = open(path.to_str().unwrap(), &clock); // another worker continues the ladder
     assert_eq!(b.failures().record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 600_000);
-    b.record_request(&route()).unwrap(); // a success clears it
+    b.usage().record_request(&route()).unwrap(); // a success clears it
     clock.advance(700_000);
     assert_eq!(a.failures().record_failure(&route(), fail()).unwrap().cooldown.unwrap().duration_ms, 120_000);
 }
@@ -249,12 +253,12 @@ fn every_commit_of_another_engine_is_seen_by_the_next_read() {
     let dir = tempfile::tempdir().unwrap();
     let (_clock, mut a, mut b) = two_engines(&dir);
     for i in 0..50 {
-        a.record_request(&route()).unwrap();
-        assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
-        assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
-        b.record_request(&route()).unwrap();
-        assert_eq!(a.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
-        assert_eq!(b.usage(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
+        a.usage().record_request(&route()).unwrap();
+        assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
+        assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
+        b.usage().record_request(&route()).unwrap();
+        assert_eq!(a.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
+        assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
     }
 }
 
@@ -267,20 +271,23 @@ fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
     clock.set(pst_midnight - 30 * 60_000);
     let google = Route::new("google", "gemini", 1).unwrap();
     let rpd1 = Some(LimitSet::from_classic(Limits { rpd: Some(1), ..Limits::default() }));
-    assert_eq!(a.platform_calendar("google").unwrap(), "America/Los_Angeles");
-    a.record_request(&google).unwrap();
+    assert_eq!(a.config().platform_calendar("google").unwrap(), "America/Los_Angeles");
+    a.usage().record_request(&google).unwrap();
     let refused = b.check(&google, 0, rpd1.clone()).unwrap();
     assert_eq!((refused.reason, refused.retry_at_ms), (Some(Reason::Rpd), Some(pst_midnight)));
     clock.set(pst_midnight);
     assert!(b.check(&google, 0, rpd1.clone()).unwrap().allowed);
     // A zone set by one engine holds in the other at its next call, and its day windows
     // count again: 08:00 UTC is already 09:00 in Warsaw, a day that began at 23:00 UTC.
-    a.set_platform_calendar("google", Some("Europe/Warsaw")).unwrap();
-    assert_eq!(b.platform_calendar("google").unwrap(), "Europe/Warsaw");
+    a.config().set_platform_calendar("google", Some("Europe/Warsaw")).unwrap();
+    assert_eq!(b.config().platform_calendar("google").unwrap(), "Europe/Warsaw");
     assert!(!b.check(&google, 0, rpd1.clone()).unwrap().allowed);
-    assert_eq!(b.next_day_start_ms("google", None).unwrap(), pst_midnight + 15 * 3_600_000);
-    assert!(matches!(a.set_platform_calendar("google", Some("Nowhere/Land")), Err(Error::Invalid(_))));
-    assert_eq!(a.platform_calendar("google").unwrap(), "Europe/Warsaw");
+    assert_eq!(b.config().next_day_start_ms("google", None).unwrap(), pst_midnight + 15 * 3_600_000);
+    assert!(matches!(
+        a.config().set_platform_calendar("google", Some("Nowhere/Land")),
+        Err(Error::Invalid(_))
+    ));
+    assert_eq!(a.config().platform_calendar("google").unwrap(), "Europe/Warsaw");
 }
 
 #[test]
@@ -289,19 +296,20 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, mut a, mut b) = two_engines(&dir);
     // usage an hour ago, before anyone declared a window that long
-    b.record_request(&route()).unwrap();
+    b.usage().record_request(&route()).unwrap();
     clock.advance(3_600_000);
     let five_hours = Limit::parse("requests", 2, "5h", "account").unwrap();
     let one_second = Limit::parse("requests", 1, "1s", "account").unwrap();
-    a.set_model_limits(ModelInfo {
-        platform: "groq".into(),
-        model_id: "llama".into(),
-        limits: Limits::default(),
-        others: vec![five_hours.clone(), one_second],
-        monthly_token_budget: None,
-    })
-    .unwrap();
-    b.record_request(&route()).unwrap();
+    a.config()
+        .set_model_limits(ModelInfo {
+            platform: "groq".into(),
+            model_id: "llama".into(),
+            limits: Limits::default(),
+            others: vec![five_hours.clone(), one_second],
+            monthly_token_budget: None,
+        })
+        .unwrap();
+    b.usage().record_request(&route()).unwrap();
     for e in [&mut a, &mut b] {
         let adm = e.check(&route(), 0, None).unwrap();
         // the request just made fills the 1 s window first
@@ -312,10 +320,10 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     for e in [&mut a, &mut b] {
         let adm = e.check(&route(), 0, None).unwrap();
         assert_eq!(adm.reason.as_ref().map(|r| r.as_str()), Some("requests/5h"));
-        let report = e.usage(&route(), None).unwrap();
+        let report = e.usage().report(&route(), None).unwrap();
         assert_eq!(report.others().find(|(n, _)| *n == "requests/5h").map(|(_, w)| w.used), Some(2));
     }
-    assert_eq!(b.model_limit_list("groq", "llama").unwrap()[1], five_hours);
+    assert_eq!(b.config().model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }
 
 fn model(platform: &str, limits: Limits) -> ModelInfo {
@@ -334,8 +342,8 @@ fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
     use quotaengine::core::types::Strategy;
     let dir = tempfile::tempdir().unwrap();
     let (_clock, mut a, mut b) = two_engines(&dir);
-    a.set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
-    a.set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
+    a.config().set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
+    a.config().set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
     let routes = [Route::new("tok", "m", 1).unwrap(), Route::new("req", "m", 2).unwrap()];
     // A big request hurts the request-metered route least, a small one the other.
     let (id, i) = b.lease_any(&routes, Estimate::tokens(8_000), Strategy::Headroom).unwrap();
@@ -368,7 +376,8 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     let clock = Arc::new(ManualClock::new(T0));
     let h =
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
-    h.with(|e| e.set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() }))).unwrap();
+    h.with(|e| e.config().set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() })))
+        .unwrap();
     let r = Route::new("p", "m", 1).unwrap();
     let op = || BatchOp::Lease {
         route: r.clone(),

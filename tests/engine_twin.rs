@@ -62,7 +62,7 @@ fn refusal(err: Error) -> Reason {
 #[test]
 fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
     let (mut e, _, clock) = engine(0);
-    e.set_model_limits(limits(Some(2), None)).unwrap();
+    e.config().set_model_limits(limits(Some(2), None)).unwrap();
     let first = e.lease(&route(), 10, None).unwrap();
     e.finish_lease_success(first, &route(), Some(10)).unwrap();
     e.lease(&route(), 10, None).unwrap();
@@ -77,14 +77,14 @@ fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
 #[test]
 fn the_token_gate_counts_live_estimates_and_frees_them_on_release() {
     let (mut e, _, _) = engine(0);
-    e.set_model_limits(limits(None, Some(1_000))).unwrap();
+    e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
     let big = e.lease(&route(), 600, None).unwrap();
     assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::Tpm);
-    assert_eq!(e.usage(&route(), None).unwrap().in_flight, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 1);
     e.release_lease(big).unwrap();
     e.lease(&route(), 500, None).unwrap();
     // Recorded tokens count like estimates did.
-    e.record_token_use(&route(), TokenUse::total(400)).unwrap();
+    e.usage().record_token_use(&route(), TokenUse::total(400)).unwrap();
     assert_eq!(refusal(e.lease(&route(), 200, None).unwrap_err()), Reason::Tpm);
 }
 
@@ -104,7 +104,7 @@ fn a_cooldown_benches_the_route_until_it_expires() {
 fn a_key_concurrency_cap_counts_live_leases_across_engines() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.set_key_concurrency_cap("p", 1, Some(1)).unwrap();
+    a.config().set_key_concurrency_cap("p", 1, Some(1)).unwrap();
     let id = a.lease(&route(), 1, None).unwrap();
     // The other engine's lease on another model of the key is refused too.
     let other_model = Route::new("p", "n", 1).unwrap();
@@ -119,9 +119,9 @@ fn a_key_concurrency_cap_counts_live_leases_across_engines() {
 fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.set_model_limits(limits(Some(3), None)).unwrap();
+    a.config().set_model_limits(limits(Some(3), None)).unwrap();
     control.set_down(true);
-    a.record_request(&route()).unwrap();
+    a.usage().record_request(&route()).unwrap();
     let id = a.lease(&route(), 5, None).unwrap();
     assert!(a.degraded());
     assert!(a.pending_writes() >= 2);
@@ -135,7 +135,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     assert_eq!(a.pending_writes(), 0);
     // The other engine counts what was buffered: one request and one live lease (the
     // lease taken and released while both waited never reached the store).
-    let u = b.usage(&route(), None).unwrap();
+    let u = b.usage().report(&route(), None).unwrap();
     assert_eq!((u.window(&Reason::Rpm).used, u.in_flight), (1, 1));
     assert_eq!(control.leases(), 1);
 }
@@ -149,7 +149,7 @@ fn a_refused_commit_fails_its_call_and_is_not_an_outage() {
     assert!(!e.degraded());
     // Nothing of it stays, in the store or in memory.
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage(&route(), None).unwrap().in_flight, 0);
+    assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 0);
     e.lease(&route(), 5, None).unwrap();
     assert_eq!(control.leases(), 1);
 }
@@ -166,7 +166,7 @@ fn a_commit_whose_reply_was_lost_counts_as_committed() {
     e.flush().unwrap();
     assert!(!e.degraded());
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
 }
 
 // ---- grouped writes: hold and group commit -----------------------------------------------
@@ -213,7 +213,7 @@ fn a_second_engine_on_the_store_ends_holding_the_lock_across_calls() {
     // is kept from one call to the next), so `b` counts it without waiting.
     for n in 1..=3 {
         a.lease(&route(), 5, None).unwrap();
-        assert_eq!(b.usage(&route(), None).unwrap().in_flight, n);
+        assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, n);
     }
 }
 
@@ -221,7 +221,7 @@ fn a_second_engine_on_the_store_ends_holding_the_lock_across_calls() {
 fn a_batch_of_several_callers_is_one_commit() {
     use quotaengine::core::engine::BatchOp;
     let (mut e, control, _) = engine(0);
-    e.set_model_limits(limits(Some(3), None)).unwrap();
+    e.config().set_model_limits(limits(Some(3), None)).unwrap();
     let before = control.commits();
     let lease = |k| BatchOp::Lease {
         route: route_of(k),
@@ -245,23 +245,23 @@ fn a_batch_of_several_callers_is_one_commit() {
 fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.set_model_limits(limits(Some(1), None)).unwrap();
+    a.config().set_model_limits(limits(Some(1), None)).unwrap();
     b.check(&route(), 0, None).unwrap();
     // `a` takes the only slot; `b` decides on what it knew (room for one), and its
     // commit conflicts: taken back, decided again on what changed, refused.
     a.lease(&route(), 5, None).unwrap();
     assert_eq!(refusal(b.lease(&route(), 5, None).unwrap_err()), Reason::Rpm);
     assert_eq!(control.leases(), 1);
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
 }
 
 #[test]
 fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.set_model_limits(limits(None, Some(1_000))).unwrap();
+    a.config().set_model_limits(limits(None, Some(1_000))).unwrap();
     let id = a.lease(&route(), 800, None).unwrap();
-    assert_eq!(b.usage(&route(), None).unwrap().in_flight, 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
     // `a` frees the room; `b`'s first decision, on what it knew, refuses, and is
     // confirmed on a fresh read, which admits.
     a.release_lease(id).unwrap();
@@ -272,7 +272,7 @@ fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
 #[test]
 fn engines_racing_on_threads_admit_exactly_the_limit() {
     let (mut a, control, clock) = engine(0);
-    a.set_model_limits(limits(Some(25), None)).unwrap();
+    a.config().set_model_limits(limits(Some(25), None)).unwrap();
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let (control, clock) = (control.clone(), clock.clone());
@@ -318,7 +318,7 @@ fn lease_any_spread_takes_the_least_recently_leased() {
 #[test]
 fn lease_any_headroom_takes_the_candidate_with_the_most_room() {
     let (mut e, _, _) = engine(0);
-    e.set_model_limits(limits(None, Some(1_000))).unwrap();
+    e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
     e.lease(&route_of(1), 700, None).unwrap();
     e.lease(&route_of(3), 200, None).unwrap();
     let (_, i) = e.lease_any(&routes(), Estimate::tokens(100), Strategy::Headroom).unwrap();
@@ -328,7 +328,7 @@ fn lease_any_headroom_takes_the_candidate_with_the_most_room() {
 #[test]
 fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
     let (mut e, control, _) = engine(0);
-    e.set_model_limits(limits(Some(1), None)).unwrap();
+    e.config().set_model_limits(limits(Some(1), None)).unwrap();
     e.lease(&route_of(1), 5, None).unwrap();
     e.failures().set_cooldown(&route_of(2), 10_000, CooldownSource::Authoritative).unwrap();
     e.lease(&route_of(3), 5, None).unwrap();
@@ -345,7 +345,7 @@ fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
 fn lease_any_across_engines_does_not_take_a_candidate_another_engine_filled() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.set_model_limits(limits(Some(1), None)).unwrap();
+    a.config().set_model_limits(limits(Some(1), None)).unwrap();
     b.check(&route_of(1), 0, None).unwrap();
     a.lease(&route_of(1), 5, None).unwrap();
     // `b` knew key 1 empty; its pick conflicts and is made again on what changed.

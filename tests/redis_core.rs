@@ -89,7 +89,7 @@ fn two_engines_share_one_truth() {
     assert!(second.duration_ms > first.duration_ms, "{first:?} then {second:?}");
     // A third engine opened later loads all of it.
     let mut c = open(&url, &clock);
-    assert_eq!(c.usage(&route(), None).unwrap().in_flight, 2);
+    assert_eq!(c.usage().report(&route(), None).unwrap().in_flight, 2);
     assert!(c.failures().cooldown(&route()).unwrap().is_some());
 }
 
@@ -122,7 +122,7 @@ fn threads_with_engines_of_their_own_admit_exactly_the_limit() {
     let counts: Vec<i64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert_eq!(counts.iter().sum::<i64>(), 50, "{counts:?}");
     let mut check = open(&url, &clock);
-    let u = check.usage(&route(), rpm(50)).unwrap();
+    let u = check.usage().report(&route(), rpm(50)).unwrap();
     assert_eq!((u.window(&Reason::Rpm).used, u.window(&Reason::Tpm).used, u.in_flight), (50, 500, 0));
 }
 
@@ -133,16 +133,16 @@ fn usage_since_midnight_is_loaded_and_retention_trims_the_feed() {
     let clock = Arc::new(ManualClock::new(T0));
     let mut a = open(&url, &clock);
     for _ in 0..3 {
-        a.record_request(&route()).unwrap();
+        a.usage().record_request(&route()).unwrap();
     }
     clock.set(T0 + 86_400_000); // the next day, same time
-    a.record_request(&route()).unwrap();
+    a.usage().record_request(&route()).unwrap();
     let mut b = open(&url, &clock);
-    let u = b.usage(&route(), None).unwrap();
+    let u = b.usage().report(&route(), None).unwrap();
     assert_eq!((u.window(&Reason::Rpd).used, u.window(&Reason::Rpm).used), (1, 1));
     // Retention (one day by default): a sweep a day later drops the first day's rows.
     clock.set(T0 + 2 * 86_400_000 - 60_000);
-    b.record_request(&route()).unwrap();
+    b.usage().record_request(&route()).unwrap();
     let all = b.observed().usage_events(&Default::default()).unwrap();
     assert!(all.iter().all(|r| r.created_at_ms >= T0 + 86_400_000), "{all:?}");
     assert_eq!(all.len(), 2);

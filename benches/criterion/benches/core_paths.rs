@@ -69,8 +69,8 @@ fn bench_check(c: &mut Criterion) {
     // Some usage on every route, so that the windows are not empty.
     for (i, r) in routes.iter().enumerate() {
         clock.set(T0 + i as i64);
-        e.record_request(r).unwrap();
-        e.record_tokens(r, 500).unwrap();
+        e.usage().record_request(r).unwrap();
+        e.usage().record_tokens(r, 500).unwrap();
     }
     let lim = limits();
     let mut g = c.benchmark_group("check");

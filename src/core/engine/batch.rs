@@ -365,11 +365,12 @@ impl Engine {
         writes: &mut Vec<Write>,
     ) -> Result<()> {
         let total = tokens.map(|t| t.validate()).transpose()?;
-        let mut ws = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        let mut usage = self.usage();
+        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
         if let (Some(total), Some(t)) = (total, tokens) {
-            ws.push(self.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
+            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
         }
-        self.clear_history_on_success(route, &mut ws);
+        usage.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));
         for w in ws {
             self.unit.apply_local(&w, 0, now);

@@ -7,8 +7,10 @@
 //! keeps deciding from the mirror and buffers its writes (degraded mode, SPEC §10).
 //!
 //! Where things live: this file holds the engine's state, its settings and the use
-//! cases of admission (configuration, calendars, usage, the gates, leases); `unit.rs`
-//! the unit of work (sections, sync, commit, hold, degraded buffering); `batch.rs`
+//! cases of admission (the gates, leases); `configuration.rs` the keys, models,
+//! calendars and priority reserves ([`Configuration`], `engine.config()`); `usage.rs`
+//! recorded requests and tokens and the usage report ([`Usage`], `engine.usage()`);
+//! `unit.rs` the unit of work (sections, sync, commit, hold, degraded buffering); `batch.rs`
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning, aggregators' upstream benches and
 //! learned pool caps included (`Failures`, reached as `engine.failures()`);
@@ -18,14 +20,18 @@
 //! gates and the choice among candidates in `admission.rs` (a pure function of one
 //! view the mirror builds).
 mod batch;
+mod configuration;
 mod failures;
 mod observed;
 mod setup;
 mod unit;
+mod usage;
 
 pub use batch::{BatchOp, BatchOut};
+pub use configuration::Configuration;
 pub use failures::Failures;
 pub use observed::Observed;
+pub use usage::{Usage, UsageReport, WindowReport};
 
 use crate::core::admission::{self, Can, GateContext, Verdict};
 use crate::core::calendar::Calendar;
@@ -102,51 +108,6 @@ impl Settings {
         check_non_negative("busy_timeout_ms", self.busy_timeout_ms)?;
         check_non_negative("flush_interval_ms", self.flush_interval_ms)?;
         Ok(())
-    }
-}
-
-/// One window of a usage report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WindowReport {
-    pub used: i64,
-    pub limit: Option<i64>,
-}
-
-/// `usage()` (SPEC §4, §14.1): every declared limit with what its scope recorded in its
-/// window, in gate order; the route's own minute and day beside them (what a classic
-/// window reports when it is not declared); live leases apart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageReport {
-    pub limits: Vec<(Declared, i64)>,
-    /// The route's own counts in the sliding minute and the calendar day.
-    pub minute: Counts,
-    pub day: Counts,
-    pub in_flight: i64,
-}
-
-impl UsageReport {
-    /// One window as SPEC §4 reports it, by its reason: a declared limit's use and
-    /// value; a classic window not declared, the route's own use and no limit.
-    pub fn window(&self, reason: &Reason) -> WindowReport {
-        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason == *reason) {
-            return WindowReport { used: *used, limit: Some(d.limit.limit) };
-        }
-        let used = match reason {
-            Reason::Rpm => self.minute.requests,
-            Reason::Rpd => self.day.requests,
-            Reason::Tpm => self.minute.tokens,
-            Reason::Tpd => self.day.tokens,
-            _ => 0,
-        };
-        WindowReport { used, limit: None }
-    }
-
-    /// Every declared limit but the classic four, by reason (SPEC §14.1's added keys).
-    pub fn others(&self) -> impl Iterator<Item = (&str, WindowReport)> {
-        self.limits
-            .iter()
-            .filter(|(d, _)| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
-            .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
     }
 }
 
@@ -450,236 +411,6 @@ impl Engine {
         self.unit.pending_len()
     }
 
-    // ---- configuration -----------------------------------------------------------
-
-    pub fn register_key(&mut self, key: KeyInfo) -> Result<()> {
-        check_name("platform", &key.platform)?;
-        if key.account.as_deref() == Some("") {
-            return Err(Error::invalid("account must be a non-empty string, or None for a key of its own"));
-        }
-        // SPEC 18.6: "key:<key_id>" names a key's own account; an explicit one spelled
-        // so would share another key's.
-        if let Some(a) = key.account.as_deref().filter(|a| a.starts_with("key:")) {
-            return Err(Error::invalid(format!(
-                "account {a:?} begins with \"key:\", which names a key's own account; \
-                 pass None for a key of its own"
-            )));
-        }
-        // A configured concurrency cap is the key's own setting: registering the key
-        // again (its account, label, ...) keeps it.
-        let key =
-            KeyInfo { concurrency_cap: self.unit.read(|m, _| configured_key_cap(m, key.key_id))?, ..key };
-        self.unit.write(vec![Write::UpsertKey(key)]).map(|_| ())
-    }
-
-    /// Configures a key's concurrency cap (SPEC 20): persisted and shared; the gate
-    /// refuses at the lowest of it, the env cap and a learned cap. `None` forgets it.
-    /// A key not yet registered is registered for `platform` (its own account).
-    pub fn set_key_concurrency_cap(&mut self, platform: &str, key_id: i64, cap: Option<i64>) -> Result<()> {
-        check_name("platform", platform)?;
-        if let Some(c) = cap {
-            if c < 0 {
-                return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
-            }
-        }
-        let known = self.unit.read(|m, _| m.config.keys.get(&key_id).cloned())?;
-        let key = match known {
-            Some(k) if k.platform != platform => {
-                return Err(Error::Invalid(format!(
-                    "key {key_id} is registered for platform {:?}, not {platform:?}",
-                    k.platform
-                )))
-            }
-            Some(k) => KeyInfo { concurrency_cap: cap, ..k },
-            None => KeyInfo {
-                key_id,
-                platform: platform.to_string(),
-                base_url: None,
-                label: None,
-                enabled: true,
-                account: None,
-                concurrency_cap: cap,
-            },
-        };
-        self.unit.write(vec![Write::UpsertKey(key)]).map(|_| ())
-    }
-
-    /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
-    pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
-        check_name("platform", platform)?;
-        self.unit.read(|m, _| m.config.account_name(platform, key_id).to_string())
-    }
-
-    pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
-        check_name("platform", &model.platform)?;
-        check_name("model_id", &model.model_id)?;
-        // A declared limit on a classic window at account scope IS that classic limit
-        // (SPEC §14.1): it is stored in its column, the others beside.
-        let set = LimitSet::with_classic(model.limits.validate()?, model.others.clone())?;
-        let model = ModelInfo { limits: set.classic(), others: set.others(), ..model };
-        self.unit.write(vec![Write::UpsertModel(model)]).map(|_| ())
-    }
-
-    // ---- provider calendars (SPEC §14.2) ---------------------------------------------
-
-    /// Sets the zone of a platform's calendar (persisted, shared; wins over the
-    /// environment and the built-in zone); `None` forgets it.
-    pub fn set_platform_calendar(&mut self, platform: &str, zone: Option<&str>) -> Result<()> {
-        check_name("platform", platform)?;
-        if let Some(z) = zone {
-            if Calendar::of_zone(z).is_none() {
-                return Err(Error::Invalid(format!(
-                    "unknown time zone {z:?}: give an IANA name such as \"America/Los_Angeles\" or \"UTC\""
-                )));
-            }
-        }
-        let w = Write::SetCalendar { platform: platform.to_string(), zone: zone.map(str::to_string) };
-        self.unit.write(vec![w]).map(|_| ())
-    }
-
-    // ---- priorities (SPEC 22.1) ----------------------------------------------------
-
-    /// Keeps `floor(limit * fraction)` of every limit free for calls of a smaller
-    /// priority number than `priority` (persisted, shared through the store).
-    pub fn set_priority_reserve(&mut self, priority: i64, fraction: f64) -> Result<()> {
-        check_priority(priority)?;
-        if !fraction.is_finite() || !(0.0..1.0).contains(&fraction) {
-            return Err(Error::Invalid(format!("fraction must be in [0, 1), got {fraction}")));
-        }
-        self.unit.write(vec![Write::SetPriorityReserve { priority, fraction }]).map(|_| ())
-    }
-
-    /// The reserve in force for a call of `priority`: the fraction set for the largest
-    /// configured priority `<= priority` (0 when none).
-    pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
-        check_priority(priority)?;
-        self.unit.read(|m, _| m.reserves.for_priority(priority))
-    }
-
-    /// The calendar in force for a platform (what `f` is given), after reading what
-    /// other engines changed.
-    fn with_calendar<T>(&mut self, platform: &str, f: impl FnOnce(&Calendar, i64) -> T) -> Result<T> {
-        check_name("platform", platform)?;
-        self.unit.read(|m, now| f(&m.calendars.of(platform), now))
-    }
-
-    /// The zone in force for a platform's days.
-    pub fn platform_calendar(&mut self, platform: &str) -> Result<String> {
-        self.with_calendar(platform, |c, _| c.name().to_string())
-    }
-
-    /// Start of the platform's day holding `at_ms` (default now).
-    pub fn day_start_ms(&mut self, platform: &str, at_ms: Option<i64>) -> Result<i64> {
-        self.with_calendar(platform, |c, now| c.day_start(at_ms.unwrap_or(now)))
-    }
-
-    /// Start of the platform's day after the one holding `at_ms` (default now).
-    pub fn next_day_start_ms(&mut self, platform: &str, at_ms: Option<i64>) -> Result<i64> {
-        self.with_calendar(platform, |c, now| c.next_day_start(at_ms.unwrap_or(now)))
-    }
-
-    pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
-        self.unit.read(|m, _| m.config.model(platform, model_id).map(|m| m.limits))
-    }
-
-    /// Every declared limit of a model, the classic four included, in gate order.
-    pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
-        self.unit
-            .read(|m, _| m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
-    }
-
-    // ---- usage -------------------------------------------------------------------
-
-    /// The route's names as the mirror holds them (shared, not copied per write).
-    fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
-        let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let r = self.unit.mirror.route(rid);
-        (r.platform.clone(), r.model_id.clone())
-    }
-
-    /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
-    fn usage_row(&mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64) -> Write {
-        let (platform, model_id) = self.route_names(route);
-        Write::Usage(UsageRow {
-            platform,
-            model_id,
-            key_id: route.key_id,
-            kind,
-            tokens,
-            count: 1,
-            created_at_ms: t,
-            kinds,
-        })
-    }
-
-    pub fn record_request(&mut self, route: &Route) -> Result<()> {
-        let now = self.unit.clock.now_ms();
-        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
-        self.clear_history_on_success(route, &mut writes);
-        self.unit.write_usage(writes)
-    }
-
-    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
-    /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
-    /// so the hot path writes nothing extra.
-    fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
-        let (route_rows, auth_rows) = self.unit.mirror.history.has_to_clear(route);
-        if route_rows {
-            writes.push(Write::DeleteHistory {
-                key_id: route.key_id,
-                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
-                kinds: vec![
-                    HistoryKind::Ladder,
-                    HistoryKind::Unknown,
-                    HistoryKind::Empty,
-                    HistoryKind::Transient,
-                ],
-            });
-        }
-        if auth_rows {
-            writes.push(Write::DeleteHistory {
-                key_id: route.key_id,
-                route: None,
-                kinds: vec![HistoryKind::Auth],
-            });
-        }
-    }
-
-    pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
-        self.record_token_use(route, TokenUse::total(tokens))
-    }
-
-    /// SPEC §14.4: one call's tokens, the total and (when reported) the split.
-    pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
-        let total = used.validate()?;
-        let now = self.unit.clock.now_ms();
-        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
-        self.unit.write_usage(vec![row])
-    }
-
-    /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
-    /// every other declared limit by its reason.
-    pub fn usage(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
-        self.reading(|e, now| e.usage_report(route, limits, now))
-    }
-
-    fn usage_report(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
-        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits);
-        let rid = self.unit.ready_route(route, &limits, now);
-        let m = &self.unit.mirror;
-        let win = &m.route(rid).win;
-        UsageReport {
-            // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
-            limits: limits
-                .iter()
-                .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
-                .collect(),
-            minute: win.minute(),
-            day: win.day(now),
-            in_flight: m.route_in_flight(rid, now).count,
-        }
-    }
-
     // ---- gates -------------------------------------------------------------------
 
     /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.
@@ -862,9 +593,4 @@ pub fn check_priority(priority: i64) -> Result<()> {
         return Err(Error::Invalid(format!("priority must be >= 0 (0 the most important), got {priority}")));
     }
     Ok(())
-}
-
-/// A key's configured concurrency cap (SPEC 20), `None` when it has none.
-fn configured_key_cap(m: &Mirror, key_id: i64) -> Option<i64> {
-    m.config.keys.get(&key_id).and_then(|k| k.concurrency_cap)
 }

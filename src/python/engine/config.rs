@@ -31,7 +31,7 @@ pub(super) fn register_key(
         account,
         concurrency_cap: None, // the engine keeps the key's configured cap
     };
-    this.run(py, move |e| e.register_key(key))
+    this.run(py, move |e| e.config().register_key(key))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -64,7 +64,7 @@ pub(super) fn set_model_limits(
         others,
         monthly_token_budget,
     };
-    this.run(py, move |e| e.set_model_limits(model))
+    this.run(py, move |e| e.config().set_model_limits(model))
 }
 
 pub(super) fn set_provider_caps(
@@ -105,5 +105,5 @@ pub(super) fn set_platform_calendar(
         Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
         _ => None,
     };
-    this.run(py, |e| e.set_platform_calendar(p, z))
+    this.run(py, |e| e.config().set_platform_calendar(p, z))
 }

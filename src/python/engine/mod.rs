@@ -17,7 +17,7 @@ use super::validator::PyValidator;
 use super::wait::PyLeaseWaiter;
 use crate::core::admission::Can;
 use crate::core::clock::Clock;
-use crate::core::engine::{BatchOp, Engine};
+use crate::core::engine::BatchOp;
 use crate::core::handle::Handle;
 use crate::core::types::CooldownSource;
 use pyo3::prelude::*;
@@ -172,7 +172,7 @@ impl PyQuotaEngine {
     ) -> PyResult<String> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
-        self.run(py, |e| e.key_account(p, k))
+        self.run(py, |e| e.config().key_account(p, k))
     }
 
     /// SPEC 15.4: the key concurrency cap in force, the smaller of the configured one
@@ -188,7 +188,7 @@ impl PyQuotaEngine {
         let p = str_arg(platform, "platform")?.to_string();
         let k = int_arg(key_id, "key_id")?;
         let c = if cap.is_none() { None } else { Some(int_arg(cap, "cap")?) };
-        self.run(py, move |e| e.set_key_concurrency_cap(&p, k, c))
+        self.run(py, move |e| e.config().set_key_concurrency_cap(&p, k, c))
     }
 
     /// SPEC 15.4, 20: the key concurrency cap in force: the lowest of the configured
@@ -249,7 +249,7 @@ impl PyQuotaEngine {
     ) -> PyResult<()> {
         let p = priority_arg(priority)?;
         let f = fraction_arg(fraction, "fraction")?;
-        self.run(py, |e| e.set_priority_reserve(p, f))
+        self.run(py, |e| e.config().set_priority_reserve(p, f))
     }
 
     /// SPEC 22.1: the reserve in force for a call of `priority`, the fraction set for
@@ -257,7 +257,7 @@ impl PyQuotaEngine {
     #[pyo3(signature = (priority))]
     fn priority_reserve(&self, py: Python<'_>, priority: &Bound<'_, PyAny>) -> PyResult<f64> {
         let p = priority_arg(priority)?;
-        self.run(py, |e| e.priority_reserve(p))
+        self.run(py, |e| e.config().priority_reserve(p))
     }
 
     /// Sets the IANA zone of a platform's days (persisted, shared by every engine on the
@@ -277,7 +277,7 @@ impl PyQuotaEngine {
     /// environment, or built in: "google" is "America/Los_Angeles").
     fn platform_calendar(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<String> {
         let p = str_arg(platform, "platform")?;
-        self.run(py, |e| e.platform_calendar(p))
+        self.run(py, |e| e.config().platform_calendar(p))
     }
 
     /// Start (ms) of the platform's day holding `at_ms` (default: now).
@@ -288,7 +288,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         at_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
-        self.day_bound(py, platform, at_ms, Engine::day_start_ms)
+        self.day_bound(py, platform, at_ms, |e, p, at| e.config().day_start_ms(p, at))
     }
 
     /// Start (ms) of the platform's day after the one holding `at_ms` (default: now).
@@ -299,7 +299,7 @@ impl PyQuotaEngine {
         platform: &Bound<'_, PyAny>,
         at_ms: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<i64> {
-        self.day_bound(py, platform, at_ms, Engine::next_day_start_ms)
+        self.day_bound(py, platform, at_ms, |e, p, at| e.config().next_day_start_ms(p, at))
     }
 
     fn model_limits(
@@ -309,7 +309,7 @@ impl PyQuotaEngine {
         model_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<PyLimits>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-        Ok(self.run(py, |e| e.model_limits(p, m))?.map(PyLimits))
+        Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(PyLimits))
     }
 
     /// SPEC §14.1: every declared limit of the model, the classic ones included, in
@@ -321,7 +321,7 @@ impl PyQuotaEngine {
         model_id: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<PyLimit>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-        Ok(self.run(py, |e| e.model_limit_list(p, m))?.into_iter().map(PyLimit).collect())
+        Ok(self.run(py, |e| e.config().model_limit_list(p, m))?.into_iter().map(PyLimit).collect())
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -334,7 +334,7 @@ impl PyQuotaEngine {
         key_id: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
-        self.run(py, move |e| e.record_request(&r))
+        self.run(py, move |e| e.usage().record_request(&r))
     }
 
     /// SPEC §4/§14.4: one call's tokens: the total, or input and output apart (the
@@ -393,7 +393,7 @@ impl PyQuotaEngine {
     ) -> PyResult<Bound<'py, PyDict>> {
         let r = route(platform, model_id, key_id)?;
         let l = limits_arg(limits)?;
-        let u = self.run(py, move |e| e.usage(&r, l))?;
+        let u = self.run(py, move |e| e.usage().report(&r, l))?;
         usage_dict(py, &u)
     }
 

@@ -23,7 +23,7 @@ pub(super) fn record_tokens(
     let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
         type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
     })?;
-    this.run(py, move |e| e.record_token_use(&r, used))
+    this.run(py, move |e| e.usage().record_token_use(&r, used))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,163 @@
+//! Usage recording and reporting (SPEC §4, §14.1, §14.4): a call's request and
+//! tokens as usage rows (committed now, or grouped when `flush_interval_ms > 0`), a
+//! success clearing the route's failure history, and `usage()`'s report of what each
+//! window used. The lease path's success (`batch.rs`) builds its rows here too.
+use super::*;
+
+/// One window of a usage report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowReport {
+    pub used: i64,
+    pub limit: Option<i64>,
+}
+
+/// `usage()` (SPEC §4, §14.1): every declared limit with what its scope recorded in its
+/// window, in gate order; the route's own minute and day beside them (what a classic
+/// window reports when it is not declared); live leases apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageReport {
+    pub limits: Vec<(Declared, i64)>,
+    /// The route's own counts in the sliding minute and the calendar day.
+    pub minute: Counts,
+    pub day: Counts,
+    pub in_flight: i64,
+}
+
+impl UsageReport {
+    /// One window as SPEC §4 reports it, by its reason: a declared limit's use and
+    /// value; a classic window not declared, the route's own use and no limit.
+    pub fn window(&self, reason: &Reason) -> WindowReport {
+        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason == *reason) {
+            return WindowReport { used: *used, limit: Some(d.limit.limit) };
+        }
+        let used = match reason {
+            Reason::Rpm => self.minute.requests,
+            Reason::Rpd => self.day.requests,
+            Reason::Tpm => self.minute.tokens,
+            Reason::Tpd => self.day.tokens,
+            _ => 0,
+        };
+        WindowReport { used, limit: None }
+    }
+
+    /// Every declared limit but the classic four, by reason (SPEC §14.1's added keys).
+    pub fn others(&self) -> impl Iterator<Item = (&str, WindowReport)> {
+        self.limits
+            .iter()
+            .filter(|(d, _)| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+            .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
+    }
+}
+
+/// What a route used: recording requests and tokens, and the report of each window
+/// (SPEC §4, §14), reached as [`Engine::usage`].
+pub struct Usage<'e> {
+    unit: &'e mut unit::Unit,
+}
+
+impl Engine {
+    /// Usage: recording requests and tokens, and what each window used.
+    pub fn usage(&mut self) -> Usage<'_> {
+        Usage { unit: &mut self.unit }
+    }
+}
+
+impl Usage<'_> {
+    /// The route's names as the mirror holds them (shared, not copied per write).
+    fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
+        let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+        let r = self.unit.mirror.route(rid);
+        (r.platform.clone(), r.model_id.clone())
+    }
+
+    /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
+    pub(super) fn usage_row(
+        &mut self,
+        route: &Route,
+        kind: UsageKind,
+        tokens: i64,
+        kinds: TokenKinds,
+        t: i64,
+    ) -> Write {
+        let (platform, model_id) = self.route_names(route);
+        Write::Usage(UsageRow {
+            platform,
+            model_id,
+            key_id: route.key_id,
+            kind,
+            tokens,
+            count: 1,
+            created_at_ms: t,
+            kinds,
+        })
+    }
+
+    pub fn record_request(&mut self, route: &Route) -> Result<()> {
+        let now = self.unit.clock.now_ms();
+        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        self.clear_history_on_success(route, &mut writes);
+        self.unit.write_usage(writes)
+    }
+
+    /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
+    /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
+    /// so the hot path writes nothing extra.
+    pub(super) fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
+        let (route_rows, auth_rows) = self.unit.mirror.history.has_to_clear(route);
+        if route_rows {
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                kinds: vec![
+                    HistoryKind::Ladder,
+                    HistoryKind::Unknown,
+                    HistoryKind::Empty,
+                    HistoryKind::Transient,
+                ],
+            });
+        }
+        if auth_rows {
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: None,
+                kinds: vec![HistoryKind::Auth],
+            });
+        }
+    }
+
+    pub fn record_tokens(&mut self, route: &Route, tokens: i64) -> Result<()> {
+        self.record_token_use(route, TokenUse::total(tokens))
+    }
+
+    /// SPEC §14.4: one call's tokens, the total and (when reported) the split.
+    pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
+        let total = used.validate()?;
+        let now = self.unit.clock.now_ms();
+        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
+        self.unit.write_usage(vec![row])
+    }
+
+    /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
+    /// every other declared limit by its reason.
+    pub fn report(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
+        self.unit.reading(|unit, now| Usage { unit }.report_at(route, limits, now))
+    }
+
+    /// `report()` inside a section, at `now`.
+    fn report_at(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
+        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits);
+        let rid = self.unit.ready_route(route, &limits, now);
+        let m = &self.unit.mirror;
+        let win = &m.route(rid).win;
+        UsageReport {
+            // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
+            limits: limits
+                .iter()
+                .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
+                .collect(),
+            minute: win.minute(),
+            day: win.day(now),
+            in_flight: m.route_in_flight(rid, now).count,
+        }
+    }
+}
