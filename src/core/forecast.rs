@@ -55,10 +55,10 @@ pub fn forecast(
     lookback_ms: i64,
     now: i64,
 ) -> Vec<(String, Option<i64>)> {
-    let r = m.route(rid);
+    let r = m.routes.get(rid);
     let v = m.route_view(rid, ctx, Estimate::default(), now);
     let width = recent_width(lookback_ms);
-    let cal = m.route_calendar(rid);
+    let cal = m.routes.calendar(rid);
     let mut out = Vec::new();
     for d in ctx.limits.iter() {
         let l = &d.limit;

@@ -334,7 +334,7 @@ impl Engine {
         // On Redis, a lease on a shared account conflicts with any other engine's
         // writes on the account's other keys (SPEC §14.3).
         if let Some(keys) = self.unit.mirror.shared_account_keys(rid) {
-            let platform = self.unit.mirror.route(rid).platform.clone();
+            let platform = self.unit.mirror.routes.get(rid).platform.clone();
             self.unit.watch_keys(&platform, &keys);
         }
         let w = self.lease_write(rid, est, now);

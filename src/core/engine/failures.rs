@@ -38,7 +38,7 @@ impl Engine {
 /// The route's own active cooldown.
 fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
     let c = m.cooldowns.of_route(rid, now)?;
-    let r = m.route(rid);
+    let r = m.routes.get(rid);
     Some(cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
 }
 
@@ -121,7 +121,7 @@ impl Failures<'_> {
     pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
         self.unit.read(|m, now| {
             let (p, model, key) = (route.platform.as_str(), route.model_id.as_str(), route.key_id);
-            match m.find_route(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
+            match m.routes.find(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
                 Some((c, wide)) => Some(cooldown_row(p, model, key, c, wide)),
                 // A key not seen yet on the model: only the model's bench can hold it.
                 None => m.cooldowns.of_model(p, model, now).map(|c| cooldown_row(p, model, key, c, true)),
@@ -242,7 +242,7 @@ impl Failures<'_> {
         }
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         self.unit.mirror.prune_route(rid, now);
-        let day = self.unit.mirror.route(rid).win.day(now);
+        let day = self.unit.mirror.routes.get(rid).win.day(now);
         let daily_exhausted =
             limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
@@ -269,7 +269,7 @@ impl Failures<'_> {
                 now.saturating_sub(TRANSIENT_MEMORY_MS),
             ) > 0,
         };
-        let next_day = self.unit.mirror.route_calendar(rid).next_day_start(now);
+        let next_day = self.unit.mirror.routes.calendar(rid).next_day_start(now);
         let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
         // A ladder step, or a transient bench that 15.2 remembers for 10 minutes.
         let kind = if stepped { HistoryKind::Ladder } else { HistoryKind::Transient };
@@ -501,7 +501,7 @@ impl Failures<'_> {
     fn recover_key_at(&mut self, key_id: i64, now: i64, writes: &mut Vec<Write>) -> i64 {
         let mut cleared = Vec::new();
         for (rid, c) in self.unit.mirror.cooldowns.routes.iter() {
-            let r = self.unit.mirror.route(*rid);
+            let r = self.unit.mirror.routes.get(*rid);
             if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
                 cleared.push(format!("{}/{}", r.platform, r.model_id));
                 writes.push(Write::DeleteCooldown {
@@ -546,7 +546,7 @@ impl Failures<'_> {
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let until_next_day = self.unit.mirror.route_calendar(rid).next_day_start(now).saturating_sub(now);
+        let until_next_day = self.unit.mirror.routes.calendar(rid).next_day_start(now).saturating_sub(now);
         let delay = match retry_ms {
             Some(d) if d < until_next_day => d,
             stated => {

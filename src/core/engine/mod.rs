@@ -460,7 +460,7 @@ impl Engine {
 
     /// A new lease on the route a decision was made on.
     fn lease_write(&mut self, rid: RouteId, est: Estimate, now: i64) -> Write {
-        let r = self.unit.mirror.route(rid);
+        let r = self.unit.mirror.routes.get(rid);
         let (platform, model_id, key_id) = (r.platform.clone(), r.model_id.clone(), r.key_id);
         Write::InsertLease(LeaseRow {
             id: self.lease_ids.next(),
@@ -530,7 +530,7 @@ impl Engine {
             .into_iter()
             .filter_map(|id| {
                 let rec = self.unit.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
-                let r = self.unit.mirror.route(rec.route);
+                let r = self.unit.mirror.routes.get(rec.route);
                 let route = Route {
                     platform: r.platform.to_string(),
                     model_id: r.model_id.to_string(),

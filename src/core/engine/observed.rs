@@ -142,7 +142,7 @@ impl Observed<'_> {
                 .routes
                 .iter()
                 .map(|(rid, c)| {
-                    let r = m.route(*rid);
+                    let r = m.routes.get(*rid);
                     Cooldown {
                         route: Route {
                             platform: r.platform.to_string(),
@@ -352,7 +352,7 @@ impl Observed<'_> {
         let (failed, snap) = self.unit.reading(|u, now| {
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
             u.mirror.prune_all(now);
-            for (rid, r) in u.mirror.routes() {
+            for (rid, r) in u.mirror.routes.iter() {
                 if let Some(group) = u.mirror.group_counts(rid, now) {
                     let name = u.mirror.config.account_name(&r.platform, r.key_id);
                     snap.accounts
@@ -388,8 +388,8 @@ impl Observed<'_> {
     fn keep_guardrail_windows(&mut self, platform: &str, model_id: &str, limits: &LimitSet) -> Result<()> {
         let keys = self.unit.mirror.config.routable_keys(platform).to_vec();
         let missing = keys.iter().any(|k| {
-            self.unit.mirror.find_route(platform, model_id, *k).is_none_or(|rid| {
-                let win = &self.unit.mirror.route(rid).win;
+            self.unit.mirror.routes.find(platform, model_id, *k).is_none_or(|rid| {
+                let win = &self.unit.mirror.routes.get(rid).win;
                 limits.windows().any(|w| !win.keeps(w))
             })
         });
@@ -474,7 +474,7 @@ impl Observed<'_> {
             .read(|m, now| {
                 m.prune_all(now);
                 let mut rows = Vec::new();
-                for (rid, r) in m.routes() {
+                for (rid, r) in m.routes.iter() {
                     let (minute, day) = (r.win.minute(), r.win.day(now));
                     let in_flight = m.route_in_flight(rid, now).count;
                     let cooldown = m.route_bench(rid, now).map(|(c, _)| c);

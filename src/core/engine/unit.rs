@@ -744,7 +744,7 @@ impl Unit {
             }
             Write::UpsertCooldown(c) => self.mirror.put_cooldown(c),
             Write::DeleteCooldown { platform, model_id, key_id } => {
-                if let Some(rid) = self.mirror.find_route(platform, model_id, *key_id) {
+                if let Some(rid) = self.mirror.routes.find(platform, model_id, *key_id) {
                     return i64::from(self.mirror.cooldowns.routes.remove(&rid).is_some());
                 }
             }
@@ -755,7 +755,7 @@ impl Unit {
                     .routes
                     .keys()
                     .copied()
-                    .filter(|rid| self.mirror.route(*rid).key_id == *key_id)
+                    .filter(|rid| self.mirror.routes.get(*rid).key_id == *key_id)
                     .collect();
                 for rid in &routes {
                     self.mirror.cooldowns.routes.remove(rid);

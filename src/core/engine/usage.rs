@@ -66,7 +66,7 @@ impl Usage<'_> {
     /// The route's names as the mirror holds them (shared, not copied per write).
     fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let r = self.unit.mirror.route(rid);
+        let r = self.unit.mirror.routes.get(rid);
         (r.platform.clone(), r.model_id.clone())
     }
 
@@ -148,7 +148,7 @@ impl Usage<'_> {
         let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits);
         let rid = self.unit.ready_route(route, &limits, now);
         let m = &self.unit.mirror;
-        let win = &m.route(rid).win;
+        let win = &m.routes.get(rid).win;
         UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
             limits: limits

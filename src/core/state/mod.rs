@@ -44,6 +44,46 @@ pub struct RouteState {
     kept: LimitSet,
 }
 
+/// Every route the mirror has seen, by id (ids are never reused), with an index by
+/// name: platform -> model_id -> key_id -> route.
+#[derive(Debug, Default)]
+pub struct Routes {
+    list: Vec<RouteState>,
+    index: RouteIndex,
+}
+
+impl Routes {
+    pub fn get(&self, id: RouteId) -> &RouteState {
+        &self.list[id as usize]
+    }
+
+    pub fn find(&self, platform: &str, model_id: &str, key_id: i64) -> Option<RouteId> {
+        self.index.get(platform)?.get(model_id)?.get(&key_id).copied()
+    }
+
+    /// Where the days of a route start.
+    pub fn calendar(&self, id: RouteId) -> &Calendar {
+        self.list[id as usize].win.calendar()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (RouteId, &RouteState)> {
+        self.list.iter().enumerate().map(|(i, r)| (i as RouteId, r))
+    }
+}
+
+impl std::ops::Index<usize> for Routes {
+    type Output = RouteState;
+    fn index(&self, i: usize) -> &RouteState {
+        &self.list[i]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Routes {
+    fn index_mut(&mut self, i: usize) -> &mut RouteState {
+        &mut self.list[i]
+    }
+}
+
 impl RouteState {
     /// The billing multiplier of the route's model on a platform whose daily token
     /// cap is `cap` (SPEC §8).
@@ -61,8 +101,8 @@ pub struct CooldownRec {
 
 #[derive(Debug, Default)]
 pub struct Mirror {
-    routes: Vec<RouteState>,
-    index: RouteIndex,
+    /// Every route seen, by id, and the index of their names.
+    pub routes: Routes,
     /// Provider accounts and, of a shared one, its (account, model) groups.
     accounts: Accounts,
     /// The live leases (and expired ones not yet pruned).
@@ -106,7 +146,7 @@ impl Mirror {
         self.retained_windows = None;
         for p in &changed {
             let cal = self.calendars.of(p);
-            for r in self.routes.iter_mut().filter(|r| &*r.platform == p.as_str()) {
+            for r in self.routes.list.iter_mut().filter(|r| &*r.platform == p.as_str()) {
                 r.win = r.win.cleared(cal.clone());
             }
             if let Some(accts) = self.accounts.index.get(p.as_str()) {
@@ -169,7 +209,7 @@ impl Mirror {
             return a;
         }
         let p: Arc<str> =
-            self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
+            self.routes.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         self.accounts.add(p, name, self.calendars.of(platform))
     }
 
@@ -188,7 +228,7 @@ impl Mirror {
     /// and group counters are then recounted from the store.
     fn accounts_changed(&mut self) {
         self.accounts.count_members(self.config.keys.values());
-        let stale = self.routes.iter().any(|r| {
+        let stale = self.routes.list.iter().any(|r| {
             let name = self.config.account_name(&r.platform, r.key_id);
             let acct = &self.accounts.list[r.account as usize];
             acct.name != name || r.group.is_some() != self.accounts.shared(&r.platform, &name)
@@ -197,7 +237,7 @@ impl Mirror {
             return;
         }
         self.accounts.clear();
-        for rid in 0..self.routes.len() {
+        for rid in 0..self.routes.list.len() {
             let (platform, model, key) = {
                 let r = &self.routes[rid];
                 (r.platform.clone(), r.model_id.clone(), r.key_id)
@@ -225,23 +265,24 @@ impl Mirror {
 
     /// The id of a route, created on first sight.
     pub fn route_id(&mut self, platform: &str, model_id: &str, key_id: i64) -> RouteId {
-        if let Some(id) = self.index.get(platform).and_then(|m| m.get(model_id)).and_then(|k| k.get(&key_id))
+        if let Some(id) =
+            self.routes.index.get(platform).and_then(|m| m.get(model_id)).and_then(|k| k.get(&key_id))
         {
             return *id;
         }
         let p: Arc<str> =
-            self.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
+            self.routes.index.get_key_value(platform).map_or_else(|| Arc::from(platform), |(k, _)| k.clone());
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
         let group = self.group_of(account, &m, platform);
-        let id = self.routes.len() as RouteId;
+        let id = self.routes.list.len() as RouteId;
         let mut win = Windows::new(self.calendars.of(platform));
         // A route seen for the first time had no events since the last load, which
         // reached back as far as any declared window: its windows are complete.
         for spec in self.config.limit_set(platform, model_id).windows() {
             win.keep(spec);
         }
-        self.routes.push(RouteState {
+        self.routes.list.push(RouteState {
             platform: p.clone(),
             model_id: m.clone(),
             key_id,
@@ -252,25 +293,8 @@ impl Mirror {
             kept: LimitSet::default(),
         });
         self.accounts.list[account as usize].routes.push(id);
-        self.index.entry(p).or_default().entry(m).or_default().insert(key_id, id);
+        self.routes.index.entry(p).or_default().entry(m).or_default().insert(key_id, id);
         id
-    }
-
-    pub fn find_route(&self, platform: &str, model_id: &str, key_id: i64) -> Option<RouteId> {
-        self.index.get(platform)?.get(model_id)?.get(&key_id).copied()
-    }
-
-    pub fn route(&self, id: RouteId) -> &RouteState {
-        &self.routes[id as usize]
-    }
-
-    /// Where the days of a route start.
-    pub fn route_calendar(&self, id: RouteId) -> &Calendar {
-        self.routes[id as usize].win.calendar()
-    }
-
-    pub fn routes(&self) -> impl Iterator<Item = (RouteId, &RouteState)> {
-        self.routes.iter().enumerate().map(|(i, r)| (i as RouteId, r))
     }
 
     // ---- usage -------------------------------------------------------------------
@@ -304,7 +328,7 @@ impl Mirror {
 
     /// Forgets all window state (before a reload from the store).
     pub fn reset_usage(&mut self) {
-        for r in &mut self.routes {
+        for r in &mut self.routes.list {
             r.win = r.win.cleared(r.win.calendar().clone());
         }
         for a in &mut self.accounts.list {
@@ -327,7 +351,7 @@ impl Mirror {
                 specs.extend(set.windows().map(|w| (platform.clone(), w)));
             }
         }
-        for r in &self.routes {
+        for r in &self.routes.list {
             from = from.min(r.win.oldest_counted(now));
         }
         for g in &self.accounts.groups {
@@ -435,7 +459,7 @@ impl Mirror {
 
     /// Prunes every route; drops expired leases from the lease table.
     pub fn prune_all(&mut self, now: i64) {
-        for rid in 0..self.routes.len() as RouteId {
+        for rid in 0..self.routes.list.len() as RouteId {
             self.prune_route(rid, now);
         }
         self.leases.by_id.retain(|_, l| l.live(now));
@@ -525,6 +549,7 @@ impl Mirror {
         let model_id = m.model_id.clone();
         let set = self.config.put_model(m);
         let routes: Vec<RouteId> = self
+            .routes
             .index
             .get(platform.as_str())
             .and_then(|ms| ms.get(model_id.as_str()))
@@ -628,7 +653,7 @@ impl Mirror {
     pub fn provider_day_tokens(&self, platform: &str, key_id: i64, cap: Option<i64>, now: i64) -> i64 {
         self.accounts
             .of(platform, &self.config.account_name(platform, key_id))
-            .map_or(0, |a| self.accounts.tokens(a, DAY, cap, (&self.routes, &self.config), now))
+            .map_or(0, |a| self.accounts.tokens(a, DAY, cap, (&self.routes.list, &self.config), now))
     }
 
     // ---- forecasts (SPEC 22.2) --------------------------------------------------------
@@ -696,12 +721,12 @@ impl Mirror {
         };
         // SPEC §8: tokens at provider scope are billed at each model's multiplier.
         let token_cap = ctx.provider.iter().find(|d| d.limit.metric.is_tokens()).map(|d| &d.limit);
-        let parts = (&self.routes[..], &self.leases, &self.config);
+        let parts = (&self.routes.list[..], &self.leases, &self.config);
         let (in_flight, key_leases) =
             self.accounts.in_flight(a, key_id, token_cap.map(|l| l.limit), parts, now);
         let billed = token_cap.map(|l| Billed {
             window: l.window,
-            used: self.accounts.tokens(a, l.window, Some(l.limit), (&self.routes, &self.config), now),
+            used: self.accounts.tokens(a, l.window, Some(l.limit), (&self.routes.list, &self.config), now),
             estimate: rid.map_or(est.tokens, |r| {
                 self.routes[r as usize].billing(&self.config, l.limit).bill(est.tokens)
             }),
