@@ -79,9 +79,9 @@ impl Watch {
     pub fn start(sentinels: Vec<(String, Client)>, service: String, t: Timeouts) -> std::io::Result<Watch> {
         let shared = Arc::new(Shared::default());
         let state = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name(THREAD_NAME.into())
-            .spawn(move || Listener { shared: state, sentinels, service, t, last: None, epoch: None }.run())?;
+        let thread = std::thread::Builder::new().name(THREAD_NAME.into()).spawn(move || {
+            Listener { shared: state, sentinels, service, t, last: None, epoch: None }.run()
+        })?;
         Ok(Watch { shared, thread: Some(thread) })
     }
 

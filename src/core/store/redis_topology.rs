@@ -7,7 +7,9 @@
 //! * Sentinel: the sentinels are asked for the primary of the service at open and
 //!   whenever a connection to the primary fails (never per call); the node named is
 //!   checked with `ROLE` (a sentinel may still name a demoted primary). A node that
-//!   answers `READONLY` or `MASTERDOWN` is left, and the sentinels asked again.
+//!   answers `READONLY` or `MASTERDOWN` is left, and the sentinels asked again. A
+//!   primary the sentinels announced (`+switch-master`, heard by the store's thread in
+//!   `redis_sentinel`) is connected to first, when it says it is one.
 //! * Cluster: every key of a prefix is in one hash slot: the keys are named
 //!   `{prefix}:...` (the prefix is the hash tag; a prefix that already holds a hash
 //!   tag is kept as it is), where a single server or Sentinel keeps `prefix:...`, so
@@ -541,7 +543,12 @@ impl Topology {
 
 /// Connects to `host:port` if it says it is a primary (`ROLE`: a sentinel may still name
 /// a demoted one).
-fn connect_primary(node: &NodeInfo, host: &str, port: u16, t: Timeouts) -> redis::RedisResult<redis::Connection> {
+fn connect_primary(
+    node: &NodeInfo,
+    host: &str,
+    port: u16,
+    t: Timeouts,
+) -> redis::RedisResult<redis::Connection> {
     let mut con = connect(&node.client(host, port)?, t)?;
     match redis::cmd("ROLE").query::<redis::Role>(&mut con)? {
         redis::Role::Primary { .. } => Ok(con),
