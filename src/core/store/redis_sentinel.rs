@@ -16,11 +16,14 @@
 //!   second before going round again. Reads time out every [`POLL`] so that the thread
 //!   sees it is to stop; a quiet subscription is pinged every [`PING_EVERY`].
 //! * The thread holds no lock of the store's and never the GIL. Dropping the [`Watch`]
-//!   stops it (without waiting for it); in a forked child it does not exist: the store
-//!   forgets it there ([`Watch::forget`]) and the child's new store starts its own.
+//!   (the store closed, with the GIL released) stops it and waits for it to end, at
+//!   most [`STOP_WAIT`] (it ends within a read, [`POLL`]; one stuck connecting to a
+//!   sentinel that does not answer ends by itself, after its timeout); in a forked child
+//!   it does not exist: the store forgets it there ([`Watch::forget`]) and the child's
+//!   new store starts its own.
 use redis::{Client, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -28,7 +31,9 @@ use std::time::{Duration, Instant};
 /// `<service> <old-ip> <old-port> <new-ip> <new-port>`.
 const CHANNEL: &str = "+switch-master";
 /// How long one read waits before the thread looks whether it is to stop.
-const POLL: Duration = Duration::from_millis(250);
+const POLL: Duration = Duration::from_millis(100);
+/// How long dropping the watch waits for the thread to end.
+const STOP_WAIT: Duration = Duration::from_millis(500);
 /// A subscription quiet this long is pinged (a sentinel that vanished without closing
 /// the connection is left).
 const PING_EVERY: Duration = Duration::from_secs(5);
@@ -48,11 +53,29 @@ struct Shared {
     /// Bumped every time `primary` is set.
     generation: AtomicU64,
     primary: Mutex<Option<Addr>>,
+    /// The thread has ended.
+    ended: Mutex<bool>,
+    ended_cv: Condvar,
 }
 
 impl Shared {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Waits until the thread has ended, at most `wait`; true when it has.
+    fn wait_ended(&self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*ended {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            ended =
+                self.ended_cv.wait_timeout(ended, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        true
     }
 
     fn publish(&self, addr: Addr) {
@@ -80,6 +103,7 @@ impl Watch {
         let shared = Arc::new(Shared::default());
         let state = Arc::clone(&shared);
         let thread = std::thread::Builder::new().name(THREAD_NAME.into()).spawn(move || {
+            let _end = ThreadEnd(Arc::clone(&state));
             Listener { shared: state, sentinels, service, t, last: None, epoch: None }.run()
         })?;
         Ok(Watch { shared, thread: Some(thread) })
@@ -106,10 +130,23 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        // Not joined: it ends within a read timeout (or a connect timeout) by itself.
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
+            // Past the wait it is left to end by itself (not joined).
+            if self.shared.wait_ended(STOP_WAIT) {
+                let _ = t.join();
+            }
         }
+    }
+}
+
+/// Marks the thread ended when it returns (or unwinds).
+struct ThreadEnd(Arc<Shared>);
+
+impl Drop for ThreadEnd {
+    fn drop(&mut self) {
+        *self.0.ended.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.0.ended_cv.notify_all();
     }
 }
 
