@@ -547,6 +547,8 @@ def test_passwords_for_the_data_nodes_and_for_the_sentinels(tmp_path: Path) -> N
         with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
             e.lease(P, M, K, 10).success(tokens=4)
             assert e.usage(P, M, K)["rpd"]["used"] == 1
+            # The listener authenticates to the sentinels too.
+            wait_until(lambda: sum(subscribers(s) for s in sentinels) == 1, 10, "the listener to subscribe")
         with pytest.raises(q.DatabaseError, match="sentinel"):
             q.QuotaEngine(url.replace(f"&sentinel_password={spw}", ""), env={})
         with pytest.raises(q.DatabaseError):

@@ -13,7 +13,7 @@
 //!   not missed; a sentinel that names an older configuration (a lower config epoch)
 //!   than the one already learnt is not believed.
 //! * A dead sentinel is left for the next one; when none answers the thread waits a
-//!   second before going round again. Reads time out every [`POLL`] so that the thread
+//!   second before going round again (doubling, up to 30 s, while none does). Reads time out every [`POLL`] so that the thread
 //!   sees it is to stop; a quiet subscription is pinged every [`PING_EVERY`].
 //! * The thread holds no lock of the store's and never the GIL. Dropping the [`Watch`]
 //!   (the store closed, with the GIL released) stops it and waits for it to end, at
@@ -37,8 +37,11 @@ const STOP_WAIT: Duration = Duration::from_millis(500);
 /// A subscription quiet this long is pinged (a sentinel that vanished without closing
 /// the connection is left).
 const PING_EVERY: Duration = Duration::from_secs(5);
-/// After every sentinel failed, the pause before going round again.
+/// After every sentinel failed, the pause before going round again: doubled after each
+/// such round, up to [`MAX_RETRY_PAUSE`] (sentinels that refuse the subscription cost
+/// little).
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(30);
 /// After a subscription ended, the pause before the next sentinel.
 const NEXT_PAUSE: Duration = Duration::from_millis(50);
 /// The name of the thread (`/proc/<pid>/task/*/comm`).
@@ -175,12 +178,12 @@ enum Ended {
 impl Listener {
     fn run(mut self) {
         let n = self.sentinels.len();
-        let (mut i, mut failed) = (0, 0);
+        let (mut i, mut failed, mut pause) = (0, 0, RETRY_PAUSE);
         while !self.shared.stopped() && n > 0 {
             match self.listen(i) {
                 Ended::Stopped => return,
                 Ended::Lost => {
-                    failed = 0;
+                    (failed, pause) = (0, RETRY_PAUSE);
                     std::thread::park_timeout(NEXT_PAUSE);
                 }
                 Ended::Failed => failed += 1,
@@ -188,7 +191,8 @@ impl Listener {
             i = (i + 1) % n;
             if failed >= n {
                 failed = 0;
-                std::thread::park_timeout(RETRY_PAUSE);
+                std::thread::park_timeout(pause);
+                pause = (pause * 2).min(MAX_RETRY_PAUSE);
             }
         }
     }
@@ -257,8 +261,9 @@ impl Listener {
         let mut con = self.connect(i)?;
         let reply = match redis::cmd("SENTINEL").arg("MASTER").arg(&self.service).query::<Value>(&mut con) {
             Ok(v) => v,
-            // "No such master with that name": nothing to learn here.
-            Err(e) if e.code() == Some("ERR") => return Ok(None),
+            // "No such master with that name", or a user not allowed `SENTINEL MASTER`:
+            // nothing to learn here (the announcements are still heard).
+            Err(e) if e.code().is_some() => return Ok(None),
             Err(e) => return Err(e),
         };
         let fields = fields(&reply);
