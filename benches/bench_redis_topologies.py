@@ -14,7 +14,13 @@ primary, a replica and three sentinels (down-after 1000 ms); three cluster prima
 * a forced failover (``SENTINEL FAILOVER``) and the primary SIGKILLed, under one engine looping
   ``lease()`` + ``success()`` (wall clock): how long the sentinels took to name the new primary,
   and how long the engine was degraded (from its first degraded call to its first call that
-  was not).
+  was not);
+* the same forced failover without ``?wait_replicas=`` (``--switch-only`` runs just this):
+  when the replica became a primary (its ``ROLE``, polled every millisecond), when the first
+  sentinel announced it (``+switch-master``, subscribed on every sentinel), and when the
+  engine's first write reached it (the first usage entry on the new primary after the
+  promotion: stream ids are the writers' clocks, here the wall clock); and how many of the
+  engine's writes the demoted primary took after the promotion (lost when it resynchronises).
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import re
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,14 +144,173 @@ def failover(topology: Any, kill: bool, query: str = "", seconds: float = 20.0) 
     }
 
 
+class Watcher(threading.Thread):
+    """Records the wall-clock time of the first reply of a raw RESP connection that holds
+    `needle`: a subscription (`SUBSCRIBE +switch-master` on a sentinel), or `INFO replication`
+    polled every millisecond (`poll`). The sentinels promote a replica and kill its clients in
+    one transaction: a polled connection closed before the needle is seen is opened again, and
+    the time it closed is the one recorded."""
+
+    def __init__(self, port: int, command: bytes, needle: bytes, poll: bool) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+        self.command, self.needle, self.poll = command, needle, poll
+        self.at: float | None = None
+        self.closed_at: float | None = None
+        self.done = threading.Event()
+        if not poll:
+            self.sock.sendall(command)
+            self.sock.recv(4096)  # the subscription's confirmation
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set() and self.at is None:
+            try:
+                if self.poll:
+                    self.sock.sendall(self.command)
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                if not self.poll:
+                    return
+                self.closed_at = self.closed_at or time.time()
+                self.sock.close()
+                try:
+                    self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+                except OSError:
+                    time.sleep(0.001)
+                continue
+            if self.needle in data:
+                self.at = self.closed_at or time.time()
+            if self.poll:
+                time.sleep(0.001)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(2)
+        self.sock.close()
+
+
+def stream_ids(port: int, key: str, since_ms: int) -> list[int]:
+    """The ms part of the ids of `key`'s entries from `since_ms` on, on one server."""
+    from redis_topologies import cli
+
+    out = cli(port, "XRANGE", key, str(since_ms), "+")
+    return [int(line.split("-")[0]) for line in out.splitlines() if re.fullmatch(r"\d+-\d+", line.strip())]
+
+
+def switch(topology: Any, prefix: str) -> dict[str, float]:
+    """SENTINEL FAILOVER without ?wait_replicas=, one engine (wall clock) leasing every ms or so:
+    times from the promotion, in ms."""
+    import quotaengine as qe
+    from redis_topologies import SERVICE, cli
+
+    url = topology.url(prefix)
+    e = qe.QuotaEngine(url, env={}, busy_timeout_ms=300)
+    e.set_model_limits("p", "m", rpm=10**9, rpd=10**9)
+    for _ in range(50):
+        e.lease("p", "m", 1, 10).success(tokens=5)
+    topology.wait_replicated()
+    old = topology.primary_port()
+    replica = next(s.port for s in topology.servers if s.proc is not None and s.port != old)
+    promoted = Watcher(replica, b"INFO replication\r\n", b"role:master", poll=True)
+    announced = [
+        Watcher(s.port, b"SUBSCRIBE +switch-master\r\n", b"+switch-master", poll=False) for s in topology.sentinels
+    ]
+    assert cli(topology.sentinels[0].port, "SENTINEL", "FAILOVER", SERVICE) == "OK"
+    t0 = time.monotonic()
+    ended: list[float] = []  # wall-clock end of each call
+    while time.monotonic() - t0 < 6:
+        e.lease("p", "m", 1, 10).success(tokens=5)
+        ended.append(time.time())
+        time.sleep(0.001)
+    degraded = e.degraded
+    for w in (promoted, *announced):
+        w.stop()
+    assert promoted.at is not None, "no promotion seen"
+    at_ms = int(promoted.at * 1000)
+    on_new = stream_ids(replica, f"{prefix}:log", at_ms)
+    on_old = stream_ids(old, f"{prefix}:log", at_ms)  # before the sentinels demote it (about 10 s)
+    still_primary = "role:master" in cli(old, "INFO", "replication")
+    e.close()
+    topology.wait_settled()
+    first_heard = min(w.at for w in announced if w.at is not None)
+    # The calls that ended after the promotion and before the first write on the new primary
+    # went to the demoted one.
+    first_new = on_new[0] / 1000 if on_new else float("inf")
+    return {
+        "announced_ms": (first_heard - promoted.at) * 1000,
+        "engine_on_new_ms": (on_new[0] - promoted.at * 1000) if on_new else float("nan"),
+        "after_announcement_ms": (on_new[0] - first_heard * 1000) if on_new else float("nan"),
+        "lost_entries": len(on_old),
+        "lost_calls": sum(promoted.at <= t < first_new for t in ended),
+        "old_still_primary": float(still_primary),
+        "calls": len(ended),
+        "degraded": float(degraded),
+    }
+
+
+def switch_rows(topology: Any, rounds: int) -> list[str]:
+    runs = []
+    for k in range(rounds):
+        r = switch(topology, f"sw{k}")
+        print("switch", r, flush=True)
+        runs.append(r)
+
+    def med(name: str) -> float:
+        return statistics.median(r[name] for r in runs)
+
+    return [
+        "",
+        f"`SENTINEL FAILOVER` without `?wait_replicas=` (median of {rounds}; times from the replica's promotion,",
+        "its `ROLE` polled every ms; one engine on the wall clock calling `lease()` + `success()` about",
+        "every 2 ms):",
+        "",
+        "| first sentinel announced it (`+switch-master`) | engine's first write on the new primary | "
+        "of which after the announcement | calls that went to the demoted primary (lost) | their feed entries |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {med('announced_ms'):.0f} ms | {med('engine_on_new_ms'):.0f} ms | {med('after_announcement_ms'):.0f} ms "
+        f"| {med('lost_calls'):.0f} | {med('lost_entries'):.0f} |",
+        "",
+        "All rounds: "
+        + "; ".join(
+            f"{r['announced_ms']:.0f} / {r['engine_on_new_ms']:.0f} / {r['after_announcement_ms']:.0f} ms, "
+            f"{r['lost_calls']:.0f} calls lost"
+            for r in runs
+        )
+        + ". The demoted primary still said it was a primary when its feed was read: "
+        + ("every round" if all(r["old_still_primary"] for r in runs) else "not every round")
+        + "; the engine was degraded at the end: "
+        + ("in no round" if not any(r["degraded"] for r in runs) else "in some round")
+        + ".",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=8000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--switch-only", action="store_true", help="only the +switch-master timing")
     args = ap.parse_args()
     from conftest import RedisServer
     from redis_topologies import Cluster, SentinelSet, calls
+
+    if args.switch_only:
+        with tempfile.TemporaryDirectory() as d:
+            sentinel = SentinelSet(Path(d) / "sentinel")
+            try:
+                text = "\n".join(switch_rows(sentinel, args.rounds))
+            finally:
+                sentinel.close()
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text.lstrip("\n") + "\n")
+        return
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -188,6 +356,7 @@ def main() -> None:
             print("SENTINEL FAILOVER, wait_replicas=1", forced_wait, flush=True)
             killed = failover(sentinel, kill=True)
             print("primary SIGKILLed", killed, flush=True)
+            switched = switch_rows(sentinel, args.rounds)
         finally:
             cluster.close()
             sentinel.close()
@@ -245,6 +414,7 @@ def main() -> None:
         f"{forced_wait['degraded_s']:.2f} s | {forced_wait['from_event_s']:.2f} s |",
         f"| primary SIGKILLed | {killed['sentinels_s']:.2f} s | {killed['degraded_s']:.2f} s | "
         f"{killed['from_event_s']:.2f} s |",
+        *switched,
         "",
     ]
     text = "\n".join(lines)

@@ -45,9 +45,9 @@ def tls_files(d: Path) -> tuple[Path, Path, Path]:
     return d / "ca.pem", d / "node.pem", d / "node.key"
 
 
-def info(port: int, section: str) -> dict[str, str]:
+def info(port: int, section: str, ca: Path | None = None) -> dict[str, str]:
     out = {}
-    for line in cli(port, "INFO", section).splitlines():
+    for line in cli(port, "INFO", section, ca=ca).splitlines():
         if ":" in line:
             k, v = line.split(":", 1)
             out[k] = v.strip()
@@ -62,11 +62,11 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def calls(port: int, *names: str) -> int:
+def calls(port: int, *names: str, ca: Path | None = None) -> int:
     """How many of the named commands (``INFO commandstats`` names: ``evalsha``,
     ``sentinel|get-master-addr-by-name``...) a server has answered."""
     n = 0
-    for line in cli(port, "INFO", "commandstats").splitlines():
+    for line in cli(port, "INFO", "commandstats", ca=ca).splitlines():
         name, _, rest = line.partition(":")
         if name.removeprefix("cmdstat_") in names:
             n += int(rest.split("calls=")[1].split(",")[0])
@@ -83,14 +83,24 @@ class Sentinel:
         down_after_ms: int,
         auth_pass: str | None = None,
         requirepass: str | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
-        """``auth_pass``: the data nodes' password; ``requirepass``: this sentinel's own."""
+        """``auth_pass``: the data nodes' password; ``requirepass``: this sentinel's own; ``tls``
+        (CA, certificate, key): it speaks only TLS, to clients, the data nodes and the other
+        sentinels."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.port = free_port()
         self.password = requirepass
+        self.ca = tls[0] if tls else None
+        ports = (
+            f"port 0\ntls-port {self.port}\ntls-ca-cert-file {tls[0]}\ntls-cert-file {tls[1]}\n"
+            f"tls-key-file {tls[2]}\ntls-auth-clients no\ntls-replication yes\n"
+            if tls
+            else f"port {self.port}\n"
+        )
         (workdir / "sentinel.conf").write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndaemonize no\n"
+            f"{ports}bind 127.0.0.1\ndaemonize no\n"
             f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n"
             f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
             f"sentinel failover-timeout {SERVICE} 4000\n"
@@ -110,7 +120,9 @@ class Sentinel:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: cli(self.port, "PING", password=self.password) == "PONG", 10, f"sentinel on {self.port}")
+        wait_until(
+            lambda: cli(self.port, "PING", password=self.password, ca=self.ca) == "PONG", 10, f"sentinel on {self.port}"
+        )
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -120,19 +132,25 @@ class Sentinel:
 
 
 class SentinelSet:
-    """A primary, ``replicas`` replicas and three sentinels (quorum 2)."""
+    """A primary, ``replicas`` replicas and three sentinels (quorum 2). With ``tls`` (CA,
+    certificate, key) every one of them speaks only TLS (replication and the sentinels' links
+    too)."""
 
-    def __init__(self, workdir: Path, replicas: int = 1, down_after_ms: int = 1000) -> None:
+    def __init__(
+        self, workdir: Path, replicas: int = 1, down_after_ms: int = 1000, tls: tuple[Path, Path, Path] | None = None
+    ) -> None:
         self.workdir = workdir
+        self.ca = tls[0] if tls else None
         # Every data node reads a config file of its own, which the sentinels rewrite.
-        keep = ("--appendonly", "no")
-        self.servers = [RedisServer(workdir / "n0", extra=keep)]
+        keep = ("--appendonly", "no", *(("--tls-replication", "yes") if tls else ()))
+        self.servers = [RedisServer(workdir / "n0", tls=tls, extra=keep)]
         primary = self.servers[0].port
         for i in range(replicas):
-            self.servers.append(RedisServer(workdir / f"n{i + 1}", extra=("--replicaof", "127.0.0.1", str(primary))))
+            replica = (*keep, "--replicaof", "127.0.0.1", str(primary))
+            self.servers.append(RedisServer(workdir / f"n{i + 1}", tls=tls, extra=replica))
         self.sentinels: list[Sentinel] = []
         try:
-            self.sentinels = [Sentinel(workdir / f"s{i}", primary, down_after_ms) for i in range(3)]
+            self.sentinels = [Sentinel(workdir / f"s{i}", primary, down_after_ms, tls=tls) for i in range(3)]
             self.wait_settled()
         except BaseException:
             self.close()
@@ -148,9 +166,10 @@ class SentinelSet:
             if primary is None:
                 return False
             for s in self.sentinels:
-                if cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE).split() != ["127.0.0.1", str(primary)]:
+                named = cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE, ca=self.ca).split()
+                if named != ["127.0.0.1", str(primary)]:
                     return False
-                master = cli(s.port, "SENTINEL", "master", SERVICE).split("\n")
+                master = cli(s.port, "SENTINEL", "master", SERVICE, ca=self.ca).split("\n")
                 fields = dict(zip(master[::2], master[1::2], strict=False))
                 if fields.get("num-other-sentinels") != "2" or fields.get("num-slaves") != str(len(live) - 1):
                     return False
@@ -158,37 +177,40 @@ class SentinelSet:
                     return False
             for r in live:
                 if r.port != primary:
-                    rep = info(r.port, "replication")
+                    rep = info(r.port, "replication", self.ca)
                     if rep.get("role") != "slave" or rep.get("master_link_status") != "up":
                         return False
                     if rep.get("master_port") != str(primary):
                         return False
-            return info(primary, "replication").get("connected_slaves") == str(len(live) - 1)
+            return info(primary, "replication", self.ca).get("connected_slaves") == str(len(live) - 1)
 
         wait_until(settled, timeout, "the sentinels and replicas to settle")
 
     def wait_replicated(self, timeout: float = 20) -> None:
         """Until every live replica has everything the primary holds (replication offsets)."""
         primary = self.primary()
-        offset = int(info(primary.port, "replication")["master_repl_offset"])
+        offset = int(info(primary.port, "replication", self.ca)["master_repl_offset"])
         replicas = [s for s in self.servers if s.proc is not None and s is not primary]
 
         def caught_up() -> bool:
-            return all(int(info(r.port, "replication").get("slave_repl_offset", "-1")) >= offset for r in replicas)
+            return all(
+                int(info(r.port, "replication", self.ca).get("slave_repl_offset", "-1")) >= offset for r in replicas
+            )
 
         wait_until(caught_up, timeout, "the replicas to catch up")
 
     def url(self, prefix: str | None = None, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         prefix = prefix or f"t{uuid.uuid4().hex[:12]}"
-        return f"redis+sentinel://{hosts}/{SERVICE}?prefix={prefix}{'&' + query if query else ''}"
+        scheme, ca = ("rediss", f"&ssl_ca_certs={self.ca}") if self.ca else ("redis", "")
+        return f"{scheme}+sentinel://{hosts}/{SERVICE}?prefix={prefix}{ca}{'&' + query if query else ''}"
 
     def primary_port(self) -> int | None:
         """The primary's port as the first sentinel that answers names it."""
         for s in self.sentinels:
             if s.proc is None:
                 continue
-            out = cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE).split()
+            out = cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE, ca=self.ca).split()
             if len(out) == 2:
                 return int(out[1])
         return None
@@ -206,7 +228,7 @@ class SentinelSet:
 
         def moved() -> bool:
             port = self.primary_port()
-            return port is not None and port != old and info(port, "replication").get("role") == "master"
+            return port is not None and port != old and info(port, "replication", self.ca).get("role") == "master"
 
         wait_until(moved, timeout, "a failover")
         port = self.primary_port()
@@ -218,7 +240,7 @@ class SentinelSet:
         primary's port."""
         old = self.primary_port()
         assert old is not None
-        assert cli(self.sentinels[0].port, "SENTINEL", "FAILOVER", SERVICE) == "OK"
+        assert cli(self.sentinels[0].port, "SENTINEL", "FAILOVER", SERVICE, ca=self.ca) == "OK"
         return self.wait_new_primary(old)
 
     def close(self) -> None:

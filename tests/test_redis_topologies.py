@@ -6,6 +6,7 @@ the ``store`` fixture (conftest)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -31,10 +32,10 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
     topology.close()
 
 
-def stored(url: str) -> tuple[int, int, int]:
-    """(requests, tokens, live leases) as a fresh engine reads them."""
+def stored(url: str, key: int = K) -> tuple[int, int, int]:
+    """(requests, tokens, live leases) of `key` as a fresh engine reads them."""
     with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
-        u = e.usage(P, M, K)
+        u = e.usage(P, M, key)
         return u["rpd"]["used"], u["tpd"]["used"], u["in_flight"]
 
 
@@ -148,6 +149,146 @@ def test_sentinel_failover_is_followed_without_a_restart(sentinels: SentinelSet)
         call(5)
         assert not e.degraded
     assert stored(url) == (told[0], told[1], 0)
+
+
+def listeners() -> int:
+    """Threads of this process that listen to the sentinels (by their name)."""
+    return sum(Path(t, "comm").read_text().strip() == "qe-sentinel" for t in Path("/proc/self/task").iterdir())
+
+
+def subscribers(sentinel: Sentinel) -> int:
+    """Clients subscribed to a channel on `sentinel` (``CLIENT LIST``'s ``sub=``)."""
+    if sentinel.proc is None:
+        return 0
+    out = cli(sentinel.port, "CLIENT", "LIST", password=sentinel.password, ca=sentinel.ca)
+    return sum(" sub=1 " in line for line in out.splitlines())
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["redis", "rediss"])
+def test_sentinel_failover_without_wait_replicas_writes_go_where_the_sentinels_announce(
+    tmp_path: Path, tls: bool
+) -> None:
+    """SENTINEL FAILOVER without ?wait_replicas=: the demoted primary goes on answering as a
+    primary, taking writes, for seconds after the promotion (until the sentinels reconfigure
+    it). The engine hears the sentinels announce the new primary (+switch-master) and moves
+    there at its next call: the calls made once every sentinel names the new primary land on
+    it while the old one still says it is a primary, and what the callers were told of them is
+    what the surviving primary holds after the old one resynchronised from it. `rediss`: every
+    server, sentinels included, speaks only TLS (rediss+sentinel:// with ?ssl_ca_certs=)."""
+    sentinels = SentinelSet(tmp_path / "sentinel", tls=tls_files(tmp_path / "tls") if tls else None)
+    try:
+        failover_without_wait_replicas(sentinels)
+    finally:
+        sentinels.close()
+
+
+def failover_without_wait_replicas(sentinels: SentinelSet) -> None:
+    ca = sentinels.ca
+    url = sentinels.url()
+    assert url.startswith("rediss+sentinel://" if ca else "redis+sentinel://")
+    log = f"{url.split('prefix=')[1].split('&')[0]}:log"
+    told = {key: [0, 0] for key in (1, 2, 3)}
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+        e.set_model_limits(P, M, rpm=10_000)
+
+        def call(key: int, tokens: int) -> None:
+            e.lease(P, M, key, 10).success(tokens=tokens)
+            told[key][0] += 1
+            told[key][1] += tokens
+
+        for i in range(10):  # key 1: before the failover, replicated
+            call(1, i)
+        sentinels.wait_replicated()
+        old = sentinels.primary_port()
+        assert old is not None
+        new = sentinels.failover()
+        # Key 3: from the FAILOVER until every sentinel names the new primary (each announces
+        # it as it switches) and the engine's listener has heard one of them.
+        wait_until(
+            lambda: all(
+                cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE, ca=ca).split() == ["127.0.0.1", str(new)]
+                for s in sentinels.sentinels
+            ),
+            10,
+            "every sentinel to name the new primary",
+        )
+        deadline = time.monotonic() + 2
+        while calls(new, "evalsha", "eval", ca=ca) == 0:
+            assert time.monotonic() < deadline, "the engine still writes to the demoted primary"
+            call(3, 1)
+            time.sleep(0.01)
+        # Key 2: after the announcement, while the demoted primary still says it is one.
+        on_old = calls(old, "evalsha", "eval", ca=ca)
+        in_log = int(cli(new, "XLEN", log, ca=ca))
+        for i in range(30):
+            call(2, 1 + i % 5)
+        assert calls(old, "evalsha", "eval", ca=ca) == on_old  # none of them went to the old primary
+        assert info(old, "replication", ca)["role"] == "master"  # which was still taking writes
+        assert int(cli(new, "XLEN", log, ca=ca)) >= in_log + 30  # each a usage entry there
+        assert not e.degraded
+    sentinels.wait_settled()  # the old primary is a replica of the new one, resynchronised
+    assert info(old, "replication", ca)["role"] == "slave"
+    assert stored(url, 2) == (told[2][0], told[2][1], 0)
+    assert stored(url, 1) == (told[1][0], told[1][1], 0)
+    requests, tokens, _ = stored(url, 3)  # what went to the old primary before the announcement is lost
+    assert requests <= told[3][0] and tokens <= told[3][1]
+
+
+def test_the_sentinel_listener_moves_to_a_live_sentinel_and_ends_with_the_engine(sentinels: SentinelSet) -> None:
+    """The engine's listener subscribes on one sentinel; when that sentinel dies it subscribes
+    on another; closing the engine ends it (its subscription and its thread are gone)."""
+    e = q.QuotaEngine(sentinels.url(), clock=q.ManualClock(TEN_AM), env={})
+    try:
+        e.record_request(P, M, K)
+        wait_until(lambda: sum(subscribers(s) for s in sentinels.sentinels) == 1, 10, "the listener to subscribe")
+        running = listeners()
+        assert running >= 1
+        heard = next(s for s in sentinels.sentinels if subscribers(s) == 1)
+        heard.kill()
+        wait_until(lambda: sum(subscribers(s) for s in sentinels.sentinels) == 1, 10, "it to move to another sentinel")
+        e.record_request(P, M, K)
+        assert not e.degraded
+    finally:
+        e.close()
+    wait_until(lambda: sum(subscribers(s) for s in sentinels.sentinels) == 0, 5, "the subscription to end")
+    wait_until(lambda: listeners() <= running - 1, 5, "the listener thread to end")
+
+
+# Python 3.12+ warns about fork() in a process with threads: forking such a process is the case.
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_a_forked_child_listens_to_the_sentinels_with_a_thread_of_its_own(sentinels: SentinelSet) -> None:
+    """The parent's listener thread is not in a forked child: the child's engine, opened anew
+    at its first call there, starts its own (a second subscription while the child lives); the
+    parent's goes on."""
+    with q.QuotaEngine(sentinels.url(), env={}) as e:
+        e.record_request(P, M, K)
+        wait_until(lambda: sum(subscribers(s) for s in sentinels.sentinels) == 1, 10, "the listener to subscribe")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                os.close(r)
+                before = listeners()
+                e.record_request(P, M, K)
+                wait_until(lambda: listeners() == before + 1, 5, "the child's listener")
+                wait_until(lambda: sum(subscribers(s) for s in sentinels.sentinels) == 2, 10, "its subscription")
+                os.write(w, f"{before} {listeners()}".encode())
+                q._close_engines_at_exit()
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        out = b""
+        while chunk := os.read(r, 1024):
+            out += chunk
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert out.decode().split() == ["0", "1"]  # none inherited, its own started
+        wait_until(lambda: sum(subscribers(s) for s in sentinels.sentinels) == 1, 5, "the child's to end")
+        e.record_request(P, M, K)
+        assert e.usage(P, M, K)["rpd"]["used"] == 3
 
 
 def test_primary_killed_degrades_then_replays_once_to_the_new_primary(sentinels: SentinelSet) -> None:
@@ -406,6 +547,8 @@ def test_passwords_for_the_data_nodes_and_for_the_sentinels(tmp_path: Path) -> N
         with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
             e.lease(P, M, K, 10).success(tokens=4)
             assert e.usage(P, M, K)["rpd"]["used"] == 1
+            # The listener authenticates to the sentinels too.
+            wait_until(lambda: sum(subscribers(s) for s in sentinels) == 1, 10, "the listener to subscribe")
         with pytest.raises(q.DatabaseError, match="sentinel"):
             q.QuotaEngine(url.replace(f"&sentinel_password={spw}", ""), env={})
         with pytest.raises(q.DatabaseError):

@@ -7,6 +7,8 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
+pub mod redis_sentinel;
+#[cfg(feature = "redis")]
 pub mod redis_topology;
 pub mod registry;
 pub mod schema;

@@ -34,6 +34,7 @@
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
 //! long inside a section could let two decisions overlap.
+use super::redis_sentinel::{self, Watch};
 use super::redis_topology::{self as topology, Link, Topology};
 use super::{Changes, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult, UsageFilter, UsageRow, Write};
 use crate::core::error::StoreError;
@@ -129,6 +130,10 @@ pub struct RedisStore {
     in_doubt: Option<InDoubt>,
     /// The last commit's retention sweep stopped at its budget.
     sweep_more: bool,
+    /// Sentinel: the thread that hears the sentinels announce a new primary.
+    watch: Option<Watch>,
+    /// The generation of the watch's announcements last looked at.
+    announced_seen: u64,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -316,21 +321,63 @@ impl RedisStore {
             write_seq: 0,
             in_doubt: None,
             sweep_more: false,
+            watch: None,
+            announced_seen: 0,
         };
         store.connection()?;
         store.check_layout()?;
+        store.watch_sentinels();
         Ok(store)
+    }
+
+    /// Sentinel: starts the thread that follows the sentinels' announcements of a new
+    /// primary (see `redis_sentinel`). Without it (a thread the system refuses) the store
+    /// still finds a new primary when the old one fails or refuses a write.
+    fn watch_sentinels(&mut self) {
+        let Some((sentinels, service)) = self.client.sentinels() else { return };
+        let (connect, io) = self.timeouts();
+        match Watch::start(sentinels, service, redis_sentinel::Timeouts { connect, io }) {
+            Ok(w) => self.watch = Some(w),
+            Err(e) => log::warn!(
+                target: "quotaengine::core::store",
+                "cannot start the thread that follows the sentinels' announcements: {e}"
+            ),
+        }
+    }
+
+    /// The connect and I/O timeouts, from the busy timeout.
+    fn timeouts(&self) -> (Duration, Duration) {
+        let connect = Duration::from_millis(self.busy_timeout_ms.clamp(100, 5_000) as u64);
+        let io = Duration::from_millis(self.busy_timeout_ms.clamp(1_000, 30_000) as u64);
+        (connect, io)
+    }
+
+    /// Sentinel: when the sentinels announced a primary other than the one connected
+    /// to, the connection is left and the next one goes to it (one atomic load when
+    /// nothing was announced). Only between sections: a section ends on the node it
+    /// began on (a locked one holds its lock there).
+    fn follow_announcement(&mut self) {
+        if self.section.is_some() {
+            return;
+        }
+        let Some(to) = self.watch.as_ref().and_then(|w| w.announced(&mut self.announced_seen)) else {
+            return;
+        };
+        if self.client.announce(to) {
+            self.con = None;
+            self.next_connect = None;
+        }
     }
 
     /// The connection to the data node; connecting asks the sentinels or the cluster
     /// where it is (SPEC 19.3: at open and after a failed connection, never per call).
     fn connection(&mut self) -> StoreResult<&mut Link> {
+        self.follow_announcement();
         if self.con.is_none() {
             if self.next_connect.is_some_and(|t| Instant::now() < t) {
                 return Err(unavailable("server did not answer (retrying shortly)"));
             }
-            let timeout = Duration::from_millis(self.busy_timeout_ms.clamp(100, 5_000) as u64);
-            let io = Duration::from_millis(self.busy_timeout_ms.clamp(1_000, 30_000) as u64);
+            let (timeout, io) = self.timeouts();
             match self.client.connect(timeout, io) {
                 Ok(con) => {
                     self.con = Some(con);
@@ -893,6 +940,10 @@ impl Store for RedisStore {
         // closed here. The child connects anew, under an owner id of its own.
         if let Some(c) = self.con.take() {
             std::mem::forget(c);
+        }
+        // The sentinels' listener is a thread of the parent's, not in this process.
+        if let Some(w) = self.watch.take() {
+            w.forget();
         }
         self.readonly = true;
         false

@@ -7,7 +7,9 @@
 //! * Sentinel: the sentinels are asked for the primary of the service at open and
 //!   whenever a connection to the primary fails (never per call); the node named is
 //!   checked with `ROLE` (a sentinel may still name a demoted primary). A node that
-//!   answers `READONLY` or `MASTERDOWN` is left, and the sentinels asked again.
+//!   answers `READONLY` or `MASTERDOWN` is left, and the sentinels asked again. A
+//!   primary the sentinels announced (`+switch-master`, heard by the store's thread in
+//!   `redis_sentinel`) is connected to first, when it says it is one.
 //! * Cluster: every key of a prefix is in one hash slot: the keys are named
 //!   `{prefix}:...` (the prefix is the hash tag; a prefix that already holds a hash
 //!   tag is kept as it is), where a single server or Sentinel keeps `prefix:...`, so
@@ -360,6 +362,10 @@ enum Nodes {
         service: String,
         /// The sentinel that answered last, asked first next time.
         first: usize,
+        /// The primary connected to last.
+        primary: Option<(String, u16)>,
+        /// A primary the sentinels announced: tried first at the next connect.
+        announced: Option<(String, u16)>,
     },
     Cluster {
         seeds: Vec<(String, u16)>,
@@ -434,7 +440,13 @@ impl Topology {
                     .map(|(h, p)| Ok((format!("{h}:{p}"), sentinel.client(h, *p)?)))
                     .collect::<redis::RedisResult<Vec<_>>>()
                     .map_err(|e| unusable(&e))?;
-                Nodes::Sentinel { sentinels, service: addr.service.clone(), first: 0 }
+                Nodes::Sentinel {
+                    sentinels,
+                    service: addr.service.clone(),
+                    first: 0,
+                    primary: None,
+                    announced: None,
+                }
             }
             Kind::Cluster => Nodes::Cluster {
                 seeds: addr.hosts.clone(),
@@ -455,6 +467,28 @@ impl Topology {
             Nodes::Single(_) => Kind::Single,
             Nodes::Sentinel { .. } => Kind::Sentinel,
             Nodes::Cluster { .. } => Kind::Cluster,
+        }
+    }
+
+    /// Sentinel: the sentinels (name, client) and the service, for the thread that
+    /// follows their announcements ([`super::redis_sentinel`]).
+    pub fn sentinels(&self) -> Option<(Vec<(String, redis::Client)>, String)> {
+        match &self.nodes {
+            Nodes::Sentinel { sentinels, service, .. } => Some((sentinels.clone(), service.clone())),
+            _ => None,
+        }
+    }
+
+    /// Sentinel: takes in a primary the sentinels announced. True when it is not the one
+    /// connected to last (the connection is then to be left: the next connects to it,
+    /// if it says it is a primary, else asks the sentinels).
+    pub fn announce(&mut self, to: (String, u16)) -> bool {
+        match &mut self.nodes {
+            Nodes::Sentinel { primary, announced, .. } if primary.as_ref() != Some(&to) => {
+                *announced = Some(to);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -483,10 +517,18 @@ impl Topology {
             |con, node| Link { con, node, timeouts: t, wait, short, next_try: None, unconfirmed: None };
         match &mut self.nodes {
             Nodes::Single(client) => Ok(link(connect(client, t)?, None)),
-            Nodes::Sentinel { sentinels, service, first } => {
+            Nodes::Sentinel { sentinels, service, first, primary, announced } => {
                 let node = self.node.as_ref().ok_or_else(|| io_error("no node information".into()))?;
-                let (i, con) = find_primary(sentinels, *first, service, node, t)?;
+                // The primary the sentinels announced, if it says it is one; else asked.
+                if let Some((host, port)) = announced.take() {
+                    if let Ok(con) = connect_primary(node, &host, port, t) {
+                        *primary = Some((host, port));
+                        return Ok(link(con, None));
+                    }
+                }
+                let (i, found, con) = find_primary(sentinels, *first, service, node, t)?;
                 *first = i;
+                *primary = Some(found);
                 Ok(link(con, None))
             }
             Nodes::Cluster { seeds, slot, last } => {
@@ -499,16 +541,31 @@ impl Topology {
     }
 }
 
+/// Connects to `host:port` if it says it is a primary (`ROLE`: a sentinel may still name
+/// a demoted one).
+fn connect_primary(
+    node: &NodeInfo,
+    host: &str,
+    port: u16,
+    t: Timeouts,
+) -> redis::RedisResult<redis::Connection> {
+    let mut con = connect(&node.client(host, port)?, t)?;
+    match redis::cmd("ROLE").query::<redis::Role>(&mut con)? {
+        redis::Role::Primary { .. } => Ok(con),
+        other => Err(io_error(format!("{host}:{port} is not a primary ({other:?})"))),
+    }
+}
+
 /// Asks the sentinels in turn (from `first`) for the primary of `service`, and
 /// connects to the first one named that says it is a primary. Returns the index of
-/// the sentinel that named it.
+/// the sentinel that named it, and the primary.
 fn find_primary(
     sentinels: &[(String, redis::Client)],
     first: usize,
     service: &str,
     node: &NodeInfo,
     t: Timeouts,
-) -> redis::RedisResult<(usize, redis::Connection)> {
+) -> redis::RedisResult<(usize, (String, u16), redis::Connection)> {
     let mut problems = Vec::new();
     let mut unknown = 0;
     for k in 0..sentinels.len() {
@@ -532,14 +589,8 @@ fn find_primary(
                 continue;
             }
         };
-        let checked = node.client(&host, port).and_then(|c| connect(&c, t)).and_then(|mut con| {
-            match redis::cmd("ROLE").query::<redis::Role>(&mut con)? {
-                redis::Role::Primary { .. } => Ok(con),
-                other => Err(io_error(format!("{host}:{port} is not a primary ({other:?})"))),
-            }
-        });
-        match checked {
-            Ok(con) => return Ok((i, con)),
+        match connect_primary(node, &host, port, t) {
+            Ok(con) => return Ok((i, (host, port), con)),
             Err(e) => problems.push(format!("sentinel {name} names {host}:{port} for {service:?}: {e}")),
         }
     }
