@@ -6,11 +6,13 @@ ports in a directory of their own. Administration goes through ``redis-cli`` (in
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import RedisServer, free_port
@@ -251,23 +253,25 @@ class SentinelSet:
 
 
 class Cluster:
-    """``n`` primaries (no replicas) with every slot assigned (``redis-cli --cluster create``)."""
+    """``n`` primaries with every slot assigned (``redis-cli --cluster create``), each with
+    ``replicas`` replicas of its own."""
 
-    def __init__(self, workdir: Path, n: int = 3, tls: tuple[Path, Path, Path] | None = None) -> None:
-        """``tls``: (CA, certificate, key): the nodes speak only TLS, to clients and each other."""
+    def __init__(
+        self,
+        workdir: Path,
+        n: int = 3,
+        tls: tuple[Path, Path, Path] | None = None,
+        replicas: int = 0,
+        node_timeout_ms: int = 3000,
+    ) -> None:
+        """``tls``: (CA, certificate, key): the nodes speak only TLS, to clients and each other.
+        ``node_timeout_ms``: how long a node may not answer before the others count it failed
+        (and its replica takes over)."""
         self.ca = tls[0] if tls else None
-        self.nodes = [
-            RedisServer(
-                workdir / f"c{i}",
-                tls=tls,
-                extra=(
-                    *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
-                    *("--cluster-node-timeout", "3000", "--cluster-port", str(free_port())),
-                    *(("--tls-cluster", "yes") if tls else ()),
-                ),
-            )
-            for i in range(n)
-        ]
+        self.primaries = n
+        self.workdir, self.tls, self.node_timeout_ms = workdir, tls, node_timeout_ms
+        self.hung: set[int] = set()
+        self.nodes = [self.new_node(i) for i in range(n * (1 + replicas))]
         exe = shutil.which("redis-cli")
         if exe is None:
             pytest.fail("redis-cli is not installed (it comes with Debian's redis-server package)")
@@ -275,7 +279,7 @@ class Cluster:
         tls_args = ["--tls", "--cacert", str(self.ca)] if self.ca else []
         try:
             subprocess.run(
-                [exe, *tls_args, "--cluster", "create", *hosts, "--cluster-replicas", "0", "--cluster-yes"],
+                [exe, *tls_args, "--cluster", "create", *hosts, "--cluster-replicas", str(replicas), "--cluster-yes"],
                 check=True,
                 capture_output=True,
                 timeout=60,
@@ -285,14 +289,129 @@ class Cluster:
             self.close()
             raise
 
+    def new_node(self, i: int) -> RedisServer:
+        return RedisServer(
+            self.workdir / f"c{i}",
+            tls=self.tls,
+            extra=(
+                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                *("--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-port", str(free_port())),
+                *(("--tls-cluster", "yes") if self.tls else ()),
+            ),
+        )
+
+    def add_replica(self, primary: int) -> int:
+        """A new node joined to the cluster as a replica of the primary on `primary`, in sync.
+        Returns its port."""
+        node = self.new_node(len(self.nodes))
+        self.nodes.append(node)
+        bus = next(r["bus"] for r in self.table() if r["port"] == primary)
+        assert cli(node.port, "CLUSTER", "MEET", "127.0.0.1", str(primary), str(bus), ca=self.ca) == "OK"
+        wait_until(lambda: len(self.table()) == len(self.nodes), 20, "the new node to be known")
+        primary_id = self.node_id(primary)
+        wait_until(lambda: primary_id in cli(node.port, "CLUSTER", "NODES", ca=self.ca), 20, "the new node to meet")
+        assert cli(node.port, "CLUSTER", "REPLICATE", primary_id, ca=self.ca) == "OK"
+        wait_until(self.ok, 30, "the new replica to join")
+        return node.port
+
+    def live(self) -> list[RedisServer]:
+        """The nodes running and not hung."""
+        return [node for node in self.nodes if node.proc is not None and node.port not in self.hung]
+
+    def hang(self, port: int) -> None:
+        """SIGSTOP: the node keeps its connections but answers nothing until `wake`."""
+        proc = self.node(port).proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+        self.hung.add(port)
+
+    def wake(self, port: int) -> None:
+        proc = self.node(port).proc
+        assert proc is not None
+        proc.send_signal(signal.SIGCONT)
+        self.hung.discard(port)
+
     def ok(self) -> bool:
-        for node in self.nodes:
+        """Every live node knows every node, sees every slot served, and each live replica is
+        in sync with its primary."""
+        for node in self.live():
             i = info_lines(cli(node.port, "CLUSTER", "INFO", ca=self.ca))
             if i.get("cluster_state") != "ok" or i.get("cluster_known_nodes") != str(len(self.nodes)):
                 return False
             if i.get("cluster_slots_ok") != "16384":
                 return False
-        return True
+            rep = info_lines(cli(node.port, "INFO", "replication", ca=self.ca))
+            if rep.get("role") == "slave" and rep.get("master_link_status") != "up":
+                return False
+        table = self.table()
+        if any("fail" in r["flags"] or "fail?" in r["flags"] for r in table):
+            return False
+        return sum(1 for r in table if "master" in r["flags"] and r["slots"]) == self.primaries
+
+    def table(self) -> list[dict[str, Any]]:
+        """``CLUSTER NODES`` as a live node sees it: one dict a node (id, port, cluster bus port,
+        flags, the id of its primary or "-", its slot ranges)."""
+        node = self.live()[0]
+        rows = []
+        for line in cli(node.port, "CLUSTER", "NODES", ca=self.ca).splitlines():
+            fields = line.split()
+            slots = []
+            for r in fields[8:]:
+                if r.startswith("["):
+                    continue
+                lo, _, hi = r.partition("-")
+                slots.append((int(lo), int(hi or lo)))
+            addr, _, bus = fields[1].partition("@")
+            port, bus = int(addr.rsplit(":", 1)[1]), int(bus.split(",")[0])
+            rows.append(
+                {
+                    "id": fields[0],
+                    "port": port,
+                    "bus": bus,
+                    "flags": fields[2].split(","),
+                    "master": fields[3],
+                    "slots": slots,
+                }
+            )
+        return rows
+
+    def node(self, port: int) -> RedisServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    def replica_of(self, port: int) -> int:
+        """The port of a replica of the primary on `port`."""
+        table = self.table()
+        primary = next(r["id"] for r in table if r["port"] == port)
+        return next(r["port"] for r in table if r["master"] == primary and "fail" not in r["flags"])
+
+    def wait_replicated(self, port: int, timeout: float = 20) -> None:
+        """Until every replica of the primary on `port` has everything it holds."""
+        offset = int(info(port, "replication")["master_repl_offset"])
+        table = self.table()
+        primary = next(r["id"] for r in table if r["port"] == port)
+        replicas = [r["port"] for r in table if r["master"] == primary]
+
+        def caught_up() -> bool:
+            return all(int(info(r, "replication").get("slave_repl_offset", "-1")) >= offset for r in replicas)
+
+        wait_until(caught_up, timeout, "the replicas to catch up")
+
+    def wait_owner(self, slot: int, old: int, timeout: float = 30) -> int:
+        """Until every live node names a primary other than `old` for `slot`, and that node says
+        it is a primary. Returns its port."""
+
+        def moved() -> bool:
+            owners = set()
+            for node in self.live():
+                reply = cli(node.port, "CLUSTER", "NODES", ca=self.ca)
+                owners.add(owner_in(reply, slot))
+            if len(owners) != 1:
+                return False
+            port = owners.pop()
+            return port is not None and port != old and info(port, "replication").get("role") == "master"
+
+        wait_until(moved, timeout, f"a new owner of slot {slot}")
+        return self.owner(slot)
 
     def url(self, prefix: str | None = None, query: str = "") -> str:
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
@@ -307,17 +426,11 @@ class Cluster:
         return cli(port, "CLUSTER", "MYID")
 
     def owner(self, slot: int) -> int:
-        """The port of the node serving `slot`."""
-        for line in cli(self.nodes[0].port, "CLUSTER", "NODES").splitlines():
-            fields = line.split()
-            port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
-            for r in fields[8:]:
-                if r.startswith("["):
-                    continue
-                lo, _, hi = r.partition("-")
-                if int(lo) <= slot <= int(hi or lo):
-                    return port
-        raise AssertionError(f"no owner for slot {slot}")
+        """The port of the node serving `slot`, as a live node sees it."""
+        port = owner_in(cli(self.live()[0].port, "CLUSTER", "NODES", ca=self.ca), slot)
+        if port is None:
+            raise AssertionError(f"no owner for slot {slot}")
+        return port
 
     def keys_in(self, port: int, slot: int) -> list[str]:
         out = cli(port, "CLUSTER", "GETKEYSINSLOT", str(slot), "100000")
@@ -339,8 +452,26 @@ class Cluster:
             assert cli(node.port, "CLUSTER", "SETSLOT", str(slot), "NODE", self.node_id(dst)) == "OK"
 
     def close(self) -> None:
+        for port in list(self.hung):
+            self.wake(port)
         for node in self.nodes:
             node.kill()
+
+
+def owner_in(nodes: str, slot: int) -> int | None:
+    """The port of the primary serving `slot` in a ``CLUSTER NODES`` reply (None when none)."""
+    for line in nodes.splitlines():
+        fields = line.split()
+        if "master" not in fields[2].split(",") or "fail" in fields[2].split(","):
+            continue
+        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        for r in fields[8:]:
+            if r.startswith("["):
+                continue
+            lo, _, hi = r.partition("-")
+            if int(lo) <= slot <= int(hi or lo):
+                return port
+    return None
 
 
 def info_lines(text: str) -> dict[str, str]:

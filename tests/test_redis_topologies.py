@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -458,14 +459,12 @@ LOAD = """
 """
 
 
-def test_fleet_leasing_through_a_primary_killed_with_wait_replicas_stores_what_callers_were_told(
-    sentinels: SentinelSet, tmp_path: Path
-) -> None:
-    """4 processes × 4 threads lease and succeed through a SIGKILL of the primary with
-    ?wait_replicas=1: every process keeps serving (from memory while the sentinels fail over
-    and the promoted replica has no replica of its own), and once the killed server is back
-    as a replica, the requests and tokens stored equal what the callers were told, exactly."""
-    url = sentinels.url(prefix="load", query="wait_replicas=1")
+def run_fleet(url: str, tmp_path: Path, disrupt: Callable[[Callable[[str], None]], None]) -> None:
+    """4 processes × 4 threads lease and succeed on `url` while `disrupt(set_phase)` breaks the
+    topology (it sets the phase "down" when it starts and "after" once the topology is whole
+    again): every call succeeds, every process serves during the disruption (from memory while
+    no primary holds the prefix), every engine recovers and flushes, and the requests and
+    tokens stored equal what the callers were told, exactly."""
     phase_file = tmp_path / "phase"
 
     def set_phase(name: str) -> None:
@@ -487,14 +486,7 @@ def test_fleet_leasing_through_a_primary_killed_with_wait_replicas_stores_what_c
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.communicate()[1]
         time.sleep(1.0)
-        old = sentinels.primary()
-        old.kill()  # SIGKILL, mid-call for some of the sixteen callers
-        set_phase("down")
-        sentinels.wait_new_primary(old.port)
-        time.sleep(0.5)
-        old.start()  # back, empty: the sentinels make it a replica of the new primary
-        sentinels.wait_settled()
-        set_phase("after")
+        disrupt(set_phase)
         time.sleep(1.5)
         set_phase("stop")
         outs = [p.communicate(timeout=90) for p in procs]
@@ -511,6 +503,173 @@ def test_fleet_leasing_through_a_primary_killed_with_wait_replicas_stores_what_c
     told_requests = sum(r[0] for r in results)
     told_tokens = sum(r[1] for r in results)
     assert stored(url) == (told_requests, told_tokens, 0)
+
+
+def test_fleet_leasing_through_a_primary_killed_with_wait_replicas_stores_what_callers_were_told(
+    sentinels: SentinelSet, tmp_path: Path
+) -> None:
+    """4 processes × 4 threads lease and succeed through a SIGKILL of the primary with
+    ?wait_replicas=1: every process keeps serving (from memory while the sentinels fail over
+    and the promoted replica has no replica of its own), and once the killed server is back
+    as a replica, the requests and tokens stored equal what the callers were told, exactly."""
+
+    def disrupt(set_phase: Callable[[str], None]) -> None:
+        old = sentinels.primary()
+        old.kill()  # SIGKILL, mid-call for some of the sixteen callers
+        set_phase("down")
+        sentinels.wait_new_primary(old.port)
+        time.sleep(0.5)
+        old.start()  # back, empty: the sentinels make it a replica of the new primary
+        sentinels.wait_settled()
+        set_phase("after")
+
+    run_fleet(sentinels.url(prefix="load", query="wait_replicas=1"), tmp_path, disrupt)
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Three primaries with a replica each, of this test's own (which it may fail over); a node
+    not answering for a second counts as failed."""
+    cluster = Cluster(tmp_path / "cluster", replicas=1, node_timeout_ms=1000)
+    yield cluster
+    cluster.close()
+
+
+@pytest.mark.parametrize("how", ["cluster-failover", "primary-killed"])
+def test_fleet_leasing_through_a_cluster_failover_with_wait_replicas_stores_what_callers_were_told(
+    replicated_cluster: Cluster, tmp_path: Path, how: str
+) -> None:
+    """The fleet of 16 callers on a cluster with a replica a primary, ?wait_replicas=1, while
+    the shard holding the prefix fails over: `CLUSTER FAILOVER` on its replica (the old primary
+    becomes a replica and answers MOVED), or its primary SIGKILLed (the other primaries count
+    it failed after the node timeout and its replica takes over; the killed node comes back as
+    the new primary's replica). The engines follow the slot to its new owner and the requests
+    and tokens stored equal what the callers were told, exactly."""
+    cluster = replicated_cluster
+    slot = cluster.slot("{load}")
+    old = cluster.owner(slot)
+    replica = cluster.replica_of(old)
+
+    def disrupt(set_phase: Callable[[str], None]) -> None:
+        set_phase("down")
+        if how == "cluster-failover":
+            assert cli(replica, "CLUSTER", "FAILOVER") == "OK"
+            assert cluster.wait_owner(slot, old) == replica
+        else:
+            cluster.node(old).kill()
+            assert cluster.wait_owner(slot, old) == replica
+            time.sleep(0.5)
+            cluster.node(old).start()  # back, as the new primary's replica
+        wait_until(cluster.ok, 30, "the cluster to be whole again")
+        set_phase("after")
+
+    before = calls(replica, "evalsha", "eval")
+    run_fleet(cluster.url(prefix="load", query="wait_replicas=1"), tmp_path, disrupt)
+    assert calls(replica, "evalsha", "eval") > before  # the new primary took the writes
+    assert cluster.replica_of(replica) == old
+
+
+@pytest.mark.parametrize("seeds", ["every-node", "the-primary-only"])
+def test_cluster_primary_killed_degrades_then_replays_once_to_the_promoted_replica(
+    replicated_cluster: Cluster, seeds: str
+) -> None:
+    """The primary of the prefix's shard SIGKILLed: the engine serves from memory and enforces
+    the limit until the cluster promotes its replica, then writes its buffer, once, to it. It
+    finds the new owner from any node it can reach: with a URL naming only the dead primary,
+    from the nodes the cluster told it of when it opened."""
+    cluster = replicated_cluster
+    slot = cluster.slot("{killed}")
+    old = cluster.node(cluster.owner(slot))
+    url = cluster.url("killed")
+    if seeds == "the-primary-only":
+        url = f"redis+cluster://127.0.0.1:{old.port}/?prefix=killed"
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+        for _ in range(3):
+            e.lease(P, M, K, 10, limits={"rpm": 8}).success(tokens=10)
+        replica = cluster.replica_of(old.port)
+        cluster.wait_replicated(old.port)  # the replica holds those three
+        old.kill()
+        for _ in range(2):
+            e.lease(P, M, K, 10, limits={"rpm": 8}).success(tokens=10)
+        assert e.degraded
+        assert cluster.wait_owner(slot, old.port) == replica
+        until_recovered(e)
+        for _ in range(3):
+            e.lease(P, M, K, 10, limits={"rpm": 8}).success(tokens=10)
+        with pytest.raises(q.QuotaExceeded):
+            e.lease(P, M, K, 10, limits={"rpm": 8})
+        assert not e.degraded
+    assert stored(cluster.url("killed")) == (8, 80, 0)
+    assert calls(replica, "evalsha", "eval") > 0
+
+
+def test_a_cluster_node_answering_clusterdown_is_left_for_the_slots_owner(replicated_cluster: Cluster) -> None:
+    """The node the engine is connected to answers CLUSTERDOWN: it knows no node serving the
+    prefix's slot (here: its replica took the slot over with `CLUSTER FAILOVER`, then the node
+    was taken out of the cluster with `CLUSTER RESET`, before the engine sent anything). The
+    engine leaves it, asks the nodes it knows who owns the slot, follows and recovers; the
+    limit held throughout and nothing is lost or doubled."""
+    cluster = replicated_cluster
+    slot = cluster.slot("{reset}")
+    old = cluster.owner(slot)
+    replica = cluster.replica_of(old)
+    url = cluster.url("reset")
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=300) as e:
+        e.set_model_limits(P, M, rpm=10)
+        for _ in range(3):
+            e.lease(P, M, K, 10).success(tokens=2)
+        cluster.wait_replicated(old)
+        assert cli(replica, "CLUSTER", "FAILOVER") == "OK"
+        assert cluster.wait_owner(slot, old) == replica
+        wait_until(lambda: info(old, "replication").get("role") == "slave", 20, "the old primary to be a replica")
+        assert cli(old, "CLUSTER", "RESET", "SOFT") == "OK"
+        assert cli(old, "SET", "{reset}:x", "1").startswith("CLUSTERDOWN")
+        for _ in range(2):
+            e.lease(P, M, K, 10).success(tokens=2)
+        until_recovered(e)
+        for _ in range(5):
+            e.lease(P, M, K, 10).success(tokens=2)
+        with pytest.raises(q.QuotaExceeded):
+            e.lease(P, M, K, 10)
+        assert not e.degraded
+    assert stored(url) == (10, 20, 0)
+    assert calls(replica, "evalsha", "eval") > 0
+
+
+def test_a_write_whose_wait_a_failover_cuts_short_is_kept_and_applied_once(replicated_cluster: Cluster) -> None:
+    """?wait_replicas=2 on a shard of two replicas, one of them hung (SIGSTOP): a success the
+    primary applied waits in `WAIT` (the other replica holds it and acknowledges). `CLUSTER
+    FAILOVER` on that replica: it takes the slot over, holding the success, and the demoted
+    primary ends the `WAIT` with an error (`UNBLOCKED`). The write was applied but not
+    confirmed: the engine keeps it and sends it again under its identity (the new primary skips
+    it), rather than buffering it as a write never made and so counting it twice. Once the hung
+    replica wakes as the new primary's second replica the engine recovers, and the requests and
+    tokens stored equal what the caller was told."""
+    cluster = replicated_cluster
+    slot = cluster.slot("{unblocked}")
+    old = cluster.owner(slot)
+    replica = cluster.replica_of(old)
+    second = cluster.add_replica(old)
+    url = cluster.url("unblocked", "wait_replicas=2&wait_timeout_ms=8000")
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=10_000) as e:
+        lease = e.lease(P, M, K, 10)
+        assert not e.degraded
+        cluster.hang(second)
+        try:
+            t = threading.Thread(target=lambda: lease.success(tokens=5))
+            t.start()
+            wait_until(lambda: info(old, "clients").get("blocked_clients") == "1", 20, "the success's WAIT")
+            assert cli(replica, "CLUSTER", "FAILOVER") == "OK"
+            assert cluster.wait_owner(slot, old) == replica
+            t.join(30)
+            assert e.degraded
+        finally:
+            cluster.wake(second)
+        wait_until(cluster.ok, 30, "the cluster to be whole again")
+        until_recovered(e)
+        e.lease(P, M, K, 10).success(tokens=3)
+        assert not e.degraded
+    assert stored(url) == (2, 8, 0)
 
 
 def test_the_command_line_opens_sentinel_and_cluster_urls(redis_sentinel: SentinelSet, redis_cluster: Cluster) -> None:

@@ -419,6 +419,9 @@ impl RedisStore {
             if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || topology::must_reconnect(&e)
             {
                 self.con = None;
+                if topology::pause_reconnect(&e) {
+                    self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
+                }
             }
             store_error(&e, true)
         })

@@ -14,13 +14,19 @@
 //!   `{prefix}:...` (the prefix is the hash tag; a prefix that already holds a hash
 //!   tag is kept as it is), where a single server or Sentinel keeps `prefix:...`, so
 //!   that data written before opens unchanged. The node owning that slot is found
-//!   with `CLUSTER SLOTS`; a `MOVED` reply moves the connection to the node it names
-//!   and sends again, an `ASK` reply sends once to the node it names after `ASKING`.
+//!   with `CLUSTER SLOTS`, asked of the last owner, then of every node (primaries and
+//!   replicas) the last answer named, then of the URL's nodes: after a failover the
+//!   promoted replica is found even when the URL named only the node that died. A
+//!   `MOVED` reply moves the connection to the node it names and sends again, an `ASK`
+//!   reply sends once to the node it names after `ASKING`; a node that answers
+//!   `CLUSTERDOWN` (it knows no node serving the slot) is left and the owner asked
+//!   again, after a pause.
 //!   The script declares every key it touches, so that during a resharding the server
 //!   itself refuses (`TRYAGAIN`, an outage) a call whose keys are split between nodes.
 //! * `?wait_replicas=N`: a call that writes is followed, in the same pipeline, by
-//!   `WAIT N timeout`; a write fewer than N replicas acknowledged is reported in doubt
-//!   (the store keeps it and sends it again, applied once, SPEC 19.2). Until it is
+//!   `WAIT N timeout`; a write fewer than N replicas acknowledged, or whose `WAIT`
+//!   failed (a primary demoted while it waited ends it with `UNBLOCKED`), is reported
+//!   in doubt (the store keeps it and sends it again, applied once, SPEC 19.2). Until it is
 //!   confirmed the primary's replicas are counted with `ROLE` before a write is sent
 //!   again, so that a primary without replicas costs no `WAIT` timeout per call. On
 //!   Sentinel a primary whose replicas fell short counts as a failed connection: the
@@ -309,10 +315,19 @@ fn io_error(msg: String) -> RedisError {
     RedisError::from(std::io::Error::other(msg))
 }
 
-/// A reply the store reconnects after: the node is no longer (or not yet) a primary.
+/// A reply the store reconnects after: the node is no longer (or not yet) a primary,
+/// or (`CLUSTERDOWN`) it knows no node serving the slot, so the slot's owner is asked
+/// again of every node the store knows (a node cut off from the cluster, or taken out
+/// of it, keeps answering so while another owns the slot).
 pub fn must_reconnect(e: &RedisError) -> bool {
-    matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
-        || matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+    matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown | ErrorKind::ClusterDown)
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "CLUSTERDOWN"))
+}
+
+/// A reply after which the store waits a moment before it reconnects: the cluster
+/// itself says it is down, and asking its nodes on every call would not bring it back.
+pub fn pause_reconnect(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::ClusterDown || e.code() == Some("CLUSTERDOWN")
 }
 
 /// How to reach a data node of a sentinel or cluster URL.
@@ -372,6 +387,9 @@ enum Nodes {
         slot: u16,
         /// The node that owned the slot when last asked, asked first next time.
         last: Option<(String, u16)>,
+        /// Every node (primaries and replicas) the last `CLUSTER SLOTS` named, asked
+        /// after `last` and before the seeds: the URL may name only nodes since gone.
+        learned: Vec<(String, u16)>,
     },
 }
 
@@ -452,6 +470,7 @@ impl Topology {
                 seeds: addr.hosts.clone(),
                 slot: key_slot(&format!("{key_prefix}:log")),
                 last: None,
+                learned: Vec::new(),
             },
         };
         Ok(Topology { nodes, node: Some(node), wait: addr.wait, short: false })
@@ -531,9 +550,9 @@ impl Topology {
                 *primary = Some(found);
                 Ok(link(con, None))
             }
-            Nodes::Cluster { seeds, slot, last } => {
+            Nodes::Cluster { seeds, slot, last, learned } => {
                 let node = self.node.as_ref().ok_or_else(|| io_error("no node information".into()))?;
-                let (owner, con) = find_slot_owner(seeds, last.as_ref(), *slot, node, t)?;
+                let (owner, con) = find_slot_owner(seeds, last.as_ref(), learned, *slot, node, t)?;
                 *last = Some(owner);
                 Ok(link(con, Some(node.clone())))
             }
@@ -603,24 +622,36 @@ fn find_primary(
 }
 
 /// The node serving `slot` (from `CLUSTER SLOTS`, asked of the last owner, then of
-/// each seed), connected.
+/// each node the last answer named, then of each seed: any node that answers), connected.
+/// `learned` becomes the nodes the last answer named.
 fn find_slot_owner(
     seeds: &[(String, u16)],
     last: Option<&(String, u16)>,
+    learned: &mut Vec<(String, u16)>,
     slot: u16,
     node: &NodeInfo,
     t: Timeouts,
 ) -> redis::RedisResult<((String, u16), redis::Connection)> {
+    let mut to_ask: Vec<(String, u16)> = Vec::new();
+    for hp in last.into_iter().chain(learned.iter()).chain(seeds) {
+        if !to_ask.contains(hp) {
+            to_ask.push(hp.clone());
+        }
+    }
     let mut problems = Vec::new();
-    for (host, port) in last.into_iter().chain(seeds) {
-        let asked = node.client(host, *port).and_then(|c| connect(&c, t)).and_then(|mut con| {
+    for (host, port) in to_ask {
+        let asked = node.client(&host, port).and_then(|c| connect(&c, t)).and_then(|mut con| {
             let slots = redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut con)?;
-            let owner = slot_owner(&slots, slot, host)
+            let nodes = slot_nodes(&slots, &host);
+            if !nodes.is_empty() {
+                *learned = nodes;
+            }
+            let owner = slot_owner(&slots, slot, &host)
                 .ok_or_else(|| io_error(format!("node {host}:{port} knows no owner of slot {slot}")))?;
             Ok((owner, con))
         });
         match asked {
-            Ok((owner, con)) if owner == (host.clone(), *port) => return Ok((owner, con)),
+            Ok((owner, con)) if owner == (host.clone(), port) => return Ok((owner, con)),
             Ok((owner, _)) => {
                 let con = node.client(&owner.0, owner.1).and_then(|c| connect(&c, t));
                 match con {
@@ -632,6 +663,28 @@ fn find_slot_owner(
         }
     }
     Err(io_error(format!("no cluster node answered for slot {slot}: {}", problems.join("; "))))
+}
+
+/// Every node (primaries and replicas) a `CLUSTER SLOTS` reply names.
+fn slot_nodes(reply: &Value, asked: &str) -> Vec<(String, u16)> {
+    let mut nodes = Vec::new();
+    let Value::Array(ranges) = reply else { return nodes };
+    for r in ranges {
+        let Value::Array(r) = r else { continue };
+        for n in r.iter().skip(2) {
+            let Value::Array(n) = n else { continue };
+            let (Some(host), Some(port)) = (n.first().and_then(value_text), n.get(1).and_then(value_int))
+            else {
+                continue;
+            };
+            let Ok(port) = u16::try_from(port) else { continue };
+            let host = if host.is_empty() || host == "?" { asked.to_string() } else { host };
+            if !nodes.contains(&(host.clone(), port)) {
+                nodes.push((host, port));
+            }
+        }
+    }
+    nodes
 }
 
 fn value_text(v: &Value) -> Option<String> {
@@ -796,23 +849,40 @@ impl Link {
         }
         let mut pipe = redis::pipe();
         pipe.add_command(eval.clone()).cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
-        let replies: Vec<Value> = match pipe.query(self) {
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+        let packed = pipe.get_packed_pipeline();
+        // The replies are read one by one: an error from `WAIT` says nothing of the
+        // script, which may have written.
+        let mut replies = self.req_packed_commands(&packed, 0, 2)?;
+        if let Some(Value::ServerError(e)) = replies.first() {
+            if RedisError::from(e.clone()).kind() == ErrorKind::NoScriptError {
                 script.load(self)?;
-                pipe.query(self)?
+                replies = self.req_packed_commands(&packed, 0, 2)?;
             }
-            r => r?,
-        };
+        }
         let mut it = replies.into_iter();
         let (Some(value), Some(acked)) = (it.next(), it.next()) else {
             return Err(io_error("short reply to a script and WAIT".into()));
         };
-        let acked = value_int(&acked).unwrap_or(0);
+        // The script's own error: it wrote nothing.
+        let value = value.extract_error()?;
+        // `WAIT` failed after the script ran (a primary demoted while it waited answers
+        // `UNBLOCKED`): the write was applied and is not confirmed, as when too few
+        // replicas acknowledge it. The replicas are counted again after a short pause
+        // then, not after the whole `WAIT` timeout.
+        let (acked, why, pause) = match acked {
+            Value::ServerError(e) => {
+                (0, format!(" (WAIT failed: {})", RedisError::from(e)), WAIT_RETRY_PAUSE)
+            }
+            v => {
+                let pause = WAIT_RETRY_PAUSE.max(Duration::from_millis(w.timeout_ms));
+                (value_int(&v).unwrap_or(0), String::new(), pause)
+            }
+        };
         if acked < i64::from(w.replicas) {
             self.short = true;
-            self.next_try = Some(Instant::now() + WAIT_RETRY_PAUSE.max(Duration::from_millis(w.timeout_ms)));
+            self.next_try = Some(Instant::now() + pause);
             self.unconfirmed = Some(format!(
-                "redis: WAIT: {acked} of {} replicas acknowledged the write within {} ms",
+                "redis: WAIT: {acked} of {} replicas acknowledged the write within {} ms{why}",
                 w.replicas, w.timeout_ms
             ));
         } else {
@@ -881,6 +951,29 @@ mod tests {
                 ["log", "lock", "applied:0123"].iter().map(|s| key_slot(&format!("{k}:{s}"))).collect();
             assert!(slots.iter().all(|s| *s == slots[0]), "{p}: {slots:?}");
         }
+    }
+
+    #[test]
+    fn cluster_slots_name_the_owner_and_every_node() {
+        let node = |h: &str, p: i64| {
+            Value::Array(vec![Value::BulkString(h.into()), Value::Int(p), Value::BulkString(b"id".to_vec())])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Int(0), Value::Int(5460), node("127.0.0.1", 7000), node("", 7003)]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("h2", 7001),
+                node("127.0.0.1", 7000),
+            ]),
+        ]);
+        assert_eq!(slot_owner(&reply, 17, "seed"), Some(("127.0.0.1".into(), 7000)));
+        assert_eq!(slot_owner(&reply, 5461, "seed"), Some(("h2".into(), 7001)));
+        assert_eq!(
+            slot_nodes(&reply, "seed"),
+            [("127.0.0.1".into(), 7000), ("seed".into(), 7003), ("h2".into(), 7001)]
+        );
+        assert!(slot_nodes(&Value::Array(vec![]), "seed").is_empty());
     }
 
     #[test]
