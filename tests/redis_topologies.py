@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RedisServer, free_port
+from conftest import RedisServer, free_port, server_exe
 
 SERVICE = "qe"
 
@@ -114,7 +114,7 @@ class Sentinel:
         self.start()
 
     def start(self) -> None:
-        exe = shutil.which("redis-server")
+        exe = server_exe()
         assert exe is not None
         self.proc = subprocess.Popen(
             [exe, str(self.workdir / "sentinel.conf"), "--sentinel"],

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import quotaengine as q
-from conftest import BACKENDS, TEN_AM, RedisServer, free_port, redis_location
+from conftest import BACKENDS, TEN_AM, RedisServer, RedisTarget, free_port
 
 P, M, K = "groq", "llama", 1
 
@@ -67,16 +68,18 @@ def test_bad_urls_are_database_errors(url: str) -> None:
         q.QuotaEngine(url, env={})
 
 
-def test_a_prefix_holding_other_data_is_refused(redis_server: RedisServer) -> None:
-    command(redis_server.port, "SET", "foreign:log", "not ours")
+def test_a_prefix_holding_other_data_is_refused(redis_target: RedisTarget) -> None:
+    prefix = redis_target.own_prefix("foreign")
+    port, log = redis_target.port(prefix), redis_target.key(prefix, "log")
+    command(port, "SET", log, "not ours")
     with pytest.raises(q.DatabaseError, match="prefix"):
-        q.QuotaEngine(f"{redis_server.url}?prefix=foreign", env={})
-    assert command(redis_server.port, "GET", "foreign:log") == b"$8\r\nnot ours\r\n"
+        q.QuotaEngine(redis_target.url(prefix), env={})
+    assert command(port, "GET", log) == b"$8\r\nnot ours\r\n"
 
 
-def test_prefixes_keep_engines_apart(redis_server: RedisServer) -> None:
+def test_prefixes_keep_engines_apart(redis_target: RedisTarget) -> None:
     clock = q.ManualClock(TEN_AM)
-    a_url, b_url = redis_location(redis_server), redis_location(redis_server)
+    a_url, b_url = redis_target.url(), redis_target.url()
     with q.QuotaEngine(a_url, clock=clock, env={}) as a, q.QuotaEngine(b_url, clock=clock, env={}) as b:
         a.set_model_limits(P, M, rpm=1)
         a.lease(P, M, K, 10).success(tokens=10)
@@ -143,8 +146,8 @@ def test_rediss_with_a_private_ca(tmp_path: Path) -> None:
         server.kill()
 
 
-def test_readonly_engine_writes_nothing(redis_server: RedisServer) -> None:
-    url = redis_location(redis_server)
+def test_readonly_engine_writes_nothing(redis_target: RedisTarget) -> None:
+    url = redis_target.url()
     clock = q.ManualClock(TEN_AM)
     with q.QuotaEngine(url, clock=clock, env={}) as w, q.QuotaEngine(url, clock=clock, readonly=True) as r:
         w.record_request(P, M, K)
@@ -154,64 +157,69 @@ def test_readonly_engine_writes_nothing(redis_server: RedisServer) -> None:
         assert w.usage(P, M, K)["rpd"]["used"] == 1
 
 
-def test_round_trips_per_operation(own_server: RedisServer) -> None:
+def test_round_trips_per_operation(redis_target: RedisTarget) -> None:
     """An admitted lease() is one round trip (decided on what the engine knows, written
     if nothing it read has changed); success() writes in one; check() reads in one; a
     refusal is confirmed by one read."""
-    with q.QuotaEngine(own_server.url, clock=q.ManualClock(TEN_AM), env={}) as e:
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    url, port = redis_target.url(prefix), redis_target.port(prefix)
+    with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=1000)
         e.check(P, M, K)
-        before = evalsha_calls(own_server.port)
+        before = evalsha_calls(port)
         for _ in range(50):
             e.lease(P, M, K, 10)
-        assert evalsha_calls(own_server.port) - before == 50
-        before = evalsha_calls(own_server.port)
+        assert evalsha_calls(port) - before == 50
+        before = evalsha_calls(port)
         for _ in range(50):
             e.lease(P, M, K, 10).success(tokens=12)
-        assert evalsha_calls(own_server.port) - before == 50 * 2
-        before = evalsha_calls(own_server.port)
+        assert evalsha_calls(port) - before == 50 * 2
+        before = evalsha_calls(port)
         for _ in range(50):
             e.check(P, M, K)
-        assert evalsha_calls(own_server.port) - before == 50
-        before = evalsha_calls(own_server.port)
+        assert evalsha_calls(port) - before == 50
+        before = evalsha_calls(port)
         with pytest.raises(q.QuotaExceeded):
             e.lease(P, M, K, 10, limits={"rpm": 1})
-        assert evalsha_calls(own_server.port) - before == 1
+        assert evalsha_calls(port) - before == 1
 
 
-def test_lease_conflicts_only_on_the_same_account(own_server: RedisServer) -> None:
+def test_lease_conflicts_only_on_the_same_account(redis_target: RedisTarget) -> None:
     """Another engine's writes to the same (platform, key) since this engine last read
     make its optimistic lease conflict: it takes in what changed and decides again (one
     more round trip). Writes to other keys do not."""
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    url, port = redis_target.url(prefix), redis_target.port(prefix)
     clock = q.ManualClock(TEN_AM)
     with (
-        q.QuotaEngine(own_server.url, clock=clock, env={}) as a,
-        q.QuotaEngine(own_server.url, clock=clock, env={}) as b,
+        q.QuotaEngine(url, clock=clock, env={}) as a,
+        q.QuotaEngine(url, clock=clock, env={}) as b,
     ):
         a.set_model_limits(P, M, rpm=1000)
         a.check(P, M, K)
         b.check(P, M, K)
-        before = evalsha_calls(own_server.port)
+        before = evalsha_calls(port)
         for _ in range(20):
             b.lease(P, M, K + 1, 1).success(tokens=1)  # 2 round trips
             a.lease(P, M, K, 1).success(tokens=1)  # 2: no conflict
-        assert evalsha_calls(own_server.port) - before == 20 * 4
-        before = evalsha_calls(own_server.port)
+        assert evalsha_calls(port) - before == 20 * 4
+        before = evalsha_calls(port)
         for _ in range(20):
             b.lease(P, M, K, 1).success(tokens=1)  # conflicts on a's rows: 3
             a.lease(P, M, K, 1).success(tokens=1)  # conflicts on b's rows: 3
-        assert evalsha_calls(own_server.port) - before == 20 * 6
+        assert evalsha_calls(port) - before == 20 * 6
         assert a.usage(P, M, K)["rpd"]["used"] == 60
         assert b.usage(P, M, K)["rpd"]["used"] == 60
 
 
-def test_a_refusal_is_confirmed_on_fresh_data(own_server: RedisServer) -> None:
+def test_a_refusal_is_confirmed_on_fresh_data(redis_target: RedisTarget) -> None:
     """A lease that what the engine knows would refuse is decided again after a read:
     capacity another host freed meanwhile is used, not refused."""
+    url = redis_target.url()
     clock = q.ManualClock(TEN_AM)
     with (
-        q.QuotaEngine(own_server.url, clock=clock, env={}) as a,
-        q.QuotaEngine(own_server.url, clock=clock, env={}) as b,
+        q.QuotaEngine(url, clock=clock, env={}) as a,
+        q.QuotaEngine(url, clock=clock, env={}) as b,
     ):
         held = a.lease(P, M, K, 1, limits={"rpm": 1})
         assert not b.check(P, M, K, limits={"rpm": 1}).allowed  # b knows a's lease
@@ -449,10 +457,10 @@ def fleet_through_a_restart(own_server: RedisServer, tmp_path: Path, hosts: list
     assert all(r[3] == 0 for r in results), results  # all reconnected
 
 
-def test_one_engine_of_a_fleet_probes_a_key(redis_server: RedisServer) -> None:
+def test_one_engine_of_a_fleet_probes_a_key(redis_target: RedisTarget) -> None:
     """Two engines on one Redis: the one that probes a benched key first keeps it for
     two minutes; the other leaves it alone (its validator is never called)."""
-    url = redis_location(redis_server)
+    url = redis_target.url()
     clock = q.ManualClock(TEN_AM)
     calls: dict[str, list[int]] = {"a": [], "b": []}
 

@@ -6,6 +6,7 @@ told; a server older than Redis 7 and keys of the wrong type are refused, not ou
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
-from conftest import BACKENDS, TEN_AM, RedisServer
+from conftest import BACKENDS, TEN_AM, RedisServer, RedisTarget
 
 P, M, K = "groq", "llama", 1
 
@@ -277,26 +278,29 @@ def command(port: int, *args: str) -> bytes:
 
 
 @pytest.mark.parametrize("key", ["leases", "cooldowns", "lock", "ver"])
-def test_a_key_of_the_wrong_type_under_the_prefix_is_refused_at_open(own_server: RedisServer, key: str) -> None:
-    command(own_server.port, "RPUSH", f"fleet:{key}", "x")
-    with pytest.raises(q.DatabaseError, match=f"fleet:{key} holds a list"):
-        q.QuotaEngine(f"{own_server.url}?prefix=fleet", env={})
+def test_a_key_of_the_wrong_type_under_the_prefix_is_refused_at_open(redis_target: RedisTarget, key: str) -> None:
+    prefix = redis_target.own_prefix("fleet")
+    name = redis_target.key(prefix, key)
+    command(redis_target.port(prefix), "RPUSH", name, "x")
+    with pytest.raises(q.DatabaseError, match=f"{re.escape(name)} holds a list"):
+        q.QuotaEngine(redis_target.url(prefix), env={})
 
 
 def test_a_key_of_the_wrong_type_met_later_is_raised_and_logged_not_an_outage(
-    own_server: RedisServer, caplog: pytest.LogCaptureFixture
+    redis_target: RedisTarget, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url = f"{own_server.url}?prefix=fleet"
+    prefix = redis_target.own_prefix("fleet")
+    url, port, leases = redis_target.url(prefix), redis_target.port(prefix), redis_target.key(prefix, "leases")
     with q.QuotaEngine(url, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=100)
         e.lease(P, M, K, 10).success(tokens=1)
-        command(own_server.port, "DEL", "fleet:leases")
-        command(own_server.port, "RPUSH", "fleet:leases", "x")
+        command(port, "DEL", leases)
+        command(port, "RPUSH", leases, "x")
         with caplog.at_level("ERROR", logger="quotaengine"), pytest.raises(q.DatabaseError, match="WRONGTYPE"):
             e.lease(P, M, K, 10)
         assert not e.degraded
         assert any("WRONGTYPE" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
-        command(own_server.port, "DEL", "fleet:leases")  # mended: the engine works on
+        command(port, "DEL", leases)  # mended: the engine works on
         e.lease(P, M, K, 10).success(tokens=1)
         assert not e.degraded
         assert e.usage(P, M, K)["rpd"]["used"] == 2

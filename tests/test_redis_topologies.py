@@ -672,6 +672,64 @@ def test_a_write_whose_wait_a_failover_cuts_short_is_kept_and_applied_once(repli
     assert stored(url) == (2, 8, 0)
 
 
+@pytest.mark.parametrize("topology", ["sentinel", "cluster"])
+def test_events_merged_while_the_primary_is_down_come_back_one_per_request(topology: str, tmp_path: Path) -> None:
+    """SPEC 10 through a failover (test_redis's restart test with "the server dies" become "the
+    primary dies"): events buffered while no primary answers may be merged in memory, but once
+    the engine writes them to the promoted replica, usage_events() (and every other engine)
+    sees one request row per request, tokens 0. The failover is forced once the events are
+    buffered (`SENTINEL FAILOVER`, `CLUSTER FAILOVER TAKEOVER`), so that the engine is down for
+    all of them."""
+    clock = q.ManualClock(TEN_AM)
+    if topology == "sentinel":
+        where: SentinelSet | Cluster = SentinelSet(tmp_path / "sentinel", down_after_ms=60_000)
+    else:
+        where = Cluster(tmp_path / "cluster", replicas=1, node_timeout_ms=60_000)
+    try:
+        url = where.url("merged")
+        with q.QuotaEngine(url, clock=clock, env={}, busy_timeout_ms=200) as e:
+            e.record_request(P, M, K)
+            if isinstance(where, SentinelSet):
+                where.wait_replicated()
+                old = where.primary()
+            else:
+                slot = where.slot("{merged}")
+                old = where.node(where.owner(slot))
+                replica = where.replica_of(old.port)
+                where.wait_replicated(old.port)
+            old.kill()
+            calls, tokens = 1, 0  # the first request is on the replica
+            for i in range(6_000):  # past the merge threshold, over 10 minutes
+                e.record_request(P, M, K)
+                e.record_tokens(P, M, K, 1 + i % 7)
+                calls += 1
+                tokens += 1 + i % 7
+                clock.advance(100)
+            assert e.degraded
+            assert e._pending_writes() < 2 * calls, "buffered events were merged"
+            if isinstance(where, SentinelSet):
+                assert cli(where.sentinels[0].port, "SENTINEL", "FAILOVER", SERVICE) == "OK"
+                where.wait_new_primary(old.port)
+            else:
+                assert cli(replica, "CLUSTER", "FAILOVER", "TAKEOVER") == "OK"
+                assert where.wait_owner(slot, old.port) == replica
+            deadline = time.monotonic() + 30
+            while e.degraded and time.monotonic() < deadline:
+                time.sleep(0.25)
+                e.record_request(P, M, K)  # buffered until a primary answers, then written with the rest
+                calls += 1
+            assert not e.degraded
+        with q.QuotaEngine(url, clock=clock, env={}) as other:
+            events = other.usage_events()
+            reqs = [ev for ev in events if ev["kind"] == "request"]
+            assert len(reqs) == calls
+            assert {ev["tokens"] for ev in reqs} == {0}
+            assert sum(ev["tokens"] for ev in events if ev["kind"] == "tokens") == tokens
+            assert other.usage(P, M, K)["rpd"]["used"] == calls
+    finally:
+        where.close()
+
+
 def test_the_command_line_opens_sentinel_and_cluster_urls(redis_sentinel: SentinelSet, redis_cluster: Cluster) -> None:
     """`quotaengine status --db <url>` reads a Sentinel or Cluster store (not a file path)."""
     for url in (redis_sentinel.url(), redis_cluster.url()):
