@@ -722,75 +722,13 @@ impl Unit {
 
     /// Applies a write to the mirror. Returns the count of a delete (0 otherwise).
     pub(super) fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
-        match w {
-            Write::Usage(u) => self.mirror.add_usage_row(u, now),
-            Write::InsertLease(l) => {
-                let rid = self.mirror.route_id(&l.platform, &l.model_id, l.key_id);
-                self.mirror.add_lease(
-                    id,
-                    LeaseRec {
-                        route: rid,
-                        tokens: l.tokens,
-                        output_tokens: l.output_tokens,
-                        created_at_ms: l.created_at_ms,
-                        expires_at_ms: l.expires_at_ms,
-                    },
-                );
-                return id;
-            }
-            Write::DeleteLease(id) => {
-                self.own_leases.remove(id);
-                return i64::from(self.mirror.remove_lease(*id).is_some());
-            }
-            Write::UpsertCooldown(c) => self.mirror.put_cooldown(c),
-            Write::DeleteCooldown { platform, model_id, key_id } => {
-                if let Some(rid) = self.mirror.routes.find(platform, model_id, *key_id) {
-                    return i64::from(self.mirror.cooldowns.routes.remove(&rid).is_some());
-                }
-            }
-            Write::DeleteCooldownsForKey(key_id) => {
-                let routes: Vec<RouteId> = self
-                    .mirror
-                    .cooldowns
-                    .routes
-                    .keys()
-                    .copied()
-                    .filter(|rid| self.mirror.routes.get(*rid).key_id == *key_id)
-                    .collect();
-                for rid in &routes {
-                    self.mirror.cooldowns.routes.remove(rid);
-                }
-                return routes.len() as i64;
-            }
-            Write::DeleteExpiredCooldowns(t) => return self.mirror.cooldowns.remove_expired(*t),
-            Write::UpsertKey(k) => self.mirror.put_key(k.clone()),
-            Write::UpsertModel(m) => self.mirror.put_model(m.clone()),
-            Write::SetCaps(p, c) => {
-                self.mirror.config.caps.insert(p.clone(), *c);
-            }
-            Write::ResetCaps(p) => {
-                self.mirror.config.caps.remove(p);
-            }
-            Write::InsertHistory(h) => self.mirror.history.add(h.clone()),
-            Write::DeleteHistory { key_id, route, kinds } => {
-                return self.mirror.history.remove(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds);
-            }
-            Write::Sweep { history_before, .. } => {
-                self.mirror.history.prune(*history_before);
-            }
-            Write::SetCalendar { platform, zone } => {
-                let set = self.mirror.calendars.zones_with(platform, zone.as_deref());
-                if self.mirror.replace_calendars(set) {
-                    // The platform's day windows start over: count them again from the store.
-                    self.rebuild = true;
-                }
-            }
-            Write::SetPriorityReserve { priority, fraction } => {
-                self.mirror.reserves.put(*priority, *fraction)
-            }
-            Write::Log(_) | Write::UpsertQuotaState(_) => {}
+        if let Write::DeleteLease(id) = w {
+            self.own_leases.remove(id);
         }
-        0
+        let (n, recount) = self.mirror.apply(w, id, now);
+        // A platform's day windows started over: count them again from the store.
+        self.rebuild |= recount;
+        n
     }
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).

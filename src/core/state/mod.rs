@@ -5,7 +5,7 @@ pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
-use crate::core::store::{CooldownRow, KeptUsage, LeaseRow, UsageKind, UsageRow};
+use crate::core::store::{CooldownRow, KeptUsage, LeaseRow, UsageKind, UsageRow, Write};
 use crate::core::types::{CooldownSource, KeyInfo, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 
@@ -693,6 +693,76 @@ impl Mirror {
             }
         }
         (requests, billed)
+    }
+
+    /// Applies one write to the mirror (one of this engine's, as it is made). Returns
+    /// the count of a delete (0 otherwise), and whether a platform's calendar changed
+    /// (its day windows are to be counted again from the store).
+    pub fn apply(&mut self, w: &Write, id: i64, now: i64) -> (i64, bool) {
+        match w {
+            Write::Usage(u) => self.add_usage_row(u, now),
+            Write::InsertLease(l) => {
+                let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
+                self.add_lease(
+                    id,
+                    LeaseRec {
+                        route: rid,
+                        tokens: l.tokens,
+                        output_tokens: l.output_tokens,
+                        created_at_ms: l.created_at_ms,
+                        expires_at_ms: l.expires_at_ms,
+                    },
+                );
+                return (id, false);
+            }
+            Write::DeleteLease(id) => return (i64::from(self.remove_lease(*id).is_some()), false),
+            Write::UpsertCooldown(c) => self.put_cooldown(c),
+            Write::DeleteCooldown { platform, model_id, key_id } => {
+                if let Some(rid) = self.routes.find(platform, model_id, *key_id) {
+                    return (i64::from(self.cooldowns.routes.remove(&rid).is_some()), false);
+                }
+            }
+            Write::DeleteCooldownsForKey(key_id) => {
+                let routes: Vec<RouteId> = self
+                    .cooldowns
+                    .routes
+                    .keys()
+                    .copied()
+                    .filter(|rid| self.routes.get(*rid).key_id == *key_id)
+                    .collect();
+                for rid in &routes {
+                    self.cooldowns.routes.remove(rid);
+                }
+                return (routes.len() as i64, false);
+            }
+            Write::DeleteExpiredCooldowns(t) => return (self.cooldowns.remove_expired(*t), false),
+            Write::UpsertKey(k) => self.put_key(k.clone()),
+            Write::UpsertModel(m) => self.put_model(m.clone()),
+            Write::SetCaps(p, c) => {
+                self.config.caps.insert(p.clone(), *c);
+            }
+            Write::ResetCaps(p) => {
+                self.config.caps.remove(p);
+            }
+            Write::InsertHistory(h) => self.history.add(h.clone()),
+            Write::DeleteHistory { key_id, route, kinds } => {
+                return (
+                    self.history.remove(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds),
+                    false,
+                );
+            }
+            Write::Sweep { history_before, .. } => {
+                self.history.prune(*history_before);
+            }
+            Write::SetCalendar { platform, zone } => {
+                let set = self.calendars.zones_with(platform, zone.as_deref());
+                // The platform's day windows start over: they are counted again.
+                return (0, self.replace_calendars(set));
+            }
+            Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
+            Write::Log(_) | Write::UpsertQuotaState(_) => {}
+        }
+        (0, false)
     }
 
     // ---- the view of a decision -----------------------------------------------------

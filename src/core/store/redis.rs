@@ -42,6 +42,7 @@ use codec::{parse_i64, parse_lease, parse_log, parse_quota, parse_usage};
 use redis::Value;
 
 mod codec;
+use codec::{array, int, pairs, text};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -192,50 +193,6 @@ fn not_in_doubt(e: StoreError) -> StoreError {
         StoreError::InDoubt(m) => StoreError::Unavailable(m),
         e => e,
     }
-}
-
-fn bytes(v: &Value) -> Option<&[u8]> {
-    match v {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        _ => None,
-    }
-}
-
-fn text(v: &Value) -> StoreResult<String> {
-    match v {
-        Value::Int(i) => Ok(i.to_string()),
-        Value::Okay => Ok("OK".into()),
-        _ => bytes(v)
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .ok_or_else(|| unavailable(format!("unexpected reply {v:?}"))),
-    }
-}
-
-fn array(v: &Value) -> StoreResult<&[Value]> {
-    match v {
-        Value::Array(a) => Ok(a),
-        Value::Nil => Ok(&[]),
-        _ => Err(unavailable(format!("unexpected reply {v:?}"))),
-    }
-}
-
-fn int(v: &Value) -> StoreResult<i64> {
-    match v {
-        Value::Int(i) => Ok(*i),
-        _ => parse_i64(&text(v)?),
-    }
-}
-
-/// Field/value pairs of an `HGETALL` reply.
-fn pairs(v: &Value) -> StoreResult<Vec<(String, String)>> {
-    let a = array(v)?;
-    a.chunks(2)
-        .map(|c| match c {
-            [f, v] => Ok((text(f)?, text(v)?)),
-            _ => Err(unavailable("odd HGETALL reply")),
-        })
-        .collect()
 }
 
 /// A `redis://...` address taken apart: what the client gets, and this engine's own

@@ -13,7 +13,54 @@ use crate::core::store::{
     UsageKind, UsageRow, Write,
 };
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use redis::Value;
 use std::sync::Arc;
+
+// ---- the shapes of replies ----------------------------------------------------
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+pub(super) fn text(v: &Value) -> StoreResult<String> {
+    match v {
+        Value::Int(i) => Ok(i.to_string()),
+        Value::Okay => Ok("OK".into()),
+        _ => bytes(v)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .ok_or_else(|| unavailable(format!("unexpected reply {v:?}"))),
+    }
+}
+
+pub(super) fn array(v: &Value) -> StoreResult<&[Value]> {
+    match v {
+        Value::Array(a) => Ok(a),
+        Value::Nil => Ok(&[]),
+        _ => Err(unavailable(format!("unexpected reply {v:?}"))),
+    }
+}
+
+pub(super) fn int(v: &Value) -> StoreResult<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        _ => parse_i64(&text(v)?),
+    }
+}
+
+/// Field/value pairs of an `HGETALL` reply.
+pub(super) fn pairs(v: &Value) -> StoreResult<Vec<(String, String)>> {
+    let a = array(v)?;
+    a.chunks(2)
+        .map(|c| match c {
+            [f, v] => Ok((text(f)?, text(v)?)),
+            _ => Err(unavailable("odd HGETALL reply")),
+        })
+        .collect()
+}
 
 /// Takes in the rows of small table `i` (in the order of `TABLES`) as a read brought
 /// them (`HGETALL` pairs).
