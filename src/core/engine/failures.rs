@@ -607,7 +607,7 @@ impl Failures<'_> {
                 m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
             (configured, m.history.learned_concurrency_cap(platform, key_id, now))
         })?;
-        Ok(min_cap(min_cap(env, configured), learned))
+        Ok(setup::min_cap(setup::min_cap(env, configured), learned))
     }
 
     // ---- aggregators (SPEC 21) ---------------------------------------------------
@@ -702,13 +702,5 @@ impl Failures<'_> {
                 daily_tokens: None,
             }
         })
-    }
-}
-
-/// The smaller of two optional caps (`None`: no cap).
-pub(super) fn min_cap(a: Option<i64>, b: Option<i64>) -> Option<i64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }

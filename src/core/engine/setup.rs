@@ -55,7 +55,7 @@ impl Setup {
         let Some((day, minute)) = learned else { return caps };
         let set = m.config.caps.get(platform).copied().unwrap_or_default();
         let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
-            CapSetting::Inherit => failures::min_cap(cap, learned),
+            CapSetting::Inherit => min_cap(cap, learned),
             _ => cap,
         };
         ProviderCaps {
@@ -81,12 +81,12 @@ impl Setup {
         // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
         // configured cap and the learned one.
         let configured = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
-        let conc = failures::min_cap(env, configured.and_then(|k| k.concurrency_cap));
+        let conc = min_cap(env, configured.and_then(|k| k.concurrency_cap));
         let learned = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         GateContext {
             limits: limits_from(m, &route.platform, &route.model_id, limits),
             provider: self.provider_limits(caps),
-            concurrency_cap: failures::min_cap(conc, learned),
+            concurrency_cap: min_cap(conc, learned),
             reserve: m.reserves.for_priority(priority),
         }
     }
@@ -102,5 +102,13 @@ impl Setup {
         let set = LimitSet::provider(caps);
         self.provider_sets.insert(caps, set.clone());
         set
+    }
+}
+
+/// The smaller of two optional caps (`None`: no cap).
+pub(super) fn min_cap(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
