@@ -2,7 +2,7 @@
 //! ladders, and learning limits from provider messages. SPEC 21, what an aggregator's
 //! errors teach beyond the failing route: an upstream congested for one model benches
 //! the model on every key (21.1); a pool 429 teaches the account a provider cap
-//! (21.2), which the gates read through `Setup::effective_caps`.
+//! (21.2), which the gates read through `Setup::gate_context`.
 use super::*;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};

@@ -27,45 +27,12 @@ impl Setup {
     /// Effective caps: `set_provider_caps` wins over env, env over defaults.
     pub(super) fn caps_for(&mut self, unit: &unit::Unit, platform: &str) -> ProviderCaps {
         let (env_caps, _) = self.platform_env(&unit.settings.env, platform);
-        let o = unit.mirror.config.caps.get(platform).copied().unwrap_or_default();
-        fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
-            match s {
-                CapSetting::Inherit => env,
-                CapSetting::NoCap => None,
-                CapSetting::Cap(v) => Some(v),
-            }
-        }
-        ProviderCaps {
-            daily_requests: pick(o.daily_requests, env_caps.daily_requests),
-            minute_requests: pick(o.minute_requests, env_caps.minute_requests),
-            daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
-        }
+        overridden(env_caps, unit.mirror.config.caps.get(platform).copied().unwrap_or_default())
     }
 
-    /// The provider caps the gates apply to a key's account: the platform's (8), each
-    /// lowered to the account's learned one (21.2) unless `set_provider_caps` set it.
-    /// The one place the gates read provider caps.
-    fn effective_caps(&mut self, unit: &unit::Unit, platform: &str, key_id: i64) -> ProviderCaps {
-        let caps = self.caps_for(unit, platform);
-        let m = &unit.mirror;
-        let shared =
-            m.config.keys.get(&key_id).is_some_and(|k| k.platform == platform && k.account.is_some());
-        let learned =
-            m.history.learned_pool_caps(platform, key_id, shared, || m.account_keys(platform, key_id));
-        let Some((day, minute)) = learned else { return caps };
-        let set = m.config.caps.get(platform).copied().unwrap_or_default();
-        let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
-            CapSetting::Inherit => min_cap(cap, learned),
-            _ => cap,
-        };
-        ProviderCaps {
-            daily_requests: lower(set.daily_requests, caps.daily_requests, day),
-            minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
-            daily_tokens: caps.daily_tokens,
-        }
-    }
-
-    /// What a decision at `priority` on `route` reads besides the windows.
+    /// What a decision at `priority` on `route` reads besides the windows. The hot
+    /// path: the platform's environment, its cap settings and the key are looked up
+    /// once each.
     pub(super) fn gate_context(
         &mut self,
         unit: &unit::Unit,
@@ -74,14 +41,17 @@ impl Setup {
         priority: i64,
         now: i64,
     ) -> GateContext {
-        let (_, env) = self.platform_env(&unit.settings.env, &route.platform);
-        // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
-        let caps = self.effective_caps(unit, &route.platform, route.key_id);
+        let (env_caps, env_conc) = self.platform_env(&unit.settings.env, &route.platform);
         let m = &unit.mirror;
+        let key = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+        let set = m.config.caps.get(&route.platform).copied().unwrap_or_default();
+        // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
+        let shared = key.is_some_and(|k| k.account.is_some());
+        let caps =
+            lowered_to_learned(m, overridden(env_caps, set), set, &route.platform, route.key_id, shared);
         // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
         // configured cap and the learned one.
-        let configured = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
-        let conc = min_cap(env, configured.and_then(|k| k.concurrency_cap));
+        let conc = min_cap(env_conc, key.and_then(|k| k.concurrency_cap));
         let learned = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         GateContext {
             limits: limits_from(m, &route.platform, &route.model_id, limits),
@@ -110,5 +80,45 @@ pub(super) fn min_cap(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// The caps in force: `set_provider_caps`'s settings `o` over the environment's.
+fn overridden(env_caps: ProviderCaps, o: CapOverrides) -> ProviderCaps {
+    fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
+        match s {
+            CapSetting::Inherit => env,
+            CapSetting::NoCap => None,
+            CapSetting::Cap(v) => Some(v),
+        }
+    }
+    ProviderCaps {
+        daily_requests: pick(o.daily_requests, env_caps.daily_requests),
+        minute_requests: pick(o.minute_requests, env_caps.minute_requests),
+        daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
+    }
+}
+
+/// The provider caps the gates apply to a key's account: `caps`, each lowered to the
+/// account's learned one (SPEC 21.2) unless `set_provider_caps` set it (`set`). The
+/// one place the gates read provider caps.
+fn lowered_to_learned(
+    m: &Mirror,
+    caps: ProviderCaps,
+    set: CapOverrides,
+    platform: &str,
+    key_id: i64,
+    shared: bool,
+) -> ProviderCaps {
+    let learned = m.history.learned_pool_caps(platform, key_id, shared, || m.account_keys(platform, key_id));
+    let Some((day, minute)) = learned else { return caps };
+    let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
+        CapSetting::Inherit => min_cap(cap, learned),
+        _ => cap,
+    };
+    ProviderCaps {
+        daily_requests: lower(set.daily_requests, caps.daily_requests, day),
+        minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
+        daily_tokens: caps.daily_tokens,
     }
 }

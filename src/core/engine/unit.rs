@@ -810,10 +810,7 @@ impl Unit {
 
     /// Runs `f` on the mirror inside a read section.
     pub(super) fn read<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
-        let sec = self.enter(false)?;
-        let out = f(&mut self.mirror, sec.now);
-        self.leave(sec, Vec::new())?;
-        Ok(out)
+        self.reading(|u, now| f(&mut u.mirror, now))
     }
 
     /// A use case that only reads, in one section: `f` answers from the unit (its
