@@ -30,7 +30,7 @@ pub struct Calendar {
     /// `None` for UTC (plain arithmetic for days and weeks).
     zone: Option<jiff::tz::TimeZone>,
     /// (start, end) of the period last asked for, per [`Period`].
-    cached: [Cell<(i64, i64)>; 3],
+    cached: [Cell<(i64, i64)>; Period::COUNT],
 }
 
 impl Default for Calendar {

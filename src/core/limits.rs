@@ -93,7 +93,9 @@ pub enum Period {
 }
 
 impl Period {
-    pub const ALL: [Period; 3] = [Period::Day, Period::Week, Period::Month];
+    /// How many period kinds there are: the length of a per-period array.
+    pub const COUNT: usize = 3;
+    pub const ALL: [Period; Period::COUNT] = [Period::Day, Period::Week, Period::Month];
 
     pub fn as_str(self) -> &'static str {
         match self {

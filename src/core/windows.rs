@@ -78,14 +78,14 @@ pub struct Windows {
     slides: Vec<Slide>,
     /// Per calendar period kept (the day always): (period start, counts), sorted by
     /// start; only the current period and later ones are kept.
-    periods: [Option<Vec<(i64, Counts)>>; 3],
+    periods: [Option<Vec<(i64, Counts)>>; Period::COUNT],
     /// Where its periods start.
     cal: Calendar,
     /// The `now` of the last prune: what the windows count is as of then.
     at: i64,
     /// Per period kind, (start, end) of the period holding the last prune's `now`:
     /// while `now` stays inside, no period boundary is computed again.
-    current: [(i64, i64); 3],
+    current: [(i64, i64); Period::COUNT],
 }
 
 impl Default for Windows {
@@ -104,7 +104,7 @@ impl Windows {
             periods: [Some(Vec::new()), None, None],
             cal,
             at: i64::MIN,
-            current: [(0, 0); 3],
+            current: [(0, 0); Period::COUNT],
         }
     }
 
