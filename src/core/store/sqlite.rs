@@ -73,8 +73,26 @@ fn busy_timeout(ms: i64) -> Duration {
     Duration::from_millis(ms.clamp(0, i64::from(i32::MAX)) as u64)
 }
 
-fn incompatible(path: &str, why: impl std::fmt::Display) -> StoreError {
-    StoreError::Incompatible(format!("cannot open {path:?} as a quotaengine database: {why}"))
+/// Why a file cannot be used as this engine's database: SQLite's own error or the
+/// engine's reason. [`SqliteStore::open`] says it as one [`StoreError::Incompatible`].
+struct Unfit(String);
+
+impl From<rusqlite::Error> for Unfit {
+    fn from(e: rusqlite::Error) -> Unfit {
+        Unfit(e.to_string())
+    }
+}
+
+impl From<&str> for Unfit {
+    fn from(why: &str) -> Unfit {
+        Unfit(why.to_string())
+    }
+}
+
+impl From<String> for Unfit {
+    fn from(why: String) -> Unfit {
+        Unfit(why)
+    }
 }
 
 /// The version of the SQLite library this process links (the system one, shared with
@@ -91,7 +109,9 @@ impl SqliteStore {
         let memory = path == ":memory:";
         let sides = [format!("{path}-wal"), format!("{path}-shm")];
         let existed: Vec<bool> = sides.iter().map(|f| std::path::Path::new(f).exists()).collect();
-        let result = Self::open_inner(path, readonly, busy_timeout_ms);
+        let result = Self::open_inner(path, readonly, busy_timeout_ms).map_err(|Unfit(why)| {
+            StoreError::Incompatible(format!("cannot open {path:?} as a quotaengine database: {why}"))
+        });
         if result.is_err() && !memory {
             // A refused file is left as it was: remove the side files opening it made
             // (SQLite creates them to read a WAL-mode file, even read-only). The
@@ -108,7 +128,7 @@ impl SqliteStore {
         result
     }
 
-    fn open_inner(path: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
+    fn open_inner(path: &str, readonly: bool, busy_timeout_ms: i64) -> Result<Self, Unfit> {
         let memory = path == ":memory:";
         let flags = if readonly {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI
@@ -119,62 +139,56 @@ impl SqliteStore {
                 | OpenFlags::SQLITE_OPEN_URI
         };
         if readonly && !memory && !std::path::Path::new(path).exists() {
-            return Err(incompatible(path, "no such file"));
+            return Err(Unfit::from("no such file"));
         }
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| incompatible(path, e))?;
-        conn.busy_timeout(busy_timeout(busy_timeout_ms)).map_err(|e| incompatible(path, e))?;
+        let conn = Connection::open_with_flags(path, flags)?;
+        conn.busy_timeout(busy_timeout(busy_timeout_ms))?;
         if !readonly && !memory && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             // SQLite falls back to read-only when it cannot write the file: say so now
             // rather than serve from memory forever.
-            return Err(incompatible(
-                path,
+            return Err(Unfit::from(
                 "the file (or its directory) is not writable; open it with readonly=True",
             ));
         }
         // Reading the header fails on a file that is not a database; nothing is written yet.
-        let version: i64 =
-            conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| incompatible(path, e))?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if version > current_version() {
-            return Err(incompatible(
-                path,
-                format!("schema version {version} is newer than this engine's ({})", current_version()),
-            ));
+            return Err(Unfit::from(format!(
+                "schema version {version} is newer than this engine's ({})",
+                current_version()
+            )));
         }
         let tables: Vec<String> = conn
             .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
-            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-            .map_err(|e| incompatible(path, e))?;
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())?;
         if version == 0 && !tables.is_empty() {
-            return Err(incompatible(path, "it holds another application's tables"));
+            return Err(Unfit::from("it holds another application's tables"));
         }
         if version > 0 && !tables.iter().any(|t| t == "quotaengine_meta") {
-            return Err(incompatible(path, "it is not a quotaengine database"));
+            return Err(Unfit::from("it is not a quotaengine database"));
         }
         if readonly && version == 0 {
-            return Err(incompatible(path, "the database is empty"));
+            return Err(Unfit::from("the database is empty"));
         }
         if version > 0 {
-            check_schema(&conn, version).map_err(|e| incompatible(path, e))?;
+            check_schema(&conn, version)?;
         }
         if !readonly && version == 0 {
             // Small pages: a commit writes a few rows, and each WAL frame is a page.
-            conn.execute_batch("PRAGMA page_size = 1024").map_err(|e| incompatible(path, e))?;
+            conn.execute_batch("PRAGMA page_size = 1024")?;
         }
         if !readonly {
             // SPEC §10: WAL. Set only now: switching journal mode writes the file header.
-            let mode: String = conn
-                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-                .map_err(|e| incompatible(path, e))?;
+            let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
             if !memory && !mode.eq_ignore_ascii_case("wal") {
-                return Err(incompatible(path, format!("cannot use WAL mode (got {mode})")));
+                return Err(Unfit::from(format!("cannot use WAL mode (got {mode})")));
             }
         }
         // NORMAL in WAL mode: a commit survives a crash of the process (not of the OS).
         // Checkpoint less often than SQLite's default (each one fsyncs twice).
         conn.execute_batch(
             "PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY; PRAGMA wal_autocheckpoint = 8000;",
-        )
-        .map_err(|e| incompatible(path, e))?;
+        )?;
         let mut store = Self {
             conn,
             readonly,
@@ -202,7 +216,7 @@ impl SqliteStore {
             if !memory && !path.starts_with("file:") {
                 store.registry = super::registry::Registry::join(path);
             }
-            store.migrate().map_err(|e| incompatible(path, e))?;
+            store.migrate()?;
         }
         Ok(store)
     }
@@ -486,15 +500,15 @@ impl SqliteStore {
 /// Refuses a file whose pages are damaged, or whose tables are not the ones this
 /// engine's migrations made at `version` (same table names, other columns: another
 /// application's file). Reads only.
-fn check_schema(conn: &Connection, version: i64) -> std::result::Result<(), String> {
-    let ok: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+fn check_schema(conn: &Connection, version: i64) -> Result<(), Unfit> {
+    let ok: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0))?;
     if ok != "ok" {
-        return Err(format!("the file is damaged ({ok})"));
+        return Err(Unfit(format!("the file is damaged ({ok})")));
     }
     // The expected schema: this engine's migrations up to `version`, in memory.
-    let expected = Connection::open_in_memory().map_err(|e| e.to_string())?;
+    let expected = Connection::open_in_memory()?;
     for sql in MIGRATIONS.iter().take(version.max(0) as usize) {
-        expected.execute_batch(sql).map_err(|e| e.to_string())?;
+        expected.execute_batch(sql)?;
     }
     let columns = |c: &Connection, table: &str| -> rusqlite::Result<Vec<String>> {
         let mut stmt = c.prepare("SELECT name FROM pragma_table_info(?1) ORDER BY cid")?;
@@ -503,18 +517,17 @@ fn check_schema(conn: &Connection, version: i64) -> std::result::Result<(), Stri
     };
     let tables: Vec<String> = expected
         .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-        .map_err(|e| e.to_string())?;
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())?;
     for t in tables {
-        let want = columns(&expected, &t).map_err(|e| e.to_string())?;
-        let have = columns(conn, &t).map_err(|e| e.to_string())?;
+        let want = columns(&expected, &t)?;
+        let have = columns(conn, &t)?;
         if have.is_empty() {
-            return Err(format!("table {t} is missing: not a quotaengine database"));
+            return Err(Unfit(format!("table {t} is missing: not a quotaengine database")));
         }
         if have != want {
-            return Err(format!(
+            return Err(Unfit(format!(
                 "table {t} has columns {have:?}, expected {want:?}: another application's database"
-            ));
+            )));
         }
     }
     Ok(())
