@@ -57,7 +57,7 @@ impl StoreSpec {
         match self {
             #[cfg(feature = "redis")]
             StoreSpec::Redis(url) => {
-                redis_topology::parse(url).map(drop).map_err(crate::core::error::Error::Invalid)
+                redis::url::parse(url).map(drop).map_err(crate::core::error::Error::Invalid)
             }
             // Refused at open: this build has no Redis backend.
             #[cfg(not(feature = "redis"))]

@@ -42,10 +42,12 @@ use codec::{parse_i64, parse_lease, parse_log, parse_quota, parse_usage};
 use redis::Value;
 
 mod codec;
+pub mod url;
 use codec::{array, int, pairs, text};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+pub use url::is_redis_url;
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
@@ -195,58 +197,19 @@ fn not_in_doubt(e: StoreError) -> StoreError {
     }
 }
 
-/// A `redis://...` address taken apart: what the client gets, and this engine's own
-/// query parameters.
-#[derive(Debug, PartialEq, Eq)]
-pub struct RedisAddress {
-    /// The URL without this engine's parameters.
-    pub base: String,
-    /// `?prefix=` (default `quotaengine`).
-    pub prefix: String,
-    /// `?ssl_ca_certs=` (as in redis-py): a PEM file of the CAs to trust for
-    /// `rediss://` instead of the built-in web roots (a private CA).
-    pub ca_file: Option<String>,
-}
-
-pub fn parse_address(url: &str) -> RedisAddress {
-    let mut addr = RedisAddress { base: url.to_string(), prefix: "quotaengine".to_string(), ca_file: None };
-    let Some((base, query)) = url.split_once('?') else { return addr };
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|kv| {
-            if let Some(p) = kv.strip_prefix("prefix=") {
-                addr.prefix = p.to_string();
-            } else if let Some(f) = kv.strip_prefix("ssl_ca_certs=") {
-                addr.ca_file = Some(f.to_string());
-            } else {
-                return !kv.is_empty();
-            }
-            false
-        })
-        .collect();
-    addr.base = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
-    addr
-}
-
-/// True when `path` names a Redis server rather than a file.
-pub fn is_redis_url(path: &str) -> bool {
-    ["redis://", "rediss://", "redis+unix://", "unix://"].iter().any(|s| path.starts_with(s))
-        || topology::is_variant(path)
-}
-
 impl RedisStore {
     /// Connects (failing at once when the server does not answer) and checks the
     /// prefix's data is this engine's.
     pub fn open(url: &str, readonly: bool, busy_timeout_ms: i64) -> StoreResult<Self> {
         // A URL that does not parse was refused (ValueError) by `StoreSpec::check`.
-        let addr = topology::parse(url).map_err(StoreError::Incompatible)?;
+        let addr = url::parse(url).map_err(StoreError::Incompatible)?;
         let prefix = addr.prefix.clone();
         if prefix.is_empty() || prefix.contains(char::is_whitespace) {
             return Err(StoreError::Incompatible(format!("bad key prefix {prefix:?} in {url:?}")));
         }
         // A cluster's keys carry the prefix as their hash tag (one slot).
         let prefix = topology::key_prefix(addr.kind, &prefix);
-        if addr.kind == topology::Kind::Cluster && !topology::has_hash_tag(&prefix) {
+        if addr.kind == url::Kind::Cluster && !topology::has_hash_tag(&prefix) {
             return Err(StoreError::Incompatible(format!(
                 "key prefix {:?} in {url:?} cannot be a cluster hash tag (it starts with '}}')",
                 addr.prefix
@@ -453,7 +416,7 @@ impl RedisStore {
         let unconfirmed = self.con.as_mut().and_then(Link::take_unconfirmed);
         if let Some(short) = self.con.as_ref().map(Link::short) {
             self.client.carry_short(short);
-            if short && self.client.kind() == topology::Kind::Sentinel {
+            if short && self.client.kind() == url::Kind::Sentinel {
                 // A primary without the replicas ?wait_replicas= asks for may have been
                 // failed over (a demoted primary takes writes until the sentinels
                 // reconfigure it): the sentinels are asked again, after a pause.

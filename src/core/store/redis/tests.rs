@@ -55,23 +55,3 @@ fn error_replies_that_waiting_cures_are_outages_the_others_are_not() {
     assert!(matches!(store_error(&cut, true), StoreError::InDoubt(_)));
     assert!(matches!(store_error(&cut, false), StoreError::Unavailable(_)));
 }
-
-#[test]
-fn prefix_and_ca_come_out_of_the_url() {
-    let addr = |base: &str, prefix: &str, ca: Option<&str>| RedisAddress {
-        base: base.into(),
-        prefix: prefix.into(),
-        ca_file: ca.map(Into::into),
-    };
-    assert_eq!(parse_address("redis://h:1/0"), addr("redis://h:1/0", "quotaengine", None));
-    assert_eq!(parse_address("redis://h:1/0?prefix=fleet"), addr("redis://h:1/0", "fleet", None));
-    assert_eq!(
-        parse_address("redis://h/0?protocol=resp3&prefix=a"),
-        addr("redis://h/0?protocol=resp3", "a", None)
-    );
-    assert_eq!(
-        parse_address("rediss://h/0?ssl_ca_certs=/etc/ca.pem&prefix=a"),
-        addr("rediss://h/0", "a", Some("/etc/ca.pem"))
-    );
-    assert!(is_redis_url("rediss://x") && !is_redis_url("/tmp/redis://x"));
-}
