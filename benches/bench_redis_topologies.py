@@ -3,7 +3,7 @@
 
     python benches/bench_redis_topologies.py [--ops 8000] [--out benches/RESULTS-redis-topologies.md]
 
-Starts real ``redis-server`` processes on loopback (tests/redis_topologies.py): one server; a
+Starts real ``redis-server`` processes on loopback (tests/support/redis_topologies.py): one server; a
 primary, a replica and three sentinels (down-after 1000 ms); three cluster primaries. Then:
 
 * the stream of ``bench_compare.py`` (routes, Zipf models, four limits per route, about 10%
@@ -40,7 +40,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
 PROCS = 4
 
@@ -297,7 +297,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--switch-only", action="store_true", help="only the +switch-master timing")
     args = ap.parse_args()
-    from conftest import RedisServer
+    from redis_servers import RedisServer
     from redis_topologies import Cluster, SentinelSet, calls
 
     if args.switch_only:

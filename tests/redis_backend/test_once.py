@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
-from conftest import BACKENDS, TEN_AM, RedisServer, RedisTarget
+from moments import TEN_AM
+from redis_servers import RedisServer, RedisTarget
+from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
 
@@ -86,13 +88,6 @@ class ReplyCutter:
             except OSError:
                 pass
             s.close()
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.kill()
 
 
 @pytest.fixture

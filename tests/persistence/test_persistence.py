@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
-from conftest import downgrade_schema
+from old_schemas import downgrade_schema
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
 SECOND = 1_000

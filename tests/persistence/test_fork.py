@@ -30,10 +30,11 @@ from typing import Any
 
 import pytest
 import quotaengine as q
-from conftest import free_port
+from redis_servers import free_port
 
 P, M, K = "groq", "llama-3.1-8b", 1
-HERE = Path(__file__).parent
+# fork_app.py, the module the workers import.
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()"),
@@ -350,13 +351,13 @@ def test_an_in_memory_engine_is_the_childs_own_copy(flush: int) -> None:
 def test_multiprocessing_contexts_admit_exactly(
     store: str, method: str, flush: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A module that creates its engine at import (tests/fork_app.py), a pool of 4 workers in
+    """A module that creates its engine at import (tests/support/fork_app.py), a pool of 4 workers in
     each start method: with "fork" the workers inherit the parent's engine, with "forkserver"
     and "spawn" each imports the module and opens its own. Exactly rpm admitted, all stored."""
     monkeypatch.setenv("QE_FORK_STORE", store)
     monkeypatch.setenv("QE_FORK_FLUSH", str(flush))
     monkeypatch.setenv("QE_FORK_RPM", "100")
-    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.syspath_prepend(str(SUPPORT))
     import fork_app
 
     app = importlib.reload(fork_app)  # this test's store
@@ -405,7 +406,7 @@ def test_gunicorn_preload_workers_share_the_engine_exactly(store: str, flush: in
         pytest.fail("gunicorn is not installed (a test dependency: pip install .[test])")
     port = free_port()
     env = dict(os.environ, QE_FORK_STORE=store, QE_FORK_FLUSH=str(flush), QE_FORK_RPM="100")
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT), env.get("PYTHONPATH", "")])
     log_file = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [exe, "--preload", "-w", "4", "-b", f"127.0.0.1:{port}", "--graceful-timeout", "5", "fork_app:app"],

@@ -9,7 +9,7 @@ a real database), files of other applications (the SPEC's table names with other
 engine uses; unrelated tables), a directory, a path in a missing directory. An empty (zero-length) file is a
 valid empty SQLite database: the engine makes it a quotaengine database.
 
-tests/test_persistence.py already covers a few non-SQLite byte patterns and version + 1; these are the
+tests/persistence/test_persistence.py already covers a few non-SQLite byte patterns and version + 1; these are the
 corruption and foreign-application cases.
 """
 

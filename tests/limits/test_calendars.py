@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import quotaengine as q
-from conftest import downgrade_schema
+from old_schemas import downgrade_schema
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

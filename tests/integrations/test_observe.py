@@ -1,5 +1,5 @@
 """SPEC 16: `Lease.observe`, with the real openai, anthropic, httpx and requests packages
-talking to a real local server that answers like the providers (tests/provider_server.py),
+talking to a real local server that answers like the providers (tests/support/provider_server.py),
 on both backends. Asserted: what lands in the engine (the cooldown and its source, the
 learned limit, the quota state, the recorded tokens)."""
 
@@ -21,7 +21,7 @@ import requests
 from provider_server import ProviderServer
 
 P, M, K = "groq", "llama-3.3-70b-versatile", 1
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import quotaengine as q
-from test_processes import spawn, stderr_of
+from subprocesses import spawn, stderr_of
 
 NOW = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 P, M, K = "groq", "llama", 1

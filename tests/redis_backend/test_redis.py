@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
-from conftest import BACKENDS, TEN_AM, RedisServer, RedisTarget, free_port
+from moments import TEN_AM
+from redis_servers import RedisServer, RedisTarget, free_port
+from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
 
@@ -41,14 +43,6 @@ def evalsha_calls(port: int) -> int:
         if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
             n += int(line.split("calls=")[1].split(",")[0])
     return n
-
-
-@pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A server of this test's own, which it may kill and restart."""
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.kill()
 
 
 def test_nothing_listening_is_a_database_error() -> None:

@@ -17,7 +17,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "quota-analysis.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "quota-analysis.ipynb"
 KERNEL = "quotaengine-test"
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import quotaengine as q
-from conftest import DAY, MINUTE, T0, TEN_AM, downgrade_schema
+from moments import DAY, MINUTE, T0, TEN_AM
+from old_schemas import downgrade_schema
 
 P, M, K = "groq", "llama", 1
 

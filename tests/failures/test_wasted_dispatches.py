@@ -16,7 +16,7 @@ from provider_bodies import (
     OPENAI_TPM_20MS,
     gemini_body,
 )
-from test_processes import finish, spawn
+from subprocesses import finish, spawn
 
 SECOND = 1_000
 MINUTE = 60_000
@@ -376,7 +376,7 @@ def test_a_file_of_schema_6_opens_and_keeps_its_failure_history(db_path: object,
     of version 6 holds goes on from where it was."""
     import sqlite3
 
-    from conftest import downgrade_schema
+    from old_schemas import downgrade_schema
 
     spent = {"rpd": 1}
     with q.QuotaEngine(db_path, clock=qclock, env={}) as e:

@@ -8,52 +8,17 @@ import contextlib
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
-import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import quotaengine as q
+from subprocesses import finish, spawn, stderr_of
 
 T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
 HOUR = 3_600_000
 TEN_AM = T0 + 10 * HOUR
 P, M, K = "groq", "llama-3.1-8b", 1
-
-
-@contextlib.contextmanager
-def spawn(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """Runs `script` in a fresh interpreter (the same venv) with `args` in sys.argv[1:]; kills it and
-    closes its pipes on the way out."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    with proc:
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
-
-
-def stderr_of(proc: subprocess.Popen[str]) -> str:
-    if proc.poll() is None:
-        proc.kill()
-    return proc.communicate()[1] or ""
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 20) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, err
-    return out
 
 
 def usage_at(db_path: Path | str, now_ms: int = TEN_AM, **kwargs: int) -> dict:

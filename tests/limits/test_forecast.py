@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import quotaengine as q
-from conftest import DAY, HOUR, MINUTE, T0, TEN_AM
+from moments import DAY, HOUR, MINUTE, T0, TEN_AM
 
 P, M, K = "groq", "llama", 1
 LOOKBACK = 600_000

@@ -7,7 +7,7 @@
 (c) disk full on a small tmpfs (root and a working ``mount -t tmpfs`` needed, else skipped);
 (d) memory bounded over a long outage: 1,000,000 calls through a degraded engine in a child, peak RSS measured.
 
-The existing tests/test_degraded.py covers a same-process lock with a handful of calls; these are the long,
+The existing tests/persistence/test_degraded.py covers a same-process lock with a handful of calls; these are the long,
 cross-process and filesystem-level versions.
 """
 

@@ -296,7 +296,7 @@ def test_a_version_8_file_migrates_and_keeps_its_cooldowns(db_path: object, qclo
     failure_history (three more kinds): what a version-8 file held stands."""
     import sqlite3
 
-    from conftest import downgrade_schema
+    from old_schemas import downgrade_schema
 
     with q.QuotaEngine(db_path, clock=qclock, env={}) as e:  # type: ignore[arg-type]
         e.set_cooldown(P, M2, 1, 10 * MINUTE, "tier")

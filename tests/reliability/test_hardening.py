@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import quotaengine as q
-from conftest import MINUTE
+from moments import MINUTE
 
 P, M, K = "groq", "llama", 1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RedisServer, free_port, server_exe
+from redis_servers import RedisServer, free_port, server_exe
 
 SERVICE = "qe"
 

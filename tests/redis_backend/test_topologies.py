@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
-from conftest import BACKENDS, TEN_AM, RedisServer, free_port
+from moments import TEN_AM
+from redis_servers import RedisServer, free_port
 from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, tls_files, wait_until
+from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
 

@@ -23,8 +23,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import quotaengine as q  # noqa: E402
-from conftest import MINUTE, TEN_AM  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from moments import MINUTE, TEN_AM  # noqa: E402
 from quotaengine import analysis  # noqa: E402
 
 SPEC_COLUMNS = [

@@ -664,7 +664,7 @@ def test_observe_of_a_cancellation_records_the_estimate_and_benches_nothing(engi
 
 
 def test_the_example_runs(server: LiteLLMProviders, tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parents[1] / "examples" / "litellm_router.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "litellm_router.py"
     r = subprocess.run(
         [sys.executable, str(example), server.url, str(tmp_path / "quota.db")],
         capture_output=True,

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 import quotaengine as q
-from conftest import downgrade_schema
+from old_schemas import downgrade_schema
 from quotaengine import Limit
 
 SEC = 1_000

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import quotaengine as q
-from test_processes import finish, spawn, stderr_of
+from subprocesses import finish, spawn, stderr_of
 
 NOW = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 M = "m"

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import quotaengine as q
 from quotaengine import Limit
-from test_processes import finish, spawn, stderr_of
+from subprocesses import finish, spawn, stderr_of
 
 NOW = 1_796_119_200_000  # 2026-12-01 10:00 UTC
 P, M = "google", "gemini-2.5-flash"
