@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR, MINUTE, T0, TEN_AM
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-MINUTE = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
-TEN_AM = T0 + 10 * HOUR
 NEXT_MIDNIGHT = T0 + DAY
 P, M, K = "groq", "llama-3.1-8b", 1
 

@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 import quotaengine as q
+from moments import MINUTE, NOON
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
-NOON = MIDNIGHT + 12 * 3_600_000
-MINUTE = 60_000
 P, M = "groq", "llama-3.1-8b-instant"
 COLUMNS = {"id", "level", "source", "provider", "model", "event", "request_id", "message", "created_at_ms"}
 LEVELS = {"info", "warn", "error"}

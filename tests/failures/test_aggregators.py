@@ -4,10 +4,9 @@ real bodies; through record_failure and Lease.observe."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import quotaengine as q
+from moments import MINUTE, NOON, SECOND
 from provider_bodies import (
     OPENROUTER_402,
     OPENROUTER_PER_DAY_UPSELL,
@@ -16,24 +15,16 @@ from provider_bodies import (
     openrouter_pool_body,
 )
 
-SECOND = 1_000
-MINUTE = 60_000
-NOON = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 MIDNIGHT = NOON + 12 * 3_600_000  # OpenRouter's day ends at 00:00 UTC
 P, M, M2 = "openrouter", "google/gemini-2.0-flash-exp:free", "meta-llama/llama-3.3-70b-instruct:free"
 
 
 @pytest.fixture
-def qclock() -> q.ManualClock:
-    return q.ManualClock(NOON)
-
-
-@pytest.fixture
-def qengine(store: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    with q.QuotaEngine(store, clock=qclock, env={}) as e:
-        for k in (1, 2, 3):
-            e.register_key(k, P)
-        yield e
+def qengine(qengine: q.QuotaEngine) -> q.QuotaEngine:
+    """The area's engine, with three keys of OpenRouter's."""
+    for k in (1, 2, 3):
+        qengine.register_key(k, P)
+    return qengine
 
 
 def bench(o: q.FailureOutcome) -> tuple[int, str] | None:

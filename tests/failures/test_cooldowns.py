@@ -7,33 +7,16 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterator
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR, MINUTE, NOON, SECOND
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
-NOON = MIDNIGHT + 12 * HOUR  # 1_767_268_800_000
 
 P, M, K = "groq", "llama-3.1-8b-instant", 1
 
 LADDER = [2 * MINUTE, 10 * MINUTE, HOUR, DAY]
-
-
-@pytest.fixture
-def qclock() -> q.ManualClock:
-    return q.ManualClock(NOON)
-
-
-@pytest.fixture
-def qengine(store: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(store, clock=qclock, env={})
-    yield e
-    e.close()
 
 
 def decide(e: q.QuotaEngine, **kw: object) -> tuple[int, str]:

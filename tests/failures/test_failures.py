@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import email.utils
-from collections.abc import Iterator
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR, MINUTE, NOON, SECOND
 from provider_bodies import gemini_body
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
-NOON = MIDNIGHT + 12 * HOUR  # 1_767_268_800_000
 
 P, M, K = "groq", "llama-3.1-8b-instant", 1
 
@@ -62,18 +57,6 @@ def groq_413(limit: int) -> str:
 
 
 # --- fixtures ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def qclock() -> q.ManualClock:
-    return q.ManualClock(NOON)
-
-
-@pytest.fixture
-def qengine(store: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(store, clock=qclock, env={})
-    yield e
-    e.close()
 
 
 def bench(o: q.FailureOutcome) -> tuple[int, str] | None:

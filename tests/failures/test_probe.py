@@ -26,13 +26,9 @@ from typing import Any
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR, MINUTE, NOON, SECOND
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
-NOON = MIDNIGHT + 12 * 3_600_000
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
 
 P, M = "groq", "llama-3.1-8b-instant"
 JITTER_SPAN_MS = 45_000
@@ -47,23 +43,11 @@ def zero() -> float:
 
 
 @pytest.fixture
-def pclock() -> q.ManualClock:
-    return q.ManualClock(NOON)
-
-
-@pytest.fixture
-def pengine(store: str, pclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(store, clock=pclock, env={})
-    yield e
-    e.close()
-
-
-@pytest.fixture
-def pengine_with_env(store: str, pclock: q.ManualClock) -> Iterator[Callable[[dict[str, str]], q.QuotaEngine]]:
+def qengine_with_env(store: str, qclock: q.ManualClock) -> Iterator[Callable[[dict[str, str]], q.QuotaEngine]]:
     made: list[q.QuotaEngine] = []
 
     def make(env: dict[str, str]) -> q.QuotaEngine:
-        e = q.QuotaEngine(store, clock=pclock, env=env)
+        e = q.QuotaEngine(store, clock=qclock, env=env)
         made.append(e)
         return e
 
@@ -239,60 +223,60 @@ def run_script(tmp_path: Path, body: str, *, timeout: float = 30.0) -> tuple[dic
     ],
 )
 def test_ripeness_boundaries(
-    pengine: q.QuotaEngine, pclock: q.ManualClock, bench_ms: int, served_ms: int, ripe: bool
+    qengine: q.QuotaEngine, qclock: q.ManualClock, bench_ms: int, served_ms: int, ripe: bool
 ) -> None:
-    pengine.set_cooldown(P, M, 1, bench_ms, "heuristic")
-    before = cd_state(pengine, P, M, 1)
-    pclock.advance(served_ms)
+    qengine.set_cooldown(P, M, 1, bench_ms, "heuristic")
+    before = cd_state(qengine, P, M, 1)
+    qclock.advance(served_ms)
     v = Recorder(False)
-    first = pengine.run_probe_pass(v, jitter=zero)
-    second = pengine.run_probe_pass(v, jitter=zero)
+    first = qengine.run_probe_pass(v, jitter=zero)
+    second = qengine.run_probe_pass(v, jitter=zero)
     # A ripe key is first sighted (never probed in that pass), then probed once its time (now) came.
     assert first.probed_key_ids == []
     assert second.probed_key_ids == ([1] if ripe else [])
     assert v.keys == ([1] if ripe else [])
-    assert cd_state(pengine, P, M, 1) == before
+    assert cd_state(qengine, P, M, 1) == before
 
 
-def test_ripeness_of_several_keys_at_one_instant(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    pengine.set_cooldown(P, M, 1, 2 * MINUTE)  # at +60 s: 60 s left, half served -> ripe
-    pengine.set_cooldown(P, M, 2, 2 * MINUTE + 1)  # 60.001 s left, but 1 ms short of half
-    pengine.set_cooldown(P, M, 3, 2 * MINUTE - 1)  # more than half served, 59.999 s left
-    pengine.set_cooldown(P, M, 4, 10 * MINUTE)  # 1 of 10 min served
-    pclock.advance(MINUTE)
+def test_ripeness_of_several_keys_at_one_instant(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    qengine.set_cooldown(P, M, 1, 2 * MINUTE)  # at +60 s: 60 s left, half served -> ripe
+    qengine.set_cooldown(P, M, 2, 2 * MINUTE + 1)  # 60.001 s left, but 1 ms short of half
+    qengine.set_cooldown(P, M, 3, 2 * MINUTE - 1)  # more than half served, 59.999 s left
+    qengine.set_cooldown(P, M, 4, 10 * MINUTE)  # 1 of 10 min served
+    qclock.advance(MINUTE)
     v = Recorder(False)
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
     assert v.keys == [1]
 
 
-def test_key_is_first_sighted_only_once_ripe(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    pengine.set_cooldown(P, M, 1, 10 * MINUTE)
+def test_key_is_first_sighted_only_once_ripe(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    qengine.set_cooldown(P, M, 1, 10 * MINUTE)
     v = Recorder(False)
-    pclock.advance(5 * MINUTE - 1)
+    qclock.advance(5 * MINUTE - 1)
     for _ in range(3):
-        assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
-    pclock.advance(1)
+        assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
+    qclock.advance(1)
     # Ripe now: this pass is its first sighting, so still no probe ...
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
     # ... and the next one probes it.
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
 
 
 @pytest.mark.parametrize("source", ["authoritative", "credit", "tier"])
-def test_non_heuristic_cooldowns_are_never_probed(pengine: q.QuotaEngine, pclock: q.ManualClock, source: str) -> None:
-    pengine.set_cooldown(P, M, 1, DAY, "heuristic")
-    pengine.set_cooldown(P, M, 2, DAY, source)
-    pengine.set_cooldown(P, "other-model", 3, DAY, source)
-    before = {k: cd_state(pengine, P, m, k) for k, m in [(2, M), (3, "other-model")]}
-    pclock.advance(12 * HOUR)
-    assert [(c.key_id, c.source) for c in pengine.probeable_cooldowns()] == [(1, "heuristic")]
+def test_non_heuristic_cooldowns_are_never_probed(qengine: q.QuotaEngine, qclock: q.ManualClock, source: str) -> None:
+    qengine.set_cooldown(P, M, 1, DAY, "heuristic")
+    qengine.set_cooldown(P, M, 2, DAY, source)
+    qengine.set_cooldown(P, "other-model", 3, DAY, source)
+    before = {k: cd_state(qengine, P, m, k) for k, m in [(2, M), (3, "other-model")]}
+    qclock.advance(12 * HOUR)
+    assert [(c.key_id, c.source) for c in qengine.probeable_cooldowns()] == [(1, "heuristic")]
     v = Recorder(True)
     for _ in range(6):
-        pengine.run_probe_pass(v, jitter=zero, max_probes=10)
-        pclock.advance(16 * MINUTE)
+        qengine.run_probe_pass(v, jitter=zero, max_probes=10)
+        qclock.advance(16 * MINUTE)
     assert v.keys == [1]
-    assert {k: cd_state(pengine, P, m, k) for k, m in [(2, M), (3, "other-model")]} == before
+    assert {k: cd_state(qengine, P, m, k) for k, m in [(2, M), (3, "other-model")]} == before
 
 
 # --------------------------------------------------------------------------- first sighting
@@ -303,9 +287,9 @@ def test_non_heuristic_cooldowns_are_never_probed(pengine: q.QuotaEngine, pclock
     [(0.5, 22_500), (0.25, 11_250), (0.99999, 44_999), (0.1, 4_500)],
 )
 def test_first_probe_scheduled_at_now_plus_floor_jitter_times_45s(
-    pengine: q.QuotaEngine, pclock: q.ManualClock, jitter_value: float, delay_ms: int
+    qengine: q.QuotaEngine, qclock: q.ManualClock, jitter_value: float, delay_ms: int
 ) -> None:
-    bench_ripe(pengine, pclock, [1], ms=HOUR)
+    bench_ripe(qengine, qclock, [1], ms=HOUR)
     calls: list[None] = []
 
     def jitter() -> float:
@@ -313,52 +297,52 @@ def test_first_probe_scheduled_at_now_plus_floor_jitter_times_45s(
         return jitter_value
 
     v = Recorder(False)
-    assert pengine.run_probe_pass(v, jitter=jitter).probed_key_ids == []
+    assert qengine.run_probe_pass(v, jitter=jitter).probed_key_ids == []
     assert calls, "jitter() was not consulted for a first sighting"
-    pclock.advance(delay_ms - 1)
-    assert pengine.run_probe_pass(v, jitter=jitter).probed_key_ids == []
-    pclock.advance(1)
-    assert pengine.run_probe_pass(v, jitter=jitter).probed_key_ids == [1]
+    qclock.advance(delay_ms - 1)
+    assert qengine.run_probe_pass(v, jitter=jitter).probed_key_ids == []
+    qclock.advance(1)
+    assert qengine.run_probe_pass(v, jitter=jitter).probed_key_ids == [1]
     assert v.keys == [1]
 
 
-def test_each_first_sighted_key_draws_its_own_jitter(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1, 2, 3], ms=HOUR)
+def test_each_first_sighted_key_draws_its_own_jitter(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1, 2, 3], ms=HOUR)
     values = iter([0.1, 0.5, 0.9])
 
     def jitter() -> float:
         return next(values, 0.999)
 
     v = Recorder(False)
-    assert pengine.run_probe_pass(v, jitter=jitter, max_probes=10).probed_key_ids == []
+    assert qengine.run_probe_pass(v, jitter=jitter, max_probes=10).probed_key_ids == []
     probed: list[list[int]] = []
-    now = pclock.now_ms()
+    now = qclock.now_ms()
     for at in [4_499, 4_500, 22_499, 22_500, 40_499, 40_500]:
-        pclock.set(now + at)
-        probed.append(pengine.run_probe_pass(v, jitter=jitter, max_probes=10).probed_key_ids)
+        qclock.set(now + at)
+        probed.append(qengine.run_probe_pass(v, jitter=jitter, max_probes=10).probed_key_ids)
     assert [len(p) for p in probed] == [0, 1, 0, 1, 0, 1]
     assert sorted(k for p in probed for k in p) == [1, 2, 3]
 
 
-def test_first_sightings_use_no_budget(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1, 2, 3, 4, 5], ms=HOUR)
+def test_first_sightings_use_no_budget(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1, 2, 3, 4, 5], ms=HOUR)
     v = Recorder(False)
     # All five are first sighted in one pass even though the budget is one probe.
-    assert pengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids == []
-    assert sorted(pengine.run_probe_pass(v, jitter=zero, max_probes=5).probed_key_ids) == [1, 2, 3, 4, 5]
+    assert qengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids == []
+    assert sorted(qengine.run_probe_pass(v, jitter=zero, max_probes=5).probed_key_ids) == [1, 2, 3, 4, 5]
 
 
-def test_first_sightings_do_not_eat_the_budget_of_due_keys(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    pengine.set_cooldown(P, M, 1, HOUR)
-    pclock.advance(10 * MINUTE)
+def test_first_sightings_do_not_eat_the_budget_of_due_keys(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    qengine.set_cooldown(P, M, 1, HOUR)
+    qclock.advance(10 * MINUTE)
     for k in (2, 3, 4):
-        pengine.set_cooldown(P, M, k, HOUR)
-    pclock.advance(20 * MINUTE)  # key 1: 30 of 60 min served (ripe); keys 2-4: 20 of 60 (not ripe)
+        qengine.set_cooldown(P, M, k, HOUR)
+    qclock.advance(20 * MINUTE)  # key 1: 30 of 60 min served (ripe); keys 2-4: 20 of 60 (not ripe)
     v = Recorder(False)
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []  # sights key 1
-    pclock.advance(10 * MINUTE)  # key 1 due; keys 2-4 ripe for the first time
-    assert pengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids == [1]
-    assert sorted(pengine.run_probe_pass(v, jitter=zero, max_probes=3).probed_key_ids) == [2, 3, 4]
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == []  # sights key 1
+    qclock.advance(10 * MINUTE)  # key 1 due; keys 2-4 ripe for the first time
+    assert qengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids == [1]
+    assert sorted(qengine.run_probe_pass(v, jitter=zero, max_probes=3).probed_key_ids) == [2, 3, 4]
 
 
 # --------------------------------------------------------------------------- budget
@@ -374,14 +358,14 @@ def test_first_sightings_do_not_eat_the_budget_of_due_keys(pengine: q.QuotaEngin
     ],
 )
 def test_per_pass_budget(
-    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
-    pclock: q.ManualClock,
+    qengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
+    qclock: q.ManualClock,
     env: dict[str, str],
     max_probes: int | None,
     expected: list[int],
 ) -> None:
-    e = pengine_with_env(env)
-    bench_ripe(e, pclock, [1, 2, 3, 4, 5])
+    e = qengine_with_env(env)
+    bench_ripe(e, qclock, [1, 2, 3, 4, 5])
     v = Recorder(False)
     assert e.run_probe_pass(v, jitter=zero, max_probes=max_probes).probed_key_ids == []
     sizes = []
@@ -406,22 +390,22 @@ def test_per_pass_budget(
     ],
 )
 def test_background_thread_respects_max_per_pass(
-    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
-    pclock: q.ManualClock,
+    qengine_with_env: Callable[[dict[str, str]], q.QuotaEngine],
+    qclock: q.ManualClock,
     env: dict[str, str],
     max_per_pass: int | None,
     batches: list[int],
 ) -> None:
-    e = pengine_with_env(env)
-    bench_ripe(e, pclock, [1, 2, 3, 4, 5])
-    ripe_at = pclock.now_ms()
+    e = qengine_with_env(env)
+    bench_ripe(e, qclock, [1, 2, 3, 4, 5])
+    ripe_at = qclock.now_ms()
     unripe = ripe_at - 1  # 1 ms short of half served: nothing is ripe
 
     # Each probe moves the clock back to a time where nothing is ripe, so exactly one pass
     # (the one planned at the instant the test set) probes per batch. Whether a failed key's
     # 2 min backoff counts from before or after its probe, it is not due again within the batches.
     def answer(_key: int) -> bool:
-        pclock.set(unripe)
+        qclock.set(unripe)
         return False
 
     v = Recorder(answer)
@@ -431,7 +415,7 @@ def test_background_thread_respects_max_per_pass(
     sizes = []
     for i, _ in enumerate(batches):
         before = v.count
-        pclock.set(ripe_at + JITTER_SPAN_MS + (i + 1) * SECOND)  # all sighted keys due, none failed yet due
+        qclock.set(ripe_at + JITTER_SPAN_MS + (i + 1) * SECOND)  # all sighted keys due, none failed yet due
         wait_until(lambda before=before: v.count > before, timeout=5)
         time.sleep(0.25)  # more passes, all at the unripe time
         sizes.append(v.count - before)
@@ -445,18 +429,18 @@ def test_background_thread_respects_max_per_pass(
 
 @pytest.mark.parametrize("verdict", [True, "valid"])
 def test_pass_clears_every_heuristic_cooldown_of_the_key(
-    pengine: q.QuotaEngine, pclock: q.ManualClock, caplog: pytest.LogCaptureFixture, verdict: object
+    qengine: q.QuotaEngine, qclock: q.ManualClock, caplog: pytest.LogCaptureFixture, verdict: object
 ) -> None:
     caplog.set_level(logging.INFO, logger="quotaengine")
-    e = pengine
+    e = qengine
     e.set_cooldown(P, "m1", 1, HOUR, "heuristic")
     e.set_cooldown(P, "m3", 1, HOUR, "authoritative")
     e.set_cooldown(P, "m4", 1, HOUR, "credit")
     e.set_cooldown(P, "m5", 1, HOUR, "tier")
     e.set_cooldown(P, "m1", 2, HOUR, "heuristic")
-    pclock.advance(29 * MINUTE)
+    qclock.advance(29 * MINUTE)
     e.set_cooldown(P, "m2", 1, 10 * MINUTE, "heuristic")  # far from ripe when key 1 passes
-    pclock.advance(MINUTE)
+    qclock.advance(MINUTE)
     kept = {m: cd_state(e, P, m, 1) for m in ("m3", "m4", "m5")}
     kept_2 = cd_state(e, P, "m1", 2)
 
@@ -479,7 +463,7 @@ def test_pass_clears_every_heuristic_cooldown_of_the_key(
     rows = recovered_rows(e)
     assert len(rows) == 1
     assert rows[0]["level"] == "info"
-    assert rows[0]["created_at_ms"] == pclock.now_ms()
+    assert rows[0]["created_at_ms"] == qclock.now_ms()
     records = [
         r
         for r in caplog.records
@@ -488,14 +472,14 @@ def test_pass_clears_every_heuristic_cooldown_of_the_key(
     assert records, [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
 
 
-def test_pass_keeps_the_ladder_history(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    e = pengine
+def test_pass_keeps_the_ladder_history(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    e = qengine
     e.set_model_limits(P, M, rpd=1)
     e.record_request(P, M, 1)  # daily exhausted: a 429 takes a ladder step
     first = e.record_failure(P, M, 1, status=429)
     assert first.cooldown is not None
     assert (first.cooldown.duration_ms, first.cooldown.source) == (2 * MINUTE, "heuristic")
-    pclock.advance(MINUTE)  # 60 s left, half served: ripe
+    qclock.advance(MINUTE)  # 60 s left, half served: ripe
     v = Recorder(True)
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == []
     result = e.run_probe_pass(v, jitter=zero)
@@ -508,12 +492,12 @@ def test_pass_keeps_the_ladder_history(pengine: q.QuotaEngine, pclock: q.ManualC
     assert second.cooldown.duration_ms == 10 * MINUTE
 
 
-def test_cleared_cooldowns_survive_a_reopen(store: str, pclock: q.ManualClock) -> None:
-    with q.QuotaEngine(store, clock=pclock, env={}) as e:
-        bench_ripe(e, pclock, [1, 2])
+def test_cleared_cooldowns_survive_a_reopen(store: str, qclock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=qclock, env={}) as e:
+        bench_ripe(e, qclock, [1, 2])
         e.run_probe_pass(Recorder(True), jitter=zero)
         assert e.run_probe_pass(Recorder(True), jitter=zero).cleared_cooldowns == 2
-    with q.QuotaEngine(store, clock=pclock, env={}) as e:
+    with q.QuotaEngine(store, clock=qclock, env={}) as e:
         assert e.active_cooldowns() == []
         assert len(recovered_rows(e)) == 2
 
@@ -562,12 +546,12 @@ FAILURES = [
 
 @pytest.mark.parametrize("answer", FAILURES)
 def test_failure_never_touches_a_cooldown(
-    pengine: q.QuotaEngine, pclock: q.ManualClock, answer: Callable[[int], Any]
+    qengine: q.QuotaEngine, qclock: q.ManualClock, answer: Callable[[int], Any]
 ) -> None:
-    e = pengine
+    e = qengine
     e.set_cooldown(P, M, 1, DAY, "heuristic")
     e.set_cooldown(P, "other", 1, DAY, "heuristic")
-    pclock.advance(12 * HOUR)
+    qclock.advance(12 * HOUR)
     before = [cd_state(e, P, m, 1) for m in (M, "other")]
     v = Recorder(answer)
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == []
@@ -583,35 +567,35 @@ def test_failure_never_touches_a_cooldown(
     assert e.usage(P, M, 7)["rpm"]["used"] == 1
 
 
-def test_failure_backoff_2_4_8_15_15_minutes(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
+def test_failure_backoff_2_4_8_15_15_minutes(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
     v = Recorder(False)
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
     for minutes in BACKOFF_MIN:
-        pclock.advance(minutes * MINUTE - 1)
-        assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == [], f"probed before {minutes} min"
-        pclock.advance(1)
-        assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1], f"not probed after {minutes} min"
+        qclock.advance(minutes * MINUTE - 1)
+        assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == [], f"probed before {minutes} min"
+        qclock.advance(1)
+        assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == [1], f"not probed after {minutes} min"
     assert v.keys == [1] * (len(BACKOFF_MIN) + 1)
-    assert len(pengine.probeable_cooldowns()) == 1
+    assert len(qengine.probeable_cooldowns()) == 1
 
 
-def test_backoff_is_per_key(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1, 2])
+def test_backoff_is_per_key(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1, 2])
     v = Recorder(False)
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
-    first = pengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == []
+    first = qengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids
     assert len(first) == 1
-    pclock.advance(MINUTE)
-    second = pengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids
+    qclock.advance(MINUTE)
+    second = qengine.run_probe_pass(v, jitter=zero, max_probes=1).probed_key_ids
     assert len(second) == 1
     assert sorted(first + second) == [1, 2]
     # Each key waits 2 min from its own failure.
-    pclock.advance(MINUTE)
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == first
-    pclock.advance(MINUTE)
-    assert pengine.run_probe_pass(v, jitter=zero).probed_key_ids == second
+    qclock.advance(MINUTE)
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == first
+    qclock.advance(MINUTE)
+    assert qengine.run_probe_pass(v, jitter=zero).probed_key_ids == second
 
 
 def _fail_once(e: q.QuotaEngine) -> None:
@@ -620,252 +604,252 @@ def _fail_once(e: q.QuotaEngine) -> None:
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == [1]  # 1st failure: next probe in 2 min
 
 
-def test_pacing_kept_when_benched_again_at_once(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    e = pengine
-    bench_ripe(e, pclock, [1])
+def test_pacing_kept_when_benched_again_at_once(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    e = qengine
+    bench_ripe(e, qclock, [1])
     _fail_once(e)
     e.clear_cooldown_early(P, M, 1)
     assert e.run_probe_pass(Recorder(False), jitter=zero).probed_key_ids == []  # sees the key go
     e.set_cooldown(P, M, 1, 2 * MINUTE, "heuristic")  # benched again at once
-    pclock.advance(MINUTE)  # ripe (exactly), but the 2 min backoff has not run out
+    qclock.advance(MINUTE)  # ripe (exactly), but the 2 min backoff has not run out
     v = Recorder(False)
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == []
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == []  # a first sighting would be probed here
     assert v.keys == []
 
 
-def test_pacing_kept_continues_the_backoff(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    e = pengine
-    bench_ripe(e, pclock, [1])
+def test_pacing_kept_continues_the_backoff(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    e = qengine
+    bench_ripe(e, qclock, [1])
     _fail_once(e)
     e.clear_cooldown_early(P, M, 1)
     e.run_probe_pass(Recorder(False), jitter=zero)
     e.set_cooldown(P, M, 1, 12 * MINUTE, "heuristic")
-    pclock.advance(6 * MINUTE)  # ripe; the 2 min backoff ran out: probed at once, not sighted
+    qclock.advance(6 * MINUTE)  # ripe; the 2 min backoff ran out: probed at once, not sighted
     v = Recorder(False)
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == [1]  # 2nd failure: 4 min
-    pclock.advance(4 * MINUTE - 1)
+    qclock.advance(4 * MINUTE - 1)
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == []
-    pclock.advance(1)
+    qclock.advance(1)
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
 
 
 @pytest.mark.parametrize("how", ["cleared", "expired"])
 def test_pacing_dropped_15_min_after_the_last_cooldown_went(
-    pengine: q.QuotaEngine, pclock: q.ManualClock, how: str
+    qengine: q.QuotaEngine, qclock: q.ManualClock, how: str
 ) -> None:
-    e = pengine
-    bench_ripe(e, pclock, [1], ms=4 * HOUR)
+    e = qengine
+    bench_ripe(e, qclock, [1], ms=4 * HOUR)
     _fail_once(e)
     if how == "cleared":
         e.clear_cooldown_early(P, M, 1)
     else:
-        pclock.advance(2 * HOUR)  # the 4 h bench runs out
+        qclock.advance(2 * HOUR)  # the 4 h bench runs out
     assert e.active_cooldowns() == []
     assert e.run_probe_pass(Recorder(False), jitter=zero).probed_key_ids == []
-    pclock.advance(15 * MINUTE + SECOND)
+    qclock.advance(15 * MINUTE + SECOND)
     assert e.run_probe_pass(Recorder(False), jitter=zero).probed_key_ids == []
     e.set_cooldown(P, M, 1, 2 * MINUTE, "heuristic")
-    pclock.advance(MINUTE)
+    qclock.advance(MINUTE)
     v = Recorder(False)
     # A first sighting again: not probed in this pass (with kept pacing it would be: its time has come).
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == []
     assert e.run_probe_pass(v, jitter=zero).probed_key_ids == [1]
 
 
-def test_pacing_kept_within_15_min_after_expiry(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
+def test_pacing_kept_within_15_min_after_expiry(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     # As with the background thread: passes keep running while the key sits out its bench.
-    e = pengine
-    bench_ripe(e, pclock, [1], ms=4 * HOUR)
+    e = qengine
+    bench_ripe(e, qclock, [1], ms=4 * HOUR)
     _fail_once(e)
     for _ in range(24):  # 24 x 5 min: the 4 h bench runs out
-        pclock.advance(5 * MINUTE)
+        qclock.advance(5 * MINUTE)
         e.run_probe_pass(Recorder(False), jitter=zero, max_probes=0)
     assert e.active_cooldowns() == []
-    pclock.advance(10 * MINUTE)
+    qclock.advance(10 * MINUTE)
     e.set_cooldown(P, M, 1, 2 * MINUTE, "heuristic")
-    pclock.advance(MINUTE)
+    qclock.advance(MINUTE)
     # Not a first sighting: its (long passed) scheduled time has come, so this very pass probes it.
     assert e.run_probe_pass(Recorder(False), jitter=zero).probed_key_ids == [1]
 
 
 def test_pacing_kept_within_15_min_after_expiry_without_passes_in_between(
-    pengine: q.QuotaEngine, pclock: q.ManualClock
+    qengine: q.QuotaEngine, qclock: q.ManualClock
 ) -> None:
     # "Dropped 15 min after its last one went": the cooldown went when it expired, not when a pass
     # last looked at it (with interval_s of 30 min or manual passes, the two are far apart).
-    e = pengine
-    bench_ripe(e, pclock, [1], ms=4 * HOUR)
+    e = qengine
+    bench_ripe(e, qclock, [1], ms=4 * HOUR)
     _fail_once(e)
-    pclock.advance(2 * HOUR)  # the bench runs out right now
+    qclock.advance(2 * HOUR)  # the bench runs out right now
     assert e.active_cooldowns() == []
     assert e.run_probe_pass(Recorder(False), jitter=zero).probed_key_ids == []
-    pclock.advance(10 * MINUTE)
+    qclock.advance(10 * MINUTE)
     e.set_cooldown(P, M, 1, 2 * MINUTE, "heuristic")
-    pclock.advance(MINUTE)
+    qclock.advance(MINUTE)
     assert e.run_probe_pass(Recorder(False), jitter=zero).probed_key_ids == [1]
 
 
 # --------------------------------------------------------------------------- run_probe_pass / start_probe
 
 
-def test_run_probe_pass_without_validator_is_value_error(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
+def test_run_probe_pass_without_validator_is_value_error(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
     with pytest.raises(ValueError):
-        pengine.run_probe_pass()
+        qengine.run_probe_pass()
     with pytest.raises(ValueError):
-        pengine.run_probe_pass(None, jitter=zero)
-    assert len(pengine.probeable_cooldowns()) == 1
+        qengine.run_probe_pass(None, jitter=zero)
+    assert len(qengine.probeable_cooldowns()) == 1
 
 
-def test_run_probe_pass_uses_the_start_probe_validator(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
+def test_run_probe_pass_uses_the_start_probe_validator(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
     v = Recorder(False)
-    assert pengine.start_probe(v, interval_s=30.0) is True
+    assert qengine.start_probe(v, interval_s=30.0) is True
     main = threading.get_ident()
     probed: list[int] = []
     for _ in range(10):  # the thread's own first pass may have sighted the key with its random jitter
-        probed = pengine.run_probe_pass(jitter=zero).probed_key_ids
+        probed = qengine.run_probe_pass(jitter=zero).probed_key_ids
         if probed:
             break
-        pclock.advance(46_000)
-    pengine.stop_probe()
+        qclock.advance(46_000)
+    qengine.stop_probe()
     assert probed == [1]
     assert main in v.threads
-    assert len(pengine.probeable_cooldowns()) == 1
+    assert len(qengine.probeable_cooldowns()) == 1
 
 
-def test_start_probe_twice_starts_one_thread(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
+def test_start_probe_twice_starts_one_thread(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
     first, second = Recorder(False), Recorder(False)
     before = os_threads()
-    assert pengine.start_probe(first, interval_s=0.02) is True
+    assert qengine.start_probe(first, interval_s=0.02) is True
     after_first = os_threads()
-    assert pengine.start_probe(second, interval_s=0.02) is True
+    assert qengine.start_probe(second, interval_s=0.02) is True
     assert os_threads() == after_first
     assert after_first == before + 1
-    assert tick_until(lambda: first.count >= 2, pclock)
+    assert tick_until(lambda: first.count >= 2, qclock)
     assert second.keys == []
-    pengine.stop_probe()
+    qengine.stop_probe()
     assert wait_until(lambda: os_threads() == before, timeout=5)
 
 
 @pytest.mark.parametrize(("value", "runs"), [("1", False), ("0", True)])
 def test_cooldown_probe_disabled_kill_switch(
-    pengine_with_env: Callable[[dict[str, str]], q.QuotaEngine], pclock: q.ManualClock, value: str, runs: bool
+    qengine_with_env: Callable[[dict[str, str]], q.QuotaEngine], qclock: q.ManualClock, value: str, runs: bool
 ) -> None:
-    e = pengine_with_env({"COOLDOWN_PROBE_DISABLED": value})
-    bench_ripe(e, pclock, [1])
+    e = qengine_with_env({"COOLDOWN_PROBE_DISABLED": value})
+    bench_ripe(e, qclock, [1])
     before_cd = cd_state(e, P, M, 1)
     v = Recorder(True)
     before = os_threads()
     assert e.start_probe(v, interval_s=0.02) is runs
     if runs:
-        assert tick_until(lambda: e.cooldown(P, M, 1) is None, pclock)
+        assert tick_until(lambda: e.cooldown(P, M, 1) is None, qclock)
     else:
         assert os_threads() == before
         for _ in range(15):
-            pclock.advance(46_000)
+            qclock.advance(46_000)
             time.sleep(0.02)
         assert v.keys == []
         assert cd_state(e, P, M, 1) == before_cd
     e.stop_probe()
 
 
-def test_coroutine_validator_without_loop_is_value_error(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
+def test_coroutine_validator_without_loop_is_value_error(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
     async def v(key: int) -> bool:
         return True
 
-    bench_ripe(pengine, pclock, [1])
+    bench_ripe(qengine, qclock, [1])
     before = os_threads()
     with pytest.raises(ValueError):
-        pengine.start_probe(v, interval_s=0.02)
+        qengine.start_probe(v, interval_s=0.02)
     assert os_threads() == before
     for _ in range(5):
-        pclock.advance(46_000)
+        qclock.advance(46_000)
         time.sleep(0.02)
-    assert len(pengine.probeable_cooldowns()) == 1
+    assert len(qengine.probeable_cooldowns()) == 1
     # Nothing was started by the failed call: a later start does start.
     sync = Recorder(True)
-    assert pengine.start_probe(sync, interval_s=0.02) is True
-    assert tick_until(lambda: pengine.cooldown(P, M, 1) is None, pclock)
-    pengine.stop_probe()
+    assert qengine.start_probe(sync, interval_s=0.02) is True
+    assert tick_until(lambda: qengine.cooldown(P, M, 1) is None, qclock)
+    qengine.stop_probe()
 
 
 # --------------------------------------------------------------------------- the background thread
 
 
-def test_background_thread_probes_from_another_thread_and_clears(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1, 2, 3])
+def test_background_thread_probes_from_another_thread_and_clears(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1, 2, 3])
     v = Recorder(True)
-    assert pengine.start_probe(v, interval_s=0.02) is True
-    assert tick_until(lambda: pengine.probeable_cooldowns() == [], pclock), v.keys
-    pengine.stop_probe()
+    assert qengine.start_probe(v, interval_s=0.02) is True
+    assert tick_until(lambda: qengine.probeable_cooldowns() == [], qclock), v.keys
+    qengine.stop_probe()
     assert sorted(v.keys) == [1, 2, 3]
     assert threading.get_ident() not in v.threads
-    assert pengine.active_cooldowns() == []
-    assert len(recovered_rows(pengine)) == 3
+    assert qengine.active_cooldowns() == []
+    assert len(recovered_rows(qengine)) == 3
 
 
-def test_background_thread_reads_the_manual_clock(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    pengine.set_cooldown(P, M, 1, DAY, "heuristic")  # set just now: not ripe by the manual clock
+def test_background_thread_reads_the_manual_clock(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    qengine.set_cooldown(P, M, 1, DAY, "heuristic")  # set just now: not ripe by the manual clock
     v = Recorder(True)
-    assert pengine.start_probe(v, interval_s=0.02) is True
+    assert qengine.start_probe(v, interval_s=0.02) is True
     time.sleep(0.3)
     assert v.keys == []
-    pclock.advance(12 * HOUR)
-    assert tick_until(lambda: pengine.cooldown(P, M, 1) is None, pclock)
-    pengine.stop_probe()
+    qclock.advance(12 * HOUR)
+    assert tick_until(lambda: qengine.cooldown(P, M, 1) is None, qclock)
+    qengine.stop_probe()
     assert v.keys == [1]
 
 
-def test_background_thread_survives_a_raising_validator(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
-    before = cd_state(pengine, P, M, 1)
+def test_background_thread_survives_a_raising_validator(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
+    before = cd_state(qengine, P, M, 1)
     v = Recorder(_raise)
-    assert pengine.start_probe(v, interval_s=0.02) is True
+    assert qengine.start_probe(v, interval_s=0.02) is True
     # A second call needs the 2 min backoff to pass: the thread lived through the first exception.
-    assert tick_until(lambda: v.count >= 3, pclock, timeout=15)
+    assert tick_until(lambda: v.count >= 3, qclock, timeout=15)
     t = time.monotonic()
-    pengine.stop_probe()
+    qengine.stop_probe()
     assert time.monotonic() - t < 1.0
-    assert cd_state(pengine, P, M, 1) == before
-    assert recovered_rows(pengine) == []
+    assert cd_state(qengine, P, M, 1) == before
+    assert recovered_rows(qengine) == []
 
 
-def test_background_thread_survives_garbage_answers(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
-    before = cd_state(pengine, P, M, 1)
+def test_background_thread_survives_garbage_answers(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
+    before = cd_state(qengine, P, M, 1)
     answers = [None, "invalid", 0, object(), Evil(), [True], {"valid": True}, float("nan"), "VALID!"]
     v = Recorder(lambda k: answers[(v.count - 1) % len(answers)])
-    assert pengine.start_probe(v, interval_s=0.02) is True
-    assert tick_until(lambda: v.count >= len(answers), pclock, timeout=20, step_ms=5 * MINUTE)
-    pengine.stop_probe()
-    assert cd_state(pengine, P, M, 1) == before
-    assert recovered_rows(pengine) == []
+    assert qengine.start_probe(v, interval_s=0.02) is True
+    assert tick_until(lambda: v.count >= len(answers), qclock, timeout=20, step_ms=5 * MINUTE)
+    qengine.stop_probe()
+    assert cd_state(qengine, P, M, 1) == before
+    assert recovered_rows(qengine) == []
 
 
-def test_stop_probe_stops_the_passes(pengine: q.QuotaEngine, pclock: q.ManualClock) -> None:
-    bench_ripe(pengine, pclock, [1])
+def test_stop_probe_stops_the_passes(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    bench_ripe(qengine, qclock, [1])
     v = Recorder(False)
-    assert pengine.start_probe(v, interval_s=0.02) is True
-    assert tick_until(lambda: v.count >= 1, pclock)
+    assert qengine.start_probe(v, interval_s=0.02) is True
+    assert tick_until(lambda: v.count >= 1, qclock)
     t = time.monotonic()
-    pengine.stop_probe()
+    qengine.stop_probe()
     assert time.monotonic() - t < 1.0
     n = v.count
     for _ in range(10):
-        pclock.advance(16 * MINUTE)
+        qclock.advance(16 * MINUTE)
         time.sleep(0.02)
     assert v.count == n
-    assert len(pengine.probeable_cooldowns()) == 1
+    assert len(qengine.probeable_cooldowns()) == 1
 
 
 # --------------------------------------------------------------------------- async validators
 
 
 def test_async_validator_runs_on_the_given_loop(
-    probe_loop: tuple[asyncio.AbstractEventLoop, int], pengine: q.QuotaEngine, pclock: q.ManualClock
+    probe_loop: tuple[asyncio.AbstractEventLoop, int], qengine: q.QuotaEngine, qclock: q.ManualClock
 ) -> None:
     loop, loop_thread = probe_loop
     ran_on: list[int] = []
@@ -877,20 +861,20 @@ def test_async_validator_runs_on_the_given_loop(
         await asyncio.sleep(0.01)
         return True
 
-    bench_ripe(pengine, pclock, [1, 2])
-    pengine.set_cooldown(P, M, 3, DAY, "authoritative")
-    assert pengine.start_probe(v, interval_s=0.02, loop=loop) is True
-    assert tick_until(lambda: pengine.probeable_cooldowns() == [], pclock)
-    pengine.stop_probe()
+    bench_ripe(qengine, qclock, [1, 2])
+    qengine.set_cooldown(P, M, 3, DAY, "authoritative")
+    assert qengine.start_probe(v, interval_s=0.02, loop=loop) is True
+    assert tick_until(lambda: qengine.probeable_cooldowns() == [], qclock)
+    qengine.stop_probe()
     assert sorted(keys) == [1, 2]
     assert set(ran_on) == {loop_thread}
-    assert [c.key_id for c in pengine.active_cooldowns()] == [3]
-    assert len(recovered_rows(pengine)) == 2
+    assert [c.key_id for c in qengine.active_cooldowns()] == [3]
+    assert len(recovered_rows(qengine)) == 2
 
 
 @pytest.mark.parametrize("verdict", ["valid", False, "raise"])
 def test_async_validator_verdicts(
-    probe_loop: tuple[asyncio.AbstractEventLoop, int], pengine: q.QuotaEngine, pclock: q.ManualClock, verdict: object
+    probe_loop: tuple[asyncio.AbstractEventLoop, int], qengine: q.QuotaEngine, qclock: q.ManualClock, verdict: object
 ) -> None:
     loop, loop_thread = probe_loop
     ran_on: list[int] = []
@@ -902,15 +886,15 @@ def test_async_validator_verdicts(
             raise RuntimeError("async validator exploded")
         return verdict
 
-    bench_ripe(pengine, pclock, [1])
-    before = cd_state(pengine, P, M, 1)
-    assert pengine.start_probe(v, interval_s=0.02, loop=loop) is True
+    bench_ripe(qengine, qclock, [1])
+    before = cd_state(qengine, P, M, 1)
+    assert qengine.start_probe(v, interval_s=0.02, loop=loop) is True
     if verdict == "valid":
-        assert tick_until(lambda: pengine.cooldown(P, M, 1) is None, pclock)
+        assert tick_until(lambda: qengine.cooldown(P, M, 1) is None, qclock)
     else:
-        assert tick_until(lambda: len(ran_on) >= 2, pclock, step_ms=MINUTE)  # probed again after the backoff
-        assert cd_state(pengine, P, M, 1) == before
-    pengine.stop_probe()
+        assert tick_until(lambda: len(ran_on) >= 2, qclock, step_ms=MINUTE)  # probed again after the backoff
+        assert cd_state(qengine, P, M, 1) == before
+    qengine.stop_probe()
     assert set(ran_on) == {loop_thread}
 
 

@@ -4,10 +4,9 @@ with real provider bodies. 15.1 and 15.3 are in test_failures.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import quotaengine as q
+from moments import HOUR, MINUTE, NOON, SECOND
 from provider_bodies import (
     GEMINI_PER_DAY_17S,
     GEMINI_PER_MINUTE_17S,
@@ -18,23 +17,8 @@ from provider_bodies import (
 )
 from subprocesses import finish, spawn
 
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
-NOON = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 P, M, K = "groq", "llama-3.3-70b-versatile", 1
 KNOWN = {"rpd": 14_400}  # a daily limit far from spent: no unknown-limit ladder
-
-
-@pytest.fixture
-def qclock() -> q.ManualClock:
-    return q.ManualClock(NOON)
-
-
-@pytest.fixture
-def qengine(store: str, qclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    with q.QuotaEngine(store, clock=qclock, env={}) as e:
-        yield e
 
 
 def bench(o: q.FailureOutcome) -> tuple[int, str] | None:

@@ -16,13 +16,6 @@ NOW = 1_796_119_200_000  # 2026-12-01 10:00 UTC
 P, M = "google", "gemini-2.5-flash"
 
 
-@pytest.fixture
-def e(store: str) -> q.QuotaEngine:
-    eng = q.QuotaEngine(store, clock=q.ManualClock(NOW), env={})
-    yield eng  # type: ignore[misc]
-    eng.close()
-
-
 def test_key_account(e: q.QuotaEngine) -> None:
     assert e.key_account(P, 7) == "key:7"  # never registered: its own
     e.register_key(7, P)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR
 from old_schemas import downgrade_schema
 
-HOUR = 3_600_000
-DAY = 24 * HOUR
 JAN1 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
 PST_MIDNIGHT = JAN1 + 8 * HOUR  # 2026-01-01 00:00 PST
 MAR8_PST = 1_772_956_800_000  # 2026-03-08 00:00 PST (spring forward)

@@ -12,28 +12,15 @@ import textwrap
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR
 from old_schemas import downgrade_schema
 from quotaengine import Limit
 
 SEC = 1_000
 MIN = 60_000
-HOUR = 3_600_000
-DAY = 24 * HOUR
 DEC1 = 1_796_083_200_000  # Tuesday 2026-12-01 00:00 UTC
 MON = DEC1 - DAY  # Monday 2026-11-30 00:00 UTC
 P, M, K = "mistral", "mistral-small", 1
-
-
-@pytest.fixture
-def lclock() -> q.ManualClock:
-    return q.ManualClock(DEC1 + 10 * HOUR)
-
-
-@pytest.fixture
-def e(store: str, lclock: q.ManualClock) -> q.QuotaEngine:
-    eng = q.QuotaEngine(store, clock=lclock, env={})
-    yield eng  # type: ignore[misc]
-    eng.close()
 
 
 # ---- the value ----------------------------------------------------------------------------

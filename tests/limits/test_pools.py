@@ -5,36 +5,18 @@ pool keys of SPEC §8.1."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import DAY, MINUTE, SECOND, T0, TEN_AM
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC, a midnight
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
-TEN_AM = T0 + 10 * HOUR  # 1_767_261_600_000
 NEXT_MIDNIGHT = T0 + DAY
 K = 1
 
 DAILY = "PROVIDER_DAILY_REQUEST_CAP_"
 MINUTELY = "PROVIDER_MINUTE_REQUEST_CAP_"
 TOKENS = "PROVIDER_DAILY_TOKEN_CAP_"
-
-
-@pytest.fixture
-def pools_clock() -> q.ManualClock:
-    return q.ManualClock(TEN_AM)
-
-
-@pytest.fixture
-def pools_engine(store: str, pools_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(store, clock=pools_clock, env={})
-    yield e
-    e.close()
 
 
 def caps_of(e: q.QuotaEngine, platform: str) -> tuple[int | None, int | None, int | None]:
@@ -50,17 +32,17 @@ def open_engine(db: Path, clock: q.ManualClock, env: dict[str, str] | None = Non
 # ============================================================================ defaults and env overrides
 
 
-def test_default_caps_table(pools_engine: q.QuotaEngine) -> None:
-    assert caps_of(pools_engine, "openrouter") == (1000, None, None)
-    assert caps_of(pools_engine, "modelscope") == (1800, None, None)
-    assert caps_of(pools_engine, "nvidia") == (None, 40, None)
-    assert caps_of(pools_engine, "navy") == (None, None, 150_000)
+def test_default_caps_table(engine: q.QuotaEngine) -> None:
+    assert caps_of(engine, "openrouter") == (1000, None, None)
+    assert caps_of(engine, "modelscope") == (1800, None, None)
+    assert caps_of(engine, "nvidia") == (None, 40, None)
+    assert caps_of(engine, "navy") == (None, None, 150_000)
     for other in ("groq", "google", "cerebras", "some-unknown-platform"):
-        assert caps_of(pools_engine, other) == (None, None, None), other
+        assert caps_of(engine, other) == (None, None, None), other
 
 
-def test_default_modelscope_daily_cap_is_enforced(pools_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(":memory:", clock=pools_clock, env={}) as e:
+def test_default_modelscope_daily_cap_is_enforced(clock: q.ManualClock) -> None:
+    with q.QuotaEngine(":memory:", clock=clock, env={}) as e:
         for i in range(1799):
             e.record_request("modelscope", f"m{i % 4}", K)
         assert e.can_use_provider("modelscope", K)
@@ -73,7 +55,7 @@ def test_default_modelscope_daily_cap_is_enforced(pools_clock: q.ManualClock) ->
         assert e.can_use_provider("modelscope", 2)
 
 
-def test_env_overrides_each_cap(store: str, pools_clock: q.ManualClock) -> None:
+def test_env_overrides_each_cap(store: str, clock: q.ManualClock) -> None:
     env = {
         DAILY + "OPENROUTER": "5",  # replaces a default
         MINUTELY + "NVIDIA": "7",
@@ -82,7 +64,7 @@ def test_env_overrides_each_cap(store: str, pools_clock: q.ManualClock) -> None:
         MINUTELY + "GROQ": "12",
         TOKENS + "GROQ": "13",
     }
-    with open_engine(store, pools_clock, env) as e:
+    with open_engine(store, clock, env) as e:
         assert caps_of(e, "openrouter") == (5, None, None)
         assert caps_of(e, "nvidia") == (None, 7, None)
         assert caps_of(e, "navy") == (None, None, 1234)
@@ -90,23 +72,23 @@ def test_env_overrides_each_cap(store: str, pools_clock: q.ManualClock) -> None:
         assert caps_of(e, "modelscope") == (1800, None, None)  # untouched default
 
 
-def test_env_platform_name_is_upper_cased(store: str, pools_clock: q.ManualClock) -> None:
+def test_env_platform_name_is_upper_cased(store: str, clock: q.ManualClock) -> None:
     # The variable for platform "cerebras" is ..._CEREBRAS; a lower-case variable name is not it.
-    with open_engine(store, pools_clock, {DAILY + "CEREBRAS": "3", MINUTELY + "cerebras": "9"}) as e:
+    with open_engine(store, clock, {DAILY + "CEREBRAS": "3", MINUTELY + "cerebras": "9"}) as e:
         assert caps_of(e, "cerebras") == (3, None, None)
 
 
-def test_env_override_is_enforced(store: str, pools_clock: q.ManualClock) -> None:
-    with open_engine(store, pools_clock, {DAILY + "OPENROUTER": "2"}) as e:
+def test_env_override_is_enforced(store: str, clock: q.ManualClock) -> None:
+    with open_engine(store, clock, {DAILY + "OPENROUTER": "2"}) as e:
         e.record_request("openrouter", "a:free", K)
         assert e.can_use_provider("openrouter", K)
         e.record_request("openrouter", "b", K)
         assert not e.can_use_provider("openrouter", K)
 
 
-def test_env_zero_disables_each_default_cap(store: str, pools_clock: q.ManualClock) -> None:
+def test_env_zero_disables_each_default_cap(store: str, clock: q.ManualClock) -> None:
     env = {DAILY + "OPENROUTER": "0", DAILY + "MODELSCOPE": "0", MINUTELY + "NVIDIA": "0", TOKENS + "NAVY": "0"}
-    with open_engine(store, pools_clock, env) as e:
+    with open_engine(store, clock, env) as e:
         assert caps_of(e, "openrouter") == (None, None, None)
         assert caps_of(e, "modelscope") == (None, None, None)
         assert caps_of(e, "nvidia") == (None, None, None)
@@ -122,7 +104,7 @@ def test_env_zero_disables_each_default_cap(store: str, pools_clock: q.ManualClo
 
 @pytest.mark.parametrize("garbage", ["lots", "1.5", "-3", "12abc", "0x10"])
 def test_env_garbage_is_ignored_with_a_warning(
-    store: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture, garbage: str
+    store: str, clock: q.ManualClock, caplog: pytest.LogCaptureFixture, garbage: str
 ) -> None:
     env = {
         DAILY + "OPENROUTER": garbage,
@@ -131,7 +113,7 @@ def test_env_garbage_is_ignored_with_a_warning(
         DAILY + "GROQ": garbage,
     }
     with caplog.at_level(logging.WARNING):
-        e = open_engine(store, pools_clock, env)
+        e = open_engine(store, clock, env)
     try:
         # The defaults stand; a platform without a default keeps no cap.
         assert caps_of(e, "openrouter") == (1000, None, None)
@@ -147,9 +129,9 @@ def test_env_garbage_is_ignored_with_a_warning(
         e.close()
 
 
-def test_valid_env_gives_no_warning(store: str, pools_clock: q.ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+def test_valid_env_gives_no_warning(store: str, clock: q.ManualClock, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        e = open_engine(store, pools_clock, {DAILY + "GROQ": "10", MINUTELY + "NVIDIA": "0"})
+        e = open_engine(store, clock, {DAILY + "GROQ": "10", MINUTELY + "NVIDIA": "0"})
     e.close()
     assert not [r for r in caplog.records if "PROVIDER_" in r.getMessage()]
 
@@ -157,8 +139,8 @@ def test_valid_env_gives_no_warning(store: str, pools_clock: q.ManualClock, capl
 # ============================================================================ set_provider_caps / reset
 
 
-def test_set_provider_caps_int_none_and_omitted(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_set_provider_caps_int_none_and_omitted(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=10)
     assert caps_of(e, "groq") == (10, None, None)
     e.set_provider_caps("groq", minute_requests=3)  # daily omitted: kept
@@ -172,16 +154,16 @@ def test_set_provider_caps_int_none_and_omitted(pools_engine: q.QuotaEngine) -> 
     assert caps_of(e, "cerebras") == (None, None, None)  # per platform
 
 
-def test_set_provider_caps_omitted_keeps_default(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_set_provider_caps_omitted_keeps_default(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("nvidia", daily_requests=100)
     assert caps_of(e, "nvidia") == (100, 40, None)
     e.set_provider_caps("openrouter", minute_requests=5)
     assert caps_of(e, "openrouter") == (1000, 5, None)
 
 
-def test_set_provider_caps_none_removes_a_default(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_set_provider_caps_none_removes_a_default(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("nvidia", minute_requests=None)
     assert caps_of(e, "nvidia") == (None, None, None)
     for _ in range(60):
@@ -190,8 +172,8 @@ def test_set_provider_caps_none_removes_a_default(pools_engine: q.QuotaEngine) -
     assert e.check("nvidia", "m", K).allowed
 
 
-def test_cap_of_zero_refuses_everything(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_cap_of_zero_refuses_everything(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=0)
     assert caps_of(e, "groq") == (0, None, None)
     assert not e.can_use_provider("groq", K)
@@ -210,9 +192,9 @@ def test_cap_of_zero_refuses_everything(pools_engine: q.QuotaEngine) -> None:
     assert e.check("mistral", "m", K, 1).reason == "provider_daily_tokens"
 
 
-def test_set_provider_caps_wins_over_env(store: str, pools_clock: q.ManualClock) -> None:
+def test_set_provider_caps_wins_over_env(store: str, clock: q.ManualClock) -> None:
     env = {DAILY + "GROQ": "5", MINUTELY + "NVIDIA": "7", TOKENS + "NAVY": "0", DAILY + "OPENROUTER": "0"}
-    with open_engine(store, pools_clock, env) as e:
+    with open_engine(store, clock, env) as e:
         assert caps_of(e, "groq") == (5, None, None)
         e.set_provider_caps("groq", daily_requests=50)
         assert caps_of(e, "groq") == (50, None, None)
@@ -229,20 +211,20 @@ def test_set_provider_caps_wins_over_env(store: str, pools_clock: q.ManualClock)
         assert not e.can_use_provider("openrouter", K)
 
 
-def test_set_provider_caps_persisted_across_reopen(store: str, pools_clock: q.ManualClock) -> None:
-    with open_engine(store, pools_clock) as e:
+def test_set_provider_caps_persisted_across_reopen(store: str, clock: q.ManualClock) -> None:
+    with open_engine(store, clock) as e:
         e.set_provider_caps("groq", daily_requests=10, minute_requests=0, daily_tokens=777)
         e.set_provider_caps("openrouter", daily_requests=None)
     # A later engine, with an env that says otherwise, still sees the set caps.
     env = {DAILY + "GROQ": "1", MINUTELY + "GROQ": "2", TOKENS + "GROQ": "3", DAILY + "OPENROUTER": "4"}
-    with open_engine(store, pools_clock, env) as e:
+    with open_engine(store, clock, env) as e:
         assert caps_of(e, "groq") == (10, 0, 777)
         assert caps_of(e, "openrouter") == (None, None, None)
         assert not e.can_use_provider_minute("groq", K)  # minute cap 0 refuses
 
 
-def test_set_provider_caps_visible_to_second_engine(store: str, pools_clock: q.ManualClock) -> None:
-    with open_engine(store, pools_clock) as a, open_engine(store, pools_clock, {DAILY + "GROQ": "100"}) as b:
+def test_set_provider_caps_visible_to_second_engine(store: str, clock: q.ManualClock) -> None:
+    with open_engine(store, clock) as a, open_engine(store, clock, {DAILY + "GROQ": "100"}) as b:
         assert caps_of(b, "groq") == (100, None, None)
         a.set_provider_caps("groq", daily_requests=2)
         assert caps_of(b, "groq") == (2, None, None)
@@ -258,9 +240,9 @@ def test_set_provider_caps_visible_to_second_engine(store: str, pools_clock: q.M
         assert b.can_use_provider("groq", K)
 
 
-def test_reset_provider_caps_restores_env_and_defaults(store: str, pools_clock: q.ManualClock) -> None:
+def test_reset_provider_caps_restores_env_and_defaults(store: str, clock: q.ManualClock) -> None:
     env = {DAILY + "GROQ": "5", DAILY + "MODELSCOPE": "0"}
-    with open_engine(store, pools_clock, env) as e:
+    with open_engine(store, clock, env) as e:
         e.set_provider_caps("groq", daily_requests=50, minute_requests=6, daily_tokens=7)
         e.set_provider_caps("openrouter", daily_requests=None, daily_tokens=10)
         e.set_provider_caps("modelscope", daily_requests=9)
@@ -275,7 +257,7 @@ def test_reset_provider_caps_restores_env_and_defaults(store: str, pools_clock: 
         assert caps_of(e, "nvidia") == (None, 1, None)
         e.reset_provider_caps("cerebras")  # nothing set: harmless
         assert caps_of(e, "cerebras") == (None, None, None)
-    with open_engine(store, pools_clock) as e:  # the reset is persisted
+    with open_engine(store, clock) as e:  # the reset is persisted
         assert caps_of(e, "groq") == (None, None, None)
         assert caps_of(e, "openrouter") == (1000, None, None)
         assert caps_of(e, "modelscope") == (1800, None, None)
@@ -285,13 +267,13 @@ def test_reset_provider_caps_restores_env_and_defaults(store: str, pools_clock: 
 # ============================================================================ the three counts
 
 
-def test_daily_request_count_all_models_since_midnight(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
-    e = pools_engine
-    pools_clock.set(T0 - 1)  # 23:59:59.999 the day before: not today
+def test_daily_request_count_all_models_since_midnight(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
+    clock.set(T0 - 1)  # 23:59:59.999 the day before: not today
     e.record_request("groq", "a", K)
-    pools_clock.set(T0)  # exactly midnight: today
+    clock.set(T0)  # exactly midnight: today
     e.record_request("groq", "a", K)
-    pools_clock.set(TEN_AM)
+    clock.set(TEN_AM)
     e.record_request("groq", "b", K)
     e.record_request("groq", "c", K)
     e.record_tokens("groq", "c", K, 500)  # tokens are not requests
@@ -301,36 +283,36 @@ def test_daily_request_count_all_models_since_midnight(pools_engine: q.QuotaEngi
     assert e.provider_daily_request_count("groq", 2) == 1
     assert e.provider_daily_request_count("cerebras", K) == 1
     assert e.provider_daily_request_count("mistral", K) == 0
-    pools_clock.set(NEXT_MIDNIGHT - 1)
+    clock.set(NEXT_MIDNIGHT - 1)
     assert e.provider_daily_request_count("groq", K) == 3
-    pools_clock.set(NEXT_MIDNIGHT)
+    clock.set(NEXT_MIDNIGHT)
     assert e.provider_daily_request_count("groq", K) == 0
 
 
-def test_minute_request_count_slides(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
-    e = pools_engine
+def test_minute_request_count_slides(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     t = TEN_AM
     e.record_request("groq", "a", K)
-    pools_clock.set(t + 20 * SECOND)
+    clock.set(t + 20 * SECOND)
     e.record_request("groq", "b", K)
     e.record_request("groq", "b", 2)
-    pools_clock.set(t + 40 * SECOND)
+    clock.set(t + 40 * SECOND)
     e.record_request("groq", "c", K)
     assert e.provider_minute_request_count("groq", K) == 3
-    pools_clock.set(t + MINUTE - 1)
+    clock.set(t + MINUTE - 1)
     assert e.provider_minute_request_count("groq", K) == 3
-    pools_clock.set(t + MINUTE)  # t > now - 60_000 no longer holds for the first
+    clock.set(t + MINUTE)  # t > now - 60_000 no longer holds for the first
     assert e.provider_minute_request_count("groq", K) == 2
-    pools_clock.set(t + 20 * SECOND + MINUTE)
+    clock.set(t + 20 * SECOND + MINUTE)
     assert e.provider_minute_request_count("groq", K) == 1
     assert e.provider_minute_request_count("groq", 2) == 0
-    pools_clock.set(t + 40 * SECOND + MINUTE)
+    clock.set(t + 40 * SECOND + MINUTE)
     assert e.provider_minute_request_count("groq", K) == 0
     assert e.provider_daily_request_count("groq", K) == 3
 
 
-def test_counts_include_lease_success(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_counts_include_lease_success(engine: q.QuotaEngine) -> None:
+    e = engine
     with e.lease("groq", "a", K, 40) as lease:
         lease.success(tokens=123)
     with e.lease("groq", "b", K, 10):
@@ -340,28 +322,28 @@ def test_counts_include_lease_success(pools_engine: q.QuotaEngine) -> None:
     assert e.provider_daily_token_count("groq", K) == 133
 
 
-def test_daily_token_count_raw_without_a_token_cap(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
-    e = pools_engine
+def test_daily_token_count_raw_without_a_token_cap(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     # groq has no daily token cap: the label's multiplier does not apply.
     e.set_model_limits("groq", "a", tpd=100, monthly_token_budget="150K/day · 2x")
-    pools_clock.set(T0 - 1)
+    clock.set(T0 - 1)
     e.record_tokens("groq", "a", K, 1000)  # yesterday
-    pools_clock.set(TEN_AM)
+    clock.set(TEN_AM)
     e.record_tokens("groq", "a", K, 7)
     e.record_tokens("groq", "b", K, 5)
     e.record_tokens("groq", "b", 2, 100)
     e.record_request("groq", "b", K)  # requests are not tokens
     assert e.provider_daily_token_count("groq", K) == 12
     assert e.provider_daily_token_count("groq", 2) == 100
-    pools_clock.set(NEXT_MIDNIGHT)
+    clock.set(NEXT_MIDNIGHT)
     assert e.provider_daily_token_count("groq", K) == 0
 
 
 # ============================================================================ billed tokens
 
 
-def test_billed_tokens_multiplier_from_label(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine  # navy: daily token cap 150_000 by default
+def test_billed_tokens_multiplier_from_label(engine: q.QuotaEngine) -> None:
+    e = engine  # navy: daily token cap 150_000 by default
     e.set_model_limits("navy", "double", monthly_token_budget="150K/day · 2x")
     e.set_model_limits("navy", "triple", monthly_token_budget="3x")
     e.set_model_limits("navy", "plain")
@@ -373,8 +355,8 @@ def test_billed_tokens_multiplier_from_label(pools_engine: q.QuotaEngine) -> Non
     assert e.provider_daily_token_count("navy", K) == 200 + 30 + 5 + 1
 
 
-def test_billed_tokens_multiplier_from_tpd(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_billed_tokens_multiplier_from_tpd(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_model_limits("navy", "third", tpd=50_000)  # 150_000 / 50_000 = 3
     e.set_model_limits("navy", "equal", tpd=150_000)  # not below the cap: 1
     e.set_model_limits("navy", "above", tpd=300_000)  # 1
@@ -386,22 +368,22 @@ def test_billed_tokens_multiplier_from_tpd(pools_engine: q.QuotaEngine) -> None:
     assert e.provider_daily_token_count("navy", K) == 30 + 10 + 10 + 10
 
 
-def test_label_multiplier_wins_over_tpd(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_label_multiplier_wins_over_tpd(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_model_limits("navy", "m", tpd=30_000, monthly_token_budget="150K/day · 2x")  # tpd would give 5
     e.record_tokens("navy", "m", K, 10)
     assert e.provider_daily_token_count("navy", K) == 20
 
 
-def test_label_without_multiplier_falls_back_to_tpd(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_label_without_multiplier_falls_back_to_tpd(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_model_limits("navy", "m", tpd=75_000, monthly_token_budget="150K/day")  # no "Nx": 150_000 / 75_000
     e.record_tokens("navy", "m", K, 10)
     assert e.provider_daily_token_count("navy", K) == 20
 
 
-def test_billed_tokens_rounded_up_per_model(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_billed_tokens_rounded_up_per_model(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_model_limits("navy", "a", tpd=100_000)  # multiplier 1.5
     e.set_model_limits("navy", "b", tpd=100_000)  # multiplier 1.5
     # Per model: two events of 1 token on "a" bill ceil(2 * 1.5) = 3 (not ceil(1.5) + ceil(1.5) = 4).
@@ -415,8 +397,8 @@ def test_billed_tokens_rounded_up_per_model(pools_engine: q.QuotaEngine) -> None
     assert e.provider_daily_token_count("navy", K) == 5 + 2
 
 
-def test_billed_tokens_use_the_current_cap(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_billed_tokens_use_the_current_cap(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_model_limits("navy", "m", tpd=50_000)
     e.record_tokens("navy", "m", K, 10)
     assert e.provider_daily_token_count("navy", K) == 30  # 150_000 / 50_000
@@ -430,8 +412,8 @@ def test_billed_tokens_use_the_current_cap(pools_engine: q.QuotaEngine) -> None:
     assert e.provider_daily_token_count("groq", K) == 40
 
 
-def test_token_gate_bills_the_estimate_at_its_model_multiplier(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_token_gate_bills_the_estimate_at_its_model_multiplier(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("navy", daily_tokens=1000)
     e.set_model_limits("navy", "double", monthly_token_budget="150K/day · 2x")
     assert e.can_use_provider_tokens("navy", K, "double", 500)  # 1000 > 1000 is false
@@ -445,8 +427,8 @@ def test_token_gate_bills_the_estimate_at_its_model_multiplier(pools_engine: q.Q
     assert e.can_use_provider_tokens("navy", 2, "double", 500)  # other key
 
 
-def test_lease_billed_at_its_own_model_multiplier(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_lease_billed_at_its_own_model_multiplier(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("navy", daily_tokens=1000)
     e.set_model_limits("navy", "double", monthly_token_budget="2x")
     e.record_tokens("navy", "plain", K, 800)
@@ -460,8 +442,8 @@ def test_lease_billed_at_its_own_model_multiplier(pools_engine: q.QuotaEngine) -
     assert not e.can_use_provider_tokens("navy", K, "plain", 201)
 
 
-def test_leases_billed_rounded_up_per_lease(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_leases_billed_rounded_up_per_lease(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("navy", daily_tokens=12)
     e.set_model_limits("navy", "half", tpd=8)  # 12 / 8 = 1.5
     e.record_tokens("navy", "plain", K, 6)
@@ -478,8 +460,8 @@ def test_leases_billed_rounded_up_per_lease(pools_engine: q.QuotaEngine) -> None
 # ============================================================================ provider gates in check()/lease()
 
 
-def test_check_daily_request_cap_reason_and_retry(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
-    e = pools_engine
+def test_check_daily_request_cap_reason_and_retry(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=2)
     e.record_request("groq", "a", K)
     assert e.check("groq", "b", K).allowed
@@ -492,20 +474,18 @@ def test_check_daily_request_cap_reason_and_retry(pools_engine: q.QuotaEngine, p
     assert (err.reason, err.retry_at_ms) == ("provider_daily_requests", NEXT_MIDNIGHT)
     assert (err.platform, err.model_id, err.key_id) == ("groq", "c", K)
     assert e.check("groq", "c", 2).allowed
-    pools_clock.set(NEXT_MIDNIGHT)
+    clock.set(NEXT_MIDNIGHT)
     assert e.check("groq", "c", K).allowed
 
 
-def test_check_minute_request_cap_reason_and_sliding_retry(
-    pools_engine: q.QuotaEngine, pools_clock: q.ManualClock
-) -> None:
-    e = pools_engine
+def test_check_minute_request_cap_reason_and_sliding_retry(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     e.set_provider_caps("groq", minute_requests=2)
     t = TEN_AM
     e.record_request("groq", "a", K)
-    pools_clock.set(t + 10 * SECOND)
+    clock.set(t + 10 * SECOND)
     e.record_request("groq", "b", K)
-    pools_clock.set(t + 20 * SECOND)
+    clock.set(t + 20 * SECOND)
     e.record_request("groq", "c", K)
     # 3 in the minute, cap 2: two of the oldest must leave, the second at t + 10 s + 60 s.
     adm = e.check("groq", "d", K)
@@ -513,15 +493,15 @@ def test_check_minute_request_cap_reason_and_sliding_retry(
     with pytest.raises(q.QuotaExceeded) as exc:
         e.lease("groq", "d", K)
     assert (exc.value.reason, exc.value.retry_at_ms) == ("provider_minute_requests", t + 10 * SECOND + MINUTE)
-    pools_clock.set(t + MINUTE)
+    clock.set(t + MINUTE)
     adm = e.check("groq", "d", K)
     assert (adm.reason, adm.retry_at_ms) == ("provider_minute_requests", t + 10 * SECOND + MINUTE)
-    pools_clock.set(t + 10 * SECOND + MINUTE)
+    clock.set(t + 10 * SECOND + MINUTE)
     assert e.check("groq", "d", K).allowed
 
 
-def test_minute_cap_retry_is_none_when_only_leases_block(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_minute_cap_retry_is_none_when_only_leases_block(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", minute_requests=1)
     lease = e.acquire_lease("groq", "a", K)
     adm = e.check("groq", "b", K)
@@ -530,8 +510,8 @@ def test_minute_cap_retry_is_none_when_only_leases_block(pools_engine: q.QuotaEn
     assert e.check("groq", "b", K).allowed
 
 
-def test_check_daily_token_cap_reason_and_retry(pools_engine: q.QuotaEngine, pools_clock: q.ManualClock) -> None:
-    e = pools_engine  # navy default daily token cap 150_000
+def test_check_daily_token_cap_reason_and_retry(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine  # navy default daily token cap 150_000
     e.set_model_limits("navy", "double", monthly_token_budget="150K/day · 2x")
     e.record_tokens("navy", "double", K, 70_000)  # billed 140_000
     assert e.check("navy", "plain", K, 10_000).allowed
@@ -543,12 +523,12 @@ def test_check_daily_token_cap_reason_and_retry(pools_engine: q.QuotaEngine, poo
     with pytest.raises(q.QuotaExceeded) as exc:
         e.lease("navy", "double", K, 5_001)
     assert (exc.value.reason, exc.value.retry_at_ms) == ("provider_daily_tokens", NEXT_MIDNIGHT)
-    pools_clock.set(NEXT_MIDNIGHT)
+    clock.set(NEXT_MIDNIGHT)
     assert e.check("navy", "double", K, 75_000).allowed
 
 
-def test_route_gates_come_before_provider_gates(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_route_gates_come_before_provider_gates(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=1)
     e.record_request("groq", "a", K)
     assert e.check("groq", "a", K, limits={"rpm": 1}).reason == "rpm"
@@ -556,8 +536,8 @@ def test_route_gates_come_before_provider_gates(pools_engine: q.QuotaEngine) -> 
     assert e.check("groq", "a", K).reason == "provider_daily_requests"
 
 
-def test_lease_counts_in_provider_gates(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_lease_counts_in_provider_gates(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=3, minute_requests=3, daily_tokens=100)
     with e.lease("groq", "a", K, 30):
         with e.lease("groq", "b", K, 30):
@@ -577,8 +557,8 @@ def test_lease_counts_in_provider_gates(pools_engine: q.QuotaEngine) -> None:
     assert e.provider_daily_token_count("groq", K) == 60
 
 
-def test_lease_refused_by_provider_gate_takes_nothing(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_lease_refused_by_provider_gate_takes_nothing(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=1)
     held = e.lease("groq", "a", K)
     for _ in range(5):
@@ -590,10 +570,10 @@ def test_lease_refused_by_provider_gate_takes_nothing(pools_engine: q.QuotaEngin
     lease.release()
 
 
-def test_provider_caps_visible_across_engines_for_gates(store: str, pools_clock: q.ManualClock) -> None:
+def test_provider_caps_visible_across_engines_for_gates(store: str, clock: q.ManualClock) -> None:
     with (
-        open_engine(store, pools_clock, {MINUTELY + "GROQ": "2"}) as a,
-        open_engine(store, pools_clock, {MINUTELY + "GROQ": "2"}) as b,
+        open_engine(store, clock, {MINUTELY + "GROQ": "2"}) as a,
+        open_engine(store, clock, {MINUTELY + "GROQ": "2"}) as b,
     ):
         a.record_request("groq", "x", K)
         lease = b.acquire_lease("groq", "y", K)
@@ -687,8 +667,8 @@ def test_unknown_platform_pools(platform: str) -> None:
 # ============================================================================ bad input (SPEC §13)
 
 
-def test_set_provider_caps_bad_input(pools_engine: q.QuotaEngine) -> None:
-    e = pools_engine
+def test_set_provider_caps_bad_input(engine: q.QuotaEngine) -> None:
+    e = engine
     e.set_provider_caps("groq", daily_requests=5, minute_requests=6, daily_tokens=7)
     with pytest.raises(ValueError):
         e.set_provider_caps("groq", daily_requests=-1)

@@ -14,13 +14,6 @@ P, M, K = "anthropic", "claude-sonnet-4-5", 1
 NOW = 1_796_119_200_000  # 2026-12-01 10:00 UTC
 
 
-@pytest.fixture
-def e(store: str) -> q.QuotaEngine:
-    eng = q.QuotaEngine(store, clock=q.ManualClock(NOW), env={})
-    yield eng  # type: ignore[misc]
-    eng.close()
-
-
 KINDS = [
     Limit("tokens", 10_000, "minute"),
     Limit("input_tokens", 1_000, "minute"),

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import pytest
 import quotaengine as q
+from moments import DAY, HOUR, MINUTE, T0
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-MINUTE = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
 P, M, K = "groq", "llama-3.1-8b", 1
 
 

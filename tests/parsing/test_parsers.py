@@ -9,9 +9,7 @@ import pytest
 import quotaengine as q
 from hypothesis import given
 from hypothesis import strategies as st
-
-NOON = 1_767_268_800_000  # 2026-01-01 12:00:00 UTC
-DAY = 86_400_000
+from moments import DAY, NOON
 
 
 def http_date(ms: int) -> str:

@@ -5,29 +5,13 @@ from __future__ import annotations
 
 import sqlite3
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import HOUR, SECOND, T0
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
 NOW = T0 + 10 * HOUR  # 2026-01-01 10:00:00.000 UTC = 1_767_261_600_000
-
-
-@pytest.fixture
-def hdr_clock() -> q.ManualClock:
-    return q.ManualClock(NOW)
-
-
-@pytest.fixture
-def hdr_engine(store: str, hdr_clock: q.ManualClock) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(store, clock=hdr_clock, env={})
-    yield e
-    e.close()
 
 
 # Header sets as the providers document them.
@@ -122,8 +106,8 @@ def tok(limit: int | None, remaining: int | None, reset: str | None = None) -> d
 # ============================================================================ provider header sets
 
 
-def test_openai_headers(hdr_engine: q.QuotaEngine) -> None:
-    obs = hdr_engine.record_quota_headers("openai", 7, OPENAI, model_id="gpt-4o")
+def test_openai_headers(engine: q.QuotaEngine) -> None:
+    obs = engine.record_quota_headers("openai", 7, OPENAI, model_id="gpt-4o")
     assert len(obs) == 2
     assert all(isinstance(o, q.QuotaObservation) for o in obs)
     m = by_metric(obs)
@@ -141,8 +125,8 @@ def test_openai_headers(hdr_engine: q.QuotaEngine) -> None:
     assert (t.limit, t.remaining, t.reset_at_ms) == (150_000, 149_984, NOW + 360_000)
 
 
-def test_groq_429_headers_with_retry_after(hdr_engine: q.QuotaEngine) -> None:
-    obs = hdr_engine.record_quota_headers("groq", 3, GROQ_429, model_id="llama-3.1-8b-instant", status=429)
+def test_groq_429_headers_with_retry_after(engine: q.QuotaEngine) -> None:
+    obs = engine.record_quota_headers("groq", 3, GROQ_429, model_id="llama-3.1-8b-instant", status=429)
     m = by_metric(obs)
     r, t = m["requests"], m["tokens"]
     assert (r.limit, r.remaining, r.reset_at_ms) == (14_400, 14_370, NOW + 179_560)
@@ -167,19 +151,19 @@ def test_groq_429_headers_with_retry_after(hdr_engine: q.QuotaEngine) -> None:
     assert len(obs) == 3
 
 
-def test_openrouter_headers_epoch_ms(hdr_engine: q.QuotaEngine) -> None:
+def test_openrouter_headers_epoch_ms(engine: q.QuotaEngine) -> None:
     h = {"X-RateLimit-Limit": "20", "X-RateLimit-Remaining": "17", "X-RateLimit-Reset": str(NOW + 42_000)}
-    obs = hdr_engine.record_quota_headers("openrouter", 1, h, model_id="deepseek/deepseek-r1:free")
+    obs = engine.record_quota_headers("openrouter", 1, h, model_id="deepseek/deepseek-r1:free")
     assert len(obs) == 1
     o = obs[0]
     assert (o.metric, o.limit, o.remaining, o.reset_at_ms) == ("requests", 20, 17, NOW + 42_000)
     assert (o.pool_key, o.source, o.confidence) == ("openrouter::free", "header", 1.0)
-    obs = hdr_engine.record_quota_headers("openrouter", 1, h, model_id="openai/gpt-4o")
+    obs = engine.record_quota_headers("openrouter", 1, h, model_id="openai/gpt-4o")
     assert obs[0].pool_key == "openrouter::account"
 
 
-def test_cerebras_headers(hdr_engine: q.QuotaEngine) -> None:
-    obs = hdr_engine.record_quota_headers("cerebras", 2, CEREBRAS, model_id="llama3.1-8b")
+def test_cerebras_headers(engine: q.QuotaEngine) -> None:
+    obs = engine.record_quota_headers("cerebras", 2, CEREBRAS, model_id="llama3.1-8b")
     assert len(obs) == 2
     m = by_metric(obs)
     r, t = m["requests"], m["tokens"]
@@ -188,19 +172,19 @@ def test_cerebras_headers(hdr_engine: q.QuotaEngine) -> None:
     assert r.pool_key == t.pool_key == "cerebras::shared"
 
 
-def test_cerebras_long_fraction_seconds(hdr_engine: q.QuotaEngine) -> None:
+def test_cerebras_long_fraction_seconds(engine: q.QuotaEngine) -> None:
     h = {
         "x-ratelimit-limit-requests-day": "14400",
         "x-ratelimit-remaining-requests-day": "14399",
         "x-ratelimit-reset-requests-day": "33011.382867097855",
     }
-    (o,) = hdr_engine.record_quota_headers("cerebras", 2, h)
+    (o,) = engine.record_quota_headers("cerebras", 2, h)
     assert o.reset_at_ms is not None
     assert abs(o.reset_at_ms - (NOW + 33_011_383)) <= 1
 
 
-def test_anthropic_headers(hdr_engine: q.QuotaEngine) -> None:
-    obs = hdr_engine.record_quota_headers("anthropic", 4, ANTHROPIC, model_id="claude-sonnet-4-5")
+def test_anthropic_headers(engine: q.QuotaEngine) -> None:
+    obs = engine.record_quota_headers("anthropic", 4, ANTHROPIC, model_id="claude-sonnet-4-5")
     assert {o.metric for o in obs} == {"requests", "tokens", "input_tokens", "output_tokens"}
     r = [o for o in obs if o.metric == "requests"]
     assert len(r) == 1
@@ -220,7 +204,7 @@ def test_anthropic_headers(hdr_engine: q.QuotaEngine) -> None:
         7_900,
         NOW + 3_000,
     )
-    rows = state_rows(hdr_engine, "anthropic")
+    rows = state_rows(engine, "anthropic")
     pool = "anthropic::claude-sonnet-4-5"
     assert set(rows) == {(4, pool, metric) for metric in ("requests", "tokens", "input_tokens", "output_tokens")}
     s = rows[(4, pool, "tokens")]
@@ -229,7 +213,7 @@ def test_anthropic_headers(hdr_engine: q.QuotaEngine) -> None:
     assert (s.limit, s.remaining) == (8_000, 7_900)
 
 
-def test_header_names_are_case_insensitive(hdr_engine: q.QuotaEngine) -> None:
+def test_header_names_are_case_insensitive(engine: q.QuotaEngine) -> None:
     h = {
         "X-RateLimit-Limit-Requests": "60",
         "X-RATELIMIT-REMAINING-REQUESTS": "30",
@@ -237,25 +221,25 @@ def test_header_names_are_case_insensitive(hdr_engine: q.QuotaEngine) -> None:
         "X-Ratelimit-Limit-Tokens": "1000",
         "x-ratelimit-remaining-TOKENS": "250",
     }
-    m = by_metric(hdr_engine.record_quota_headers("openai", 1, h, model_id="gpt-4o"))
+    m = by_metric(engine.record_quota_headers("openai", 1, h, model_id="gpt-4o"))
     assert (m["requests"].limit, m["requests"].remaining, m["requests"].reset_at_ms) == (60, 30, NOW + 10_000)
     assert (m["tokens"].limit, m["tokens"].remaining, m["tokens"].reset_at_ms) == (1000, 250, None)
     a = {k.upper(): v for k, v in ANTHROPIC.items()}
-    m = by_metric(hdr_engine.record_quota_headers("anthropic", 1, a, model_id="claude"))
+    m = by_metric(engine.record_quota_headers("anthropic", 1, a, model_id="claude"))
     assert (m["requests"].limit, m["requests"].remaining) == (50, 49)
-    e = hdr_engine.record_quota_headers("groq", 1, {"Retry-After": "5", **req(10, 0)}, status=429)
+    e = engine.record_quota_headers("groq", 1, {"Retry-After": "5", **req(10, 0)}, status=429)
     assert [o.reset_at_ms for o in error_obs(e)] == [NOW + 5_000]
 
 
-def test_headers_may_be_any_mapping(hdr_engine: q.QuotaEngine) -> None:
-    obs = hdr_engine.record_quota_headers("openai", 1, types.MappingProxyType(dict(OPENAI)), model_id="gpt-4o")
+def test_headers_may_be_any_mapping(engine: q.QuotaEngine) -> None:
+    obs = engine.record_quota_headers("openai", 1, types.MappingProxyType(dict(OPENAI)), model_id="gpt-4o")
     assert len(obs) == 2
 
 
-def test_without_model_id_the_pool_is_the_platform_pool(hdr_engine: q.QuotaEngine) -> None:
-    (o,) = hdr_engine.record_quota_headers("openai", 1, req(10, 5))
+def test_without_model_id_the_pool_is_the_platform_pool(engine: q.QuotaEngine) -> None:
+    (o,) = engine.record_quota_headers("openai", 1, req(10, 5))
     assert (o.model_id, o.pool_key) == (None, "openai::account")
-    (o,) = hdr_engine.record_quota_headers("navy", 1, req(10, 5), model_id="gpt-4o")
+    (o,) = engine.record_quota_headers("navy", 1, req(10, 5), model_id="gpt-4o")
     assert o.pool_key == "navy::free"
 
 
@@ -282,24 +266,22 @@ RESET_FORMATS = [
 
 
 @pytest.mark.parametrize(("value", "offset"), RESET_FORMATS)
-def test_reset_formats(hdr_engine: q.QuotaEngine, value: str, offset: int) -> None:
-    (o,) = hdr_engine.record_quota_headers("openai", 1, req(100, 50, value), model_id="gpt-4o")
+def test_reset_formats(engine: q.QuotaEngine, value: str, offset: int) -> None:
+    (o,) = engine.record_quota_headers("openai", 1, req(100, 50, value), model_id="gpt-4o")
     assert o.reset_at_ms == NOW + offset
 
 
 @pytest.mark.parametrize(("value", "offset"), RESET_FORMATS)
-def test_reset_formats_follow_the_clock(
-    hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock, value: str, offset: int
-) -> None:
+def test_reset_formats_follow_the_clock(engine: q.QuotaEngine, clock: q.ManualClock, value: str, offset: int) -> None:
     # Relative formats move with the engine's clock; absolute ones do not.
-    hdr_clock.advance(10 * SECOND)
-    (o,) = hdr_engine.record_quota_headers("openai", 1, req(100, 50, value), model_id="gpt-4o")
+    clock.advance(10 * SECOND)
+    (o,) = engine.record_quota_headers("openai", 1, req(100, 50, value), model_id="gpt-4o")
     absolute = value.startswith("2026-") or (value.isdigit() and int(value) > 1_000_000_000)
     assert o.reset_at_ms == NOW + offset + (0 if absolute else 10 * SECOND)
 
 
-def test_reset_header_alone_and_tokens_reset(hdr_engine: q.QuotaEngine) -> None:
-    m = by_metric(hdr_engine.record_quota_headers("groq", 1, {**req(10, 9), **tok(100, 90, "2m59.56s")}))
+def test_reset_header_alone_and_tokens_reset(engine: q.QuotaEngine) -> None:
+    m = by_metric(engine.record_quota_headers("groq", 1, {**req(10, 9), **tok(100, 90, "2m59.56s")}))
     assert m["tokens"].reset_at_ms == NOW + 179_560
     assert m["requests"].reset_at_ms is None
 
@@ -308,8 +290,8 @@ def test_reset_header_alone_and_tokens_reset(hdr_engine: q.QuotaEngine) -> None:
 
 
 @pytest.mark.parametrize("status", [429, 402])
-def test_error_status_adds_error_body_observation(hdr_engine: q.QuotaEngine, status: int) -> None:
-    obs = hdr_engine.record_quota_headers(
+def test_error_status_adds_error_body_observation(engine: q.QuotaEngine, status: int) -> None:
+    obs = engine.record_quota_headers(
         "openai", 5, {**req(60, 12), "retry-after": "30"}, model_id="gpt-4o", status=status
     )
     assert len(obs) == 2
@@ -320,14 +302,14 @@ def test_error_status_adds_error_body_observation(hdr_engine: q.QuotaEngine, sta
     assert (err.platform, err.key_id, err.model_id, err.pool_key) == ("openai", 5, "gpt-4o", "openai::gpt-4o")
 
 
-def test_429_retry_after_only(hdr_engine: q.QuotaEngine) -> None:
-    (err,) = hdr_engine.record_quota_headers("groq", 1, {"retry-after": "7"}, model_id="m", status=429)
+def test_429_retry_after_only(engine: q.QuotaEngine) -> None:
+    (err,) = engine.record_quota_headers("groq", 1, {"retry-after": "7"}, model_id="m", status=429)
     assert (err.metric, err.remaining, err.confidence, err.reset_at_ms) == ("requests", 0, 0.75, NOW + 7_000)
     assert err.source != "header"
 
 
-def test_429_retry_after_http_date(hdr_engine: q.QuotaEngine) -> None:
-    obs = hdr_engine.record_quota_headers(
+def test_429_retry_after_http_date(engine: q.QuotaEngine) -> None:
+    obs = engine.record_quota_headers(
         "groq", 1, {**req(10, 0), "Retry-After": "Thu, 01 Jan 2026 10:00:30 GMT"}, status=429
     )
     (err,) = error_obs(obs)
@@ -335,8 +317,8 @@ def test_429_retry_after_http_date(hdr_engine: q.QuotaEngine) -> None:
 
 
 @pytest.mark.parametrize("status", [200, 400, 401, 403, 404, 500, 503])
-def test_other_statuses_add_no_error_body_observation(hdr_engine: q.QuotaEngine, status: int) -> None:
-    obs = hdr_engine.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o", status=status)
+def test_other_statuses_add_no_error_body_observation(engine: q.QuotaEngine, status: int) -> None:
+    obs = engine.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o", status=status)
     assert len(obs) == 2
     assert all(o.source == "header" and o.confidence == 1.0 and o.status == status for o in obs)
 
@@ -349,18 +331,18 @@ def test_other_statuses_add_no_error_body_observation(hdr_engine: q.QuotaEngine,
         {"x-ratelimit-something-else": "5", "ratelimit-policy": "100;w=60"},
     ],
 )
-def test_no_quota_headers_adds_nothing(hdr_engine: q.QuotaEngine, headers: dict[str, str]) -> None:
-    assert hdr_engine.record_quota_headers("openai", 1, headers, model_id="gpt-4o") == []
-    assert hdr_engine.quota_state() == []
-    assert hdr_engine.key_quota_headroom("openai") == {}
+def test_no_quota_headers_adds_nothing(engine: q.QuotaEngine, headers: dict[str, str]) -> None:
+    assert engine.record_quota_headers("openai", 1, headers, model_id="gpt-4o") == []
+    assert engine.quota_state() == []
+    assert engine.key_quota_headroom("openai") == {}
 
 
 # ============================================================================ quota_state
 
 
-def test_quota_state_fields(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock) -> None:
-    hdr_engine.record_quota_headers("openai", 7, OPENAI, model_id="gpt-4o")
-    rows = state_rows(hdr_engine)
+def test_quota_state_fields(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    engine.record_quota_headers("openai", 7, OPENAI, model_id="gpt-4o")
+    rows = state_rows(engine)
     assert set(rows) == {(7, "openai::gpt-4o", "requests"), (7, "openai::gpt-4o", "tokens")}
     r = rows[(7, "openai::gpt-4o", "requests")]
     assert (r.platform, r.key_id, r.pool_key, r.metric) == ("openai", 7, "openai::gpt-4o", "requests")
@@ -370,13 +352,13 @@ def test_quota_state_fields(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock)
     assert (t.limit, t.remaining, t.reset_at_ms) == (150_000, 149_984, NOW + 360_000)
 
 
-def test_quota_state_one_row_per_platform_key_pool_metric(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock) -> None:
-    e = hdr_engine
+def test_quota_state_one_row_per_platform_key_pool_metric(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     e.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o")
     e.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o-mini")  # another pool
     e.record_quota_headers("openai", 2, OPENAI, model_id="gpt-4o")  # another key
     e.record_quota_headers("groq", 1, {**req(1000, 900), **tok(6000, 5000)}, model_id="llama-a")
-    hdr_clock.advance(SECOND)
+    clock.advance(SECOND)
     e.record_quota_headers("groq", 1, {**req(1000, 899), **tok(6000, 4000)}, model_id="llama-b")  # same pool
     e.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o")  # repeat: same rows
     rows = state_rows(e)
@@ -396,14 +378,14 @@ def test_quota_state_one_row_per_platform_key_pool_metric(hdr_engine: q.QuotaEng
     assert rows[(1, "groq::account", "tokens")].remaining == 4000
 
 
-def test_quota_state_merge_known_replace_missing_keep(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock) -> None:
-    e = hdr_engine
+def test_quota_state_merge_known_replace_missing_keep(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     e.record_quota_headers("groq", 1, req(100, 90, "60s"))
-    hdr_clock.advance(SECOND)
+    clock.advance(SECOND)
     e.record_quota_headers("groq", 1, req(None, 80))  # only remaining
     (s,) = e.quota_state()
     assert (s.limit, s.remaining, s.reset_at_ms, s.observed_at_ms) == (100, 80, NOW + 60_000, NOW + SECOND)
-    hdr_clock.advance(SECOND)
+    clock.advance(SECOND)
     e.record_quota_headers("groq", 1, req(200, None))  # only limit
     (s,) = e.quota_state()
     assert (s.limit, s.remaining, s.reset_at_ms) == (200, 80, NOW + 60_000)
@@ -416,13 +398,13 @@ def test_quota_state_merge_known_replace_missing_keep(hdr_engine: q.QuotaEngine,
     assert (rows[(1, "groq::account", "requests")].limit, rows[(1, "groq::account", "tokens")].limit) == (200, 5000)
 
 
-def test_quota_state_confidence_is_the_max(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock) -> None:
-    e = hdr_engine
+def test_quota_state_confidence_is_the_max(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     # An error-body observation first: confidence 0.75, remaining 0, no limit.
     e.record_quota_headers("groq", 1, {"retry-after": "30"}, status=429)
     (s,) = e.quota_state()
     assert (s.metric, s.limit, s.remaining, s.reset_at_ms, s.confidence) == ("requests", None, 0, NOW + 30_000, 0.75)
-    hdr_clock.advance(SECOND)
+    clock.advance(SECOND)
     # A header observation with only a limit: the limit is filled in, remaining kept, confidence max = 1.0.
     e.record_quota_headers("groq", 1, req(100, None))
     (s,) = e.quota_state()
@@ -433,16 +415,16 @@ def test_quota_state_confidence_is_the_max(hdr_engine: q.QuotaEngine, hdr_clock:
     assert (s.limit, s.remaining, s.confidence) == (100, 0, 1.0)
 
 
-def test_quota_state_past_reset_reads_as_full(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock) -> None:
-    e = hdr_engine
+def test_quota_state_past_reset_reads_as_full(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     e.record_quota_headers("groq", 1, {**req(100, 0, "2s"), **tok(5000, 100, "60s")})
-    hdr_clock.set(NOW + 1_999)
+    clock.set(NOW + 1_999)
     rows = state_rows(e)
     assert (rows[(1, "groq::account", "requests")].remaining, rows[(1, "groq::account", "requests")].reset_at_ms) == (
         0,
         NOW + 2_000,
     )
-    hdr_clock.set(NOW + 2_001)
+    clock.set(NOW + 2_001)
     rows = state_rows(e)
     r = rows[(1, "groq::account", "requests")]
     assert (r.limit, r.remaining, r.reset_at_ms) == (100, 100, None)
@@ -462,10 +444,10 @@ def _quota_table(con: sqlite3.Connection) -> tuple[str, list[str]]:
 
 
 @pytest.mark.sqlite_only
-def test_quota_state_past_reset_is_stored(store: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as e:
+def test_quota_state_past_reset_is_stored(store: str, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
         e.record_quota_headers("groq", 1, req(100, 0, "2s"))
-        hdr_clock.set(NOW + 3_000)
+        clock.set(NOW + 3_000)
         (s,) = e.quota_state()
         assert (s.remaining, s.reset_at_ms) == (100, None)
         con = sqlite3.connect(store)
@@ -481,13 +463,13 @@ def test_quota_state_past_reset_is_stored(store: str, hdr_clock: q.ManualClock) 
         assert (s.limit, s.remaining, s.reset_at_ms) == (100, 100, None)
 
 
-def test_quota_state_persisted_and_shared(store: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as a, q.QuotaEngine(store, clock=hdr_clock, env={}) as b:
+def test_quota_state_persisted_and_shared(store: str, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=clock, env={}) as a, q.QuotaEngine(store, clock=clock, env={}) as b:
         a.record_quota_headers("openai", 1, OPENAI, model_id="gpt-4o")
         assert len(b.quota_state()) == 2
         b.record_quota_headers("openai", 1, req(None, 10), model_id="gpt-4o")
         assert state_rows(a)[(1, "openai::gpt-4o", "requests")].remaining == 10
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as c:
+    with q.QuotaEngine(store, clock=clock, env={}) as c:
         rows = state_rows(c)
         assert (rows[(1, "openai::gpt-4o", "requests")].limit, rows[(1, "openai::gpt-4o", "requests")].remaining) == (
             60,
@@ -498,8 +480,8 @@ def test_quota_state_persisted_and_shared(store: str, hdr_clock: q.ManualClock) 
 # ============================================================================ key_quota_headroom
 
 
-def test_headroom_worst_row_per_key(hdr_engine: q.QuotaEngine) -> None:
-    e = hdr_engine
+def test_headroom_worst_row_per_key(engine: q.QuotaEngine) -> None:
+    e = engine
     e.record_quota_headers("openai", 1, {**req(60, 30), **tok(150_000, 149_984)}, model_id="gpt-4o")  # 0.5
     e.record_quota_headers("openai", 2, {**req(60, 59), **tok(1000, 900)}, model_id="gpt-4o")  # 0.9
     e.record_quota_headers("openai", 3, req(100, 90), model_id="gpt-4o")
@@ -514,13 +496,13 @@ def test_headroom_worst_row_per_key(hdr_engine: q.QuotaEngine) -> None:
     assert e.key_quota_headroom("mistral") == {}
 
 
-def test_headroom_clamped_to_one(hdr_engine: q.QuotaEngine) -> None:
-    hdr_engine.record_quota_headers("groq", 1, req(100, 150))
-    assert hdr_engine.key_quota_headroom("groq") == {1: 1.0}
+def test_headroom_clamped_to_one(engine: q.QuotaEngine) -> None:
+    engine.record_quota_headers("groq", 1, req(100, 150))
+    assert engine.key_quota_headroom("groq") == {1: 1.0}
 
 
-def test_headroom_needs_known_remaining_and_positive_limit(hdr_engine: q.QuotaEngine) -> None:
-    e = hdr_engine
+def test_headroom_needs_known_remaining_and_positive_limit(engine: q.QuotaEngine) -> None:
+    e = engine
     e.record_quota_headers("groq", 1, {"retry-after": "30"}, status=429)  # remaining 0, no limit
     e.record_quota_headers("groq", 2, req(0, 0))  # limit 0
     e.record_quota_headers("groq", 3, req(100, None))  # no remaining
@@ -528,19 +510,19 @@ def test_headroom_needs_known_remaining_and_positive_limit(hdr_engine: q.QuotaEn
     assert e.key_quota_headroom("groq") == {4: pytest.approx(0.25)}
 
 
-def test_headroom_error_body_merged_with_header_counts(hdr_engine: q.QuotaEngine) -> None:
-    e = hdr_engine
+def test_headroom_error_body_merged_with_header_counts(engine: q.QuotaEngine) -> None:
+    e = engine
     e.record_quota_headers("groq", 1, req(100, 50))
     e.record_quota_headers("groq", 1, {"retry-after": "30"}, status=429)  # remaining 0 now known, limit kept
     assert e.key_quota_headroom("groq") == {1: 0.0}
 
 
-def test_headroom_past_reset_counts_one(hdr_engine: q.QuotaEngine, hdr_clock: q.ManualClock) -> None:
-    e = hdr_engine
+def test_headroom_past_reset_counts_one(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    e = engine
     e.record_quota_headers("groq", 1, {**req(100, 0, "1s"), **tok(1000, 500, "1h0m0s")})
     e.record_quota_headers("groq", 2, req(100, 0, "1s"))
     assert e.key_quota_headroom("groq") == {1: 0.0, 2: 0.0}
-    hdr_clock.advance(6 * SECOND)  # past the reset and past the cache
+    clock.advance(6 * SECOND)  # past the reset and past the cache
     h = e.key_quota_headroom("groq")
     assert h == {1: pytest.approx(0.5), 2: 1.0}
 
@@ -569,19 +551,19 @@ def _copy_row_with(db: Path, key_id: int, confidence: float) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_headroom_confidence_floor(store: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as e:
+def test_headroom_confidence_floor(store: str, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
         e.record_quota_headers("groq", 1, req(100, 40))
     _copy_row_with(store, 2, 0.6)  # a probe's confidence: below the floor
     _copy_row_with(store, 3, 0.7)  # exactly the floor
     _copy_row_with(store, 4, 0.45)
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as e:
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
         assert len(e.quota_state()) == 4
         assert e.key_quota_headroom("groq") == {1: pytest.approx(0.4), 3: pytest.approx(0.4)}
 
 
-def test_headroom_cache_other_engine_not_seen_for_5s(store: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as a, q.QuotaEngine(store, clock=hdr_clock, env={}) as b:
+def test_headroom_cache_other_engine_not_seen_for_5s(store: str, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=clock, env={}) as a, q.QuotaEngine(store, clock=clock, env={}) as b:
         a.record_quota_headers("groq", 1, req(100, 50))
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}  # cache built at NOW
         b.record_quota_headers("groq", 2, req(100, 80))
@@ -589,18 +571,18 @@ def test_headroom_cache_other_engine_not_seen_for_5s(store: str, hdr_clock: q.Ma
         assert b.key_quota_headroom("groq") == {1: pytest.approx(0.1), 2: pytest.approx(0.8)}
         # quota_state is not cached: A sees B's rows at once.
         assert state_rows(a)[(1, "groq::account", "requests")].remaining == 10
-        hdr_clock.advance(4_000)
+        clock.advance(4_000)
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}  # still the cached answer
-        hdr_clock.advance(1_001)  # > 5 s after the cache was built
+        clock.advance(1_001)  # > 5 s after the cache was built
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.1), 2: pytest.approx(0.8)}
 
 
-def test_headroom_cache_invalidated_by_own_observation(store: str, hdr_clock: q.ManualClock) -> None:
-    with q.QuotaEngine(store, clock=hdr_clock, env={}) as a, q.QuotaEngine(store, clock=hdr_clock, env={}) as b:
+def test_headroom_cache_invalidated_by_own_observation(store: str, clock: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=clock, env={}) as a, q.QuotaEngine(store, clock=clock, env={}) as b:
         a.record_quota_headers("groq", 1, req(100, 50))
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}
         b.record_quota_headers("groq", 2, req(100, 80))
-        hdr_clock.advance(1_000)
+        clock.advance(1_000)
         assert a.key_quota_headroom("groq") == {1: pytest.approx(0.5)}
         # A new observation through A: A's next answer is fresh, including B's row.
         a.record_quota_headers("groq", 3, req(100, 30))
@@ -609,8 +591,8 @@ def test_headroom_cache_invalidated_by_own_observation(store: str, hdr_clock: q.
         assert a.key_quota_headroom("groq")[1] == pytest.approx(0.05)
 
 
-def test_headroom_own_error_observation_invalidates(hdr_engine: q.QuotaEngine) -> None:
-    e = hdr_engine
+def test_headroom_own_error_observation_invalidates(engine: q.QuotaEngine) -> None:
+    e = engine
     e.record_quota_headers("groq", 1, req(100, 100))
     assert e.key_quota_headroom("groq") == {1: 1.0}
     e.record_quota_headers("groq", 1, {"retry-after": "30"}, status=429)
@@ -620,8 +602,8 @@ def test_headroom_own_error_observation_invalidates(hdr_engine: q.QuotaEngine) -
 # ============================================================================ bad input
 
 
-def test_record_quota_headers_bad_input(hdr_engine: q.QuotaEngine) -> None:
-    e = hdr_engine
+def test_record_quota_headers_bad_input(engine: q.QuotaEngine) -> None:
+    e = engine
     with pytest.raises(TypeError):
         e.record_quota_headers("groq", 1, {"x-ratelimit-limit-requests": 10})  # type: ignore[dict-item]
     with pytest.raises(ValueError):
@@ -633,8 +615,8 @@ def test_record_quota_headers_bad_input(hdr_engine: q.QuotaEngine) -> None:
     assert e.quota_state() == []
 
 
-def test_unparsable_values_are_dropped_not_fatal(hdr_engine: q.QuotaEngine) -> None:
-    e = hdr_engine
+def test_unparsable_values_are_dropped_not_fatal(engine: q.QuotaEngine) -> None:
+    e = engine
     (o,) = e.record_quota_headers("groq", 1, {**req(None, 5, "soon"), "x-ratelimit-limit-requests": "lots"})
     assert (o.limit, o.remaining, o.reset_at_ms) == (None, 5, None)
     e.record_quota_headers("groq", 1, req(10, None))

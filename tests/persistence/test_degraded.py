@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import TEN_AM
 
-T0 = 1_767_225_600_000
-TEN_AM = T0 + 10 * 3_600_000
 P, M, K = "groq", "llama-3.1-8b", 1
 
 

@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import HOUR, MINUTE, SECOND, TEN_AM
 from old_schemas import downgrade_schema
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-SECOND = 1_000
-MINUTE = 60_000
-HOUR = 3_600_000
-TEN_AM = T0 + 10 * HOUR
 P, M, K = "groq", "llama-3.1-8b", 1
 
 

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import TEN_AM
 from subprocesses import finish, spawn, stderr_of
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-HOUR = 3_600_000
-TEN_AM = T0 + 10 * HOUR
 P, M, K = "groq", "llama-3.1-8b", 1
 
 

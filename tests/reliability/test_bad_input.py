@@ -11,11 +11,8 @@ import pytest
 import quotaengine as q
 from hypothesis import given
 from hypothesis import strategies as st
+from moments import DAY, MINUTE, T0
 
-T0 = 1_767_225_600_000
-MINUTE = 60_000
-DAY = 86_400_000
-TEN_AM = T0 + 10 * 3_600_000
 P, M, K = "groq", "llama-3.1-8b", 1
 NAN = float("nan")
 INF = float("inf")

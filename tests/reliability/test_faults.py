@@ -29,10 +29,8 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import MINUTE, T0, TEN_AM
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-TEN_AM = T0 + 10 * 3_600_000
-MINUTE = 60_000
 P, M, K = "groq", "llama-3.1-8b", 1
 
 

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 import quotaengine as q
+from moments import TEN_AM
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-TEN_AM = T0 + 10 * 3_600_000
 P, M = "groq", "llama-3.1-8b"
 ROWS = 2_000
 

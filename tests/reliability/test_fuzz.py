@@ -19,10 +19,8 @@ import quotaengine as q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from moments import DAY, MINUTE, T0
 
-T0 = 1_767_225_600_000  # 2026-01-01 00:00 UTC
-MINUTE = 60_000
-DAY = 86_400_000
 Y2100 = 4_102_444_800_000  # 2100-01-01 00:00 UTC
 I64_MAX = 2**63 - 1
 I64_MIN = -(2**63)
