@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"
 import litellm  # noqa: E402
 import quotaengine as qe  # noqa: E402
 import quotaengine.litellm as qel  # noqa: E402
+from local_server import LocalServer  # noqa: E402
 from provider_bodies import gemini_body  # noqa: E402
 
 litellm.suppress_debug_info = True
@@ -57,7 +58,7 @@ USAGE = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}
 GROQ_RPM, GEMINI_RPM, LOCAL_CAP, LOCAL_HOLD_S = 30, 15, 2, 0.3
 
 
-class Providers:
+class Providers(LocalServer):
     """The three providers on one local server; the model names which one answers."""
 
     def __init__(self) -> None:
@@ -67,35 +68,12 @@ class Providers:
         self.local = 0
         self.calls = 0
         self.status: dict[int, int] = {}
-        prov = self
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                n = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
-                status, payload, headers = prov.answer(str(body.get("model")))
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def on_post(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        status, payload, headers = self.answer(str(body.get("model")))
+        self.send(h, status, json.dumps(payload).encode(), headers)
 
     def _done(self, status: int) -> None:
         with self.lock:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 import quotaengine as q
 from moments import DAY, MINUTE, T0, TEN_AM
 from old_schemas import downgrade_schema
+from waiters import order_of_admission
 
 P, M, K = "groq", "llama", 1
 
@@ -255,25 +254,8 @@ def test_the_async_forms_take_a_priority(engine: q.QuotaEngine) -> None:
 def test_waiters_of_a_smaller_priority_number_are_admitted_first(store: str) -> None:
     with q.QuotaEngine(store, env={"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}) as e:
         held = e.lease(P, M, K)
-        order: list[int] = []
-        lock = threading.Lock()
-
-        def waiter(i: int, priority: int) -> None:
-            lease = e.lease(P, M, K, wait_s=20, priority=priority)
-            with lock:
-                order.append(i)
-            time.sleep(0.05)
-            lease.release()
-
-        threads = []
-        for i, priority in enumerate([2, 1, 0, 1, 0]):
-            th = threading.Thread(target=waiter, args=(i, priority))
-            th.start()
-            threads.append(th)
-            time.sleep(0.1)  # each starts waiting after the one before
-        held.release()
-        for th in threads:
-            th.join()
+        priorities = [2, 1, 0, 1, 0]
+        order = order_of_admission(lambda i: e.lease(P, M, K, wait_s=20, priority=priorities[i]), held, 5)
         # priority 0 first (in arrival order), then 1, then 2
         assert order == [2, 4, 1, 3, 0]
 

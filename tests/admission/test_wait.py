@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 import quotaengine as q
 from subprocesses import spawn, stderr_of
+from waiters import order_of_admission
 
 NOW = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 P, M, K = "groq", "llama", 1
@@ -126,25 +127,7 @@ def test_first_come_first_served(store: str) -> None:
     env = {"MAX_CONCURRENT_REQUESTS_PER_KEY": "1"}
     with q.QuotaEngine(store, env=env) as e:
         held = e.lease(P, M, K)
-        order: list[int] = []
-        lock = threading.Lock()
-
-        def waiter(i: int) -> None:
-            lease = e.lease(P, M, K, wait_s=10)
-            with lock:
-                order.append(i)
-            time.sleep(0.05)
-            lease.release()
-
-        threads = []
-        for i in range(4):
-            th = threading.Thread(target=waiter, args=(i,))
-            th.start()
-            threads.append(th)
-            time.sleep(0.1)  # each starts waiting after the one before
-        held.release()
-        for th in threads:
-            th.join()
+        order = order_of_admission(lambda i: e.lease(P, M, K, wait_s=10), held, 4)
         assert order == [0, 1, 2, 3]
 
 

@@ -48,9 +48,8 @@ def collect_litellm_leftovers() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiteLLMProviders]:
-    s = LiteLLMProviders()
-    yield s
-    s.close()
+    with LiteLLMProviders() as s:
+        yield s
 
 
 @pytest.fixture

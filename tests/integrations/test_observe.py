@@ -26,9 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ProviderServer]:
-    s = ProviderServer()
-    yield s
-    s.close()
+    with ProviderServer() as s:
+        yield s
 
 
 @pytest.fixture

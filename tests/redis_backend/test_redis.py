@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from moments import TEN_AM
-from redis_servers import RedisServer, RedisTarget, free_port
+from outages import assert_one_row_per_request, buffer_events_past_merging
+from redis_servers import RedisServer, RedisTarget, free_port, tls_files
 from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
@@ -99,26 +100,10 @@ def test_password(tmp_path: Path) -> None:
         server.kill()
 
 
-def make_tls_files(d: Path) -> tuple[Path, Path, Path]:
-    """A private CA and a certificate for 127.0.0.1 signed by it: (CA file, cert file, key file)."""
-    d.mkdir(parents=True, exist_ok=True)
-
-    def openssl(args: str) -> None:
-        subprocess.run(["openssl", *args.split()], cwd=d, check=True, capture_output=True)
-
-    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=qe-test-ca -keyout ca.key -out ca.pem")
-    openssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    openssl(
-        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out server.pem"
-    )
-    return d / "ca.pem", d / "server.pem", d / "server.key"
-
-
 def test_rediss_with_a_private_ca(tmp_path: Path) -> None:
     """rediss:// with ?ssl_ca_certs= (redis-py's name) trusts that CA; without it the server's
     certificate is not trusted, and a plain redis:// client gets no answer: DatabaseError both."""
-    ca, cert, key = make_tls_files(tmp_path / "tls")
+    ca, cert, key = tls_files(tmp_path / "tls")
     server = RedisServer(tmp_path / "redis", tls=(ca, cert, key))
     try:
         url = f"{server.url}?ssl_ca_certs={ca}&prefix=tls"
@@ -484,15 +469,7 @@ def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server:
     with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
         e.record_request(P, M, K)
         own_server.kill()  # no persistence: the server comes back empty
-        calls, tokens = 0, 0
-        for i in range(6_000):  # past the merge threshold, over 10 minutes
-            e.record_request(P, M, K)
-            e.record_tokens(P, M, K, 1 + i % 7)
-            calls += 1
-            tokens += 1 + i % 7
-            clock.advance(100)
-        assert e.degraded
-        assert e._pending_writes() < 2 * calls, "buffered events were merged"
+        calls, tokens = buffer_events_past_merging(e, clock, (P, M, K))
         own_server.start()
         deadline = time.monotonic() + 5
         while e.degraded and time.monotonic() < deadline:
@@ -500,10 +477,4 @@ def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server:
             e.record_request(P, M, K)  # buffered until the server answers, then written with the rest
             calls += 1
         assert not e.degraded
-    with q.QuotaEngine(own_server.url, clock=clock, env={}) as other:
-        events = other.usage_events()
-        reqs = [ev for ev in events if ev["kind"] == "request"]
-        assert len(reqs) == calls
-        assert {ev["tokens"] for ev in reqs} == {0}
-        assert sum(ev["tokens"] for ev in events if ev["kind"] == "tokens") == tokens
-        assert other.usage(P, M, K)["rpd"]["used"] == calls
+    assert_one_row_per_request(own_server.url, clock, (P, M, K), calls, tokens)

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from moments import TEN_AM
-from redis_servers import RedisServer, free_port
-from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, tls_files, wait_until
+from outages import assert_one_row_per_request, buffer_events_past_merging
+from redis_servers import RedisServer, free_port, tls_files
+from redis_topologies import SERVICE, Cluster, Sentinel, SentinelSet, calls, cli, info, wait_until
 from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
@@ -700,15 +701,8 @@ def test_events_merged_while_the_primary_is_down_come_back_one_per_request(topol
                 replica = where.replica_of(old.port)
                 where.wait_replicated(old.port)
             old.kill()
-            calls, tokens = 1, 0  # the first request is on the replica
-            for i in range(6_000):  # past the merge threshold, over 10 minutes
-                e.record_request(P, M, K)
-                e.record_tokens(P, M, K, 1 + i % 7)
-                calls += 1
-                tokens += 1 + i % 7
-                clock.advance(100)
-            assert e.degraded
-            assert e._pending_writes() < 2 * calls, "buffered events were merged"
+            # the first request is on the replica
+            calls, tokens = buffer_events_past_merging(e, clock, (P, M, K), calls=1)
             if isinstance(where, SentinelSet):
                 assert cli(where.sentinels[0].port, "SENTINEL", "FAILOVER", SERVICE) == "OK"
                 where.wait_new_primary(old.port)
@@ -721,13 +715,7 @@ def test_events_merged_while_the_primary_is_down_come_back_one_per_request(topol
                 e.record_request(P, M, K)  # buffered until a primary answers, then written with the rest
                 calls += 1
             assert not e.degraded
-        with q.QuotaEngine(url, clock=clock, env={}) as other:
-            events = other.usage_events()
-            reqs = [ev for ev in events if ev["kind"] == "request"]
-            assert len(reqs) == calls
-            assert {ev["tokens"] for ev in reqs} == {0}
-            assert sum(ev["tokens"] for ev in events if ev["kind"] == "tokens") == tokens
-            assert other.usage(P, M, K)["rpd"]["used"] == calls
+        assert_one_row_per_request(url, clock, (P, M, K), calls, tokens)
     finally:
         where.close()
 

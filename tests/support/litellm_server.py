@@ -24,18 +24,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
+from local_server import OPENAI_HEADERS, LocalServer
 from provider_bodies import GEMINI_PER_DAY_17S, GROQ_TPM_766, OPENROUTER_UPSTREAM
 
-HEADERS = {
-    "x-ratelimit-limit-requests": "30",
-    "x-ratelimit-remaining-requests": "29",
-    "x-ratelimit-reset-requests": "2s",
-    "x-ratelimit-limit-tokens": "6000",
-    "x-ratelimit-remaining-tokens": "5850",
-    "x-ratelimit-reset-tokens": "1.5s",
-}
 USAGE = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}
 
 
@@ -63,7 +57,7 @@ def chunk(model: str, delta: dict[str, object], finish: str | None, usage: objec
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-class LiteLLMProviders:
+class LiteLLMProviders(LocalServer):
     def __init__(self, busy_cap: int = 2, busy_hold_s: float = 0.05) -> None:
         self.busy_cap = busy_cap
         self.busy_hold_s = busy_hold_s
@@ -71,32 +65,11 @@ class LiteLLMProviders:
         self.in_flight: dict[str, int] = {}
         self.max_in_flight: dict[str, int] = {}
         self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                n = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
-                server.answer(self, body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        super().__init__()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     def count(self, model: str, status: int) -> int:
         with self.lock:
@@ -110,21 +83,11 @@ class LiteLLMProviders:
         with self.lock:
             self.hits[(model, status)] = self.hits.get((model, status), 0) + 1
 
-    @staticmethod
-    def send(h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str]) -> None:
-        h.send_response(status)
-        h.send_header("content-type", "application/json")
-        h.send_header("content-length", str(len(body)))
-        for k, v in headers.items():
-            h.send_header(k, v)
-        h.end_headers()
-        h.wfile.write(body)
-
-    def answer(self, h: BaseHTTPRequestHandler, body: dict[str, object]) -> None:
+    def on_post(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         model = str(body.get("model", "ok"))
         if model == "groq-429":
             self._note(model, 429)
-            self.send(h, 429, GROQ_TPM_766.encode(), {"retry-after": "8", **HEADERS})
+            self.send(h, 429, GROQ_TPM_766.encode(), {"retry-after": "8", **OPENAI_HEADERS})
             return
         if model == "gemini-day":
             self._note(model, 429)
@@ -168,7 +131,7 @@ class LiteLLMProviders:
         if body.get("stream"):
             self.stream(h, model, body)
             return
-        self.send(h, 200, json.dumps(completion(model)).encode(), HEADERS)
+        self.send(h, 200, json.dumps(completion(model)).encode(), OPENAI_HEADERS)
 
     def stream(self, h: BaseHTTPRequestHandler, model: str, body: dict[str, object]) -> None:
         options = body.get("stream_options")
@@ -176,7 +139,7 @@ class LiteLLMProviders:
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
         h.send_header("transfer-encoding", "chunked")
-        for k, v in HEADERS.items():
+        for k, v in OPENAI_HEADERS.items():
             h.send_header(k, v)
         h.end_headers()
         parts = [

@@ -24,7 +24,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from local_server import OPENAI_HEADERS, LocalServer
 
 GROQ_TPM = (
     "Rate limit reached for model `llama-3.3-70b-versatile` in organization `org_01jq3xk5ev` service tier "
@@ -50,15 +53,6 @@ def openai_ok(model: str) -> dict:
         },
     }
 
-
-OPENAI_HEADERS = {
-    "x-ratelimit-limit-requests": "30",
-    "x-ratelimit-remaining-requests": "29",
-    "x-ratelimit-reset-requests": "2s",
-    "x-ratelimit-limit-tokens": "6000",
-    "x-ratelimit-remaining-tokens": "5850",
-    "x-ratelimit-reset-tokens": "1.5s",
-}
 
 ANTHROPIC_OK = {
     "id": "msg_local",
@@ -93,35 +87,21 @@ def anthropic_headers(remaining: int) -> dict[str, str]:
     }
 
 
-class ProviderServer:
+class ProviderServer(LocalServer):
     def __init__(self) -> None:
         self.hits: dict[str, int] = {}
         self.lock = threading.Lock()
-        server = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                n = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
-                model = str(body.get("model", "ok"))
-                auth = self.headers.get("authorization", "") + self.headers.get("x-api-key", "")
-                if "exhausted" in auth:  # a key whose quota is spent, whatever the model
-                    model = "groq-429"
-                with server.lock:
-                    server.hits[model] = server.hits.get(model, 0) + 1
-                    hit = server.hits[model]
-                server.answer(self, self.path, model, hit)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    def on_post(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        model = str(body.get("model", "ok"))
+        auth = h.headers.get("authorization", "") + h.headers.get("x-api-key", "")
+        if "exhausted" in auth:  # a key whose quota is spent, whatever the model
+            model = "groq-429"
+        with self.lock:
+            self.hits[model] = self.hits.get(model, 0) + 1
+            hit = self.hits[model]
+        self.answer(h, h.path, model, hit)
 
     @property
     def url(self) -> str:
@@ -130,20 +110,6 @@ class ProviderServer:
     def reset(self) -> None:
         with self.lock:
             self.hits.clear()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    @staticmethod
-    def send(h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str], ctype: str) -> None:
-        h.send_response(status)
-        h.send_header("content-type", ctype)
-        h.send_header("content-length", str(len(body)))
-        for k, v in headers.items():
-            h.send_header(k, v)
-        h.end_headers()
-        h.wfile.write(body)
 
     def answer(self, h: BaseHTTPRequestHandler, path: str, model: str, hit: int) -> None:
         anthropic = path.endswith("/messages")

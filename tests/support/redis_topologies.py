@@ -32,21 +32,6 @@ def cli(port: int, *args: str, password: str | None = None, ca: Path | None = No
     return r.stdout.strip()
 
 
-def tls_files(d: Path) -> tuple[Path, Path, Path]:
-    """A private CA and a certificate for 127.0.0.1 signed by it, good for a server and for
-    a client (cluster nodes present it to each other): (CA file, cert file, key file)."""
-    d.mkdir(parents=True, exist_ok=True)
-
-    def openssl(args: str) -> None:
-        subprocess.run(["openssl", *args.split()], cwd=d, check=True, capture_output=True)
-
-    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=qe-test-ca -keyout ca.key -out ca.pem")
-    openssl("req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout node.key -out node.csr")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
-    openssl("x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out node.pem")
-    return d / "ca.pem", d / "node.pem", d / "node.key"
-
-
 def info(port: int, section: str, ca: Path | None = None) -> dict[str, str]:
     out = {}
     for line in cli(port, "INFO", section, ca=ca).splitlines():

@@ -1,0 +1,35 @@
+"""Events buffered while the Redis store is down (past the threshold where the engine merges
+them in memory), and what the store holds once they are written: one server restarted empty,
+or a primary that died and a replica promoted."""
+
+from __future__ import annotations
+
+import quotaengine as q
+
+Route = tuple[str, str, int]
+
+
+def buffer_events_past_merging(e: q.QuotaEngine, clock: q.ManualClock, route: Route, calls: int = 0) -> tuple[int, int]:
+    """6,000 requests and their tokens over 10 minutes while the store is down, after `calls`
+    requests made before: (calls, tokens) in all."""
+    tokens = 0
+    for i in range(6_000):  # past the merge threshold, over 10 minutes
+        e.record_request(*route)
+        e.record_tokens(*route, 1 + i % 7)
+        calls += 1
+        tokens += 1 + i % 7
+        clock.advance(100)
+    assert e.degraded
+    assert e._pending_writes() < 2 * calls, "buffered events were merged"
+    return calls, tokens
+
+
+def assert_one_row_per_request(url: str, clock: q.ManualClock, route: Route, calls: int, tokens: int) -> None:
+    """Another engine on the store sees one request row per request (tokens 0) and every token."""
+    with q.QuotaEngine(url, clock=clock, env={}) as other:
+        events = other.usage_events()
+        reqs = [ev for ev in events if ev["kind"] == "request"]
+        assert len(reqs) == calls
+        assert {ev["tokens"] for ev in reqs} == {0}
+        assert sum(ev["tokens"] for ev in events if ev["kind"] == "tokens") == tokens
+        assert other.usage(*route)["rpd"]["used"] == calls
