@@ -15,6 +15,7 @@ pub mod limits;
 pub mod parse;
 pub mod pools;
 pub mod probe;
+pub mod providers;
 pub mod random;
 pub mod state;
 pub mod store;
