@@ -19,6 +19,7 @@ pub mod providers;
 pub mod random;
 pub mod state;
 pub mod store;
+pub mod text;
 pub mod types;
 pub mod upstream;
 pub mod wait;

@@ -8,9 +8,8 @@
 //! By what they parse: a `Retry-After` value and the plain numbers it holds
 //! (`retry_after`), HTTP dates and civil-calendar arithmetic (`dates`), a delay
 //! an error body states (`stated`), a limit an error body states, in words or by a
-//! quota id (`learned`), the kind of a failure (`failure`), and what every reader
-//! shares (`text`). What one provider's bodies say in their own dialect is read in
-//! that provider's file (`core::providers`), with these readers.
+//! quota id (`learned`), and the kind of a failure (`failure`). What one provider's
+//! bodies say in their own dialect is read in that provider's file (`core::providers`).
 
 use crate::core::clock::DAY_MS;
 
@@ -19,15 +18,14 @@ mod failure;
 mod learned;
 mod retry_after;
 mod stated;
-pub(crate) mod text;
 
+pub use crate::core::text::MAX_PARSED_BYTES;
+pub(crate) use crate::core::text::{cached, head};
 pub(crate) use dates::*;
 pub use failure::*;
 pub use learned::*;
 pub use retry_after::*;
 pub use stated::*;
-pub use text::MAX_PARSED_BYTES;
-pub(crate) use text::{cached, head};
 
 /// Rounds a non-negative millisecond amount to the nearest ms and clamps it to
 /// `[0, DAY_MS]` (infinity clamps to a day; NaN, which no caller produces, is 0).

@@ -4,7 +4,7 @@
 //! and states its `quotaValue` (SPEC §15.3); its `RetryInfo.retryDelay` is read by
 //! `parse`'s generic field reader. The corpus: `google/`.
 use super::{generic, Pool, Provider};
-use crate::core::parse::text::cached;
+use crate::core::text::cached;
 use regex::Regex;
 use std::sync::OnceLock;
 

@@ -6,7 +6,7 @@
 //! account-wide pool ran out ("Rate limit exceeded: free-models-per-min", the cap and
 //! reset in `error.metadata.headers`, SPEC 21.2). The corpus: `openrouter/`.
 use super::{generic, DefaultCaps, HeaderFamily, Pool, PoolAxis, PoolSignal, Provider};
-use crate::core::parse::text::{cached, head};
+use crate::core::text::{cached, head};
 use regex::Regex;
 use std::sync::OnceLock;
 

@@ -1,5 +1,6 @@
-//! What every body reader shares: a regex compiled once, and the head of a body that
-//! is read at all.
+//! What every reader of a provider's body shares (`parse`'s generic readers and each
+//! provider's own, `providers`): a regex compiled once, and the head of a body that is
+//! read at all.
 use regex::Regex;
 use std::sync::OnceLock;
 
