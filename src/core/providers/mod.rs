@@ -120,9 +120,13 @@ const fn pooled(name: &'static str, pool: Pool) -> Provider {
     Provider { pool, name, ..generic::PROVIDER }
 }
 
-/// Every known provider, the generic one last.
+/// Every provider the table names, sorted by name (a lookup is a binary search); the
+/// generic one is the fallback, not in the table.
 pub const ALL: &[&Provider] = &[
+    &free_pools::AION,
     &anthropic::PROVIDER,
+    &free_pools::ANYAPI,
+    &free_pools::BAZAARLINK,
     &cerebras::PROVIDER,
     &cloudflare::PROVIDER,
     &cohere::PROVIDER,
@@ -132,30 +136,27 @@ pub const ALL: &[&Provider] = &[
     &huggingface::PROVIDER,
     &mistral::PROVIDER,
     &modelscope::PROVIDER,
+    &free_pools::NARA,
     &navy::PROVIDER,
     &nvidia::PROVIDER,
     &ollama::PROVIDER,
     &openai::PROVIDER,
     &openrouter::PROVIDER,
-    &sambanova::PROVIDER,
-    &zhipu::PROVIDER,
-    &free_pools::ROUTEWAY,
-    &free_pools::BAZAARLINK,
-    &free_pools::UNOROUTER,
     &free_pools::ORCAROUTER,
-    &free_pools::XKIRO,
-    &free_pools::ANYAPI,
-    &free_pools::NARA,
-    &free_pools::SEALION,
-    &free_pools::AION,
     &free_pools::REQUESTY,
-    &generic::PROVIDER,
+    &free_pools::ROUTEWAY,
+    &sambanova::PROVIDER,
+    &free_pools::SEALION,
+    &free_pools::UNOROUTER,
+    &free_pools::XKIRO,
+    &zhipu::PROVIDER,
 ];
 
 /// The provider of `platform` (case-sensitive, SPEC 18.6); [`generic`] for any
 /// platform the table does not name.
 pub fn lookup(platform: &str) -> &'static Provider {
-    ALL.iter().copied().find(|p| p.name == platform).unwrap_or(&generic::PROVIDER)
+    let found = ALL.binary_search_by(|p| p.name.cmp(platform)).ok().and_then(|i| ALL.get(i));
+    found.copied().unwrap_or(&generic::PROVIDER)
 }
 
 /// Every API host the table knows and the platform it means (an `api_base`'s host,

@@ -29,9 +29,11 @@ const OPENROUTER_402: &str = body!("openrouter/credits_402.json");
 // ----- the table -----
 
 #[test]
-fn names_are_unique_and_the_generic_one_is_the_fallback() {
-    for (i, p) in ALL.iter().enumerate() {
-        assert!(ALL.iter().skip(i + 1).all(|q| q.name != p.name), "{}", p.name);
+fn names_are_sorted_and_unique_and_the_generic_one_is_the_fallback() {
+    for pair in ALL.windows(2) {
+        assert!(pair[0].name < pair[1].name, "{} {}", pair[0].name, pair[1].name);
+    }
+    for p in ALL {
         assert_eq!(lookup(p.name).name, p.name);
     }
     assert_eq!(lookup("no-such-platform").name, "generic");
