@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 from . import QuotaEngine, QuotaExceeded
+from ._bodies import read
 
 KEY_BASE = 9000  # demo key ids, away from a real router's
 
@@ -91,7 +93,7 @@ class Provider:
                 if self.gemini:
                     quota = "GenerateRequestsPerDayPerProjectPerModel-FreeTier"
                     return 429, {}, gemini_body(quota, model.name, self.daily_allocation, rng.randint(2, 6)), 0
-                return 429, {}, "you have used up your daily free allocation of requests for today", 0
+                return 429, {}, CLOUDFLARE_DAILY, 0
             window = self._minute[(model.name, key)]
             while window and window[0][0] <= now - 60:
                 window.popleft()
@@ -104,18 +106,10 @@ class Provider:
                 if self.gemini:
                     quota = "GenerateRequestsPerMinutePerProjectPerModel-FreeTier"
                     return 429, {}, gemini_body(quota, model.name, true_rpm, max(1, round(wait))), 0
-                body = (
-                    f"Rate limit reached for model `{model.name}` in organization `org_demo` service tier "
-                    f"`on_demand` on requests per minute (RPM): Limit {true_rpm}, Used {used_req}, "
-                    f"Requested 1. Please try again in {wait:.2f}s."
-                )
+                body = groq_body("rpm_429.txt", model.name, true_rpm, used_req, 1, wait)
                 return 429, {"retry-after": str(max(1, int(wait)))}, body, 0
             if true_tpm is not None and used_tok + tokens > true_tpm:
-                body = (
-                    f"Rate limit reached for model `{model.name}` in organization `org_demo` service tier "
-                    f"`on_demand` on tokens per minute (TPM): Limit {true_tpm}, Used {used_tok}, "
-                    f"Requested {tokens}. Please try again in 20s."
-                )
+                body = groq_body("tpm_429.json", model.name, true_tpm, used_tok, tokens, 20)
                 return 429, {"retry-after": "20"}, body, 0
             window.append((now, tokens))
             if self.pool_rpm is not None:
@@ -130,55 +124,49 @@ class Provider:
         return 200, {}, "", tokens
 
 
-OLLAMA_BUSY = '{"error":"server busy, please try again.  maximum pending requests exceeded"}'
+# The bodies are the corpus' (`_bodies/<provider>/`), restated for the demo's models,
+# limits and times.
+OLLAMA_BUSY = read("ollama", "busy_503.json")
+CLOUDFLARE_DAILY = read("cloudflare", "neurons_4006.txt")
+
+
+def groq_body(name: str, model: str, limit: int, used: int, requested: int, wait_s: float) -> str:
+    """Groq's 429 (`groq/<name>`): the model, the limit and its use, the delay."""
+    body = read("groq", name)
+    body = re.sub(r"model `[^`]*`", f"model `{model}`", body, count=1)
+    numbers = f"Limit {limit}, Used {used}, Requested {requested}"
+    body = re.sub(r"Limit \d+, Used \d+, Requested \d+", numbers, body, count=1)
+    return re.sub(r"try again in (?:\d+m)?[\d.]+s", f"try again in {wait_s:.2f}s", body, count=1)
 
 
 def openrouter_upstream_body(model: str) -> str:
     """OpenRouter's 429 when a free model's upstream is congested, for every key."""
-    raw = (
-        f"{model} is temporarily rate-limited upstream. Please retry shortly, or add your own key to "
-        "accumulate your rate limits: https://openrouter.ai/settings/integrations"
-    )
-    error = {"message": "Provider returned error", "code": 429, "metadata": {"raw": raw, "provider_name": "Chutes"}}
-    return json.dumps({"error": error})
+    body = json.loads(read("openrouter", "upstream_429.json"))
+    metadata = body["error"]["metadata"]
+    metadata["raw"] = model + metadata["raw"][metadata["raw"].index(" is temporarily") :]
+    return json.dumps(body)
 
 
 def openrouter_pool_body(pool: str, limit: int, reset_ms: int) -> str:
     """OpenRouter's 429 for its account-wide free pool, the X-RateLimit-* headers in the body."""
-    headers = {"X-RateLimit-Limit": str(limit), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(reset_ms)}
-    return json.dumps(
-        {"error": {"message": f"Rate limit exceeded: {pool}. ", "code": 429, "metadata": {"headers": headers}}}
-    )
+    body = json.loads(read("openrouter", "free_per_day_429.json"))
+    body["error"]["message"] = f"Rate limit exceeded: {pool}. "
+    headers = body["error"]["metadata"]["headers"]
+    headers["X-RateLimit-Limit"] = str(limit)
+    headers["X-RateLimit-Reset"] = str(reset_ms)
+    return json.dumps(body)
 
 
 def gemini_body(quota_id: str, model: str, value: int, delay_s: int) -> str:
     """Gemini's 429: which quota ran out (its CamelCase id and value), and RetryInfo."""
-    violation = {
-        "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
-        "quotaId": quota_id,
-        "quotaDimensions": {"location": "global", "model": model},
-        "quotaValue": str(value),
-    }
-    error = {
-        "code": 429,
-        "message": "You exceeded your current quota, please check your plan and billing details. For more "
-        "information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.",
-        "status": "RESOURCE_EXHAUSTED",
-        "details": [
-            {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]},
-            {
-                "@type": "type.googleapis.com/google.rpc.Help",
-                "links": [
-                    {
-                        "description": "Learn more about Gemini API quotas",
-                        "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
-                    }
-                ],
-            },
-            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{delay_s}s"},
-        ],
-    }
-    return json.dumps({"error": error})
+    body = json.loads(read("google", "per_day_17s.json"))
+    details = body["error"]["details"]
+    violation = details[0]["violations"][0]
+    violation["quotaId"] = quota_id
+    violation["quotaDimensions"]["model"] = model
+    violation["quotaValue"] = str(value)
+    details[-1]["retryDelay"] = f"{delay_s}s"
+    return json.dumps(body)
 
 
 def _providers() -> list[Provider]:

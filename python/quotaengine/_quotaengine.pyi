@@ -72,6 +72,10 @@ def infer_quota_pool_key(platform: str, model_id: str | None = None) -> str:
 def is_shared_pool(platform: str) -> bool:
     """True for platforms whose keys share one account-wide or free pool."""
 
+def provider_hosts() -> dict[str, str]:
+    """The API hosts the engine knows (an ``api_base``'s host, lower-case) and the
+    platform each means, e.g. ``{"api.groq.com": "groq", ...}``."""
+
 @final
 class ManualClock:
     """A clock that moves only when told to; the engine and its threads read it."""

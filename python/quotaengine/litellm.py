@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import urlsplit
 
 from ._errors import QuotaExceeded
+from ._quotaengine import provider_hosts
 
 if TYPE_CHECKING:
     from . import Lease, QuotaEngine
@@ -39,17 +40,8 @@ __all__ = ["QuotaEnginePlugin", "install", "derive_route"]
 Route = tuple[str, str, int]
 Strategy = Literal["headroom", "order", "spread"]
 
-# SPEC 20: the platform of an api_base host.
-_HOSTS = {
-    "api.groq.com": "groq",
-    "generativelanguage.googleapis.com": "google",
-    "api.cerebras.ai": "cerebras",
-    "openrouter.ai": "openrouter",
-    "integrate.api.nvidia.com": "nvidia",
-    "api.mistral.ai": "mistral",
-    "api.openai.com": "openai",
-    "api.anthropic.com": "anthropic",
-}
+# SPEC 20: the platform of an api_base host, as the engine's provider table knows it.
+_HOSTS = provider_hosts()
 _GOOGLE_PROVIDERS = ("gemini", "vertex_ai")
 # The metadata entry that carries a request's token: (plugin id, request number).
 _META = "quotaengine"

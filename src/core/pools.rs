@@ -2,80 +2,34 @@
 //!
 //! Pure functions: no DNS, no I/O, and no input makes them panic.
 
+use crate::core::providers::{self, Pool};
 use std::net::{Ipv4Addr, Ipv6Addr};
-
-/// Platforms whose every model draws on one fixed pool.
-const FIXED_POOLS: &[(&str, &str)] = &[
-    ("google", "google::project"),
-    ("groq", "groq::account"),
-    ("cerebras", "cerebras::shared"),
-    ("sambanova", "sambanova::shared"),
-    ("nvidia", "nvidia::account"),
-    ("mistral", "mistral::experiment-pool"),
-    ("github", "github::account"),
-    ("cohere", "cohere::trial-pool"),
-    ("cloudflare", "cloudflare::account"),
-    ("zhipu", "zhipu::account"),
-    ("ollama", "ollama::cloud"),
-    ("huggingface", "huggingface::router"),
-    ("modelscope", "modelscope::account"),
-];
-
-/// Aggregators with one free pool: `<platform>::free`.
-const FREE_POOL_PLATFORMS: &[&str] = &[
-    "routeway",
-    "bazaarlink",
-    "unorouter",
-    "orcarouter",
-    "xkiro",
-    "anyapi",
-    "navy",
-    "nara",
-    "sealion",
-    "aion",
-    "requesty",
-];
 
 /// The bucket a (platform, model) draws its provider quota from (SPEC §8.1).
 ///
 /// The platform is case-sensitive (SPEC 18.6: the tables name lower-case
-/// platforms; `"Google"` is not `"google"`) and appears as given in the key; the
-/// model id is trimmed and otherwise kept as given. openrouter:
-/// `openrouter::free` for a model id ending in `:free`, else
-/// `openrouter::account`; fixed pools (`google::project`, ...); aggregators
-/// with one free pool -> `<platform>::free`; anything else
-/// `<platform>::<model_id>`, or `<platform>::account` without a model (an
-/// empty or blank model id counts as none).
+/// platforms; another spelling is another platform) and appears as given in the key;
+/// the model id is trimmed and otherwise kept as given. The provider's pool rule
+/// (`core::providers`): its own rule, its fixed pool, `<platform>::free` for an
+/// aggregator with one free pool; anything else `<platform>::<model_id>`, or
+/// `<platform>::account` without a model (an empty or blank model id counts as none).
 pub fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> String {
     let model = model_id.map(str::trim).filter(|m| !m.is_empty());
-    if platform == "openrouter" {
-        let free = model.is_some_and(|m| ends_with_ignore_ascii_case(m, ":free"));
-        return if free { "openrouter::free" } else { "openrouter::account" }.to_owned();
-    }
-    if let Some((_, key)) = FIXED_POOLS.iter().find(|(p, _)| *p == platform) {
-        return (*key).to_owned();
-    }
-    if FREE_POOL_PLATFORMS.contains(&platform) {
-        return format!("{platform}::free");
-    }
-    match model {
-        Some(model) => format!("{platform}::{model}"),
-        None => format!("{platform}::account"),
+    match providers::lookup(platform).pool {
+        Pool::Rule(rule) => rule(model).to_owned(),
+        Pool::Fixed(key) => key.to_owned(),
+        Pool::Free => format!("{platform}::free"),
+        Pool::PerModel => match model {
+            Some(model) => format!("{platform}::{model}"),
+            None => format!("{platform}::account"),
+        },
     }
 }
 
-/// True for every platform with a fixed or free pool in SPEC §8.1, openrouter
-/// included (both of its pools span the whole account). Case-sensitive (SPEC 18.6).
+/// True for every platform whose pool spans the whole account: a fixed or free pool
+/// in SPEC §8.1, or a rule of its own. Case-sensitive (SPEC 18.6).
 pub fn is_shared_pool(platform: &str) -> bool {
-    platform == "openrouter"
-        || FIXED_POOLS.iter().any(|(p, _)| *p == platform)
-        || FREE_POOL_PLATFORMS.contains(&platform)
-}
-
-fn ends_with_ignore_ascii_case(text: &str, suffix: &str) -> bool {
-    let (text, suffix) = (text.as_bytes(), suffix.as_bytes());
-    text.len() >= suffix.len()
-        && text.get(text.len() - suffix.len()..).is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
+    !matches!(providers::lookup(platform).pool, Pool::PerModel)
 }
 
 /// Whether `base_url` points at a loopback or private host (SPEC §6.1 step 1):
@@ -170,87 +124,6 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn openrouter_pools() {
-        let key = infer_quota_pool_key;
-        assert_eq!(key("openrouter", Some("meta-llama/llama-3.3-70b-instruct:free")), "openrouter::free");
-        assert_eq!(key("openrouter", Some("x:FREE")), "openrouter::free");
-        assert_eq!(key("openrouter", Some("openai/gpt-4o")), "openrouter::account");
-        assert_eq!(key("openrouter", Some("free")), "openrouter::account");
-        assert_eq!(key("openrouter", None), "openrouter::account");
-        assert_eq!(key("OpenRouter", Some("a:free")), "OpenRouter::a:free"); // SPEC 18.6
-    }
-
-    #[test]
-    fn fixed_pools() {
-        let cases = [
-            ("google", "google::project"),
-            ("groq", "groq::account"),
-            ("cerebras", "cerebras::shared"),
-            ("sambanova", "sambanova::shared"),
-            ("nvidia", "nvidia::account"),
-            ("mistral", "mistral::experiment-pool"),
-            ("github", "github::account"),
-            ("cohere", "cohere::trial-pool"),
-            ("cloudflare", "cloudflare::account"),
-            ("zhipu", "zhipu::account"),
-            ("ollama", "ollama::cloud"),
-            ("huggingface", "huggingface::router"),
-            ("modelscope", "modelscope::account"),
-        ];
-        for (platform, want) in cases {
-            assert_eq!(infer_quota_pool_key(platform, Some("any-model")), want);
-            assert_eq!(infer_quota_pool_key(platform, None), want);
-            // SPEC 18.6: another spelling is another platform.
-            let upper = platform.to_uppercase();
-            assert_eq!(infer_quota_pool_key(&upper, Some("m")), format!("{upper}::m"));
-            assert!(is_shared_pool(platform), "{platform}");
-            assert!(!is_shared_pool(&upper), "{platform}");
-        }
-    }
-
-    #[test]
-    fn free_pools() {
-        for platform in [
-            "routeway",
-            "bazaarlink",
-            "unorouter",
-            "orcarouter",
-            "xkiro",
-            "anyapi",
-            "navy",
-            "nara",
-            "sealion",
-            "aion",
-            "requesty",
-        ] {
-            let want = format!("{platform}::free");
-            assert_eq!(infer_quota_pool_key(platform, Some("some/model")), want);
-            assert_eq!(infer_quota_pool_key(platform, None), want);
-            let upper = platform.to_uppercase();
-            assert_eq!(infer_quota_pool_key(&upper, None), format!("{upper}::account"));
-            assert!(is_shared_pool(platform), "{platform}");
-            assert!(!is_shared_pool(&upper), "{platform}");
-        }
-    }
-
-    #[test]
-    fn other_platforms() {
-        assert_eq!(infer_quota_pool_key("together", Some("meta/llama-3")), "together::meta/llama-3");
-        assert_eq!(infer_quota_pool_key("Together", Some("Meta/Llama-3")), "Together::Meta/Llama-3");
-        assert_eq!(infer_quota_pool_key("together", Some("  m  ")), "together::m");
-        assert_eq!(infer_quota_pool_key("together", None), "together::account");
-        assert_eq!(infer_quota_pool_key("together", Some("")), "together::account");
-        assert_eq!(infer_quota_pool_key("together", Some("   ")), "together::account");
-        assert_eq!(infer_quota_pool_key("ünï", Some("módel")), "ünï::módel");
-        assert_eq!(infer_quota_pool_key("", None), "::account");
-        assert!(!is_shared_pool("together"));
-        assert!(!is_shared_pool(""));
-        assert!(!is_shared_pool("googlex"));
-        assert!(is_shared_pool("openrouter"));
-        assert!(!is_shared_pool("Google"));
-    }
-
-    #[test]
     fn local_hosts() {
         for url in [
             "http://localhost:11434/v1",
@@ -297,7 +170,7 @@ mod tests {
     fn public_or_garbage_hosts() {
         for url in [
             "https://api.openai.com/v1",
-            "https://api.groq.com/openai/v1",
+            "https://api.example.com/openai/v1",
             "http://8.8.8.8",
             "http://172.15.255.255",
             "http://172.32.0.1",

@@ -126,7 +126,7 @@ mod tests {
 
     fn cd(key: i64, set_at: i64, expires: i64) -> Cooldown {
         Cooldown {
-            route: Route::new("groq", "m", key).unwrap_or_else(|_| unreachable!()),
+            route: Route::new("acme", "m", key).unwrap_or_else(|_| unreachable!()),
             expires_at_ms: expires,
             source: CooldownSource::Heuristic,
             set_at_ms: set_at,

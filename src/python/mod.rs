@@ -4,6 +4,7 @@ mod convert;
 mod engine;
 mod errors;
 mod lease;
+mod providers;
 mod types;
 mod validator;
 mod wait;
@@ -19,6 +20,8 @@ mod _quotaengine {
     use super::engine::PyQuotaEngine;
     #[pymodule_export]
     use super::lease::{PyLease, PyReady};
+    #[pymodule_export]
+    use super::providers::provider_hosts;
     #[pymodule_export]
     use super::types::{
         PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,

@@ -1,10 +1,12 @@
 //! The kind of a failure (SPEC §6.2), by status and provider error body, and
 //! the upstream an aggregator's body blames (SPEC 21.1).
-use super::{cached, head};
-use regex::Regex;
+use super::head;
+use crate::core::providers::UPSTREAM_PHRASES;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::OnceLock;
+
+// Read by the failure rules, defined with the aggregator that sends it.
+pub use crate::core::providers::upstream_provider_name;
 
 /// What went wrong with an upstream call; decides the bench (SPEC §6.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,8 +106,6 @@ const RATE_LIMIT_PHRASES: &[&str] = &[
     "resource_exhausted",
     "quota",
 ];
-/// SPEC 21.1: OpenRouter's "... is temporarily rate-limited upstream ..." and its kin.
-const UPSTREAM_PHRASES: &[&str] = &["rate-limited upstream", "overloaded upstream"];
 const TIMEOUT_PHRASES: &[&str] =
     &["timeout", "timed out", "time-out", "deadline exceeded", "deadline_exceeded", "etimedout"];
 const TRANSPORT_PHRASES: &[&str] = &[
@@ -193,14 +193,4 @@ pub fn infer_failure_kind(status: Option<i64>, message: Option<&str>) -> Failure
         return FailureKind::Transport;
     }
     FailureKind::Other
-}
-
-/// The name of the upstream a JSON error body blames: OpenRouter's
-/// `"metadata": {"provider_name": "Google AI Studio", "raw": ...}`. `None` when the
-/// body names none (`"provider_name": null` names none).
-pub fn upstream_provider_name(message: &str) -> Option<&str> {
-    static RE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = cached(&RE, r#""provider_name"\s*:\s*"([^"\\]+)""#)?;
-    let name = re.captures(head(message))?.get(1)?.as_str().trim();
-    (!name.is_empty()).then_some(name)
 }

@@ -1,5 +1,6 @@
-//! A limit stated in an error body (SPEC §7): Groq's words, Google's quota ids.
+//! A limit stated in an error body (SPEC §7): in words, or by a quota id.
 use super::{cached, head};
+use crate::core::providers::{quota_id_pattern, stated_quota_value};
 use regex::Regex;
 use std::fmt;
 use std::str::FromStr;
@@ -66,13 +67,13 @@ pub struct LearnedLimit {
 /// "limit" is the limit (`limit 30k` or `limit 1.5` are not well-formed and are
 /// skipped). Otherwise `None`.
 ///
-/// SPEC §15.3: Google's CamelCase quota ids count as axes too (`Requests`, later
-/// `PerDay`, as in `GenerateRequestsPerDayPerProjectPerModel-FreeTier`, is RPD;
-/// `Tokens` ... `PerMinute` is TPM), and the number may come from the JSON
-/// details' `"quotaValue": "N"` when no "limit" states one.
+/// SPEC §15.3: a CamelCase quota id counts as an axis too (`Requests`, later
+/// `PerDay`, is RPD; `Tokens` ... `PerMinute` is TPM), and the number may come from
+/// the JSON details' `"quotaValue": "N"` when no "limit" states one (both read by
+/// the provider that sends them, `core::providers`).
 pub fn parse_provider_limit(message: Option<&str>) -> Option<LearnedLimit> {
     let message = head(message?);
-    let limit = stated_limit(message).or_else(|| quota_value(message))?;
+    let limit = stated_limit(message).or_else(|| stated_quota_value(message))?;
     let kind =
         LimitAxis::ALL.into_iter().find(|axis| axis_regex(*axis).is_some_and(|re| re.is_match(message)))?;
     Some(LearnedLimit { kind, limit })
@@ -101,13 +102,6 @@ pub(super) fn stated_limit(message: &str) -> Option<i64> {
     None
 }
 
-/// Google's `"quotaValue": "N"` (a JSON string or number), if > 0 and within i64.
-fn quota_value(message: &str) -> Option<i64> {
-    static VALUE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = cached(&VALUE, r#""quotaValue"\s*:\s*"?([0-9]{1,19})"?"#)?;
-    re.captures(message)?.get(1)?.as_str().parse::<i64>().ok().filter(|n| *n > 0)
-}
-
 pub(super) fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
     static TPD: OnceLock<Option<Regex>> = OnceLock::new();
     static TPM: OnceLock<Option<Regex>> = OnceLock::new();
@@ -125,7 +119,7 @@ pub(super) fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
         LimitAxis::Rpm => (&RPM, "requests?", "minute", "rpm"),
         LimitAxis::Concurrency => return None,
     };
-    // A Google quota id: the noun, and later in the same identifier `Per<Period>`.
-    let camel = format!(r"{noun}[a-zA-Z0-9]*?per{period}");
+    // A quota id: the noun, and later in the same identifier `Per<Period>`.
+    let camel = quota_id_pattern(noun, period);
     cached(cell, &format!(r"(?i)(?:{L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}|{camel})"))
 }

@@ -7,12 +7,11 @@
 //!
 //! By what they parse: a `Retry-After` value and the plain numbers it holds
 //! (`retry_after`), HTTP dates and civil-calendar arithmetic (`dates`), a delay
-//! an error body states (`stated`), a limit an error body states, by Groq's words
-//! or Google's quota ids (`learned`), and the kind of a failure (`failure`).
+//! an error body states (`stated`), a limit an error body states, in words or by a
+//! quota id (`learned`), and the kind of a failure (`failure`). What one provider's
+//! bodies say in their own dialect is read in that provider's file (`core::providers`).
 
 use crate::core::clock::DAY_MS;
-use regex::Regex;
-use std::sync::OnceLock;
 
 mod dates;
 mod failure;
@@ -20,16 +19,13 @@ mod learned;
 mod retry_after;
 mod stated;
 
+pub use crate::core::text::MAX_PARSED_BYTES;
+pub(crate) use crate::core::text::{cached, head};
 pub(crate) use dates::*;
 pub use failure::*;
 pub use learned::*;
 pub use retry_after::*;
 pub use stated::*;
-
-/// Compiles `pattern` once into `cell`; `None` if it does not compile.
-pub(crate) fn cached(cell: &'static OnceLock<Option<Regex>>, pattern: &str) -> Option<&'static Regex> {
-    cell.get_or_init(|| Regex::new(pattern).ok()).as_ref()
-}
 
 /// Rounds a non-negative millisecond amount to the nearest ms and clamps it to
 /// `[0, DAY_MS]` (infinity clamps to a day; NaN, which no caller produces, is 0).
@@ -44,22 +40,6 @@ fn clamp_ms(ms: f64) -> i64 {
         // In (0, DAY_MS): exact in f64 and in range for i64.
         rounded as i64
     }
-}
-
-/// Provider error bodies are small; a hostile multi-megabyte one is read only this far,
-/// so that no parser can stall a failure call.
-pub const MAX_PARSED_BYTES: usize = 16 * 1024;
-
-/// The first `MAX_PARSED_BYTES` of `text`, cut at a character boundary.
-pub(crate) fn head(text: &str) -> &str {
-    if text.len() <= MAX_PARSED_BYTES {
-        return text;
-    }
-    let mut end = MAX_PARSED_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]

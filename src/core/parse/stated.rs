@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 /// Two shapes are recognised:
 /// * a retry phrase ("try again in", "try again after", "retry in",
 ///   "retry after", "retrying in") directly followed by a duration with a
-///   unit: `7.66s`, `30 seconds`, `2m`, `250ms`, Groq's compound `1m26.4s`;
+///   unit: `7.66s`, `30 seconds`, `2m`, `250ms`, a compound `1m26.4s`;
 ///   units are ms, s, sec(s), second(s), m, min(s), minute(s), h, hr(s),
 ///   hour(s), case-insensitive;
 /// * a `retryDelay` / `retry_after` / `retry-after` field (JSON, Python or

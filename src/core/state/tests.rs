@@ -36,7 +36,9 @@ fn retention_keeps_each_model_from_its_own_cut_off() {
     m.put_model(model("mistral", "week", "tokens/week=3", Default::default()));
     m.put_model(model("mistral", "slide", "requests/7d=3", Default::default()));
     m.put_model(model("mistral", "day", "", day));
-    m.put_model(model("google", "month", "requests/month=3", Default::default()));
+    // A platform whose days start at midnight Pacific time.
+    let pacific = crate::core::providers::with_day_zone("America/Los_Angeles");
+    m.put_model(model(pacific, "month", "requests/month=3", Default::default()));
     m.put_model(model("mistral", "minute", "requests/1m=3", Default::default()));
     let dec10 = 1_796_083_200_000 + 9 * 86_400_000 + 10 * 3_600_000; // Thursday 2026-12-10 10:00 UTC
     let before = dec10 - 3_600_000;
@@ -49,7 +51,7 @@ fn retention_keeps_each_model_from_its_own_cut_off() {
     assert_eq!(
         kept,
         vec![
-            ("google".into(), "month".into(), dec1 + 8 * 3_600_000), // 00:00 Pacific
+            (pacific.into(), "month".into(), dec1 + 8 * 3_600_000), // 00:00 Pacific
             ("mistral".into(), "month".into(), dec1),
             ("mistral".into(), "slide".into(), dec10 - 7 * 86_400_000 + 1),
             ("mistral".into(), "week".into(), dec1 + 6 * 86_400_000), // Monday Dec 7
@@ -85,7 +87,7 @@ fn a_reserve_keeps_the_floor_of_its_fraction() {
 #[test]
 fn gates_refuse_at_limit_and_report_retry() {
     let mut m = Mirror::default();
-    let rid = m.route_id("groq", "llama", 1);
+    let rid = m.route_id("acme", "llama", 1);
     let ctx = GateContext {
         limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(2), ..Default::default() }),
         ..Default::default()
@@ -103,7 +105,7 @@ fn gates_refuse_at_limit_and_report_retry() {
 #[test]
 fn leases_count_until_they_expire() {
     let mut m = Mirror::default();
-    let rid = m.route_id("groq", "llama", 1);
+    let rid = m.route_id("acme", "llama", 1);
     let ctx = GateContext {
         limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
         ..Default::default()

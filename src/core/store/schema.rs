@@ -171,8 +171,8 @@ ALTER TABLE quota_leases ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 "#,
     r#"
 -- Version 6: accounts (SPEC 14.3). The provider-side unit that meters a key (a
--- Google Cloud project, a Groq organisation, an OpenRouter account); NULL: the key
--- is its own account.
+-- cloud project, an organisation, an aggregator's account); NULL: the key is its
+-- own account.
 ALTER TABLE api_keys ADD COLUMN account TEXT;
 "#,
     r#"

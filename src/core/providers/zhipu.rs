@@ -1,0 +1,4 @@
+//! Zhipu: every model draws on the account's pool (SPEC §8.1).
+use super::{pooled, Pool, Provider};
+
+pub(super) const PROVIDER: Provider = pooled("zhipu", Pool::Fixed("zhipu::account"));
