@@ -82,11 +82,11 @@ def ab(args: argparse.Namespace) -> None:
         print(f"| {w0} | {a:,.0f} | {b:,.0f} | {b / a:.3f} |")
 
 
-def instructions_of(pkg: str, workload: str, ops: int) -> int:
+def instructions_of(pkg: str, workload: str, ops: int, child: str = CHILD) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
         subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", CHILD]
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", child]
             + [pkg, workload, str(ops)],
             check=True,
             capture_output=True,

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""What a reshaping of the core costs on the hot path: instructions per admission, A/B.
+
+    python benches/bench_house.py instructions --a DIR_A --b DIR_B [--calls 2000]
+    python benches/bench_house.py ab --a DIR_A --b DIR_B [--runs 5] [--ops 20000]
+
+``DIR_A`` / ``DIR_B``: ``pip install --target DIR wheel.whl`` of two release wheels (the
+previous commit's and this one's). A reshaping must leave the hot path where it was
+(issue 33: within 2%); this bench counts it.
+
+Workloads, each op the admission then ``success(tokens)``, on a file with
+``flush_interval_ms`` 0 (every call committed) and 10 (an engine alone on its file
+keeps the write lock across calls), a ``ManualClock`` stepped 10 ms per op:
+
+* ``lease``: ``lease()`` on one route with ``rpm``, ``rpd``, ``tpm``, ``tpd`` and a
+  5-hour limit declared, and provider caps set on its platform;
+* ``any first``: ``lease_any`` over five such routes on five platforms, ``headroom``
+  (every candidate scored; the first passes);
+* ``any last``: the same with the four first candidates cooling down, ``order``
+  (each refused in turn, the last passes).
+
+``instructions`` runs each workload under ``valgrind --tool=callgrind`` at N and 3N
+calls and reports (I(3N) - I(N)) / 2N, so start-up cancels out: exact and repeatable
+on a loaded machine. ``ab`` times the same in fresh processes, A and B interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_ab import interleave  # noqa: E402
+from bench_priority import instructions_of  # noqa: E402
+
+CHILD = r"""
+import json, os, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+import quotaengine as q
+workload, ops = sys.argv[2], int(sys.argv[3])
+clock = q.ManualClock(1_767_268_800_000)
+flush = int(workload.split("flush=")[1].split()[0])
+path = os.path.join(tempfile.mkdtemp(), "house.db")
+e = q.QuotaEngine(path, clock=clock, env={}, flush_interval_ms=flush)
+routes = [(f"p{i}", "m", 1) for i in range(5)]
+for p, m, _ in routes:
+    e.set_model_limits(p, m, rpm=10**12, rpd=10**15, tpm=10**15, tpd=10**18,
+                       limits=[q.Limit("requests", 10**15, "5h")])
+    e.set_provider_caps(p, daily_requests=10**15, daily_tokens=10**18)
+if workload.startswith("lease "):
+    call = lambda: e.lease("p0", "m", 1, 500)
+elif workload.startswith("any first"):
+    call = lambda: e.lease_any(routes, estimated_tokens=500, strategy="headroom")
+else:
+    for p, m, k in routes[:4]:
+        e.set_cooldown(p, m, k, 10**12)
+    call = lambda: e.lease_any(routes, estimated_tokens=500, strategy="order")
+t = time.perf_counter_ns()
+for _ in range(ops):
+    clock.advance(10)
+    call().success(tokens=450)
+ns = (time.perf_counter_ns() - t) / ops
+e.close()
+print(json.dumps({"ns": ns}))
+"""
+
+WORKLOADS = [f"{w} flush={f}" for f in (0, 10) for w in ("lease", "any first", "any last")]
+
+
+def instructions(args: argparse.Namespace) -> None:
+    builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
+    n = args.calls
+    print("| workload | A instructions/call | B instructions/call | B/A |")
+    print("|---|---:|---:|---:|")
+    for w in WORKLOADS:
+        per = {}
+        for name, pkg in builds.items():
+            lo, hi = instructions_of(pkg, w, n, CHILD), instructions_of(pkg, w, 3 * n, CHILD)
+            per[name] = (hi - lo) / (2 * n)
+        print(f"| {w} | {per['A']:,.0f} | {per['B']:,.0f} | {per['B'] / per['A']:.3f} |", flush=True)
+
+
+def ab(args: argparse.Namespace) -> None:
+    builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
+    ns = interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops)
+    print("| workload | A ns/call | B ns/call | B/A | runs (A; B) |")
+    print("|---|---:|---:|---:|---|")
+    for w in WORKLOADS:
+        a, b = statistics.median(ns[(w, "A")]), statistics.median(ns[(w, "B")])
+        runs = "; ".join(", ".join(f"{x:,.0f}" for x in ns[(w, n)]) for n in ("A", "B"))
+        print(f"| {w} | {a:,.0f} | {b:,.0f} | {b / a:.3f} | {runs} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("instructions")
+    i.add_argument("--a", required=True)
+    i.add_argument("--b", required=True)
+    i.add_argument("--calls", type=int, default=2_000)
+    t = sub.add_parser("ab")
+    t.add_argument("--a", required=True)
+    t.add_argument("--b", required=True)
+    t.add_argument("--runs", type=int, default=5)
+    t.add_argument("--ops", type=int, default=20_000)
+    args = ap.parse_args()
+    {"instructions": instructions, "ab": ab}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
