@@ -1,13 +1,10 @@
 //! Argument conversion with the SPEC §13 rules: a bool or a float where an int is
 //! asked is a TypeError, an int outside int64 an OverflowError, NaN a ValueError.
-use super::errors::to_pyerr;
+//! The value types and the limits build on these; none of them is imported here.
 use super::errors::{overflow_error, type_error};
-use super::types::{PyLimit, PyLimits};
-use crate::core::limits::{Limit, LimitSet};
-use crate::core::types::Limits;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
 /// An `int` argument (not a bool, not a float), within int64.
 pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
@@ -106,69 +103,6 @@ pub fn duration_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::D
     std::time::Duration::try_from_secs_f64(v).map_err(|e| overflow_error(format!("{name}: {e}")))
 }
 
-/// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
-/// iterable of `Limit` (SPEC §14.1).
-pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LimitSet>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
-    if let Ok(l) = obj.cast::<PyLimits>() {
-        return Ok(Some(LimitSet::from_classic(l.get().0)));
-    }
-    if obj.is_instance_of::<PyDict>() {
-        return LimitSet::with_classic(classic_limits_dict(obj)?, Vec::new()).map(Some).map_err(to_pyerr);
-    }
-    let list = limit_list_arg(obj, "limits")?;
-    LimitSet::new(list).map(Some).map_err(to_pyerr)
-}
-
-/// An iterable of `Limit` (not a str, not a single `Limit`).
-pub fn limit_list_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Limit>> {
-    let expected = || {
-        type_error(format!(
-            "{name} must be a Limits, a dict with rpm/rpd/tpm/tpd, an iterable of Limit, or None"
-        ))
-    };
-    if obj.is_instance_of::<PyString>() || obj.cast::<PyLimit>().is_ok() {
-        return Err(expected());
-    }
-    let iter = obj.try_iter().map_err(|_| expected())?;
-    let mut out = Vec::new();
-    for item in iter {
-        let item = item?;
-        let l = item.cast::<PyLimit>().map_err(|_| {
-            type_error(format!(
-                "{name} must hold Limit values, not {}",
-                item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-            ))
-        })?;
-        out.push(l.get().0.clone());
-    }
-    Ok(out)
-}
-
-/// A dict with keys among rpm, rpd, tpm, tpd.
-fn classic_limits_dict(obj: &Bound<'_, PyAny>) -> PyResult<Limits> {
-    let dict = obj
-        .cast::<PyDict>()
-        .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;
-    let mut l = Limits::default();
-    for (k, v) in dict.iter() {
-        let key: String = k.extract().map_err(|_| type_error("limits keys must be str"))?;
-        let slot = match key.as_str() {
-            "rpm" => &mut l.rpm,
-            "rpd" => &mut l.rpd,
-            "tpm" => &mut l.tpm,
-            "tpd" => &mut l.tpd,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown limit {other:?}; expected rpm, rpd, tpm or tpd"
-                )))
-            }
-        };
-        *slot = opt_limit(&v, &key)?;
-    }
-    Ok(l)
-}
-
 /// One limit: None or an int >= 0.
 pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
     if v.is_none() {
@@ -224,13 +158,12 @@ pub fn kind_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::
     s.parse().map(Some).map_err(PyValueError::new_err)
 }
 
-/// A failure's keyword arguments.
+/// A failure's keyword arguments (`record_failure` sets its `limits=` after them).
 pub fn failure_args(
     status: Option<&Bound<'_, PyAny>>,
     retry_after: Option<&Bound<'_, PyAny>>,
     message: Option<&Bound<'_, PyAny>>,
     kind: Option<&Bound<'_, PyAny>>,
-    limits: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<crate::core::engine::FailureInput> {
     Ok(crate::core::engine::FailureInput {
         status: opt_int_arg(status, "status")?,
@@ -240,7 +173,7 @@ pub fn failure_args(
             None => None,
         },
         kind: kind_arg(kind)?,
-        limits: limits_arg(limits)?,
+        limits: None,
         headers: Vec::new(),
     })
 }

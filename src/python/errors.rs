@@ -1,4 +1,5 @@
-//! The one place that maps core errors to Python exceptions.
+//! The one place that maps core errors to Python exceptions: `From<Error> for PyErr`,
+//! so a core `Result` meets a `PyResult` with `?`.
 use crate::core::error::{Error, StoreError};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -10,44 +11,46 @@ pyo3::import_exception!(quotaengine._errors, QuotaExceeded);
 pyo3::import_exception!(quotaengine._errors, DatabaseError);
 pyo3::import_exception!(quotaengine._errors, EngineClosed);
 
-pub fn to_pyerr(err: Error) -> PyErr {
-    match err {
-        Error::Invalid(msg) => PyValueError::new_err(msg),
-        Error::Overflow(msg) => PyOverflowError::new_err(msg),
-        Error::Runtime(msg) => PyRuntimeError::new_err(msg),
-        // must match _errors.QuotaExceeded.__init__ argument order
-        Error::Refused(r) => {
-            // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
-            // candidate; a lease()'s one refusal is the exception's own fields (None).
-            let all: Option<Vec<RefusalTuple>> = (!r.candidates.is_empty()).then(|| {
-                r.candidates
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.platform.clone(),
-                            c.model_id.clone(),
-                            c.key_id,
-                            c.reason.as_str().to_string(),
-                            c.retry_at_ms,
-                        )
-                    })
-                    .collect()
-            });
-            QuotaExceeded::new_err((
-                r.reason.as_str().to_string(),
-                r.retry_at_ms,
-                r.platform,
-                r.model_id,
-                r.key_id,
-                all,
-            ))
+impl From<Error> for PyErr {
+    fn from(err: Error) -> PyErr {
+        match err {
+            Error::Invalid(msg) => PyValueError::new_err(msg),
+            Error::Overflow(msg) => PyOverflowError::new_err(msg),
+            Error::Runtime(msg) => PyRuntimeError::new_err(msg),
+            // must match _errors.QuotaExceeded.__init__ argument order
+            Error::Refused(r) => {
+                // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
+                // candidate; a lease()'s one refusal is the exception's own fields (None).
+                let all: Option<Vec<RefusalTuple>> = (!r.candidates.is_empty()).then(|| {
+                    r.candidates
+                        .iter()
+                        .map(|c| {
+                            (
+                                c.platform.clone(),
+                                c.model_id.clone(),
+                                c.key_id,
+                                c.reason.as_str().to_string(),
+                                c.retry_at_ms,
+                            )
+                        })
+                        .collect()
+                });
+                QuotaExceeded::new_err((
+                    r.reason.as_str().to_string(),
+                    r.retry_at_ms,
+                    r.platform,
+                    r.model_id,
+                    r.key_id,
+                    all,
+                ))
+            }
+            Error::Closed => EngineClosed::new_err("engine is closed"),
+            Error::Store(StoreError::ReadOnly) => {
+                DatabaseError::new_err("the database was opened with readonly=True; this call writes")
+            }
+            Error::Store(e) => DatabaseError::new_err(e.to_string()),
+            Error::Internal(msg) => QuotaEngineError::new_err(format!("internal error: {msg}")),
         }
-        Error::Closed => EngineClosed::new_err("engine is closed"),
-        Error::Store(StoreError::ReadOnly) => {
-            DatabaseError::new_err("the database was opened with readonly=True; this call writes")
-        }
-        Error::Store(e) => DatabaseError::new_err(e.to_string()),
-        Error::Internal(msg) => QuotaEngineError::new_err(format!("internal error: {msg}")),
     }
 }
 
@@ -59,7 +62,7 @@ type RefusalTuple = (String, String, i64, String, Option<i64>);
 /// `QuotaEngineError`, never as `PanicException` (SPEC 18.1).
 pub fn shield<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|p| Err(to_pyerr(Error::from_panic(p))))
+        .unwrap_or_else(|p| Err(Error::from_panic(p).into()))
 }
 
 pub fn type_error(msg: impl Into<String>) -> PyErr {

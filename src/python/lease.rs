@@ -1,6 +1,8 @@
 //! `Lease`: one admitted request, a sync and async context manager.
-use super::errors::to_pyerr;
-use crate::core::engine::{BatchOp, TokenUse};
+use super::convert::{failure_args, headers_arg, token_use_arg};
+use super::engine::run::{run, run_batch};
+use super::types::PyFailureOutcome;
+use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
 use crate::core::handle::Handle;
 use crate::core::types::Route;
 use pyo3::exceptions::PyStopIteration;
@@ -18,8 +20,10 @@ pub struct PyLease {
     /// The engine generation that took it: after a fork, the child's engine is a new
     /// one, and a lease taken before belongs to the parent (which finishes it).
     pub epoch: u64,
+    #[pyo3(get)]
     pub id: i64,
     pub route: Route,
+    #[pyo3(get)]
     pub estimated_tokens: i64,
     pub done: AtomicBool,
 }
@@ -59,22 +63,19 @@ impl PyLease {
         !self.done.swap(true, Ordering::SeqCst) && self.epoch == self.handle.epoch()
     }
 
+    /// What failed to end the lease leaves it live (its outcome may be given again).
+    fn unless_failed<T>(&self, r: PyResult<T>) -> PyResult<T> {
+        r.inspect_err(|_| self.done.store(false, Ordering::SeqCst))
+    }
+
     /// Ends the lease with a failure (once; a lease ended already returns None).
-    fn finish_failure(
-        &self,
-        py: Python<'_>,
-        input: crate::core::engine::FailureInput,
-    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
+    fn finish_failure(&self, py: Python<'_>, input: FailureInput) -> PyResult<Option<PyFailureOutcome>> {
         if !self.take() {
             return Ok(None);
         }
         let (id, route) = (self.id, &self.route);
-        let out =
-            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
-                self.done.store(false, Ordering::SeqCst);
-                to_pyerr(e)
-            })?;
-        Ok(Some(super::types::PyFailureOutcome(out)))
+        let out = self.unless_failed(run(py, &self.handle, |e| e.finish_lease_failure(id, route, input)))?;
+        Ok(Some(out.into()))
     }
 
     fn finish_success(&self, py: Python<'_>, tokens: Option<TokenUse>) -> PyResult<()> {
@@ -82,21 +83,14 @@ impl PyLease {
             return Ok(());
         }
         let op = BatchOp::Success { lease_id: self.id, route: self.route.clone(), tokens };
-        py.detach(|| self.handle.batch(op).done()).map_err(|e| {
-            self.done.store(false, Ordering::SeqCst);
-            to_pyerr(e)
-        })
+        self.unless_failed(run_batch(py, &self.handle, op, BatchOut::done))
     }
 
     fn finish_release(&self, py: Python<'_>) -> PyResult<()> {
         if !self.take() {
             return Ok(());
         }
-        let id = self.id;
-        py.detach(|| self.handle.batch(BatchOp::Release(id)).done()).map_err(|e| {
-            self.done.store(false, Ordering::SeqCst);
-            to_pyerr(e)
-        })
+        self.unless_failed(run_batch(py, &self.handle, BatchOp::Release(self.id), BatchOut::done))
     }
 
     fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -111,10 +105,6 @@ impl PyLease {
 #[pymethods]
 impl PyLease {
     #[getter]
-    fn id(&self) -> i64 {
-        self.id
-    }
-    #[getter]
     fn platform(&self) -> &str {
         &self.route.platform
     }
@@ -125,10 +115,6 @@ impl PyLease {
     #[getter]
     fn key_id(&self) -> i64 {
         self.route.key_id
-    }
-    #[getter]
-    fn estimated_tokens(&self) -> i64 {
-        self.estimated_tokens
     }
     /// True once an outcome was recorded or the lease was released.
     #[getter]
@@ -148,7 +134,7 @@ impl PyLease {
         output_tokens: Option<&Bound<'_, PyAny>>,
         cached_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let used = super::convert::token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
+        let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
         self.finish_success(py, used)
     }
 
@@ -162,8 +148,8 @@ impl PyLease {
         retry_after: Option<&Bound<'_, PyAny>>,
         message: Option<&Bound<'_, PyAny>>,
         kind: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
-        let input = super::convert::failure_args(status, retry_after, message, kind, None)?;
+    ) -> PyResult<Option<PyFailureOutcome>> {
+        let input = failure_args(status, retry_after, message, kind)?;
         self.finish_failure(py, input)
     }
 
@@ -194,10 +180,10 @@ impl PyLease {
         status: i64,
         retry_after: Option<&Bound<'_, PyAny>>,
         message: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
-        let hs = super::convert::headers_arg(headers)?;
+    ) -> PyResult<Option<PyFailureOutcome>> {
+        let hs = headers_arg(headers)?;
         let status_obj = status.into_pyobject(py)?.into_any();
-        let mut input = super::convert::failure_args(Some(&status_obj), retry_after, message, None, None)?;
+        let mut input = failure_args(Some(&status_obj), retry_after, message, None)?;
         self._record_quota_headers(py, headers, status)?;
         input.headers = hs;
         self.finish_failure(py, input)
@@ -206,21 +192,13 @@ impl PyLease {
     /// `record_quota_headers` for this lease's route (what `observe` does with a
     /// response's headers).
     fn _record_quota_headers(&self, py: Python<'_>, headers: &Bound<'_, PyAny>, status: i64) -> PyResult<()> {
-        let hs = super::convert::headers_arg(headers)?;
-        let route = &self.route;
-        py.detach(|| {
-            self.handle.with(|e| {
-                e.observed().record_quota_headers(
-                    &route.platform,
-                    route.key_id,
-                    &hs,
-                    Some(&route.model_id),
-                    status,
-                )
-            })
+        let hs = headers_arg(headers)?;
+        let r = &self.route;
+        run(py, &self.handle, |e| {
+            e.observed()
+                .record_quota_headers(&r.platform, r.key_id, &hs, Some(&r.model_id), status)
+                .map(|_| ())
         })
-        .map(|_| ())
-        .map_err(to_pyerr)
     }
 
     /// Releases the lease without recording anything. Idempotent.

@@ -4,6 +4,7 @@ mod convert;
 mod engine;
 mod errors;
 mod lease;
+mod limits;
 mod types;
 mod validator;
 mod wait;
@@ -20,9 +21,11 @@ mod _quotaengine {
     #[pymodule_export]
     use super::lease::{PyLease, PyReady};
     #[pymodule_export]
+    use super::limits::{PyLimit, PyLimits, PyProviderCaps};
+    #[pymodule_export]
     use super::types::{
-        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
-        PyManualClock, PyProbePassResult, PyProviderCaps, PyQuotaObservation, PyQuotaState,
+        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyManualClock,
+        PyProbePassResult, PyQuotaObservation, PyQuotaState,
     };
     #[pymodule_export]
     use super::wait::PyLeaseWaiter;
@@ -62,21 +65,21 @@ mod _quotaengine {
     #[pyfunction]
     #[pyo3(signature = (message))]
     fn parse_provider_limit(message: Option<&str>) -> PyResult<Option<PyLearnedLimit>> {
-        shield(|| Ok(crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit)))
+        shield(|| Ok(crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit::from)))
     }
 
     /// SPEC §8.1: the quota pool a (platform, model) draws from (case-sensitive, 18.6).
     #[pyfunction]
     #[pyo3(signature = (platform, model_id=None))]
     fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> PyResult<String> {
-        crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
+        crate::core::types::check_name("platform", platform)?;
         shield(|| Ok(crate::core::pools::infer_quota_pool_key(platform, model_id)))
     }
 
     /// SPEC §8.1: true for platforms whose keys share one account-wide pool.
     #[pyfunction]
     fn is_shared_pool(platform: &str) -> PyResult<bool> {
-        crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
+        crate::core::types::check_name("platform", platform)?;
         shield(|| Ok(crate::core::pools::is_shared_pool(platform)))
     }
 
