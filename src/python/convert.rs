@@ -6,8 +6,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
+/// An argument as Python passed it, converted in the method's body by the rules above
+/// (so that its errors name it as the SPEC says).
+pub type Arg<'py> = Bound<'py, PyAny>;
+
 /// An `int` argument (not a bool, not a float), within int64.
-pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+pub fn int_arg(obj: &Arg, name: &str) -> PyResult<i64> {
     if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
         return Err(type_error(format!(
             "{name} must be an int, not {}",
@@ -18,7 +22,7 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
         .map_err(|_| overflow_error(format!("{name} does not fit in a signed 64-bit integer")))
 }
 
-pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<i64>> {
+pub fn opt_int_arg(obj: Option<&Arg>, name: &str) -> PyResult<Option<i64>> {
     match obj {
         None => Ok(None),
         Some(o) if o.is_none() => Ok(None),
@@ -27,7 +31,7 @@ pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Optio
 }
 
 /// A non-negative int argument.
-pub fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+pub fn count_arg(obj: &Arg, name: &str) -> PyResult<i64> {
     let v = int_arg(obj, name)?;
     if v < 0 {
         return Err(PyValueError::new_err(format!("{name} must be >= 0, got {v}")));
@@ -47,7 +51,7 @@ pub fn str_arg<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
 }
 
 /// A number of seconds (int or float), finite and non-negative.
-pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+pub fn seconds_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
         return Err(type_error(format!("{name} must be a number of seconds")));
     }
@@ -62,7 +66,7 @@ pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
 }
 
 /// A fraction in `[0, 1)` (int or float, not a bool; SPEC 22.1's reserve).
-pub fn fraction_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+pub fn fraction_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
         return Err(type_error(format!(
             "{name} must be a float in [0, 1), not {}",
@@ -77,7 +81,7 @@ pub fn fraction_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
 }
 
 /// SPEC 22.1's `priority`: an int >= 0.
-pub fn priority_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+pub fn priority_arg(obj: &Arg) -> PyResult<i64> {
     let v = int_arg(obj, "priority")?;
     if v < 0 {
         return Err(PyValueError::new_err(format!("priority must be >= 0 (0 the most important), got {v}")));
@@ -86,7 +90,7 @@ pub fn priority_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
 }
 
 /// `priority=` of a lease: as [`priority_arg`], None meaning 0.
-pub fn opt_priority_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<i64> {
+pub fn opt_priority_arg(obj: Option<&Arg>) -> PyResult<i64> {
     obj.filter(|p| !p.is_none()).map_or(Ok(0), priority_arg)
 }
 
@@ -95,7 +99,7 @@ pub fn opt_priority_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<i64> {
 pub const MAX_SECONDS: f64 = 1e12;
 
 /// A span of seconds (int or float), finite, non-negative and at most `MAX_SECONDS`.
-pub fn duration_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration> {
+pub fn duration_arg(obj: &Arg, name: &str) -> PyResult<std::time::Duration> {
     let v = seconds_arg(obj, name)?;
     if v > MAX_SECONDS {
         return Err(overflow_error(format!("{name} must be at most 10**12 seconds")));
@@ -104,7 +108,7 @@ pub fn duration_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::D
 }
 
 /// One limit: None or an int >= 0.
-pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
+pub fn opt_limit(v: &Arg, name: &str) -> PyResult<Option<i64>> {
     if v.is_none() {
         return Ok(None);
     }
@@ -119,12 +123,12 @@ pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
 
 /// The tokens of a call (SPEC §14.4): `None` when none of the four is given.
 pub fn token_use_arg(
-    tokens: Option<&Bound<'_, PyAny>>,
-    input: Option<&Bound<'_, PyAny>>,
-    output: Option<&Bound<'_, PyAny>>,
-    cached: Option<&Bound<'_, PyAny>>,
+    tokens: Option<&Arg>,
+    input: Option<&Arg>,
+    output: Option<&Arg>,
+    cached: Option<&Arg>,
 ) -> PyResult<Option<crate::core::engine::TokenUse>> {
-    let get = |v: Option<&Bound<'_, PyAny>>, name: &str| match v.filter(|v| !v.is_none()) {
+    let get = |v: Option<&Arg>, name: &str| match v.filter(|v| !v.is_none()) {
         Some(v) => count_arg(v, name).map(Some),
         None => Ok(None),
     };
@@ -140,7 +144,7 @@ pub fn token_use_arg(
 }
 
 /// `retry_after=`: header text, or a number of seconds.
-pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::engine::RetryAfter>> {
+pub fn retry_after_arg(obj: Option<&Arg>) -> PyResult<Option<crate::core::engine::RetryAfter>> {
     use crate::core::engine::RetryAfter;
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     if let Ok(s) = obj.cast::<PyString>() {
@@ -152,7 +156,7 @@ pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate:
 }
 
 /// `kind=`: one of the SPEC §6.2 kinds.
-pub fn kind_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::parse::FailureKind>> {
+pub fn kind_arg(obj: Option<&Arg>) -> PyResult<Option<crate::core::parse::FailureKind>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     let s = str_arg(obj, "kind")?;
     s.parse().map(Some).map_err(PyValueError::new_err)
@@ -160,10 +164,10 @@ pub fn kind_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::
 
 /// A failure's keyword arguments (`record_failure` sets its `limits=` after them).
 pub fn failure_args(
-    status: Option<&Bound<'_, PyAny>>,
-    retry_after: Option<&Bound<'_, PyAny>>,
-    message: Option<&Bound<'_, PyAny>>,
-    kind: Option<&Bound<'_, PyAny>>,
+    status: Option<&Arg>,
+    retry_after: Option<&Arg>,
+    message: Option<&Arg>,
+    kind: Option<&Arg>,
 ) -> PyResult<crate::core::engine::FailureInput> {
     Ok(crate::core::engine::FailureInput {
         status: opt_int_arg(status, "status")?,
@@ -179,7 +183,7 @@ pub fn failure_args(
 }
 
 /// `headers`: a mapping of str to str (httpx, requests and SDK header objects too).
-pub fn headers_arg(headers: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+pub fn headers_arg(headers: &Arg) -> PyResult<Vec<(String, String)>> {
     let mapping = headers
         .cast::<pyo3::types::PyMapping>()
         .map_err(|_| type_error("headers must be a mapping of str to str"))?;

@@ -72,3 +72,83 @@ pub fn type_error(msg: impl Into<String>) -> PyErr {
 pub fn overflow_error(msg: impl Into<String>) -> PyErr {
     PyOverflowError::new_err(msg.into())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! The mapping, run against the exception classes of the source tree (with the
+    //! `python` feature: `cargo test --lib python::errors`).
+    use super::*;
+    use crate::core::error::Refusal;
+    use crate::core::types::Reason;
+    use pyo3::types::PyModule;
+
+    /// Runs `f` with `quotaengine._errors` importable from `python/`, without the
+    /// package's `__init__` (which needs the built extension).
+    fn with_errors_module(f: impl FnOnce(Python<'_>)) {
+        Python::initialize();
+        Python::attach(|py| {
+            let pkg = PyModule::new(py, "quotaengine").unwrap();
+            pkg.setattr("__path__", vec![concat!(env!("CARGO_MANIFEST_DIR"), "/python/quotaengine")])
+                .unwrap();
+            py.import("sys").unwrap().getattr("modules").unwrap().set_item("quotaengine", pkg).unwrap();
+            f(py)
+        })
+    }
+
+    fn refusal(key_id: i64, retry_at_ms: Option<i64>) -> Refusal {
+        Refusal {
+            reason: Reason::Rpm,
+            retry_at_ms,
+            platform: "groq".into(),
+            model_id: "m".into(),
+            key_id,
+            candidates: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_core_error_is_its_python_exception() {
+        with_errors_module(|py| {
+            let cases = [
+                (Error::Invalid("bad".into()), "ValueError", "bad"),
+                (Error::Overflow("big".into()), "OverflowError", "big"),
+                (Error::Runtime("inside".into()), "RuntimeError", "inside"),
+                (Error::Closed, "EngineClosed", "engine is closed"),
+                (
+                    Error::Store(StoreError::ReadOnly),
+                    "DatabaseError",
+                    "the database was opened with readonly=True; this call writes",
+                ),
+                (Error::Internal("boom".into()), "QuotaEngineError", "internal error: boom"),
+            ];
+            for (err, class, message) in cases {
+                let e = PyErr::from(err);
+                assert_eq!(e.get_type(py).name().unwrap().to_string(), class);
+                assert_eq!(e.value(py).str().unwrap().to_string(), message);
+            }
+        });
+    }
+
+    #[test]
+    fn a_refusal_is_quota_exceeded_with_its_candidates() {
+        with_errors_module(|py| {
+            let one = PyErr::from(Error::Refused(Box::new(refusal(1, Some(5)))));
+            assert!(one.is_instance_of::<QuotaExceeded>(py));
+            let v = one.value(py);
+            assert_eq!(v.getattr("reason").unwrap().extract::<String>().unwrap(), "rpm");
+            assert_eq!(v.getattr("retry_at_ms").unwrap().extract::<Option<i64>>().unwrap(), Some(5));
+            assert_eq!(v.getattr("key_id").unwrap().extract::<i64>().unwrap(), 1);
+            assert!(v.getattr("_refusals").unwrap().is_none());
+
+            let any = Refusal::of_candidates(vec![refusal(1, None), refusal(2, Some(9))]).unwrap();
+            let v = PyErr::from(Error::Refused(Box::new(any))).value(py).clone();
+            assert_eq!(v.getattr("key_id").unwrap().extract::<i64>().unwrap(), 2);
+            let all = v.getattr("refusals").unwrap();
+            assert_eq!(all.len().unwrap(), 2);
+            let first = all.get_item(0).unwrap();
+            assert_eq!(first.getattr("key_id").unwrap().extract::<i64>().unwrap(), 1);
+            assert!(first.getattr("retry_at_ms").unwrap().is_none());
+        });
+    }
+}

@@ -1,5 +1,5 @@
 //! `Lease`: one admitted request, a sync and async context manager.
-use super::convert::{failure_args, headers_arg, token_use_arg};
+use super::convert::{failure_args, headers_arg, token_use_arg, Arg};
 use super::engine::run::{run, run_batch};
 use super::types::PyFailureOutcome;
 use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
@@ -93,7 +93,7 @@ impl PyLease {
         self.unless_failed(run_batch(py, &self.handle, BatchOp::Release(self.id), BatchOut::done))
     }
 
-    fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn exit(&self, py: Python<'_>, exc_type: &Arg) -> PyResult<()> {
         if exc_type.is_none() {
             self.finish_success(py, Some(TokenUse::total(self.estimated_tokens)))
         } else {
@@ -129,10 +129,10 @@ impl PyLease {
     fn success(
         &self,
         py: Python<'_>,
-        tokens: Option<&Bound<'_, PyAny>>,
-        input_tokens: Option<&Bound<'_, PyAny>>,
-        output_tokens: Option<&Bound<'_, PyAny>>,
-        cached_tokens: Option<&Bound<'_, PyAny>>,
+        tokens: Option<&Arg>,
+        input_tokens: Option<&Arg>,
+        output_tokens: Option<&Arg>,
+        cached_tokens: Option<&Arg>,
     ) -> PyResult<()> {
         let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
         self.finish_success(py, used)
@@ -144,10 +144,10 @@ impl PyLease {
     fn failure(
         &self,
         py: Python<'_>,
-        status: Option<&Bound<'_, PyAny>>,
-        retry_after: Option<&Bound<'_, PyAny>>,
-        message: Option<&Bound<'_, PyAny>>,
-        kind: Option<&Bound<'_, PyAny>>,
+        status: Option<&Arg>,
+        retry_after: Option<&Arg>,
+        message: Option<&Arg>,
+        kind: Option<&Arg>,
     ) -> PyResult<Option<PyFailureOutcome>> {
         let input = failure_args(status, retry_after, message, kind)?;
         self.finish_failure(py, input)
@@ -158,11 +158,7 @@ impl PyLease {
     /// `quotaengine._observe`). Returns the `FailureOutcome` of a failure, None on
     /// success. Anything else is a TypeError, and the lease stays live.
     #[pyo3(signature = (outcome, *, tokens=None))]
-    fn observe(
-        slf: &Bound<'_, Self>,
-        outcome: &Bound<'_, PyAny>,
-        tokens: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
+    fn observe(slf: &Bound<'_, Self>, outcome: &Arg, tokens: Option<&Arg>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let observe = py.import("quotaengine._observe")?.getattr("observe")?;
         let tokens = tokens.map_or_else(|| py.None(), |t| t.clone().unbind());
@@ -176,10 +172,10 @@ impl PyLease {
     fn _failure_with_headers(
         &self,
         py: Python<'_>,
-        headers: &Bound<'_, PyAny>,
+        headers: &Arg,
         status: i64,
-        retry_after: Option<&Bound<'_, PyAny>>,
-        message: Option<&Bound<'_, PyAny>>,
+        retry_after: Option<&Arg>,
+        message: Option<&Arg>,
     ) -> PyResult<Option<PyFailureOutcome>> {
         let hs = headers_arg(headers)?;
         let status_obj = status.into_pyobject(py)?.into_any();
@@ -191,7 +187,7 @@ impl PyLease {
 
     /// `record_quota_headers` for this lease's route (what `observe` does with a
     /// response's headers).
-    fn _record_quota_headers(&self, py: Python<'_>, headers: &Bound<'_, PyAny>, status: i64) -> PyResult<()> {
+    fn _record_quota_headers(&self, py: Python<'_>, headers: &Arg, status: i64) -> PyResult<()> {
         let hs = headers_arg(headers)?;
         let r = &self.route;
         run(py, &self.handle, |e| {
@@ -214,9 +210,9 @@ impl PyLease {
     fn __exit__(
         &self,
         py: Python<'_>,
-        exc_type: Option<&Bound<'_, PyAny>>,
-        _exc: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
+        exc_type: Option<&Arg>,
+        _exc: Option<&Arg>,
+        _tb: Option<&Arg>,
     ) -> PyResult<bool> {
         match exc_type {
             Some(t) => self.exit(py, t)?,
@@ -233,9 +229,9 @@ impl PyLease {
     fn __aexit__(
         &self,
         py: Python<'_>,
-        exc_type: Option<&Bound<'_, PyAny>>,
-        _exc: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
+        exc_type: Option<&Arg>,
+        _exc: Option<&Arg>,
+        _tb: Option<&Arg>,
     ) -> PyResult<PyReady> {
         self.__exit__(py, exc_type, None, None)?;
         Ok(PyReady(Some(false.into_pyobject(py)?.to_owned().into_any().unbind())))

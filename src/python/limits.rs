@@ -1,6 +1,6 @@
 //! Limits as Python spells them (SPEC §4, §8, §14.1): the `Limit` and `Limits` values,
 //! `ProviderCaps`, and the `limits=` argument lowered to the core's `LimitSet`.
-use super::convert::{int_arg, opt_limit, str_arg};
+use super::convert::{int_arg, opt_limit, str_arg, Arg};
 use super::errors::{shield, type_error};
 use crate::core::limits::{Limit, LimitSet};
 use crate::core::types::{CapSetting, Limits, ProviderCaps};
@@ -48,12 +48,7 @@ impl From<Limit> for PyLimit {
 impl PyLimit {
     #[new]
     #[pyo3(signature = (metric, limit, per, scope=None), text_signature = "(metric, limit, per, scope='account')")]
-    fn new(
-        metric: &Bound<'_, PyAny>,
-        limit: &Bound<'_, PyAny>,
-        per: &Bound<'_, PyAny>,
-        scope: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
+    fn new(metric: &Arg, limit: &Arg, per: &Arg, scope: Option<&Arg>) -> PyResult<Self> {
         shield(|| {
             let metric = str_arg(metric, "metric")?;
             let limit = int_arg(limit, "limit")?;
@@ -100,13 +95,8 @@ impl From<&PyLimits> for Limits {
 impl PyLimits {
     #[new]
     #[pyo3(signature = (rpm=None, rpd=None, tpm=None, tpd=None))]
-    fn new(
-        rpm: Option<&Bound<'_, PyAny>>,
-        rpd: Option<&Bound<'_, PyAny>>,
-        tpm: Option<&Bound<'_, PyAny>>,
-        tpd: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
-        let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
+    fn new(rpm: Option<&Arg>, rpd: Option<&Arg>, tpm: Option<&Arg>, tpd: Option<&Arg>) -> PyResult<Self> {
+        let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
         Ok(Self {
             rpm: get(rpm, "rpm")?,
             rpd: get(rpd, "rpd")?,
@@ -168,7 +158,7 @@ impl PyProviderCaps {
 }
 
 /// One `set_provider_caps` keyword: an int sets a cap, None means no cap.
-pub fn cap_setting(v: &Bound<'_, PyAny>, name: &str) -> PyResult<CapSetting> {
+pub fn cap_setting(v: &Arg, name: &str) -> PyResult<CapSetting> {
     Ok(match opt_limit(v, name)? {
         None => CapSetting::NoCap,
         Some(c) => CapSetting::Cap(c),
@@ -177,7 +167,7 @@ pub fn cap_setting(v: &Bound<'_, PyAny>, name: &str) -> PyResult<CapSetting> {
 
 /// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
 /// iterable of `Limit` (SPEC §14.1).
-pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LimitSet>> {
+pub fn limits_arg(obj: Option<&Arg>) -> PyResult<Option<LimitSet>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     if let Ok(l) = obj.cast::<PyLimits>() {
         return Ok(Some(LimitSet::from_classic(l.get().into())));
@@ -190,7 +180,7 @@ pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LimitSet>> 
 }
 
 /// An iterable of `Limit` (not a str, not a single `Limit`).
-pub fn limit_list_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Limit>> {
+pub fn limit_list_arg(obj: &Arg, name: &str) -> PyResult<Vec<Limit>> {
     let expected = || {
         type_error(format!(
             "{name} must be a Limits, a dict with rpm/rpd/tpm/tpd, an iterable of Limit, or None"
@@ -215,7 +205,7 @@ pub fn limit_list_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Limit>
 }
 
 /// A dict with keys among rpm, rpd, tpm, tpd.
-fn classic_limits_dict(obj: &Bound<'_, PyAny>) -> PyResult<Limits> {
+fn classic_limits_dict(obj: &Arg) -> PyResult<Limits> {
     let dict = obj
         .cast::<PyDict>()
         .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;

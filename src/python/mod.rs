@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 mod _quotaengine {
+    use super::convert::Arg;
     use super::errors::shield;
     use super::*;
 
@@ -45,7 +46,7 @@ mod _quotaengine {
     /// SPEC §6.2: delta-seconds or an HTTP-date -> ms (clamped to 24 h); None if unparsable.
     #[pyfunction]
     #[pyo3(signature = (value, now_ms=None))]
-    fn parse_retry_after_ms(value: Option<&str>, now_ms: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+    fn parse_retry_after_ms(value: Option<&str>, now_ms: Option<&Arg>) -> PyResult<Option<i64>> {
         use crate::core::clock::Clock;
         let now = match now_ms {
             Some(n) if !n.is_none() => super::convert::int_arg(n, "now_ms")?,

@@ -1,6 +1,6 @@
 //! Value types seen from Python: frozen, comparable, with readable reprs, each
 //! converted once from the core's value (`From`), its fields read as attributes.
-use super::convert::int_arg;
+use super::convert::{int_arg, Arg};
 use super::limits::opt;
 use crate::core::clock::{Clock, ManualClock};
 use crate::core::cooldowns::CooldownDecision;
@@ -101,18 +101,18 @@ pub struct PyManualClock(pub Arc<ManualClock>);
 #[pymethods]
 impl PyManualClock {
     #[new]
-    fn new(now_ms: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(now_ms: &Arg) -> PyResult<Self> {
         Ok(Self(Arc::new(ManualClock::new(int_arg(now_ms, "now_ms")?))))
     }
     fn now_ms(&self) -> i64 {
         self.0.now_ms()
     }
     /// Moves the clock by `ms` milliseconds (negative moves it back).
-    fn advance(&self, ms: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn advance(&self, ms: &Arg) -> PyResult<()> {
         self.0.advance(int_arg(ms, "ms")?);
         Ok(())
     }
-    fn set(&self, now_ms: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn set(&self, now_ms: &Arg) -> PyResult<()> {
         self.0.set(int_arg(now_ms, "now_ms")?);
         Ok(())
     }

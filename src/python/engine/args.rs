@@ -1,17 +1,13 @@
 //! The argument conversions the engine's topics share: a route, a provider-level
 //! route, the candidates of `lease_any`, a wait.
 use crate::core::types::{check_name, Route};
-use crate::python::convert::{duration_arg, int_arg, str_arg};
+use crate::python::convert::{duration_arg, int_arg, str_arg, Arg};
 use crate::python::errors::type_error;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use std::time::Duration;
 
-pub(super) fn route(
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-) -> PyResult<Route> {
+pub(super) fn route(platform: &Arg, model_id: &Arg, key_id: &Arg) -> PyResult<Route> {
     Ok(Route::new(
         str_arg(platform, "platform")?,
         str_arg(model_id, "model_id")?,
@@ -20,14 +16,14 @@ pub(super) fn route(
 }
 
 /// A provider-level route: (platform, key_id) with no model.
-pub(super) fn account(platform: &Bound<'_, PyAny>, key_id: &Bound<'_, PyAny>) -> PyResult<Route> {
+pub(super) fn account(platform: &Arg, key_id: &Arg) -> PyResult<Route> {
     let platform = str_arg(platform, "platform")?;
     check_name("platform", platform)?;
     Ok(Route { platform: platform.to_string(), model_id: String::new(), key_id: int_arg(key_id, "key_id")? })
 }
 
 /// `wait_s`: seconds, finite and >= 0 (None: 0).
-pub(super) fn wait_arg(wait_s: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> {
+pub(super) fn wait_arg(wait_s: Option<&Arg>) -> PyResult<Duration> {
     match wait_s.filter(|w| !w.is_none()) {
         None => Ok(Duration::ZERO),
         Some(w) => duration_arg(w, "wait_s"),
@@ -35,7 +31,7 @@ pub(super) fn wait_arg(wait_s: Option<&Bound<'_, PyAny>>) -> PyResult<Duration> 
 }
 
 /// `routes`: an iterable of (platform, model_id, key_id).
-pub(super) fn routes_arg(routes: &Bound<'_, PyAny>) -> PyResult<Vec<Route>> {
+pub(super) fn routes_arg(routes: &Arg) -> PyResult<Vec<Route>> {
     if routes.is_instance_of::<pyo3::types::PyString>() || routes.is_instance_of::<pyo3::types::PyBytes>() {
         return Err(type_error(
             "routes must be an iterable of (platform, model_id, key_id) tuples, not a str",

@@ -2,7 +2,7 @@
 //! and their limits, provider calendars, priority reserves and provider caps.
 use super::PyQuotaEngine;
 use crate::core::types::{CapSetting, KeyInfo, Limits, ModelInfo};
-use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg};
+use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg, Arg};
 use crate::python::errors::type_error;
 use crate::python::limits::{cap_setting, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
 use pyo3::prelude::*;
@@ -20,12 +20,12 @@ impl PyQuotaEngine {
     fn register_key(
         &self,
         py: Python<'_>,
-        key_id: &Bound<'_, PyAny>,
-        platform: &Bound<'_, PyAny>,
+        key_id: &Arg,
+        platform: &Arg,
         base_url: Option<String>,
         label: Option<String>,
         enabled: bool,
-        account: Option<&Bound<'_, PyAny>>,
+        account: Option<&Arg>,
     ) -> PyResult<()> {
         let account = match account.filter(|a| !a.is_none()) {
             Some(a) => Some(str_arg(a, "account")?.to_string()),
@@ -44,12 +44,7 @@ impl PyQuotaEngine {
     }
 
     /// SPEC §14.3: the account in force for a key (`"key:<key_id>"` for a key of its own).
-    fn key_account(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<String> {
+    fn key_account(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<String> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
         self.run(py, |e| e.config().key_account(p, k))
@@ -61,9 +56,9 @@ impl PyQuotaEngine {
     fn set_key_concurrency_cap(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        cap: &Bound<'_, PyAny>,
+        platform: &Arg,
+        key_id: &Arg,
+        cap: &Arg,
     ) -> PyResult<()> {
         let p = str_arg(platform, "platform")?.to_string();
         let k = int_arg(key_id, "key_id")?;
@@ -73,12 +68,7 @@ impl PyQuotaEngine {
 
     /// SPEC 15.4, 20: the key concurrency cap in force: the lowest of the configured
     /// cap (`set_key_concurrency_cap`), the env cap and a learned cap.
-    fn key_concurrency_cap(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<i64>> {
+    fn key_concurrency_cap(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<Option<i64>> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
         self.run(py, |e| e.failures().key_concurrency_cap(p, k))
@@ -91,20 +81,20 @@ impl PyQuotaEngine {
     fn set_model_limits(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        rpm: Option<&Bound<'_, PyAny>>,
-        rpd: Option<&Bound<'_, PyAny>>,
-        tpm: Option<&Bound<'_, PyAny>>,
-        tpd: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        rpm: Option<&Arg>,
+        rpd: Option<&Arg>,
+        tpm: Option<&Arg>,
+        tpd: Option<&Arg>,
         monthly_token_budget: Option<String>,
-        limits: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Arg>,
     ) -> PyResult<()> {
         let others = match limits.filter(|l| !l.is_none()) {
             Some(l) => limit_list_arg(l, "limits")?,
             None => Vec::new(),
         };
-        let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
+        let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
         let model = ModelInfo {
             platform: str_arg(platform, "platform")?.to_string(),
             model_id: str_arg(model_id, "model_id")?.to_string(),
@@ -120,24 +110,14 @@ impl PyQuotaEngine {
         self.run(py, move |e| e.config().set_model_limits(model))
     }
 
-    fn model_limits(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<PyLimits>> {
+    fn model_limits(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Option<PyLimits>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(PyLimits::from))
     }
 
     /// SPEC §14.1: every declared limit of the model, the classic ones included, in
     /// gate order (a classic one with `per` "minute" or "day").
-    fn model_limit_list(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-    ) -> PyResult<Vec<PyLimit>> {
+    fn model_limit_list(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Vec<PyLimit>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         Ok(self.run(py, |e| e.config().model_limit_list(p, m))?.into_iter().map(PyLimit::from).collect())
     }
@@ -149,12 +129,7 @@ impl PyQuotaEngine {
     /// concurrency cap free. Persisted and shared through the store. A negative
     /// priority or a fraction outside `[0, 1)` is a `ValueError`.
     #[pyo3(signature = (priority, fraction))]
-    fn set_priority_reserve(
-        &self,
-        py: Python<'_>,
-        priority: &Bound<'_, PyAny>,
-        fraction: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    fn set_priority_reserve(&self, py: Python<'_>, priority: &Arg, fraction: &Arg) -> PyResult<()> {
         let p = priority_arg(priority)?;
         let f = fraction_arg(fraction, "fraction")?;
         self.run(py, |e| e.config().set_priority_reserve(p, f))
@@ -163,7 +138,7 @@ impl PyQuotaEngine {
     /// SPEC 22.1: the reserve in force for a call of `priority`, the fraction set for
     /// the largest configured priority `<= priority` (0.0 when none).
     #[pyo3(signature = (priority))]
-    fn priority_reserve(&self, py: Python<'_>, priority: &Bound<'_, PyAny>) -> PyResult<f64> {
+    fn priority_reserve(&self, py: Python<'_>, priority: &Arg) -> PyResult<f64> {
         let p = priority_arg(priority)?;
         self.run(py, |e| e.config().priority_reserve(p))
     }
@@ -174,12 +149,7 @@ impl PyQuotaEngine {
     /// store; wins over `PROVIDER_DAY_TZ_<PLATFORM>` and the built-in zone). `None`
     /// forgets it. An unknown zone is a `ValueError`.
     #[pyo3(signature = (platform, tz))]
-    fn set_platform_calendar(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        tz: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
+    fn set_platform_calendar(&self, py: Python<'_>, platform: &Arg, tz: Option<&Arg>) -> PyResult<()> {
         let p = str_arg(platform, "platform")?;
         let z = match tz {
             Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
@@ -190,38 +160,28 @@ impl PyQuotaEngine {
 
     /// The IANA zone in force for a platform's days ("UTC" unless set, in the
     /// environment, or built in: "google" is "America/Los_Angeles").
-    fn platform_calendar(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<String> {
+    fn platform_calendar(&self, py: Python<'_>, platform: &Arg) -> PyResult<String> {
         let p = str_arg(platform, "platform")?;
         self.run(py, |e| e.config().platform_calendar(p))
     }
 
     /// Start (ms) of the platform's day holding `at_ms` (default: now).
     #[pyo3(signature = (platform, at_ms=None))]
-    fn day_start_ms(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        at_ms: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<i64> {
+    fn day_start_ms(&self, py: Python<'_>, platform: &Arg, at_ms: Option<&Arg>) -> PyResult<i64> {
         let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
         self.run(py, |e| e.config().day_start_ms(p, at))
     }
 
     /// Start (ms) of the platform's day after the one holding `at_ms` (default: now).
     #[pyo3(signature = (platform, at_ms=None))]
-    fn next_day_start_ms(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        at_ms: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<i64> {
+    fn next_day_start_ms(&self, py: Python<'_>, platform: &Arg, at_ms: Option<&Arg>) -> PyResult<i64> {
         let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
         self.run(py, |e| e.config().next_day_start_ms(p, at))
     }
 
     // ---- provider caps (SPEC §8) -------------------------------------------------
 
-    fn provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<PyProviderCaps> {
+    fn provider_caps(&self, py: Python<'_>, platform: &Arg) -> PyResult<PyProviderCaps> {
         let p = str_arg(platform, "platform")?;
         Ok(self.run(py, |e| e.observed().provider_caps(p))?.into())
     }
@@ -231,8 +191,8 @@ impl PyQuotaEngine {
     fn learned_provider_caps(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
+        platform: &Arg,
+        key_id: &Arg,
     ) -> PyResult<PyProviderCaps> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
@@ -245,7 +205,7 @@ impl PyQuotaEngine {
     fn set_provider_caps(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
+        platform: &Arg,
         caps: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
         let mut slots: [Option<CapSetting>; 3] = [None; 3];
@@ -269,7 +229,7 @@ impl PyQuotaEngine {
         self.run(py, |e| e.observed().set_provider_caps(p, slots[0], slots[1], slots[2]))
     }
 
-    fn reset_provider_caps(&self, py: Python<'_>, platform: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn reset_provider_caps(&self, py: Python<'_>, platform: &Arg) -> PyResult<()> {
         let p = str_arg(platform, "platform")?;
         self.run(py, |e| e.observed().reset_provider_caps(p))
     }

@@ -2,7 +2,7 @@
 use super::args::route;
 use super::PyQuotaEngine;
 use crate::core::types::{Cooldown, CooldownSource};
-use crate::python::convert::{count_arg, int_arg};
+use crate::python::convert::{count_arg, int_arg, Arg};
 use crate::python::types::PyCooldown;
 use pyo3::prelude::*;
 
@@ -17,10 +17,10 @@ impl PyQuotaEngine {
     fn set_cooldown(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        duration_ms: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        duration_ms: Option<&Arg>,
         source: &str,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
@@ -34,9 +34,9 @@ impl PyQuotaEngine {
     fn cooldown(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
     ) -> PyResult<Option<PyCooldown>> {
         let r = route(platform, model_id, key_id)?;
         let (cd, now) = self.run(py, move |e| Ok((e.failures().cooldown(&r)?, e.now_ms())))?;
@@ -46,11 +46,7 @@ impl PyQuotaEngine {
     /// Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
     /// when `key_ids` is None.
     #[pyo3(signature = (key_ids=None))]
-    fn active_cooldowns(
-        &self,
-        py: Python<'_>,
-        key_ids: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Vec<PyCooldown>> {
+    fn active_cooldowns(&self, py: Python<'_>, key_ids: Option<&Arg>) -> PyResult<Vec<PyCooldown>> {
         let ids: Option<Vec<i64>> = match key_ids {
             Some(k) if !k.is_none() => {
                 Some(k.try_iter()?.map(|i| int_arg(&i?, "key_ids[]")).collect::<PyResult<Vec<i64>>>()?)
@@ -79,7 +75,7 @@ impl PyQuotaEngine {
     }
 
     /// Operator reset of a key: deletes its cooldowns; returns how many.
-    fn clear_cooldowns_for_key(&self, py: Python<'_>, key_id: &Bound<'_, PyAny>) -> PyResult<i64> {
+    fn clear_cooldowns_for_key(&self, py: Python<'_>, key_id: &Arg) -> PyResult<i64> {
         let k = int_arg(key_id, "key_id")?;
         self.run(py, move |e| e.failures().clear_cooldowns_for_key(k))
     }
@@ -87,9 +83,9 @@ impl PyQuotaEngine {
     fn clear_cooldown_early(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
         self.run(py, move |e| e.failures().clear_cooldown_early(&r).map(|_| ()))

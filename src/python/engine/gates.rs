@@ -3,21 +3,14 @@ use super::args::{account, route};
 use super::PyQuotaEngine;
 use crate::core::admission::Can;
 use crate::core::types::Route;
-use crate::python::convert::count_arg;
+use crate::python::convert::{count_arg, Arg};
 use crate::python::limits::limits_arg;
 use crate::python::types::PyAdmission;
 use pyo3::prelude::*;
 
 impl PyQuotaEngine {
     /// One gate in the core, after the limits argument.
-    fn gate(
-        &self,
-        py: Python<'_>,
-        can: Can,
-        route: Route,
-        est: i64,
-        limits: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
+    fn gate(&self, py: Python<'_>, can: Can, route: Route, est: i64, limits: Option<&Arg>) -> PyResult<bool> {
         let limits = limits_arg(limits)?;
         self.run(py, move |e| e.check_gate(can, &route, est, limits))
     }
@@ -29,10 +22,10 @@ impl PyQuotaEngine {
     fn can_make_request(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        limits: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        limits: Option<&Arg>,
     ) -> PyResult<bool> {
         self.gate(py, Can::Request, route(platform, model_id, key_id)?, 0, limits)
     }
@@ -41,62 +34,41 @@ impl PyQuotaEngine {
     fn can_use_tokens(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: &Bound<'_, PyAny>,
-        limits: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: &Arg,
+        limits: Option<&Arg>,
     ) -> PyResult<bool> {
         let est = count_arg(estimated_tokens, "estimated_tokens")?;
         self.gate(py, Can::Tokens, route(platform, model_id, key_id)?, est, limits)
     }
 
-    fn can_use_provider(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
+    fn can_use_provider(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<bool> {
         self.gate(py, Can::ProviderDaily, account(platform, key_id)?, 0, None)
     }
 
-    fn can_use_provider_minute(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
+    fn can_use_provider_minute(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<bool> {
         self.gate(py, Can::ProviderMinute, account(platform, key_id)?, 0, None)
     }
 
     fn can_use_provider_tokens(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        estimated_tokens: &Bound<'_, PyAny>,
+        platform: &Arg,
+        key_id: &Arg,
+        model_id: &Arg,
+        estimated_tokens: &Arg,
     ) -> PyResult<bool> {
         let est = count_arg(estimated_tokens, "estimated_tokens")?;
         self.gate(py, Can::ProviderTokens, route(platform, model_id, key_id)?, est, None)
     }
 
-    fn can_use_key_concurrency(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
+    fn can_use_key_concurrency(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<bool> {
         self.gate(py, Can::KeyConcurrency, account(platform, key_id)?, 0, None)
     }
 
-    fn is_on_cooldown(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
+    fn is_on_cooldown(&self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg) -> PyResult<bool> {
         Ok(!self.gate(py, Can::Cooldown, route(platform, model_id, key_id)?, 0, None)?)
     }
 
@@ -105,11 +77,11 @@ impl PyQuotaEngine {
     fn check(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
     ) -> PyResult<PyAdmission> {
         let r = route(platform, model_id, key_id)?;
         let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
@@ -122,11 +94,11 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
     fn _noop_check(
         &self,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
     ) {
         let _ = (platform, model_id, key_id, estimated_tokens, limits);
     }

@@ -7,7 +7,7 @@ use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut};
 use crate::core::types::{Route, Strategy};
 use crate::core::wait::Waiter;
-use crate::python::convert::{count_arg, int_arg, opt_priority_arg, str_arg};
+use crate::python::convert::{count_arg, int_arg, opt_priority_arg, str_arg, Arg};
 use crate::python::lease::PyLease;
 use crate::python::limits::limits_arg;
 use crate::python::wait::PyLeaseWaiter;
@@ -27,14 +27,14 @@ impl Admit {
     /// `lease()`'s arguments.
     #[allow(clippy::too_many_arguments)]
     fn one(
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<Admit> {
         let r = route(platform, model_id, key_id)?;
         let est = estimate(estimated_tokens, estimated_output_tokens)?;
@@ -46,12 +46,12 @@ impl Admit {
 
     /// `lease_any()`'s arguments.
     fn any(
-        routes: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        strategy: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        routes: &Arg,
+        estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<Admit> {
         let rs = routes_arg(routes)?;
         let est = estimate(estimated_tokens, estimated_output_tokens)?;
@@ -86,7 +86,7 @@ impl Admit {
 }
 
 /// `estimated_tokens` and `estimated_output_tokens` (None: 0).
-fn estimate(tokens: Option<&Bound<'_, PyAny>>, output: Option<&Bound<'_, PyAny>>) -> PyResult<Estimate> {
+fn estimate(tokens: Option<&Arg>, output: Option<&Arg>) -> PyResult<Estimate> {
     let tokens = tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
     let output = output.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
     Ok(Estimate { tokens, output })
@@ -99,10 +99,10 @@ impl PyQuotaEngine {
     fn acquire_lease(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
     ) -> PyResult<i64> {
         let route = route(platform, model_id, key_id)?;
         let est = Estimate::tokens(estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?);
@@ -111,7 +111,7 @@ impl PyQuotaEngine {
     }
 
     /// Releases a lease; idempotent.
-    fn release_lease(&self, py: Python<'_>, lease_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn release_lease(&self, py: Python<'_>, lease_id: &Arg) -> PyResult<()> {
         let id = int_arg(lease_id, "lease_id")?;
         run_batch(py, &self.handle, BatchOp::Release(id), BatchOut::done)
     }
@@ -124,14 +124,14 @@ impl PyQuotaEngine {
     fn lease(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<Py<PyLease>> {
         let (est, output) = (estimated_tokens, estimated_output_tokens);
         Admit::one(platform, model_id, key_id, est, limits, output, wait_s, priority)?.lease(py, self)
@@ -146,12 +146,12 @@ impl PyQuotaEngine {
     fn lease_any(
         &self,
         py: Python<'_>,
-        routes: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        strategy: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        routes: &Arg,
+        estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<Py<PyLease>> {
         Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?
             .lease(py, self)
@@ -162,14 +162,14 @@ impl PyQuotaEngine {
     #[allow(clippy::too_many_arguments)]
     fn _lease_waiter(
         &self,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<PyLeaseWaiter> {
         let (est, output) = (estimated_tokens, estimated_output_tokens);
         Ok(Admit::one(platform, model_id, key_id, est, limits, output, wait_s, priority)?.waiter(self))
@@ -179,12 +179,12 @@ impl PyQuotaEngine {
     #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
     fn _lease_any_waiter(
         &self,
-        routes: &Bound<'_, PyAny>,
-        estimated_tokens: Option<&Bound<'_, PyAny>>,
-        estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-        strategy: Option<&Bound<'_, PyAny>>,
-        wait_s: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        routes: &Arg,
+        estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<PyLeaseWaiter> {
         Ok(Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?
             .waiter(self))

@@ -6,7 +6,7 @@ use crate::core::clock::{Clock, SystemClock};
 use crate::core::engine::{Settings, StoreSpec};
 use crate::core::env::Env;
 use crate::core::handle::Handle;
-use crate::python::convert::count_arg;
+use crate::python::convert::{count_arg, Arg};
 use crate::python::errors::{shield, type_error};
 use crate::python::types::PyManualClock;
 use pyo3::prelude::*;
@@ -25,14 +25,14 @@ impl PyQuotaEngine {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        path: Option<&Bound<'_, PyAny>>,
-        clock: Option<&Bound<'_, PyAny>>,
-        env: Option<&Bound<'_, PyAny>>,
-        retention_ms: Option<&Bound<'_, PyAny>>,
-        lease_max_age_ms: Option<&Bound<'_, PyAny>>,
-        window_usage_ttl_ms: Option<&Bound<'_, PyAny>>,
-        busy_timeout_ms: Option<&Bound<'_, PyAny>>,
-        flush_interval_ms: Option<&Bound<'_, PyAny>>,
+        path: Option<&Arg>,
+        clock: Option<&Arg>,
+        env: Option<&Arg>,
+        retention_ms: Option<&Arg>,
+        lease_max_age_ms: Option<&Arg>,
+        window_usage_ttl_ms: Option<&Arg>,
+        busy_timeout_ms: Option<&Arg>,
+        flush_interval_ms: Option<&Arg>,
         readonly: bool,
     ) -> PyResult<Self> {
         // A panic anywhere in here (conversions, opening the store) is an exception.
@@ -67,7 +67,7 @@ impl PyQuotaEngine {
                 _ => Arc::new(SystemClock),
             };
             let d = Settings::default();
-            let ms = |v: Option<&Bound<'_, PyAny>>, name: &str, default: i64| match v {
+            let ms = |v: Option<&Arg>, name: &str, default: i64| match v {
                 Some(v) if !v.is_none() => count_arg(v, name),
                 _ => Ok(default),
             };

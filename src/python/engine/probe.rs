@@ -2,7 +2,7 @@
 use super::run::on_handle;
 use super::PyQuotaEngine;
 use crate::core::handle::{default_jitter, in_probe_pass, pass_running, Handle};
-use crate::python::convert::{count_arg, duration_arg};
+use crate::python::convert::{count_arg, duration_arg, Arg};
 use crate::python::errors::type_error;
 use crate::python::types::PyProbePassResult;
 use crate::python::validator::PyValidator;
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 impl PyQuotaEngine {
     /// `max_per_pass` / `max_probes`: a count, or (None) the engine's setting.
-    fn max_probes(&self, v: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<usize> {
+    fn max_probes(&self, v: Option<&Arg>, name: &str) -> PyResult<usize> {
         match v.filter(|v| !v.is_none()) {
             Some(v) => Ok(usize::try_from(count_arg(v, name)?).unwrap_or(usize::MAX)),
             None => Ok(self.probe_max_per_pass),
@@ -30,10 +30,10 @@ impl PyQuotaEngine {
     fn start_probe(
         &self,
         py: Python<'_>,
-        validator: &Bound<'_, PyAny>,
-        interval_s: Option<&Bound<'_, PyAny>>,
-        max_per_pass: Option<&Bound<'_, PyAny>>,
-        r#loop: Option<&Bound<'_, PyAny>>,
+        validator: &Arg,
+        interval_s: Option<&Arg>,
+        max_per_pass: Option<&Arg>,
+        r#loop: Option<&Arg>,
     ) -> PyResult<bool> {
         if !validator.is_callable() {
             return Err(type_error("validator must be callable"));
@@ -77,9 +77,9 @@ impl PyQuotaEngine {
     fn run_probe_pass(
         &self,
         py: Python<'_>,
-        validator: Option<&Bound<'_, PyAny>>,
-        jitter: Option<&Bound<'_, PyAny>>,
-        max_probes: Option<&Bound<'_, PyAny>>,
+        validator: Option<&Arg>,
+        jitter: Option<&Arg>,
+        max_probes: Option<&Arg>,
     ) -> PyResult<PyProbePassResult> {
         // SPEC 18.3: from inside a pass (its validator, or what that calls) this would
         // wait for itself. The core sees a pass on this thread; a coroutine validator runs

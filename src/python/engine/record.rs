@@ -3,7 +3,7 @@
 //! provider's quota headers.
 use super::args::route;
 use super::PyQuotaEngine;
-use crate::python::convert::{failure_args, headers_arg, int_arg, opt_int_arg, str_arg, token_use_arg};
+use crate::python::convert::{failure_args, headers_arg, int_arg, opt_int_arg, str_arg, token_use_arg, Arg};
 use crate::python::errors::type_error;
 use crate::python::limits::limits_arg;
 use crate::python::types::{PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyQuotaObservation};
@@ -11,13 +11,7 @@ use pyo3::prelude::*;
 
 #[pymethods]
 impl PyQuotaEngine {
-    fn record_request(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    fn record_request(&self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
         self.run(py, move |e| e.usage().record_request(&r))
     }
@@ -29,13 +23,13 @@ impl PyQuotaEngine {
     fn record_tokens(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        tokens: Option<&Bound<'_, PyAny>>,
-        input_tokens: Option<&Bound<'_, PyAny>>,
-        output_tokens: Option<&Bound<'_, PyAny>>,
-        cached_tokens: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        tokens: Option<&Arg>,
+        input_tokens: Option<&Arg>,
+        output_tokens: Option<&Arg>,
+        cached_tokens: Option<&Arg>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
         let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
@@ -50,11 +44,11 @@ impl PyQuotaEngine {
     fn cooldown_decision_for_limit(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        limits: Option<&Bound<'_, PyAny>>,
-        retry_after_ms: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        limits: Option<&Arg>,
+        retry_after_ms: Option<&Arg>,
         quota_signal: bool,
     ) -> PyResult<PyCooldownDecision> {
         let r = route(platform, model_id, key_id)?;
@@ -71,14 +65,14 @@ impl PyQuotaEngine {
     fn record_failure(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        status: Option<&Bound<'_, PyAny>>,
-        retry_after: Option<&Bound<'_, PyAny>>,
-        message: Option<&Bound<'_, PyAny>>,
-        kind: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        status: Option<&Arg>,
+        retry_after: Option<&Arg>,
+        message: Option<&Arg>,
+        kind: Option<&Arg>,
+        limits: Option<&Arg>,
     ) -> PyResult<PyFailureOutcome> {
         let r = route(platform, model_id, key_id)?;
         let mut input = failure_args(status, retry_after, message, kind)?;
@@ -90,9 +84,9 @@ impl PyQuotaEngine {
     fn learn_limit_from_error(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        message: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        message: Option<&Arg>,
     ) -> PyResult<Option<PyLearnedLimit>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         let msg = match message.filter(|m| !m.is_none()) {
@@ -108,11 +102,11 @@ impl PyQuotaEngine {
     fn record_quota_headers(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-        headers: &Bound<'_, PyAny>,
-        model_id: Option<&Bound<'_, PyAny>>,
-        status: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        key_id: &Arg,
+        headers: &Arg,
+        model_id: Option<&Arg>,
+        status: Option<&Arg>,
     ) -> PyResult<Vec<PyQuotaObservation>> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;

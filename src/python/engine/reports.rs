@@ -6,7 +6,7 @@ use super::PyQuotaEngine;
 use crate::core::engine::UsageReport;
 use crate::core::store::UsageFilter;
 use crate::core::types::Reason;
-use crate::python::convert::{count_arg, int_arg, opt_int_arg, str_arg};
+use crate::python::convert::{count_arg, int_arg, opt_int_arg, str_arg, Arg};
 use crate::python::limits::limits_arg;
 use crate::python::types::PyQuotaState;
 use pyo3::prelude::*;
@@ -41,10 +41,10 @@ impl PyQuotaEngine {
     fn usage<'py>(
         &self,
         py: Python<'py>,
-        platform: &Bound<'py, PyAny>,
-        model_id: &Bound<'py, PyAny>,
-        key_id: &Bound<'py, PyAny>,
-        limits: Option<&Bound<'py, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        limits: Option<&Arg>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let r = route(platform, model_id, key_id)?;
         let l = limits_arg(limits)?;
@@ -61,10 +61,10 @@ impl PyQuotaEngine {
     fn forecast<'py>(
         &self,
         py: Python<'py>,
-        platform: &Bound<'py, PyAny>,
-        model_id: &Bound<'py, PyAny>,
-        key_id: &Bound<'py, PyAny>,
-        lookback_ms: Option<&Bound<'py, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        lookback_ms: Option<&Arg>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let r = route(platform, model_id, key_id)?;
         let lookback = match lookback_ms.filter(|l| !l.is_none()) {
@@ -86,10 +86,10 @@ impl PyQuotaEngine {
     fn model_window_used_fraction(
         &self,
         py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        model_id: &Bound<'_, PyAny>,
-        limits: Option<&Bound<'_, PyAny>>,
-        key_id: Option<&Bound<'_, PyAny>>,
+        platform: &Arg,
+        model_id: &Arg,
+        limits: Option<&Arg>,
+        key_id: Option<&Arg>,
     ) -> PyResult<Option<f64>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         let l = limits_arg(limits)?;
@@ -111,11 +111,7 @@ impl PyQuotaEngine {
     }
 
     /// SPEC §8.2: key_id -> worst remaining/limit over its confident rows (<= 1.0).
-    fn key_quota_headroom<'py>(
-        &self,
-        py: Python<'py>,
-        platform: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    fn key_quota_headroom<'py>(&self, py: Python<'py>, platform: &Arg) -> PyResult<Bound<'py, PyDict>> {
         let p = str_arg(platform, "platform")?;
         let v = self.run(py, |e| e.observed().key_quota_headroom(p))?;
         let d = PyDict::new(py);
@@ -125,32 +121,17 @@ impl PyQuotaEngine {
         Ok(d)
     }
 
-    fn provider_daily_request_count(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<i64> {
+    fn provider_daily_request_count(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<i64> {
         let a = account(platform, key_id)?;
         self.run(py, move |e| e.observed().provider_daily_request_count(&a.platform, a.key_id))
     }
 
-    fn provider_minute_request_count(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<i64> {
+    fn provider_minute_request_count(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<i64> {
         let a = account(platform, key_id)?;
         self.run(py, move |e| e.observed().provider_minute_request_count(&a.platform, a.key_id))
     }
 
-    fn provider_daily_token_count(
-        &self,
-        py: Python<'_>,
-        platform: &Bound<'_, PyAny>,
-        key_id: &Bound<'_, PyAny>,
-    ) -> PyResult<i64> {
+    fn provider_daily_token_count(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<i64> {
         let a = account(platform, key_id)?;
         self.run(py, move |e| e.observed().provider_daily_token_count(&a.platform, a.key_id))
     }
@@ -160,11 +141,11 @@ impl PyQuotaEngine {
     fn usage_events<'py>(
         &self,
         py: Python<'py>,
-        since_ms: Option<&Bound<'py, PyAny>>,
-        until_ms: Option<&Bound<'py, PyAny>>,
+        since_ms: Option<&Arg>,
+        until_ms: Option<&Arg>,
         platform: Option<String>,
         model_id: Option<String>,
-        key_id: Option<&Bound<'py, PyAny>>,
+        key_id: Option<&Arg>,
     ) -> PyResult<Bound<'py, PyList>> {
         let f = UsageFilter {
             since_ms: opt_int_arg(since_ms, "since_ms")?,
@@ -194,11 +175,7 @@ impl PyQuotaEngine {
 
     /// `server_logs` rows, newest first.
     #[pyo3(signature = (limit=None), text_signature = "(self, limit=100)")]
-    fn server_logs<'py>(
-        &self,
-        py: Python<'py>,
-        limit: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyList>> {
+    fn server_logs<'py>(&self, py: Python<'py>, limit: Option<&Arg>) -> PyResult<Bound<'py, PyList>> {
         let n = limit.map_or(Ok(100), |l| count_arg(l, "limit"))?;
         let rows = self.run(py, move |e| e.observed().server_logs(n))?;
         let out = PyList::empty(py);
