@@ -1,6 +1,6 @@
 //! `Lease`: one admitted request, a sync and async context manager.
 use super::convert::{failure_args, headers_arg, token_use_arg, Arg};
-use super::engine::run::{run, run_batch};
+use super::run::{run, run_batch};
 use super::types::PyFailureOutcome;
 use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
 use crate::core::handle::Handle;

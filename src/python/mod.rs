@@ -5,6 +5,7 @@ mod engine;
 mod errors;
 mod lease;
 mod limits;
+mod run;
 mod types;
 mod validator;
 mod wait;

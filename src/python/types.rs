@@ -237,17 +237,10 @@ impl From<QuotaObservation> for PyQuotaObservation {
 #[pymethods]
 impl PyQuotaObservation {
     fn __repr__(&self) -> String {
+        let (limit, remaining, reset_at_ms) = (opt(self.limit), opt(self.remaining), opt(self.reset_at_ms));
+        let Self { platform, key_id, pool_key, metric, source, confidence, .. } = self;
         format!(
-            "QuotaObservation(platform={:?}, key_id={}, pool_key={:?}, metric={:?}, limit={}, remaining={}, reset_at_ms={}, source={:?}, confidence={:?})",
-            self.platform,
-            self.key_id,
-            self.pool_key,
-            self.metric,
-            opt(self.limit),
-            opt(self.remaining),
-            opt(self.reset_at_ms),
-            self.source,
-            self.confidence
+            "QuotaObservation(platform={platform:?}, key_id={key_id}, pool_key={pool_key:?}, metric={metric:?}, limit={limit}, remaining={remaining}, reset_at_ms={reset_at_ms}, source={source:?}, confidence={confidence:?})"
         )
     }
 }
@@ -287,18 +280,10 @@ impl From<QuotaStateRow> for PyQuotaState {
 #[pymethods]
 impl PyQuotaState {
     fn __repr__(&self) -> String {
+        let (limit, remaining, reset_at_ms) = (opt(self.limit), opt(self.remaining), opt(self.reset_at_ms));
+        let Self { platform, key_id, pool_key, metric, source, confidence, observed_at_ms, .. } = self;
         format!(
-            "QuotaState(platform={:?}, key_id={}, pool_key={:?}, metric={:?}, limit={}, remaining={}, reset_at_ms={}, source={:?}, confidence={:?}, observed_at_ms={})",
-            self.platform,
-            self.key_id,
-            self.pool_key,
-            self.metric,
-            opt(self.limit),
-            opt(self.remaining),
-            opt(self.reset_at_ms),
-            self.source,
-            self.confidence,
-            self.observed_at_ms
+            "QuotaState(platform={platform:?}, key_id={key_id}, pool_key={pool_key:?}, metric={metric:?}, limit={limit}, remaining={remaining}, reset_at_ms={reset_at_ms}, source={source:?}, confidence={confidence:?}, observed_at_ms={observed_at_ms})"
         )
     }
 }

@@ -1,7 +1,6 @@
 //! Leases (SPEC §5, 17): admission at once or waiting, the lease objects, and the
 //! steppers the async forms drive.
 use super::args::{route, routes_arg, wait_arg};
-use super::run::{run_batch, run_waiting};
 use super::PyQuotaEngine;
 use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut};
@@ -10,6 +9,7 @@ use crate::core::wait::Waiter;
 use crate::python::convert::{count_arg, int_arg, opt_priority_arg, str_arg, Arg};
 use crate::python::lease::PyLease;
 use crate::python::limits::limits_arg;
+use crate::python::run::{run_batch, run_waiting};
 use crate::python::wait::PyLeaseWaiter;
 use pyo3::prelude::*;
 use std::time::Duration;

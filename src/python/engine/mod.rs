@@ -5,10 +5,12 @@
 //! (`open`); keys, models, calendars, reserves and provider caps (`config`); the
 //! single gates and `check` (`gates`); leases (`leases`); what callers record
 //! (`record`); cooldowns (`cooldowns`); the probe (`probe`); what the engine reports
-//! (`reports`). `run` holds the doors into the core (the only code releasing the
-//! GIL); `args` the argument conversions they share.
+//! (`reports`); `args` the argument conversions they share. Each goes into the core
+//! through a door of `python::run`.
 use super::validator::PyValidator;
 use crate::core::clock::Clock;
+use crate::core::engine::Engine;
+use crate::core::error::Result as CoreResult;
 use crate::core::handle::Handle;
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -22,7 +24,6 @@ mod open;
 mod probe;
 mod record;
 mod reports;
-pub(crate) mod run;
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,
@@ -50,5 +51,17 @@ impl Drop for PyQuotaEngine {
         let handle = self.handle.clone();
         // Nothing to raise to from a destructor; a caught panic is dropped here.
         let _ = Python::attach(|py| py.detach(|| handle.close()));
+    }
+}
+
+impl PyQuotaEngine {
+    /// [`run`](crate::python::run::run) on this engine: `op` on the engine under its
+    /// lock, the GIL released.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
+    ) -> PyResult<T> {
+        crate::python::run::run(py, &self.handle, op)
     }
 }

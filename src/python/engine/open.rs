@@ -1,6 +1,5 @@
 //! The engine itself (SPEC §3): opening it (the environment, the path, the clock, the
 //! settings), its state, closing it, and the test hooks.
-use super::run::{on_handle, open};
 use super::PyQuotaEngine;
 use crate::core::clock::{Clock, SystemClock};
 use crate::core::engine::{Settings, StoreSpec};
@@ -8,6 +7,7 @@ use crate::core::env::Env;
 use crate::core::handle::Handle;
 use crate::python::convert::{count_arg, Arg};
 use crate::python::errors::{shield, type_error};
+use crate::python::run::{on_handle, open};
 use crate::python::types::PyManualClock;
 use pyo3::prelude::*;
 use pyo3::types::{PyMapping, PyTuple};

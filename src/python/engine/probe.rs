@@ -1,9 +1,9 @@
 //! The recovery probe (SPEC §11): starting and stopping its thread, running a pass.
-use super::run::on_handle;
 use super::PyQuotaEngine;
 use crate::core::handle::{default_jitter, in_probe_pass, pass_running, Handle};
 use crate::python::convert::{count_arg, duration_arg, Arg};
 use crate::python::errors::type_error;
+use crate::python::run::on_handle;
 use crate::python::types::PyProbePassResult;
 use crate::python::validator::PyValidator;
 use pyo3::exceptions::PyValueError;

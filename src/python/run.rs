@@ -1,10 +1,9 @@
-//! The doors into the core, and the only code of the binding that releases the GIL
-//! (the fork hooks, the destructors, `close` and the async wait's stepper aside):
+//! The binding's doors into the core, and the only code of it that releases the GIL
+//! (the fork hooks, the destructors and the async wait's stepper aside):
 //! `run` (the engine under its lock), `run_batch` (a lease operation grouped with
 //! other threads' in one commit), `run_waiting` (an admission that waits for
 //! capacity), `on_handle` (what the handle serves without the engine's lock: the
-//! probe's thread) and `open`. Errors and panics come back as Python exceptions.
-use super::PyQuotaEngine;
+//! probe's thread, closing) and `open`. Errors and panics come back as Python exceptions.
 use crate::core::clock::Clock;
 use crate::core::engine::{BatchOp, BatchOut, Engine, Settings, StoreSpec};
 use crate::core::error::{Error, Result as CoreResult};
@@ -79,15 +78,4 @@ pub(crate) fn run_waiting(py: Python<'_>, waiter: Waiter) -> PyResult<(i64, usiz
         return Err(e);
     }
     Ok(out?)
-}
-
-impl PyQuotaEngine {
-    /// [`run`] on this engine.
-    pub(super) fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
-    ) -> PyResult<T> {
-        run(py, &self.handle, op)
-    }
 }
