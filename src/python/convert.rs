@@ -1,16 +1,17 @@
 //! Argument conversion with the SPEC §13 rules: a bool or a float where an int is
 //! asked is a TypeError, an int outside int64 an OverflowError, NaN a ValueError.
-use super::errors::to_pyerr;
+//! The value types and the limits build on these; none of them is imported here.
 use super::errors::{overflow_error, type_error};
-use super::types::{PyLimit, PyLimits};
-use crate::core::limits::{Limit, LimitSet};
-use crate::core::types::Limits;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+/// An argument as Python passed it, converted in the method's body by the rules above
+/// (so that its errors name it as the SPEC says).
+pub type Arg<'py> = Bound<'py, PyAny>;
 
 /// An `int` argument (not a bool, not a float), within int64.
-pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+pub fn int_arg(obj: &Arg, name: &str) -> PyResult<i64> {
     if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
         return Err(type_error(format!(
             "{name} must be an int, not {}",
@@ -21,7 +22,7 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
         .map_err(|_| overflow_error(format!("{name} does not fit in a signed 64-bit integer")))
 }
 
-pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<i64>> {
+pub fn opt_int_arg(obj: Option<&Arg>, name: &str) -> PyResult<Option<i64>> {
     match obj {
         None => Ok(None),
         Some(o) if o.is_none() => Ok(None),
@@ -30,7 +31,7 @@ pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Optio
 }
 
 /// A non-negative int argument.
-pub fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+pub fn count_arg(obj: &Arg, name: &str) -> PyResult<i64> {
     let v = int_arg(obj, name)?;
     if v < 0 {
         return Err(PyValueError::new_err(format!("{name} must be >= 0, got {v}")));
@@ -50,7 +51,7 @@ pub fn str_arg<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
 }
 
 /// A number of seconds (int or float), finite and non-negative.
-pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+pub fn seconds_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
         return Err(type_error(format!("{name} must be a number of seconds")));
     }
@@ -65,7 +66,7 @@ pub fn seconds_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
 }
 
 /// A fraction in `[0, 1)` (int or float, not a bool; SPEC 22.1's reserve).
-pub fn fraction_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+pub fn fraction_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
         return Err(type_error(format!(
             "{name} must be a float in [0, 1), not {}",
@@ -80,7 +81,7 @@ pub fn fraction_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
 }
 
 /// SPEC 22.1's `priority`: an int >= 0.
-pub fn priority_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+pub fn priority_arg(obj: &Arg) -> PyResult<i64> {
     let v = int_arg(obj, "priority")?;
     if v < 0 {
         return Err(PyValueError::new_err(format!("priority must be >= 0 (0 the most important), got {v}")));
@@ -89,7 +90,7 @@ pub fn priority_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
 }
 
 /// `priority=` of a lease: as [`priority_arg`], None meaning 0.
-pub fn opt_priority_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<i64> {
+pub fn opt_priority_arg(obj: Option<&Arg>) -> PyResult<i64> {
     obj.filter(|p| !p.is_none()).map_or(Ok(0), priority_arg)
 }
 
@@ -98,7 +99,7 @@ pub fn opt_priority_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<i64> {
 pub const MAX_SECONDS: f64 = 1e12;
 
 /// A span of seconds (int or float), finite, non-negative and at most `MAX_SECONDS`.
-pub fn duration_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::Duration> {
+pub fn duration_arg(obj: &Arg, name: &str) -> PyResult<std::time::Duration> {
     let v = seconds_arg(obj, name)?;
     if v > MAX_SECONDS {
         return Err(overflow_error(format!("{name} must be at most 10**12 seconds")));
@@ -106,71 +107,8 @@ pub fn duration_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<std::time::D
     std::time::Duration::try_from_secs_f64(v).map_err(|e| overflow_error(format!("{name}: {e}")))
 }
 
-/// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
-/// iterable of `Limit` (SPEC §14.1).
-pub fn limits_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<LimitSet>> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
-    if let Ok(l) = obj.cast::<PyLimits>() {
-        return Ok(Some(LimitSet::from_classic(l.get().0)));
-    }
-    if obj.is_instance_of::<PyDict>() {
-        return LimitSet::with_classic(classic_limits_dict(obj)?, Vec::new()).map(Some).map_err(to_pyerr);
-    }
-    let list = limit_list_arg(obj, "limits")?;
-    LimitSet::new(list).map(Some).map_err(to_pyerr)
-}
-
-/// An iterable of `Limit` (not a str, not a single `Limit`).
-pub fn limit_list_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Limit>> {
-    let expected = || {
-        type_error(format!(
-            "{name} must be a Limits, a dict with rpm/rpd/tpm/tpd, an iterable of Limit, or None"
-        ))
-    };
-    if obj.is_instance_of::<PyString>() || obj.cast::<PyLimit>().is_ok() {
-        return Err(expected());
-    }
-    let iter = obj.try_iter().map_err(|_| expected())?;
-    let mut out = Vec::new();
-    for item in iter {
-        let item = item?;
-        let l = item.cast::<PyLimit>().map_err(|_| {
-            type_error(format!(
-                "{name} must hold Limit values, not {}",
-                item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-            ))
-        })?;
-        out.push(l.get().0.clone());
-    }
-    Ok(out)
-}
-
-/// A dict with keys among rpm, rpd, tpm, tpd.
-fn classic_limits_dict(obj: &Bound<'_, PyAny>) -> PyResult<Limits> {
-    let dict = obj
-        .cast::<PyDict>()
-        .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;
-    let mut l = Limits::default();
-    for (k, v) in dict.iter() {
-        let key: String = k.extract().map_err(|_| type_error("limits keys must be str"))?;
-        let slot = match key.as_str() {
-            "rpm" => &mut l.rpm,
-            "rpd" => &mut l.rpd,
-            "tpm" => &mut l.tpm,
-            "tpd" => &mut l.tpd,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown limit {other:?}; expected rpm, rpd, tpm or tpd"
-                )))
-            }
-        };
-        *slot = opt_limit(&v, &key)?;
-    }
-    Ok(l)
-}
-
 /// One limit: None or an int >= 0.
-pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
+pub fn opt_limit(v: &Arg, name: &str) -> PyResult<Option<i64>> {
     if v.is_none() {
         return Ok(None);
     }
@@ -185,12 +123,12 @@ pub fn opt_limit(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i64>> {
 
 /// The tokens of a call (SPEC §14.4): `None` when none of the four is given.
 pub fn token_use_arg(
-    tokens: Option<&Bound<'_, PyAny>>,
-    input: Option<&Bound<'_, PyAny>>,
-    output: Option<&Bound<'_, PyAny>>,
-    cached: Option<&Bound<'_, PyAny>>,
+    tokens: Option<&Arg>,
+    input: Option<&Arg>,
+    output: Option<&Arg>,
+    cached: Option<&Arg>,
 ) -> PyResult<Option<crate::core::engine::TokenUse>> {
-    let get = |v: Option<&Bound<'_, PyAny>>, name: &str| match v.filter(|v| !v.is_none()) {
+    let get = |v: Option<&Arg>, name: &str| match v.filter(|v| !v.is_none()) {
         Some(v) => count_arg(v, name).map(Some),
         None => Ok(None),
     };
@@ -206,7 +144,7 @@ pub fn token_use_arg(
 }
 
 /// `retry_after=`: header text, or a number of seconds.
-pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::engine::RetryAfter>> {
+pub fn retry_after_arg(obj: Option<&Arg>) -> PyResult<Option<crate::core::engine::RetryAfter>> {
     use crate::core::engine::RetryAfter;
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     if let Ok(s) = obj.cast::<PyString>() {
@@ -218,19 +156,18 @@ pub fn retry_after_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate:
 }
 
 /// `kind=`: one of the SPEC §6.2 kinds.
-pub fn kind_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<crate::core::parse::FailureKind>> {
+pub fn kind_arg(obj: Option<&Arg>) -> PyResult<Option<crate::core::parse::FailureKind>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
     let s = str_arg(obj, "kind")?;
     s.parse().map(Some).map_err(PyValueError::new_err)
 }
 
-/// A failure's keyword arguments.
+/// A failure's keyword arguments (`record_failure` sets its `limits=` after them).
 pub fn failure_args(
-    status: Option<&Bound<'_, PyAny>>,
-    retry_after: Option<&Bound<'_, PyAny>>,
-    message: Option<&Bound<'_, PyAny>>,
-    kind: Option<&Bound<'_, PyAny>>,
-    limits: Option<&Bound<'_, PyAny>>,
+    status: Option<&Arg>,
+    retry_after: Option<&Arg>,
+    message: Option<&Arg>,
+    kind: Option<&Arg>,
 ) -> PyResult<crate::core::engine::FailureInput> {
     Ok(crate::core::engine::FailureInput {
         status: opt_int_arg(status, "status")?,
@@ -240,13 +177,13 @@ pub fn failure_args(
             None => None,
         },
         kind: kind_arg(kind)?,
-        limits: limits_arg(limits)?,
+        limits: None,
         headers: Vec::new(),
     })
 }
 
 /// `headers`: a mapping of str to str (httpx, requests and SDK header objects too).
-pub fn headers_arg(headers: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+pub fn headers_arg(headers: &Arg) -> PyResult<Vec<(String, String)>> {
     let mapping = headers
         .cast::<pyo3::types::PyMapping>()
         .map_err(|_| type_error("headers must be a mapping of str to str"))?;

@@ -1,6 +1,8 @@
 //! `Lease`: one admitted request, a sync and async context manager.
-use super::errors::to_pyerr;
-use crate::core::engine::{BatchOp, TokenUse};
+use super::convert::{failure_args, headers_arg, token_use_arg, Arg};
+use super::run::{run, run_batch};
+use super::types::PyFailureOutcome;
+use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
 use crate::core::handle::Handle;
 use crate::core::types::Route;
 use pyo3::exceptions::PyStopIteration;
@@ -18,8 +20,10 @@ pub struct PyLease {
     /// The engine generation that took it: after a fork, the child's engine is a new
     /// one, and a lease taken before belongs to the parent (which finishes it).
     pub epoch: u64,
+    #[pyo3(get)]
     pub id: i64,
     pub route: Route,
+    #[pyo3(get)]
     pub estimated_tokens: i64,
     pub done: AtomicBool,
 }
@@ -59,22 +63,19 @@ impl PyLease {
         !self.done.swap(true, Ordering::SeqCst) && self.epoch == self.handle.epoch()
     }
 
+    /// What failed to end the lease leaves it live (its outcome may be given again).
+    fn unless_failed<T>(&self, r: PyResult<T>) -> PyResult<T> {
+        r.inspect_err(|_| self.done.store(false, Ordering::SeqCst))
+    }
+
     /// Ends the lease with a failure (once; a lease ended already returns None).
-    fn finish_failure(
-        &self,
-        py: Python<'_>,
-        input: crate::core::engine::FailureInput,
-    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
+    fn finish_failure(&self, py: Python<'_>, input: FailureInput) -> PyResult<Option<PyFailureOutcome>> {
         if !self.take() {
             return Ok(None);
         }
         let (id, route) = (self.id, &self.route);
-        let out =
-            py.detach(|| self.handle.with(|e| e.finish_lease_failure(id, route, input))).map_err(|e| {
-                self.done.store(false, Ordering::SeqCst);
-                to_pyerr(e)
-            })?;
-        Ok(Some(super::types::PyFailureOutcome(out)))
+        let out = self.unless_failed(run(py, &self.handle, |e| e.finish_lease_failure(id, route, input)))?;
+        Ok(Some(out.into()))
     }
 
     fn finish_success(&self, py: Python<'_>, tokens: Option<TokenUse>) -> PyResult<()> {
@@ -82,24 +83,17 @@ impl PyLease {
             return Ok(());
         }
         let op = BatchOp::Success { lease_id: self.id, route: self.route.clone(), tokens };
-        py.detach(|| self.handle.batch(op).done()).map_err(|e| {
-            self.done.store(false, Ordering::SeqCst);
-            to_pyerr(e)
-        })
+        self.unless_failed(run_batch(py, &self.handle, op, BatchOut::done))
     }
 
     fn finish_release(&self, py: Python<'_>) -> PyResult<()> {
         if !self.take() {
             return Ok(());
         }
-        let id = self.id;
-        py.detach(|| self.handle.batch(BatchOp::Release(id)).done()).map_err(|e| {
-            self.done.store(false, Ordering::SeqCst);
-            to_pyerr(e)
-        })
+        self.unless_failed(run_batch(py, &self.handle, BatchOp::Release(self.id), BatchOut::done))
     }
 
-    fn exit(&self, py: Python<'_>, exc_type: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn exit(&self, py: Python<'_>, exc_type: &Arg) -> PyResult<()> {
         if exc_type.is_none() {
             self.finish_success(py, Some(TokenUse::total(self.estimated_tokens)))
         } else {
@@ -111,10 +105,6 @@ impl PyLease {
 #[pymethods]
 impl PyLease {
     #[getter]
-    fn id(&self) -> i64 {
-        self.id
-    }
-    #[getter]
     fn platform(&self) -> &str {
         &self.route.platform
     }
@@ -125,10 +115,6 @@ impl PyLease {
     #[getter]
     fn key_id(&self) -> i64 {
         self.route.key_id
-    }
-    #[getter]
-    fn estimated_tokens(&self) -> i64 {
-        self.estimated_tokens
     }
     /// True once an outcome was recorded or the lease was released.
     #[getter]
@@ -143,12 +129,12 @@ impl PyLease {
     fn success(
         &self,
         py: Python<'_>,
-        tokens: Option<&Bound<'_, PyAny>>,
-        input_tokens: Option<&Bound<'_, PyAny>>,
-        output_tokens: Option<&Bound<'_, PyAny>>,
-        cached_tokens: Option<&Bound<'_, PyAny>>,
+        tokens: Option<&Arg>,
+        input_tokens: Option<&Arg>,
+        output_tokens: Option<&Arg>,
+        cached_tokens: Option<&Arg>,
     ) -> PyResult<()> {
-        let used = super::convert::token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
+        let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
         self.finish_success(py, used)
     }
 
@@ -158,12 +144,12 @@ impl PyLease {
     fn failure(
         &self,
         py: Python<'_>,
-        status: Option<&Bound<'_, PyAny>>,
-        retry_after: Option<&Bound<'_, PyAny>>,
-        message: Option<&Bound<'_, PyAny>>,
-        kind: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
-        let input = super::convert::failure_args(status, retry_after, message, kind, None)?;
+        status: Option<&Arg>,
+        retry_after: Option<&Arg>,
+        message: Option<&Arg>,
+        kind: Option<&Arg>,
+    ) -> PyResult<Option<PyFailureOutcome>> {
+        let input = failure_args(status, retry_after, message, kind)?;
         self.finish_failure(py, input)
     }
 
@@ -172,11 +158,7 @@ impl PyLease {
     /// `quotaengine._observe`). Returns the `FailureOutcome` of a failure, None on
     /// success. Anything else is a TypeError, and the lease stays live.
     #[pyo3(signature = (outcome, *, tokens=None))]
-    fn observe(
-        slf: &Bound<'_, Self>,
-        outcome: &Bound<'_, PyAny>,
-        tokens: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
+    fn observe(slf: &Bound<'_, Self>, outcome: &Arg, tokens: Option<&Arg>) -> PyResult<Py<PyAny>> {
         let py = slf.py();
         let observe = py.import("quotaengine._observe")?.getattr("observe")?;
         let tokens = tokens.map_or_else(|| py.None(), |t| t.clone().unbind());
@@ -190,14 +172,14 @@ impl PyLease {
     fn _failure_with_headers(
         &self,
         py: Python<'_>,
-        headers: &Bound<'_, PyAny>,
+        headers: &Arg,
         status: i64,
-        retry_after: Option<&Bound<'_, PyAny>>,
-        message: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<super::types::PyFailureOutcome>> {
-        let hs = super::convert::headers_arg(headers)?;
+        retry_after: Option<&Arg>,
+        message: Option<&Arg>,
+    ) -> PyResult<Option<PyFailureOutcome>> {
+        let hs = headers_arg(headers)?;
         let status_obj = status.into_pyobject(py)?.into_any();
-        let mut input = super::convert::failure_args(Some(&status_obj), retry_after, message, None, None)?;
+        let mut input = failure_args(Some(&status_obj), retry_after, message, None)?;
         self._record_quota_headers(py, headers, status)?;
         input.headers = hs;
         self.finish_failure(py, input)
@@ -205,22 +187,14 @@ impl PyLease {
 
     /// `record_quota_headers` for this lease's route (what `observe` does with a
     /// response's headers).
-    fn _record_quota_headers(&self, py: Python<'_>, headers: &Bound<'_, PyAny>, status: i64) -> PyResult<()> {
-        let hs = super::convert::headers_arg(headers)?;
-        let route = &self.route;
-        py.detach(|| {
-            self.handle.with(|e| {
-                e.observed().record_quota_headers(
-                    &route.platform,
-                    route.key_id,
-                    &hs,
-                    Some(&route.model_id),
-                    status,
-                )
-            })
+    fn _record_quota_headers(&self, py: Python<'_>, headers: &Arg, status: i64) -> PyResult<()> {
+        let hs = headers_arg(headers)?;
+        let r = &self.route;
+        run(py, &self.handle, |e| {
+            e.observed()
+                .record_quota_headers(&r.platform, r.key_id, &hs, Some(&r.model_id), status)
+                .map(|_| ())
         })
-        .map(|_| ())
-        .map_err(to_pyerr)
     }
 
     /// Releases the lease without recording anything. Idempotent.
@@ -236,9 +210,9 @@ impl PyLease {
     fn __exit__(
         &self,
         py: Python<'_>,
-        exc_type: Option<&Bound<'_, PyAny>>,
-        _exc: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
+        exc_type: Option<&Arg>,
+        _exc: Option<&Arg>,
+        _tb: Option<&Arg>,
     ) -> PyResult<bool> {
         match exc_type {
             Some(t) => self.exit(py, t)?,
@@ -255,9 +229,9 @@ impl PyLease {
     fn __aexit__(
         &self,
         py: Python<'_>,
-        exc_type: Option<&Bound<'_, PyAny>>,
-        _exc: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
+        exc_type: Option<&Arg>,
+        _exc: Option<&Arg>,
+        _tb: Option<&Arg>,
     ) -> PyResult<PyReady> {
         self.__exit__(py, exc_type, None, None)?;
         Ok(PyReady(Some(false.into_pyobject(py)?.to_owned().into_any().unbind())))

@@ -4,7 +4,9 @@ mod convert;
 mod engine;
 mod errors;
 mod lease;
+mod limits;
 mod providers;
+mod run;
 mod types;
 mod validator;
 mod wait;
@@ -13,6 +15,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 mod _quotaengine {
+    use super::convert::Arg;
     use super::errors::shield;
     use super::*;
 
@@ -21,11 +24,13 @@ mod _quotaengine {
     #[pymodule_export]
     use super::lease::{PyLease, PyReady};
     #[pymodule_export]
+    use super::limits::{PyLimit, PyLimits, PyProviderCaps};
+    #[pymodule_export]
     use super::providers::provider_hosts;
     #[pymodule_export]
     use super::types::{
-        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyLimit, PyLimits,
-        PyManualClock, PyProbePassResult, PyProviderCaps, PyQuotaObservation, PyQuotaState,
+        PyAdmission, PyCooldown, PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyManualClock,
+        PyProbePassResult, PyQuotaObservation, PyQuotaState,
     };
     #[pymodule_export]
     use super::wait::PyLeaseWaiter;
@@ -45,7 +50,7 @@ mod _quotaengine {
     /// SPEC §6.2: delta-seconds or an HTTP-date -> ms (clamped to 24 h); None if unparsable.
     #[pyfunction]
     #[pyo3(signature = (value, now_ms=None))]
-    fn parse_retry_after_ms(value: Option<&str>, now_ms: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+    fn parse_retry_after_ms(value: Option<&str>, now_ms: Option<&Arg>) -> PyResult<Option<i64>> {
         use crate::core::clock::Clock;
         let now = match now_ms {
             Some(n) if !n.is_none() => super::convert::int_arg(n, "now_ms")?,
@@ -65,21 +70,21 @@ mod _quotaengine {
     #[pyfunction]
     #[pyo3(signature = (message))]
     fn parse_provider_limit(message: Option<&str>) -> PyResult<Option<PyLearnedLimit>> {
-        shield(|| Ok(crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit)))
+        shield(|| Ok(crate::core::parse::parse_provider_limit(message).map(PyLearnedLimit::from)))
     }
 
     /// SPEC §8.1: the quota pool a (platform, model) draws from (case-sensitive, 18.6).
     #[pyfunction]
     #[pyo3(signature = (platform, model_id=None))]
     fn infer_quota_pool_key(platform: &str, model_id: Option<&str>) -> PyResult<String> {
-        crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
+        crate::core::types::check_name("platform", platform)?;
         shield(|| Ok(crate::core::pools::infer_quota_pool_key(platform, model_id)))
     }
 
     /// SPEC §8.1: true for platforms whose keys share one account-wide pool.
     #[pyfunction]
     fn is_shared_pool(platform: &str) -> PyResult<bool> {
-        crate::core::types::check_name("platform", platform).map_err(super::errors::to_pyerr)?;
+        crate::core::types::check_name("platform", platform)?;
         shield(|| Ok(crate::core::pools::is_shared_pool(platform)))
     }
 

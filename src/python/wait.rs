@@ -1,6 +1,5 @@
-//! Waiting for capacity from Python (SPEC 17.2): the sync wait with the GIL released
-//! and signals checked between naps, and the stepper the async forms drive.
-use super::errors::to_pyerr;
+//! The stepper the async forms of a wait for capacity drive (SPEC 17.2); the sync
+//! wait is a door of the engine (`engine::run::run_waiting`).
 use super::lease::PyLease;
 use crate::core::error::Error;
 use crate::core::handle::Handle;
@@ -9,34 +8,6 @@ use crate::core::wait::{Step, Waiter};
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::Duration;
-
-/// Runs a blocking wait with the GIL released; between naps (at most 50 ms apart) it
-/// takes the GIL to run Python's signal handlers, and what one raises
-/// (`KeyboardInterrupt`) ends the wait with nothing leased.
-pub fn wait_blocking(py: Python<'_>, waiter: Waiter) -> PyResult<(i64, usize)> {
-    let mut signal: Option<PyErr> = None;
-    let out = py.detach(|| {
-        waiter.run(|| {
-            Python::attach(|py| {
-                // A signal handler may also have run inside Python code this thread
-                // called meanwhile (a logging handler of the engine's records) and left
-                // its exception there: that one ends the wait too.
-                match PyErr::take(py) {
-                    Some(e) => Err(e),
-                    None => py.check_signals(),
-                }
-            })
-            .map_err(|e| {
-                signal = Some(e);
-                Error::Internal("interrupted by a signal".into())
-            })
-        })
-    });
-    if let Some(e) = signal {
-        return Err(e);
-    }
-    out.map_err(to_pyerr)
-}
 
 /// A pending `lease_async` / `lease_any_async`: `step()` looks at the gates once and
 /// returns the `Lease`, or the seconds to sleep before the next look; it raises
@@ -68,13 +39,13 @@ impl PyLeaseWaiter {
                     .routes
                     .get(i)
                     .cloned()
-                    .ok_or_else(|| to_pyerr(Error::Internal("no such candidate".into())))?;
+                    .ok_or_else(|| PyErr::from(Error::Internal("no such candidate".into())))?;
                 Ok((Some(PyLease::create(py, &self.handle, id, route, self.estimated_tokens)?), 0.0))
             }
             Ok(Step::Nap(d)) => Ok((None, nap_seconds(d))),
             Err(e) => {
                 self.close();
-                Err(to_pyerr(e))
+                Err(e.into())
             }
         }
     }

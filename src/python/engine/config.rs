@@ -1,109 +1,236 @@
-//! Keys, models and provider caps (SPEC §4, §8, §14): what `register_key`,
-//! `set_model_limits` and `set_provider_caps` convert.
-use super::args::cap_setting;
+//! What the engine is told (SPEC §4, §8, §14, 22.1): keys and their accounts, models
+//! and their limits, provider calendars, priority reserves and provider caps.
 use super::PyQuotaEngine;
-use crate::core::types::{CapSetting, KeyInfo, ModelInfo};
-use crate::python::convert::{int_arg, limit_list_arg, opt_limit, str_arg};
+use crate::core::types::{CapSetting, KeyInfo, Limits, ModelInfo};
+use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg, Arg};
+use crate::python::errors::type_error;
+use crate::python::limits::{cap_setting, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn register_key(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    key_id: &Bound<'_, PyAny>,
-    platform: &Bound<'_, PyAny>,
-    base_url: Option<String>,
-    label: Option<String>,
-    enabled: bool,
-    account: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let account = match account.filter(|a| !a.is_none()) {
-        Some(a) => Some(str_arg(a, "account")?.to_string()),
-        None => None,
-    };
-    let key = KeyInfo {
-        key_id: int_arg(key_id, "key_id")?,
-        platform: str_arg(platform, "platform")?.to_string(),
-        base_url,
-        label,
-        enabled,
-        account,
-        concurrency_cap: None, // the engine keeps the key's configured cap
-    };
-    this.run(py, move |e| e.config().register_key(key))
-}
+#[pymethods]
+impl PyQuotaEngine {
+    // ---- keys and models ---------------------------------------------------------
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn set_model_limits(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    rpm: Option<&Bound<'_, PyAny>>,
-    rpd: Option<&Bound<'_, PyAny>>,
-    tpm: Option<&Bound<'_, PyAny>>,
-    tpd: Option<&Bound<'_, PyAny>>,
-    monthly_token_budget: Option<String>,
-    limits: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let others = match limits.filter(|l| !l.is_none()) {
-        Some(l) => limit_list_arg(l, "limits")?,
-        None => Vec::new(),
-    };
-    let get = |v: Option<&Bound<'_, PyAny>>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
-    let model = ModelInfo {
-        platform: str_arg(platform, "platform")?.to_string(),
-        model_id: str_arg(model_id, "model_id")?.to_string(),
-        limits: crate::core::types::Limits {
-            rpm: get(rpm, "rpm")?,
-            rpd: get(rpd, "rpd")?,
-            tpm: get(tpm, "tpm")?,
-            tpd: get(tpd, "tpd")?,
-        },
-        others,
-        monthly_token_budget,
-    };
-    this.run(py, move |e| e.config().set_model_limits(model))
-}
-
-pub(super) fn set_provider_caps(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    caps: Option<&Bound<'_, PyDict>>,
-) -> PyResult<()> {
-    let mut slots: [Option<CapSetting>; 3] = [None; 3];
-    if let Some(caps) = caps {
-        for (k, v) in caps.iter() {
-            let name: String = k.extract()?;
-            let i = match name.as_str() {
-                "daily_requests" => 0,
-                "minute_requests" => 1,
-                "daily_tokens" => 2,
-                _ => {
-                    return Err(crate::python::errors::type_error(format!(
-                        "set_provider_caps() got an unexpected keyword argument {name:?}"
-                    )))
-                }
-            };
-            slots[i] = Some(cap_setting(&v, &name)?);
-        }
+    /// Inserts or updates a key. `account` names the provider-side unit that meters
+    /// it (SPEC §14.3); `None` makes the key its own account; one beginning with
+    /// `"key:"` is a ValueError (SPEC 18.6).
+    #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true, account=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn register_key(
+        &self,
+        py: Python<'_>,
+        key_id: &Arg,
+        platform: &Arg,
+        base_url: Option<String>,
+        label: Option<String>,
+        enabled: bool,
+        account: Option<&Arg>,
+    ) -> PyResult<()> {
+        let account = match account.filter(|a| !a.is_none()) {
+            Some(a) => Some(str_arg(a, "account")?.to_string()),
+            None => None,
+        };
+        let key = KeyInfo {
+            key_id: int_arg(key_id, "key_id")?,
+            platform: str_arg(platform, "platform")?.to_string(),
+            base_url,
+            label,
+            enabled,
+            account,
+            concurrency_cap: None, // the engine keeps the key's configured cap
+        };
+        self.run(py, move |e| e.config().register_key(key))
     }
-    let p = str_arg(platform, "platform")?;
-    this.run(py, |e| e.observed().set_provider_caps(p, slots[0], slots[1], slots[2]))
-}
 
-pub(super) fn set_platform_calendar(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    tz: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let p = str_arg(platform, "platform")?;
-    let z = match tz {
-        Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
-        _ => None,
-    };
-    this.run(py, |e| e.config().set_platform_calendar(p, z))
+    /// SPEC §14.3: the account in force for a key (`"key:<key_id>"` for a key of its own).
+    fn key_account(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<String> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        self.run(py, |e| e.config().key_account(p, k))
+    }
+
+    /// SPEC 15.4: the key concurrency cap in force, the smaller of the configured one
+    /// (`MAX_CONCURRENT_REQUESTS_PER_KEY[_<PLATFORM>]`) and the one learned from
+    /// concurrency failures; `None` when there is neither.
+    fn set_key_concurrency_cap(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        key_id: &Arg,
+        cap: &Arg,
+    ) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?.to_string();
+        let k = int_arg(key_id, "key_id")?;
+        let c = if cap.is_none() { None } else { Some(int_arg(cap, "cap")?) };
+        self.run(py, move |e| e.config().set_key_concurrency_cap(&p, k, c))
+    }
+
+    /// SPEC 15.4, 20: the key concurrency cap in force: the lowest of the configured
+    /// cap (`set_key_concurrency_cap`), the env cap and a learned cap.
+    fn key_concurrency_cap(&self, py: Python<'_>, platform: &Arg, key_id: &Arg) -> PyResult<Option<i64>> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        self.run(py, |e| e.failures().key_concurrency_cap(p, k))
+    }
+
+    /// SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
+    /// `limits=` (an iterable of `Limit`).
+    #[pyo3(signature = (platform, model_id, *, rpm=None, rpd=None, tpm=None, tpd=None, monthly_token_budget=None, limits=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn set_model_limits(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        model_id: &Arg,
+        rpm: Option<&Arg>,
+        rpd: Option<&Arg>,
+        tpm: Option<&Arg>,
+        tpd: Option<&Arg>,
+        monthly_token_budget: Option<String>,
+        limits: Option<&Arg>,
+    ) -> PyResult<()> {
+        let others = match limits.filter(|l| !l.is_none()) {
+            Some(l) => limit_list_arg(l, "limits")?,
+            None => Vec::new(),
+        };
+        let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
+        let model = ModelInfo {
+            platform: str_arg(platform, "platform")?.to_string(),
+            model_id: str_arg(model_id, "model_id")?.to_string(),
+            limits: Limits {
+                rpm: get(rpm, "rpm")?,
+                rpd: get(rpd, "rpd")?,
+                tpm: get(tpm, "tpm")?,
+                tpd: get(tpd, "tpd")?,
+            },
+            others,
+            monthly_token_budget,
+        };
+        self.run(py, move |e| e.config().set_model_limits(model))
+    }
+
+    fn model_limits(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Option<PyLimits>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(PyLimits::from))
+    }
+
+    /// SPEC §14.1: every declared limit of the model, the classic ones included, in
+    /// gate order (a classic one with `per` "minute" or "day").
+    fn model_limit_list(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Vec<PyLimit>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        Ok(self.run(py, |e| e.config().model_limit_list(p, m))?.into_iter().map(PyLimit::from).collect())
+    }
+
+    // ---- priority reserves (SPEC 22.1) -------------------------------------------
+
+    /// SPEC 22.1: a call of priority `priority` or larger (up to the next configured
+    /// one) leaves `floor(limit * fraction)` of every window, provider cap and
+    /// concurrency cap free. Persisted and shared through the store. A negative
+    /// priority or a fraction outside `[0, 1)` is a `ValueError`.
+    #[pyo3(signature = (priority, fraction))]
+    fn set_priority_reserve(&self, py: Python<'_>, priority: &Arg, fraction: &Arg) -> PyResult<()> {
+        let p = priority_arg(priority)?;
+        let f = fraction_arg(fraction, "fraction")?;
+        self.run(py, |e| e.config().set_priority_reserve(p, f))
+    }
+
+    /// SPEC 22.1: the reserve in force for a call of `priority`, the fraction set for
+    /// the largest configured priority `<= priority` (0.0 when none).
+    #[pyo3(signature = (priority))]
+    fn priority_reserve(&self, py: Python<'_>, priority: &Arg) -> PyResult<f64> {
+        let p = priority_arg(priority)?;
+        self.run(py, |e| e.config().priority_reserve(p))
+    }
+
+    // ---- provider calendars (SPEC §14.2) -----------------------------------------
+
+    /// Sets the IANA zone of a platform's days (persisted, shared by every engine on the
+    /// store; wins over `PROVIDER_DAY_TZ_<PLATFORM>` and the built-in zone). `None`
+    /// forgets it. An unknown zone is a `ValueError`.
+    #[pyo3(signature = (platform, tz))]
+    fn set_platform_calendar(&self, py: Python<'_>, platform: &Arg, tz: Option<&Arg>) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?;
+        let z = match tz {
+            Some(t) if !t.is_none() => Some(str_arg(t, "tz")?),
+            _ => None,
+        };
+        self.run(py, |e| e.config().set_platform_calendar(p, z))
+    }
+
+    /// The IANA zone in force for a platform's days ("UTC" unless set, in the
+    /// environment, or built in: "google" is "America/Los_Angeles").
+    fn platform_calendar(&self, py: Python<'_>, platform: &Arg) -> PyResult<String> {
+        let p = str_arg(platform, "platform")?;
+        self.run(py, |e| e.config().platform_calendar(p))
+    }
+
+    /// Start (ms) of the platform's day holding `at_ms` (default: now).
+    #[pyo3(signature = (platform, at_ms=None))]
+    fn day_start_ms(&self, py: Python<'_>, platform: &Arg, at_ms: Option<&Arg>) -> PyResult<i64> {
+        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
+        self.run(py, |e| e.config().day_start_ms(p, at))
+    }
+
+    /// Start (ms) of the platform's day after the one holding `at_ms` (default: now).
+    #[pyo3(signature = (platform, at_ms=None))]
+    fn next_day_start_ms(&self, py: Python<'_>, platform: &Arg, at_ms: Option<&Arg>) -> PyResult<i64> {
+        let (p, at) = (str_arg(platform, "platform")?, opt_int_arg(at_ms, "at_ms")?);
+        self.run(py, |e| e.config().next_day_start_ms(p, at))
+    }
+
+    // ---- provider caps (SPEC §8) -------------------------------------------------
+
+    fn provider_caps(&self, py: Python<'_>, platform: &Arg) -> PyResult<PyProviderCaps> {
+        let p = str_arg(platform, "platform")?;
+        Ok(self.run(py, |e| e.observed().provider_caps(p))?.into())
+    }
+
+    /// SPEC 21.2: the provider caps learned for the key's account from pool 429s
+    /// (daily and minute requests; None where nothing was learned).
+    fn learned_provider_caps(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        key_id: &Arg,
+    ) -> PyResult<PyProviderCaps> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        Ok(self.run(py, |e| e.failures().learned_provider_caps(p, k))?.into())
+    }
+
+    /// An int sets a cap (0 refuses everything), None means no cap, an omitted
+    /// argument keeps what is set. Persisted; wins over env and defaults.
+    #[pyo3(signature = (platform, **caps))]
+    fn set_provider_caps(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        caps: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let mut slots: [Option<CapSetting>; 3] = [None; 3];
+        if let Some(caps) = caps {
+            for (k, v) in caps.iter() {
+                let name: String = k.extract()?;
+                let i = match name.as_str() {
+                    "daily_requests" => 0,
+                    "minute_requests" => 1,
+                    "daily_tokens" => 2,
+                    _ => {
+                        return Err(type_error(format!(
+                            "set_provider_caps() got an unexpected keyword argument {name:?}"
+                        )))
+                    }
+                };
+                slots[i] = Some(cap_setting(&v, &name)?);
+            }
+        }
+        let p = str_arg(platform, "platform")?;
+        self.run(py, |e| e.observed().set_provider_caps(p, slots[0], slots[1], slots[2]))
+    }
+
+    fn reset_provider_caps(&self, py: Python<'_>, platform: &Arg) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?;
+        self.run(py, |e| e.observed().reset_provider_caps(p))
+    }
 }

@@ -1,141 +1,192 @@
-//! Leases (SPEC §5, 17.2): admission at once or waiting, and the lease objects.
-use super::args::{lease_any_op, lease_op, route};
+//! Leases (SPEC §5, 17): admission at once or waiting, the lease objects, and the
+//! steppers the async forms drive.
+use super::args::{route, routes_arg, wait_arg};
 use super::PyQuotaEngine;
 use crate::core::admission::Estimate;
-use crate::core::engine::BatchOp;
-use crate::core::types::Route;
+use crate::core::engine::{BatchOp, BatchOut};
+use crate::core::types::{Route, Strategy};
 use crate::core::wait::Waiter;
-use crate::python::convert::count_arg;
-use crate::python::errors::to_pyerr;
+use crate::python::convert::{count_arg, int_arg, opt_priority_arg, str_arg, Arg};
 use crate::python::lease::PyLease;
-use crate::python::wait::{wait_blocking, PyLeaseWaiter};
+use crate::python::limits::limits_arg;
+use crate::python::run::{run_batch, run_waiting};
+use crate::python::wait::PyLeaseWaiter;
 use pyo3::prelude::*;
 use std::time::Duration;
 
+/// What an admission takes: the operation, its candidates, the estimate the lease
+/// records, and how long it may wait.
+struct Admit {
+    op: BatchOp,
+    routes: Vec<Route>,
+    est: i64,
+    wait: Duration,
+}
+
+impl Admit {
+    /// `lease()`'s arguments.
+    #[allow(clippy::too_many_arguments)]
+    fn one(
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
+    ) -> PyResult<Admit> {
+        let r = route(platform, model_id, key_id)?;
+        let est = estimate(estimated_tokens, estimated_output_tokens)?;
+        let limits = limits_arg(limits)?;
+        let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
+        let op = BatchOp::Lease { route: r.clone(), est, limits, check: true, priority };
+        Ok(Admit { op, routes: vec![r], est: est.tokens, wait })
+    }
+
+    /// `lease_any()`'s arguments.
+    fn any(
+        routes: &Arg,
+        estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
+    ) -> PyResult<Admit> {
+        let rs = routes_arg(routes)?;
+        let est = estimate(estimated_tokens, estimated_output_tokens)?;
+        let strategy: Strategy = match strategy.filter(|s| !s.is_none()) {
+            Some(s) => str_arg(s, "strategy")?.parse()?,
+            None => Strategy::default(),
+        };
+        let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
+        let op = BatchOp::LeaseAny { routes: rs.clone(), est, strategy, priority };
+        Ok(Admit { op, routes: rs, est: est.tokens, wait })
+    }
+
+    /// Admits at once (no wait), or waits for capacity (SPEC 17.2); the `Lease`.
+    fn lease(self, py: Python<'_>, this: &PyQuotaEngine) -> PyResult<Py<PyLease>> {
+        let (id, i) = if self.wait.is_zero() {
+            run_batch(py, &this.handle, self.op, BatchOut::chosen)?
+        } else {
+            run_waiting(py, Waiter::new(&this.handle, self.op, self.wait))?
+        };
+        PyLease::create(py, &this.handle, id, self.routes[i].clone(), self.est)
+    }
+
+    /// The stepper of an async admission (SPEC 17.2).
+    fn waiter(self, this: &PyQuotaEngine) -> PyLeaseWaiter {
+        PyLeaseWaiter {
+            waiter: std::sync::Mutex::new(Some(Waiter::new(&this.handle, self.op, self.wait))),
+            handle: this.handle.clone(),
+            routes: self.routes,
+            estimated_tokens: self.est,
+        }
+    }
+}
+
+/// `estimated_tokens` and `estimated_output_tokens` (None: 0).
+fn estimate(tokens: Option<&Arg>, output: Option<&Arg>) -> PyResult<Estimate> {
+    let tokens = tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
+    let output = output.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
+    Ok(Estimate { tokens, output })
+}
+
+#[pymethods]
 impl PyQuotaEngine {
-    pub(super) fn make_lease(
+    /// Takes a lease without checking any gate; returns its id.
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0)")]
+    fn acquire_lease(
         &self,
         py: Python<'_>,
-        id: i64,
-        route: Route,
-        est: i64,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+    ) -> PyResult<i64> {
+        let route = route(platform, model_id, key_id)?;
+        let est = Estimate::tokens(estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?);
+        let op = BatchOp::Lease { route, est, limits: None, check: false, priority: 0 };
+        run_batch(py, &self.handle, op, BatchOut::lease_id)
+    }
+
+    /// Releases a lease; idempotent.
+    fn release_lease(&self, py: Python<'_>, lease_id: &Arg) -> PyResult<()> {
+        let id = int_arg(lease_id, "lease_id")?;
+        run_batch(py, &self.handle, BatchOp::Release(id), BatchOut::done)
+    }
+
+    /// Runs every gate and takes the lease as one atomic step (across threads and
+    /// processes); raises QuotaExceeded when a gate refuses. With `wait_s`, waits up to
+    /// that many seconds for a gate to open (SPEC 17.2), the GIL released.
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None, priority=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0, priority=0)")]
+    #[allow(clippy::too_many_arguments)]
+    fn lease(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
     ) -> PyResult<Py<PyLease>> {
-        PyLease::create(py, &self.handle, id, route, est)
+        let (est, output) = (estimated_tokens, estimated_output_tokens);
+        Admit::one(platform, model_id, key_id, est, limits, output, wait_s, priority)?.lease(py, self)
     }
 
-    /// An admission: at once (`wait` zero), or waiting for capacity (SPEC 17.2).
-    pub(super) fn admit(&self, py: Python<'_>, op: BatchOp, wait: Duration) -> PyResult<(i64, usize)> {
-        if wait.is_zero() {
-            return py.detach(|| self.handle.batch(op).chosen()).map_err(to_pyerr);
-        }
-        let waiter = Waiter::new(&self.handle, op, wait);
-        wait_blocking(py, waiter)
+    /// SPEC 17.1: among `routes` ((platform, model_id, key_id) candidates, each with
+    /// its stored limits), every gate of every candidate, one of those that pass
+    /// picked by `strategy` ("headroom", "order" or "spread"), and its lease taken, in
+    /// one atomic step; with `wait_s`, waits for capacity as `lease()` does.
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
+    #[allow(clippy::too_many_arguments)]
+    fn lease_any(
+        &self,
+        py: Python<'_>,
+        routes: &Arg,
+        estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
+    ) -> PyResult<Py<PyLease>> {
+        Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?
+            .lease(py, self)
     }
 
-    /// A waiter object for `_lease_waiter` / `_lease_any_waiter` (SPEC 17.2).
-    pub(super) fn waiter(&self, op: BatchOp, routes: Vec<Route>, est: i64, wait: Duration) -> PyLeaseWaiter {
-        PyLeaseWaiter {
-            waiter: std::sync::Mutex::new(Some(Waiter::new(&self.handle, op, wait))),
-            handle: self.handle.clone(),
-            routes,
-            estimated_tokens: est,
-        }
+    /// The stepper behind `lease_async` (see `quotaengine.QuotaEngine.lease_async`).
+    #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None, priority=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0, priority=0)")]
+    #[allow(clippy::too_many_arguments)]
+    fn _lease_waiter(
+        &self,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
+    ) -> PyResult<PyLeaseWaiter> {
+        let (est, output) = (estimated_tokens, estimated_output_tokens);
+        Ok(Admit::one(platform, model_id, key_id, est, limits, output, wait_s, priority)?.waiter(self))
     }
-}
 
-pub(super) fn acquire_lease(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-    estimated_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<i64> {
-    let r = route(platform, model_id, key_id)?;
-    let est = estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
-    let op = BatchOp::Lease { route: r, est: Estimate::tokens(est), limits: None, check: false, priority: 0 };
-    py.detach(|| this.handle.batch(op).lease_id()).map_err(to_pyerr)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn lease(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-    estimated_tokens: Option<&Bound<'_, PyAny>>,
-    limits: Option<&Bound<'_, PyAny>>,
-    estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-    wait_s: Option<&Bound<'_, PyAny>>,
-    priority: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Py<PyLease>> {
-    let (op, r, est, wait) = lease_op(
-        platform,
-        model_id,
-        key_id,
-        estimated_tokens,
-        limits,
-        estimated_output_tokens,
-        wait_s,
-        priority,
-    )?;
-    let (id, _) = this.admit(py, op, wait)?;
-    this.make_lease(py, id, r, est)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn lease_any(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    routes: &Bound<'_, PyAny>,
-    estimated_tokens: Option<&Bound<'_, PyAny>>,
-    estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-    strategy: Option<&Bound<'_, PyAny>>,
-    wait_s: Option<&Bound<'_, PyAny>>,
-    priority: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Py<PyLease>> {
-    let (op, rs, est, wait) =
-        lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?;
-    let (id, i) = this.admit(py, op, wait)?;
-    this.make_lease(py, id, rs[i].clone(), est)
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) fn lease_waiter(
-    this: &PyQuotaEngine,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-    estimated_tokens: Option<&Bound<'_, PyAny>>,
-    limits: Option<&Bound<'_, PyAny>>,
-    estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-    wait_s: Option<&Bound<'_, PyAny>>,
-    priority: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyLeaseWaiter> {
-    let (op, r, est, wait) = lease_op(
-        platform,
-        model_id,
-        key_id,
-        estimated_tokens,
-        limits,
-        estimated_output_tokens,
-        wait_s,
-        priority,
-    )?;
-    Ok(this.waiter(op, vec![r], est, wait))
-}
-
-pub(super) fn lease_any_waiter(
-    this: &PyQuotaEngine,
-    routes: &Bound<'_, PyAny>,
-    estimated_tokens: Option<&Bound<'_, PyAny>>,
-    estimated_output_tokens: Option<&Bound<'_, PyAny>>,
-    strategy: Option<&Bound<'_, PyAny>>,
-    wait_s: Option<&Bound<'_, PyAny>>,
-    priority: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyLeaseWaiter> {
-    let (op, rs, est, wait) =
-        lease_any_op(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?;
-    Ok(this.waiter(op, rs, est, wait))
+    /// The stepper behind `lease_any_async`.
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
+    fn _lease_any_waiter(
+        &self,
+        routes: &Arg,
+        estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>,
+        wait_s: Option<&Arg>,
+        priority: Option<&Arg>,
+    ) -> PyResult<PyLeaseWaiter> {
+        Ok(Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?
+            .waiter(self))
+    }
 }

@@ -1,61 +1,122 @@
-//! What callers record and learn: tokens used, the cooldown a limit failure takes,
-//! a limit stated in an error body.
+//! What callers record and learn (SPEC §4, §6, §7, §8.2): requests and tokens used,
+//! failures and the benches they take, a limit stated in an error body, a
+//! provider's quota headers.
 use super::args::route;
 use super::PyQuotaEngine;
-use crate::python::convert::{limits_arg, opt_int_arg, str_arg, token_use_arg};
+use crate::python::convert::{failure_args, headers_arg, int_arg, opt_int_arg, str_arg, token_use_arg, Arg};
 use crate::python::errors::type_error;
-use crate::python::types::{PyCooldownDecision, PyLearnedLimit};
+use crate::python::limits::limits_arg;
+use crate::python::types::{PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyQuotaObservation};
 use pyo3::prelude::*;
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn record_tokens(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-    tokens: Option<&Bound<'_, PyAny>>,
-    input_tokens: Option<&Bound<'_, PyAny>>,
-    output_tokens: Option<&Bound<'_, PyAny>>,
-    cached_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let r = route(platform, model_id, key_id)?;
-    let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
-        type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
-    })?;
-    this.run(py, move |e| e.usage().record_token_use(&r, used))
-}
+#[pymethods]
+impl PyQuotaEngine {
+    fn record_request(&self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg) -> PyResult<()> {
+        let r = route(platform, model_id, key_id)?;
+        self.run(py, move |e| e.usage().record_request(&r))
+    }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn cooldown_decision_for_limit(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    key_id: &Bound<'_, PyAny>,
-    limits: Option<&Bound<'_, PyAny>>,
-    retry_after_ms: Option<&Bound<'_, PyAny>>,
-    quota_signal: bool,
-) -> PyResult<PyCooldownDecision> {
-    let r = route(platform, model_id, key_id)?;
-    let l = limits_arg(limits)?;
-    let ra = opt_int_arg(retry_after_ms, "retry_after_ms")?;
-    Ok(PyCooldownDecision(
-        this.run(py, move |e| e.failures().cooldown_decision_for_limit(&r, l, ra, quota_signal))?,
-    ))
-}
+    /// SPEC §4/§14.4: one call's tokens: the total, or input and output apart (the
+    /// total is then their sum), and the cached part of the input.
+    #[pyo3(signature = (platform, model_id, key_id, tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn record_tokens(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        tokens: Option<&Arg>,
+        input_tokens: Option<&Arg>,
+        output_tokens: Option<&Arg>,
+        cached_tokens: Option<&Arg>,
+    ) -> PyResult<()> {
+        let r = route(platform, model_id, key_id)?;
+        let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
+            type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
+        })?;
+        self.run(py, move |e| e.usage().record_token_use(&r, used))
+    }
 
-pub(super) fn learn_limit_from_error(
-    this: &PyQuotaEngine,
-    py: Python<'_>,
-    platform: &Bound<'_, PyAny>,
-    model_id: &Bound<'_, PyAny>,
-    message: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Option<PyLearnedLimit>> {
-    let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-    let msg = match message.filter(|m| !m.is_none()) {
-        Some(x) => Some(str_arg(x, "message")?),
-        None => None,
-    };
-    Ok(this.run(py, |e| e.failures().learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit))
+    /// SPEC §6.1: decides (and counts hits and ladder steps) but sets no cooldown.
+    #[pyo3(signature = (platform, model_id, key_id, limits=None, retry_after_ms=None, quota_signal=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn cooldown_decision_for_limit(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        limits: Option<&Arg>,
+        retry_after_ms: Option<&Arg>,
+        quota_signal: bool,
+    ) -> PyResult<PyCooldownDecision> {
+        let r = route(platform, model_id, key_id)?;
+        let l = limits_arg(limits)?;
+        let ra = opt_int_arg(retry_after_ms, "retry_after_ms")?;
+        Ok(self.run(py, move |e| e.failures().cooldown_decision_for_limit(&r, l, ra, quota_signal))?.into())
+    }
+
+    /// SPEC §6.2: one call for any failure; benches the route and learns limits. An
+    /// "upstream" failure benches the model on every key of the platform instead (SPEC
+    /// 21.1); a pool 429 teaches the account a provider cap (21.2).
+    #[pyo3(signature = (platform, model_id, key_id, *, status=None, retry_after=None, message=None, kind=None, limits=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn record_failure(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        model_id: &Arg,
+        key_id: &Arg,
+        status: Option<&Arg>,
+        retry_after: Option<&Arg>,
+        message: Option<&Arg>,
+        kind: Option<&Arg>,
+        limits: Option<&Arg>,
+    ) -> PyResult<PyFailureOutcome> {
+        let r = route(platform, model_id, key_id)?;
+        let mut input = failure_args(status, retry_after, message, kind)?;
+        input.limits = limits_arg(limits)?;
+        Ok(self.run(py, move |e| e.failures().record_failure(&r, input))?.into())
+    }
+
+    /// SPEC §7: writes the model's limit only when it tightens it; returns what changed.
+    fn learn_limit_from_error(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        model_id: &Arg,
+        message: Option<&Arg>,
+    ) -> PyResult<Option<PyLearnedLimit>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        let msg = match message.filter(|m| !m.is_none()) {
+            Some(x) => Some(str_arg(x, "message")?),
+            None => None,
+        };
+        Ok(self.run(py, |e| e.failures().learn_limit_from_error(p, m, msg))?.map(PyLearnedLimit::from))
+    }
+
+    /// SPEC §8.2: reads x-ratelimit-*, anthropic-ratelimit-* and retry-after headers
+    /// (names case-insensitive); merges them into the quota state.
+    #[pyo3(signature = (platform, key_id, headers, *, model_id=None, status=None), text_signature = "(self, platform, key_id, headers, *, model_id=None, status=200)")]
+    fn record_quota_headers(
+        &self,
+        py: Python<'_>,
+        platform: &Arg,
+        key_id: &Arg,
+        headers: &Arg,
+        model_id: Option<&Arg>,
+        status: Option<&Arg>,
+    ) -> PyResult<Vec<PyQuotaObservation>> {
+        let p = str_arg(platform, "platform")?;
+        let k = int_arg(key_id, "key_id")?;
+        let m = match model_id.filter(|m| !m.is_none()) {
+            Some(m) => Some(str_arg(m, "model_id")?),
+            None => None,
+        };
+        let st = opt_int_arg(status, "status")?.unwrap_or(200);
+        let hs = headers_arg(headers)?;
+        let obs = self.run(py, |e| e.observed().record_quota_headers(p, k, &hs, m, st))?;
+        Ok(obs.into_iter().map(PyQuotaObservation::from).collect())
+    }
 }

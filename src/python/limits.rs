@@ -1,0 +1,229 @@
+//! Limits as Python spells them (SPEC §4, §8, §14.1): the `Limit` and `Limits` values,
+//! `ProviderCaps`, and the `limits=` argument lowered to the core's `LimitSet`.
+use super::convert::{int_arg, opt_limit, str_arg, Arg};
+use super::errors::{shield, type_error};
+use crate::core::limits::{Limit, LimitSet};
+use crate::core::types::{CapSetting, Limits, ProviderCaps};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+/// `None` or the number, as the reprs print an optional int.
+pub(crate) fn opt(v: Option<i64>) -> String {
+    v.map_or_else(|| "None".to_string(), |v| v.to_string())
+}
+
+/// One limit as data (SPEC §14.1): at most `limit` of `metric` per `per`, counted at
+/// `scope`. `per` is "minute", "day", "week", "month" or a sliding width "<N>s",
+/// "<N>m", "<N>h", "<N>d" from 1s to 31d; `metric` is "requests", "tokens",
+/// "input_tokens" or "output_tokens"; `scope` is "account" (default) or "key".
+#[pyclass(frozen, eq, hash, name = "Limit", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PyLimit {
+    #[pyo3(get)]
+    metric: &'static str,
+    #[pyo3(get)]
+    limit: i64,
+    #[pyo3(get)]
+    per: String,
+    #[pyo3(get)]
+    scope: &'static str,
+    /// The limit as the core reads it.
+    core: Limit,
+}
+
+impl From<Limit> for PyLimit {
+    fn from(l: Limit) -> Self {
+        Self {
+            metric: l.metric.as_str(),
+            limit: l.limit,
+            per: l.per.to_string(),
+            scope: l.scope.as_str(),
+            core: l,
+        }
+    }
+}
+
+#[pymethods]
+impl PyLimit {
+    #[new]
+    #[pyo3(signature = (metric, limit, per, scope=None), text_signature = "(metric, limit, per, scope='account')")]
+    fn new(metric: &Arg, limit: &Arg, per: &Arg, scope: Option<&Arg>) -> PyResult<Self> {
+        shield(|| {
+            let metric = str_arg(metric, "metric")?;
+            let limit = int_arg(limit, "limit")?;
+            let per = str_arg(per, "per")?;
+            let scope = match scope {
+                Some(s) => str_arg(s, "scope")?,
+                None => "account",
+            };
+            Ok(Limit::parse(metric, limit, per, scope)?.into())
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Limit(metric={:?}, limit={}, per={:?}, scope={:?})",
+            self.metric, self.limit, self.per, self.scope
+        )
+    }
+}
+
+/// A model's window limits; `None` is unlimited.
+#[pyclass(frozen, eq, hash, get_all, name = "Limits", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PyLimits {
+    rpm: Option<i64>,
+    rpd: Option<i64>,
+    tpm: Option<i64>,
+    tpd: Option<i64>,
+}
+
+impl From<Limits> for PyLimits {
+    fn from(l: Limits) -> Self {
+        Self { rpm: l.rpm, rpd: l.rpd, tpm: l.tpm, tpd: l.tpd }
+    }
+}
+
+impl From<&PyLimits> for Limits {
+    fn from(l: &PyLimits) -> Self {
+        Limits { rpm: l.rpm, rpd: l.rpd, tpm: l.tpm, tpd: l.tpd }
+    }
+}
+
+#[pymethods]
+impl PyLimits {
+    #[new]
+    #[pyo3(signature = (rpm=None, rpd=None, tpm=None, tpd=None))]
+    fn new(rpm: Option<&Arg>, rpd: Option<&Arg>, tpm: Option<&Arg>, tpd: Option<&Arg>) -> PyResult<Self> {
+        let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
+        Ok(Self {
+            rpm: get(rpm, "rpm")?,
+            rpd: get(rpd, "rpd")?,
+            tpm: get(tpm, "tpm")?,
+            tpd: get(tpd, "tpd")?,
+        })
+    }
+
+    /// The limits as a dict {"rpm": .., "rpd": .., "tpm": .., "tpd": ..}.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("rpm", self.rpm)?;
+        d.set_item("rpd", self.rpd)?;
+        d.set_item("tpm", self.tpm)?;
+        d.set_item("tpd", self.tpd)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Limits(rpm={}, rpd={}, tpm={}, tpd={})",
+            opt(self.rpm),
+            opt(self.rpd),
+            opt(self.tpm),
+            opt(self.tpd)
+        )
+    }
+}
+
+/// Provider-wide caps of a platform; `None` is no cap.
+#[pyclass(frozen, eq, get_all, name = "ProviderCaps", module = "quotaengine")]
+#[derive(Clone, PartialEq, Eq)]
+pub struct PyProviderCaps {
+    daily_requests: Option<i64>,
+    minute_requests: Option<i64>,
+    daily_tokens: Option<i64>,
+}
+
+impl From<ProviderCaps> for PyProviderCaps {
+    fn from(c: ProviderCaps) -> Self {
+        Self {
+            daily_requests: c.daily_requests,
+            minute_requests: c.minute_requests,
+            daily_tokens: c.daily_tokens,
+        }
+    }
+}
+
+#[pymethods]
+impl PyProviderCaps {
+    fn __repr__(&self) -> String {
+        format!(
+            "ProviderCaps(daily_requests={}, minute_requests={}, daily_tokens={})",
+            opt(self.daily_requests),
+            opt(self.minute_requests),
+            opt(self.daily_tokens)
+        )
+    }
+}
+
+/// One `set_provider_caps` keyword: an int sets a cap, None means no cap.
+pub fn cap_setting(v: &Arg, name: &str) -> PyResult<CapSetting> {
+    Ok(match opt_limit(v, name)? {
+        None => CapSetting::NoCap,
+        Some(c) => CapSetting::Cap(c),
+    })
+}
+
+/// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
+/// iterable of `Limit` (SPEC §14.1).
+pub fn limits_arg(obj: Option<&Arg>) -> PyResult<Option<LimitSet>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(None) };
+    if let Ok(l) = obj.cast::<PyLimits>() {
+        return Ok(Some(LimitSet::from_classic(l.get().into())));
+    }
+    if obj.is_instance_of::<PyDict>() {
+        return LimitSet::with_classic(classic_limits_dict(obj)?, Vec::new()).map(Some).map_err(PyErr::from);
+    }
+    let list = limit_list_arg(obj, "limits")?;
+    LimitSet::new(list).map(Some).map_err(PyErr::from)
+}
+
+/// An iterable of `Limit` (not a str, not a single `Limit`).
+pub fn limit_list_arg(obj: &Arg, name: &str) -> PyResult<Vec<Limit>> {
+    let expected = || {
+        type_error(format!(
+            "{name} must be a Limits, a dict with rpm/rpd/tpm/tpd, an iterable of Limit, or None"
+        ))
+    };
+    if obj.is_instance_of::<PyString>() || obj.cast::<PyLimit>().is_ok() {
+        return Err(expected());
+    }
+    let iter = obj.try_iter().map_err(|_| expected())?;
+    let mut out = Vec::new();
+    for item in iter {
+        let item = item?;
+        let l = item.cast::<PyLimit>().map_err(|_| {
+            type_error(format!(
+                "{name} must hold Limit values, not {}",
+                item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            ))
+        })?;
+        out.push(l.get().core.clone());
+    }
+    Ok(out)
+}
+
+/// A dict with keys among rpm, rpd, tpm, tpd.
+fn classic_limits_dict(obj: &Arg) -> PyResult<Limits> {
+    let dict = obj
+        .cast::<PyDict>()
+        .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;
+    let mut l = Limits::default();
+    for (k, v) in dict.iter() {
+        let key: String = k.extract().map_err(|_| type_error("limits keys must be str"))?;
+        let slot = match key.as_str() {
+            "rpm" => &mut l.rpm,
+            "rpd" => &mut l.rpd,
+            "tpm" => &mut l.tpm,
+            "tpd" => &mut l.tpd,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown limit {other:?}; expected rpm, rpd, tpm or tpd"
+                )))
+            }
+        };
+        *slot = opt_limit(&v, &key)?;
+    }
+    Ok(l)
+}
