@@ -2,8 +2,15 @@
 //! `release` of several callers decided in one section and written in one commit,
 //! optimistically where the store allows it (decided on what the engine knows, taken
 //! back and made again when another writer changed what they read).
-use super::*;
-use crate::core::admission::Passed;
+use super::unit::{Access, Applied};
+use super::usage::TokenUse;
+use super::{check_priority, Engine};
+use crate::core::admission::{self, Passed};
+use crate::core::error::{Error, Refusal, Result};
+use crate::core::limits::LimitSet;
+use crate::core::state::{Estimate, LeaseRec, RouteId};
+use crate::core::store::{TokenKinds, UsageKind, Write};
+use crate::core::types::{check_non_negative, Admission, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;

@@ -2,7 +2,13 @@
 //! accounts and concurrency caps, the models' declared limits, the platforms'
 //! calendars and the priority reserves. Everything here is persisted and shared
 //! through the store; [`Configuration`] writes it and reads what is in force.
-use super::*;
+use super::{check_priority, unit, Engine};
+use crate::core::calendar::Calendar;
+use crate::core::error::{Error, Result};
+use crate::core::limits::{Limit, LimitSet};
+use crate::core::state::Mirror;
+use crate::core::store::Write;
+use crate::core::types::{check_name, KeyInfo, Limits, ModelInfo};
 
 /// Keys, models, calendars and reserves (SPEC §4, §14, 20, 22.1), reached as
 /// [`Engine::config`].

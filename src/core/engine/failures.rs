@@ -3,9 +3,55 @@
 //! errors teach beyond the failing route: an upstream congested for one model benches
 //! the model on every key (21.1); a pool 429 teaches the account a provider cap
 //! (21.2), which the gates read through `Setup::gate_context`.
-use super::*;
+use super::{setup, unit, Engine};
+use crate::core::clock::DAY_MS;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
+use crate::core::cooldowns::{
+    decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
+    EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
+};
+use crate::core::error::{Error, Result};
+use crate::core::limits::LimitSet;
+use crate::core::parse::{
+    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
+    LearnedLimit, LimitAxis,
+};
+use crate::core::pools::is_local_base_url;
+use crate::core::state::{CooldownRec, Mirror, RouteId};
+use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
+use crate::core::types::{
+    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, ProviderCaps, Route,
+};
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
+use std::sync::Arc;
+
+/// `retry_after=` of `record_failure`: header text, or a delay already in ms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryAfter {
+    Text(String),
+    Millis(i64),
+}
+
+/// The inputs of `record_failure`.
+#[derive(Debug, Clone, Default)]
+pub struct FailureInput {
+    pub status: Option<i64>,
+    pub retry_after: Option<RetryAfter>,
+    pub message: Option<String>,
+    pub kind: Option<FailureKind>,
+    pub limits: Option<LimitSet>,
+    /// The response's headers, when the caller has them (`Lease.observe`): a pool
+    /// 429's `X-RateLimit-Limit` and `-Reset` may sit there (SPEC 21.2).
+    pub headers: Vec<(String, String)>,
+}
+
+/// What `record_failure` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureOutcome {
+    pub kind: FailureKind,
+    pub cooldown: Option<CooldownDecision>,
+    pub learned: Option<LearnedLimit>,
+}
 
 /// The failure policy (SPEC §6, §7, 15.4, 21): cooldowns and their probes, what a
 /// failure benches and counts, and the limits and caps it teaches. It keeps no state
@@ -289,7 +335,7 @@ impl Failures<'_> {
             check_non_negative("retry_after_ms", ra)?;
         }
         self.writing(|e, now, writes| {
-            let limits = limits_from(&e.unit.mirror, &route.platform, &route.model_id, limits).classic();
+            let limits = e.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
             Ok(e.limit_decision(route, limits, retry_after_ms, quota_signal, now, writes))
         })
         .map(|(d, _)| d)
@@ -406,7 +452,7 @@ impl Failures<'_> {
         } else {
             learned
         };
-        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits).classic();
+        let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
             && self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0

@@ -2,7 +2,85 @@
 //! observed quota headers and states, the routing guardrail, snapshots and the
 //! analysis reads. [`Observed`] is the desk (`engine.observed()`); [`ObservedState`]
 //! what only it keeps (the guardrail snapshot, the headroom cache).
-use super::*;
+use super::{setup, unit, Engine};
+use crate::core::error::{Error, Result};
+use crate::core::limits::{LimitSet, WindowSpec};
+use crate::core::state::{CooldownRec, FastMap};
+use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
+use crate::core::types::{
+    check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Reason, Route,
+};
+use crate::core::windows::Counts;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One observation of a provider's quota (SPEC §8.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaObservation {
+    pub platform: String,
+    pub key_id: i64,
+    pub model_id: Option<String>,
+    pub pool_key: String,
+    pub metric: &'static str,
+    pub limit: Option<i64>,
+    pub remaining: Option<i64>,
+    pub reset_at_ms: Option<i64>,
+    pub retry_after_ms: Option<i64>,
+    pub source: &'static str,
+    pub confidence: f64,
+    pub status: i64,
+}
+
+/// Confidence of an observation by its source (SPEC §8.2).
+pub fn source_confidence(source: &str) -> f64 {
+    match source {
+        "header" => 1.0,
+        "error_body" => 0.75,
+        "probe" => 0.6,
+        "local_usage" => 0.45,
+        "documentation" => 0.35,
+        _ => 0.0,
+    }
+}
+
+/// One route of `snapshot()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub route: Route,
+    pub rpm_used: i64,
+    pub rpd_used: i64,
+    pub tpm_used: i64,
+    pub tpd_used: i64,
+    pub limits: Limits,
+    /// Every other declared limit of the model: (reason, used, limit), in gate order.
+    pub others: Vec<(String, i64, i64)>,
+    pub in_flight: i64,
+    pub cooldown: Option<CooldownRec>,
+    /// SPEC 22.2: the earliest of the route's forecasts (default lookback).
+    pub exhausts_at_ms: Option<i64>,
+}
+
+impl SnapshotRow {
+    /// The worst used/limit over the declared windows (a limit of 0 counts as full);
+    /// `None` without limits (SPEC §9, §12).
+    pub fn used_fraction(&self) -> Option<f64> {
+        let pairs = [
+            (self.rpm_used, self.limits.rpm),
+            (self.rpd_used, self.limits.rpd),
+            (self.tpm_used, self.limits.tpm),
+            (self.tpd_used, self.limits.tpd),
+        ];
+        let others = self.others.iter().map(|(_, used, limit)| (*used, Some(*limit)));
+        pairs
+            .into_iter()
+            .chain(others)
+            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
+            .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
+    }
+}
+
+/// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
+pub const DEFAULT_LOOKBACK_MS: i64 = 600_000;
 
 /// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
 const HEADROOM_CACHE_MS: i64 = 5_000;
@@ -421,7 +499,7 @@ impl Observed<'_> {
         // The model's own declaration is kept by every route of it; an ad hoc one may
         // name a window they do not keep yet.
         let ad_hoc = limits.is_some();
-        let limits = limits_from(&self.unit.mirror, platform, model_id, limits);
+        let limits = self.unit.mirror.limits_for(platform, model_id, limits);
         if limits.is_empty() {
             return Ok(None);
         }

@@ -2,7 +2,12 @@
 //! 21.2), the declared limits, the concurrency cap (15.4, 20) and the priority's
 //! reserve (22.1), gathered into one [`GateContext`]. [`Setup`] keeps what it derives
 //! from the environment and from the caps, so a decision builds neither again.
-use super::*;
+use super::unit;
+use crate::core::admission::GateContext;
+use crate::core::env::Env;
+use crate::core::limits::LimitSet;
+use crate::core::state::{FastMap, Mirror};
+use crate::core::types::{CapOverrides, CapSetting, ProviderCaps, Route};
 
 #[derive(Default)]
 pub(super) struct Setup {
@@ -54,7 +59,7 @@ impl Setup {
         let conc = min_cap(env_conc, key.and_then(|k| k.concurrency_cap));
         let learned = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
         GateContext {
-            limits: limits_from(m, &route.platform, &route.model_id, limits),
+            limits: m.limits_for(&route.platform, &route.model_id, limits),
             provider: self.provider_limits(caps),
             concurrency_cap: min_cap(conc, learned),
             reserve: m.reserves.for_priority(priority),

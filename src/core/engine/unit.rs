@@ -6,8 +6,80 @@
 //! `enter`/`leave` and `leave_applied` (batches, `batch.rs`), or the engine's
 //! `reading`/`writing`; none touches the store directly: [`Unit`] owns it, privately,
 //! with the mirror the sections keep in step with it.
-use super::*;
-use crate::core::store::KeptUsage;
+use super::{Engine, Settings};
+use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
+use crate::core::error::{Result, StoreError};
+use crate::core::limits::LimitSet;
+use crate::core::state::{Mirror, RouteId};
+use crate::core::store::{
+    Changes, KeptUsage, LeaseRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind, UsageRow, Write,
+};
+use crate::core::types::Route;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A log record for the host's logger, emitted after the engine lock is released.
+pub type LogRecord = (log::Level, String);
+
+pub(super) struct Section {
+    pub(super) now: i64,
+    pub(super) online: bool,
+    pub(super) write: bool,
+    /// Inside the write lock this engine keeps across calls (`Engine::held`).
+    pub(super) held: bool,
+    /// A hot-path section (`Access::Decide` or `Access::Append`): its writes may wait
+    /// in the held lock.
+    pub(super) hot: bool,
+    /// Decisions rest on what the engine knew before the section (an optimistic
+    /// section): a refusal is confirmed on fresh data, and the commit may conflict.
+    pub(super) stale: bool,
+}
+
+/// What a write section asks of the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    Read,
+    /// The write lock, held from the read to the commit.
+    Write,
+    /// Writes that decide nothing (usage rows, finished leases): no lock first.
+    Append,
+    /// Admissions decided on what is known, checked at commit (`begin_optimistic`).
+    Decide,
+}
+
+/// How a write section ended.
+pub(super) enum Committed {
+    Done(Vec<i64>),
+    /// An optimistic section's decisions were stale: nothing was written.
+    Conflict,
+    /// The store failed: the engine is degraded.
+    Failed,
+    /// The server refused (SPEC 19.1): nothing was written, the call fails.
+    Rejected(StoreError),
+}
+
+/// How a batch's write section ended.
+pub(super) enum Applied {
+    Done,
+    /// Stale decisions: the writes handed back, still applied to the mirror.
+    Conflict(Vec<Write>),
+    /// The server refused: the writes handed back, still applied to the mirror.
+    Rejected(Vec<Write>, StoreError),
+}
+
+/// Longest a sole engine keeps the write lock across calls (grouped writes): another
+/// engine opening the file waits at most this long for it.
+pub(super) const HOLD_MAX_MS: i64 = 10;
+
+/// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
+type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
+
+/// Above this many buffered writes the buffer is compacted (`compact_pending`).
+const COMPACT_MIN: usize = 4096;
+
+/// SPEC 18.2: buffered `server_logs` rows kept while the store fails.
+const MAX_BUFFERED_LOGS: usize = 10_000;
 
 /// The unit of work's state: the store and the mirror of it (what every decision
 /// reads, as a session keeps its identity map), the clock, the writes waiting for the

@@ -138,6 +138,11 @@ impl Mirror {
         Mirror { calendars, ..Mirror::default() }
     }
 
+    /// The limits a call uses: the given ones, else the model's declared ones, else none.
+    pub fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
+        given.unwrap_or_else(|| self.config.limit_set(platform, model_id))
+    }
+
     /// The stored platform zones changed (ours or another engine's): routes and
     /// accounts of a platform whose calendar changed start over with its new days.
     /// True when any did: the caller reloads usage from the store.
