@@ -240,7 +240,7 @@ impl Engine {
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
         let rid = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict) = self.admit(route, est, limits, priority, now);
+            let (rid, verdict) = self.admit(route, est, limits, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -281,7 +281,7 @@ impl Engine {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let (rid, verdict) = self.admit(route, est, None, priority, now);
+            let (rid, verdict) = self.admit(route, est, None, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;

@@ -3,7 +3,7 @@
 //! errors teach beyond the failing route: an upstream congested for one model benches
 //! the model on every key (21.1); a pool 429 teaches the account a provider cap
 //! (21.2), which the gates read through `Setup::gate_context`.
-use super::{setup, unit, Engine};
+use super::{unit, Engine};
 use crate::core::clock::DAY_MS;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
 use crate::core::cooldowns::{
@@ -58,14 +58,12 @@ pub struct FailureOutcome {
 /// of its own: cooldowns and history are the mirror's, kept through the unit of work.
 pub struct Failures<'e> {
     unit: &'e mut unit::Unit,
-    /// The environment's concurrency cap (`key_concurrency_cap`).
-    setup: &'e mut setup::Setup,
 }
 
 impl Engine {
     /// The failure policy: cooldowns, failures, learning.
     pub fn failures(&mut self) -> Failures<'_> {
-        Failures { unit: &mut self.unit, setup: &mut self.setup }
+        Failures { unit: &mut self.unit }
     }
 
     /// A lease's failure: `record_failure` for its route, then the lease released.
@@ -125,8 +123,7 @@ impl Failures<'_> {
         &mut self,
         f: impl FnOnce(&mut Failures<'_>, i64, &mut Vec<Write>) -> Result<T>,
     ) -> Result<(T, Vec<i64>)> {
-        let setup = &mut *self.setup;
-        self.unit.writing(|unit, now, writes| f(&mut Failures { unit, setup }, now, writes))
+        self.unit.writing(|unit, now, writes| f(&mut Failures { unit }, now, writes))
     }
 
     // ---- cooldowns ---------------------------------------------------------------
@@ -647,13 +644,7 @@ impl Failures<'_> {
     /// the key's configured cap and the one learned from concurrency failures.
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;
-        let (_, env) = self.setup.platform_env(&self.unit.settings.env, platform);
-        let (configured, learned) = self.unit.read(|m, now| {
-            let configured =
-                m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
-            (configured, m.history.learned_concurrency_cap(platform, key_id, now))
-        })?;
-        Ok(setup::min_cap(setup::min_cap(env, configured), learned))
+        self.unit.read(|m, now| m.key_concurrency_cap(platform, key_id, now))
     }
 
     // ---- aggregators (SPEC 21) ---------------------------------------------------

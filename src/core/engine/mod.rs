@@ -11,21 +11,21 @@
 //! calendars and priority reserves ([`Configuration`], `engine.config()`); `usage.rs`
 //! recorded requests and tokens and the usage report ([`Usage`], `engine.usage()`);
 //! `unit.rs` the unit of work (`Unit`: the store and the mirror;
-//! sections, sync, commit, hold, degraded buffering); `setup.rs` the caps in force and
-//! the gate context; `batch.rs`
+//! sections, sync, commit, hold, degraded buffering); `batch.rs`
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning, aggregators' upstream benches and
 //! learned pool caps included (`Failures`, reached as `engine.failures()`);
 //! `observed.rs` the `Observed` desk (`engine.observed()`: provider pools, observed
 //! quota, the guardrail, the snapshot, forecasts) and the state only it keeps. The
-//! counters are in `windows.rs` and `state.rs`, what a limit is in `limits.rs`, the
-//! gates and the choice among candidates in `admission.rs` (a pure function of one
-//! view the mirror builds).
+//! counters are in `windows.rs` and `state/`, what a decision reads besides them (the
+//! caps in force, the concurrency cap, the reserve) is prepared by the mirror
+//! (`state/prepare.rs`, `Mirror::prepare`), what a limit is in `limits.rs`, the gates
+//! and the choice among candidates in `admission.rs` (a pure function of one view the
+//! mirror builds).
 mod batch;
 mod configuration;
 mod failures;
 mod observed;
-mod setup;
 mod unit;
 mod usage;
 
@@ -41,10 +41,10 @@ use crate::core::clock::{Clock, DAY_MS};
 use crate::core::env::Env;
 use crate::core::error::{Error, Result};
 use crate::core::limits::LimitSet;
-use crate::core::state::{Calendars, Estimate, FastMap, Mirror, RouteId};
+use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{LeaseRow, Store, Write};
-use crate::core::types::{check_non_negative, Admission, Route, Strategy};
+use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
 use std::sync::Arc;
 use std::time::Duration;
 use unit::HOLD_MAX_MS;
@@ -101,8 +101,6 @@ pub struct Engine {
     /// The store and everything about talking to it (the unit of work's state).
     unit: unit::Unit,
     lease_ids: LeaseIds,
-    /// What a decision reads besides the windows: caps and limits in force.
-    setup: setup::Setup,
     /// What only the observed desk keeps (the guardrail snapshot, the headroom cache).
     observed: observed::ObservedState,
     /// When this engine last leased each route, as a count of its leases (SPEC 17.1's
@@ -128,16 +126,10 @@ impl Engine {
     pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
         let settings = settings.clamped();
         settings.validate()?;
-        let day_zones = settings.env.day_zones();
+        let mirror = Mirror::with_env(settings.env.clone());
         let mut engine = Engine {
-            unit: unit::Unit::new(
-                store,
-                clock,
-                settings,
-                Mirror::with_calendars(Calendars::with_env(day_zones)),
-            ),
+            unit: unit::Unit::new(store, clock, settings, mirror),
             lease_ids: LeaseIds::new(),
-            setup: setup::Setup::default(),
             observed: observed::ObservedState::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
@@ -213,7 +205,7 @@ impl Engine {
     /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| e.admit(route, Estimate::tokens(est), limits, 0, now).1.admission())
+        self.reading(|e, now| Ok(e.admit(route, Estimate::tokens(est), limits, 0, now)?.1.admission()))?
     }
 
     /// Every gate on the route's view at `now`, and the route it decided on.
@@ -224,10 +216,15 @@ impl Engine {
         limits: Option<LimitSet>,
         priority: i64,
         now: i64,
-    ) -> (RouteId, Verdict) {
-        let ctx = self.setup.gate_context(&self.unit, route, limits, priority, now);
-        let rid = self.unit.ready_route(route, &ctx.limits, now);
-        (rid, admission::admit(&self.unit.mirror.route_view(rid, &ctx, est, now)))
+    ) -> Result<(RouteId, Verdict)> {
+        let p = self.unit.prepare(route, limits, priority, now);
+        let Some(rid) = p.route else {
+            // A route names a model (`Route::new` checks it): the same error.
+            return Err(check_name("model_id", &route.model_id)
+                .err()
+                .unwrap_or(Error::Internal("no route".into())));
+        };
+        Ok((rid, admission::admit(&self.unit.mirror.prepared_view(&p, est, now))))
     }
 
     /// One of SPEC §4's `can_*` questions (and `is_on_cooldown`'s gate); true when its
@@ -241,15 +238,11 @@ impl Engine {
         limits: Option<LimitSet>,
     ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        let setup = &mut self.setup;
         self.unit.reading(|u, now| {
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
-            let ctx = setup.gate_context(u, route, limits, 0, now);
-            let a = u.mirror.account_id(&route.platform, route.key_id);
-            u.mirror.prune_account_id(a, now);
-            let rid = (!route.model_id.is_empty()).then(|| u.ready_route(route, &ctx.limits, now));
-            let v = u.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
-            admission::admit_through(&v, admission::gates(&ctx).filter(|g| can.asks(g))).refused.is_none()
+            let p = u.prepare(route, limits, 0, now);
+            let v = u.mirror.prepared_view(&p, Estimate::tokens(est), now);
+            admission::admit_through(&v, admission::gates(&p.ctx).filter(|g| can.asks(g))).refused.is_none()
         })
     }
 

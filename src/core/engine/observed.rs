@@ -2,10 +2,10 @@
 //! observed quota headers and states, the routing guardrail, snapshots and the
 //! analysis reads. [`Observed`] is the desk (`engine.observed()`); [`ObservedState`]
 //! what only it keeps (the guardrail snapshot, the headroom cache).
-use super::{setup, unit, Engine};
+use super::{unit, Engine};
 use crate::core::error::{Error, Result};
 use crate::core::limits::{LimitSet, WindowSpec};
-use crate::core::state::{CooldownRec, FastMap};
+use crate::core::state::{CooldownRec, FastMap, Prepared};
 use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
 use crate::core::types::{
     check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Reason, Route,
@@ -123,7 +123,6 @@ impl ObservedState {
 /// forecasts and the analysis reads.
 pub struct Observed<'e> {
     unit: &'e mut unit::Unit,
-    setup: &'e mut setup::Setup,
     state: &'e mut ObservedState,
 }
 
@@ -131,7 +130,7 @@ impl Engine {
     /// What the engine observed and reports: provider pools, quota, the guardrail,
     /// snapshots and forecasts.
     pub fn observed(&mut self) -> Observed<'_> {
-        Observed { unit: &mut self.unit, setup: &mut self.setup, state: &mut self.observed }
+        Observed { unit: &mut self.unit, state: &mut self.observed }
     }
 }
 
@@ -140,8 +139,7 @@ impl Observed<'_> {
 
     pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        let setup = &mut *self.setup;
-        self.unit.reading(|u, _| setup.caps_for(u, platform))
+        self.unit.reading(|u, _| u.mirror.caps_for(platform))
     }
 
     /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
@@ -190,9 +188,8 @@ impl Observed<'_> {
     }
 
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        let setup = &mut *self.setup;
         self.unit.reading(|u, now| {
-            let cap = setup.caps_for(u, platform).daily_tokens;
+            let cap = u.mirror.caps_for(platform).daily_tokens;
             u.mirror.provider_day_tokens(platform, key_id, cap, now)
         })
     }
@@ -547,7 +544,6 @@ impl Observed<'_> {
     /// One row per route that has usage today, a live lease or an active cooldown,
     /// sorted by (platform, model_id, key_id) (SPEC §12).
     pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
-        let setup = &mut *self.setup;
         self.unit
             .read(|m, now| {
                 m.prune_all(now);
@@ -604,7 +600,7 @@ impl Observed<'_> {
                 // SPEC 22.2: the earliest forecast of each row.
                 self.unit.reading(|u, now| {
                     let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
-                    let forecasts = forecast_routes(u, setup, &routes, DEFAULT_LOOKBACK_MS, now);
+                    let forecasts = forecast_routes(u, &routes, DEFAULT_LOOKBACK_MS, now);
                     for (row, f) in rows.iter_mut().zip(forecasts) {
                         row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
                     }
@@ -623,10 +619,8 @@ impl Observed<'_> {
         if lookback_ms <= 0 {
             return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
         }
-        let setup = &mut *self.setup;
-        self.unit.reading(|u, now| {
-            forecast_routes(u, setup, std::slice::from_ref(route), lookback_ms, now).remove(0)
-        })
+        self.unit
+            .reading(|u, now| forecast_routes(u, std::slice::from_ref(route), lookback_ms, now).remove(0))
     }
 }
 
@@ -634,30 +628,27 @@ impl Observed<'_> {
 /// counted from the store, once for them all, the first time it is asked for).
 fn forecast_routes(
     unit: &mut unit::Unit,
-    setup: &mut setup::Setup,
     routes: &[Route],
     lookback_ms: i64,
     now: i64,
 ) -> Vec<Vec<(String, Option<i64>)>> {
     use crate::core::forecast::{forecast, recent_width};
     let width = recent_width(lookback_ms);
-    let mut ready = Vec::with_capacity(routes.len());
-    for route in routes {
-        let ctx = setup.gate_context(unit, route, None, 0, now);
-        let rid = unit.ready_route(route, &ctx.limits, now);
-        ready.push((rid, ctx));
-    }
+    let ready: Vec<Prepared> = routes.iter().map(|route| unit.prepare(route, None, 0, now)).collect();
     let mut complete = true;
-    for (rid, _) in &ready {
-        complete &= unit.mirror.keep_recent(*rid, width, now);
+    for rid in ready.iter().filter_map(|p| p.route) {
+        complete &= unit.mirror.keep_recent(rid, width, now);
     }
     if !complete || unit.mirror.needs_reload {
         unit.reload_windows(now);
-        for (rid, _) in &ready {
-            unit.mirror.keep_recent(*rid, width, now);
+        for rid in ready.iter().filter_map(|p| p.route) {
+            unit.mirror.keep_recent(rid, width, now);
         }
     }
-    ready.iter().map(|(rid, ctx)| forecast(&unit.mirror, *rid, ctx, lookback_ms, now)).collect()
+    ready
+        .iter()
+        .map(|p| p.route.map_or_else(Vec::new, |rid| forecast(&unit.mirror, rid, &p.ctx, lookback_ms, now)))
+        .collect()
 }
 
 /// A state row as it reads at `now`: past its reset, the window is full again.

@@ -10,7 +10,7 @@ use super::{Engine, Settings};
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::error::{Result, StoreError};
 use crate::core::limits::LimitSet;
-use crate::core::state::{Mirror, RouteId};
+use crate::core::state::{Mirror, Prepared, RouteId};
 use crate::core::store::{
     Changes, KeptUsage, LeaseRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind, UsageRow, Write,
 };
@@ -570,6 +570,24 @@ impl Unit {
         self.loaded = true;
         self.rebuild = false;
         Ok(())
+    }
+
+    /// A decision prepared by the mirror (see [`Mirror::prepare`]); a window the
+    /// route's events were not kept for is counted from the store at once when the
+    /// store answers, else at the next section that reaches it.
+    pub(super) fn prepare(
+        &mut self,
+        route: &Route,
+        limits: Option<LimitSet>,
+        priority: i64,
+        now: i64,
+    ) -> Prepared {
+        let p = self.mirror.prepare(route, limits, priority, now);
+        if let (Some(rid), false) = (p.route, p.complete) {
+            self.reload_windows(now);
+            self.mirror.prune_route(rid, now);
+        }
+        p
     }
 
     /// A route ready for a decision at `now` under `limits`: pruned, and keeping every

@@ -13,10 +13,12 @@ mod accounts;
 mod config;
 mod history;
 mod leases;
+mod prepare;
 use accounts::Accounts;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
+pub use prepare::{min_cap, Prepared, Setup};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -122,6 +124,8 @@ pub struct Mirror {
     pub history: History,
     pub calendars: Calendars,
     pub reserves: Reserves,
+    /// What is derived from the environment and the caps (see [`Mirror::prepare`]).
+    setup: Setup,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -136,6 +140,12 @@ struct Retained {
 impl Mirror {
     pub fn with_calendars(calendars: Calendars) -> Mirror {
         Mirror { calendars, ..Mirror::default() }
+    }
+
+    /// The mirror of an engine built with `env` (its day zones and caps read once).
+    pub fn with_env(env: crate::core::env::Env) -> Mirror {
+        let calendars = Calendars::with_env(env.day_zones());
+        Mirror { calendars, setup: Setup::new(env), ..Mirror::default() }
     }
 
     /// The limits a call uses: the given ones, else the model's declared ones, else none.
