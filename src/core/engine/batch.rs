@@ -8,7 +8,7 @@ use super::{check_priority, Engine};
 use crate::core::admission::{self, Passed};
 use crate::core::error::{Error, Refusal, Result};
 use crate::core::limits::LimitSet;
-use crate::core::state::{Estimate, LeaseRec, RouteId};
+use crate::core::state::{Estimate, RouteId};
 use crate::core::store::{TokenKinds, UsageKind, Write};
 use crate::core::types::{check_non_negative, Admission, Route, Strategy};
 
@@ -338,23 +338,9 @@ impl Engine {
 
     /// Takes a lease on the route the gates were run on, inside the batch's section.
     fn take_lease(&mut self, rid: RouteId, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
-        // On Redis, a lease on a shared account conflicts with any other engine's
-        // writes on the account's other keys (SPEC §14.3).
-        if let Some(keys) = self.unit.mirror.shared_account_keys(rid) {
-            let platform = self.unit.mirror.routes.get(rid).platform.clone();
-            self.unit.watch_keys(&platform, &keys);
-        }
-        let w = self.lease_write(rid, est, now);
-        let Write::InsertLease(l) = &w else { unreachable!("lease_write builds an InsertLease") };
-        let id = l.id;
-        let rec = LeaseRec {
-            route: rid,
-            tokens: l.tokens,
-            output_tokens: l.output_tokens,
-            created_at_ms: l.created_at_ms,
-            expires_at_ms: l.expires_at_ms,
-        };
-        self.unit.mirror.add_lease(id, rec);
+        let id = self.lease_ids.next();
+        let w = self.unit.mirror.lease_write(rid, id, est, now, self.unit.settings.lease_max_age_ms);
+        self.unit.apply_decided(&w, now);
         writes.push(w);
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);

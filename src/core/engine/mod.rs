@@ -42,8 +42,8 @@ use crate::core::env::Env;
 use crate::core::error::{Error, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
+use crate::core::store::Store;
 pub use crate::core::store::StoreSpec;
-use crate::core::store::{LeaseRow, Store, Write};
 use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
 use std::sync::Arc;
 use std::time::Duration;
@@ -247,22 +247,6 @@ impl Engine {
     }
 
     // ---- leases ------------------------------------------------------------------
-
-    /// A new lease on the route a decision was made on.
-    fn lease_write(&mut self, rid: RouteId, est: Estimate, now: i64) -> Write {
-        let r = self.unit.mirror.routes.get(rid);
-        let (platform, model_id, key_id) = (r.platform.clone(), r.model_id.clone(), r.key_id);
-        Write::InsertLease(LeaseRow {
-            id: self.lease_ids.next(),
-            platform,
-            model_id,
-            key_id,
-            tokens: est.tokens,
-            output_tokens: est.output,
-            created_at_ms: now,
-            expires_at_ms: now.saturating_add(self.unit.settings.lease_max_age_ms),
-        })
-    }
 
     fn single(&mut self, op: BatchOp) -> BatchOut {
         self.run_batch(vec![op])

@@ -240,12 +240,6 @@ impl Unit {
         self.store.quota_states(platform)
     }
 
-    /// Inside an optimistic section: its decision reads these keys too (see
-    /// [`Store::watch_keys`]).
-    pub(super) fn watch_keys(&mut self, platform: &str, keys: &[i64]) {
-        self.store.watch_keys(platform, keys);
-    }
-
     // ---- sections ------------------------------------------------------------------
 
     /// Opens the store's side of a section as `access` asks; while degraded, probes
@@ -819,6 +813,23 @@ impl Unit {
         // A platform's day windows started over: count them again from the store.
         self.rebuild |= recount;
         n
+    }
+
+    /// Applies a write a hot-path section decided to the mirror, before its commit
+    /// (later operations of the batch see it). The keys the decision read are derived
+    /// from it: on Redis, a lease on a shared account conflicts with any other engine's
+    /// writes on the account's other keys (SPEC §14.3).
+    pub(super) fn apply_decided(&mut self, w: &Write, now: i64) {
+        let id = match w {
+            Write::InsertLease(l) => l.id,
+            _ => 0,
+        };
+        self.apply_local(w, id, now);
+        if let Write::InsertLease(l) = w {
+            if let Some(keys) = self.mirror.lease_account_keys(id) {
+                self.store.watch_keys(&l.platform, &keys);
+            }
+        }
     }
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).

@@ -191,10 +191,10 @@ impl Mirror {
         !changed.is_empty()
     }
 
-    /// The keys of a route's account when it has several (`None`, without allocating,
-    /// for a key of its own: the hot path).
-    pub fn shared_account_keys(&self, rid: RouteId) -> Option<Vec<i64>> {
-        let r = &self.routes[rid as usize];
+    /// The keys of the account of lease `id`'s route when it has several (`None`,
+    /// without allocating, for a key of its own: the hot path).
+    pub fn lease_account_keys(&self, id: i64) -> Option<Vec<i64>> {
+        let r = &self.routes[self.leases.get(id)?.route as usize];
         r.group?;
         Some(self.account_keys(&r.platform, r.key_id))
     }
@@ -521,16 +521,7 @@ impl Mirror {
                 continue;
             }
             let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
-            self.add_lease(
-                row.id,
-                LeaseRec {
-                    route: rid,
-                    tokens: row.tokens,
-                    output_tokens: row.output_tokens,
-                    created_at_ms: row.created_at_ms,
-                    expires_at_ms: row.expires_at_ms,
-                },
-            );
+            self.add_lease(row.id, LeaseRec::of(rid, row));
         }
     }
 
@@ -710,6 +701,22 @@ impl Mirror {
         (requests, billed)
     }
 
+    /// The write that takes lease `id` on route `rid` at `now` for `est`, counting
+    /// until `max_age_ms` from now (SPEC §5).
+    pub fn lease_write(&self, rid: RouteId, id: i64, est: Estimate, now: i64, max_age_ms: i64) -> Write {
+        let r = self.routes.get(rid);
+        Write::InsertLease(LeaseRow {
+            id,
+            platform: r.platform.clone(),
+            model_id: r.model_id.clone(),
+            key_id: r.key_id,
+            tokens: est.tokens,
+            output_tokens: est.output,
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(max_age_ms),
+        })
+    }
+
     /// Applies one write to the mirror (one of this engine's, as it is made). Returns
     /// the count of a delete (0 otherwise), and whether a platform's calendar changed
     /// (its day windows are to be counted again from the store).
@@ -718,16 +725,7 @@ impl Mirror {
             Write::Usage(u) => self.add_usage_row(u, now),
             Write::InsertLease(l) => {
                 let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
-                self.add_lease(
-                    id,
-                    LeaseRec {
-                        route: rid,
-                        tokens: l.tokens,
-                        output_tokens: l.output_tokens,
-                        created_at_ms: l.created_at_ms,
-                        expires_at_ms: l.expires_at_ms,
-                    },
-                );
+                self.add_lease(id, LeaseRec::of(rid, l));
                 return (id, false);
             }
             Write::DeleteLease(id) => return (i64::from(self.remove_lease(*id).is_some()), false),
