@@ -11,13 +11,19 @@ use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::error::{Result, StoreError};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Mirror, Prepared, RouteId};
-use crate::core::store::{
-    Changes, KeptUsage, LeaseRow, LogRow, QuotaStateRow, Store, UsageFilter, UsageKind, UsageRow, Write,
-};
+use crate::core::store::{Changes, LogRow, QuotaStateRow, Store, UsageFilter, UsageRow, Write};
 use crate::core::types::Route;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod buffer;
+mod hold;
+mod retention;
+use buffer::{Buffer, MAX_BUFFERED_LOGS};
+use hold::Hold;
+pub(super) use hold::HOLD_MAX_MS;
+use retention::Retention;
 
 /// A log record for the host's logger, emitted after the engine lock is released.
 pub type LogRecord = (log::Level, String);
@@ -68,19 +74,6 @@ pub(super) enum Applied {
     Rejected(Vec<Write>, StoreError),
 }
 
-/// Longest a sole engine keeps the write lock across calls (grouped writes): another
-/// engine opening the file waits at most this long for it.
-pub(super) const HOLD_MAX_MS: i64 = 10;
-
-/// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
-type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
-
-/// Above this many buffered writes the buffer is compacted (`compact_pending`).
-const COMPACT_MIN: usize = 4096;
-
-/// SPEC 18.2: buffered `server_logs` rows kept while the store fails.
-const MAX_BUFFERED_LOGS: usize = 10_000;
-
 /// The unit of work's state: the store and the mirror of it (what every decision
 /// reads, as a session keeps its identity map), the clock, the writes waiting for the
 /// store, the write lock kept across calls, and whether the store answers. Sections
@@ -101,15 +94,8 @@ pub(super) struct Unit {
     /// process's do). `acquire_lease`'s ids are the caller's to release.
     pub(super) own_leases: HashSet<i64, foldhash::fast::RandomState>,
 
-    /// Writes applied to the mirror but not yet to the store, in order.
-    pending: Vec<Write>,
-    /// Stored leases whose deletion is in `pending`.
-    pending_deleted: HashSet<i64>,
-    /// Leases whose insertion is in `pending` (taken while degraded).
-    pending_inserted: HashSet<i64>,
-    compact_at: usize,
-    /// Engine time of the oldest write in `pending`.
-    pending_since: Option<i64>,
+    /// Writes applied to the mirror but not yet to the store (`buffer.rs`).
+    pending: Buffer,
     flush_requested: bool,
     degraded: bool,
     loaded: bool,
@@ -118,17 +104,8 @@ pub(super) struct Unit {
     last_sweep: Option<i64>,
     /// The last read section could not read the store.
     read_failed: bool,
-    /// Buffered `server_logs` rows were dropped during this outage (warned once).
-    logs_dropped: bool,
-    /// With grouped writes, how long the write lock may be kept from one call to the
-    /// next while this engine is the store's only one (`None`: never).
-    hold_for: Option<Duration>,
-    /// Since when this engine keeps the store's write lock (an open transaction)
-    /// across calls: nobody else can write meanwhile, so calls neither read nor
-    /// write the store; the writes wait in `pending` for the commit that ends it.
-    held: Option<Instant>,
-    /// When to ask the store again whether this engine is its only one.
-    next_sole_check: Option<Instant>,
+    /// The write lock kept across calls (`hold.rs`).
+    hold: Hold,
 }
 
 impl Unit {
@@ -145,11 +122,7 @@ impl Unit {
             settings,
             logs: Vec::new(),
             own_leases: HashSet::default(),
-            pending: Vec::new(),
-            pending_deleted: HashSet::new(),
-            pending_inserted: HashSet::new(),
-            compact_at: COMPACT_MIN,
-            pending_since: None,
+            pending: Buffer::new(),
             flush_requested: false,
             degraded: false,
             loaded: false,
@@ -157,10 +130,7 @@ impl Unit {
             last_now: None,
             last_sweep: None,
             read_failed: false,
-            logs_dropped: false,
-            hold_for: None,
-            held: None,
-            next_sole_check: None,
+            hold: Hold::default(),
         }
     }
 
@@ -182,12 +152,12 @@ impl Unit {
 
     /// Writes waiting for the store.
     pub(super) fn pending_len(&self) -> usize {
-        self.pending.len()
+        self.pending.writes.len()
     }
 
     /// With grouped writes: how long the write lock may be kept across calls.
     pub(super) fn set_hold_for(&mut self, period: Duration) {
-        self.hold_for = Some(period);
+        self.hold.set_period(period);
     }
 
     /// Abandons the open section (nothing of it is written).
@@ -204,7 +174,7 @@ impl Unit {
     pub(super) fn recover_after_panic(&mut self) {
         self.store.rollback();
         self.rebuild = true;
-        if self.held.take().is_some() {
+        if self.hold.end() {
             // What the held lock's calls decided is still in `pending`: write it next.
             self.flush_requested = true;
         }
@@ -212,7 +182,7 @@ impl Unit {
 
     /// In the child after `fork()`: see [`Store::after_fork`].
     pub(super) fn after_fork(&mut self) -> bool {
-        self.held = None;
+        self.hold.end();
         self.store.after_fork()
     }
 
@@ -281,39 +251,21 @@ impl Unit {
         self.store.pull()
     }
 
+    /// Inside an online write section: writes what is buffered (with `flush_pending`;
+    /// less what never needs to reach the store), then `writes`, then `sweep`, and
+    /// commits. Returns the per-write results (as far as they got) and how it ended.
     /// Whether a hot-path section may take the write lock and keep it across calls:
-    /// grouped writes are on, the store answers, and no other engine has it open
-    /// (asked at most once per hold period while others do).
+    /// grouped writes are on, the store answers, and no other engine has it open.
     fn may_hold(&mut self) -> bool {
-        let Some(period) = self.hold_for else { return false };
-        if self.degraded {
-            return false;
-        }
-        let now = Instant::now();
-        if self.next_sole_check.is_some_and(|t| now < t) {
-            return false;
-        }
-        if self.store.sole_writer() {
-            return true;
-        }
-        self.next_sole_check = Some(now + period);
-        false
+        !self.degraded && self.hold.may_start(&mut *self.store)
     }
 
     /// A held write lock is kept for this hot-path section's writes (its period is
     /// not over, and no flush asked for it to end).
     fn keeps_holding(&self, sec: &Section) -> bool {
-        sec.held && sec.hot && !self.flush_requested && !self.hold_period_over()
+        sec.held && sec.hot && !self.flush_requested && !self.hold.period_over()
     }
 
-    /// A write lock is kept across calls and its period has not run out.
-    fn hold_period_over(&self) -> bool {
-        self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
-    }
-
-    /// Inside an online write section: writes what is buffered (with `flush_pending`;
-    /// less what never needs to reach the store), then `writes`, then `sweep`, and
-    /// commits. Returns the per-write results (as far as they got) and how it ended.
     fn write_and_commit(
         &mut self,
         flush_pending: bool,
@@ -337,17 +289,7 @@ impl Unit {
         if flush_pending {
             // A lease taken and finished while both waited here never reaches the
             // store, nor does a usage row buffered past the retention.
-            let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
-            let live: Vec<&Write> = self
-                .pending
-                .iter()
-                .filter(|w| match w {
-                    Write::InsertLease(l) => !deleted.contains(&l.id),
-                    Write::DeleteLease(id) => !inserted.contains(id),
-                    Write::Usage(u) => retention.is_none_or(|r| r.keeps(u)),
-                    _ => true,
-                })
-                .collect();
+            let live = self.pending.live(retention);
             self.store.write_all(&live)?;
         }
         for w in writes {
@@ -360,112 +302,14 @@ impl Unit {
         self.store.commit()
     }
 
-    /// After a commit that took the buffer with it: nothing waits any more.
-    fn flushed(&mut self) {
-        self.pending.clear();
-        self.pending_deleted.clear();
-        self.pending_inserted.clear();
-        self.pending_since = None;
-        self.compact_at = COMPACT_MIN;
-        self.logs_dropped = false;
-    }
-
-    /// Keeps a write for the store; true when the buffer is due for compaction.
-    fn push_pending(&mut self, w: Write, now: i64) -> bool {
-        if self.pending_since.is_none() {
-            self.pending_since = Some(now);
-        }
-        match w {
-            Write::Sweep { .. } => return false,
-            // A lease taken while degraded is written when the store answers again,
-            // so that other processes count it from then on.
-            Write::InsertLease(LeaseRow { id, .. }) => {
-                self.pending_inserted.insert(id);
-                self.pending.push(w);
-            }
-            Write::DeleteLease(id) => {
-                self.pending_deleted.insert(id);
-                self.pending.push(w);
-            }
-            w => self.pending.push(w),
-        }
-        // A held lock's writes are committed within its period: nothing to merge.
-        self.pending.len() >= self.compact_at && self.held.is_none()
-    }
-
-    /// Compacts the buffer (see `Engine::compact_pending`): usage `retention` does
-    /// not keep goes, older than a minute is merged per (route, kind, UTC minute).
-    /// True when `server_logs` rows were dropped for the first time in this outage.
-    fn compact(&mut self, now: i64, retention: &Retention) -> bool {
-        let logs = self.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
-        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
-        let horizon = now.saturating_sub(MINUTE_MS);
-        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
-        let mut kept = Vec::with_capacity(self.pending.len());
-        let mut order = Vec::new();
-        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
-        let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
-        let mut ended = Vec::new();
-        for w in self.pending.drain(..) {
-            match w {
-                Write::Usage(u) if !retention.keeps(&u) => {}
-                Write::Usage(u) if u.created_at_ms <= horizon => {
-                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
-                    let key = (
-                        u.platform.clone(),
-                        u.model_id.clone(),
-                        u.key_id,
-                        u.kind == UsageKind::Request,
-                        minute,
-                    );
-                    match merged.get_mut(&key) {
-                        Some(m) => {
-                            m.tokens = m.tokens.saturating_add(u.tokens);
-                            m.kinds = m.kinds.merged(u.kinds);
-                            m.count = m.count.saturating_add(u.count);
-                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
-                        }
-                        None => {
-                            order.push(key.clone());
-                            merged.insert(key, u);
-                        }
-                    }
-                }
-                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
-                Write::DeleteLease(id) if inserted.contains(&id) => {}
-                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
-                Write::UpsertQuotaState(q) => {
-                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
-                    match quota_at.get(&key) {
-                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
-                        None => {
-                            quota_at.insert(key, kept.len());
-                            kept.push(Write::UpsertQuotaState(q));
-                        }
-                    }
-                }
-                w => kept.push(w),
-            }
-        }
-        for id in ended {
-            self.pending_inserted.remove(&id);
-            self.pending_deleted.remove(&id);
-        }
-        self.pending =
-            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
-        let first_drop = logs > MAX_BUFFERED_LOGS && !self.logs_dropped;
-        self.logs_dropped |= first_drop;
-        first_drop
-    }
-
     /// Nothing buffered, held or left in doubt: a flush has nothing to do.
     fn idle(&self) -> bool {
-        self.pending.is_empty() && self.held.is_none() && self.store.undelivered() == 0
+        self.pending.writes.is_empty() && !self.hold.held() && self.store.undelivered() == 0
     }
 
     /// Writes the store has not accepted (buffered, or left in doubt).
     fn unwritten(&self) -> usize {
-        self.pending.len() + self.store.undelivered()
+        self.pending.writes.len() + self.store.undelivered()
     }
 }
 
@@ -482,11 +326,11 @@ impl Unit {
             return Err(StoreError::ReadOnly.into());
         }
         let hot = matches!(access, Access::Decide | Access::Append);
-        let start_hold = hot && self.held.is_none() && self.may_hold();
+        let start_hold = hot && !self.hold.held() && self.may_hold();
         if start_hold {
             access = Access::Write;
         }
-        let held = self.held.is_some();
+        let held = self.hold.held();
         let mut online = held;
         let mut stale = false;
         self.read_failed = false;
@@ -528,7 +372,7 @@ impl Unit {
         if online && (!held || self.rebuild) {
             if let Err(e) = self.sync(now) {
                 self.rollback();
-                self.held = None;
+                self.hold.end();
                 if let StoreError::Rejected(_) = e {
                     self.rejected(&e);
                     return Err(e.into());
@@ -538,9 +382,9 @@ impl Unit {
             }
         }
         if online && start_hold {
-            self.held = Some(Instant::now());
+            self.hold.start();
         }
-        let held = online && self.held.is_some();
+        let held = online && self.hold.held();
         Ok(Section { now, online, write, held, hot, stale: stale && online })
     }
 
@@ -556,7 +400,7 @@ impl Unit {
         self.rebuild = true;
         let mirror = &mut self.mirror;
         self.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
-        for w in &self.pending {
+        for w in &self.pending.writes {
             if let Write::Usage(u) = w {
                 self.mirror.add_usage_row(u, now);
             }
@@ -628,7 +472,7 @@ impl Unit {
             self.mirror.add_usage_row(r, now);
         }
         if let Some(leases) = &ch.leases {
-            self.mirror.replace_stored_leases(leases, &self.pending_deleted, &self.pending_inserted);
+            self.mirror.replace_stored_leases(leases, &self.pending.deleted, &self.pending.inserted);
         }
         let tables_changed =
             ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
@@ -657,9 +501,9 @@ impl Unit {
                 self.rebuild = true;
             }
         }
-        if tables_changed && !self.pending.is_empty() {
+        if tables_changed && !self.pending.writes.is_empty() {
             // Our own buffered changes are newer than what the store holds.
-            let pending = std::mem::take(&mut self.pending);
+            let pending = std::mem::take(&mut self.pending.writes);
             // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
             // pending deletes skipped); re-applying an insert would resurrect a
             // lease finished while its writes waited.
@@ -669,7 +513,7 @@ impl Unit {
             {
                 self.apply_local(w, 0, now);
             }
-            self.pending = pending;
+            self.pending.writes = pending;
         }
     }
 
@@ -680,12 +524,12 @@ impl Unit {
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
         let flush_pending = self.degraded
-            || self.held.is_some()
+            || self.hold.held()
             || self.flush_requested
-            || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+            || self.pending.since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
         // Worked out only when a sweep or buffered usage needs it (not per commit).
-        let retention =
-            (sweep_due || (flush_pending && !self.pending.is_empty())).then(|| self.retention(now, false));
+        let retention = (sweep_due || (flush_pending && !self.pending.writes.is_empty()))
+            .then(|| self.retention(now, false));
         let sweep = match &retention {
             Some(r) if sweep_due => Some(Write::Sweep {
                 usage_before: r.before,
@@ -697,7 +541,7 @@ impl Unit {
         };
         let (ids, result) = self.write_and_commit(flush_pending, retention.as_ref(), writes, sweep.as_ref());
         // The commit (or the rollback) ends a held lock.
-        self.held = None;
+        self.hold.end();
         // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
         // once: committed for the engine, which is degraded until the store answers.
         let in_doubt = match &result {
@@ -713,9 +557,9 @@ impl Unit {
                     }
                     self.prune_own_leases(now);
                 }
-                let flushed = if flush_pending { self.pending.len() } else { 0 };
+                let flushed = if flush_pending { self.pending.writes.len() } else { 0 };
                 if flush_pending {
-                    self.flushed();
+                    self.pending.flushed();
                 }
                 self.flush_requested = false;
                 if let Some(e) = in_doubt {
@@ -834,9 +678,9 @@ impl Unit {
 
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
     pub(super) fn buffer(&mut self, w: Write, now: i64) {
-        if self.push_pending(w, now) {
+        if self.pending.push(w, now, self.hold.held()) {
             self.compact_pending(now);
-            self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
+            self.pending.compacted();
         }
     }
 
@@ -860,7 +704,7 @@ impl Unit {
     /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
         let retention = self.retention(now, true);
-        if self.compact(now, &retention) {
+        if self.pending.compact(now, &retention) {
             let msg = format!(
                 "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
                  are dropped from the buffer"
@@ -896,7 +740,7 @@ impl Unit {
     /// engine and notebook on the store sees them.
     pub(super) fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
         if level <= log::Level::Warn && !self.readonly() {
-            self.pending.push(Write::Log(LogRow {
+            self.pending.writes.push(Write::Log(LogRow {
                 level: if level == log::Level::Error { "error" } else { "warn" },
                 source: "quotaengine".into(),
                 provider: None,
@@ -996,7 +840,7 @@ impl Unit {
     /// Ends a held write lock whose period is over (the flusher thread: an idle
     /// engine does not keep others waiting).
     pub fn end_hold_if_due(&mut self) -> Result<()> {
-        if self.held.is_some() && self.hold_period_over() {
+        if self.hold.held() && self.hold.period_over() {
             return self.flush();
         }
         Ok(())
@@ -1005,7 +849,7 @@ impl Unit {
     /// The period of the flusher thread: the hold period when a write lock may be
     /// held across calls, else `flush_interval_ms`.
     pub fn tick_period(&self) -> Duration {
-        self.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
+        self.hold.period().unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
     }
 }
 
@@ -1049,24 +893,5 @@ impl Engine {
             ));
         }
         Ok(())
-    }
-}
-
-/// The retention of usage at one time (SPEC 10, 14.2): rows stamped `before` or later
-/// stay, and of a model in `kept`, those stamped at or after its own cut-off.
-#[derive(Debug, Clone)]
-pub(super) struct Retention {
-    pub before: i64,
-    pub kept: Arc<[KeptUsage]>,
-}
-
-impl Retention {
-    /// The oldest time of a row of this model that retention keeps.
-    pub fn cutoff(&self, platform: &str, model_id: &str) -> i64 {
-        crate::core::store::usage_cutoff(&self.kept, self.before, platform, model_id)
-    }
-
-    pub fn keeps(&self, u: &UsageRow) -> bool {
-        u.created_at_ms >= self.cutoff(&u.platform, &u.model_id)
     }
 }
