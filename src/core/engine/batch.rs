@@ -4,7 +4,7 @@
 //! back and made again when another writer changed what they read).
 use super::unit::{Access, Applied};
 use super::usage::TokenUse;
-use super::{check_priority, Engine};
+use super::{admit, check_priority, Engine};
 use crate::core::admission::{self, Passed};
 use crate::core::error::{Error, Refusal, Result};
 use crate::core::limits::LimitSet;
@@ -153,7 +153,7 @@ impl Engine {
         self.leased_undo.clear();
         let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
-            match self.unit.enter_as(access) {
+            match self.unit.enter(access) {
                 Ok(sec) => Some(sec),
                 Err(e) => return Ok(ops.iter().map(|_| BatchOut::failed(e.clone())).collect()),
             }
@@ -207,7 +207,7 @@ impl Engine {
             // What refused may have been freed meanwhile: read, then decide again.
             self.undo_leases(&writes, now);
             self.unit.rollback();
-            let _ = self.unit.read(|_, _| ());
+            let _ = self.unit.run(Access::Read, |_| Ok(()));
             return Err(());
         }
         match self.unit.leave_applied(sec, writes) {
@@ -240,7 +240,7 @@ impl Engine {
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
         let rid = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict) = self.admit(route, est, limits, priority, now)?;
+            let (rid, verdict) = admit(&mut self.unit, route, est, limits, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -281,7 +281,7 @@ impl Engine {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let (rid, verdict) = self.admit(route, est, None, priority, now)?;
+            let (rid, verdict) = admit(&mut self.unit, route, est, None, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;

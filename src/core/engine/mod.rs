@@ -47,7 +47,7 @@ pub use crate::core::store::StoreSpec;
 use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
 use std::sync::Arc;
 use std::time::Duration;
-use unit::HOLD_MAX_MS;
+use unit::{Access, HOLD_MAX_MS};
 
 /// Construction settings (SPEC §3). The environment is a copy read once.
 #[derive(Debug, Clone)]
@@ -142,8 +142,7 @@ impl Engine {
             engine.unit.set_hold_for(Duration::from_millis(ms as u64));
         }
         // Load now, so that a broken database is reported by the constructor.
-        let sec = engine.unit.enter(false)?;
-        engine.unit.leave(sec, Vec::new())?;
+        engine.unit.run(Access::Read, |_| Ok(()))?;
         // What is wrong in the environment is said once, here, and lands in
         // `server_logs` for every other reader of the store (SPEC §12).
         for w in engine.unit.settings.env.warnings() {
@@ -205,26 +204,10 @@ impl Engine {
     /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| Ok(e.admit(route, Estimate::tokens(est), limits, 0, now)?.1.admission()))?
-    }
-
-    /// Every gate on the route's view at `now`, and the route it decided on.
-    fn admit(
-        &mut self,
-        route: &Route,
-        est: Estimate,
-        limits: Option<LimitSet>,
-        priority: i64,
-        now: i64,
-    ) -> Result<(RouteId, Verdict)> {
-        let p = self.unit.prepare(route, limits, priority, now);
-        let Some(rid) = p.route else {
-            // A route names a model (`Route::new` checks it): the same error.
-            return Err(check_name("model_id", &route.model_id)
-                .err()
-                .unwrap_or(Error::Internal("no route".into())));
-        };
-        Ok((rid, admission::admit(&self.unit.mirror.prepared_view(&p, est, now))))
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
+            Ok(admit(u, route, Estimate::tokens(est), limits, 0, now)?.1.admission())
+        })
     }
 
     /// One of SPEC §4's `can_*` questions (and `is_on_cooldown`'s gate); true when its
@@ -238,11 +221,14 @@ impl Engine {
         limits: Option<LimitSet>,
     ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        self.unit.reading(|u, now| {
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
             let p = u.prepare(route, limits, 0, now);
             let v = u.mirror.prepared_view(&p, Estimate::tokens(est), now);
-            admission::admit_through(&v, admission::gates(&p.ctx).filter(|g| can.asks(g))).refused.is_none()
+            Ok(admission::admit_through(&v, admission::gates(&p.ctx).filter(|g| can.asks(g)))
+                .refused
+                .is_none())
         })
     }
 
@@ -326,6 +312,25 @@ impl Engine {
         let tokens = tokens.map(TokenUse::total);
         self.single(BatchOp::Success { lease_id, route: route.clone(), tokens }).done()
     }
+}
+
+/// Every gate on the route's view at `now`, and the route it decided on.
+fn admit(
+    unit: &mut unit::Unit,
+    route: &Route,
+    est: Estimate,
+    limits: Option<LimitSet>,
+    priority: i64,
+    now: i64,
+) -> Result<(RouteId, Verdict)> {
+    let p = unit.prepare(route, limits, priority, now);
+    let Some(rid) = p.route else {
+        // A route names a model (`Route::new` checks it): the same error.
+        return Err(check_name("model_id", &route.model_id)
+            .err()
+            .unwrap_or(Error::Internal("no route".into())));
+    };
+    Ok((rid, admission::admit(&unit.mirror.prepared_view(&p, est, now))))
 }
 
 /// Lease ids: random 63-bit numbers, distinct across processes without coordination

@@ -2,6 +2,7 @@
 //! observed quota headers and states, the routing guardrail, snapshots and the
 //! analysis reads. [`Observed`] is the desk (`engine.observed()`); [`ObservedState`]
 //! what only it keeps (the guardrail snapshot, the headroom cache).
+use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
 use crate::core::limits::{LimitSet, WindowSpec};
@@ -139,7 +140,7 @@ impl Observed<'_> {
 
     pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        self.unit.reading(|u, _| u.mirror.caps_for(platform))
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().caps_for(platform)))
     }
 
     /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
@@ -157,7 +158,8 @@ impl Observed<'_> {
             }
         }
         self.unit
-            .writing(|u, _, writes| {
+            .run_counted(Access::Write, |tx| {
+                let (u, _, writes) = tx.parts();
                 let old = u.mirror.config.caps.get(platform).copied().unwrap_or_default();
                 let new = CapOverrides {
                     daily_requests: daily_requests.unwrap_or(old.daily_requests),
@@ -172,25 +174,35 @@ impl Observed<'_> {
 
     pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
         check_name("platform", platform)?;
-        self.unit.write(vec![Write::ResetCaps(platform.to_string())]).map(|_| ())
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::ResetCaps(platform.to_string()));
+            Ok(())
+        })
     }
 
     pub fn provider_daily_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.unit.read(|m, now| m.provider_day_requests(platform, key_id, now))
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
+            Ok(m.provider_day_requests(platform, key_id, now))
+        })
     }
 
     pub fn provider_minute_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.unit.read(|m, now| {
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
             let a = m.account_id(platform, key_id);
             m.prune_account_id(a, now);
-            m.provider_minute_requests(platform, key_id, now)
+            Ok(m.provider_minute_requests(platform, key_id, now))
         })
     }
 
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.unit.reading(|u, now| {
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             let cap = u.mirror.caps_for(platform).daily_tokens;
-            u.mirror.provider_day_tokens(platform, key_id, cap, now)
+            Ok(u.mirror.provider_day_tokens(platform, key_id, cap, now))
         })
     }
 
@@ -198,20 +210,21 @@ impl Observed<'_> {
 
     pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
         let _ = self.unit.flush();
-        Ok(self.unit.usage_events(filter)?)
+        Ok(self.unit.store_read(|s| s.usage_events(filter))?)
     }
 
     pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
         check_non_negative("limit", limit)?;
         let _ = self.unit.flush();
-        Ok(self.unit.server_logs(limit)?)
+        Ok(self.unit.store_read(|s| s.server_logs(limit))?)
     }
 
     /// Every cooldown the store holds, expired ones included until they are cleaned up
     /// (`cleanup_expired_cooldowns`), sorted by (platform, model_id, key_id): what
     /// `analysis.plot_cooldowns` draws (SPEC §12).
     pub fn stored_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
-        self.unit.read(|m, _| {
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
             let mut v: Vec<Cooldown> = m
                 .cooldowns
                 .routes
@@ -248,7 +261,7 @@ impl Observed<'_> {
                 }
             }
             v.sort_by(|a, b| a.route.cmp(&b.route));
-            v
+            Ok(v)
         })
     }
 
@@ -268,7 +281,8 @@ impl Observed<'_> {
         if let Some(m) = model_id {
             check_name("model_id", m)?;
         }
-        let (obs, _) = self.unit.writing(|u, now, writes| {
+        let (obs, _) = self.unit.run_counted(Access::Write, |tx| {
+            let (u, now, writes) = tx.parts();
             let parsed = crate::core::headers::parse_quota_headers(headers, now);
             let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
             let mut obs: Vec<QuotaObservation> = parsed
@@ -308,7 +322,7 @@ impl Observed<'_> {
             if obs.is_empty() {
                 return Ok(obs);
             }
-            let existing = match u.quota_states(Some(platform)) {
+            let existing = match u.store_read(|s| s.quota_states(Some(platform))) {
                 Ok(rows) => rows,
                 Err(err) => {
                     u.rollback();
@@ -364,23 +378,26 @@ impl Observed<'_> {
     /// The merged quota rows; rows past their reset read (and are stored) full again.
     pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
         let write = !self.unit.readonly();
-        let sec = self.unit.enter(write)?;
-        let now = sec.now;
-        let rows =
-            if sec.online || !write { self.unit.quota_states(None).unwrap_or_default() } else { Vec::new() };
-        let mut writes = Vec::new();
-        let rows: Vec<QuotaStateRow> = rows
-            .into_iter()
-            .map(|r| {
-                let fresh = replenished(r.clone(), now);
-                if fresh != r && write {
-                    writes.push(Write::UpsertQuotaState(fresh.clone()));
-                }
-                fresh
-            })
-            .collect();
-        self.unit.leave(sec, writes)?;
-        Ok(rows)
+        let access = if write { Access::Write } else { Access::Read };
+        self.unit.run(access, |tx| {
+            let now = tx.now();
+            let rows = if tx.online() || !write {
+                tx.parts().0.store_read(|s| s.quota_states(None)).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let rows: Vec<QuotaStateRow> = rows
+                .into_iter()
+                .map(|r| {
+                    let fresh = replenished(r.clone(), now);
+                    if fresh != r && write {
+                        tx.push(Write::UpsertQuotaState(fresh.clone()));
+                    }
+                    fresh
+                })
+                .collect();
+            Ok(rows)
+        })
     }
 
     /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
@@ -392,7 +409,10 @@ impl Observed<'_> {
         if let Some(v) = self.state.fresh_headroom(platform, now) {
             return Ok(v.clone());
         }
-        let rows = self.unit.reading(|u, _| u.quota_states(Some(platform)).unwrap_or_default())?;
+        let rows = self.unit.run(Access::Read, |tx| {
+            let (u, _, _) = tx.parts();
+            Ok(u.store_read(|s| s.quota_states(Some(platform))).unwrap_or_default())
+        })?;
         let mut worst: HashMap<i64, f64> = HashMap::new();
         for r in rows {
             if r.confidence < 0.7 {
@@ -424,7 +444,8 @@ impl Observed<'_> {
     }
 
     fn rebuild_window_snapshot(&mut self) -> Result<bool> {
-        let (failed, snap) = self.unit.reading(|u, now| {
+        let (failed, snap) = self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
             u.mirror.prune_all(now);
             for (rid, r) in u.mirror.routes.iter() {
@@ -448,7 +469,7 @@ impl Observed<'_> {
                     .or_default()
                     .insert(r.key_id, used);
             }
-            (u.read_failed(), snap)
+            Ok((u.read_failed(), snap))
         })?;
         if failed {
             self.state.window_snapshot = None;
@@ -471,12 +492,14 @@ impl Observed<'_> {
         if !missing {
             return Ok(());
         }
-        self.unit.reading(|u, now| {
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             for k in keys {
                 let route =
                     Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
                 u.ready_route(&route, limits, now);
             }
+            Ok(())
         })?;
         self.state.window_snapshot = None;
         Ok(())
@@ -545,7 +568,9 @@ impl Observed<'_> {
     /// sorted by (platform, model_id, key_id) (SPEC §12).
     pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
         self.unit
-            .read(|m, now| {
+            .run(Access::Read, |tx| {
+                let now = tx.now();
+                let m = tx.mirror();
                 m.prune_all(now);
                 let mut rows = Vec::new();
                 for (rid, r) in m.routes.iter() {
@@ -594,17 +619,18 @@ impl Observed<'_> {
                     });
                 }
                 rows.sort_by(|a, b| a.route.cmp(&b.route));
-                rows
+                Ok(rows)
             })
             .and_then(|mut rows| {
                 // SPEC 22.2: the earliest forecast of each row.
-                self.unit.reading(|u, now| {
+                self.unit.run(Access::Read, |tx| {
+                    let (u, now, _) = tx.parts();
                     let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
                     let forecasts = forecast_routes(u, &routes, DEFAULT_LOOKBACK_MS, now);
                     for (row, f) in rows.iter_mut().zip(forecasts) {
                         row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
                     }
-                    rows
+                    Ok(rows)
                 })
             })
     }
@@ -619,8 +645,10 @@ impl Observed<'_> {
         if lookback_ms <= 0 {
             return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
         }
-        self.unit
-            .reading(|u, now| forecast_routes(u, std::slice::from_ref(route), lookback_ms, now).remove(0))
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
+            Ok(forecast_routes(u, std::slice::from_ref(route), lookback_ms, now).remove(0))
+        })
     }
 }
 

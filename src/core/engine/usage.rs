@@ -2,6 +2,7 @@
 //! tokens as usage rows (committed now, or grouped when `flush_interval_ms > 0`), a
 //! success clearing the route's failure history, and `usage()`'s report of what each
 //! window used. The lease path's success (`batch.rs`) builds its rows here too.
+use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
 use crate::core::limits::{Declared, LimitSet};
@@ -132,11 +133,28 @@ impl Usage<'_> {
         })
     }
 
+    /// Usage writes: committed now, or grouped when `flush_interval_ms > 0` (applied
+    /// to the mirror and buffered).
+    fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
+        if self.unit.groups_usage() {
+            let now = self.unit.clock.now_ms();
+            for w in writes {
+                self.unit.apply_local(&w, 0, now);
+                self.unit.buffer(w, now);
+            }
+            return Ok(());
+        }
+        self.unit.run(Access::Append, |tx| {
+            writes.into_iter().for_each(|w| tx.push(w));
+            Ok(())
+        })
+    }
+
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.unit.clock.now_ms();
         let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
         self.clear_history_on_success(route, &mut writes);
-        self.unit.write_usage(writes)
+        self.write_usage(writes)
     }
 
     /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
@@ -174,13 +192,16 @@ impl Usage<'_> {
         let total = used.validate()?;
         let now = self.unit.clock.now_ms();
         let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
-        self.unit.write_usage(vec![row])
+        self.write_usage(vec![row])
     }
 
     /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
     /// every other declared limit by its reason.
     pub fn report(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
-        self.unit.reading(|unit, now| Usage { unit }.report_at(route, limits, now))
+        self.unit.run(Access::Read, |tx| {
+            let (unit, now, _) = tx.parts();
+            Ok(Usage { unit }.report_at(route, limits, now))
+        })
     }
 
     /// `report()` inside a section, at `now`.

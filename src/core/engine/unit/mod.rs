@@ -2,16 +2,18 @@
 //! (sync), decides on the mirror, and ends by committing its writes (leave), or
 //! buffers them while the store fails (degraded mode); grouped writes keep the
 //! write lock across calls (hold) and flush together. Use cases in the sibling
-//! files only open and close sections through `read`, `write`, `append`,
-//! `enter`/`leave` and `leave_applied` (batches, `batch.rs`), or the engine's
-//! `reading`/`writing`; none touches the store directly: [`Unit`] owns it, privately,
-//! with the mirror the sections keep in step with it.
+//! files go through one door, [`Unit::run`] (`tx.rs`: a `Tx` gives the body the
+//! mirror, the section's `now` and `push` for its writes); the batches of `batch.rs`
+//! open and end their own section (`enter`, `leave_applied`). None touches the store
+//! directly: [`Unit`] owns it, privately, with the mirror the sections keep in step
+//! with it. The buffer (`buffer.rs`), the hold (`hold.rs`) and the retention
+//! (`retention.rs`) are files of their own.
 use super::{Engine, Settings};
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::error::{Result, StoreError};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Mirror, Prepared, RouteId};
-use crate::core::store::{Changes, LogRow, QuotaStateRow, Store, UsageFilter, UsageRow, Write};
+use crate::core::store::{Changes, LogRow, Store, Write};
 use crate::core::types::Route;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use std::time::Duration;
 mod buffer;
 mod hold;
 mod retention;
+mod tx;
 use buffer::{Buffer, MAX_BUFFERED_LOGS};
 use hold::Hold;
 pub(super) use hold::HOLD_MAX_MS;
@@ -186,28 +189,11 @@ impl Unit {
         self.store.after_fork()
     }
 
-    /// Claims `name` across the fleet (see [`Store::try_claim`]); true when the store
-    /// cannot say.
-    pub(super) fn try_claim(&mut self, name: &str, ttl_ms: i64) -> bool {
-        self.store.try_claim(name, ttl_ms).unwrap_or(true)
-    }
-
-    pub(super) fn usage_events(&mut self, f: &UsageFilter) -> std::result::Result<Vec<UsageRow>, StoreError> {
-        self.store.usage_events(f)
-    }
-
-    pub(super) fn server_logs(
-        &mut self,
-        limit: i64,
-    ) -> std::result::Result<Vec<(i64, LogRow, Option<String>)>, StoreError> {
-        self.store.server_logs(limit)
-    }
-
-    pub(super) fn quota_states(
-        &mut self,
-        platform: Option<&str>,
-    ) -> std::result::Result<Vec<QuotaStateRow>, StoreError> {
-        self.store.quota_states(platform)
+    /// Reads the store directly, beside the mirror (the analysis reads, the observed
+    /// quota states, a claim across the fleet): the one way to the store outside a
+    /// section's protocol.
+    pub(super) fn store_read<T>(&mut self, f: impl FnOnce(&mut dyn Store) -> T) -> T {
+        f(&mut *self.store)
     }
 
     // ---- sections ------------------------------------------------------------------
@@ -231,80 +217,10 @@ impl Unit {
         began.map(|()| stale)
     }
 
-    /// Outside a section: another writer may have changed something (or the store
-    /// cannot tell).
-    fn changed(&mut self) -> bool {
-        self.store.changed().unwrap_or(true)
-    }
-
-    /// A read snapshot (to reload from after the clock stepped back).
-    fn begin_read(&mut self) -> std::result::Result<(), StoreError> {
-        self.store.begin(false)
-    }
-
-    /// Ends a read section.
-    fn end_read(&mut self) {
-        let _ = self.store.commit();
-    }
-
-    fn pull(&mut self) -> std::result::Result<Changes, StoreError> {
-        self.store.pull()
-    }
-
-    /// Inside an online write section: writes what is buffered (with `flush_pending`;
-    /// less what never needs to reach the store), then `writes`, then `sweep`, and
-    /// commits. Returns the per-write results (as far as they got) and how it ended.
-    /// Whether a hot-path section may take the write lock and keep it across calls:
-    /// grouped writes are on, the store answers, and no other engine has it open.
-    fn may_hold(&mut self) -> bool {
-        !self.degraded && self.hold.may_start(&mut *self.store)
-    }
-
     /// A held write lock is kept for this hot-path section's writes (its period is
     /// not over, and no flush asked for it to end).
     fn keeps_holding(&self, sec: &Section) -> bool {
         sec.held && sec.hot && !self.flush_requested && !self.hold.period_over()
-    }
-
-    fn write_and_commit(
-        &mut self,
-        flush_pending: bool,
-        retention: Option<&Retention>,
-        writes: &[Write],
-        sweep: Option<&Write>,
-    ) -> (Vec<i64>, std::result::Result<(), StoreError>) {
-        let mut ids = Vec::with_capacity(writes.len());
-        let result = self.write_all_and_commit(flush_pending, retention, writes, sweep, &mut ids);
-        (ids, result)
-    }
-
-    fn write_all_and_commit(
-        &mut self,
-        flush_pending: bool,
-        retention: Option<&Retention>,
-        writes: &[Write],
-        sweep: Option<&Write>,
-        ids: &mut Vec<i64>,
-    ) -> std::result::Result<(), StoreError> {
-        if flush_pending {
-            // A lease taken and finished while both waited here never reaches the
-            // store, nor does a usage row buffered past the retention.
-            let live = self.pending.live(retention);
-            self.store.write_all(&live)?;
-        }
-        for w in writes {
-            ids.push(self.store.write(w)?);
-        }
-        // Last, so that it sees every row, the section's own included.
-        if let Some(s) = sweep {
-            self.store.write(s)?;
-        }
-        self.store.commit()
-    }
-
-    /// Nothing buffered, held or left in doubt: a flush has nothing to do.
-    fn idle(&self) -> bool {
-        self.pending.writes.is_empty() && !self.hold.held() && self.store.undelivered() == 0
     }
 
     /// Writes the store has not accepted (buffered, or left in doubt).
@@ -316,17 +232,15 @@ impl Unit {
 impl Unit {
     // ---- sections ----------------------------------------------------------------
 
-    pub(super) fn enter(&mut self, write: bool) -> Result<Section> {
-        self.enter_as(if write { Access::Write } else { Access::Read })
-    }
-
-    pub(super) fn enter_as(&mut self, mut access: Access) -> Result<Section> {
+    /// Opens a section as `access` asks (see [`Unit::run`]; a batch opens and ends
+    /// its own, `batch.rs`).
+    pub(super) fn enter(&mut self, mut access: Access) -> Result<Section> {
         let write = access != Access::Read;
         if write && self.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
         let hot = matches!(access, Access::Decide | Access::Append);
-        let start_hold = hot && !self.hold.held() && self.may_hold();
+        let start_hold = hot && !self.hold.held() && !self.degraded && self.hold.may_start(&mut *self.store);
         if start_hold {
             access = Access::Write;
         }
@@ -335,8 +249,12 @@ impl Unit {
         let mut stale = false;
         self.read_failed = false;
         // Holding the write lock, nothing can have changed under us.
-        let need_store =
-            !held && (write || !self.loaded || self.rebuild || self.mirror.needs_reload || self.changed());
+        let need_store = !held
+            && (write
+                || !self.loaded
+                || self.rebuild
+                || self.mirror.needs_reload
+                || self.store.changed().unwrap_or(true));
         if need_store {
             match self.begin(access, self.settings.busy_timeout_ms) {
                 Ok(s) => {
@@ -364,7 +282,7 @@ impl Unit {
         self.last_now = Some(now);
         if !online && self.rebuild && !write {
             // A read noticed the step back: open a read snapshot to reload from.
-            match self.begin_read() {
+            match self.store.begin(false) {
                 Ok(()) => online = true,
                 Err(e) => self.store_failed(&e, false),
             }
@@ -454,7 +372,7 @@ impl Unit {
         if !self.loaded || self.rebuild || self.mirror.needs_reload {
             self.load_usage(now)?;
         }
-        let changes = self.pull()?;
+        let changes = self.store.pull()?;
         self.apply_changes(changes, now);
         if std::mem::take(&mut self.mirror.needs_reload) {
             // A model declared a window its routes' events were not kept for.
@@ -539,7 +457,9 @@ impl Unit {
             }),
             _ => None,
         };
-        let (ids, result) = self.write_and_commit(flush_pending, retention.as_ref(), writes, sweep.as_ref());
+        let mut ids = Vec::with_capacity(writes.len());
+        let live = flush_pending.then(|| self.pending.live(retention.as_ref()));
+        let result = write_and_commit(&mut *self.store, live, writes, sweep.as_ref(), &mut ids);
         // The commit (or the rollback) ends a held lock.
         self.hold.end();
         // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
@@ -598,7 +518,7 @@ impl Unit {
         if !sec.write {
             if sec.online && !sec.held {
                 // Ends the read snapshot.
-                self.end_read();
+                let _ = self.store.commit();
             }
             return Ok(Vec::new());
         }
@@ -753,52 +673,6 @@ impl Unit {
         self.logs.push((level, message));
     }
 
-    /// Runs `f` on the mirror inside a read section.
-    pub(super) fn read<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
-        self.reading(|u, now| f(&mut u.mirror, now))
-    }
-
-    /// A use case that only reads, in one section: `f` answers from the unit (its
-    /// mirror synced with what other engines wrote) as of `now`.
-    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Unit, i64) -> T) -> Result<T> {
-        let sec = self.enter(false)?;
-        let out = f(self, sec.now);
-        self.leave(sec, Vec::new())?;
-        Ok(out)
-    }
-
-    /// A use case that writes, in one section holding the store's write lock: `f`
-    /// decides at `now` and queues its writes, committed with the section; when `f`
-    /// fails, none of them is. Returns what `f` answers and, per write, the id of an
-    /// insert or the number of rows a delete removed.
-    pub(super) fn writing<T>(
-        &mut self,
-        f: impl FnOnce(&mut Unit, i64, &mut Vec<Write>) -> Result<T>,
-    ) -> Result<(T, Vec<i64>)> {
-        let sec = self.enter(true)?;
-        let mut writes = Vec::new();
-        match f(self, sec.now, &mut writes) {
-            Ok(out) => Ok((out, self.leave(sec, writes)?)),
-            Err(e) => {
-                self.leave(sec, Vec::new())?;
-                Err(e)
-            }
-        }
-    }
-
-    /// A write section with writes that do not depend on the mirror.
-    pub(super) fn write(&mut self, writes: Vec<Write>) -> Result<Vec<i64>> {
-        let sec = self.enter(true)?;
-        self.leave(sec, writes)
-    }
-
-    /// Writes that decide nothing (usage rows, buffered changes): no need to take the
-    /// store's lock first.
-    pub(super) fn append(&mut self, writes: Vec<Write>) -> Result<()> {
-        let sec = self.enter_as(Access::Append)?;
-        self.leave(sec, writes).map(|_| ())
-    }
-
     /// Drops from `own_leases` what no longer counts (expired, or ended by another
     /// engine through `release_lease`).
     pub(super) fn prune_own_leases(&mut self, now: i64) {
@@ -811,30 +685,18 @@ impl Unit {
         self.settings.flush_interval_ms > 0 && !self.readonly()
     }
 
-    /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
-    pub(super) fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
-        if self.groups_usage() {
-            let now = self.clock.now_ms();
-            for w in writes {
-                self.apply_local(&w, 0, now);
-                self.buffer(w, now);
-            }
-            Ok(())
-        } else {
-            self.append(writes)
-        }
-    }
-
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if self.idle() || self.readonly() {
+        // Nothing buffered, held or left in doubt: nothing to do.
+        let idle = self.pending.writes.is_empty() && !self.hold.held() && self.store.undelivered() == 0;
+        if idle || self.readonly() {
             return Ok(());
         }
         self.flush_requested = true;
         // Buffered writes were decided when they were made: they only append now.
-        let out = self.append(Vec::new());
+        let out = self.run(Access::Append, |_| Ok(()));
         self.flush_requested = false;
-        out
+        out.map(|_| ())
     }
 
     /// Ends a held write lock whose period is over (the flusher thread: an idle
@@ -869,15 +731,6 @@ impl Engine {
         self.unit.tick_period()
     }
 
-    /// A use case that only reads, in one section: `f` answers with the engine as of
-    /// `now` (the mirror synced with what other engines wrote).
-    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Self, i64) -> T) -> Result<T> {
-        let sec = self.unit.enter(false)?;
-        let out = f(self, sec.now);
-        self.unit.leave(sec, Vec::new())?;
-        Ok(out)
-    }
-
     /// Ends this engine's live leases (SPEC 18.5), flushes and reports whether
     /// anything stayed unwritten.
     pub fn close(&mut self) -> Result<()> {
@@ -894,4 +747,29 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Inside an online write section: writes what is buffered (`live`), then `writes`,
+/// then `sweep`, and commits. The per-write results (as far as they got) land in
+/// `ids`.
+fn write_and_commit(
+    store: &mut dyn Store,
+    live: Option<Vec<&Write>>,
+    writes: &[Write],
+    sweep: Option<&Write>,
+    ids: &mut Vec<i64>,
+) -> std::result::Result<(), StoreError> {
+    if let Some(live) = live {
+        // A lease taken and finished while both waited here never reaches the
+        // store, nor does a usage row buffered past the retention.
+        store.write_all(&live)?;
+    }
+    for w in writes {
+        ids.push(store.write(w)?);
+    }
+    // Last, so that it sees every row, the section's own included.
+    if let Some(s) = sweep {
+        store.write(s)?;
+    }
+    store.commit()
 }
