@@ -5,21 +5,23 @@ pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
-use crate::core::store::{CooldownRow, KeptUsage, LeaseRow, UsageKind, UsageRow, Write};
-use crate::core::types::{CooldownSource, KeyInfo, ModelInfo};
+use crate::core::store::{KeptUsage, LeaseRow, UsageKind, UsageRow, Write};
+use crate::core::types::{CooldownSource, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 
 mod accounts;
 mod config;
+mod feed;
 mod history;
 mod leases;
 mod prepare;
 use accounts::Accounts;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
+pub use feed::Waiting;
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
 pub use prepare::{min_cap, Prepared, Setup};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub type RouteId = u32;
@@ -138,10 +140,6 @@ struct Retained {
 }
 
 impl Mirror {
-    pub fn with_calendars(calendars: Calendars) -> Mirror {
-        Mirror { calendars, ..Mirror::default() }
-    }
-
     /// The mirror of an engine built with `env` (its day zones and caps read once).
     pub fn with_env(env: crate::core::env::Env) -> Mirror {
         let calendars = Calendars::with_env(env.day_zones());
@@ -151,44 +149,6 @@ impl Mirror {
     /// The limits a call uses: the given ones, else the model's declared ones, else none.
     pub fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
         given.unwrap_or_else(|| self.config.limit_set(platform, model_id))
-    }
-
-    /// The stored platform zones changed (ours or another engine's): routes and
-    /// accounts of a platform whose calendar changed start over with its new days.
-    /// True when any did: the caller reloads usage from the store.
-    pub fn replace_calendars(&mut self, set: HashMap<String, String>) -> bool {
-        let changed = self.calendars.replace(set);
-        self.retained_windows = None;
-        for p in &changed {
-            let cal = self.calendars.of(p);
-            for r in self.routes.list.iter_mut().filter(|r| &*r.platform == p.as_str()) {
-                r.win = r.win.cleared(cal.clone());
-            }
-            if let Some(accts) = self.accounts.index.get(p.as_str()) {
-                for a in accts.values() {
-                    let acct = &mut self.accounts.list[*a as usize];
-                    acct.win = acct.win.cleared(cal.clone());
-                }
-            }
-            let of_platform = |a: &AccountId| {
-                self.accounts.list[*a as usize]
-                    .routes
-                    .first()
-                    .is_some_and(|r| &*self.routes[*r as usize].platform == p.as_str())
-            };
-            let gids: Vec<GroupId> = self
-                .accounts
-                .group_index
-                .iter()
-                .filter(|((a, _), _)| of_platform(a))
-                .map(|(_, g)| *g)
-                .collect();
-            for g in gids {
-                let grp = &mut self.accounts.groups[g as usize];
-                grp.win = grp.win.cleared(cal.clone());
-            }
-        }
-        !changed.is_empty()
     }
 
     /// The keys of the account of lease `id`'s route when it has several (`None`,
@@ -492,39 +452,6 @@ impl Mirror {
         self.leases.by_id.insert(id, rec);
     }
 
-    pub fn remove_lease(&mut self, id: i64) -> Option<LeaseRec> {
-        let rec = self.leases.by_id.remove(&id)?;
-        let route = &mut self.routes[rec.route as usize];
-        route.leases.retain(|l| *l != id);
-        self.accounts.list[route.account as usize].leases.retain(|l| *l != id);
-        if let Some(g) = route.group {
-            self.accounts.groups[g as usize].leases.retain(|l| *l != id);
-        }
-        Some(rec)
-    }
-
-    /// Replaces the leases with the stored `rows`, keeping those whose insertion is
-    /// still waiting to be written and skipping those whose deletion is.
-    pub fn replace_stored_leases(
-        &mut self,
-        rows: &[LeaseRow],
-        pending_deleted: &HashSet<i64>,
-        pending_inserted: &HashSet<i64>,
-    ) {
-        let stored: Vec<i64> =
-            self.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
-        for id in stored {
-            self.remove_lease(id);
-        }
-        for row in rows {
-            if pending_deleted.contains(&row.id) {
-                continue;
-            }
-            let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
-            self.add_lease(row.id, LeaseRec::of(rid, row));
-        }
-    }
-
     pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
         self.leases.in_flight(&self.routes[rid as usize].leases, now)
     }
@@ -572,47 +499,6 @@ impl Mirror {
             }
         }
         self.retained_windows = None;
-    }
-
-    pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
-        self.config.clear_models();
-        self.retained_windows = None;
-        for m in rows {
-            self.put_model(m);
-        }
-    }
-
-    pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {
-        self.config.replace_keys(rows);
-        self.accounts_changed();
-    }
-
-    /// Registers (or updates) one key; the routable keys follow at once.
-    pub fn put_key(&mut self, k: KeyInfo) {
-        self.config.put_key(k);
-        self.accounts_changed();
-    }
-
-    pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
-        self.cooldowns.routes.clear();
-        self.cooldowns.models.clear();
-        for r in rows {
-            self.put_cooldown(r);
-        }
-    }
-
-    /// One stored cooldown: a route's, or with no key the model's (SPEC 21.1).
-    pub fn put_cooldown(&mut self, r: &CooldownRow) {
-        let rec = CooldownRec { expires_at_ms: r.expires_at_ms, source: r.source, set_at_ms: r.set_at_ms };
-        match r.key_id {
-            Some(key_id) => {
-                let rid = self.route_id(&r.platform, &r.model_id, key_id);
-                self.cooldowns.routes.insert(rid, rec);
-            }
-            None => {
-                self.cooldowns.models.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
-            }
-        }
     }
 
     /// What benches a route (SPEC 21.1): whichever of its own cooldown and its model's
@@ -715,67 +601,6 @@ impl Mirror {
             created_at_ms: now,
             expires_at_ms: now.saturating_add(max_age_ms),
         })
-    }
-
-    /// Applies one write to the mirror (one of this engine's, as it is made). Returns
-    /// the count of a delete (0 otherwise), and whether a platform's calendar changed
-    /// (its day windows are to be counted again from the store).
-    pub fn apply(&mut self, w: &Write, id: i64, now: i64) -> (i64, bool) {
-        match w {
-            Write::Usage(u) => self.add_usage_row(u, now),
-            Write::InsertLease(l) => {
-                let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
-                self.add_lease(id, LeaseRec::of(rid, l));
-                return (id, false);
-            }
-            Write::DeleteLease(id) => return (i64::from(self.remove_lease(*id).is_some()), false),
-            Write::UpsertCooldown(c) => self.put_cooldown(c),
-            Write::DeleteCooldown { platform, model_id, key_id } => {
-                if let Some(rid) = self.routes.find(platform, model_id, *key_id) {
-                    return (i64::from(self.cooldowns.routes.remove(&rid).is_some()), false);
-                }
-            }
-            Write::DeleteCooldownsForKey(key_id) => {
-                let routes: Vec<RouteId> = self
-                    .cooldowns
-                    .routes
-                    .keys()
-                    .copied()
-                    .filter(|rid| self.routes.get(*rid).key_id == *key_id)
-                    .collect();
-                for rid in &routes {
-                    self.cooldowns.routes.remove(rid);
-                }
-                return (routes.len() as i64, false);
-            }
-            Write::DeleteExpiredCooldowns(t) => return (self.cooldowns.remove_expired(*t), false),
-            Write::UpsertKey(k) => self.put_key(k.clone()),
-            Write::UpsertModel(m) => self.put_model(m.clone()),
-            Write::SetCaps(p, c) => {
-                self.config.caps.insert(p.clone(), *c);
-            }
-            Write::ResetCaps(p) => {
-                self.config.caps.remove(p);
-            }
-            Write::InsertHistory(h) => self.history.add(h.clone()),
-            Write::DeleteHistory { key_id, route, kinds } => {
-                return (
-                    self.history.remove(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds),
-                    false,
-                );
-            }
-            Write::Sweep { history_before, .. } => {
-                self.history.prune(*history_before);
-            }
-            Write::SetCalendar { platform, zone } => {
-                let set = self.calendars.zones_with(platform, zone.as_deref());
-                // The platform's day windows start over: they are counted again.
-                return (0, self.replace_calendars(set));
-            }
-            Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
-            Write::Log(_) | Write::UpsertQuotaState(_) => {}
-        }
-        (0, false)
     }
 
     // ---- the view of a decision -----------------------------------------------------

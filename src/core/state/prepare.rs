@@ -73,7 +73,7 @@ impl Mirror {
     /// hot path: the platform's environment, its cap settings and the key are looked
     /// up once each.
     pub fn prepare(&mut self, route: &Route, limits: Option<LimitSet>, priority: i64, now: i64) -> Prepared {
-        let ctx = self.gate_context(route, limits, priority, now);
+        let ctx = gate_context(self, route, limits, priority, now);
         if route.model_id.is_empty() {
             let account = self.account_id(&route.platform, route.key_id);
             self.prune_account_id(account, now);
@@ -105,58 +105,6 @@ impl Mirror {
             self.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
         min_cap(min_cap(env, configured), self.history.learned_concurrency_cap(platform, key_id, now))
     }
-
-    /// What a decision at `priority` on `route` reads besides the windows.
-    fn gate_context(
-        &mut self,
-        route: &Route,
-        limits: Option<LimitSet>,
-        priority: i64,
-        now: i64,
-    ) -> GateContext {
-        let (env_caps, env_conc) = self.setup.platform_env(&route.platform);
-        let key = self.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
-        let set = self.config.caps.get(&route.platform).copied().unwrap_or_default();
-        // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
-        let shared = key.is_some_and(|k| k.account.is_some());
-        // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
-        // configured cap and the learned one.
-        let conc = min_cap(env_conc, key.and_then(|k| k.concurrency_cap));
-        let caps =
-            self.lowered_to_learned(overridden(env_caps, set), set, &route.platform, route.key_id, shared);
-        let learned = self.history.learned_concurrency_cap(&route.platform, route.key_id, now);
-        GateContext {
-            limits: self.limits_for(&route.platform, &route.model_id, limits),
-            provider: self.setup.provider_limits(caps),
-            concurrency_cap: min_cap(conc, learned),
-            reserve: self.reserves.for_priority(priority),
-        }
-    }
-
-    /// The provider caps the gates apply to a key's account: `caps`, each lowered to
-    /// the account's learned one (SPEC 21.2) unless `set_provider_caps` set it
-    /// (`set`). The one place the gates read provider caps.
-    fn lowered_to_learned(
-        &self,
-        caps: ProviderCaps,
-        set: CapOverrides,
-        platform: &str,
-        key_id: i64,
-        shared: bool,
-    ) -> ProviderCaps {
-        let learned =
-            self.history.learned_pool_caps(platform, key_id, shared, || self.account_keys(platform, key_id));
-        let Some((day, minute)) = learned else { return caps };
-        let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
-            CapSetting::Inherit => min_cap(cap, learned),
-            _ => cap,
-        };
-        ProviderCaps {
-            daily_requests: lower(set.daily_requests, caps.daily_requests, day),
-            minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
-            daily_tokens: caps.daily_tokens,
-        }
-    }
 }
 
 /// The smaller of two optional caps (`None`: no cap).
@@ -180,5 +128,55 @@ fn overridden(env_caps: ProviderCaps, o: CapOverrides) -> ProviderCaps {
         daily_requests: pick(o.daily_requests, env_caps.daily_requests),
         minute_requests: pick(o.minute_requests, env_caps.minute_requests),
         daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
+    }
+}
+
+/// What a decision at `priority` on `route` reads besides the windows.
+fn gate_context(
+    m: &mut Mirror,
+    route: &Route,
+    limits: Option<LimitSet>,
+    priority: i64,
+    now: i64,
+) -> GateContext {
+    let (env_caps, env_conc) = m.setup.platform_env(&route.platform);
+    let key = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
+    let set = m.config.caps.get(&route.platform).copied().unwrap_or_default();
+    // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
+    let shared = key.is_some_and(|k| k.account.is_some());
+    // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
+    // configured cap and the learned one.
+    let conc = min_cap(env_conc, key.and_then(|k| k.concurrency_cap));
+    let caps = lowered_to_learned(m, overridden(env_caps, set), set, &route.platform, route.key_id, shared);
+    let learned = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
+    GateContext {
+        limits: m.limits_for(&route.platform, &route.model_id, limits),
+        provider: m.setup.provider_limits(caps),
+        concurrency_cap: min_cap(conc, learned),
+        reserve: m.reserves.for_priority(priority),
+    }
+}
+
+/// The provider caps the gates apply to a key's account: `caps`, each lowered to
+/// the account's learned one (SPEC 21.2) unless `set_provider_caps` set it
+/// (`set`). The one place the gates read provider caps.
+fn lowered_to_learned(
+    m: &Mirror,
+    caps: ProviderCaps,
+    set: CapOverrides,
+    platform: &str,
+    key_id: i64,
+    shared: bool,
+) -> ProviderCaps {
+    let learned = m.history.learned_pool_caps(platform, key_id, shared, || m.account_keys(platform, key_id));
+    let Some((day, minute)) = learned else { return caps };
+    let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
+        CapSetting::Inherit => min_cap(cap, learned),
+        _ => cap,
+    };
+    ProviderCaps {
+        daily_requests: lower(set.daily_requests, caps.daily_requests, day),
+        minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
+        daily_tokens: caps.daily_tokens,
     }
 }

@@ -12,8 +12,8 @@ use super::{Engine, Settings};
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::error::{Result, StoreError};
 use crate::core::limits::LimitSet;
-use crate::core::state::{Mirror, Prepared, RouteId};
-use crate::core::store::{Changes, LogRow, Store, Write};
+use crate::core::state::{Mirror, Prepared, RouteId, Waiting};
+use crate::core::store::{LogRow, Store, Write};
 use crate::core::types::Route;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -373,7 +373,9 @@ impl Unit {
             self.load_usage(now)?;
         }
         let changes = self.store.pull()?;
-        self.apply_changes(changes, now);
+        let p = &self.pending;
+        let waiting = Waiting { writes: &p.writes, deleted: &p.deleted, inserted: &p.inserted };
+        self.rebuild |= self.mirror.apply_changes(changes, now, waiting);
         if std::mem::take(&mut self.mirror.needs_reload) {
             // A model declared a window its routes' events were not kept for.
             self.rebuild = true;
@@ -383,56 +385,6 @@ impl Unit {
             return self.sync(now);
         }
         Ok(())
-    }
-
-    pub(super) fn apply_changes(&mut self, ch: Changes, now: i64) {
-        for r in &ch.usage {
-            self.mirror.add_usage_row(r, now);
-        }
-        if let Some(leases) = &ch.leases {
-            self.mirror.replace_stored_leases(leases, &self.pending.deleted, &self.pending.inserted);
-        }
-        let tables_changed =
-            ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
-        if let Some(c) = &ch.cooldowns {
-            self.mirror.replace_cooldowns(c);
-        }
-        if let Some(k) = ch.keys {
-            self.mirror.replace_keys(k);
-        }
-        if let Some(m) = ch.models {
-            self.mirror.replace_models(m);
-        }
-        if let Some(c) = ch.caps {
-            self.mirror.config.caps = c.into_iter().collect();
-        }
-        let tables_changed =
-            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
-        if let Some(p) = ch.priorities {
-            self.mirror.reserves.replace(p);
-        }
-        if let Some(h) = ch.history {
-            self.mirror.history.replace(h);
-        }
-        if let Some(c) = ch.calendars {
-            if self.mirror.replace_calendars(c.into_iter().collect()) {
-                self.rebuild = true;
-            }
-        }
-        if tables_changed && !self.pending.writes.is_empty() {
-            // Our own buffered changes are newer than what the store holds.
-            let pending = std::mem::take(&mut self.pending.writes);
-            // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
-            // pending deletes skipped); re-applying an insert would resurrect a
-            // lease finished while its writes waited.
-            for w in pending
-                .iter()
-                .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease(_)))
-            {
-                self.apply_local(w, 0, now);
-            }
-            self.pending.writes = pending;
-        }
     }
 
     /// Inside an online write section: writes what is buffered (when due), the
