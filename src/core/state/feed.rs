@@ -25,7 +25,12 @@ impl Mirror {
         match w {
             Write::Usage(u) => self.add_usage_row(u, now),
             Write::InsertLease(l) => {
-                let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
+                // A lease this engine just decided names its route by the route's own
+                // names (`lease_write`): no lookup by name.
+                let rid = match self.lease_route.take() {
+                    Some(r) if self.routes.get(r).named_by(l) => r,
+                    _ => self.route_id(&l.platform, &l.model_id, l.key_id),
+                };
                 self.add_lease(id, LeaseRec::of(rid, l));
                 return (id, false);
             }
@@ -82,6 +87,7 @@ impl Mirror {
     /// What other engines changed since the last section (the store's change feed),
     /// applied under our own writes still `waiting` for the store. True when a
     /// platform's calendar changed (its day windows are to be counted again).
+    #[inline]
     pub fn apply_changes(&mut self, ch: Changes, now: i64, waiting: Waiting<'_>) -> bool {
         for r in &ch.usage {
             self.add_usage_row(r, now);

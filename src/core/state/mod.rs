@@ -89,6 +89,13 @@ impl std::ops::IndexMut<usize> for Routes {
 }
 
 impl RouteState {
+    /// `row` names this route by the route's own names (the same `Arc`s).
+    fn named_by(&self, row: &LeaseRow) -> bool {
+        Arc::ptr_eq(&self.platform, &row.platform)
+            && Arc::ptr_eq(&self.model_id, &row.model_id)
+            && self.key_id == row.key_id
+    }
+
     /// The billing multiplier of the route's model on a platform whose daily token
     /// cap is `cap` (SPEC §8).
     fn billing(&self, config: &Config, cap: i64) -> Multiplier {
@@ -128,6 +135,8 @@ pub struct Mirror {
     pub reserves: Reserves,
     /// What is derived from the environment and the caps (see [`Mirror::prepare`]).
     setup: Setup,
+    /// The route of the last lease write built (`lease_write`), for `apply`.
+    lease_route: Option<RouteId>,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -151,10 +160,14 @@ impl Mirror {
         given.unwrap_or_else(|| self.config.limit_set(platform, model_id))
     }
 
-    /// The keys of the account of lease `id`'s route when it has several (`None`,
-    /// without allocating, for a key of its own: the hot path).
-    pub fn lease_account_keys(&self, id: i64) -> Option<Vec<i64>> {
-        let r = &self.routes[self.leases.get(id)?.route as usize];
+    /// The keys of the account of the route a lease write names when it has several
+    /// (`None`, without allocating, for a key of its own: the hot path).
+    pub fn lease_account_keys(&self, l: &LeaseRow) -> Option<Vec<i64>> {
+        let rid = match self.lease_route {
+            Some(r) if self.routes.get(r).named_by(l) => r,
+            _ => self.routes.find(&l.platform, &l.model_id, l.key_id)?,
+        };
+        let r = &self.routes[rid as usize];
         r.group?;
         Some(self.account_keys(&r.platform, r.key_id))
     }
@@ -589,7 +602,8 @@ impl Mirror {
 
     /// The write that takes lease `id` on route `rid` at `now` for `est`, counting
     /// until `max_age_ms` from now (SPEC §5).
-    pub fn lease_write(&self, rid: RouteId, id: i64, est: Estimate, now: i64, max_age_ms: i64) -> Write {
+    pub fn lease_write(&mut self, rid: RouteId, id: i64, est: Estimate, now: i64, max_age_ms: i64) -> Write {
+        self.lease_route = Some(rid);
         let r = self.routes.get(rid);
         Write::InsertLease(LeaseRow {
             id,

@@ -59,6 +59,7 @@ impl Buffer {
     }
 
     /// After a commit that took the buffer with it: nothing waits any more.
+    #[inline]
     pub(super) fn flushed(&mut self) {
         self.writes.clear();
         self.deleted.clear();

@@ -536,15 +536,13 @@ impl Unit {
     /// from it: on Redis, a lease on a shared account conflicts with any other engine's
     /// writes on the account's other keys (SPEC §14.3).
     pub(super) fn apply_decided(&mut self, w: &Write, now: i64) {
-        let id = match w {
-            Write::InsertLease(l) => l.id,
-            _ => 0,
-        };
-        self.apply_local(w, id, now);
         if let Write::InsertLease(l) = w {
-            if let Some(keys) = self.mirror.lease_account_keys(id) {
+            if let Some(keys) = self.mirror.lease_account_keys(l) {
                 self.store.watch_keys(&l.platform, &keys);
             }
+            self.apply_local(w, l.id, now);
+        } else {
+            self.apply_local(w, 0, now);
         }
     }
 
