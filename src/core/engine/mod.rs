@@ -10,8 +10,8 @@
 //! cases of admission (the gates, leases); `configuration.rs` the keys, models,
 //! calendars and priority reserves ([`Configuration`], `engine.config()`); `usage.rs`
 //! recorded requests and tokens and the usage report ([`Usage`], `engine.usage()`);
-//! `unit.rs` the unit of work (`Unit`: the store and the mirror;
-//! sections, sync, commit, hold, degraded buffering); `batch.rs`
+//! `unit/` the unit of work (`Unit`: the store and the mirror; one door,
+//! `Unit::run`; sections, sync, commit, hold, degraded buffering); `batch.rs`
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning, aggregators' upstream benches and
 //! learned pool caps included (`Failures`, reached as `engine.failures()`);
