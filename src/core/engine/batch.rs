@@ -2,8 +2,15 @@
 //! `release` of several callers decided in one section and written in one commit,
 //! optimistically where the store allows it (decided on what the engine knows, taken
 //! back and made again when another writer changed what they read).
-use super::*;
-use crate::core::admission::Passed;
+use super::unit::{Access, Applied};
+use super::usage::TokenUse;
+use super::{admit, check_priority, Engine};
+use crate::core::admission::{self, Passed};
+use crate::core::error::{Error, Refusal, Result};
+use crate::core::limits::LimitSet;
+use crate::core::state::{Estimate, RouteId};
+use crate::core::store::{TokenKinds, UsageKind, Write};
+use crate::core::types::{check_non_negative, Admission, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
@@ -146,7 +153,7 @@ impl Engine {
         self.leased_undo.clear();
         let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
-            match self.unit.enter_as(access) {
+            match self.unit.enter(access) {
                 Ok(sec) => Some(sec),
                 Err(e) => return Ok(ops.iter().map(|_| BatchOut::failed(e.clone())).collect()),
             }
@@ -200,7 +207,7 @@ impl Engine {
             // What refused may have been freed meanwhile: read, then decide again.
             self.undo_leases(&writes, now);
             self.unit.rollback();
-            let _ = self.unit.read(|_, _| ());
+            let _ = self.unit.run(Access::Read, |_| Ok(()));
             return Err(());
         }
         match self.unit.leave_applied(sec, writes) {
@@ -233,7 +240,7 @@ impl Engine {
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
         let rid = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict) = self.admit(route, est, limits, priority, now);
+            let (rid, verdict) = admit(&mut self.unit, route, est, limits, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -274,7 +281,7 @@ impl Engine {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let (rid, verdict) = self.admit(route, est, None, priority, now);
+            let (rid, verdict) = admit(&mut self.unit, route, est, None, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;
@@ -331,23 +338,9 @@ impl Engine {
 
     /// Takes a lease on the route the gates were run on, inside the batch's section.
     fn take_lease(&mut self, rid: RouteId, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
-        // On Redis, a lease on a shared account conflicts with any other engine's
-        // writes on the account's other keys (SPEC §14.3).
-        if let Some(keys) = self.unit.mirror.shared_account_keys(rid) {
-            let platform = self.unit.mirror.routes.get(rid).platform.clone();
-            self.unit.watch_keys(&platform, &keys);
-        }
-        let w = self.lease_write(rid, est, now);
-        let Write::InsertLease(l) = &w else { unreachable!("lease_write builds an InsertLease") };
-        let id = l.id;
-        let rec = LeaseRec {
-            route: rid,
-            tokens: l.tokens,
-            output_tokens: l.output_tokens,
-            created_at_ms: l.created_at_ms,
-            expires_at_ms: l.expires_at_ms,
-        };
-        self.unit.mirror.add_lease(id, rec);
+        let id = self.lease_ids.next();
+        let w = self.unit.mirror.lease_write(rid, id, est, now, self.unit.settings.lease_max_age_ms);
+        self.unit.apply_decided(&w, now);
         writes.push(w);
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);

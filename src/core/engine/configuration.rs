@@ -2,7 +2,14 @@
 //! accounts and concurrency caps, the models' declared limits, the platforms'
 //! calendars and the priority reserves. Everything here is persisted and shared
 //! through the store; [`Configuration`] writes it and reads what is in force.
-use super::*;
+use super::unit::Access;
+use super::{check_priority, unit, Engine};
+use crate::core::calendar::Calendar;
+use crate::core::error::{Error, Result};
+use crate::core::limits::{Limit, LimitSet};
+use crate::core::state::Mirror;
+use crate::core::store::Write;
+use crate::core::types::{check_name, KeyInfo, Limits, ModelInfo};
 
 /// Keys, models, calendars and reserves (SPEC §4, §14, 20, 22.1), reached as
 /// [`Engine::config`].
@@ -33,9 +40,17 @@ impl Configuration<'_> {
         }
         // A configured concurrency cap is the key's own setting: registering the key
         // again (its account, label, ...) keeps it.
-        let key =
-            KeyInfo { concurrency_cap: self.unit.read(|m, _| configured_key_cap(m, key.key_id))?, ..key };
-        self.unit.write(vec![Write::UpsertKey(key)]).map(|_| ())
+        let key = KeyInfo {
+            concurrency_cap: self.unit.run(Access::Read, |tx| {
+                let m = tx.mirror();
+                Ok(configured_key_cap(m, key.key_id))
+            })?,
+            ..key
+        };
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::UpsertKey(key));
+            Ok(())
+        })
     }
 
     /// Configures a key's concurrency cap (SPEC 20): persisted and shared; the gate
@@ -48,7 +63,10 @@ impl Configuration<'_> {
                 return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
             }
         }
-        let known = self.unit.read(|m, _| m.config.keys.get(&key_id).cloned())?;
+        let known = self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
+            Ok(m.config.keys.get(&key_id).cloned())
+        })?;
         let key = match known {
             Some(k) if k.platform != platform => {
                 return Err(Error::Invalid(format!(
@@ -67,13 +85,19 @@ impl Configuration<'_> {
                 concurrency_cap: cap,
             },
         };
-        self.unit.write(vec![Write::UpsertKey(key)]).map(|_| ())
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::UpsertKey(key));
+            Ok(())
+        })
     }
 
     /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
     pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
         check_name("platform", platform)?;
-        self.unit.read(|m, _| m.config.account_name(platform, key_id).to_string())
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
+            Ok(m.config.account_name(platform, key_id).to_string())
+        })
     }
 
     pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
@@ -83,7 +107,10 @@ impl Configuration<'_> {
         // (SPEC §14.1): it is stored in its column, the others beside.
         let set = LimitSet::with_classic(model.limits.validate()?, model.others.clone())?;
         let model = ModelInfo { limits: set.classic(), others: set.others(), ..model };
-        self.unit.write(vec![Write::UpsertModel(model)]).map(|_| ())
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::UpsertModel(model));
+            Ok(())
+        })
     }
 
     // ---- provider calendars (SPEC §14.2) ---------------------------------------------
@@ -100,7 +127,10 @@ impl Configuration<'_> {
             }
         }
         let w = Write::SetCalendar { platform: platform.to_string(), zone: zone.map(str::to_string) };
-        self.unit.write(vec![w]).map(|_| ())
+        self.unit.run(Access::Write, |tx| {
+            tx.push(w);
+            Ok(())
+        })
     }
 
     // ---- priorities (SPEC 22.1) ----------------------------------------------------
@@ -112,21 +142,31 @@ impl Configuration<'_> {
         if !fraction.is_finite() || !(0.0..1.0).contains(&fraction) {
             return Err(Error::Invalid(format!("fraction must be in [0, 1), got {fraction}")));
         }
-        self.unit.write(vec![Write::SetPriorityReserve { priority, fraction }]).map(|_| ())
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::SetPriorityReserve { priority, fraction });
+            Ok(())
+        })
     }
 
     /// The reserve in force for a call of `priority`: the fraction set for the largest
     /// configured priority `<= priority` (0 when none).
     pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
         check_priority(priority)?;
-        self.unit.read(|m, _| m.reserves.for_priority(priority))
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
+            Ok(m.reserves.for_priority(priority))
+        })
     }
 
     /// The calendar in force for a platform (what `f` is given), after reading what
     /// other engines changed.
     fn with_calendar<T>(&mut self, platform: &str, f: impl FnOnce(&Calendar, i64) -> T) -> Result<T> {
         check_name("platform", platform)?;
-        self.unit.read(|m, now| f(&m.calendars.of(platform), now))
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
+            Ok(f(&m.calendars.of(platform), now))
+        })
     }
 
     /// The zone in force for a platform's days.
@@ -145,13 +185,18 @@ impl Configuration<'_> {
     }
 
     pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
-        self.unit.read(|m, _| m.config.model(platform, model_id).map(|m| m.limits))
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
+            Ok(m.config.model(platform, model_id).map(|m| m.limits))
+        })
     }
 
     /// Every declared limit of a model, the classic four included, in gate order.
     pub fn model_limit_list(&mut self, platform: &str, model_id: &str) -> Result<Vec<Limit>> {
-        self.unit
-            .read(|m, _| m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
+            Ok(m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
+        })
     }
 }
 

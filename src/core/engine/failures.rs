@@ -2,24 +2,69 @@
 //! ladders, and learning limits from provider messages. SPEC 21, what an aggregator's
 //! errors teach beyond the failing route: an upstream congested for one model benches
 //! the model on every key (21.1); a pool 429 teaches the account a provider cap
-//! (21.2), which the gates read through `Setup::gate_context`.
-use super::*;
+//! (21.2), which the gates read through `Mirror::prepare`.
+use super::unit::Access;
+use super::{unit, Engine};
+use crate::core::clock::DAY_MS;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
+use crate::core::cooldowns::{
+    decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
+    EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
+};
+use crate::core::error::{Error, Result};
+use crate::core::limits::LimitSet;
+use crate::core::parse::{
+    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
+    LearnedLimit, LimitAxis,
+};
+use crate::core::pools::is_local_base_url;
+use crate::core::state::{CooldownRec, Mirror, RouteId};
+use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
+use crate::core::types::{
+    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, ProviderCaps, Route,
+};
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
+use std::sync::Arc;
+
+/// `retry_after=` of `record_failure`: header text, or a delay already in ms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryAfter {
+    Text(String),
+    Millis(i64),
+}
+
+/// The inputs of `record_failure`.
+#[derive(Debug, Clone, Default)]
+pub struct FailureInput {
+    pub status: Option<i64>,
+    pub retry_after: Option<RetryAfter>,
+    pub message: Option<String>,
+    pub kind: Option<FailureKind>,
+    pub limits: Option<LimitSet>,
+    /// The response's headers, when the caller has them (`Lease.observe`): a pool
+    /// 429's `X-RateLimit-Limit` and `-Reset` may sit there (SPEC 21.2).
+    pub headers: Vec<(String, String)>,
+}
+
+/// What `record_failure` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureOutcome {
+    pub kind: FailureKind,
+    pub cooldown: Option<CooldownDecision>,
+    pub learned: Option<LearnedLimit>,
+}
 
 /// The failure policy (SPEC §6, §7, 15.4, 21): cooldowns and their probes, what a
 /// failure benches and counts, and the limits and caps it teaches. It keeps no state
 /// of its own: cooldowns and history are the mirror's, kept through the unit of work.
 pub struct Failures<'e> {
     unit: &'e mut unit::Unit,
-    /// The environment's concurrency cap (`key_concurrency_cap`).
-    setup: &'e mut setup::Setup,
 }
 
 impl Engine {
     /// The failure policy: cooldowns, failures, learning.
     pub fn failures(&mut self) -> Failures<'_> {
-        Failures { unit: &mut self.unit, setup: &mut self.setup }
+        Failures { unit: &mut self.unit }
     }
 
     /// A lease's failure: `record_failure` for its route, then the lease released.
@@ -79,8 +124,10 @@ impl Failures<'_> {
         &mut self,
         f: impl FnOnce(&mut Failures<'_>, i64, &mut Vec<Write>) -> Result<T>,
     ) -> Result<(T, Vec<i64>)> {
-        let setup = &mut *self.setup;
-        self.unit.writing(|unit, now, writes| f(&mut Failures { unit, setup }, now, writes))
+        self.unit.run_counted(Access::Write, |tx| {
+            let (unit, now, writes) = tx.parts();
+            f(&mut Failures { unit }, now, writes)
+        })
     }
 
     // ---- cooldowns ---------------------------------------------------------------
@@ -95,7 +142,8 @@ impl Failures<'_> {
             ));
         }
         self.unit
-            .writing(|u, now, writes| {
+            .run_counted(Access::Write, |tx| {
+                let (u, now, writes) = tx.parts();
                 writes.push(Write::UpsertCooldown(CooldownRow {
                     platform: Arc::from(route.platform.as_str()),
                     model_id: Arc::from(route.model_id.as_str()),
@@ -119,20 +167,24 @@ impl Failures<'_> {
     /// The route's bench (SPEC 21.1): whichever of its own cooldown and its model's
     /// model-wide one ends later.
     pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
-        self.unit.read(|m, now| {
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
             let (p, model, key) = (route.platform.as_str(), route.model_id.as_str(), route.key_id);
-            match m.routes.find(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
+            Ok(match m.routes.find(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
                 Some((c, wide)) => Some(cooldown_row(p, model, key, c, wide)),
                 // A key not seen yet on the model: only the model's bench can hold it.
                 None => m.cooldowns.of_model(p, model, now).map(|c| cooldown_row(p, model, key, c, true)),
-            }
+            })
         })
     }
 
     /// Active cooldowns, soonest expiry first; `key_ids` filters (and then leaves out
     /// the model-wide benches of SPEC 21.1, which have no key).
     pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
-        self.unit.read(|m, now| {
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
             let mut v: Vec<Cooldown> = m
                 .cooldowns
                 .routes
@@ -155,16 +207,22 @@ impl Failures<'_> {
                     b.route.key_id,
                 ))
             });
-            v
+            Ok(v)
         })
     }
 
     pub fn clear_cooldown_early(&mut self, route: &Route) -> Result<bool> {
-        let ids = self.unit.write(vec![Write::DeleteCooldown {
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(route.model_id.as_str()),
-            key_id: route.key_id,
-        }])?;
+        let ids = self
+            .unit
+            .run_counted(Access::Write, |tx| {
+                tx.push(Write::DeleteCooldown {
+                    platform: Arc::from(route.platform.as_str()),
+                    model_id: Arc::from(route.model_id.as_str()),
+                    key_id: route.key_id,
+                });
+                Ok(())
+            })
+            .map(|((), ids)| ids)?;
         let cleared = ids.first().copied().unwrap_or(0) > 0;
         if cleared {
             self.unit.logs.push((log::Level::Info, format!("cooldown {route} cleared early")));
@@ -175,26 +233,31 @@ impl Failures<'_> {
     /// Operator reset: the key's cooldowns and all its failure history, learned
     /// concurrency cap included.
     pub fn clear_cooldowns_for_key(&mut self, key_id: i64) -> Result<i64> {
-        let ids = self.unit.write(vec![
-            Write::DeleteCooldownsForKey(key_id),
-            Write::DeleteHistory {
-                key_id,
-                route: None,
-                kinds: vec![
-                    HistoryKind::Ladder,
-                    HistoryKind::Unknown,
-                    HistoryKind::Auth,
-                    HistoryKind::Empty,
-                    HistoryKind::Transient,
-                    HistoryKind::Concurrency,
-                ],
-            },
-        ])?;
+        let ids = self
+            .unit
+            .run_counted(Access::Write, |tx| {
+                tx.push(Write::DeleteCooldownsForKey(key_id));
+                tx.push(Write::DeleteHistory {
+                    key_id,
+                    route: None,
+                    kinds: vec![
+                        HistoryKind::Ladder,
+                        HistoryKind::Unknown,
+                        HistoryKind::Auth,
+                        HistoryKind::Empty,
+                        HistoryKind::Transient,
+                        HistoryKind::Concurrency,
+                    ],
+                });
+                Ok(())
+            })
+            .map(|((), ids)| ids)?;
         Ok(ids.first().copied().unwrap_or(0))
     }
 
     pub fn cleanup_expired_cooldowns(&mut self) -> Result<i64> {
-        let ((), removed) = self.unit.writing(|_, now, writes| {
+        let ((), removed) = self.unit.run_counted(Access::Write, |tx| {
+            let (_, now, writes) = tx.parts();
             writes.push(Write::DeleteExpiredCooldowns(now));
             Ok(())
         })?;
@@ -205,7 +268,7 @@ impl Failures<'_> {
     /// Claims the probe of `key_id` for this engine (SPEC §7: one prober per fleet).
     /// True when this engine may probe it; also true when the store cannot say.
     pub fn claim_probe(&mut self, key_id: i64, ttl_ms: i64) -> bool {
-        self.unit.try_claim(&format!("probe:{key_id}"), ttl_ms)
+        self.unit.store_read(|s| s.try_claim(&format!("probe:{key_id}"), ttl_ms)).unwrap_or(true)
     }
 
     pub fn probeable_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
@@ -289,7 +352,7 @@ impl Failures<'_> {
             check_non_negative("retry_after_ms", ra)?;
         }
         self.writing(|e, now, writes| {
-            let limits = limits_from(&e.unit.mirror, &route.platform, &route.model_id, limits).classic();
+            let limits = e.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
             Ok(e.limit_decision(route, limits, retry_after_ms, quota_signal, now, writes))
         })
         .map(|(d, _)| d)
@@ -406,7 +469,7 @@ impl Failures<'_> {
         } else {
             learned
         };
-        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits).classic();
+        let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion
             && self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
@@ -601,13 +664,11 @@ impl Failures<'_> {
     /// the key's configured cap and the one learned from concurrency failures.
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;
-        let (_, env) = self.setup.platform_env(&self.unit.settings.env, platform);
-        let (configured, learned) = self.unit.read(|m, now| {
-            let configured =
-                m.config.keys.get(&key_id).filter(|k| k.platform == platform).and_then(|k| k.concurrency_cap);
-            (configured, m.history.learned_concurrency_cap(platform, key_id, now))
-        })?;
-        Ok(setup::min_cap(setup::min_cap(env, configured), learned))
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
+            Ok(m.key_concurrency_cap(platform, key_id, now))
+        })
     }
 
     // ---- aggregators (SPEC 21) ---------------------------------------------------
@@ -694,13 +755,14 @@ impl Failures<'_> {
     /// The provider caps learned for a key's account from pool 429s (SPEC 21.2).
     pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        self.unit.read(|m, _| {
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
             let keys = m.account_keys(platform, key_id);
-            ProviderCaps {
+            Ok(ProviderCaps {
                 daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
                 minute_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
                 daily_tokens: None,
-            }
+            })
         })
     }
 }

@@ -10,60 +10,44 @@
 //! cases of admission (the gates, leases); `configuration.rs` the keys, models,
 //! calendars and priority reserves ([`Configuration`], `engine.config()`); `usage.rs`
 //! recorded requests and tokens and the usage report ([`Usage`], `engine.usage()`);
-//! `unit.rs` the unit of work (`Unit`: the store and the mirror;
-//! sections, sync, commit, hold, degraded buffering); `setup.rs` the caps in force and
-//! the gate context; `batch.rs`
+//! `unit/` the unit of work (`Unit`: the store and the mirror; one door,
+//! `Unit::run`; sections, sync, commit, hold, degraded buffering); `batch.rs`
 //! the hot path's batches (group commit, optimistic attempts, `lease_any`);
 //! `failures.rs` the failure policy and learning, aggregators' upstream benches and
 //! learned pool caps included (`Failures`, reached as `engine.failures()`);
 //! `observed.rs` the `Observed` desk (`engine.observed()`: provider pools, observed
 //! quota, the guardrail, the snapshot, forecasts) and the state only it keeps. The
-//! counters are in `windows.rs` and `state.rs`, what a limit is in `limits.rs`, the
-//! gates and the choice among candidates in `admission.rs` (a pure function of one
-//! view the mirror builds).
+//! counters are in `windows.rs` and `state/`, what a decision reads besides them (the
+//! caps in force, the concurrency cap, the reserve) is prepared by the mirror
+//! (`state/prepare.rs`, `Mirror::prepare`), what a limit is in `limits.rs`, the gates
+//! and the choice among candidates in `admission.rs` (a pure function of one view the
+//! mirror builds).
 mod batch;
 mod configuration;
 mod failures;
 mod observed;
-mod setup;
 mod unit;
 mod usage;
 
 pub use batch::{BatchOp, BatchOut};
 pub use configuration::Configuration;
-pub use failures::Failures;
-pub use observed::Observed;
-pub use usage::{Usage, UsageReport, WindowReport};
+pub use failures::{FailureInput, FailureOutcome, Failures, RetryAfter};
+pub use observed::{source_confidence, Observed, QuotaObservation, SnapshotRow, DEFAULT_LOOKBACK_MS};
+pub use unit::LogRecord;
+pub use usage::{TokenUse, Usage, UsageReport, WindowReport};
 
-use crate::core::admission::{self, Can, GateContext, Verdict};
-use crate::core::calendar::Calendar;
-use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
-use crate::core::cooldowns::{
-    decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
-    EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
-};
+use crate::core::admission::{self, Can, Verdict};
+use crate::core::clock::{Clock, DAY_MS};
 use crate::core::env::Env;
-use crate::core::error::{Error, Refusal, Result, StoreError};
-use crate::core::limits::{Declared, Limit, LimitSet, WindowSpec};
-use crate::core::parse::{
-    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
-    LearnedLimit, LimitAxis,
-};
-use crate::core::pools::is_local_base_url;
-use crate::core::state::{Calendars, CooldownRec, Estimate, FastMap, LeaseRec, Mirror, RouteId};
+use crate::core::error::{Error, Result};
+use crate::core::limits::LimitSet;
+use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
+use crate::core::store::Store;
 pub use crate::core::store::StoreSpec;
-use crate::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
-    UsageFilter, UsageKind, UsageRow, Write,
-};
-use crate::core::types::{
-    check_name, check_non_negative, Admission, CapOverrides, CapSetting, Cooldown, CooldownSource, KeyInfo,
-    Limits, ModelInfo, ProviderCaps, Reason, Route, Strategy,
-};
-use crate::core::windows::Counts;
-use std::collections::{HashMap, HashSet};
+use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use unit::{Access, HOLD_MAX_MS};
 
 /// Construction settings (SPEC §3). The environment is a copy read once.
 #[derive(Debug, Clone)]
@@ -113,201 +97,10 @@ impl Settings {
     }
 }
 
-/// `retry_after=` of `record_failure`: header text, or a delay already in ms.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RetryAfter {
-    Text(String),
-    Millis(i64),
-}
-
-/// The inputs of `record_failure`.
-#[derive(Debug, Clone, Default)]
-pub struct FailureInput {
-    pub status: Option<i64>,
-    pub retry_after: Option<RetryAfter>,
-    pub message: Option<String>,
-    pub kind: Option<FailureKind>,
-    pub limits: Option<LimitSet>,
-    /// The response's headers, when the caller has them (`Lease.observe`): a pool
-    /// 429's `X-RateLimit-Limit` and `-Reset` may sit there (SPEC 21.2).
-    pub headers: Vec<(String, String)>,
-}
-
-/// What `record_failure` decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailureOutcome {
-    pub kind: FailureKind,
-    pub cooldown: Option<CooldownDecision>,
-    pub learned: Option<LearnedLimit>,
-}
-
-/// One observation of a provider's quota (SPEC §8.2).
-#[derive(Debug, Clone, PartialEq)]
-pub struct QuotaObservation {
-    pub platform: String,
-    pub key_id: i64,
-    pub model_id: Option<String>,
-    pub pool_key: String,
-    pub metric: &'static str,
-    pub limit: Option<i64>,
-    pub remaining: Option<i64>,
-    pub reset_at_ms: Option<i64>,
-    pub retry_after_ms: Option<i64>,
-    pub source: &'static str,
-    pub confidence: f64,
-    pub status: i64,
-}
-
-/// Confidence of an observation by its source (SPEC §8.2).
-pub fn source_confidence(source: &str) -> f64 {
-    match source {
-        "header" => 1.0,
-        "error_body" => 0.75,
-        "probe" => 0.6,
-        "local_usage" => 0.45,
-        "documentation" => 0.35,
-        _ => 0.0,
-    }
-}
-
-/// The tokens one call reports (SPEC §14.4): the total, or input and output apart
-/// (the total is then their sum), and the cached part of the input.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TokenUse {
-    pub tokens: Option<i64>,
-    pub kinds: TokenKinds,
-}
-
-impl TokenUse {
-    /// A total only.
-    pub fn total(tokens: i64) -> TokenUse {
-        TokenUse { tokens: Some(tokens), kinds: TokenKinds::default() }
-    }
-
-    /// Validated: every count >= 0 and at least one given. Returns the total.
-    pub fn validate(&self) -> Result<i64> {
-        let k = &self.kinds;
-        for (name, v) in [
-            ("tokens", self.tokens),
-            ("input_tokens", k.input),
-            ("output_tokens", k.output),
-            ("cached_tokens", k.cached),
-        ] {
-            if let Some(v) = v {
-                check_non_negative(name, v)?;
-            }
-        }
-        if self.tokens.is_none() && k.is_empty() {
-            return Err(Error::invalid("give tokens, input_tokens, output_tokens or cached_tokens"));
-        }
-        Ok(self.tokens.unwrap_or_else(|| k.input.unwrap_or(0).saturating_add(k.output.unwrap_or(0))))
-    }
-}
-
-/// One route of `snapshot()`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotRow {
-    pub route: Route,
-    pub rpm_used: i64,
-    pub rpd_used: i64,
-    pub tpm_used: i64,
-    pub tpd_used: i64,
-    pub limits: Limits,
-    /// Every other declared limit of the model: (reason, used, limit), in gate order.
-    pub others: Vec<(String, i64, i64)>,
-    pub in_flight: i64,
-    pub cooldown: Option<CooldownRec>,
-    /// SPEC 22.2: the earliest of the route's forecasts (default lookback).
-    pub exhausts_at_ms: Option<i64>,
-}
-
-impl SnapshotRow {
-    /// The worst used/limit over the declared windows (a limit of 0 counts as full);
-    /// `None` without limits (SPEC §9, §12).
-    pub fn used_fraction(&self) -> Option<f64> {
-        let pairs = [
-            (self.rpm_used, self.limits.rpm),
-            (self.rpd_used, self.limits.rpd),
-            (self.tpm_used, self.limits.tpm),
-            (self.tpd_used, self.limits.tpd),
-        ];
-        let others = self.others.iter().map(|(_, used, limit)| (*used, Some(*limit)));
-        pairs
-            .into_iter()
-            .chain(others)
-            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
-            .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
-    }
-}
-
-/// A log record for the host's logger, emitted after the engine lock is released.
-pub type LogRecord = (log::Level, String);
-
-struct Section {
-    now: i64,
-    online: bool,
-    write: bool,
-    /// Inside the write lock this engine keeps across calls (`Engine::held`).
-    held: bool,
-    /// A hot-path section (`Access::Decide` or `Access::Append`): its writes may wait
-    /// in the held lock.
-    hot: bool,
-    /// Decisions rest on what the engine knew before the section (an optimistic
-    /// section): a refusal is confirmed on fresh data, and the commit may conflict.
-    stale: bool,
-}
-
-/// What a write section asks of the store.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Access {
-    Read,
-    /// The write lock, held from the read to the commit.
-    Write,
-    /// Writes that decide nothing (usage rows, finished leases): no lock first.
-    Append,
-    /// Admissions decided on what is known, checked at commit (`begin_optimistic`).
-    Decide,
-}
-
-/// How a write section ended.
-enum Committed {
-    Done(Vec<i64>),
-    /// An optimistic section's decisions were stale: nothing was written.
-    Conflict,
-    /// The store failed: the engine is degraded.
-    Failed,
-    /// The server refused (SPEC 19.1): nothing was written, the call fails.
-    Rejected(StoreError),
-}
-
-/// How a batch's write section ended.
-enum Applied {
-    Done,
-    /// Stale decisions: the writes handed back, still applied to the mirror.
-    Conflict(Vec<Write>),
-    /// The server refused: the writes handed back, still applied to the mirror.
-    Rejected(Vec<Write>, StoreError),
-}
-
-/// Longest a sole engine keeps the write lock across calls (grouped writes): another
-/// engine opening the file waits at most this long for it.
-const HOLD_MAX_MS: i64 = 10;
-
-/// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
-type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
-
-/// Above this many buffered writes the buffer is compacted (`compact_pending`).
-const COMPACT_MIN: usize = 4096;
-
-/// SPEC 18.2: buffered `server_logs` rows kept while the store fails.
-const MAX_BUFFERED_LOGS: usize = 10_000;
-
 pub struct Engine {
     /// The store and everything about talking to it (the unit of work's state).
     unit: unit::Unit,
     lease_ids: LeaseIds,
-    /// What a decision reads besides the windows: caps and limits in force.
-    setup: setup::Setup,
     /// What only the observed desk keeps (the guardrail snapshot, the headroom cache).
     observed: observed::ObservedState,
     /// When this engine last leased each route, as a count of its leases (SPEC 17.1's
@@ -333,16 +126,10 @@ impl Engine {
     pub fn with_store(store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings) -> Result<Engine> {
         let settings = settings.clamped();
         settings.validate()?;
-        let day_zones = settings.env.day_zones();
+        let mirror = Mirror::with_env(settings.env.clone());
         let mut engine = Engine {
-            unit: unit::Unit::new(
-                store,
-                clock,
-                settings,
-                Mirror::with_calendars(Calendars::with_env(day_zones)),
-            ),
+            unit: unit::Unit::new(store, clock, settings, mirror),
             lease_ids: LeaseIds::new(),
-            setup: setup::Setup::default(),
             observed: observed::ObservedState::default(),
             leased_at: FastMap::default(),
             leases_taken: 0,
@@ -355,8 +142,7 @@ impl Engine {
             engine.unit.set_hold_for(Duration::from_millis(ms as u64));
         }
         // Load now, so that a broken database is reported by the constructor.
-        let sec = engine.unit.enter(false)?;
-        engine.unit.leave(sec, Vec::new())?;
+        engine.unit.run(Access::Read, |_| Ok(()))?;
         // What is wrong in the environment is said once, here, and lands in
         // `server_logs` for every other reader of the store (SPEC §12).
         for w in engine.unit.settings.env.warnings() {
@@ -418,21 +204,10 @@ impl Engine {
     /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.
     pub fn check(&mut self, route: &Route, est: i64, limits: Option<LimitSet>) -> Result<Admission> {
         check_non_negative("estimated_tokens", est)?;
-        self.reading(|e, now| e.admit(route, Estimate::tokens(est), limits, 0, now).1.admission())
-    }
-
-    /// Every gate on the route's view at `now`, and the route it decided on.
-    fn admit(
-        &mut self,
-        route: &Route,
-        est: Estimate,
-        limits: Option<LimitSet>,
-        priority: i64,
-        now: i64,
-    ) -> (RouteId, Verdict) {
-        let ctx = self.setup.gate_context(&self.unit, route, limits, priority, now);
-        let rid = self.unit.ready_route(route, &ctx.limits, now);
-        (rid, admission::admit(&self.unit.mirror.route_view(rid, &ctx, est, now)))
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
+            Ok(admit(u, route, Estimate::tokens(est), limits, 0, now)?.1.admission())
+        })
     }
 
     /// One of SPEC §4's `can_*` questions (and `is_on_cooldown`'s gate); true when its
@@ -446,35 +221,18 @@ impl Engine {
         limits: Option<LimitSet>,
     ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
-        let setup = &mut self.setup;
-        self.unit.reading(|u, now| {
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
-            let ctx = setup.gate_context(u, route, limits, 0, now);
-            let a = u.mirror.account_id(&route.platform, route.key_id);
-            u.mirror.prune_account_id(a, now);
-            let rid = (!route.model_id.is_empty()).then(|| u.ready_route(route, &ctx.limits, now));
-            let v = u.mirror.view(rid, a, route.key_id, &ctx, Estimate::tokens(est), now);
-            admission::admit_through(&v, admission::gates(&ctx).filter(|g| can.asks(g))).refused.is_none()
+            let p = u.prepare(route, limits, 0, now);
+            let v = u.mirror.prepared_view(&p, Estimate::tokens(est), now);
+            Ok(admission::admit_through(&v, admission::gates(&p.ctx).filter(|g| can.asks(g)))
+                .refused
+                .is_none())
         })
     }
 
     // ---- leases ------------------------------------------------------------------
-
-    /// A new lease on the route a decision was made on.
-    fn lease_write(&mut self, rid: RouteId, est: Estimate, now: i64) -> Write {
-        let r = self.unit.mirror.routes.get(rid);
-        let (platform, model_id, key_id) = (r.platform.clone(), r.model_id.clone(), r.key_id);
-        Write::InsertLease(LeaseRow {
-            id: self.lease_ids.next(),
-            platform,
-            model_id,
-            key_id,
-            tokens: est.tokens,
-            output_tokens: est.output,
-            created_at_ms: now,
-            expires_at_ms: now.saturating_add(self.unit.settings.lease_max_age_ms),
-        })
-    }
 
     fn single(&mut self, op: BatchOp) -> BatchOut {
         self.run_batch(vec![op])
@@ -556,13 +314,24 @@ impl Engine {
     }
 }
 
-/// The limits a call uses: the given ones, else the model's declared ones, else none.
-pub fn limits_from(m: &Mirror, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
-    given.unwrap_or_else(|| m.config.limit_set(platform, model_id))
+/// Every gate on the route's view at `now`, and the route it decided on.
+fn admit(
+    unit: &mut unit::Unit,
+    route: &Route,
+    est: Estimate,
+    limits: Option<LimitSet>,
+    priority: i64,
+    now: i64,
+) -> Result<(RouteId, Verdict)> {
+    let p = unit.prepare(route, limits, priority, now);
+    let Some(rid) = p.route else {
+        // A route names a model (`Route::new` checks it): the same error.
+        return Err(check_name("model_id", &route.model_id)
+            .err()
+            .unwrap_or(Error::Internal("no route".into())));
+    };
+    Ok((rid, admission::admit(&unit.mirror.prepared_view(&p, est, now))))
 }
-
-/// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
-pub const DEFAULT_LOOKBACK_MS: i64 = 600_000;
 
 /// Lease ids: random 63-bit numbers, distinct across processes without coordination
 /// (a random 40-bit prefix per engine and a 23-bit counter, re-randomised on wrap).

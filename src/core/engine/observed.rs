@@ -2,7 +2,86 @@
 //! observed quota headers and states, the routing guardrail, snapshots and the
 //! analysis reads. [`Observed`] is the desk (`engine.observed()`); [`ObservedState`]
 //! what only it keeps (the guardrail snapshot, the headroom cache).
-use super::*;
+use super::unit::Access;
+use super::{unit, Engine};
+use crate::core::error::{Error, Result};
+use crate::core::limits::{LimitSet, WindowSpec};
+use crate::core::state::{CooldownRec, FastMap, Prepared};
+use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
+use crate::core::types::{
+    check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Reason, Route,
+};
+use crate::core::windows::Counts;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One observation of a provider's quota (SPEC §8.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaObservation {
+    pub platform: String,
+    pub key_id: i64,
+    pub model_id: Option<String>,
+    pub pool_key: String,
+    pub metric: &'static str,
+    pub limit: Option<i64>,
+    pub remaining: Option<i64>,
+    pub reset_at_ms: Option<i64>,
+    pub retry_after_ms: Option<i64>,
+    pub source: &'static str,
+    pub confidence: f64,
+    pub status: i64,
+}
+
+/// Confidence of an observation by its source (SPEC §8.2).
+pub fn source_confidence(source: &str) -> f64 {
+    match source {
+        "header" => 1.0,
+        "error_body" => 0.75,
+        "probe" => 0.6,
+        "local_usage" => 0.45,
+        "documentation" => 0.35,
+        _ => 0.0,
+    }
+}
+
+/// One route of `snapshot()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub route: Route,
+    pub rpm_used: i64,
+    pub rpd_used: i64,
+    pub tpm_used: i64,
+    pub tpd_used: i64,
+    pub limits: Limits,
+    /// Every other declared limit of the model: (reason, used, limit), in gate order.
+    pub others: Vec<(String, i64, i64)>,
+    pub in_flight: i64,
+    pub cooldown: Option<CooldownRec>,
+    /// SPEC 22.2: the earliest of the route's forecasts (default lookback).
+    pub exhausts_at_ms: Option<i64>,
+}
+
+impl SnapshotRow {
+    /// The worst used/limit over the declared windows (a limit of 0 counts as full);
+    /// `None` without limits (SPEC §9, §12).
+    pub fn used_fraction(&self) -> Option<f64> {
+        let pairs = [
+            (self.rpm_used, self.limits.rpm),
+            (self.rpd_used, self.limits.rpd),
+            (self.tpm_used, self.limits.tpm),
+            (self.tpd_used, self.limits.tpd),
+        ];
+        let others = self.others.iter().map(|(_, used, limit)| (*used, Some(*limit)));
+        pairs
+            .into_iter()
+            .chain(others)
+            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
+            .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
+    }
+}
+
+/// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
+pub const DEFAULT_LOOKBACK_MS: i64 = 600_000;
 
 /// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
 const HEADROOM_CACHE_MS: i64 = 5_000;
@@ -45,7 +124,6 @@ impl ObservedState {
 /// forecasts and the analysis reads.
 pub struct Observed<'e> {
     unit: &'e mut unit::Unit,
-    setup: &'e mut setup::Setup,
     state: &'e mut ObservedState,
 }
 
@@ -53,7 +131,7 @@ impl Engine {
     /// What the engine observed and reports: provider pools, quota, the guardrail,
     /// snapshots and forecasts.
     pub fn observed(&mut self) -> Observed<'_> {
-        Observed { unit: &mut self.unit, setup: &mut self.setup, state: &mut self.observed }
+        Observed { unit: &mut self.unit, state: &mut self.observed }
     }
 }
 
@@ -62,8 +140,7 @@ impl Observed<'_> {
 
     pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
         check_name("platform", platform)?;
-        let setup = &mut *self.setup;
-        self.unit.reading(|u, _| setup.caps_for(u, platform))
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().caps_for(platform)))
     }
 
     /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
@@ -81,7 +158,8 @@ impl Observed<'_> {
             }
         }
         self.unit
-            .writing(|u, _, writes| {
+            .run_counted(Access::Write, |tx| {
+                let (u, _, writes) = tx.parts();
                 let old = u.mirror.config.caps.get(platform).copied().unwrap_or_default();
                 let new = CapOverrides {
                     daily_requests: daily_requests.unwrap_or(old.daily_requests),
@@ -96,26 +174,35 @@ impl Observed<'_> {
 
     pub fn reset_provider_caps(&mut self, platform: &str) -> Result<()> {
         check_name("platform", platform)?;
-        self.unit.write(vec![Write::ResetCaps(platform.to_string())]).map(|_| ())
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::ResetCaps(platform.to_string()));
+            Ok(())
+        })
     }
 
     pub fn provider_daily_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.unit.read(|m, now| m.provider_day_requests(platform, key_id, now))
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
+            Ok(m.provider_day_requests(platform, key_id, now))
+        })
     }
 
     pub fn provider_minute_request_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        self.unit.read(|m, now| {
+        self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            let m = tx.mirror();
             let a = m.account_id(platform, key_id);
             m.prune_account_id(a, now);
-            m.provider_minute_requests(platform, key_id, now)
+            Ok(m.provider_minute_requests(platform, key_id, now))
         })
     }
 
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
-        let setup = &mut *self.setup;
-        self.unit.reading(|u, now| {
-            let cap = setup.caps_for(u, platform).daily_tokens;
-            u.mirror.provider_day_tokens(platform, key_id, cap, now)
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
+            let cap = u.mirror.caps_for(platform).daily_tokens;
+            Ok(u.mirror.provider_day_tokens(platform, key_id, cap, now))
         })
     }
 
@@ -123,20 +210,21 @@ impl Observed<'_> {
 
     pub fn usage_events(&mut self, filter: &UsageFilter) -> Result<Vec<UsageRow>> {
         let _ = self.unit.flush();
-        Ok(self.unit.usage_events(filter)?)
+        Ok(self.unit.store_read(|s| s.usage_events(filter))?)
     }
 
     pub fn server_logs(&mut self, limit: i64) -> Result<Vec<(i64, LogRow, Option<String>)>> {
         check_non_negative("limit", limit)?;
         let _ = self.unit.flush();
-        Ok(self.unit.server_logs(limit)?)
+        Ok(self.unit.store_read(|s| s.server_logs(limit))?)
     }
 
     /// Every cooldown the store holds, expired ones included until they are cleaned up
     /// (`cleanup_expired_cooldowns`), sorted by (platform, model_id, key_id): what
     /// `analysis.plot_cooldowns` draws (SPEC §12).
     pub fn stored_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
-        self.unit.read(|m, _| {
+        self.unit.run(Access::Read, |tx| {
+            let m = tx.mirror();
             let mut v: Vec<Cooldown> = m
                 .cooldowns
                 .routes
@@ -173,7 +261,7 @@ impl Observed<'_> {
                 }
             }
             v.sort_by(|a, b| a.route.cmp(&b.route));
-            v
+            Ok(v)
         })
     }
 
@@ -193,7 +281,8 @@ impl Observed<'_> {
         if let Some(m) = model_id {
             check_name("model_id", m)?;
         }
-        let (obs, _) = self.unit.writing(|u, now, writes| {
+        let (obs, _) = self.unit.run_counted(Access::Write, |tx| {
+            let (u, now, writes) = tx.parts();
             let parsed = crate::core::headers::parse_quota_headers(headers, now);
             let pool_key = crate::core::pools::infer_quota_pool_key(platform, model_id);
             let mut obs: Vec<QuotaObservation> = parsed
@@ -233,7 +322,7 @@ impl Observed<'_> {
             if obs.is_empty() {
                 return Ok(obs);
             }
-            let existing = match u.quota_states(Some(platform)) {
+            let existing = match u.store_read(|s| s.quota_states(Some(platform))) {
                 Ok(rows) => rows,
                 Err(err) => {
                     u.rollback();
@@ -289,23 +378,26 @@ impl Observed<'_> {
     /// The merged quota rows; rows past their reset read (and are stored) full again.
     pub fn quota_state(&mut self) -> Result<Vec<QuotaStateRow>> {
         let write = !self.unit.readonly();
-        let sec = self.unit.enter(write)?;
-        let now = sec.now;
-        let rows =
-            if sec.online || !write { self.unit.quota_states(None).unwrap_or_default() } else { Vec::new() };
-        let mut writes = Vec::new();
-        let rows: Vec<QuotaStateRow> = rows
-            .into_iter()
-            .map(|r| {
-                let fresh = replenished(r.clone(), now);
-                if fresh != r && write {
-                    writes.push(Write::UpsertQuotaState(fresh.clone()));
-                }
-                fresh
-            })
-            .collect();
-        self.unit.leave(sec, writes)?;
-        Ok(rows)
+        let access = if write { Access::Write } else { Access::Read };
+        self.unit.run(access, |tx| {
+            let now = tx.now();
+            let rows = if tx.online() || !write {
+                tx.parts().0.store_read(|s| s.quota_states(None)).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let rows: Vec<QuotaStateRow> = rows
+                .into_iter()
+                .map(|r| {
+                    let fresh = replenished(r.clone(), now);
+                    if fresh != r && write {
+                        tx.push(Write::UpsertQuotaState(fresh.clone()));
+                    }
+                    fresh
+                })
+                .collect();
+            Ok(rows)
+        })
     }
 
     /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
@@ -317,7 +409,10 @@ impl Observed<'_> {
         if let Some(v) = self.state.fresh_headroom(platform, now) {
             return Ok(v.clone());
         }
-        let rows = self.unit.reading(|u, _| u.quota_states(Some(platform)).unwrap_or_default())?;
+        let rows = self.unit.run(Access::Read, |tx| {
+            let (u, _, _) = tx.parts();
+            Ok(u.store_read(|s| s.quota_states(Some(platform))).unwrap_or_default())
+        })?;
         let mut worst: HashMap<i64, f64> = HashMap::new();
         for r in rows {
             if r.confidence < 0.7 {
@@ -349,7 +444,8 @@ impl Observed<'_> {
     }
 
     fn rebuild_window_snapshot(&mut self) -> Result<bool> {
-        let (failed, snap) = self.unit.reading(|u, now| {
+        let (failed, snap) = self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
             u.mirror.prune_all(now);
             for (rid, r) in u.mirror.routes.iter() {
@@ -373,7 +469,7 @@ impl Observed<'_> {
                     .or_default()
                     .insert(r.key_id, used);
             }
-            (u.read_failed(), snap)
+            Ok((u.read_failed(), snap))
         })?;
         if failed {
             self.state.window_snapshot = None;
@@ -396,12 +492,14 @@ impl Observed<'_> {
         if !missing {
             return Ok(());
         }
-        self.unit.reading(|u, now| {
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
             for k in keys {
                 let route =
                     Route { platform: platform.to_string(), model_id: model_id.to_string(), key_id: k };
                 u.ready_route(&route, limits, now);
             }
+            Ok(())
         })?;
         self.state.window_snapshot = None;
         Ok(())
@@ -421,7 +519,7 @@ impl Observed<'_> {
         // The model's own declaration is kept by every route of it; an ad hoc one may
         // name a window they do not keep yet.
         let ad_hoc = limits.is_some();
-        let limits = limits_from(&self.unit.mirror, platform, model_id, limits);
+        let limits = self.unit.mirror.limits_for(platform, model_id, limits);
         if limits.is_empty() {
             return Ok(None);
         }
@@ -469,9 +567,10 @@ impl Observed<'_> {
     /// One row per route that has usage today, a live lease or an active cooldown,
     /// sorted by (platform, model_id, key_id) (SPEC §12).
     pub fn snapshot(&mut self) -> Result<Vec<SnapshotRow>> {
-        let setup = &mut *self.setup;
         self.unit
-            .read(|m, now| {
+            .run(Access::Read, |tx| {
+                let now = tx.now();
+                let m = tx.mirror();
                 m.prune_all(now);
                 let mut rows = Vec::new();
                 for (rid, r) in m.routes.iter() {
@@ -520,17 +619,18 @@ impl Observed<'_> {
                     });
                 }
                 rows.sort_by(|a, b| a.route.cmp(&b.route));
-                rows
+                Ok(rows)
             })
             .and_then(|mut rows| {
                 // SPEC 22.2: the earliest forecast of each row.
-                self.unit.reading(|u, now| {
+                self.unit.run(Access::Read, |tx| {
+                    let (u, now, _) = tx.parts();
                     let routes: Vec<Route> = rows.iter().map(|r| r.route.clone()).collect();
-                    let forecasts = forecast_routes(u, setup, &routes, DEFAULT_LOOKBACK_MS, now);
+                    let forecasts = forecast_routes(u, &routes, DEFAULT_LOOKBACK_MS, now);
                     for (row, f) in rows.iter_mut().zip(forecasts) {
                         row.exhausts_at_ms = f.into_iter().filter_map(|(_, t)| t).min();
                     }
-                    rows
+                    Ok(rows)
                 })
             })
     }
@@ -545,9 +645,9 @@ impl Observed<'_> {
         if lookback_ms <= 0 {
             return Err(Error::Invalid(format!("lookback_ms must be a positive int, got {lookback_ms}")));
         }
-        let setup = &mut *self.setup;
-        self.unit.reading(|u, now| {
-            forecast_routes(u, setup, std::slice::from_ref(route), lookback_ms, now).remove(0)
+        self.unit.run(Access::Read, |tx| {
+            let (u, now, _) = tx.parts();
+            Ok(forecast_routes(u, std::slice::from_ref(route), lookback_ms, now).remove(0))
         })
     }
 }
@@ -556,30 +656,27 @@ impl Observed<'_> {
 /// counted from the store, once for them all, the first time it is asked for).
 fn forecast_routes(
     unit: &mut unit::Unit,
-    setup: &mut setup::Setup,
     routes: &[Route],
     lookback_ms: i64,
     now: i64,
 ) -> Vec<Vec<(String, Option<i64>)>> {
     use crate::core::forecast::{forecast, recent_width};
     let width = recent_width(lookback_ms);
-    let mut ready = Vec::with_capacity(routes.len());
-    for route in routes {
-        let ctx = setup.gate_context(unit, route, None, 0, now);
-        let rid = unit.ready_route(route, &ctx.limits, now);
-        ready.push((rid, ctx));
-    }
+    let ready: Vec<Prepared> = routes.iter().map(|route| unit.prepare(route, None, 0, now)).collect();
     let mut complete = true;
-    for (rid, _) in &ready {
-        complete &= unit.mirror.keep_recent(*rid, width, now);
+    for rid in ready.iter().filter_map(|p| p.route) {
+        complete &= unit.mirror.keep_recent(rid, width, now);
     }
     if !complete || unit.mirror.needs_reload {
         unit.reload_windows(now);
-        for (rid, _) in &ready {
-            unit.mirror.keep_recent(*rid, width, now);
+        for rid in ready.iter().filter_map(|p| p.route) {
+            unit.mirror.keep_recent(rid, width, now);
         }
     }
-    ready.iter().map(|(rid, ctx)| forecast(&unit.mirror, *rid, ctx, lookback_ms, now)).collect()
+    ready
+        .iter()
+        .map(|p| p.route.map_or_else(Vec::new, |rid| forecast(&unit.mirror, rid, &p.ctx, lookback_ms, now)))
+        .collect()
 }
 
 /// A state row as it reads at `now`: past its reset, the window is full again.

@@ -2,7 +2,48 @@
 //! tokens as usage rows (committed now, or grouped when `flush_interval_ms > 0`), a
 //! success clearing the route's failure history, and `usage()`'s report of what each
 //! window used. The lease path's success (`batch.rs`) builds its rows here too.
-use super::*;
+use super::unit::Access;
+use super::{unit, Engine};
+use crate::core::error::{Error, Result};
+use crate::core::limits::{Declared, LimitSet};
+use crate::core::store::{HistoryKind, TokenKinds, UsageKind, UsageRow, Write};
+use crate::core::types::{check_non_negative, Reason, Route};
+use crate::core::windows::Counts;
+use std::sync::Arc;
+
+/// The tokens one call reports (SPEC §14.4): the total, or input and output apart
+/// (the total is then their sum), and the cached part of the input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUse {
+    pub tokens: Option<i64>,
+    pub kinds: TokenKinds,
+}
+
+impl TokenUse {
+    /// A total only.
+    pub fn total(tokens: i64) -> TokenUse {
+        TokenUse { tokens: Some(tokens), kinds: TokenKinds::default() }
+    }
+
+    /// Validated: every count >= 0 and at least one given. Returns the total.
+    pub fn validate(&self) -> Result<i64> {
+        let k = &self.kinds;
+        for (name, v) in [
+            ("tokens", self.tokens),
+            ("input_tokens", k.input),
+            ("output_tokens", k.output),
+            ("cached_tokens", k.cached),
+        ] {
+            if let Some(v) = v {
+                check_non_negative(name, v)?;
+            }
+        }
+        if self.tokens.is_none() && k.is_empty() {
+            return Err(Error::invalid("give tokens, input_tokens, output_tokens or cached_tokens"));
+        }
+        Ok(self.tokens.unwrap_or_else(|| k.input.unwrap_or(0).saturating_add(k.output.unwrap_or(0))))
+    }
+}
 
 /// One window of a usage report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,11 +133,28 @@ impl Usage<'_> {
         })
     }
 
+    /// Usage writes: committed now, or grouped when `flush_interval_ms > 0` (applied
+    /// to the mirror and buffered).
+    fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
+        if self.unit.groups_usage() {
+            let now = self.unit.clock.now_ms();
+            for w in writes {
+                self.unit.apply_local(&w, 0, now);
+                self.unit.buffer(w, now);
+            }
+            return Ok(());
+        }
+        self.unit.run(Access::Append, |tx| {
+            writes.into_iter().for_each(|w| tx.push(w));
+            Ok(())
+        })
+    }
+
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.unit.clock.now_ms();
         let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
         self.clear_history_on_success(route, &mut writes);
-        self.unit.write_usage(writes)
+        self.write_usage(writes)
     }
 
     /// SPEC §4/§6: a success clears the route's ladder, unknown-limit, transient
@@ -134,18 +192,21 @@ impl Usage<'_> {
         let total = used.validate()?;
         let now = self.unit.clock.now_ms();
         let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
-        self.unit.write_usage(vec![row])
+        self.write_usage(vec![row])
     }
 
     /// SPEC §4/§14.1: recorded usage in each window, the classic four always, and
     /// every other declared limit by its reason.
     pub fn report(&mut self, route: &Route, limits: Option<LimitSet>) -> Result<UsageReport> {
-        self.unit.reading(|unit, now| Usage { unit }.report_at(route, limits, now))
+        self.unit.run(Access::Read, |tx| {
+            let (unit, now, _) = tx.parts();
+            Ok(Usage { unit }.report_at(route, limits, now))
+        })
     }
 
     /// `report()` inside a section, at `now`.
     fn report_at(&mut self, route: &Route, limits: Option<LimitSet>, now: i64) -> UsageReport {
-        let limits = limits_from(&self.unit.mirror, &route.platform, &route.model_id, limits);
+        let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits);
         let rid = self.unit.ready_route(route, &limits, now);
         let m = &self.unit.mirror;
         let win = &m.routes.get(rid).win;

@@ -31,7 +31,7 @@ use prober::{Host, Prober};
 use queue::CommitQueue;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use waiters::{run_wakes, Waiters};
 
@@ -211,31 +211,55 @@ impl Handle {
         Ok(true)
     }
 
-    /// Runs `f` on the engine under its lock. A panic inside becomes
-    /// [`Error::Internal`] and the engine stays usable.
-    pub fn with<T>(&self, f: impl FnOnce(&mut Engine) -> Result<T>) -> Result<T> {
+    /// The one locked entry of [`Handle::with`] and [`Handle::batch`]: `before` runs
+    /// inside the fork gate before the engine lock is taken (a batch queues its
+    /// operation there), then `f` under the lock (its [`Entry`] opens the engine anew
+    /// in a forked child, when asked for it); `f` says whether what it did may free
+    /// capacity a waiter waits for. Once the lock is released: those waiters woken,
+    /// the flusher of an engine opened anew started, the engine's log records emitted.
+    fn locked<B, T>(
+        &self,
+        before: impl FnOnce() -> B,
+        f: impl FnOnce(B, &mut Entry<'_>) -> (T, bool),
+    ) -> Result<T> {
         let mut reopened = false;
         let (out, logs, wakes) = self.guard(|| {
-            let mut slot = lock(&self.shared.engine);
-            reopened = self.ready(&mut slot)?;
-            let engine = slot.as_mut().ok_or(Error::Closed)?;
-            let out = match catch_unwind(AssertUnwindSafe(|| f(&mut *engine))) {
-                Ok(r) => r,
-                Err(p) => {
-                    engine.recover_after_panic();
-                    Err(Error::from_panic(p))
-                }
-            };
-            let logs = engine.take_logs();
-            drop(slot);
-            Ok((out, logs, self.shared.waiters.wake_if_any()))
+            let b = before();
+            let mut entry = Entry { handle: self, slot: lock(&self.shared.engine), reopened: false };
+            let (out, frees) = f(b, &mut entry);
+            reopened = entry.reopened;
+            let logs = entry.slot.as_mut().map(Engine::take_logs).unwrap_or_default();
+            drop(entry);
+            let wakes = if frees { self.shared.waiters.wake_if_any() } else { Vec::new() };
+            Ok((out, logs, wakes))
         })?;
         run_wakes(wakes);
         if reopened {
             self.start_flusher()?;
         }
         emit(logs);
-        out
+        Ok(out)
+    }
+
+    /// Runs `f` on the engine under its lock. A panic inside becomes
+    /// [`Error::Internal`] and the engine stays usable.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Engine) -> Result<T>) -> Result<T> {
+        self.locked(
+            || (),
+            |(), entry| match entry.engine() {
+                Ok(engine) => {
+                    let out = match catch_unwind(AssertUnwindSafe(|| f(&mut *engine))) {
+                        Ok(r) => r,
+                        Err(p) => {
+                            engine.recover_after_panic();
+                            Err(Error::from_panic(p))
+                        }
+                    };
+                    (out, true)
+                }
+                Err(e) => (Err(e), false),
+            },
+        )?
     }
 
     /// Runs a hot-path operation with group commit ([`queue`]): callers that queue while
@@ -243,35 +267,17 @@ impl Handle {
     /// next, in one section and one commit.
     pub fn batch(&self, op: BatchOp) -> BatchOut {
         let s = &*self.shared;
-        let mut reopened = false;
-        let served = self.guard(|| {
-            let job = s.queue.push(op);
-            let mut slot = lock(&s.engine);
-            if let Some(out) = job.take_out() {
-                // A caller that held the lock before us already ran our operation.
-                return Ok((out, Vec::new(), Vec::new()));
-            }
-            let ready = self.ready(&mut slot);
-            reopened = ready.as_ref().is_ok_and(|r| *r);
-            let engine = ready.and_then(|_| slot.as_mut().ok_or(Error::Closed));
-            let (out, frees) = s.queue.serve(&job, engine);
-            let logs = slot.as_mut().map(Engine::take_logs).unwrap_or_default();
-            drop(slot);
-            let wakes = if frees { s.waiters.wake_if_any() } else { Vec::new() };
-            Ok((out, logs, wakes))
-        });
-        let (out, logs, wakes) = match served {
-            Ok(v) => v,
-            Err(e) => return BatchOut::failed(e),
-        };
-        run_wakes(wakes);
-        if reopened {
-            if let Err(e) = self.start_flusher() {
-                return BatchOut::failed(e);
-            }
-        }
-        emit(logs);
-        out
+        let served = self.locked(
+            || s.queue.push(op),
+            |job, entry| {
+                if let Some(out) = job.take_out() {
+                    // A caller that held the lock before us already ran our operation.
+                    return (out, false);
+                }
+                s.queue.serve(&job, entry.engine())
+            },
+        );
+        served.unwrap_or_else(BatchOut::failed)
     }
 
     /// SPEC 18.5: the `Lease` object of live lease `id` went away unended: the lease
@@ -401,5 +407,21 @@ impl Host for Handle {
 
     fn prober(&self) -> &Prober {
         &self.shared.prober
+    }
+}
+
+/// The engine's slot under its lock, in [`Handle::locked`].
+struct Entry<'h> {
+    handle: &'h Handle,
+    slot: MutexGuard<'h, Option<Engine>>,
+    /// The engine was opened anew (in a forked child): its flusher is to be started.
+    reopened: bool,
+}
+
+impl Entry<'_> {
+    /// The engine, opened anew first in a forked child.
+    fn engine(&mut self) -> Result<&mut Engine> {
+        self.reopened = self.handle.ready(&mut self.slot)?;
+        self.slot.as_mut().ok_or(Error::Closed)
     }
 }

@@ -1,6 +1,7 @@
 //! The mirrored live leases (SPEC 4's "in flight", SPEC 5's lease age).
 use crate::core::admission::InFlight;
 use crate::core::state::{FastMap, RouteId};
+use crate::core::store::LeaseRow;
 
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseRec {
@@ -13,6 +14,17 @@ pub struct LeaseRec {
 }
 
 impl LeaseRec {
+    /// The record of a lease as written or stored, on its route (the one constructor).
+    pub fn of(route: RouteId, row: &LeaseRow) -> LeaseRec {
+        LeaseRec {
+            route,
+            tokens: row.tokens,
+            output_tokens: row.output_tokens,
+            created_at_ms: row.created_at_ms,
+            expires_at_ms: row.expires_at_ms,
+        }
+    }
+
     /// A lease counts until it is older than `lease_max_age_ms` (SPEC §5): at exactly
     /// that age (`now == expires_at_ms`) it still counts.
     pub(super) fn live(&self, now: i64) -> bool {

@@ -5,19 +5,23 @@ pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
-use crate::core::store::{CooldownRow, KeptUsage, LeaseRow, UsageKind, UsageRow, Write};
-use crate::core::types::{CooldownSource, KeyInfo, ModelInfo};
+use crate::core::store::{KeptUsage, LeaseRow, UsageKind, UsageRow, Write};
+use crate::core::types::{CooldownSource, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 
 mod accounts;
 mod config;
+mod feed;
 mod history;
 mod leases;
+mod prepare;
 use accounts::Accounts;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
+pub use feed::Waiting;
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
-use std::collections::{HashMap, HashSet};
+pub use prepare::{min_cap, Prepared, Setup};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub type RouteId = u32;
@@ -85,6 +89,13 @@ impl std::ops::IndexMut<usize> for Routes {
 }
 
 impl RouteState {
+    /// `row` names this route by the route's own names (the same `Arc`s).
+    fn named_by(&self, row: &LeaseRow) -> bool {
+        Arc::ptr_eq(&self.platform, &row.platform)
+            && Arc::ptr_eq(&self.model_id, &row.model_id)
+            && self.key_id == row.key_id
+    }
+
     /// The billing multiplier of the route's model on a platform whose daily token
     /// cap is `cap` (SPEC §8).
     fn billing(&self, config: &Config, cap: i64) -> Multiplier {
@@ -122,6 +133,10 @@ pub struct Mirror {
     pub history: History,
     pub calendars: Calendars,
     pub reserves: Reserves,
+    /// What is derived from the environment and the caps (see [`Mirror::prepare`]).
+    setup: Setup,
+    /// The route of the last lease write built (`lease_write`), for `apply`.
+    lease_route: Option<RouteId>,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -134,51 +149,24 @@ struct Retained {
 }
 
 impl Mirror {
-    pub fn with_calendars(calendars: Calendars) -> Mirror {
-        Mirror { calendars, ..Mirror::default() }
+    /// The mirror of an engine built with `env` (its day zones and caps read once).
+    pub fn with_env(env: crate::core::env::Env) -> Mirror {
+        let calendars = Calendars::with_env(env.day_zones());
+        Mirror { calendars, setup: Setup::new(env), ..Mirror::default() }
     }
 
-    /// The stored platform zones changed (ours or another engine's): routes and
-    /// accounts of a platform whose calendar changed start over with its new days.
-    /// True when any did: the caller reloads usage from the store.
-    pub fn replace_calendars(&mut self, set: HashMap<String, String>) -> bool {
-        let changed = self.calendars.replace(set);
-        self.retained_windows = None;
-        for p in &changed {
-            let cal = self.calendars.of(p);
-            for r in self.routes.list.iter_mut().filter(|r| &*r.platform == p.as_str()) {
-                r.win = r.win.cleared(cal.clone());
-            }
-            if let Some(accts) = self.accounts.index.get(p.as_str()) {
-                for a in accts.values() {
-                    let acct = &mut self.accounts.list[*a as usize];
-                    acct.win = acct.win.cleared(cal.clone());
-                }
-            }
-            let of_platform = |a: &AccountId| {
-                self.accounts.list[*a as usize]
-                    .routes
-                    .first()
-                    .is_some_and(|r| &*self.routes[*r as usize].platform == p.as_str())
-            };
-            let gids: Vec<GroupId> = self
-                .accounts
-                .group_index
-                .iter()
-                .filter(|((a, _), _)| of_platform(a))
-                .map(|(_, g)| *g)
-                .collect();
-            for g in gids {
-                let grp = &mut self.accounts.groups[g as usize];
-                grp.win = grp.win.cleared(cal.clone());
-            }
-        }
-        !changed.is_empty()
+    /// The limits a call uses: the given ones, else the model's declared ones, else none.
+    pub fn limits_for(&self, platform: &str, model_id: &str, given: Option<LimitSet>) -> LimitSet {
+        given.unwrap_or_else(|| self.config.limit_set(platform, model_id))
     }
 
-    /// The keys of a route's account when it has several (`None`, without allocating,
-    /// for a key of its own: the hot path).
-    pub fn shared_account_keys(&self, rid: RouteId) -> Option<Vec<i64>> {
+    /// The keys of the account of the route a lease write names when it has several
+    /// (`None`, without allocating, for a key of its own: the hot path).
+    pub fn lease_account_keys(&self, l: &LeaseRow) -> Option<Vec<i64>> {
+        let rid = match self.lease_route {
+            Some(r) if self.routes.get(r).named_by(l) => r,
+            _ => self.routes.find(&l.platform, &l.model_id, l.key_id)?,
+        };
         let r = &self.routes[rid as usize];
         r.group?;
         Some(self.account_keys(&r.platform, r.key_id))
@@ -477,48 +465,6 @@ impl Mirror {
         self.leases.by_id.insert(id, rec);
     }
 
-    pub fn remove_lease(&mut self, id: i64) -> Option<LeaseRec> {
-        let rec = self.leases.by_id.remove(&id)?;
-        let route = &mut self.routes[rec.route as usize];
-        route.leases.retain(|l| *l != id);
-        self.accounts.list[route.account as usize].leases.retain(|l| *l != id);
-        if let Some(g) = route.group {
-            self.accounts.groups[g as usize].leases.retain(|l| *l != id);
-        }
-        Some(rec)
-    }
-
-    /// Replaces the leases with the stored `rows`, keeping those whose insertion is
-    /// still waiting to be written and skipping those whose deletion is.
-    pub fn replace_stored_leases(
-        &mut self,
-        rows: &[LeaseRow],
-        pending_deleted: &HashSet<i64>,
-        pending_inserted: &HashSet<i64>,
-    ) {
-        let stored: Vec<i64> =
-            self.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
-        for id in stored {
-            self.remove_lease(id);
-        }
-        for row in rows {
-            if pending_deleted.contains(&row.id) {
-                continue;
-            }
-            let rid = self.route_id(&row.platform, &row.model_id, row.key_id);
-            self.add_lease(
-                row.id,
-                LeaseRec {
-                    route: rid,
-                    tokens: row.tokens,
-                    output_tokens: row.output_tokens,
-                    created_at_ms: row.created_at_ms,
-                    expires_at_ms: row.expires_at_ms,
-                },
-            );
-        }
-    }
-
     pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
         self.leases.in_flight(&self.routes[rid as usize].leases, now)
     }
@@ -566,47 +512,6 @@ impl Mirror {
             }
         }
         self.retained_windows = None;
-    }
-
-    pub fn replace_models(&mut self, rows: Vec<ModelInfo>) {
-        self.config.clear_models();
-        self.retained_windows = None;
-        for m in rows {
-            self.put_model(m);
-        }
-    }
-
-    pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {
-        self.config.replace_keys(rows);
-        self.accounts_changed();
-    }
-
-    /// Registers (or updates) one key; the routable keys follow at once.
-    pub fn put_key(&mut self, k: KeyInfo) {
-        self.config.put_key(k);
-        self.accounts_changed();
-    }
-
-    pub fn replace_cooldowns(&mut self, rows: &[CooldownRow]) {
-        self.cooldowns.routes.clear();
-        self.cooldowns.models.clear();
-        for r in rows {
-            self.put_cooldown(r);
-        }
-    }
-
-    /// One stored cooldown: a route's, or with no key the model's (SPEC 21.1).
-    pub fn put_cooldown(&mut self, r: &CooldownRow) {
-        let rec = CooldownRec { expires_at_ms: r.expires_at_ms, source: r.source, set_at_ms: r.set_at_ms };
-        match r.key_id {
-            Some(key_id) => {
-                let rid = self.route_id(&r.platform, &r.model_id, key_id);
-                self.cooldowns.routes.insert(rid, rec);
-            }
-            None => {
-                self.cooldowns.models.entry(r.platform.clone()).or_default().insert(r.model_id.clone(), rec);
-            }
-        }
     }
 
     /// What benches a route (SPEC 21.1): whichever of its own cooldown and its model's
@@ -695,74 +600,21 @@ impl Mirror {
         (requests, billed)
     }
 
-    /// Applies one write to the mirror (one of this engine's, as it is made). Returns
-    /// the count of a delete (0 otherwise), and whether a platform's calendar changed
-    /// (its day windows are to be counted again from the store).
-    pub fn apply(&mut self, w: &Write, id: i64, now: i64) -> (i64, bool) {
-        match w {
-            Write::Usage(u) => self.add_usage_row(u, now),
-            Write::InsertLease(l) => {
-                let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
-                self.add_lease(
-                    id,
-                    LeaseRec {
-                        route: rid,
-                        tokens: l.tokens,
-                        output_tokens: l.output_tokens,
-                        created_at_ms: l.created_at_ms,
-                        expires_at_ms: l.expires_at_ms,
-                    },
-                );
-                return (id, false);
-            }
-            Write::DeleteLease(id) => return (i64::from(self.remove_lease(*id).is_some()), false),
-            Write::UpsertCooldown(c) => self.put_cooldown(c),
-            Write::DeleteCooldown { platform, model_id, key_id } => {
-                if let Some(rid) = self.routes.find(platform, model_id, *key_id) {
-                    return (i64::from(self.cooldowns.routes.remove(&rid).is_some()), false);
-                }
-            }
-            Write::DeleteCooldownsForKey(key_id) => {
-                let routes: Vec<RouteId> = self
-                    .cooldowns
-                    .routes
-                    .keys()
-                    .copied()
-                    .filter(|rid| self.routes.get(*rid).key_id == *key_id)
-                    .collect();
-                for rid in &routes {
-                    self.cooldowns.routes.remove(rid);
-                }
-                return (routes.len() as i64, false);
-            }
-            Write::DeleteExpiredCooldowns(t) => return (self.cooldowns.remove_expired(*t), false),
-            Write::UpsertKey(k) => self.put_key(k.clone()),
-            Write::UpsertModel(m) => self.put_model(m.clone()),
-            Write::SetCaps(p, c) => {
-                self.config.caps.insert(p.clone(), *c);
-            }
-            Write::ResetCaps(p) => {
-                self.config.caps.remove(p);
-            }
-            Write::InsertHistory(h) => self.history.add(h.clone()),
-            Write::DeleteHistory { key_id, route, kinds } => {
-                return (
-                    self.history.remove(*key_id, route.as_ref().map(|(p, m)| (&**p, &**m)), kinds),
-                    false,
-                );
-            }
-            Write::Sweep { history_before, .. } => {
-                self.history.prune(*history_before);
-            }
-            Write::SetCalendar { platform, zone } => {
-                let set = self.calendars.zones_with(platform, zone.as_deref());
-                // The platform's day windows start over: they are counted again.
-                return (0, self.replace_calendars(set));
-            }
-            Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
-            Write::Log(_) | Write::UpsertQuotaState(_) => {}
-        }
-        (0, false)
+    /// The write that takes lease `id` on route `rid` at `now` for `est`, counting
+    /// until `max_age_ms` from now (SPEC §5).
+    pub fn lease_write(&mut self, rid: RouteId, id: i64, est: Estimate, now: i64, max_age_ms: i64) -> Write {
+        self.lease_route = Some(rid);
+        let r = self.routes.get(rid);
+        Write::InsertLease(LeaseRow {
+            id,
+            platform: r.platform.clone(),
+            model_id: r.model_id.clone(),
+            key_id: r.key_id,
+            tokens: est.tokens,
+            output_tokens: est.output,
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(max_age_ms),
+        })
     }
 
     // ---- the view of a decision -----------------------------------------------------

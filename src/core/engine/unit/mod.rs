@@ -2,12 +2,80 @@
 //! (sync), decides on the mirror, and ends by committing its writes (leave), or
 //! buffers them while the store fails (degraded mode); grouped writes keep the
 //! write lock across calls (hold) and flush together. Use cases in the sibling
-//! files only open and close sections through `read`, `write`, `append`,
-//! `enter`/`leave` and `leave_applied` (batches, `batch.rs`), or the engine's
-//! `reading`/`writing`; none touches the store directly: [`Unit`] owns it, privately,
-//! with the mirror the sections keep in step with it.
-use super::*;
-use crate::core::store::KeptUsage;
+//! files go through one door, [`Unit::run`] (`tx.rs`: a `Tx` gives the body the
+//! mirror, the section's `now` and `push` for its writes); the batches of `batch.rs`
+//! open and end their own section (`enter`, `leave_applied`). None touches the store
+//! directly: [`Unit`] owns it, privately, with the mirror the sections keep in step
+//! with it. The buffer (`buffer.rs`), the hold (`hold.rs`) and the retention
+//! (`retention.rs`) are files of their own.
+use super::{Engine, Settings};
+use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
+use crate::core::error::{Result, StoreError};
+use crate::core::limits::LimitSet;
+use crate::core::state::{Mirror, Prepared, RouteId, Waiting};
+use crate::core::store::{LogRow, Store, Write};
+use crate::core::types::Route;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod buffer;
+mod hold;
+mod retention;
+mod tx;
+use buffer::{Buffer, MAX_BUFFERED_LOGS};
+use hold::Hold;
+pub(super) use hold::HOLD_MAX_MS;
+use retention::Retention;
+
+/// A log record for the host's logger, emitted after the engine lock is released.
+pub type LogRecord = (log::Level, String);
+
+pub(super) struct Section {
+    pub(super) now: i64,
+    pub(super) online: bool,
+    pub(super) write: bool,
+    /// Inside the write lock this engine keeps across calls (`Engine::held`).
+    pub(super) held: bool,
+    /// A hot-path section (`Access::Decide` or `Access::Append`): its writes may wait
+    /// in the held lock.
+    pub(super) hot: bool,
+    /// Decisions rest on what the engine knew before the section (an optimistic
+    /// section): a refusal is confirmed on fresh data, and the commit may conflict.
+    pub(super) stale: bool,
+}
+
+/// What a write section asks of the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Access {
+    Read,
+    /// The write lock, held from the read to the commit.
+    Write,
+    /// Writes that decide nothing (usage rows, finished leases): no lock first.
+    Append,
+    /// Admissions decided on what is known, checked at commit (`begin_optimistic`).
+    Decide,
+}
+
+/// How a write section ended.
+pub(super) enum Committed {
+    Done(Vec<i64>),
+    /// An optimistic section's decisions were stale: nothing was written.
+    Conflict,
+    /// The store failed: the engine is degraded.
+    Failed,
+    /// The server refused (SPEC 19.1): nothing was written, the call fails.
+    Rejected(StoreError),
+}
+
+/// How a batch's write section ended.
+pub(super) enum Applied {
+    Done,
+    /// Stale decisions: the writes handed back, still applied to the mirror.
+    Conflict(Vec<Write>),
+    /// The server refused: the writes handed back, still applied to the mirror.
+    Rejected(Vec<Write>, StoreError),
+}
 
 /// The unit of work's state: the store and the mirror of it (what every decision
 /// reads, as a session keeps its identity map), the clock, the writes waiting for the
@@ -29,15 +97,8 @@ pub(super) struct Unit {
     /// process's do). `acquire_lease`'s ids are the caller's to release.
     pub(super) own_leases: HashSet<i64, foldhash::fast::RandomState>,
 
-    /// Writes applied to the mirror but not yet to the store, in order.
-    pending: Vec<Write>,
-    /// Stored leases whose deletion is in `pending`.
-    pending_deleted: HashSet<i64>,
-    /// Leases whose insertion is in `pending` (taken while degraded).
-    pending_inserted: HashSet<i64>,
-    compact_at: usize,
-    /// Engine time of the oldest write in `pending`.
-    pending_since: Option<i64>,
+    /// Writes applied to the mirror but not yet to the store (`buffer.rs`).
+    pending: Buffer,
     flush_requested: bool,
     degraded: bool,
     loaded: bool,
@@ -46,17 +107,8 @@ pub(super) struct Unit {
     last_sweep: Option<i64>,
     /// The last read section could not read the store.
     read_failed: bool,
-    /// Buffered `server_logs` rows were dropped during this outage (warned once).
-    logs_dropped: bool,
-    /// With grouped writes, how long the write lock may be kept from one call to the
-    /// next while this engine is the store's only one (`None`: never).
-    hold_for: Option<Duration>,
-    /// Since when this engine keeps the store's write lock (an open transaction)
-    /// across calls: nobody else can write meanwhile, so calls neither read nor
-    /// write the store; the writes wait in `pending` for the commit that ends it.
-    held: Option<Instant>,
-    /// When to ask the store again whether this engine is its only one.
-    next_sole_check: Option<Instant>,
+    /// The write lock kept across calls (`hold.rs`).
+    hold: Hold,
 }
 
 impl Unit {
@@ -73,11 +125,7 @@ impl Unit {
             settings,
             logs: Vec::new(),
             own_leases: HashSet::default(),
-            pending: Vec::new(),
-            pending_deleted: HashSet::new(),
-            pending_inserted: HashSet::new(),
-            compact_at: COMPACT_MIN,
-            pending_since: None,
+            pending: Buffer::new(),
             flush_requested: false,
             degraded: false,
             loaded: false,
@@ -85,10 +133,7 @@ impl Unit {
             last_now: None,
             last_sweep: None,
             read_failed: false,
-            logs_dropped: false,
-            hold_for: None,
-            held: None,
-            next_sole_check: None,
+            hold: Hold::default(),
         }
     }
 
@@ -110,12 +155,12 @@ impl Unit {
 
     /// Writes waiting for the store.
     pub(super) fn pending_len(&self) -> usize {
-        self.pending.len()
+        self.pending.writes.len()
     }
 
     /// With grouped writes: how long the write lock may be kept across calls.
     pub(super) fn set_hold_for(&mut self, period: Duration) {
-        self.hold_for = Some(period);
+        self.hold.set_period(period);
     }
 
     /// Abandons the open section (nothing of it is written).
@@ -132,7 +177,7 @@ impl Unit {
     pub(super) fn recover_after_panic(&mut self) {
         self.store.rollback();
         self.rebuild = true;
-        if self.held.take().is_some() {
+        if self.hold.end() {
             // What the held lock's calls decided is still in `pending`: write it next.
             self.flush_requested = true;
         }
@@ -140,38 +185,15 @@ impl Unit {
 
     /// In the child after `fork()`: see [`Store::after_fork`].
     pub(super) fn after_fork(&mut self) -> bool {
-        self.held = None;
+        self.hold.end();
         self.store.after_fork()
     }
 
-    /// Claims `name` across the fleet (see [`Store::try_claim`]); true when the store
-    /// cannot say.
-    pub(super) fn try_claim(&mut self, name: &str, ttl_ms: i64) -> bool {
-        self.store.try_claim(name, ttl_ms).unwrap_or(true)
-    }
-
-    pub(super) fn usage_events(&mut self, f: &UsageFilter) -> std::result::Result<Vec<UsageRow>, StoreError> {
-        self.store.usage_events(f)
-    }
-
-    pub(super) fn server_logs(
-        &mut self,
-        limit: i64,
-    ) -> std::result::Result<Vec<(i64, LogRow, Option<String>)>, StoreError> {
-        self.store.server_logs(limit)
-    }
-
-    pub(super) fn quota_states(
-        &mut self,
-        platform: Option<&str>,
-    ) -> std::result::Result<Vec<QuotaStateRow>, StoreError> {
-        self.store.quota_states(platform)
-    }
-
-    /// Inside an optimistic section: its decision reads these keys too (see
-    /// [`Store::watch_keys`]).
-    pub(super) fn watch_keys(&mut self, platform: &str, keys: &[i64]) {
-        self.store.watch_keys(platform, keys);
+    /// Reads the store directly, beside the mirror (the analysis reads, the observed
+    /// quota states, a claim across the fleet): the one way to the store outside a
+    /// section's protocol.
+    pub(super) fn store_read<T>(&mut self, f: impl FnOnce(&mut dyn Store) -> T) -> T {
+        f(&mut *self.store)
     }
 
     // ---- sections ------------------------------------------------------------------
@@ -195,238 +217,44 @@ impl Unit {
         began.map(|()| stale)
     }
 
-    /// Outside a section: another writer may have changed something (or the store
-    /// cannot tell).
-    fn changed(&mut self) -> bool {
-        self.store.changed().unwrap_or(true)
-    }
-
-    /// A read snapshot (to reload from after the clock stepped back).
-    fn begin_read(&mut self) -> std::result::Result<(), StoreError> {
-        self.store.begin(false)
-    }
-
-    /// Ends a read section.
-    fn end_read(&mut self) {
-        let _ = self.store.commit();
-    }
-
-    fn pull(&mut self) -> std::result::Result<Changes, StoreError> {
-        self.store.pull()
-    }
-
-    /// Whether a hot-path section may take the write lock and keep it across calls:
-    /// grouped writes are on, the store answers, and no other engine has it open
-    /// (asked at most once per hold period while others do).
-    fn may_hold(&mut self) -> bool {
-        let Some(period) = self.hold_for else { return false };
-        if self.degraded {
-            return false;
-        }
-        let now = Instant::now();
-        if self.next_sole_check.is_some_and(|t| now < t) {
-            return false;
-        }
-        if self.store.sole_writer() {
-            return true;
-        }
-        self.next_sole_check = Some(now + period);
-        false
-    }
-
     /// A held write lock is kept for this hot-path section's writes (its period is
     /// not over, and no flush asked for it to end).
     fn keeps_holding(&self, sec: &Section) -> bool {
-        sec.held && sec.hot && !self.flush_requested && !self.hold_period_over()
-    }
-
-    /// A write lock is kept across calls and its period has not run out.
-    fn hold_period_over(&self) -> bool {
-        self.held.zip(self.hold_for).is_none_or(|(t, period)| t.elapsed() >= period)
-    }
-
-    /// Inside an online write section: writes what is buffered (with `flush_pending`;
-    /// less what never needs to reach the store), then `writes`, then `sweep`, and
-    /// commits. Returns the per-write results (as far as they got) and how it ended.
-    fn write_and_commit(
-        &mut self,
-        flush_pending: bool,
-        retention: Option<&Retention>,
-        writes: &[Write],
-        sweep: Option<&Write>,
-    ) -> (Vec<i64>, std::result::Result<(), StoreError>) {
-        let mut ids = Vec::with_capacity(writes.len());
-        let result = self.write_all_and_commit(flush_pending, retention, writes, sweep, &mut ids);
-        (ids, result)
-    }
-
-    fn write_all_and_commit(
-        &mut self,
-        flush_pending: bool,
-        retention: Option<&Retention>,
-        writes: &[Write],
-        sweep: Option<&Write>,
-        ids: &mut Vec<i64>,
-    ) -> std::result::Result<(), StoreError> {
-        if flush_pending {
-            // A lease taken and finished while both waited here never reaches the
-            // store, nor does a usage row buffered past the retention.
-            let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
-            let live: Vec<&Write> = self
-                .pending
-                .iter()
-                .filter(|w| match w {
-                    Write::InsertLease(l) => !deleted.contains(&l.id),
-                    Write::DeleteLease(id) => !inserted.contains(id),
-                    Write::Usage(u) => retention.is_none_or(|r| r.keeps(u)),
-                    _ => true,
-                })
-                .collect();
-            self.store.write_all(&live)?;
-        }
-        for w in writes {
-            ids.push(self.store.write(w)?);
-        }
-        // Last, so that it sees every row, the section's own included.
-        if let Some(s) = sweep {
-            self.store.write(s)?;
-        }
-        self.store.commit()
-    }
-
-    /// After a commit that took the buffer with it: nothing waits any more.
-    fn flushed(&mut self) {
-        self.pending.clear();
-        self.pending_deleted.clear();
-        self.pending_inserted.clear();
-        self.pending_since = None;
-        self.compact_at = COMPACT_MIN;
-        self.logs_dropped = false;
-    }
-
-    /// Keeps a write for the store; true when the buffer is due for compaction.
-    fn push_pending(&mut self, w: Write, now: i64) -> bool {
-        if self.pending_since.is_none() {
-            self.pending_since = Some(now);
-        }
-        match w {
-            Write::Sweep { .. } => return false,
-            // A lease taken while degraded is written when the store answers again,
-            // so that other processes count it from then on.
-            Write::InsertLease(LeaseRow { id, .. }) => {
-                self.pending_inserted.insert(id);
-                self.pending.push(w);
-            }
-            Write::DeleteLease(id) => {
-                self.pending_deleted.insert(id);
-                self.pending.push(w);
-            }
-            w => self.pending.push(w),
-        }
-        // A held lock's writes are committed within its period: nothing to merge.
-        self.pending.len() >= self.compact_at && self.held.is_none()
-    }
-
-    /// Compacts the buffer (see `Engine::compact_pending`): usage `retention` does
-    /// not keep goes, older than a minute is merged per (route, kind, UTC minute).
-    /// True when `server_logs` rows were dropped for the first time in this outage.
-    fn compact(&mut self, now: i64, retention: &Retention) -> bool {
-        let logs = self.pending.iter().filter(|w| matches!(w, Write::Log(_))).count();
-        let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
-        let horizon = now.saturating_sub(MINUTE_MS);
-        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
-        let mut kept = Vec::with_capacity(self.pending.len());
-        let mut order = Vec::new();
-        let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
-        let (inserted, deleted) = (&self.pending_inserted, &self.pending_deleted);
-        let mut ended = Vec::new();
-        for w in self.pending.drain(..) {
-            match w {
-                Write::Usage(u) if !retention.keeps(&u) => {}
-                Write::Usage(u) if u.created_at_ms <= horizon => {
-                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
-                    let key = (
-                        u.platform.clone(),
-                        u.model_id.clone(),
-                        u.key_id,
-                        u.kind == UsageKind::Request,
-                        minute,
-                    );
-                    match merged.get_mut(&key) {
-                        Some(m) => {
-                            m.tokens = m.tokens.saturating_add(u.tokens);
-                            m.kinds = m.kinds.merged(u.kinds);
-                            m.count = m.count.saturating_add(u.count);
-                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
-                        }
-                        None => {
-                            order.push(key.clone());
-                            merged.insert(key, u);
-                        }
-                    }
-                }
-                Write::InsertLease(l) if deleted.contains(&l.id) => ended.push(l.id),
-                Write::DeleteLease(id) if inserted.contains(&id) => {}
-                Write::Log(_) if logs_to_drop > 0 => logs_to_drop -= 1,
-                Write::UpsertQuotaState(q) => {
-                    let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
-                    match quota_at.get(&key) {
-                        Some(&i) => kept[i] = Write::UpsertQuotaState(q),
-                        None => {
-                            quota_at.insert(key, kept.len());
-                            kept.push(Write::UpsertQuotaState(q));
-                        }
-                    }
-                }
-                w => kept.push(w),
-            }
-        }
-        for id in ended {
-            self.pending_inserted.remove(&id);
-            self.pending_deleted.remove(&id);
-        }
-        self.pending =
-            order.into_iter().filter_map(|k| merged.remove(&k)).map(Write::Usage).chain(kept).collect();
-        let first_drop = logs > MAX_BUFFERED_LOGS && !self.logs_dropped;
-        self.logs_dropped |= first_drop;
-        first_drop
-    }
-
-    /// Nothing buffered, held or left in doubt: a flush has nothing to do.
-    fn idle(&self) -> bool {
-        self.pending.is_empty() && self.held.is_none() && self.store.undelivered() == 0
+        sec.held && sec.hot && !self.flush_requested && !self.hold.period_over()
     }
 
     /// Writes the store has not accepted (buffered, or left in doubt).
     fn unwritten(&self) -> usize {
-        self.pending.len() + self.store.undelivered()
+        self.pending.writes.len() + self.store.undelivered()
     }
 }
 
 impl Unit {
     // ---- sections ----------------------------------------------------------------
 
-    pub(super) fn enter(&mut self, write: bool) -> Result<Section> {
-        self.enter_as(if write { Access::Write } else { Access::Read })
-    }
-
-    pub(super) fn enter_as(&mut self, mut access: Access) -> Result<Section> {
+    /// Opens a section as `access` asks (see [`Unit::run`]; a batch opens and ends
+    /// its own, `batch.rs`).
+    pub(super) fn enter(&mut self, mut access: Access) -> Result<Section> {
         let write = access != Access::Read;
         if write && self.readonly() {
             return Err(StoreError::ReadOnly.into());
         }
         let hot = matches!(access, Access::Decide | Access::Append);
-        let start_hold = hot && self.held.is_none() && self.may_hold();
+        let start_hold = hot && !self.hold.held() && !self.degraded && self.hold.may_start(&mut *self.store);
         if start_hold {
             access = Access::Write;
         }
-        let held = self.held.is_some();
+        let held = self.hold.held();
         let mut online = held;
         let mut stale = false;
         self.read_failed = false;
         // Holding the write lock, nothing can have changed under us.
-        let need_store =
-            !held && (write || !self.loaded || self.rebuild || self.mirror.needs_reload || self.changed());
+        let need_store = !held
+            && (write
+                || !self.loaded
+                || self.rebuild
+                || self.mirror.needs_reload
+                || self.store.changed().unwrap_or(true));
         if need_store {
             match self.begin(access, self.settings.busy_timeout_ms) {
                 Ok(s) => {
@@ -454,7 +282,7 @@ impl Unit {
         self.last_now = Some(now);
         if !online && self.rebuild && !write {
             // A read noticed the step back: open a read snapshot to reload from.
-            match self.begin_read() {
+            match self.store.begin(false) {
                 Ok(()) => online = true,
                 Err(e) => self.store_failed(&e, false),
             }
@@ -462,7 +290,7 @@ impl Unit {
         if online && (!held || self.rebuild) {
             if let Err(e) = self.sync(now) {
                 self.rollback();
-                self.held = None;
+                self.hold.end();
                 if let StoreError::Rejected(_) = e {
                     self.rejected(&e);
                     return Err(e.into());
@@ -472,9 +300,9 @@ impl Unit {
             }
         }
         if online && start_hold {
-            self.held = Some(Instant::now());
+            self.hold.start();
         }
-        let held = online && self.held.is_some();
+        let held = online && self.hold.held();
         Ok(Section { now, online, write, held, hot, stale: stale && online })
     }
 
@@ -490,7 +318,7 @@ impl Unit {
         self.rebuild = true;
         let mirror = &mut self.mirror;
         self.store.load_usage_since(since, &mut |r| mirror.add_usage_row(&r, now))?;
-        for w in &self.pending {
+        for w in &self.pending.writes {
             if let Write::Usage(u) = w {
                 self.mirror.add_usage_row(u, now);
             }
@@ -498,6 +326,24 @@ impl Unit {
         self.loaded = true;
         self.rebuild = false;
         Ok(())
+    }
+
+    /// A decision prepared by the mirror (see [`Mirror::prepare`]); a window the
+    /// route's events were not kept for is counted from the store at once when the
+    /// store answers, else at the next section that reaches it.
+    pub(super) fn prepare(
+        &mut self,
+        route: &Route,
+        limits: Option<LimitSet>,
+        priority: i64,
+        now: i64,
+    ) -> Prepared {
+        let p = self.mirror.prepare(route, limits, priority, now);
+        if let (Some(rid), false) = (p.route, p.complete) {
+            self.reload_windows(now);
+            self.mirror.prune_route(rid, now);
+        }
+        p
     }
 
     /// A route ready for a decision at `now` under `limits`: pruned, and keeping every
@@ -526,8 +372,10 @@ impl Unit {
         if !self.loaded || self.rebuild || self.mirror.needs_reload {
             self.load_usage(now)?;
         }
-        let changes = self.pull()?;
-        self.apply_changes(changes, now);
+        let changes = self.store.pull()?;
+        let p = &self.pending;
+        let waiting = Waiting { writes: &p.writes, deleted: &p.deleted, inserted: &p.inserted };
+        self.rebuild |= self.mirror.apply_changes(changes, now, waiting);
         if std::mem::take(&mut self.mirror.needs_reload) {
             // A model declared a window its routes' events were not kept for.
             self.rebuild = true;
@@ -539,56 +387,6 @@ impl Unit {
         Ok(())
     }
 
-    pub(super) fn apply_changes(&mut self, ch: Changes, now: i64) {
-        for r in &ch.usage {
-            self.mirror.add_usage_row(r, now);
-        }
-        if let Some(leases) = &ch.leases {
-            self.mirror.replace_stored_leases(leases, &self.pending_deleted, &self.pending_inserted);
-        }
-        let tables_changed =
-            ch.cooldowns.is_some() || ch.keys.is_some() || ch.models.is_some() || ch.caps.is_some();
-        if let Some(c) = &ch.cooldowns {
-            self.mirror.replace_cooldowns(c);
-        }
-        if let Some(k) = ch.keys {
-            self.mirror.replace_keys(k);
-        }
-        if let Some(m) = ch.models {
-            self.mirror.replace_models(m);
-        }
-        if let Some(c) = ch.caps {
-            self.mirror.config.caps = c.into_iter().collect();
-        }
-        let tables_changed =
-            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
-        if let Some(p) = ch.priorities {
-            self.mirror.reserves.replace(p);
-        }
-        if let Some(h) = ch.history {
-            self.mirror.history.replace(h);
-        }
-        if let Some(c) = ch.calendars {
-            if self.mirror.replace_calendars(c.into_iter().collect()) {
-                self.rebuild = true;
-            }
-        }
-        if tables_changed && !self.pending.is_empty() {
-            // Our own buffered changes are newer than what the store holds.
-            let pending = std::mem::take(&mut self.pending);
-            // Leases are reconciled by `replace_stored_leases` (pending inserts kept,
-            // pending deletes skipped); re-applying an insert would resurrect a
-            // lease finished while its writes waited.
-            for w in pending
-                .iter()
-                .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease(_)))
-            {
-                self.apply_local(w, 0, now);
-            }
-            self.pending = pending;
-        }
-    }
-
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
@@ -596,12 +394,12 @@ impl Unit {
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
         let flush_pending = self.degraded
-            || self.held.is_some()
+            || self.hold.held()
             || self.flush_requested
-            || self.pending_since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+            || self.pending.since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
         // Worked out only when a sweep or buffered usage needs it (not per commit).
-        let retention =
-            (sweep_due || (flush_pending && !self.pending.is_empty())).then(|| self.retention(now, false));
+        let retention = (sweep_due || (flush_pending && !self.pending.writes.is_empty()))
+            .then(|| self.retention(now, false));
         let sweep = match &retention {
             Some(r) if sweep_due => Some(Write::Sweep {
                 usage_before: r.before,
@@ -611,9 +409,11 @@ impl Unit {
             }),
             _ => None,
         };
-        let (ids, result) = self.write_and_commit(flush_pending, retention.as_ref(), writes, sweep.as_ref());
+        let mut ids = Vec::with_capacity(writes.len());
+        let live = flush_pending.then(|| self.pending.live(retention.as_ref()));
+        let result = write_and_commit(&mut *self.store, live, writes, sweep.as_ref(), &mut ids);
         // The commit (or the rollback) ends a held lock.
-        self.held = None;
+        self.hold.end();
         // SPEC 19.2: a commit that got no reply is the store's to deliver, applied
         // once: committed for the engine, which is degraded until the store answers.
         let in_doubt = match &result {
@@ -629,9 +429,9 @@ impl Unit {
                     }
                     self.prune_own_leases(now);
                 }
-                let flushed = if flush_pending { self.pending.len() } else { 0 };
+                let flushed = if flush_pending { self.pending.writes.len() } else { 0 };
                 if flush_pending {
-                    self.flushed();
+                    self.pending.flushed();
                 }
                 self.flush_requested = false;
                 if let Some(e) = in_doubt {
@@ -670,7 +470,7 @@ impl Unit {
         if !sec.write {
             if sec.online && !sec.held {
                 // Ends the read snapshot.
-                self.end_read();
+                let _ = self.store.commit();
             }
             return Ok(Vec::new());
         }
@@ -731,11 +531,26 @@ impl Unit {
         n
     }
 
+    /// Applies a write a hot-path section decided to the mirror, before its commit
+    /// (later operations of the batch see it). The keys the decision read are derived
+    /// from it: on Redis, a lease on a shared account conflicts with any other engine's
+    /// writes on the account's other keys (SPEC §14.3).
+    pub(super) fn apply_decided(&mut self, w: &Write, now: i64) {
+        if let Write::InsertLease(l) = w {
+            if let Some(keys) = self.mirror.lease_account_keys(l) {
+                self.store.watch_keys(&l.platform, &keys);
+            }
+            self.apply_local(w, l.id, now);
+        } else {
+            self.apply_local(w, 0, now);
+        }
+    }
+
     /// Keeps a write for the store (degraded, or grouped by `flush_interval_ms`).
     pub(super) fn buffer(&mut self, w: Write, now: i64) {
-        if self.push_pending(w, now) {
+        if self.pending.push(w, now, self.hold.held()) {
             self.compact_pending(now);
-            self.compact_at = (self.pending.len() * 2).max(COMPACT_MIN);
+            self.pending.compacted();
         }
     }
 
@@ -759,7 +574,7 @@ impl Unit {
     /// is lost from any window that counts.
     pub(super) fn compact_pending(&mut self, now: i64) {
         let retention = self.retention(now, true);
-        if self.compact(now, &retention) {
+        if self.pending.compact(now, &retention) {
             let msg = format!(
                 "the database is still failing: server_logs rows beyond the newest {MAX_BUFFERED_LOGS} \
                  are dropped from the buffer"
@@ -795,7 +610,7 @@ impl Unit {
     /// engine and notebook on the store sees them.
     pub(super) fn note(&mut self, level: log::Level, event: Option<&str>, message: String) {
         if level <= log::Level::Warn && !self.readonly() {
-            self.pending.push(Write::Log(LogRow {
+            self.pending.writes.push(Write::Log(LogRow {
                 level: if level == log::Level::Error { "error" } else { "warn" },
                 source: "quotaengine".into(),
                 provider: None,
@@ -806,52 +621,6 @@ impl Unit {
             }));
         }
         self.logs.push((level, message));
-    }
-
-    /// Runs `f` on the mirror inside a read section.
-    pub(super) fn read<T>(&mut self, f: impl FnOnce(&mut Mirror, i64) -> T) -> Result<T> {
-        self.reading(|u, now| f(&mut u.mirror, now))
-    }
-
-    /// A use case that only reads, in one section: `f` answers from the unit (its
-    /// mirror synced with what other engines wrote) as of `now`.
-    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Unit, i64) -> T) -> Result<T> {
-        let sec = self.enter(false)?;
-        let out = f(self, sec.now);
-        self.leave(sec, Vec::new())?;
-        Ok(out)
-    }
-
-    /// A use case that writes, in one section holding the store's write lock: `f`
-    /// decides at `now` and queues its writes, committed with the section; when `f`
-    /// fails, none of them is. Returns what `f` answers and, per write, the id of an
-    /// insert or the number of rows a delete removed.
-    pub(super) fn writing<T>(
-        &mut self,
-        f: impl FnOnce(&mut Unit, i64, &mut Vec<Write>) -> Result<T>,
-    ) -> Result<(T, Vec<i64>)> {
-        let sec = self.enter(true)?;
-        let mut writes = Vec::new();
-        match f(self, sec.now, &mut writes) {
-            Ok(out) => Ok((out, self.leave(sec, writes)?)),
-            Err(e) => {
-                self.leave(sec, Vec::new())?;
-                Err(e)
-            }
-        }
-    }
-
-    /// A write section with writes that do not depend on the mirror.
-    pub(super) fn write(&mut self, writes: Vec<Write>) -> Result<Vec<i64>> {
-        let sec = self.enter(true)?;
-        self.leave(sec, writes)
-    }
-
-    /// Writes that decide nothing (usage rows, buffered changes): no need to take the
-    /// store's lock first.
-    pub(super) fn append(&mut self, writes: Vec<Write>) -> Result<()> {
-        let sec = self.enter_as(Access::Append)?;
-        self.leave(sec, writes).map(|_| ())
     }
 
     /// Drops from `own_leases` what no longer counts (expired, or ended by another
@@ -866,36 +635,24 @@ impl Unit {
         self.settings.flush_interval_ms > 0 && !self.readonly()
     }
 
-    /// Usage writes: committed now, or grouped when `flush_interval_ms > 0`.
-    pub(super) fn write_usage(&mut self, writes: Vec<Write>) -> Result<()> {
-        if self.groups_usage() {
-            let now = self.clock.now_ms();
-            for w in writes {
-                self.apply_local(&w, 0, now);
-                self.buffer(w, now);
-            }
-            Ok(())
-        } else {
-            self.append(writes)
-        }
-    }
-
     /// Writes everything buffered (the flusher thread, `close()`).
     pub fn flush(&mut self) -> Result<()> {
-        if self.idle() || self.readonly() {
+        // Nothing buffered, held or left in doubt: nothing to do.
+        let idle = self.pending.writes.is_empty() && !self.hold.held() && self.store.undelivered() == 0;
+        if idle || self.readonly() {
             return Ok(());
         }
         self.flush_requested = true;
         // Buffered writes were decided when they were made: they only append now.
-        let out = self.append(Vec::new());
+        let out = self.run(Access::Append, |_| Ok(()));
         self.flush_requested = false;
-        out
+        out.map(|_| ())
     }
 
     /// Ends a held write lock whose period is over (the flusher thread: an idle
     /// engine does not keep others waiting).
     pub fn end_hold_if_due(&mut self) -> Result<()> {
-        if self.held.is_some() && self.hold_period_over() {
+        if self.hold.held() && self.hold.period_over() {
             return self.flush();
         }
         Ok(())
@@ -904,7 +661,7 @@ impl Unit {
     /// The period of the flusher thread: the hold period when a write lock may be
     /// held across calls, else `flush_interval_ms`.
     pub fn tick_period(&self) -> Duration {
-        self.hold_for.unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
+        self.hold.period().unwrap_or(Duration::from_millis(self.settings.flush_interval_ms.max(0) as u64))
     }
 }
 
@@ -922,15 +679,6 @@ impl Engine {
     /// The period of the flusher thread.
     pub fn tick_period(&self) -> Duration {
         self.unit.tick_period()
-    }
-
-    /// A use case that only reads, in one section: `f` answers with the engine as of
-    /// `now` (the mirror synced with what other engines wrote).
-    pub(super) fn reading<T>(&mut self, f: impl FnOnce(&mut Self, i64) -> T) -> Result<T> {
-        let sec = self.unit.enter(false)?;
-        let out = f(self, sec.now);
-        self.unit.leave(sec, Vec::new())?;
-        Ok(out)
     }
 
     /// Ends this engine's live leases (SPEC 18.5), flushes and reports whether
@@ -951,21 +699,27 @@ impl Engine {
     }
 }
 
-/// The retention of usage at one time (SPEC 10, 14.2): rows stamped `before` or later
-/// stay, and of a model in `kept`, those stamped at or after its own cut-off.
-#[derive(Debug, Clone)]
-pub(super) struct Retention {
-    pub before: i64,
-    pub kept: Arc<[KeptUsage]>,
-}
-
-impl Retention {
-    /// The oldest time of a row of this model that retention keeps.
-    pub fn cutoff(&self, platform: &str, model_id: &str) -> i64 {
-        crate::core::store::usage_cutoff(&self.kept, self.before, platform, model_id)
+/// Inside an online write section: writes what is buffered (`live`), then `writes`,
+/// then `sweep`, and commits. The per-write results (as far as they got) land in
+/// `ids`.
+fn write_and_commit(
+    store: &mut dyn Store,
+    live: Option<Vec<&Write>>,
+    writes: &[Write],
+    sweep: Option<&Write>,
+    ids: &mut Vec<i64>,
+) -> std::result::Result<(), StoreError> {
+    if let Some(live) = live {
+        // A lease taken and finished while both waited here never reaches the
+        // store, nor does a usage row buffered past the retention.
+        store.write_all(&live)?;
     }
-
-    pub fn keeps(&self, u: &UsageRow) -> bool {
-        u.created_at_ms >= self.cutoff(&u.platform, &u.model_id)
+    for w in writes {
+        ids.push(store.write(w)?);
     }
+    // Last, so that it sees every row, the section's own included.
+    if let Some(s) = sweep {
+        store.write(s)?;
+    }
+    store.commit()
 }
