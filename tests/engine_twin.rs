@@ -68,7 +68,7 @@ fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
     e.lease(&route(), 10, None).unwrap();
     let err = e.lease(&route(), 10, None).unwrap_err();
     let Error::Refused(r) = err else { panic!("{err:?}") };
-    assert_eq!(r.reason, Reason::Rpm);
+    assert_eq!(r.reason, Reason::declared("rpm"));
     assert_eq!(r.retry_at_ms, Some(T0 + MINUTE), "the first request leaves the window then");
     clock.advance(MINUTE);
     e.lease(&route(), 10, None).unwrap();
@@ -79,13 +79,13 @@ fn the_token_gate_counts_live_estimates_and_frees_them_on_release() {
     let (mut e, _, _) = engine(0);
     e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
     let big = e.lease(&route(), 600, None).unwrap();
-    assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::Tpm);
+    assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::declared("tpm"));
     assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 1);
     e.release_lease(big).unwrap();
     e.lease(&route(), 500, None).unwrap();
     // Recorded tokens count like estimates did.
     e.usage().record_token_use(&route(), TokenUse::total(400)).unwrap();
-    assert_eq!(refusal(e.lease(&route(), 200, None).unwrap_err()), Reason::Tpm);
+    assert_eq!(refusal(e.lease(&route(), 200, None).unwrap_err()), Reason::declared("tpm"));
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     assert!(a.pending_writes() >= 2);
     // Decided from memory: the limit still holds.
     a.lease(&route(), 5, None).unwrap();
-    assert_eq!(refusal(a.lease(&route(), 5, None).unwrap_err()), Reason::Rpm);
+    assert_eq!(refusal(a.lease(&route(), 5, None).unwrap_err()), Reason::declared("rpm"));
     a.release_lease(id).unwrap();
     control.set_down(false);
     a.flush().unwrap();
@@ -136,7 +136,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     // The other engine counts what was buffered: one request and one live lease (the
     // lease taken and released while both waited never reached the store).
     let u = b.usage().report(&route(), None).unwrap();
-    assert_eq!((u.window(&Reason::Rpm).used, u.in_flight), (1, 1));
+    assert_eq!((u.window("rpm").used, u.in_flight), (1, 1));
     assert_eq!(control.leases(), 1);
 }
 
@@ -166,7 +166,7 @@ fn a_commit_whose_reply_was_lost_counts_as_committed() {
     e.flush().unwrap();
     assert!(!e.degraded());
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpm").used, 1);
 }
 
 // ---- grouped writes: hold and group commit -----------------------------------------------
@@ -235,7 +235,7 @@ fn a_batch_of_several_callers_is_one_commit() {
     let results: Vec<Result<i64, Error>> = outs.into_iter().map(|o| o.lease_id()).collect();
     // Each sees the ones before it: the fourth is refused.
     assert!(results[..3].iter().all(Result::is_ok));
-    assert_eq!(refusal(results[3].clone().unwrap_err()), Reason::Rpm);
+    assert_eq!(refusal(results[3].clone().unwrap_err()), Reason::declared("rpm"));
     assert_eq!(control.leases(), 3);
 }
 
@@ -250,7 +250,7 @@ fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
     // `a` takes the only slot; `b` decides on what it knew (room for one), and its
     // commit conflicts: taken back, decided again on what changed, refused.
     a.lease(&route(), 5, None).unwrap();
-    assert_eq!(refusal(b.lease(&route(), 5, None).unwrap_err()), Reason::Rpm);
+    assert_eq!(refusal(b.lease(&route(), 5, None).unwrap_err()), Reason::declared("rpm"));
     assert_eq!(control.leases(), 1);
     assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
 }
@@ -335,7 +335,10 @@ fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
     let err = e.lease_any(&routes(), Estimate::tokens(5), Strategy::Headroom).unwrap_err();
     let Error::Refused(r) = err else { panic!("{err:?}") };
     let reasons: Vec<(i64, Reason)> = r.candidates.iter().map(|c| (c.key_id, c.reason.clone())).collect();
-    assert_eq!(reasons, vec![(1, Reason::Rpm), (2, Reason::Cooldown), (3, Reason::Rpm)]);
+    assert_eq!(
+        reasons,
+        vec![(1, Reason::declared("rpm")), (2, Reason::Cooldown), (3, Reason::declared("rpm"))]
+    );
     // The earliest known retry heads the refusal.
     assert_eq!(r.retry_at_ms, Some(T0 + 10_000));
     assert_eq!(control.leases(), 2);

@@ -5,11 +5,11 @@
 use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
-use crate::core::limits::{LimitSet, WindowSpec};
+use crate::core::limits::{classic_window, LimitSet, WindowSpec};
 use crate::core::state::{CooldownRec, FastMap, Prepared};
 use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
 use crate::core::types::{
-    check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Reason, Route,
+    check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Route,
 };
 use crate::core::windows::Counts;
 use std::collections::HashMap;
@@ -592,9 +592,7 @@ impl Observed<'_> {
                         .config
                         .limit_set(&r.platform, &r.model_id)
                         .iter()
-                        .filter(|d| {
-                            !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd)
-                        })
+                        .filter(|d| classic_window(d.reason.as_str()).is_none())
                         .map(|d| {
                             let used =
                                 r.win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);

@@ -5,7 +5,6 @@ use super::args::{account, route};
 use super::PyQuotaEngine;
 use crate::core::engine::UsageReport;
 use crate::core::store::UsageFilter;
-use crate::core::types::Reason;
 use crate::python::convert::{count_arg, int_arg, opt_int_arg, str_arg, Arg};
 use crate::python::limits::limits_arg;
 use crate::python::types::PyQuotaState;
@@ -24,9 +23,9 @@ fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound
 /// reason, in gate order.
 fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for r in [Reason::Rpm, Reason::Rpd, Reason::Tpm, Reason::Tpd] {
-        let w = u.window(&r);
-        d.set_item(r.as_str(), window(py, w.used, w.limit)?)?;
+    for r in ["rpm", "rpd", "tpm", "tpd"] {
+        let w = u.window(r);
+        d.set_item(r, window(py, w.used, w.limit)?)?;
     }
     d.set_item("in_flight", u.in_flight)?;
     for (reason, w) in u.others() {
