@@ -345,7 +345,7 @@ pub fn choose<'a>(strategy: Strategy, passed: impl IntoIterator<Item = &'a Passe
 mod tests {
     use super::*;
     use crate::core::limits::Limit;
-    use crate::core::types::{Limits, ProviderCaps};
+    use crate::core::types::Limits;
 
     const T0: i64 = 1_767_268_800_000;
 
@@ -409,7 +409,7 @@ mod tests {
     #[test]
     fn gates_run_in_order_and_the_first_refusal_decides() {
         let mut c = ctx(Limits { rpm: Some(0), ..Limits::default() });
-        c.provider = LimitSet::provider(ProviderCaps { daily_requests: Some(0), ..ProviderCaps::default() });
+        c.provider = LimitSet::provider([Some(0), None, None]);
         c.concurrency_cap = Some(0);
         let win = Windows::default();
         let mut v = view(&c, &win, InFlight::default(), Estimate::default());
@@ -429,9 +429,7 @@ mod tests {
 
     #[test]
     fn provider_caps_are_limits_at_provider_scope() {
-        let caps =
-            ProviderCaps { daily_requests: Some(5), minute_requests: Some(2), daily_tokens: Some(1_000) };
-        let set = LimitSet::provider(caps);
+        let set = LimitSet::provider([Some(5), Some(2), Some(1_000)]);
         let reasons: Vec<&str> = set.iter().map(|d| d.reason.as_str()).collect();
         assert_eq!(reasons, ["provider_daily_requests", "provider_minute_requests", "provider_daily_tokens"]);
         assert!(set.iter().all(|d| d.limit.scope == Scope::Provider));

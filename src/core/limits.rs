@@ -29,12 +29,26 @@ impl Limits {
     }
 }
 
-/// Provider-wide caps of a platform (SPEC §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct ProviderCaps {
-    pub daily_requests: Option<i64>,
-    pub minute_requests: Option<i64>,
-    pub daily_tokens: Option<i64>,
+/// How many provider caps SPEC §8 names.
+pub const CAPS: usize = 3;
+
+/// One value per provider cap, in their gate order (requests per day, requests per
+/// minute, tokens per day: the provider rows of [`NAMED`]); `None` is no cap. The form
+/// caps are merged in (`Mirror::prepare`); [`LimitSet::provider`] makes them limits.
+pub type CapValues = [Option<i64>; CAPS];
+
+/// One value per provider cap (as [`CapValues`]) from `(metric, window)` pairs; a pair
+/// that is no provider cap is ignored, a cap not given is `T::default()`.
+pub fn cap_values<T: Copy + Default>(
+    pairs: impl IntoIterator<Item = ((Metric, WindowSpec), T)>,
+) -> [T; CAPS] {
+    let mut caps = [T::default(); CAPS];
+    for ((metric, window), v) in pairs {
+        if let Some(i) = NAMED[4..].iter().position(|n| (n.1, n.2) == (metric, window)) {
+            caps[i] = v;
+        }
+    }
+    caps
 }
 
 /// What a limit counts. Declared in gate order.
@@ -345,8 +359,7 @@ impl LimitSet {
     /// SPEC §8's provider caps as limits at provider scope, in their gate order (daily
     /// requests, minute requests, daily tokens), each with its reason. A new provider
     /// cap is one more row here.
-    pub fn provider(caps: ProviderCaps) -> LimitSet {
-        let caps = [caps.daily_requests, caps.minute_requests, caps.daily_tokens];
+    pub fn provider(caps: CapValues) -> LimitSet {
         let gates = NAMED[4..]
             .iter()
             .zip(caps)
@@ -357,6 +370,25 @@ impl LimitSet {
             })
             .collect();
         LimitSet { gates }
+    }
+
+    /// Its provider caps, one per [`CapValues`] slot.
+    pub fn cap_values(&self) -> CapValues {
+        cap_values(
+            self.gates
+                .iter()
+                .filter(|d| d.limit.scope == Scope::Provider)
+                .map(|d| (d.limit.slot(), Some(d.limit.limit))),
+        )
+    }
+
+    /// Its provider cap of `metric` per `window`, if it has one.
+    pub fn cap(&self, metric: Metric, window: WindowSpec) -> Option<i64> {
+        let d = self
+            .gates
+            .iter()
+            .find(|d| d.limit.scope == Scope::Provider && d.limit.slot() == (metric, window));
+        d.map(|d| d.limit.limit)
     }
 
     /// The classic four as limits.

@@ -2,8 +2,8 @@
 //! `ProviderCaps`, and the `limits=` argument lowered to the core's `LimitSet`.
 use super::convert::{int_arg, opt_limit, str_arg, Arg};
 use super::errors::{shield, type_error};
-use crate::core::limits::{Limit, LimitSet};
-use crate::core::types::{CapSetting, Limits, ProviderCaps};
+use crate::core::limits::{cap_values, Limit, LimitSet, Metric, WindowSpec, CAPS, DAY, MINUTE};
+use crate::core::types::{CapSetting, Limits};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -135,13 +135,18 @@ pub struct PyProviderCaps {
     daily_tokens: Option<i64>,
 }
 
-impl From<ProviderCaps> for PyProviderCaps {
-    fn from(c: ProviderCaps) -> Self {
-        Self {
-            daily_requests: c.daily_requests,
-            minute_requests: c.minute_requests,
-            daily_tokens: c.daily_tokens,
-        }
+/// SPEC §8's cap spellings (`ProviderCaps`' fields, `set_provider_caps`' keywords) and
+/// the limits at provider scope they stand for.
+const CAP_NAMES: [(&str, Metric, WindowSpec); CAPS] = [
+    ("daily_requests", Metric::Requests, DAY),
+    ("minute_requests", Metric::Requests, MINUTE),
+    ("daily_tokens", Metric::Tokens, DAY),
+];
+
+impl From<LimitSet> for PyProviderCaps {
+    fn from(c: LimitSet) -> Self {
+        let [daily_requests, minute_requests, daily_tokens] = CAP_NAMES.map(|(_, m, w)| c.cap(m, w));
+        Self { daily_requests, minute_requests, daily_tokens }
     }
 }
 
@@ -157,12 +162,24 @@ impl PyProviderCaps {
     }
 }
 
-/// One `set_provider_caps` keyword: an int sets a cap, None means no cap.
-pub fn cap_setting(v: &Arg, name: &str) -> PyResult<CapSetting> {
-    Ok(match opt_limit(v, name)? {
-        None => CapSetting::NoCap,
-        Some(c) => CapSetting::Cap(c),
-    })
+/// `set_provider_caps`' keywords as the core's settings, one per provider cap: an int
+/// sets a cap, None means no cap, an omitted keyword keeps what is set.
+pub fn cap_settings(caps: Option<&Bound<'_, PyDict>>) -> PyResult<[Option<CapSetting>; CAPS]> {
+    let mut given = Vec::new();
+    for (k, v) in caps.iter().flat_map(|c| c.iter()) {
+        let name: String = k.extract()?;
+        let Some(&(_, metric, window)) = CAP_NAMES.iter().find(|c| c.0 == name) else {
+            return Err(type_error(format!(
+                "set_provider_caps() got an unexpected keyword argument {name:?}"
+            )));
+        };
+        let setting = match opt_limit(&v, &name)? {
+            None => CapSetting::NoCap,
+            Some(c) => CapSetting::Cap(c),
+        };
+        given.push(((metric, window), Some(setting)));
+    }
+    Ok(cap_values(given))
 }
 
 /// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an

@@ -21,7 +21,7 @@ use crate::core::pools::is_local_base_url;
 use crate::core::state::{CooldownRec, Mirror, RouteId};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{
-    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, ProviderCaps, Route,
+    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, Route,
 };
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
 use std::sync::Arc;
@@ -753,16 +753,12 @@ impl Failures<'_> {
     }
 
     /// The provider caps learned for a key's account from pool 429s (SPEC 21.2).
-    pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<ProviderCaps> {
+    pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<LimitSet> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| {
             let m = tx.mirror();
             let keys = m.account_keys(platform, key_id);
-            Ok(ProviderCaps {
-                daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                minute_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
-                daily_tokens: None,
-            })
+            Ok(LimitSet::provider(m.history.learned_caps(platform, &keys)))
         })
     }
 }

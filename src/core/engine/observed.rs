@@ -5,12 +5,10 @@
 use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
-use crate::core::limits::{classic_window, LimitSet, WindowSpec};
+use crate::core::limits::{classic_window, LimitSet, Metric, WindowSpec, CAPS, DAY};
 use crate::core::state::{CooldownRec, FastMap, Prepared};
 use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
-use crate::core::types::{
-    check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Route,
-};
+use crate::core::types::{check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, Route};
 use crate::core::windows::Counts;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -138,21 +136,16 @@ impl Engine {
 impl Observed<'_> {
     // ---- provider pools ----------------------------------------------------------
 
-    pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
+    pub fn provider_caps(&mut self, platform: &str) -> Result<LimitSet> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| Ok(tx.mirror().caps_for(platform)))
     }
 
-    /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
-    pub fn set_provider_caps(
-        &mut self,
-        platform: &str,
-        daily_requests: Option<CapSetting>,
-        minute_requests: Option<CapSetting>,
-        daily_tokens: Option<CapSetting>,
-    ) -> Result<()> {
+    /// One setting per provider cap (in the order of [`CapOverrides`]): `None` keeps
+    /// what is set; `Some(setting)` replaces it.
+    pub fn set_provider_caps(&mut self, platform: &str, settings: [Option<CapSetting>; CAPS]) -> Result<()> {
         check_name("platform", platform)?;
-        for s in [daily_requests, minute_requests, daily_tokens].into_iter().flatten() {
+        for s in settings.into_iter().flatten() {
             if let CapSetting::Cap(v) = s {
                 check_non_negative("cap", v)?;
             }
@@ -161,11 +154,7 @@ impl Observed<'_> {
             .run_counted(Access::Write, |tx| {
                 let (u, _, writes) = tx.parts();
                 let old = u.mirror.config.caps.get(platform).copied().unwrap_or_default();
-                let new = CapOverrides {
-                    daily_requests: daily_requests.unwrap_or(old.daily_requests),
-                    minute_requests: minute_requests.unwrap_or(old.minute_requests),
-                    daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
-                };
+                let new: CapOverrides = std::array::from_fn(|i| settings[i].unwrap_or(old[i]));
                 writes.push(Write::SetCaps(platform.to_string(), new));
                 Ok(())
             })
@@ -201,7 +190,7 @@ impl Observed<'_> {
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
         self.unit.run(Access::Read, |tx| {
             let (u, now, _) = tx.parts();
-            let cap = u.mirror.caps_for(platform).daily_tokens;
+            let cap = u.mirror.caps_for(platform).cap(Metric::Tokens, DAY);
             Ok(u.mirror.provider_day_tokens(platform, key_id, cap, now))
         })
     }
