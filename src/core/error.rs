@@ -143,8 +143,9 @@ pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
 }
 
 /// Why a gate refused (SPEC §4, §14.1): the cooldown, the key's concurrency, or a
-/// declared limit by the name its `Declared` carries (`"rpm"`, `"provider_daily_requests"`,
-/// `"requests/1s"`, `"rpm:key"`).
+/// declared limit by the name its `Declared` carries (SPEC §4's classic four and §8's
+/// provider caps by their names, any other limit by its metric and window, e.g.
+/// `"requests/1s"`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reason {
     Cooldown,

@@ -19,6 +19,17 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The classic limit of `metric` per `window`, if it is one of the four.
+    pub fn get_mut(&mut self, metric: Metric, window: WindowSpec) -> Option<&mut Option<i64>> {
+        Some(match (metric, window) {
+            (Metric::Requests, MINUTE) => &mut self.rpm,
+            (Metric::Requests, DAY) => &mut self.rpd,
+            (Metric::Tokens, MINUTE) => &mut self.tpm,
+            (Metric::Tokens, DAY) => &mut self.tpd,
+            _ => return None,
+        })
+    }
+
     pub fn validate(self) -> Result<Self> {
         for (name, v) in [("rpm", self.rpm), ("rpd", self.rpd), ("tpm", self.tpm), ("tpd", self.tpd)] {
             if let Some(v) = v {

@@ -12,7 +12,7 @@ use crate::core::cooldowns::{
     EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
 };
 use crate::core::error::{Error, Result};
-use crate::core::limits::LimitSet;
+use crate::core::limits::{classic_window, LimitSet};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
@@ -376,13 +376,9 @@ impl Failures<'_> {
                 others: Vec::new(),
                 monthly_token_budget: None,
             });
-        let slot = match learned.kind {
-            LimitAxis::Rpm => &mut model.limits.rpm,
-            LimitAxis::Rpd => &mut model.limits.rpd,
-            LimitAxis::Tpm => &mut model.limits.tpm,
-            LimitAxis::Tpd => &mut model.limits.tpd,
-            LimitAxis::Concurrency => return None,
-        };
+        // A learned kind names the classic window it tightens (a concurrency cap none).
+        let (metric, window) = classic_window(learned.kind.as_str())?;
+        let slot = model.limits.get_mut(metric, window)?;
         if slot.is_some_and(|v| v <= learned.limit) {
             return None;
         }
