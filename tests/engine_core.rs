@@ -7,7 +7,7 @@ use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
 use quotaengine::core::error::{Error, StoreError};
 use quotaengine::core::limits::LimitSet;
 use quotaengine::core::parse::FailureKind;
-use quotaengine::core::types::{CooldownSource, Limits, ModelInfo, Reason, Route};
+use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
 use rusqlite::Connection;
 use std::sync::Arc;
 
@@ -225,13 +225,7 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     let clock = Arc::new(ManualClock::new(T0));
     let mut a = open(path.to_str().unwrap(), &clock);
     a.config()
-        .set_model_limits(ModelInfo {
-            platform: "groq".into(),
-            model_id: "llama".into(),
-            limits: Limits { rpd: Some(1), ..Limits::default() },
-            others: Vec::new(),
-            monthly_token_budget: None,
-        })
+        .set_model_limits("groq", "llama", &model(Limits { rpd: Some(1), ..Limits::default() }), None)
         .unwrap();
     a.usage().record_request(&route()).unwrap(); // the day is spent
     let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
@@ -301,13 +295,12 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     let five_hours = Limit::parse("requests", 2, "5h", "account").unwrap();
     let one_second = Limit::parse("requests", 1, "1s", "account").unwrap();
     a.config()
-        .set_model_limits(ModelInfo {
-            platform: "groq".into(),
-            model_id: "llama".into(),
-            limits: Limits::default(),
-            others: vec![five_hours.clone(), one_second],
-            monthly_token_budget: None,
-        })
+        .set_model_limits(
+            "groq",
+            "llama",
+            &LimitSet::new(vec![five_hours.clone(), one_second]).unwrap(),
+            None,
+        )
         .unwrap();
     b.usage().record_request(&route()).unwrap();
     for e in [&mut a, &mut b] {
@@ -326,14 +319,8 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     assert_eq!(b.config().model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }
 
-fn model(platform: &str, limits: Limits) -> ModelInfo {
-    ModelInfo {
-        platform: platform.into(),
-        model_id: "m".into(),
-        limits,
-        others: Vec::new(),
-        monthly_token_budget: None,
-    }
+fn model(limits: Limits) -> LimitSet {
+    LimitSet::from_classic(limits)
 }
 
 #[test]
@@ -342,8 +329,12 @@ fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
     use quotaengine::core::types::Strategy;
     let dir = tempfile::tempdir().unwrap();
     let (_clock, mut a, mut b) = two_engines(&dir);
-    a.config().set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
-    a.config().set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
+    a.config()
+        .set_model_limits("tok", "m", &model(Limits { tpm: Some(10_000), ..Limits::default() }), None)
+        .unwrap();
+    a.config()
+        .set_model_limits("req", "m", &model(Limits { rpm: Some(2), ..Limits::default() }), None)
+        .unwrap();
     let routes = [Route::new("tok", "m", 1).unwrap(), Route::new("req", "m", 2).unwrap()];
     // A big request hurts the request-metered route least, a small one the other.
     let (id, i) = b.lease_any(&routes, Estimate::tokens(8_000), Strategy::Headroom).unwrap();
@@ -376,8 +367,10 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     let clock = Arc::new(ManualClock::new(T0));
     let h =
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
-    h.with(|e| e.config().set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() })))
-        .unwrap();
+    h.with(|e| {
+        e.config().set_model_limits("p", "m", &model(Limits { rpm: Some(1), ..Limits::default() }), None)
+    })
+    .unwrap();
     let r = Route::new("p", "m", 1).unwrap();
     let op = || BatchOp::Lease {
         route: r.clone(),

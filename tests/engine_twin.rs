@@ -6,9 +6,10 @@
 use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{Engine, Settings, TokenUse};
 use quotaengine::core::error::{Error, StoreError};
+use quotaengine::core::limits::LimitSet;
 use quotaengine::core::state::Estimate;
 use quotaengine::core::store::memory::{Control, MemoryStore};
-use quotaengine::core::types::{CooldownSource, Limits, ModelInfo, Reason, Route, Strategy};
+use quotaengine::core::types::{CooldownSource, Limits, Reason, Route, Strategy};
 use std::sync::Arc;
 
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
@@ -40,14 +41,8 @@ fn another(control: &Control, clock: &Arc<ManualClock>) -> Engine {
     Engine::with_store(Box::new(control.connect()), clock.clone(), settings(0)).unwrap()
 }
 
-fn limits(rpm: Option<i64>, tpm: Option<i64>) -> ModelInfo {
-    ModelInfo {
-        platform: "p".into(),
-        model_id: "m".into(),
-        limits: Limits { rpm, tpm, ..Limits::default() },
-        others: Vec::new(),
-        monthly_token_budget: None,
-    }
+fn limits(rpm: Option<i64>, tpm: Option<i64>) -> LimitSet {
+    LimitSet::from_classic(Limits { rpm, tpm, ..Limits::default() })
 }
 
 fn refusal(err: Error) -> Reason {
@@ -62,7 +57,7 @@ fn refusal(err: Error) -> Reason {
 #[test]
 fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
     let (mut e, _, clock) = engine(0);
-    e.config().set_model_limits(limits(Some(2), None)).unwrap();
+    e.config().set_model_limits("p", "m", &limits(Some(2), None), None).unwrap();
     let first = e.lease(&route(), 10, None).unwrap();
     e.finish_lease_success(first, &route(), Some(10)).unwrap();
     e.lease(&route(), 10, None).unwrap();
@@ -77,7 +72,7 @@ fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
 #[test]
 fn the_token_gate_counts_live_estimates_and_frees_them_on_release() {
     let (mut e, _, _) = engine(0);
-    e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
+    e.config().set_model_limits("p", "m", &limits(None, Some(1_000)), None).unwrap();
     let big = e.lease(&route(), 600, None).unwrap();
     assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::declared("tpm"));
     assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 1);
@@ -119,7 +114,7 @@ fn a_key_concurrency_cap_counts_live_leases_across_engines() {
 fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(Some(3), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(3), None), None).unwrap();
     control.set_down(true);
     a.usage().record_request(&route()).unwrap();
     let id = a.lease(&route(), 5, None).unwrap();
@@ -221,7 +216,7 @@ fn a_second_engine_on_the_store_ends_holding_the_lock_across_calls() {
 fn a_batch_of_several_callers_is_one_commit() {
     use quotaengine::core::engine::BatchOp;
     let (mut e, control, _) = engine(0);
-    e.config().set_model_limits(limits(Some(3), None)).unwrap();
+    e.config().set_model_limits("p", "m", &limits(Some(3), None), None).unwrap();
     let before = control.commits();
     let lease = |k| BatchOp::Lease {
         route: route_of(k),
@@ -245,7 +240,7 @@ fn a_batch_of_several_callers_is_one_commit() {
 fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(Some(1), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(1), None), None).unwrap();
     b.check(&route(), 0, None).unwrap();
     // `a` takes the only slot; `b` decides on what it knew (room for one), and its
     // commit conflicts: taken back, decided again on what changed, refused.
@@ -259,7 +254,7 @@ fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
 fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(None, Some(1_000))).unwrap();
+    a.config().set_model_limits("p", "m", &limits(None, Some(1_000)), None).unwrap();
     let id = a.lease(&route(), 800, None).unwrap();
     assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
     // `a` frees the room; `b`'s first decision, on what it knew, refuses, and is
@@ -272,7 +267,7 @@ fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
 #[test]
 fn engines_racing_on_threads_admit_exactly_the_limit() {
     let (mut a, control, clock) = engine(0);
-    a.config().set_model_limits(limits(Some(25), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(25), None), None).unwrap();
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let (control, clock) = (control.clone(), clock.clone());
@@ -318,7 +313,7 @@ fn lease_any_spread_takes_the_least_recently_leased() {
 #[test]
 fn lease_any_headroom_takes_the_candidate_with_the_most_room() {
     let (mut e, _, _) = engine(0);
-    e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
+    e.config().set_model_limits("p", "m", &limits(None, Some(1_000)), None).unwrap();
     e.lease(&route_of(1), 700, None).unwrap();
     e.lease(&route_of(3), 200, None).unwrap();
     let (_, i) = e.lease_any(&routes(), Estimate::tokens(100), Strategy::Headroom).unwrap();
@@ -328,7 +323,7 @@ fn lease_any_headroom_takes_the_candidate_with_the_most_room() {
 #[test]
 fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
     let (mut e, control, _) = engine(0);
-    e.config().set_model_limits(limits(Some(1), None)).unwrap();
+    e.config().set_model_limits("p", "m", &limits(Some(1), None), None).unwrap();
     e.lease(&route_of(1), 5, None).unwrap();
     e.failures().set_cooldown(&route_of(2), 10_000, CooldownSource::Authoritative).unwrap();
     e.lease(&route_of(3), 5, None).unwrap();
@@ -348,7 +343,7 @@ fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
 fn lease_any_across_engines_does_not_take_a_candidate_another_engine_filled() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(Some(1), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(1), None), None).unwrap();
     b.check(&route_of(1), 0, None).unwrap();
     a.lease(&route_of(1), 5, None).unwrap();
     // `b` knew key 1 empty; its pick conflicts and is made again on what changed.

@@ -6,7 +6,7 @@ use crate::core::engine::{SnapshotRow, UsageReport};
 use crate::core::limits::{
     cap_values, classic_window, Limit, LimitSet, Metric, WindowSpec, CAPS, DAY, MINUTE,
 };
-use crate::core::types::{CapSetting, Limits};
+use crate::core::types::{check_name, CapSetting, Limits};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -183,6 +183,22 @@ pub fn cap_settings(caps: Option<&Bound<'_, PyDict>>) -> PyResult<[Option<CapSet
         given.push(((metric, window), Some(setting)));
     }
     Ok(cap_values(given))
+}
+
+/// `set_model_limits`' declaration: the classic keywords and `limits=`, a keyword and a
+/// limit for the same window an error (after the names are checked, as the core does).
+pub fn declaration(
+    platform: &str,
+    model_id: &str,
+    classic: Limits,
+    others: Vec<Limit>,
+) -> PyResult<LimitSet> {
+    let check = || -> crate::core::error::Result<LimitSet> {
+        check_name("platform", platform)?;
+        check_name("model_id", model_id)?;
+        LimitSet::with_classic(classic.validate()?, others)
+    };
+    check().map_err(PyErr::from)
 }
 
 /// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an

@@ -1,9 +1,9 @@
 //! What the engine is told (SPEC §4, §8, §14, 22.1): keys and their accounts, models
 //! and their limits, provider calendars, priority reserves and provider caps.
 use super::PyQuotaEngine;
-use crate::core::types::{KeyInfo, Limits, ModelInfo};
+use crate::core::types::{KeyInfo, Limits};
 use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg, Arg};
-use crate::python::limits::{cap_settings, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
+use crate::python::limits::{cap_settings, declaration, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -94,24 +94,21 @@ impl PyQuotaEngine {
             None => Vec::new(),
         };
         let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
-        let model = ModelInfo {
-            platform: str_arg(platform, "platform")?.to_string(),
-            model_id: str_arg(model_id, "model_id")?.to_string(),
-            limits: Limits {
-                rpm: get(rpm, "rpm")?,
-                rpd: get(rpd, "rpd")?,
-                tpm: get(tpm, "tpm")?,
-                tpd: get(tpd, "tpd")?,
-            },
-            others,
-            monthly_token_budget,
+        let platform = str_arg(platform, "platform")?;
+        let model_id = str_arg(model_id, "model_id")?;
+        let classic = Limits {
+            rpm: get(rpm, "rpm")?,
+            rpd: get(rpd, "rpd")?,
+            tpm: get(tpm, "tpm")?,
+            tpd: get(tpd, "tpd")?,
         };
-        self.run(py, move |e| e.config().set_model_limits(model))
+        let limits = declaration(platform, model_id, classic, others)?;
+        self.run(py, move |e| e.config().set_model_limits(platform, model_id, &limits, monthly_token_budget))
     }
 
     fn model_limits(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Option<PyLimits>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-        Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(PyLimits::from))
+        Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(|s| PyLimits::from(s.classic())))
     }
 
     /// SPEC §14.1: every declared limit of the model, the classic ones included, in
