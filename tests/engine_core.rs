@@ -7,7 +7,7 @@ use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
 use quotaengine::core::error::{Error, StoreError};
 use quotaengine::core::limits::LimitSet;
 use quotaengine::core::parse::FailureKind;
-use quotaengine::core::types::{CooldownSource, Limits, ModelInfo, Reason, Route};
+use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
 use rusqlite::Connection;
 use std::sync::Arc;
 
@@ -43,11 +43,11 @@ fn two_engines_share_one_truth() {
     // both leases are visible to both engines
     for e in [&mut a, &mut b] {
         let err = e.lease(&route(), 10, rpm(2)).unwrap_err();
-        assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
+        assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::declared("rpm")), "{err:?}");
     }
     a.usage().record_request(&Route::new("groq", "other", 1).unwrap()).unwrap();
     assert_eq!(
-        b.usage().report(&Route::new("groq", "other", 1).unwrap(), None).unwrap().window(&Reason::Rpm).used,
+        b.usage().report(&Route::new("groq", "other", 1).unwrap(), None).unwrap().window("rpm").used,
         1
     );
     // a cooldown set by one engine benches the route in the other
@@ -69,7 +69,7 @@ fn close_ends_the_engines_live_leases_for_every_other_engine() {
     a.close().unwrap();
     let u = b.usage().report(&route(), None).unwrap();
     // The live one is recorded with its estimate (the ended one once, as it was).
-    assert_eq!((u.in_flight, u.window(&Reason::Rpm).used, u.window(&Reason::Tpm).used), (2, 2, 21));
+    assert_eq!((u.in_flight, u.window("rpm").used, u.window("tpm").used), (2, 2, 21));
     b.release_lease(raw).unwrap();
     b.release_lease(dropped).unwrap();
     assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 0);
@@ -81,7 +81,7 @@ fn rows_from_a_plain_connection_are_seen() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut e = open(path.to_str().unwrap(), &clock);
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 0);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpd").used, 0);
     let c = Connection::open(&path).unwrap();
     c.execute(
         "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
@@ -90,8 +90,8 @@ fn rows_from_a_plain_connection_are_seen() {
     )
     .unwrap();
     c.execute("INSERT INTO models (platform, model_id, rpm_limit) VALUES ('groq', 'llama', 1)", []).unwrap();
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 1);
-    assert_eq!(e.check(&route(), 0, None).unwrap().reason, Some(Reason::Rpm));
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpd").used, 1);
+    assert_eq!(e.check(&route(), 0, None).unwrap().reason, Some(Reason::declared("rpm")));
 }
 
 #[test]
@@ -102,11 +102,11 @@ fn clock_stepping_back_reloads_the_minute_window() {
     let mut e = open(path.to_str().unwrap(), &clock);
     e.usage().record_request(&route()).unwrap();
     clock.advance(61_000);
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 0);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpm").used, 0);
     clock.advance(-30_000); // back to T0 + 31 s: the event counts again
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpm").used, 1);
     clock.advance(-60_000); // before the event: it is "in the future" and still counts
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpm").used, 1);
 }
 
 #[test]
@@ -158,7 +158,7 @@ fn long_outage_memory_stays_bounded() {
         clock.advance(100);
     }
     assert!(e.pending_writes() < 2 * 4096 + 200, "pending {}", e.pending_writes());
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 100_000);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpd").used, 100_000);
     blocker.execute_batch("COMMIT").unwrap();
     e.usage().record_request(&route()).unwrap();
     let n: i64 = blocker
@@ -169,7 +169,7 @@ fn long_outage_memory_stays_bounded() {
     assert_eq!(n, 100_001);
     // and a fresh engine counts them all
     let mut fresh = open(path.to_str().unwrap(), &clock);
-    assert_eq!(fresh.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 100_001);
+    assert_eq!(fresh.usage().report(&route(), None).unwrap().window("rpd").used, 100_001);
 }
 
 #[test]
@@ -187,8 +187,8 @@ fn grouped_writes_keep_admission_exact_across_engines() {
     // b still sees the finished lease until a flushes, so it cannot over-admit
     assert!(matches!(b.lease(&route(), 0, rpm(1)), Err(Error::Refused(_))));
     a.flush().unwrap();
-    assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
-    assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Tpm).used, 80);
+    assert_eq!(b.usage().report(&route(), None).unwrap().window("rpm").used, 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().window("tpm").used, 80);
     assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 0);
 }
 
@@ -225,13 +225,7 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     let clock = Arc::new(ManualClock::new(T0));
     let mut a = open(path.to_str().unwrap(), &clock);
     a.config()
-        .set_model_limits(ModelInfo {
-            platform: "groq".into(),
-            model_id: "llama".into(),
-            limits: Limits { rpd: Some(1), ..Limits::default() },
-            others: Vec::new(),
-            monthly_token_budget: None,
-        })
+        .set_model_limits("groq", "llama", &model(Limits { rpd: Some(1), ..Limits::default() }), None)
         .unwrap();
     a.usage().record_request(&route()).unwrap(); // the day is spent
     let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
@@ -254,11 +248,11 @@ fn every_commit_of_another_engine_is_seen_by_the_next_read() {
     let (_clock, mut a, mut b) = two_engines(&dir);
     for i in 0..50 {
         a.usage().record_request(&route()).unwrap();
-        assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
-        assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 1);
+        assert_eq!(b.usage().report(&route(), None).unwrap().window("rpd").used, 2 * i + 1);
+        assert_eq!(b.usage().report(&route(), None).unwrap().window("rpd").used, 2 * i + 1);
         b.usage().record_request(&route()).unwrap();
-        assert_eq!(a.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
-        assert_eq!(b.usage().report(&route(), None).unwrap().window(&Reason::Rpd).used, 2 * i + 2);
+        assert_eq!(a.usage().report(&route(), None).unwrap().window("rpd").used, 2 * i + 2);
+        assert_eq!(b.usage().report(&route(), None).unwrap().window("rpd").used, 2 * i + 2);
     }
 }
 
@@ -274,7 +268,7 @@ fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
     assert_eq!(a.config().platform_calendar("google").unwrap(), "America/Los_Angeles");
     a.usage().record_request(&google).unwrap();
     let refused = b.check(&google, 0, rpd1.clone()).unwrap();
-    assert_eq!((refused.reason, refused.retry_at_ms), (Some(Reason::Rpd), Some(pst_midnight)));
+    assert_eq!((refused.reason, refused.retry_at_ms), (Some(Reason::declared("rpd")), Some(pst_midnight)));
     clock.set(pst_midnight);
     assert!(b.check(&google, 0, rpd1.clone()).unwrap().allowed);
     // A zone set by one engine holds in the other at its next call, and its day windows
@@ -301,13 +295,12 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     let five_hours = Limit::parse("requests", 2, "5h", "account").unwrap();
     let one_second = Limit::parse("requests", 1, "1s", "account").unwrap();
     a.config()
-        .set_model_limits(ModelInfo {
-            platform: "groq".into(),
-            model_id: "llama".into(),
-            limits: Limits::default(),
-            others: vec![five_hours.clone(), one_second],
-            monthly_token_budget: None,
-        })
+        .set_model_limits(
+            "groq",
+            "llama",
+            &LimitSet::new(vec![five_hours.clone(), one_second]).unwrap(),
+            None,
+        )
         .unwrap();
     b.usage().record_request(&route()).unwrap();
     for e in [&mut a, &mut b] {
@@ -326,14 +319,8 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     assert_eq!(b.config().model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }
 
-fn model(platform: &str, limits: Limits) -> ModelInfo {
-    ModelInfo {
-        platform: platform.into(),
-        model_id: "m".into(),
-        limits,
-        others: Vec::new(),
-        monthly_token_budget: None,
-    }
+fn model(limits: Limits) -> LimitSet {
+    LimitSet::from_classic(limits)
 }
 
 #[test]
@@ -342,8 +329,12 @@ fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
     use quotaengine::core::types::Strategy;
     let dir = tempfile::tempdir().unwrap();
     let (_clock, mut a, mut b) = two_engines(&dir);
-    a.config().set_model_limits(model("tok", Limits { tpm: Some(10_000), ..Limits::default() })).unwrap();
-    a.config().set_model_limits(model("req", Limits { rpm: Some(2), ..Limits::default() })).unwrap();
+    a.config()
+        .set_model_limits("tok", "m", &model(Limits { tpm: Some(10_000), ..Limits::default() }), None)
+        .unwrap();
+    a.config()
+        .set_model_limits("req", "m", &model(Limits { rpm: Some(2), ..Limits::default() }), None)
+        .unwrap();
     let routes = [Route::new("tok", "m", 1).unwrap(), Route::new("req", "m", 2).unwrap()];
     // A big request hurts the request-metered route least, a small one the other.
     let (id, i) = b.lease_any(&routes, Estimate::tokens(8_000), Strategy::Headroom).unwrap();
@@ -360,7 +351,7 @@ fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
     let err = a.lease_any(&routes, Estimate::tokens(10_500), Strategy::Headroom).unwrap_err();
     let Error::Refused(r) = err else { panic!("{err:?}") };
     let reasons: Vec<Reason> = r.all().into_iter().map(|c| c.reason).collect();
-    assert_eq!(reasons, vec![Reason::Tpm, Reason::Rpm]);
+    assert_eq!(reasons, vec![Reason::declared("tpm"), Reason::declared("rpm")]);
     assert!(matches!(a.lease_any(&[], Estimate::tokens(0), Strategy::Order), Err(Error::Invalid(_))));
 }
 
@@ -376,8 +367,10 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     let clock = Arc::new(ManualClock::new(T0));
     let h =
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
-    h.with(|e| e.config().set_model_limits(model("p", Limits { rpm: Some(1), ..Limits::default() })))
-        .unwrap();
+    h.with(|e| {
+        e.config().set_model_limits("p", "m", &model(Limits { rpm: Some(1), ..Limits::default() }), None)
+    })
+    .unwrap();
     let r = Route::new("p", "m", 1).unwrap();
     let op = || BatchOp::Lease {
         route: r.clone(),

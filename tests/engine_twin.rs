@@ -6,9 +6,10 @@
 use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{Engine, Settings, TokenUse};
 use quotaengine::core::error::{Error, StoreError};
+use quotaengine::core::limits::LimitSet;
 use quotaengine::core::state::Estimate;
 use quotaengine::core::store::memory::{Control, MemoryStore};
-use quotaengine::core::types::{CooldownSource, Limits, ModelInfo, Reason, Route, Strategy};
+use quotaengine::core::types::{CooldownSource, Limits, Reason, Route, Strategy};
 use std::sync::Arc;
 
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
@@ -40,14 +41,8 @@ fn another(control: &Control, clock: &Arc<ManualClock>) -> Engine {
     Engine::with_store(Box::new(control.connect()), clock.clone(), settings(0)).unwrap()
 }
 
-fn limits(rpm: Option<i64>, tpm: Option<i64>) -> ModelInfo {
-    ModelInfo {
-        platform: "p".into(),
-        model_id: "m".into(),
-        limits: Limits { rpm, tpm, ..Limits::default() },
-        others: Vec::new(),
-        monthly_token_budget: None,
-    }
+fn limits(rpm: Option<i64>, tpm: Option<i64>) -> LimitSet {
+    LimitSet::from_classic(Limits { rpm, tpm, ..Limits::default() })
 }
 
 fn refusal(err: Error) -> Reason {
@@ -62,13 +57,13 @@ fn refusal(err: Error) -> Reason {
 #[test]
 fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
     let (mut e, _, clock) = engine(0);
-    e.config().set_model_limits(limits(Some(2), None)).unwrap();
+    e.config().set_model_limits("p", "m", &limits(Some(2), None), None).unwrap();
     let first = e.lease(&route(), 10, None).unwrap();
     e.finish_lease_success(first, &route(), Some(10)).unwrap();
     e.lease(&route(), 10, None).unwrap();
     let err = e.lease(&route(), 10, None).unwrap_err();
     let Error::Refused(r) = err else { panic!("{err:?}") };
-    assert_eq!(r.reason, Reason::Rpm);
+    assert_eq!(r.reason, Reason::declared("rpm"));
     assert_eq!(r.retry_at_ms, Some(T0 + MINUTE), "the first request leaves the window then");
     clock.advance(MINUTE);
     e.lease(&route(), 10, None).unwrap();
@@ -77,15 +72,15 @@ fn the_request_gate_refuses_at_the_limit_until_the_minute_has_passed() {
 #[test]
 fn the_token_gate_counts_live_estimates_and_frees_them_on_release() {
     let (mut e, _, _) = engine(0);
-    e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
+    e.config().set_model_limits("p", "m", &limits(None, Some(1_000)), None).unwrap();
     let big = e.lease(&route(), 600, None).unwrap();
-    assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::Tpm);
+    assert_eq!(refusal(e.lease(&route(), 500, None).unwrap_err()), Reason::declared("tpm"));
     assert_eq!(e.usage().report(&route(), None).unwrap().in_flight, 1);
     e.release_lease(big).unwrap();
     e.lease(&route(), 500, None).unwrap();
     // Recorded tokens count like estimates did.
     e.usage().record_token_use(&route(), TokenUse::total(400)).unwrap();
-    assert_eq!(refusal(e.lease(&route(), 200, None).unwrap_err()), Reason::Tpm);
+    assert_eq!(refusal(e.lease(&route(), 200, None).unwrap_err()), Reason::declared("tpm"));
 }
 
 #[test]
@@ -119,7 +114,7 @@ fn a_key_concurrency_cap_counts_live_leases_across_engines() {
 fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(Some(3), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(3), None), None).unwrap();
     control.set_down(true);
     a.usage().record_request(&route()).unwrap();
     let id = a.lease(&route(), 5, None).unwrap();
@@ -127,7 +122,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     assert!(a.pending_writes() >= 2);
     // Decided from memory: the limit still holds.
     a.lease(&route(), 5, None).unwrap();
-    assert_eq!(refusal(a.lease(&route(), 5, None).unwrap_err()), Reason::Rpm);
+    assert_eq!(refusal(a.lease(&route(), 5, None).unwrap_err()), Reason::declared("rpm"));
     a.release_lease(id).unwrap();
     control.set_down(false);
     a.flush().unwrap();
@@ -136,7 +131,7 @@ fn an_outage_is_served_from_memory_and_its_writes_land_when_the_store_answers() 
     // The other engine counts what was buffered: one request and one live lease (the
     // lease taken and released while both waited never reached the store).
     let u = b.usage().report(&route(), None).unwrap();
-    assert_eq!((u.window(&Reason::Rpm).used, u.in_flight), (1, 1));
+    assert_eq!((u.window("rpm").used, u.in_flight), (1, 1));
     assert_eq!(control.leases(), 1);
 }
 
@@ -166,7 +161,7 @@ fn a_commit_whose_reply_was_lost_counts_as_committed() {
     e.flush().unwrap();
     assert!(!e.degraded());
     assert_eq!(control.leases(), 0);
-    assert_eq!(e.usage().report(&route(), None).unwrap().window(&Reason::Rpm).used, 1);
+    assert_eq!(e.usage().report(&route(), None).unwrap().window("rpm").used, 1);
 }
 
 // ---- grouped writes: hold and group commit -----------------------------------------------
@@ -221,7 +216,7 @@ fn a_second_engine_on_the_store_ends_holding_the_lock_across_calls() {
 fn a_batch_of_several_callers_is_one_commit() {
     use quotaengine::core::engine::BatchOp;
     let (mut e, control, _) = engine(0);
-    e.config().set_model_limits(limits(Some(3), None)).unwrap();
+    e.config().set_model_limits("p", "m", &limits(Some(3), None), None).unwrap();
     let before = control.commits();
     let lease = |k| BatchOp::Lease {
         route: route_of(k),
@@ -235,7 +230,7 @@ fn a_batch_of_several_callers_is_one_commit() {
     let results: Vec<Result<i64, Error>> = outs.into_iter().map(|o| o.lease_id()).collect();
     // Each sees the ones before it: the fourth is refused.
     assert!(results[..3].iter().all(Result::is_ok));
-    assert_eq!(refusal(results[3].clone().unwrap_err()), Reason::Rpm);
+    assert_eq!(refusal(results[3].clone().unwrap_err()), Reason::declared("rpm"));
     assert_eq!(control.leases(), 3);
 }
 
@@ -245,12 +240,12 @@ fn a_batch_of_several_callers_is_one_commit() {
 fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(Some(1), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(1), None), None).unwrap();
     b.check(&route(), 0, None).unwrap();
     // `a` takes the only slot; `b` decides on what it knew (room for one), and its
     // commit conflicts: taken back, decided again on what changed, refused.
     a.lease(&route(), 5, None).unwrap();
-    assert_eq!(refusal(b.lease(&route(), 5, None).unwrap_err()), Reason::Rpm);
+    assert_eq!(refusal(b.lease(&route(), 5, None).unwrap_err()), Reason::declared("rpm"));
     assert_eq!(control.leases(), 1);
     assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
 }
@@ -259,7 +254,7 @@ fn a_decision_another_engine_made_stale_is_taken_back_and_made_again() {
 fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(None, Some(1_000))).unwrap();
+    a.config().set_model_limits("p", "m", &limits(None, Some(1_000)), None).unwrap();
     let id = a.lease(&route(), 800, None).unwrap();
     assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
     // `a` frees the room; `b`'s first decision, on what it knew, refuses, and is
@@ -272,7 +267,7 @@ fn a_refusal_on_stale_data_is_confirmed_on_fresh_data() {
 #[test]
 fn engines_racing_on_threads_admit_exactly_the_limit() {
     let (mut a, control, clock) = engine(0);
-    a.config().set_model_limits(limits(Some(25), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(25), None), None).unwrap();
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let (control, clock) = (control.clone(), clock.clone());
@@ -318,7 +313,7 @@ fn lease_any_spread_takes_the_least_recently_leased() {
 #[test]
 fn lease_any_headroom_takes_the_candidate_with_the_most_room() {
     let (mut e, _, _) = engine(0);
-    e.config().set_model_limits(limits(None, Some(1_000))).unwrap();
+    e.config().set_model_limits("p", "m", &limits(None, Some(1_000)), None).unwrap();
     e.lease(&route_of(1), 700, None).unwrap();
     e.lease(&route_of(3), 200, None).unwrap();
     let (_, i) = e.lease_any(&routes(), Estimate::tokens(100), Strategy::Headroom).unwrap();
@@ -328,14 +323,17 @@ fn lease_any_headroom_takes_the_candidate_with_the_most_room() {
 #[test]
 fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
     let (mut e, control, _) = engine(0);
-    e.config().set_model_limits(limits(Some(1), None)).unwrap();
+    e.config().set_model_limits("p", "m", &limits(Some(1), None), None).unwrap();
     e.lease(&route_of(1), 5, None).unwrap();
     e.failures().set_cooldown(&route_of(2), 10_000, CooldownSource::Authoritative).unwrap();
     e.lease(&route_of(3), 5, None).unwrap();
     let err = e.lease_any(&routes(), Estimate::tokens(5), Strategy::Headroom).unwrap_err();
     let Error::Refused(r) = err else { panic!("{err:?}") };
     let reasons: Vec<(i64, Reason)> = r.candidates.iter().map(|c| (c.key_id, c.reason.clone())).collect();
-    assert_eq!(reasons, vec![(1, Reason::Rpm), (2, Reason::Cooldown), (3, Reason::Rpm)]);
+    assert_eq!(
+        reasons,
+        vec![(1, Reason::declared("rpm")), (2, Reason::Cooldown), (3, Reason::declared("rpm"))]
+    );
     // The earliest known retry heads the refusal.
     assert_eq!(r.retry_at_ms, Some(T0 + 10_000));
     assert_eq!(control.leases(), 2);
@@ -345,7 +343,7 @@ fn lease_any_refused_everywhere_carries_every_candidates_refusal() {
 fn lease_any_across_engines_does_not_take_a_candidate_another_engine_filled() {
     let (mut a, control, clock) = engine(0);
     let mut b = another(&control, &clock);
-    a.config().set_model_limits(limits(Some(1), None)).unwrap();
+    a.config().set_model_limits("p", "m", &limits(Some(1), None), None).unwrap();
     b.check(&route_of(1), 0, None).unwrap();
     a.lease(&route_of(1), 5, None).unwrap();
     // `b` knew key 1 empty; its pick conflicts and is made again on what changed.

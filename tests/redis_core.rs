@@ -76,7 +76,7 @@ fn two_engines_share_one_truth() {
     b.lease(&route(), 10, rpm(2)).unwrap();
     for e in [&mut a, &mut b] {
         let err = e.lease(&route(), 10, rpm(2)).unwrap_err();
-        assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::Rpm), "{err:?}");
+        assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::declared("rpm")), "{err:?}");
     }
     b.failures().set_cooldown(&route(), 3_600_000, CooldownSource::Heuristic).unwrap();
     assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
@@ -123,7 +123,7 @@ fn threads_with_engines_of_their_own_admit_exactly_the_limit() {
     assert_eq!(counts.iter().sum::<i64>(), 50, "{counts:?}");
     let mut check = open(&url, &clock);
     let u = check.usage().report(&route(), rpm(50)).unwrap();
-    assert_eq!((u.window(&Reason::Rpm).used, u.window(&Reason::Tpm).used, u.in_flight), (50, 500, 0));
+    assert_eq!((u.window("rpm").used, u.window("tpm").used, u.in_flight), (50, 500, 0));
 }
 
 #[test]
@@ -139,7 +139,7 @@ fn usage_since_midnight_is_loaded_and_retention_trims_the_feed() {
     a.usage().record_request(&route()).unwrap();
     let mut b = open(&url, &clock);
     let u = b.usage().report(&route(), None).unwrap();
-    assert_eq!((u.window(&Reason::Rpd).used, u.window(&Reason::Rpm).used), (1, 1));
+    assert_eq!((u.window("rpd").used, u.window("rpm").used), (1, 1));
     // Retention (one day by default): a sweep a day later drops the first day's rows.
     clock.set(T0 + 2 * 86_400_000 - 60_000);
     b.usage().record_request(&route()).unwrap();

@@ -12,7 +12,7 @@ use quotaengine::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
     UsageFilter, UsageKind, UsageRow, Write,
 };
-use quotaengine::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use quotaengine::core::types::{CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
 use std::sync::Arc;
 
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
@@ -340,14 +340,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
             Write::UpsertCooldown(cooldown(1, "m", T0 + 30_000)),
             Write::UpsertKey(key(1)),
             Write::UpsertModel(model()),
-            Write::SetCaps(
-                "p".into(),
-                CapOverrides {
-                    daily_requests: CapSetting::Cap(9),
-                    minute_requests: CapSetting::NoCap,
-                    ..Default::default()
-                },
-            ),
+            Write::SetCaps("p".into(), [CapSetting::Cap(9), CapSetting::NoCap, CapSetting::Inherit]),
             Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0)),
             Write::SetCalendar { platform: "p".into(), zone: Some("America/Los_Angeles".into()) },
         ],
@@ -364,10 +357,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
     assert_eq!(ch.models.unwrap(), vec![model()]);
     let caps = ch.caps.unwrap();
     assert_eq!(caps.len(), 1);
-    assert_eq!(
-        (caps[0].1.daily_requests, caps[0].1.minute_requests),
-        (CapSetting::Cap(9), CapSetting::NoCap)
-    );
+    assert_eq!((caps[0].1[0], caps[0].1[1]), (CapSetting::Cap(9), CapSetting::NoCap));
     assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Ladder, T0)]);
     assert_eq!(ch.calendars.unwrap(), vec![("p".to_string(), "America/Los_Angeles".to_string())]);
     // The writer is never handed its own usage rows back.

@@ -16,7 +16,7 @@
 //! Every limit is a [`Limit`](crate::core::limits::Limit): the model's declared ones at
 //! key or account scope, and the provider caps of SPEC §8 at provider scope (every model
 //! of the key's account). A new kind of limit is a declaration, not a new gate.
-use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec};
+use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec, DAY, MINUTE};
 use crate::core::types::{Admission, Reason, Strategy};
 use crate::core::windows::Windows;
 
@@ -207,9 +207,15 @@ impl Can {
                 Can::Request | Can::Tokens => {
                     d.limit.scope != Scope::Provider && d.limit.metric.is_tokens() == (self == Can::Tokens)
                 }
-                Can::ProviderDaily => d.reason == Reason::ProviderDailyRequests,
-                Can::ProviderMinute => d.reason == Reason::ProviderMinuteRequests,
-                Can::ProviderTokens => d.reason == Reason::ProviderDailyTokens,
+                Can::ProviderDaily => {
+                    d.limit.scope == Scope::Provider && d.limit.slot() == (Metric::Requests, DAY)
+                }
+                Can::ProviderMinute => {
+                    d.limit.scope == Scope::Provider && d.limit.slot() == (Metric::Requests, MINUTE)
+                }
+                Can::ProviderTokens => {
+                    d.limit.scope == Scope::Provider && d.limit.slot() == (Metric::Tokens, DAY)
+                }
                 Can::KeyConcurrency | Can::Cooldown => false,
             },
         }
@@ -338,8 +344,8 @@ pub fn choose<'a>(strategy: Strategy, passed: impl IntoIterator<Item = &'a Passe
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::limits::{Limit, DAY, MINUTE};
-    use crate::core::types::{Limits, ProviderCaps};
+    use crate::core::limits::Limit;
+    use crate::core::types::Limits;
 
     const T0: i64 = 1_767_268_800_000;
 
@@ -382,7 +388,7 @@ mod tests {
         assert_eq!(out.room, 0.0);
         let v = view(&c, &win, InFlight::default(), Estimate::tokens(41));
         let refused = admit(&v).admission();
-        assert_eq!(refused.reason, Some(Reason::Tpm));
+        assert_eq!(refused.reason, Some(Reason::declared("tpm")));
         // one token too many leaves when the recorded event leaves the minute
         assert_eq!(refused.retry_at_ms, Some(T0 - 1_000 + 60_000));
     }
@@ -403,7 +409,7 @@ mod tests {
     #[test]
     fn gates_run_in_order_and_the_first_refusal_decides() {
         let mut c = ctx(Limits { rpm: Some(0), ..Limits::default() });
-        c.provider = LimitSet::provider(ProviderCaps { daily_requests: Some(0), ..ProviderCaps::default() });
+        c.provider = LimitSet::provider([Some(0), None, None]);
         c.concurrency_cap = Some(0);
         let win = Windows::default();
         let mut v = view(&c, &win, InFlight::default(), Estimate::default());
@@ -415,7 +421,7 @@ mod tests {
         let only = |g: &Gate| !matches!(g, Gate::Limit(d) if d.limit.scope != Scope::Provider);
         let refused = admit_through(&v, gates(&c).filter(only)).admission();
         // a daily cap opens at the next day
-        assert_eq!(refused.reason, Some(Reason::ProviderDailyRequests));
+        assert_eq!(refused.reason, Some(Reason::declared("provider_daily_requests")));
         assert_eq!(refused.retry_at_ms, Some(crate::core::calendar::Calendar::utc().next_day_start(T0)));
         let last = admit_through(&v, gates(&c).filter(|g| matches!(g, Gate::Concurrency))).admission();
         assert_eq!((last.reason, last.retry_at_ms), (Some(Reason::KeyConcurrency), None));
@@ -423,9 +429,7 @@ mod tests {
 
     #[test]
     fn provider_caps_are_limits_at_provider_scope() {
-        let caps =
-            ProviderCaps { daily_requests: Some(5), minute_requests: Some(2), daily_tokens: Some(1_000) };
-        let set = LimitSet::provider(caps);
+        let set = LimitSet::provider([Some(5), Some(2), Some(1_000)]);
         let reasons: Vec<&str> = set.iter().map(|d| d.reason.as_str()).collect();
         assert_eq!(reasons, ["provider_daily_requests", "provider_minute_requests", "provider_daily_tokens"]);
         assert!(set.iter().all(|d| d.limit.scope == Scope::Provider));
@@ -439,7 +443,7 @@ mod tests {
         v.billed = Some(Billed { window: DAY, used: 600, estimate: 100 });
         // 1 recorded + 1 in flight of 2 per minute
         let refused = admit(&v).admission();
-        assert_eq!(refused.reason, Some(Reason::ProviderMinuteRequests));
+        assert_eq!(refused.reason, Some(Reason::declared("provider_minute_requests")));
         assert_eq!(refused.retry_at_ms, Some(T0 - 10_000 + 60_000));
         v.provider.in_flight.count = 0;
         // billed: 600 recorded + 300 in flight + 100 estimated = the cap, exactly

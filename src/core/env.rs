@@ -1,6 +1,6 @@
 //! Settings read once from the environment mapping given at construction (SPEC §3, §5, §8).
 use crate::core::calendar::Calendar;
-use crate::core::types::ProviderCaps;
+use crate::core::limits::LimitSet;
 use std::collections::HashMap;
 
 /// The environment the engine was built with (a copy; never re-read).
@@ -83,25 +83,15 @@ impl Env {
     /// disables; garbage is ignored, and reported by [`Env::warnings`]).
     /// The defaults apply to the platforms as the table names them (SPEC 18.6:
     /// case-sensitive); `<PLATFORM>` in a variable is the platform upper-cased.
-    pub fn provider_caps(&self, platform: &str) -> ProviderCaps {
-        let defaults = crate::core::providers::lookup(platform).caps;
-        let mut caps = ProviderCaps {
-            daily_requests: defaults.requests_per_day,
-            minute_requests: defaults.requests_per_minute,
-            daily_tokens: defaults.tokens_per_day,
-        };
+    pub fn provider_caps(&self, platform: &str) -> LimitSet {
+        let mut caps = crate::core::providers::lookup(platform).caps.values();
         let suffix = env_suffix(platform);
-        let [daily, minute, tokens] = CAP_VARS;
-        for (name, slot) in [
-            (daily, &mut caps.daily_requests),
-            (minute, &mut caps.minute_requests),
-            (tokens, &mut caps.daily_tokens),
-        ] {
+        for (name, slot) in CAP_VARS.iter().zip(caps.iter_mut()) {
             if let Some(v) = self.get(&format!("{name}{suffix}")).and_then(cap_override) {
                 *slot = v;
             }
         }
-        caps
+        LimitSet::provider(caps)
     }
 
     /// `COOLDOWN_PROBE_MAX_PER_PASS` (default 3).
@@ -121,7 +111,8 @@ impl Env {
 /// The zone of a platform's calendar (SPEC §14.2), followed by `<PLATFORM>`.
 const DAY_TZ_VAR: &str = "PROVIDER_DAY_TZ_";
 
-/// The provider cap overrides (SPEC §8), each followed by `<PLATFORM>`.
+/// The provider cap overrides (SPEC §8), each followed by `<PLATFORM>`, in the order
+/// of `CapValues`.
 const CAP_VARS: [&str; 3] =
     ["PROVIDER_DAILY_REQUEST_CAP_", "PROVIDER_MINUTE_REQUEST_CAP_", "PROVIDER_DAILY_TOKEN_CAP_"];
 

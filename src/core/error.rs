@@ -142,35 +142,27 @@ pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
     Ok(value)
 }
 
-/// The gates of `check()`, in the order they are tried (SPEC §4, §14.1).
+/// Why a gate refused (SPEC §4, §14.1): the cooldown, the key's concurrency, or a
+/// declared limit by the name its `Declared` carries (SPEC §4's classic four and §8's
+/// provider caps by their names, any other limit by its metric and window, e.g.
+/// `"requests/1s"`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Reason {
     Cooldown,
-    Rpm,
-    Rpd,
-    Tpm,
-    Tpd,
-    /// A declared limit other than the classic four, named as SPEC §14.1 says
-    /// (`"requests/1s"`, `"rpm:key"`).
-    Window(std::sync::Arc<str>),
-    ProviderDailyRequests,
-    ProviderMinuteRequests,
-    ProviderDailyTokens,
     KeyConcurrency,
+    Declared(std::sync::Arc<str>),
 }
 
 impl Reason {
+    /// A declared limit's reason, by its name.
+    pub fn declared(name: &str) -> Reason {
+        Reason::Declared(std::sync::Arc::from(name))
+    }
+
     pub fn as_str(&self) -> &str {
         match self {
-            Reason::Window(name) => name,
+            Reason::Declared(name) => name,
             Reason::Cooldown => "cooldown",
-            Reason::Rpm => "rpm",
-            Reason::Rpd => "rpd",
-            Reason::Tpm => "tpm",
-            Reason::Tpd => "tpd",
-            Reason::ProviderDailyRequests => "provider_daily_requests",
-            Reason::ProviderMinuteRequests => "provider_minute_requests",
-            Reason::ProviderDailyTokens => "provider_daily_tokens",
             Reason::KeyConcurrency => "key_concurrency",
         }
     }

@@ -19,6 +19,17 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The classic limit of `metric` per `window`, if it is one of the four.
+    pub fn get_mut(&mut self, metric: Metric, window: WindowSpec) -> Option<&mut Option<i64>> {
+        Some(match (metric, window) {
+            (Metric::Requests, MINUTE) => &mut self.rpm,
+            (Metric::Requests, DAY) => &mut self.rpd,
+            (Metric::Tokens, MINUTE) => &mut self.tpm,
+            (Metric::Tokens, DAY) => &mut self.tpd,
+            _ => return None,
+        })
+    }
+
     pub fn validate(self) -> Result<Self> {
         for (name, v) in [("rpm", self.rpm), ("rpd", self.rpd), ("tpm", self.tpm), ("tpd", self.tpd)] {
             if let Some(v) = v {
@@ -29,12 +40,26 @@ impl Limits {
     }
 }
 
-/// Provider-wide caps of a platform (SPEC §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct ProviderCaps {
-    pub daily_requests: Option<i64>,
-    pub minute_requests: Option<i64>,
-    pub daily_tokens: Option<i64>,
+/// How many provider caps SPEC §8 names.
+pub const CAPS: usize = 3;
+
+/// One value per provider cap, in their gate order (requests per day, requests per
+/// minute, tokens per day: the provider rows of [`NAMED`]); `None` is no cap. The form
+/// caps are merged in (`Mirror::prepare`); [`LimitSet::provider`] makes them limits.
+pub type CapValues = [Option<i64>; CAPS];
+
+/// One value per provider cap (as [`CapValues`]) from `(metric, window)` pairs; a pair
+/// that is no provider cap is ignored, a cap not given is `T::default()`.
+pub fn cap_values<T: Copy + Default>(
+    pairs: impl IntoIterator<Item = ((Metric, WindowSpec), T)>,
+) -> [T; CAPS] {
+    let mut caps = [T::default(); CAPS];
+    for ((metric, window), v) in pairs {
+        if let Some(i) = NAMED[4..].iter().position(|n| (n.1, n.2) == (metric, window)) {
+            caps[i] = v;
+        }
+    }
+    caps
 }
 
 /// What a limit counts. Declared in gate order.
@@ -237,29 +262,52 @@ impl Limit {
         Limit { metric, limit, window, per: Arc::from(per), scope: Scope::Account }
     }
 
-    /// Which classic limit this is: requests or tokens per minute or per day at
-    /// account scope (`model_limits()` shows it, learning tightens it).
-    pub fn classic_axis(&self) -> Option<Reason> {
-        if self.scope != Scope::Account {
-            return None;
-        }
-        classic_reason(self.metric, self.window)
+    /// Which classic limit this is, by name: requests or tokens per minute or per day
+    /// at account scope (`model_limits()` shows it, learning tightens it).
+    pub fn classic_axis(&self) -> Option<&'static str> {
+        named(self.metric, self.window, self.scope).filter(|_| self.scope == Scope::Account)
+    }
+
+    /// The metric and window it counts.
+    pub fn slot(&self) -> (Metric, WindowSpec) {
+        (self.metric, self.window)
     }
 
     /// What makes two limits the same window (a duplicate).
-    fn slot(&self) -> (Metric, WindowSpec, Scope) {
+    fn key(&self) -> (Metric, WindowSpec, Scope) {
         (self.metric, self.window, self.scope)
     }
 }
 
-fn classic_reason(metric: Metric, window: WindowSpec) -> Option<Reason> {
-    Some(match (metric, window) {
-        (Metric::Requests, MINUTE) => Reason::Rpm,
-        (Metric::Requests, DAY) => Reason::Rpd,
-        (Metric::Tokens, MINUTE) => Reason::Tpm,
-        (Metric::Tokens, DAY) => Reason::Tpd,
-        _ => return None,
-    })
+/// The limits SPEC §4 and §8 name, each by the reason a refusal by it gives: the
+/// classic four at account scope (`rpm=` and the like) and the provider caps, in gate
+/// order. Any other limit is named by its metric and window (SPEC §14.1).
+const NAMED: [(&str, Metric, WindowSpec, Scope); 7] = [
+    ("rpm", Metric::Requests, MINUTE, Scope::Account),
+    ("rpd", Metric::Requests, DAY, Scope::Account),
+    ("tpm", Metric::Tokens, MINUTE, Scope::Account),
+    ("tpd", Metric::Tokens, DAY, Scope::Account),
+    ("provider_daily_requests", Metric::Requests, DAY, Scope::Provider),
+    ("provider_minute_requests", Metric::Requests, MINUTE, Scope::Provider),
+    ("provider_daily_tokens", Metric::Tokens, DAY, Scope::Provider),
+];
+
+/// The name SPEC §4 or §8 gives the limit of `metric` per `window` at `scope`; a
+/// key-scope limit goes by its account-scope name.
+fn named(metric: Metric, window: WindowSpec, scope: Scope) -> Option<&'static str> {
+    let scope = if scope == Scope::Key { Scope::Account } else { scope };
+    NAMED.iter().find(|n| (n.1, n.2, n.3) == (metric, window, scope)).map(|n| n.0)
+}
+
+/// The classic window a name stands for (`"rpm"`: requests per minute), if it is one
+/// of the classic four.
+pub fn classic_window(name: &str) -> Option<(Metric, WindowSpec)> {
+    NAMED[..4].iter().find(|n| n.0 == name).map(|n| (n.1, n.2))
+}
+
+/// The name of the classic window of `metric` per `window` (as `usage()` keys it).
+pub fn classic_name(metric: Metric, window: WindowSpec) -> Option<&'static str> {
+    NAMED[..4].iter().find(|n| (n.1, n.2) == (metric, window)).map(|n| n.0)
 }
 
 impl fmt::Display for Limit {
@@ -285,8 +333,8 @@ pub struct LimitSet {
 impl LimitSet {
     /// A set from limits in any order; two for one (metric, window, scope) are an error.
     pub fn new(mut list: Vec<Limit>) -> Result<LimitSet> {
-        list.sort_by_key(Limit::slot);
-        if let Some(w) = list.windows(2).find(|w| w[0].slot() == w[1].slot()) {
+        list.sort_by_key(Limit::key);
+        if let Some(w) = list.windows(2).find(|w| w[0].key() == w[1].key()) {
             return Err(Error::invalid(format!(
                 "two limits for {} per {} at {} scope ({:?} and {:?}): declare each window once",
                 w[0].metric.as_str(),
@@ -303,14 +351,15 @@ impl LimitSet {
                     && list
                         .iter()
                         .any(|o| o.scope == Scope::Account && (o.metric, o.window) == (l.metric, l.window));
-                let base = match classic_reason(l.metric, l.window) {
-                    Some(r) => r.as_str().to_string(),
+                let classic = classic_name(l.metric, l.window);
+                let base = match classic {
+                    Some(r) => r.to_string(),
                     None => format!("{}/{}", l.metric.as_str(), l.per),
                 };
-                let reason = match classic_reason(l.metric, l.window) {
-                    Some(r) if !also_account => r,
-                    _ if also_account => Reason::Window(Arc::from(format!("{base}:key"))),
-                    _ => Reason::Window(Arc::from(base)),
+                let reason = match classic {
+                    Some(r) if !also_account => Reason::declared(r),
+                    _ if also_account => Reason::declared(&format!("{base}:key")),
+                    _ => Reason::declared(&base),
                 };
                 Declared { limit: l.clone(), reason }
             })
@@ -321,21 +370,36 @@ impl LimitSet {
     /// SPEC §8's provider caps as limits at provider scope, in their gate order (daily
     /// requests, minute requests, daily tokens), each with its reason. A new provider
     /// cap is one more row here.
-    pub fn provider(caps: ProviderCaps) -> LimitSet {
-        let rows = [
-            (caps.daily_requests, Metric::Requests, DAY, "day", Reason::ProviderDailyRequests),
-            (caps.minute_requests, Metric::Requests, MINUTE, "minute", Reason::ProviderMinuteRequests),
-            (caps.daily_tokens, Metric::Tokens, DAY, "day", Reason::ProviderDailyTokens),
-        ];
-        let gates = rows
-            .into_iter()
-            .filter_map(|(cap, metric, window, per, reason)| {
-                let limit =
-                    Limit { metric, limit: cap?, window, per: Arc::from(per), scope: Scope::Provider };
-                Some(Declared { limit, reason })
+    pub fn provider(caps: CapValues) -> LimitSet {
+        let gates = NAMED[4..]
+            .iter()
+            .zip(caps)
+            .filter_map(|(&(name, metric, window, scope), cap)| {
+                let per = if window == MINUTE { "minute" } else { "day" };
+                let limit = Limit { metric, limit: cap?, window, per: Arc::from(per), scope };
+                Some(Declared { limit, reason: Reason::declared(name) })
             })
             .collect();
         LimitSet { gates }
+    }
+
+    /// Its provider caps, one per [`CapValues`] slot.
+    pub fn cap_values(&self) -> CapValues {
+        cap_values(
+            self.gates
+                .iter()
+                .filter(|d| d.limit.scope == Scope::Provider)
+                .map(|d| (d.limit.slot(), Some(d.limit.limit))),
+        )
+    }
+
+    /// Its provider cap of `metric` per `window`, if it has one.
+    pub fn cap(&self, metric: Metric, window: WindowSpec) -> Option<i64> {
+        let d = self
+            .gates
+            .iter()
+            .find(|d| d.limit.scope == Scope::Provider && d.limit.slot() == (metric, window));
+        d.map(|d| d.limit.limit)
     }
 
     /// The classic four as limits.
@@ -358,7 +422,7 @@ impl LimitSet {
                 return Err(Error::invalid(format!("{name} must be >= 0, got {v}")));
             }
             let l = Limit::classic(metric, window, v);
-            if let Some(dup) = extra.iter().find(|e| e.slot() == l.slot()) {
+            if let Some(dup) = extra.iter().find(|e| e.key() == l.key()) {
                 return Err(Error::invalid(format!(
                     "{name}= and Limit({:?}, {}, {:?}) are the same window: give one of them",
                     dup.metric.as_str(),
@@ -390,10 +454,10 @@ impl LimitSet {
         let mut l = Limits::default();
         for d in self.gates.iter() {
             match d.limit.classic_axis() {
-                Some(Reason::Rpm) => l.rpm = Some(d.limit.limit),
-                Some(Reason::Rpd) => l.rpd = Some(d.limit.limit),
-                Some(Reason::Tpm) => l.tpm = Some(d.limit.limit),
-                Some(Reason::Tpd) => l.tpd = Some(d.limit.limit),
+                Some("rpm") => l.rpm = Some(d.limit.limit),
+                Some("rpd") => l.rpd = Some(d.limit.limit),
+                Some("tpm") => l.tpm = Some(d.limit.limit),
+                Some("tpd") => l.tpd = Some(d.limit.limit),
                 _ => {}
             }
         }

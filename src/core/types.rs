@@ -3,7 +3,7 @@ use crate::core::error::{Error, Result};
 // Defined beside the error that carries it, so `error` names no other core module.
 pub use crate::core::error::{check_name, check_non_negative, Reason};
 // Defined beside `Limit`, so `limits` names no `types`.
-pub use crate::core::limits::{Limits, ProviderCaps};
+pub use crate::core::limits::Limits;
 use std::fmt;
 use std::str::FromStr;
 
@@ -166,10 +166,6 @@ pub enum CapSetting {
     Cap(i64),
 }
 
-/// What `set_provider_caps` persisted for a platform.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CapOverrides {
-    pub daily_requests: CapSetting,
-    pub minute_requests: CapSetting,
-    pub daily_tokens: CapSetting,
-}
+/// What `set_provider_caps` persisted for a platform: one setting per provider cap,
+/// in the order of [`CapValues`](crate::core::limits::CapValues).
+pub type CapOverrides = [CapSetting; crate::core::limits::CAPS];

@@ -98,7 +98,7 @@ mod tests {
 
     fn refusal(key_id: i64, retry_at_ms: Option<i64>) -> Refusal {
         Refusal {
-            reason: Reason::Rpm,
+            reason: Reason::declared("rpm"),
             retry_at_ms,
             platform: "groq".into(),
             model_id: "m".into(),

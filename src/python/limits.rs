@@ -2,8 +2,11 @@
 //! `ProviderCaps`, and the `limits=` argument lowered to the core's `LimitSet`.
 use super::convert::{int_arg, opt_limit, str_arg, Arg};
 use super::errors::{shield, type_error};
-use crate::core::limits::{Limit, LimitSet};
-use crate::core::types::{CapSetting, Limits, ProviderCaps};
+use crate::core::engine::{SnapshotRow, UsageReport};
+use crate::core::limits::{
+    cap_values, classic_window, Limit, LimitSet, Metric, WindowSpec, CAPS, DAY, MINUTE,
+};
+use crate::core::types::{check_name, CapSetting, Limits};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -135,13 +138,18 @@ pub struct PyProviderCaps {
     daily_tokens: Option<i64>,
 }
 
-impl From<ProviderCaps> for PyProviderCaps {
-    fn from(c: ProviderCaps) -> Self {
-        Self {
-            daily_requests: c.daily_requests,
-            minute_requests: c.minute_requests,
-            daily_tokens: c.daily_tokens,
-        }
+/// SPEC §8's cap spellings (`ProviderCaps`' fields, `set_provider_caps`' keywords) and
+/// the limits at provider scope they stand for.
+const CAP_NAMES: [(&str, Metric, WindowSpec); CAPS] = [
+    ("daily_requests", Metric::Requests, DAY),
+    ("minute_requests", Metric::Requests, MINUTE),
+    ("daily_tokens", Metric::Tokens, DAY),
+];
+
+impl From<LimitSet> for PyProviderCaps {
+    fn from(c: LimitSet) -> Self {
+        let [daily_requests, minute_requests, daily_tokens] = CAP_NAMES.map(|(_, m, w)| c.cap(m, w));
+        Self { daily_requests, minute_requests, daily_tokens }
     }
 }
 
@@ -157,12 +165,40 @@ impl PyProviderCaps {
     }
 }
 
-/// One `set_provider_caps` keyword: an int sets a cap, None means no cap.
-pub fn cap_setting(v: &Arg, name: &str) -> PyResult<CapSetting> {
-    Ok(match opt_limit(v, name)? {
-        None => CapSetting::NoCap,
-        Some(c) => CapSetting::Cap(c),
-    })
+/// `set_provider_caps`' keywords as the core's settings, one per provider cap: an int
+/// sets a cap, None means no cap, an omitted keyword keeps what is set.
+pub fn cap_settings(caps: Option<&Bound<'_, PyDict>>) -> PyResult<[Option<CapSetting>; CAPS]> {
+    let mut given = Vec::new();
+    for (k, v) in caps.iter().flat_map(|c| c.iter()) {
+        let name: String = k.extract()?;
+        let Some(&(_, metric, window)) = CAP_NAMES.iter().find(|c| c.0 == name) else {
+            return Err(type_error(format!(
+                "set_provider_caps() got an unexpected keyword argument {name:?}"
+            )));
+        };
+        let setting = match opt_limit(&v, &name)? {
+            None => CapSetting::NoCap,
+            Some(c) => CapSetting::Cap(c),
+        };
+        given.push(((metric, window), Some(setting)));
+    }
+    Ok(cap_values(given))
+}
+
+/// `set_model_limits`' declaration: the classic keywords and `limits=`, a keyword and a
+/// limit for the same window an error (after the names are checked, as the core does).
+pub fn declaration(
+    platform: &str,
+    model_id: &str,
+    classic: Limits,
+    others: Vec<Limit>,
+) -> PyResult<LimitSet> {
+    let check = || -> crate::core::error::Result<LimitSet> {
+        check_name("platform", platform)?;
+        check_name("model_id", model_id)?;
+        LimitSet::with_classic(classic.validate()?, others)
+    };
+    check().map_err(PyErr::from)
 }
 
 /// `limits=`: None, a `Limits`, a dict with keys among rpm, rpd, tpm, tpd, or an
@@ -226,4 +262,69 @@ fn classic_limits_dict(obj: &Arg) -> PyResult<Limits> {
         *slot = opt_limit(&v, &key)?;
     }
     Ok(l)
+}
+
+fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("used", used)?;
+    d.set_item("limit", limit)?;
+    Ok(d)
+}
+
+/// The classic windows as SPEC §4 and §9 key them.
+const CLASSIC: [&str; 4] = ["rpm", "rpd", "tpm", "tpd"];
+
+/// The worst used/limit over the declared windows (a limit of 0 counts as full);
+/// `None` without limits (SPEC §9, §12).
+fn used_fraction(pairs: &[(i64, Option<i64>)]) -> Option<f64> {
+    pairs
+        .iter()
+        .filter_map(|&(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
+        .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
+}
+
+/// SPEC §4's `usage()` dict from the core's list of limits: the classic four always
+/// (`rpm`, `rpd`, `tpm`, `tpd`), `in_flight`, then every other declared limit by its
+/// reason, in gate order.
+pub(crate) fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for r in CLASSIC {
+        let w = u.window(r);
+        d.set_item(r, window(py, w.used, w.limit)?)?;
+    }
+    d.set_item("in_flight", u.in_flight)?;
+    for (reason, w) in u.others() {
+        d.set_item(reason, window(py, w.used, w.limit)?)?;
+    }
+    Ok(d)
+}
+
+/// SPEC §9's snapshot row fields of the limits: `rpm_used`, `rpm_limit` … (the route's
+/// own use, the model's limit), `used_fraction`, and `declared`.
+pub(crate) fn snapshot_limits(d: &Bound<'_, PyDict>, r: &SnapshotRow) -> PyResult<()> {
+    // SPEC §9's classic windows: the route's own use, the model's limit.
+    let mut fractions = Vec::with_capacity(r.limits.len() + 4);
+    for name in CLASSIC {
+        let used = match classic_window(name) {
+            Some((metric, MINUTE)) => r.minute.get(metric),
+            Some((metric, _)) => r.day.get(metric),
+            None => 0,
+        };
+        let limit = r.limits.iter().find(|(l, _)| l.limit.classic_axis() == Some(name));
+        let limit = limit.map(|(l, _)| l.limit.limit);
+        d.set_item(format!("{name}_used"), used)?;
+        d.set_item(format!("{name}_limit"), limit)?;
+        fractions.push((used, limit));
+    }
+    // SPEC §14.1: every other declared limit, as (reason, used, limit).
+    let others: Vec<(&str, i64, i64)> = r
+        .limits
+        .iter()
+        .filter(|(l, _)| classic_window(l.reason.as_str()).is_none())
+        .map(|(l, used)| (l.reason.as_str(), *used, l.limit.limit))
+        .collect();
+    fractions.extend(others.iter().map(|(_, used, limit)| (*used, Some(*limit))));
+    d.set_item("used_fraction", used_fraction(&fractions))?;
+    d.set_item("declared", others)?;
+    Ok(())
 }

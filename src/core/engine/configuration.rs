@@ -9,7 +9,7 @@ use crate::core::error::{Error, Result};
 use crate::core::limits::{Limit, LimitSet};
 use crate::core::state::Mirror;
 use crate::core::store::Write;
-use crate::core::types::{check_name, KeyInfo, Limits, ModelInfo};
+use crate::core::types::{check_name, KeyInfo, ModelInfo};
 
 /// Keys, models, calendars and reserves (SPEC §4, §14, 20, 22.1), reached as
 /// [`Engine::config`].
@@ -100,13 +100,26 @@ impl Configuration<'_> {
         })
     }
 
-    pub fn set_model_limits(&mut self, model: ModelInfo) -> Result<()> {
-        check_name("platform", &model.platform)?;
-        check_name("model_id", &model.model_id)?;
+    /// SPEC §4/§14.1: replaces the model's whole declaration (`limits`) and its
+    /// monthly budget label.
+    pub fn set_model_limits(
+        &mut self,
+        platform: &str,
+        model_id: &str,
+        limits: &LimitSet,
+        monthly_token_budget: Option<String>,
+    ) -> Result<()> {
+        check_name("platform", platform)?;
+        check_name("model_id", model_id)?;
         // A declared limit on a classic window at account scope IS that classic limit
         // (SPEC §14.1): it is stored in its column, the others beside.
-        let set = LimitSet::with_classic(model.limits.validate()?, model.others.clone())?;
-        let model = ModelInfo { limits: set.classic(), others: set.others(), ..model };
+        let model = ModelInfo {
+            platform: platform.to_string(),
+            model_id: model_id.to_string(),
+            limits: limits.classic(),
+            others: limits.others(),
+            monthly_token_budget,
+        };
         self.unit.run(Access::Write, |tx| {
             tx.push(Write::UpsertModel(model));
             Ok(())
@@ -184,10 +197,11 @@ impl Configuration<'_> {
         self.with_calendar(platform, |c, now| c.next_day_start(at_ms.unwrap_or(now)))
     }
 
-    pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<Limits>> {
+    /// The model's declaration, `None` when none was made.
+    pub fn model_limits(&mut self, platform: &str, model_id: &str) -> Result<Option<LimitSet>> {
         self.unit.run(Access::Read, |tx| {
             let m = tx.mirror();
-            Ok(m.config.model(platform, model_id).map(|m| m.limits))
+            Ok(m.config.model(platform, model_id).map(|_| m.config.limit_set(platform, model_id)))
         })
     }
 

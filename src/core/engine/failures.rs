@@ -12,7 +12,7 @@ use crate::core::cooldowns::{
     EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
 };
 use crate::core::error::{Error, Result};
-use crate::core::limits::LimitSet;
+use crate::core::limits::{classic_window, LimitSet};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
@@ -21,7 +21,7 @@ use crate::core::pools::is_local_base_url;
 use crate::core::state::{CooldownRec, Mirror, RouteId};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{
-    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, ProviderCaps, Route,
+    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, Route,
 };
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
 use std::sync::Arc;
@@ -376,13 +376,9 @@ impl Failures<'_> {
                 others: Vec::new(),
                 monthly_token_budget: None,
             });
-        let slot = match learned.kind {
-            LimitAxis::Rpm => &mut model.limits.rpm,
-            LimitAxis::Rpd => &mut model.limits.rpd,
-            LimitAxis::Tpm => &mut model.limits.tpm,
-            LimitAxis::Tpd => &mut model.limits.tpd,
-            LimitAxis::Concurrency => return None,
-        };
+        // A learned kind names the classic window it tightens (a concurrency cap none).
+        let (metric, window) = classic_window(learned.kind.as_str())?;
+        let slot = model.limits.get_mut(metric, window)?;
         if slot.is_some_and(|v| v <= learned.limit) {
             return None;
         }
@@ -753,16 +749,12 @@ impl Failures<'_> {
     }
 
     /// The provider caps learned for a key's account from pool 429s (SPEC 21.2).
-    pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<ProviderCaps> {
+    pub fn learned_provider_caps(&mut self, platform: &str, key_id: i64) -> Result<LimitSet> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| {
             let m = tx.mirror();
             let keys = m.account_keys(platform, key_id);
-            Ok(ProviderCaps {
-                daily_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                minute_requests: m.history.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
-                daily_tokens: None,
-            })
+            Ok(LimitSet::provider(m.history.learned_caps(platform, &keys)))
         })
     }
 }

@@ -5,12 +5,10 @@
 use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
-use crate::core::limits::{LimitSet, WindowSpec};
+use crate::core::limits::{Declared, LimitSet, Metric, WindowSpec, CAPS, DAY};
 use crate::core::state::{CooldownRec, FastMap, Prepared};
 use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
-use crate::core::types::{
-    check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Limits, ProviderCaps, Reason, Route,
-};
+use crate::core::types::{check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Route};
 use crate::core::windows::Counts;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,36 +46,16 @@ pub fn source_confidence(source: &str) -> f64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotRow {
     pub route: Route,
-    pub rpm_used: i64,
-    pub rpd_used: i64,
-    pub tpm_used: i64,
-    pub tpd_used: i64,
-    pub limits: Limits,
-    /// Every other declared limit of the model: (reason, used, limit), in gate order.
-    pub others: Vec<(String, i64, i64)>,
+    /// The route's own counts in the sliding minute and the calendar day.
+    pub minute: Counts,
+    pub day: Counts,
+    /// Every declared limit of the model with what the route used in its window, in
+    /// gate order.
+    pub limits: Vec<(Declared, i64)>,
     pub in_flight: i64,
     pub cooldown: Option<CooldownRec>,
     /// SPEC 22.2: the earliest of the route's forecasts (default lookback).
     pub exhausts_at_ms: Option<i64>,
-}
-
-impl SnapshotRow {
-    /// The worst used/limit over the declared windows (a limit of 0 counts as full);
-    /// `None` without limits (SPEC §9, §12).
-    pub fn used_fraction(&self) -> Option<f64> {
-        let pairs = [
-            (self.rpm_used, self.limits.rpm),
-            (self.rpd_used, self.limits.rpd),
-            (self.tpm_used, self.limits.tpm),
-            (self.tpd_used, self.limits.tpd),
-        ];
-        let others = self.others.iter().map(|(_, used, limit)| (*used, Some(*limit)));
-        pairs
-            .into_iter()
-            .chain(others)
-            .filter_map(|(used, limit)| limit.map(|l| if l <= 0 { 1.0 } else { used as f64 / l as f64 }))
-            .fold(None, |acc: Option<f64>, f| Some(acc.map_or(f, |a| a.max(f))))
-    }
 }
 
 /// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
@@ -138,21 +116,16 @@ impl Engine {
 impl Observed<'_> {
     // ---- provider pools ----------------------------------------------------------
 
-    pub fn provider_caps(&mut self, platform: &str) -> Result<ProviderCaps> {
+    pub fn provider_caps(&mut self, platform: &str) -> Result<LimitSet> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| Ok(tx.mirror().caps_for(platform)))
     }
 
-    /// `None` in a slot keeps what is set; `Some(setting)` replaces it.
-    pub fn set_provider_caps(
-        &mut self,
-        platform: &str,
-        daily_requests: Option<CapSetting>,
-        minute_requests: Option<CapSetting>,
-        daily_tokens: Option<CapSetting>,
-    ) -> Result<()> {
+    /// One setting per provider cap (in the order of [`CapOverrides`]): `None` keeps
+    /// what is set; `Some(setting)` replaces it.
+    pub fn set_provider_caps(&mut self, platform: &str, settings: [Option<CapSetting>; CAPS]) -> Result<()> {
         check_name("platform", platform)?;
-        for s in [daily_requests, minute_requests, daily_tokens].into_iter().flatten() {
+        for s in settings.into_iter().flatten() {
             if let CapSetting::Cap(v) = s {
                 check_non_negative("cap", v)?;
             }
@@ -161,11 +134,7 @@ impl Observed<'_> {
             .run_counted(Access::Write, |tx| {
                 let (u, _, writes) = tx.parts();
                 let old = u.mirror.config.caps.get(platform).copied().unwrap_or_default();
-                let new = CapOverrides {
-                    daily_requests: daily_requests.unwrap_or(old.daily_requests),
-                    minute_requests: minute_requests.unwrap_or(old.minute_requests),
-                    daily_tokens: daily_tokens.unwrap_or(old.daily_tokens),
-                };
+                let new: CapOverrides = std::array::from_fn(|i| settings[i].unwrap_or(old[i]));
                 writes.push(Write::SetCaps(platform.to_string(), new));
                 Ok(())
             })
@@ -201,7 +170,7 @@ impl Observed<'_> {
     pub fn provider_daily_token_count(&mut self, platform: &str, key_id: i64) -> Result<i64> {
         self.unit.run(Access::Read, |tx| {
             let (u, now, _) = tx.parts();
-            let cap = u.mirror.caps_for(platform).daily_tokens;
+            let cap = u.mirror.caps_for(platform).cap(Metric::Tokens, DAY);
             Ok(u.mirror.provider_day_tokens(platform, key_id, cap, now))
         })
     }
@@ -586,19 +555,14 @@ impl Observed<'_> {
                     {
                         continue;
                     }
-                    let limits =
-                        m.config.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
-                    let others = m
+                    let limits = m
                         .config
                         .limit_set(&r.platform, &r.model_id)
                         .iter()
-                        .filter(|d| {
-                            !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd)
-                        })
                         .map(|d| {
                             let used =
                                 r.win.counts(d.limit.window, now).unwrap_or_default().get(d.limit.metric);
-                            (d.reason.as_str().to_string(), used, d.limit.limit)
+                            (d.clone(), used)
                         })
                         .collect();
                     rows.push(SnapshotRow {
@@ -607,12 +571,9 @@ impl Observed<'_> {
                             model_id: r.model_id.to_string(),
                             key_id: r.key_id,
                         },
-                        rpm_used: minute.requests,
-                        rpd_used: day.requests,
-                        tpm_used: minute.tokens,
-                        tpd_used: day.tokens,
+                        minute,
+                        day,
                         limits,
-                        others,
                         in_flight,
                         cooldown,
                         exhausts_at_ms: None,

@@ -5,9 +5,9 @@
 use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
-use crate::core::limits::{Declared, LimitSet};
+use crate::core::limits::{classic_window, Declared, LimitSet, DAY, MINUTE};
 use crate::core::store::{HistoryKind, TokenKinds, UsageKind, UsageRow, Write};
-use crate::core::types::{check_non_negative, Reason, Route};
+use crate::core::types::{check_non_negative, Route};
 use crate::core::windows::Counts;
 use std::sync::Arc;
 
@@ -67,15 +67,13 @@ pub struct UsageReport {
 impl UsageReport {
     /// One window as SPEC §4 reports it, by its reason: a declared limit's use and
     /// value; a classic window not declared, the route's own use and no limit.
-    pub fn window(&self, reason: &Reason) -> WindowReport {
-        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason == *reason) {
+    pub fn window(&self, reason: &str) -> WindowReport {
+        if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason.as_str() == reason) {
             return WindowReport { used: *used, limit: Some(d.limit.limit) };
         }
-        let used = match reason {
-            Reason::Rpm => self.minute.requests,
-            Reason::Rpd => self.day.requests,
-            Reason::Tpm => self.minute.tokens,
-            Reason::Tpd => self.day.tokens,
+        let used = match classic_window(reason) {
+            Some((metric, MINUTE)) => self.minute.get(metric),
+            Some((metric, DAY)) => self.day.get(metric),
             _ => 0,
         };
         WindowReport { used, limit: None }
@@ -85,7 +83,7 @@ impl UsageReport {
     pub fn others(&self) -> impl Iterator<Item = (&str, WindowReport)> {
         self.limits
             .iter()
-            .filter(|(d, _)| !matches!(d.reason, Reason::Rpm | Reason::Rpd | Reason::Tpm | Reason::Tpd))
+            .filter(|(d, _)| classic_window(d.reason.as_str()).is_none())
             .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
     }
 }

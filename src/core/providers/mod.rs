@@ -34,6 +34,8 @@ mod zhipu;
 pub use google::{quota_id_pattern, stated_quota_value};
 pub use openrouter::{parse_pool_429, pool_axis, upstream_provider_name, UPSTREAM_PHRASES};
 
+use crate::core::limits::{cap_values, CapValues, Metric, DAY, MINUTE};
+
 /// What the engine knows of one provider.
 #[derive(Debug)]
 pub struct Provider {
@@ -113,6 +115,15 @@ impl DefaultCaps {
     /// No default cap.
     pub const NONE: DefaultCaps =
         DefaultCaps { requests_per_day: None, requests_per_minute: None, tokens_per_day: None };
+
+    /// The caps as the mirror merges them.
+    pub fn values(&self) -> CapValues {
+        cap_values([
+            ((Metric::Requests, DAY), self.requests_per_day),
+            ((Metric::Requests, MINUTE), self.requests_per_minute),
+            ((Metric::Tokens, DAY), self.tokens_per_day),
+        ])
+    }
 }
 
 /// A provider that differs from the generic one in nothing but its pool.

@@ -4,10 +4,10 @@ use super::*;
 use crate::core::calendar::builtin_zone;
 use crate::core::env::Env;
 use crate::core::headers::{family_of, parse_quota_headers, HeaderQuota, Metric, ParsedHeaders};
+use crate::core::limits::{LimitSet, Metric as Counted, DAY, MINUTE};
 use crate::core::parse::{infer_failure_kind, parse_provider_limit, parse_stated_retry_ms, FailureKind};
 use crate::core::parse::{LearnedLimit, LimitAxis};
 use crate::core::pools::{infer_quota_pool_key, is_shared_pool};
-use crate::core::types::ProviderCaps;
 
 /// One body of the corpus, as the provider sent it.
 macro_rules! body {
@@ -154,15 +154,15 @@ fn env(pairs: &[(&str, &str)]) -> Env {
 
 #[test]
 fn caps_defaults_and_overrides() {
-    assert_eq!(env(&[]).provider_caps("openrouter").daily_requests, Some(1000));
-    assert_eq!(env(&[]).provider_caps("nvidia").minute_requests, Some(40));
-    assert_eq!(env(&[]).provider_caps("navy").daily_tokens, Some(150_000));
-    assert_eq!(env(&[]).provider_caps("groq"), ProviderCaps::default());
-    assert_eq!(env(&[]).provider_caps("OpenRouter"), ProviderCaps::default()); // SPEC 18.6
-    assert_eq!(env(&[]).provider_caps("NVIDIA"), ProviderCaps::default());
+    assert_eq!(env(&[]).provider_caps("openrouter").cap(Counted::Requests, DAY), Some(1000));
+    assert_eq!(env(&[]).provider_caps("nvidia").cap(Counted::Requests, MINUTE), Some(40));
+    assert_eq!(env(&[]).provider_caps("navy").cap(Counted::Tokens, DAY), Some(150_000));
+    assert_eq!(env(&[]).provider_caps("groq"), LimitSet::default());
+    assert_eq!(env(&[]).provider_caps("OpenRouter"), LimitSet::default()); // SPEC 18.6
+    assert_eq!(env(&[]).provider_caps("NVIDIA"), LimitSet::default());
     let e = env(&[("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "0"), ("PROVIDER_MINUTE_REQUEST_CAP_GROQ", "7")]);
-    assert_eq!(e.provider_caps("openrouter").daily_requests, None);
-    assert_eq!(e.provider_caps("groq").minute_requests, Some(7));
+    assert_eq!(e.provider_caps("openrouter").cap(Counted::Requests, DAY), None);
+    assert_eq!(e.provider_caps("groq").cap(Counted::Requests, MINUTE), Some(7));
     assert!(e.warnings().is_empty());
     let e = env(&[
         ("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER", "lots"),
@@ -170,7 +170,7 @@ fn caps_defaults_and_overrides() {
         ("PROVIDER_DAILY_TOKEN_CAP_", "x"), // no platform: not an override
         ("OTHER", "x"),
     ]);
-    assert_eq!(e.provider_caps("openrouter").daily_requests, Some(1000));
+    assert_eq!(e.provider_caps("openrouter").cap(Counted::Requests, DAY), Some(1000));
     let w = e.warnings();
     assert_eq!(w.len(), 2, "{w:?}");
     assert!(w[0].contains("PROVIDER_DAILY_REQUEST_CAP_OPENROUTER=\"lots\""), "{w:?}");

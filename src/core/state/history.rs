@@ -1,6 +1,7 @@
 //! The mirrored `failure_history` (SPEC 15, 21): rows by key, what the failure
 //! ladder counts and what learned caps are read from.
 use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
+use crate::core::limits::{cap_values, CapValues, Metric, DAY, MINUTE};
 use crate::core::state::{CooldownRec, FastMap, RouteId};
 use crate::core::store::{HistoryKind, HistoryRow};
 use std::sync::Arc;
@@ -107,36 +108,37 @@ impl History {
             .min()
     }
 
-    /// The (daily, minute) request caps learned for a key's account from pool 429s
-    /// (SPEC 21.2): of its account's keys (`account_keys`) when `shared`; `None` at
-    /// once, without allocating, when none can be (the hot path).
+    /// The provider caps learned for the account of `keys` from pool 429s (SPEC
+    /// 21.2): requests per day and per minute, the lowest any of its keys learned.
+    pub fn learned_caps(&self, platform: &str, keys: &[i64]) -> CapValues {
+        cap_values([
+            ((Metric::Requests, DAY), self.learned_pool_cap(platform, keys, HistoryKind::PoolDay)),
+            ((Metric::Requests, MINUTE), self.learned_pool_cap(platform, keys, HistoryKind::PoolMinute)),
+        ])
+    }
+
+    /// The caps learned for a key's account from pool 429s (SPEC 21.2): of its
+    /// account's keys (`account_keys`) when `shared`; `None` at once, without
+    /// allocating, when none can be (the hot path).
     pub fn learned_pool_caps(
         &self,
         platform: &str,
         key_id: i64,
         shared: bool,
         account_keys: impl FnOnce() -> Vec<i64>,
-    ) -> Option<(Option<i64>, Option<i64>)> {
+    ) -> Option<CapValues> {
         let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
         if shared {
             if !self.by_key.values().flatten().any(pool) {
                 return None;
             }
-            let keys = account_keys();
-            return Some((
-                self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-                self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
-            ));
+            return Some(self.learned_caps(platform, &account_keys()));
         }
         let rows = self.by_key.get(&key_id)?;
         if !rows.iter().any(pool) {
             return None;
         }
-        let keys = [key_id];
-        Some((
-            self.learned_pool_cap(platform, &keys, HistoryKind::PoolDay),
-            self.learned_pool_cap(platform, &keys, HistoryKind::PoolMinute),
-        ))
+        Some(self.learned_caps(platform, &[key_id]))
     }
 
     /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap

@@ -8,17 +8,18 @@
 use super::{AccountId, FastMap, Mirror, RouteId};
 use crate::core::admission::{Estimate, GateContext, View};
 use crate::core::env::Env;
-use crate::core::limits::LimitSet;
-use crate::core::types::{CapOverrides, CapSetting, ProviderCaps, Route};
+use crate::core::limits::{CapValues, LimitSet};
+use crate::core::types::{CapOverrides, CapSetting, Route};
 
 /// What the mirror derives from the environment and from the caps (read once each).
 #[derive(Debug, Default)]
 pub struct Setup {
     env: Env,
-    /// Per platform: the caps and the concurrency cap its environment sets.
-    platform_env: FastMap<String, (ProviderCaps, Option<i64>)>,
+    /// Per platform: the caps (the provider's defaults, then the environment's) and the
+    /// concurrency cap its environment sets.
+    platform_env: FastMap<String, (CapValues, Option<i64>)>,
     /// SPEC §8's caps as limits at provider scope, by the caps they were built from.
-    provider_sets: FastMap<ProviderCaps, LimitSet>,
+    provider_sets: FastMap<CapValues, LimitSet>,
 }
 
 impl Setup {
@@ -27,18 +28,18 @@ impl Setup {
     }
 
     /// The platform's caps and concurrency cap from the environment (read once).
-    fn platform_env(&mut self, platform: &str) -> (ProviderCaps, Option<i64>) {
+    fn platform_env(&mut self, platform: &str) -> (CapValues, Option<i64>) {
         if let Some(v) = self.platform_env.get(platform) {
             return *v;
         }
-        let caps = self.env.provider_caps(platform);
+        let caps = self.env.provider_caps(platform).cap_values();
         let conc = self.env.key_concurrency_cap(platform);
         self.platform_env.insert(platform.to_string(), (caps, conc));
         (caps, conc)
     }
 
     /// SPEC §8's caps as limits at provider scope, built once per distinct set of caps.
-    fn provider_limits(&mut self, caps: ProviderCaps) -> LimitSet {
+    fn provider_limits(&mut self, caps: CapValues) -> LimitSet {
         if let Some(set) = self.provider_sets.get(&caps) {
             return set.clone();
         }
@@ -92,9 +93,10 @@ impl Mirror {
     }
 
     /// Effective caps: `set_provider_caps` wins over env, env over defaults.
-    pub fn caps_for(&mut self, platform: &str) -> ProviderCaps {
+    pub fn caps_for(&mut self, platform: &str) -> LimitSet {
         let (env_caps, _) = self.setup.platform_env(platform);
-        overridden(env_caps, self.config.caps.get(platform).copied().unwrap_or_default())
+        let set = self.config.caps.get(platform).copied().unwrap_or_default();
+        self.setup.provider_limits(caps_in_force(&set, &env_caps, &CapValues::default()))
     }
 
     /// The key concurrency cap in force (SPEC 15.4, 20): the lowest of the env cap,
@@ -115,20 +117,16 @@ pub fn min_cap(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     }
 }
 
-/// The caps in force: `set_provider_caps`'s settings `o` over the environment's.
-fn overridden(env_caps: ProviderCaps, o: CapOverrides) -> ProviderCaps {
-    fn pick(s: CapSetting, env: Option<i64>) -> Option<i64> {
-        match s {
-            CapSetting::Inherit => env,
-            CapSetting::NoCap => None,
-            CapSetting::Cap(v) => Some(v),
-        }
-    }
-    ProviderCaps {
-        daily_requests: pick(o.daily_requests, env_caps.daily_requests),
-        minute_requests: pick(o.minute_requests, env_caps.minute_requests),
-        daily_tokens: pick(o.daily_tokens, env_caps.daily_tokens),
-    }
+/// The caps in force (SPEC §8, 21.2), the one place the three are merged: per cap,
+/// what `set_provider_caps` set (`set`: a cap, or no cap), else the lower of the
+/// environment's (the provider's default, then the environment variable) and the
+/// account's learned one.
+fn caps_in_force(set: &CapOverrides, env: &CapValues, learned: &CapValues) -> CapValues {
+    std::array::from_fn(|i| match set[i] {
+        CapSetting::Inherit => min_cap(env[i], learned[i]),
+        CapSetting::NoCap => None,
+        CapSetting::Cap(v) => Some(v),
+    })
 }
 
 /// What a decision at `priority` on `route` reads besides the windows.
@@ -147,36 +145,18 @@ fn gate_context(
     // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
     // configured cap and the learned one.
     let conc = min_cap(env_conc, key.and_then(|k| k.concurrency_cap));
-    let caps = lowered_to_learned(m, overridden(env_caps, set), set, &route.platform, route.key_id, shared);
-    let learned = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
+    let learned = m
+        .history
+        .learned_pool_caps(&route.platform, route.key_id, shared, || {
+            m.account_keys(&route.platform, route.key_id)
+        })
+        .unwrap_or_default();
+    let caps = caps_in_force(&set, &env_caps, &learned);
+    let learned_conc = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
     GateContext {
         limits: m.limits_for(&route.platform, &route.model_id, limits),
         provider: m.setup.provider_limits(caps),
-        concurrency_cap: min_cap(conc, learned),
+        concurrency_cap: min_cap(conc, learned_conc),
         reserve: m.reserves.for_priority(priority),
-    }
-}
-
-/// The provider caps the gates apply to a key's account: `caps`, each lowered to
-/// the account's learned one (SPEC 21.2) unless `set_provider_caps` set it
-/// (`set`). The one place the gates read provider caps.
-fn lowered_to_learned(
-    m: &Mirror,
-    caps: ProviderCaps,
-    set: CapOverrides,
-    platform: &str,
-    key_id: i64,
-    shared: bool,
-) -> ProviderCaps {
-    let learned = m.history.learned_pool_caps(platform, key_id, shared, || m.account_keys(platform, key_id));
-    let Some((day, minute)) = learned else { return caps };
-    let lower = |s: CapSetting, cap: Option<i64>, learned: Option<i64>| match s {
-        CapSetting::Inherit => min_cap(cap, learned),
-        _ => cap,
-    };
-    ProviderCaps {
-        daily_requests: lower(set.daily_requests, caps.daily_requests, day),
-        minute_requests: lower(set.minute_requests, caps.minute_requests, minute),
-        daily_tokens: caps.daily_tokens,
     }
 }

@@ -97,7 +97,7 @@ fn gates_refuse_at_limit_and_report_retry() {
     assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
     m.add_counts(rid, Counts::of(1, 0), t0 + 10, t0 + 10);
     let a = evaluate(&m, rid, Estimate::default(), &ctx, t0 + 10);
-    assert_eq!(a, Admission::refused(Reason::Rpm, Some(t0 + 60_000)));
+    assert_eq!(a, Admission::refused(Reason::declared("rpm"), Some(t0 + 60_000)));
     m.prune_route(rid, t0 + 60_000);
     assert!(evaluate(&m, rid, Estimate::default(), &ctx, t0 + 60_000).allowed);
 }
@@ -115,10 +115,16 @@ fn leases_count_until_they_expire() {
         LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
     );
     // only the lease blocks: no retry time for a sliding window
-    assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 50), Admission::refused(Reason::Rpm, None));
+    assert_eq!(
+        evaluate(&m, rid, Estimate::default(), &ctx, 50),
+        Admission::refused(Reason::declared("rpm"), None)
+    );
     // at exactly its max age it still counts; one millisecond later it does not
     m.prune_route(rid, 100);
-    assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, 100), Admission::refused(Reason::Rpm, None));
+    assert_eq!(
+        evaluate(&m, rid, Estimate::default(), &ctx, 100),
+        Admission::refused(Reason::declared("rpm"), None)
+    );
     m.prune_route(rid, 101);
     assert!(evaluate(&m, rid, Estimate::default(), &ctx, 101).allowed);
 }

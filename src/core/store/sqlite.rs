@@ -376,14 +376,7 @@ impl SqliteStore {
             "SELECT platform, daily_requests, minute_requests, daily_tokens FROM provider_caps",
         )?;
         let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                CapOverrides {
-                    daily_requests: setting(r.get(1)?),
-                    minute_requests: setting(r.get(2)?),
-                    daily_tokens: setting(r.get(3)?),
-                },
-            ))
+            Ok((r.get::<_, String>(0)?, [setting(r.get(1)?), setting(r.get(2)?), setting(r.get(3)?)]))
         })?;
         rows.collect()
     }

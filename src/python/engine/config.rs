@@ -1,10 +1,9 @@
 //! What the engine is told (SPEC §4, §8, §14, 22.1): keys and their accounts, models
 //! and their limits, provider calendars, priority reserves and provider caps.
 use super::PyQuotaEngine;
-use crate::core::types::{CapSetting, KeyInfo, Limits, ModelInfo};
+use crate::core::types::{KeyInfo, Limits};
 use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg, Arg};
-use crate::python::errors::type_error;
-use crate::python::limits::{cap_setting, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
+use crate::python::limits::{cap_settings, declaration, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -95,24 +94,21 @@ impl PyQuotaEngine {
             None => Vec::new(),
         };
         let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
-        let model = ModelInfo {
-            platform: str_arg(platform, "platform")?.to_string(),
-            model_id: str_arg(model_id, "model_id")?.to_string(),
-            limits: Limits {
-                rpm: get(rpm, "rpm")?,
-                rpd: get(rpd, "rpd")?,
-                tpm: get(tpm, "tpm")?,
-                tpd: get(tpd, "tpd")?,
-            },
-            others,
-            monthly_token_budget,
+        let platform = str_arg(platform, "platform")?;
+        let model_id = str_arg(model_id, "model_id")?;
+        let classic = Limits {
+            rpm: get(rpm, "rpm")?,
+            rpd: get(rpd, "rpd")?,
+            tpm: get(tpm, "tpm")?,
+            tpd: get(tpd, "tpd")?,
         };
-        self.run(py, move |e| e.config().set_model_limits(model))
+        let limits = declaration(platform, model_id, classic, others)?;
+        self.run(py, move |e| e.config().set_model_limits(platform, model_id, &limits, monthly_token_budget))
     }
 
     fn model_limits(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Option<PyLimits>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
-        Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(PyLimits::from))
+        Ok(self.run(py, |e| e.config().model_limits(p, m))?.map(|s| PyLimits::from(s.classic())))
     }
 
     /// SPEC §14.1: every declared limit of the model, the classic ones included, in
@@ -208,25 +204,9 @@ impl PyQuotaEngine {
         platform: &Arg,
         caps: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let mut slots: [Option<CapSetting>; 3] = [None; 3];
-        if let Some(caps) = caps {
-            for (k, v) in caps.iter() {
-                let name: String = k.extract()?;
-                let i = match name.as_str() {
-                    "daily_requests" => 0,
-                    "minute_requests" => 1,
-                    "daily_tokens" => 2,
-                    _ => {
-                        return Err(type_error(format!(
-                            "set_provider_caps() got an unexpected keyword argument {name:?}"
-                        )))
-                    }
-                };
-                slots[i] = Some(cap_setting(&v, &name)?);
-            }
-        }
+        let settings = cap_settings(caps)?;
         let p = str_arg(platform, "platform")?;
-        self.run(py, |e| e.observed().set_provider_caps(p, slots[0], slots[1], slots[2]))
+        self.run(py, |e| e.observed().set_provider_caps(p, settings))
     }
 
     fn reset_provider_caps(&self, py: Python<'_>, platform: &Arg) -> PyResult<()> {

@@ -3,37 +3,12 @@
 //! and the snapshot rows.
 use super::args::{account, route};
 use super::PyQuotaEngine;
-use crate::core::engine::UsageReport;
 use crate::core::store::UsageFilter;
-use crate::core::types::Reason;
 use crate::python::convert::{count_arg, int_arg, opt_int_arg, str_arg, Arg};
-use crate::python::limits::limits_arg;
+use crate::python::limits::{limits_arg, snapshot_limits, usage_dict};
 use crate::python::types::PyQuotaState;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-
-fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("used", used)?;
-    d.set_item("limit", limit)?;
-    Ok(d)
-}
-
-/// SPEC §4's `usage()` dict from the core's list of limits: the classic four always
-/// (`rpm`, `rpd`, `tpm`, `tpd`), `in_flight`, then every other declared limit by its
-/// reason, in gate order.
-fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for r in [Reason::Rpm, Reason::Rpd, Reason::Tpm, Reason::Tpd] {
-        let w = u.window(&r);
-        d.set_item(r.as_str(), window(py, w.used, w.limit)?)?;
-    }
-    d.set_item("in_flight", u.in_flight)?;
-    for (reason, w) in u.others() {
-        d.set_item(reason, window(py, w.used, w.limit)?)?;
-    }
-    Ok(d)
-}
 
 #[pymethods]
 impl PyQuotaEngine {
@@ -204,17 +179,7 @@ impl PyQuotaEngine {
             d.set_item("platform", &r.route.platform)?;
             d.set_item("model_id", &r.route.model_id)?;
             d.set_item("key_id", r.route.key_id)?;
-            d.set_item("rpm_used", r.rpm_used)?;
-            d.set_item("rpm_limit", r.limits.rpm)?;
-            d.set_item("rpd_used", r.rpd_used)?;
-            d.set_item("rpd_limit", r.limits.rpd)?;
-            d.set_item("tpm_used", r.tpm_used)?;
-            d.set_item("tpm_limit", r.limits.tpm)?;
-            d.set_item("tpd_used", r.tpd_used)?;
-            d.set_item("tpd_limit", r.limits.tpd)?;
-            d.set_item("used_fraction", r.used_fraction())?;
-            // SPEC §14.1: every other declared limit, as (reason, used, limit).
-            d.set_item("declared", r.others.clone())?;
+            snapshot_limits(&d, &r)?;
             d.set_item("in_flight", r.in_flight)?;
             d.set_item("cooldown_source", r.cooldown.map(|c| c.source.as_str()))?;
             d.set_item("cooldown_expires_at_ms", r.cooldown.map(|c| c.expires_at_ms))?;

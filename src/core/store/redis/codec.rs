@@ -439,24 +439,12 @@ fn parse_cap(s: &str) -> StoreResult<CapSetting> {
 }
 
 fn caps_value(c: &CapOverrides) -> String {
-    format!(
-        "{}{SEP}{}{SEP}{}",
-        cap_setting(c.daily_requests),
-        cap_setting(c.minute_requests),
-        cap_setting(c.daily_tokens)
-    )
+    format!("{}{SEP}{}{SEP}{}", cap_setting(c[0]), cap_setting(c[1]), cap_setting(c[2]))
 }
 
 fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
     let f = split(v, 3)?;
-    Ok((
-        unesc(field),
-        CapOverrides {
-            daily_requests: parse_cap(f[0])?,
-            minute_requests: parse_cap(f[1])?,
-            daily_tokens: parse_cap(f[2])?,
-        },
-    ))
+    Ok((unesc(field), [parse_cap(f[0])?, parse_cap(f[1])?, parse_cap(f[2])?]))
 }
 
 // ---- failure history ---------------------------------------------------------------
@@ -639,11 +627,7 @@ mod tests {
             monthly_token_budget: Some("5".into()),
         };
         assert_eq!(parse_model(&route(&mi.platform, &mi.model_id), &model_value(&mi)).expect("model"), mi);
-        let caps = CapOverrides {
-            daily_requests: CapSetting::Cap(4),
-            minute_requests: CapSetting::NoCap,
-            ..Default::default()
-        };
+        let caps: CapOverrides = [CapSetting::Cap(4), CapSetting::NoCap, CapSetting::Inherit];
         assert_eq!(
             parse_caps(&esc("p\u{1f}x"), &caps_value(&caps)).expect("caps"),
             ("p\u{1f}x".into(), caps)

@@ -280,12 +280,7 @@ impl SqliteStore {
             "INSERT INTO provider_caps (platform, daily_requests, minute_requests, daily_tokens) \
              VALUES (?1, ?2, ?3, ?4) ON CONFLICT (platform) DO UPDATE SET daily_requests = excluded.daily_requests, \
              minute_requests = excluded.minute_requests, daily_tokens = excluded.daily_tokens",
-            params![
-                platform,
-                cap_column(caps.daily_requests),
-                cap_column(caps.minute_requests),
-                cap_column(caps.daily_tokens)
-            ],
+            params![platform, cap_column(caps[0]), cap_column(caps[1]), cap_column(caps[2])],
         )?;
         Ok(0)
     }
