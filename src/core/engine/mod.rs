@@ -289,14 +289,8 @@ impl Engine {
         let ops: Vec<BatchOp> = ids
             .into_iter()
             .filter_map(|id| {
-                let rec = self.unit.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
-                let r = self.unit.mirror.routes.get(rec.route);
-                let route = Route {
-                    platform: r.platform.to_string(),
-                    model_id: r.model_id.to_string(),
-                    key_id: r.key_id,
-                };
-                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(rec.tokens)) })
+                let (route, tokens) = self.unit.mirror.reader().live_lease(id, now)?;
+                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(tokens)) })
             })
             .collect();
         self.unit.own_leases.clear();
