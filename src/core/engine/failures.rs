@@ -695,7 +695,7 @@ impl Failures<'_> {
                 format!(
                     "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
                     route.platform,
-                    self.unit.mirror.config.account_name(&route.platform, route.key_id)
+                    self.unit.mirror.reader().account_name(&route.platform, route.key_id)
                 ),
             ));
         }

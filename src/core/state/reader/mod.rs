@@ -75,3 +75,6 @@ impl<'m> Reader<'m> {
         Some((route, rec.tokens))
     }
 }
+
+#[cfg(test)]
+mod tests;
