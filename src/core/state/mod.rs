@@ -1,6 +1,7 @@
 //! The engine's in-memory picture of the store: window state per route and per
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
-//! incrementally from the store's change feed, and the only thing gates read.
+//! incrementally from the store's change feed, and the only thing gates read. The
+//! engine's desks ask it their questions through its [`Reader`] (`reader/`).
 pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
