@@ -537,9 +537,18 @@ impl Observed<'_> {
                 m.prune_all(now);
                 let m = &*m;
                 let mut rows = Vec::new();
-                for f in m.reader().reported_routes(now) {
+                for f in m.reader().route_figures(now) {
                     let (r, minute, day, in_flight, cooldown) =
                         (f.route, f.minute, f.day, f.in_flight, f.bench);
+                    if day.requests == 0
+                        && day.tokens == 0
+                        && minute.requests == 0
+                        && minute.tokens == 0
+                        && in_flight == 0
+                        && cooldown.is_none()
+                    {
+                        continue;
+                    }
                     let limits =
                         m.config.model(&r.platform, &r.model_id).map(|x| x.limits).unwrap_or_default();
                     let others = m

@@ -45,21 +45,16 @@ impl<'m> Reader<'m> {
         })
     }
 
-    /// The figures of every route with usage in the minute or today, a live lease or a
-    /// bench at `now` (prune first): the routes `snapshot()` reports.
-    pub fn reported_routes(self, now: i64) -> impl Iterator<Item = RouteFigures<'m>> {
+    /// The figures of every route at `now` (prune first): its own minute and day, its
+    /// live leases and its bench.
+    pub fn route_figures(self, now: i64) -> impl Iterator<Item = RouteFigures<'m>> {
         let m = self.m;
-        m.routes.iter().filter_map(move |(rid, r)| {
-            let (minute, day) = (r.win.minute(), r.win.day(now));
-            let in_flight = m.route_in_flight(rid, now).count;
-            let bench = m.route_bench(rid, now).map(|(c, _)| c);
-            let idle = day.requests == 0
-                && day.tokens == 0
-                && minute.requests == 0
-                && minute.tokens == 0
-                && in_flight == 0
-                && bench.is_none();
-            (!idle).then_some(RouteFigures { route: r, minute, day, in_flight, bench })
+        m.routes.iter().map(move |(rid, r)| RouteFigures {
+            route: r,
+            minute: r.win.minute(),
+            day: r.win.day(now),
+            in_flight: m.route_in_flight(rid, now).count,
+            bench: m.route_bench(rid, now).map(|(c, _)| c),
         })
     }
 }
