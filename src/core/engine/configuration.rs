@@ -7,7 +7,6 @@ use super::{check_priority, unit, Engine};
 use crate::core::calendar::Calendar;
 use crate::core::error::{Error, Result};
 use crate::core::limits::{Limit, LimitSet};
-use crate::core::state::Mirror;
 use crate::core::store::Write;
 use crate::core::types::{check_name, KeyInfo, ModelInfo};
 
@@ -41,10 +40,9 @@ impl Configuration<'_> {
         // A configured concurrency cap is the key's own setting: registering the key
         // again (its account, label, ...) keeps it.
         let key = KeyInfo {
-            concurrency_cap: self.unit.run(Access::Read, |tx| {
-                let m = tx.mirror();
-                Ok(configured_key_cap(m, key.key_id))
-            })?,
+            concurrency_cap: self
+                .unit
+                .run(Access::Read, |tx| Ok(tx.mirror().reader().configured_concurrency_cap(key.key_id)))?,
             ..key
         };
         self.unit.run(Access::Write, |tx| {
@@ -63,10 +61,8 @@ impl Configuration<'_> {
                 return Err(Error::Invalid(format!("cap must be an int >= 0 or None, got {c}")));
             }
         }
-        let known = self.unit.run(Access::Read, |tx| {
-            let m = tx.mirror();
-            Ok(m.config.keys.get(&key_id).cloned())
-        })?;
+        let known =
+            self.unit.run(Access::Read, |tx| Ok(tx.mirror().reader().registered_key(key_id).cloned()))?;
         let key = match known {
             Some(k) if k.platform != platform => {
                 return Err(Error::Invalid(format!(
@@ -94,10 +90,7 @@ impl Configuration<'_> {
     /// The account in force for a key (SPEC §14.3): `"key:<key_id>"` for a key of its own.
     pub fn key_account(&mut self, platform: &str, key_id: i64) -> Result<String> {
         check_name("platform", platform)?;
-        self.unit.run(Access::Read, |tx| {
-            let m = tx.mirror();
-            Ok(m.config.account_name(platform, key_id).to_string())
-        })
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().reader().account_name(platform, key_id).to_string()))
     }
 
     /// SPEC §4/§14.1: replaces the model's whole declaration (`limits`) and its
@@ -165,10 +158,7 @@ impl Configuration<'_> {
     /// configured priority `<= priority` (0 when none).
     pub fn priority_reserve(&mut self, priority: i64) -> Result<f64> {
         check_priority(priority)?;
-        self.unit.run(Access::Read, |tx| {
-            let m = tx.mirror();
-            Ok(m.reserves.for_priority(priority))
-        })
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().reader().reserve_for(priority)))
     }
 
     /// The calendar in force for a platform (what `f` is given), after reading what
@@ -177,8 +167,7 @@ impl Configuration<'_> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| {
             let now = tx.now();
-            let m = tx.mirror();
-            Ok(f(&m.calendars.of(platform), now))
+            Ok(f(&tx.mirror().calendar(platform), now))
         })
     }
 
@@ -212,9 +201,4 @@ impl Configuration<'_> {
             Ok(m.config.limit_set(platform, model_id).iter().map(|d| d.limit.clone()).collect())
         })
     }
-}
-
-/// A key's configured concurrency cap (SPEC 20), `None` when it has none.
-fn configured_key_cap(m: &Mirror, key_id: i64) -> Option<i64> {
-    m.config.keys.get(&key_id).and_then(|k| k.concurrency_cap)
 }

@@ -17,8 +17,6 @@ use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
 };
-use crate::core::pools::is_local_base_url;
-use crate::core::state::{CooldownRec, Mirror, RouteId};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{
     check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, Route,
@@ -77,27 +75,6 @@ impl Engine {
         let out = self.failures().record_failure_of(route, f, Some(lease_id))?;
         self.release_lease(lease_id)?;
         Ok(out)
-    }
-}
-
-/// The route's own active cooldown.
-fn cooldown_of(m: &Mirror, rid: RouteId, now: i64) -> Option<Cooldown> {
-    let c = m.cooldowns.of_route(rid, now)?;
-    let r = m.routes.get(rid);
-    Some(cooldown_row(&r.platform, &r.model_id, r.key_id, c, false))
-}
-
-fn cooldown_row(platform: &str, model_id: &str, key_id: i64, c: CooldownRec, model_wide: bool) -> Cooldown {
-    Cooldown {
-        route: Route {
-            platform: platform.to_string(),
-            model_id: model_id.to_string(),
-            key_id: if model_wide { 0 } else { key_id },
-        },
-        expires_at_ms: c.expires_at_ms,
-        source: c.source,
-        set_at_ms: c.set_at_ms,
-        model_wide,
     }
 }
 
@@ -169,13 +146,7 @@ impl Failures<'_> {
     pub fn cooldown(&mut self, route: &Route) -> Result<Option<Cooldown>> {
         self.unit.run(Access::Read, |tx| {
             let now = tx.now();
-            let m = tx.mirror();
-            let (p, model, key) = (route.platform.as_str(), route.model_id.as_str(), route.key_id);
-            Ok(match m.routes.find(p, model, key).and_then(|rid| m.route_bench(rid, now)) {
-                Some((c, wide)) => Some(cooldown_row(p, model, key, c, wide)),
-                // A key not seen yet on the model: only the model's bench can hold it.
-                None => m.cooldowns.of_model(p, model, now).map(|c| cooldown_row(p, model, key, c, true)),
-            })
+            Ok(tx.mirror().reader().bench(&route.platform, &route.model_id, route.key_id, now))
         })
     }
 
@@ -184,21 +155,14 @@ impl Failures<'_> {
     pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
         self.unit.run(Access::Read, |tx| {
             let now = tx.now();
-            let m = tx.mirror();
-            let mut v: Vec<Cooldown> = m
-                .cooldowns
-                .routes
-                .keys()
-                .filter_map(|rid| cooldown_of(m, *rid, now))
-                .filter(|c| key_ids.is_none_or(|ks| ks.contains(&c.route.key_id)))
+            // A filter by key leaves out the model-wide benches (they have no key).
+            let mut v: Vec<Cooldown> = tx
+                .mirror()
+                .reader()
+                .held_cooldowns()
+                .filter(|c| now < c.expires_at_ms)
+                .filter(|c| key_ids.is_none_or(|ks| !c.model_wide && ks.contains(&c.route.key_id)))
                 .collect();
-            if key_ids.is_none() {
-                for (p, models) in &m.cooldowns.models {
-                    for (model, c) in models.iter().filter(|(_, c)| now < c.expires_at_ms) {
-                        v.push(cooldown_row(p, model, 0, *c, true));
-                    }
-                }
-            }
             v.sort_by(|a, b| {
                 (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
                     b.expires_at_ms,
@@ -280,13 +244,7 @@ impl Failures<'_> {
     }
 
     fn is_local(&self, key_id: i64) -> bool {
-        self.unit
-            .mirror
-            .config
-            .keys
-            .get(&key_id)
-            .and_then(|k| k.base_url.as_deref())
-            .is_some_and(is_local_base_url)
+        self.unit.mirror.reader().key_is_local(key_id)
     }
 
     /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
@@ -305,34 +263,23 @@ impl Failures<'_> {
         }
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         self.unit.mirror.prune_route(rid, now);
-        let day = self.unit.mirror.routes.get(rid).win.day(now);
+        let read = self.unit.mirror.reader();
+        let day = read.route_day(rid, now);
         let daily_exhausted =
             limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
         if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
-            let earlier = self.unit.mirror.history.count(
-                route,
-                HistoryKind::Unknown,
-                now.saturating_sub(UNKNOWN_HIT_WINDOW_MS),
-            );
+            let earlier = read.unknown_limit_hits(route, now.saturating_sub(UNKNOWN_HIT_WINDOW_MS));
             writes.push(history_row(route, HistoryKind::Unknown, now));
             effectively_exhausted = earlier + 1 >= 2;
         }
         let facts = LimitFacts {
             daily_exhausted,
             effectively_exhausted,
-            ladder_steps: self.unit.mirror.history.count(
-                route,
-                HistoryKind::Ladder,
-                now.saturating_sub(DAY_MS),
-            ),
-            recent_transient: self.unit.mirror.history.count(
-                route,
-                HistoryKind::Transient,
-                now.saturating_sub(TRANSIENT_MEMORY_MS),
-            ) > 0,
+            ladder_steps: read.ladder_steps(route, now.saturating_sub(DAY_MS)),
+            recent_transient: read.transient_benches(route, now.saturating_sub(TRANSIENT_MEMORY_MS)) > 0,
         };
-        let next_day = self.unit.mirror.routes.calendar(rid).next_day_start(now);
+        let next_day = read.next_day_start(rid, now);
         let (decision, stepped) = decide_limit(facts, retry_after_ms, now, next_day);
         // A ladder step, or a transient bench that 15.2 remembers for 10 minutes.
         let kind = if stepped { HistoryKind::Ladder } else { HistoryKind::Transient };
@@ -467,9 +414,7 @@ impl Failures<'_> {
         };
         let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
         let local = self.is_local(route.key_id);
-        if kind != FailureKind::EmptyCompletion
-            && self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) > 0
-        {
+        if kind != FailureKind::EmptyCompletion && self.unit.mirror.reader().empty_streak(route) > 0 {
             // Any other outcome ends the empty-completion streak.
             writes.push(Write::DeleteHistory {
                 key_id: route.key_id,
@@ -487,7 +432,7 @@ impl Failures<'_> {
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
             KindRule::EmptyStreak => {
-                let n = self.unit.mirror.history.count(route, HistoryKind::Empty, i64::MIN) + 1;
+                let n = self.unit.mirror.reader().empty_streak(route) + 1;
                 writes.push(history_row(route, HistoryKind::Empty, now));
                 (n >= EMPTY_STREAK_BENCH).then(|| {
                     if local {
@@ -500,8 +445,7 @@ impl Failures<'_> {
             _ if local => Some(local_bench),
             KindRule::Fixed(d) => Some(d),
             KindRule::AuthLadder => {
-                let n =
-                    self.unit.mirror.history.count(route, HistoryKind::Auth, now.saturating_sub(DAY_MS)) + 1;
+                let n = self.unit.mirror.reader().auth_failures(route, now.saturating_sub(DAY_MS)) + 1;
                 writes.push(history_row(route, HistoryKind::Auth, now));
                 Some(CooldownDecision::new(ladder_step(&AUTH_LADDER_MS, n), CooldownSource::Heuristic))
             }
@@ -520,7 +464,7 @@ impl Failures<'_> {
         let cooldown = decision.map(|d| {
             let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             let expires = now.saturating_add(d.duration_ms);
-            match self.unit.mirror.cooldowns.of_route(rid, now) {
+            match self.unit.mirror.reader().own_cooldown(rid, now) {
                 // Never shorten: a cooldown that lasts as long or longer stands.
                 Some(c) if c.expires_at_ms >= expires => {
                     CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source)
@@ -559,13 +503,17 @@ impl Failures<'_> {
 
     fn recover_key_at(&mut self, key_id: i64, now: i64, writes: &mut Vec<Write>) -> i64 {
         let mut cleared = Vec::new();
-        for (rid, c) in self.unit.mirror.cooldowns.routes.iter() {
-            let r = self.unit.mirror.routes.get(*rid);
-            if r.key_id == key_id && c.source == CooldownSource::Heuristic && now < c.expires_at_ms {
+        for c in self.unit.mirror.reader().held_cooldowns() {
+            let r = &c.route;
+            if !c.model_wide
+                && r.key_id == key_id
+                && c.source == CooldownSource::Heuristic
+                && now < c.expires_at_ms
+            {
                 cleared.push(format!("{}/{}", r.platform, r.model_id));
                 writes.push(Write::DeleteCooldown {
-                    platform: r.platform.clone(),
-                    model_id: r.model_id.clone(),
+                    platform: Arc::from(r.platform.as_str()),
+                    model_id: Arc::from(r.model_id.as_str()),
                     key_id,
                 });
             }
@@ -605,7 +553,7 @@ impl Failures<'_> {
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let until_next_day = self.unit.mirror.routes.calendar(rid).next_day_start(now).saturating_sub(now);
+        let until_next_day = self.unit.mirror.reader().next_day_start(rid, now).saturating_sub(now);
         let delay = match retry_ms {
             Some(d) if d < until_next_day => d,
             stated => {
@@ -613,7 +561,7 @@ impl Failures<'_> {
                 return CooldownDecision::new(d.min(DAY_MS), CooldownSource::Authoritative);
             }
         };
-        let steps = self.unit.mirror.history.count(route, HistoryKind::Ladder, now.saturating_sub(DAY_MS));
+        let steps = self.unit.mirror.reader().ladder_steps(route, now.saturating_sub(DAY_MS));
         writes.push(history_row(route, HistoryKind::Ladder, now));
         let step = ladder_step(&LADDER_MS, steps.saturating_add(1)).min(until_next_day);
         if delay > step {
@@ -634,8 +582,9 @@ impl Failures<'_> {
         now: i64,
         writes: &mut Vec<Write>,
     ) -> LearnedLimit {
-        let others = self.unit.mirror.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
-        let before = self.unit.mirror.history.learned_concurrency_cap(&route.platform, route.key_id, now);
+        let read = self.unit.mirror.reader();
+        let others = read.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
+        let before = read.learned_concurrency_cap(&route.platform, route.key_id, now);
         let cap = before.map_or(others, |c| c.min(others));
         // One row per key: the latest says what is in force.
         writes.push(Write::DeleteHistory {
@@ -682,11 +631,11 @@ impl Failures<'_> {
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let (platform, model_id) = (route.platform.as_str(), route.model_id.as_str());
-        let chain = upstream_chain(&mut self.unit.mirror.history.upstream_hits(platform, model_id), now);
+        let chain = upstream_chain(&mut self.unit.mirror.reader().upstream_hits(platform, model_id), now);
         let bench = upstream_bench_ms(chain, stated_ms).min(DAY_MS);
         writes.push(history_row(route, HistoryKind::Upstream, now));
         let expires = now.saturating_add(bench);
-        if let Some(c) = self.unit.mirror.cooldowns.of_model(platform, model_id, now) {
+        if let Some(c) = self.unit.mirror.reader().model_bench(platform, model_id, now) {
             if c.expires_at_ms >= expires {
                 return CooldownDecision::new(c.expires_at_ms.saturating_sub(now), c.source);
             }
@@ -742,7 +691,7 @@ impl Failures<'_> {
                 format!(
                     "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
                     route.platform,
-                    self.unit.mirror.config.account_name(&route.platform, route.key_id)
+                    self.unit.mirror.reader().account_name(&route.platform, route.key_id)
                 ),
             ));
         }

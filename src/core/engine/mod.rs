@@ -19,7 +19,10 @@
 //! quota, the guardrail, the snapshot, forecasts) and the state only it keeps. The
 //! counters are in `windows.rs` and `state/`, what a decision reads besides them (the
 //! caps in force, the concurrency cap, the reserve) is prepared by the mirror
-//! (`state/prepare.rs`, `Mirror::prepare`), what a limit is in `limits.rs`, the gates
+//! (`state/prepare.rs`, `Mirror::prepare`), the desks' other questions are asked of
+//! its reader in their own words, never by walking its tables (`state/reader/`,
+//! `Mirror::reader`: a route's bench, the cooldowns held, what the ladders count, the
+//! figures the reports read), what a limit is in `limits.rs`, the gates
 //! and the choice among candidates in `admission.rs` (a pure function of one view the
 //! mirror builds).
 mod batch;
@@ -289,14 +292,8 @@ impl Engine {
         let ops: Vec<BatchOp> = ids
             .into_iter()
             .filter_map(|id| {
-                let rec = self.unit.mirror.leases.get(id).filter(|l| now <= l.expires_at_ms)?;
-                let r = self.unit.mirror.routes.get(rec.route);
-                let route = Route {
-                    platform: r.platform.to_string(),
-                    model_id: r.model_id.to_string(),
-                    key_id: r.key_id,
-                };
-                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(rec.tokens)) })
+                let (route, tokens) = self.unit.mirror.reader().live_lease(id, now)?;
+                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(tokens)) })
             })
             .collect();
         self.unit.own_leases.clear();

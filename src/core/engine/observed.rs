@@ -193,42 +193,8 @@ impl Observed<'_> {
     /// `analysis.plot_cooldowns` draws (SPEC §12).
     pub fn stored_cooldowns(&mut self) -> Result<Vec<Cooldown>> {
         self.unit.run(Access::Read, |tx| {
-            let m = tx.mirror();
-            let mut v: Vec<Cooldown> = m
-                .cooldowns
-                .routes
-                .iter()
-                .map(|(rid, c)| {
-                    let r = m.routes.get(*rid);
-                    Cooldown {
-                        route: Route {
-                            platform: r.platform.to_string(),
-                            model_id: r.model_id.to_string(),
-                            key_id: r.key_id,
-                        },
-                        expires_at_ms: c.expires_at_ms,
-                        source: c.source,
-                        set_at_ms: c.set_at_ms,
-                        model_wide: false,
-                    }
-                })
-                .collect();
-            // The model-wide benches (SPEC 21.1): key_id 0 stands for no key.
-            for (platform, models) in &m.cooldowns.models {
-                for (model_id, c) in models {
-                    v.push(Cooldown {
-                        route: Route {
-                            platform: platform.to_string(),
-                            model_id: model_id.to_string(),
-                            key_id: 0,
-                        },
-                        expires_at_ms: c.expires_at_ms,
-                        source: c.source,
-                        set_at_ms: c.set_at_ms,
-                        model_wide: true,
-                    });
-                }
-            }
+            // The model-wide benches (SPEC 21.1) come last: key_id 0 stands for no key.
+            let mut v: Vec<Cooldown> = tx.mirror().reader().held_cooldowns().collect();
             v.sort_by(|a, b| a.route.cmp(&b.route));
             Ok(v)
         })
@@ -417,9 +383,9 @@ impl Observed<'_> {
             let (u, now, _) = tx.parts();
             let mut snap = WindowSnapshot { built_at_ms: now, ..WindowSnapshot::default() };
             u.mirror.prune_all(now);
-            for (rid, r) in u.mirror.routes.iter() {
-                if let Some(group) = u.mirror.group_counts(rid, now) {
-                    let name = u.mirror.config.account_name(&r.platform, r.key_id);
+            for route_use in u.mirror.reader().route_uses(now) {
+                let r = route_use.route;
+                if let Some((name, group)) = route_use.account {
                     snap.accounts
                         .entry(r.platform.clone())
                         .or_default()
@@ -427,7 +393,7 @@ impl Observed<'_> {
                         .or_default()
                         .insert(name, group);
                 }
-                let used = r.win.all_counts(now);
+                let used = route_use.used;
                 if used.iter().all(|(_, c)| *c == Counts::default()) {
                     continue;
                 }
@@ -451,13 +417,9 @@ impl Observed<'_> {
     /// The routes of a model's routable keys keep every window of `limits` (an ad hoc
     /// `limits=` may name one they do not): when one did not, the snapshot is rebuilt.
     fn keep_guardrail_windows(&mut self, platform: &str, model_id: &str, limits: &LimitSet) -> Result<()> {
-        let keys = self.unit.mirror.config.routable_keys(platform).to_vec();
-        let missing = keys.iter().any(|k| {
-            self.unit.mirror.routes.find(platform, model_id, *k).is_none_or(|rid| {
-                let win = &self.unit.mirror.routes.get(rid).win;
-                limits.windows().any(|w| !win.keeps(w))
-            })
-        });
+        let read = self.unit.mirror.reader();
+        let keys = read.routable_keys(platform).to_vec();
+        let missing = keys.iter().any(|k| !read.keeps_windows(platform, model_id, *k, limits));
         if !missing {
             return Ok(());
         }
@@ -503,14 +465,15 @@ impl Observed<'_> {
             return Ok(None);
         }
         let Some(snap) = self.state.window_snapshot.as_ref() else { return Ok(None) };
-        let keys = self.unit.mirror.config.routable_keys(platform);
+        let read = self.unit.mirror.reader();
+        let keys = read.routable_keys(platform);
         let per_model = snap.usage.get(platform).and_then(|m| m.get(model_id));
         let per_account = snap.accounts.get(platform).and_then(|m| m.get(model_id));
         let mut best: Option<f64> = None;
         for k in keys.iter().filter(|k| key_id.is_none_or(|want| **k == want)) {
             let used = per_model.and_then(|m| m.get(k));
             // SPEC §14.3: a key's figure at the scope of each limit.
-            let shared = per_account.and_then(|a| a.get(&self.unit.mirror.config.account_name(platform, *k)));
+            let shared = per_account.and_then(|a| a.get(&read.account_name(platform, *k)));
             let worst = limits
                 .iter()
                 .map(|d| {
@@ -541,11 +504,11 @@ impl Observed<'_> {
                 let now = tx.now();
                 let m = tx.mirror();
                 m.prune_all(now);
+                let m = &*m;
                 let mut rows = Vec::new();
-                for (rid, r) in m.routes.iter() {
-                    let (minute, day) = (r.win.minute(), r.win.day(now));
-                    let in_flight = m.route_in_flight(rid, now).count;
-                    let cooldown = m.route_bench(rid, now).map(|(c, _)| c);
+                for f in m.reader().route_figures(now) {
+                    let (r, minute, day, in_flight, cooldown) =
+                        (f.route, f.minute, f.day, f.in_flight, f.bench);
                     if day.requests == 0
                         && day.tokens == 0
                         && minute.requests == 0

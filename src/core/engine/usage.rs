@@ -105,8 +105,7 @@ impl Usage<'_> {
     /// The route's names as the mirror holds them (shared, not copied per write).
     fn route_names(&mut self, route: &Route) -> (Arc<str>, Arc<str>) {
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
-        let r = self.unit.mirror.routes.get(rid);
-        (r.platform.clone(), r.model_id.clone())
+        self.unit.mirror.reader().route_names(rid)
     }
 
     /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
@@ -159,7 +158,7 @@ impl Usage<'_> {
     /// (15.2) and empty-completion history and its key's auth ladder. Only when there is some,
     /// so the hot path writes nothing extra.
     pub(super) fn clear_history_on_success(&self, route: &Route, writes: &mut Vec<Write>) {
-        let (route_rows, auth_rows) = self.unit.mirror.history.has_to_clear(route);
+        let (route_rows, auth_rows) = self.unit.mirror.reader().history_to_clear(route);
         if route_rows {
             writes.push(Write::DeleteHistory {
                 key_id: route.key_id,
@@ -207,15 +206,15 @@ impl Usage<'_> {
         let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits);
         let rid = self.unit.ready_route(route, &limits, now);
         let m = &self.unit.mirror;
-        let win = &m.routes.get(rid).win;
+        let read = m.reader();
         UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
             limits: limits
                 .iter()
                 .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
                 .collect(),
-            minute: win.minute(),
-            day: win.day(now),
+            minute: read.route_minute(rid),
+            day: read.route_day(rid, now),
             in_flight: m.route_in_flight(rid, now).count,
         }
     }

@@ -1,6 +1,7 @@
 //! The engine's in-memory picture of the store: window state per route and per
 //! provider account, live leases, cooldowns, keys, models and caps. Kept current
-//! incrementally from the store's change feed, and the only thing gates read.
+//! incrementally from the store's change feed, and the only thing gates read. The
+//! engine's desks ask it their questions through its [`Reader`] (`reader/`).
 pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
@@ -15,12 +16,14 @@ mod feed;
 mod history;
 mod leases;
 mod prepare;
+mod reader;
 use accounts::Accounts;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use feed::Waiting;
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
 pub use prepare::{min_cap, Prepared, Setup};
+pub use reader::{Reader, RouteFigures, RouteUse};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -188,6 +191,11 @@ impl Mirror {
             .collect();
         keys.sort_unstable();
         keys
+    }
+
+    /// The calendar in force for a platform's days (SPEC §14.2), resolved once.
+    pub fn calendar(&mut self, platform: &str) -> Calendar {
+        self.calendars.of(platform)
     }
 
     /// The id of a provider account (platform, key_id), created on first sight.
@@ -480,12 +488,6 @@ impl Mirror {
         win.counts(l.window, now).unwrap_or_default()
     }
 
-    /// Every window a route's account keeps on its model, when the account is shared.
-    pub fn group_counts(&self, rid: RouteId, now: i64) -> Option<Vec<(WindowSpec, Counts)>> {
-        let g = self.routes[rid as usize].group?;
-        Some(self.accounts.groups[g as usize].win.all_counts(now))
-    }
-
     // ---- keys, models, caps, cooldowns ---------------------------------------------
 
     pub fn put_model(&mut self, m: ModelInfo) {
@@ -524,18 +526,6 @@ impl Mirror {
             (Some(o), _) => Some((o, false)),
             (None, m) => m.map(|m| (m, true)),
         }
-    }
-
-    /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
-    pub fn key_live_leases(&self, platform: &str, key_id: i64, except: Option<i64>, now: i64) -> i64 {
-        self.leases
-            .by_id
-            .iter()
-            .filter(|(id, l)| {
-                let r = &self.routes[l.route as usize];
-                Some(**id) != except && l.live(now) && r.key_id == key_id && &*r.platform == platform
-            })
-            .count() as i64
     }
 
     // ---- provider accounts ---------------------------------------------------------

@@ -626,8 +626,8 @@ impl Unit {
     /// Drops from `own_leases` what no longer counts (expired, or ended by another
     /// engine through `release_lease`).
     pub(super) fn prune_own_leases(&mut self, now: i64) {
-        let mirror = &self.mirror;
-        self.own_leases.retain(|id| mirror.leases.get(*id).is_some_and(|l| now <= l.expires_at_ms));
+        let read = self.mirror.reader();
+        self.own_leases.retain(|id| read.lease_is_live(*id, now));
     }
 
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
