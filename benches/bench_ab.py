@@ -104,9 +104,14 @@ def main() -> None:
     args = ap.parse_args()
     builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
     ns = interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops * (10 if w == "check" else 1))
+    print_ab(ns, WORKLOADS)
+
+
+def print_ab(ns: dict[tuple[str, str], list[float]], workloads: list[str]) -> None:
+    """The A/B table of `interleave`'s figures: medians, B/A and every run."""
     print("| workload | A ns/call | B ns/call | B/A | runs (A; B) |")
     print("|---|---:|---:|---:|---|")
-    for w in WORKLOADS:
+    for w in workloads:
         a, b = statistics.median(ns[(w, "A")]), statistics.median(ns[(w, "B")])
         runs = "; ".join(", ".join(f"{x:,.0f}" for x in ns[(w, n)]) for n in ("A", "B"))
         print(f"| {w} | {a:,.0f} | {b:,.0f} | {b / a:.3f} | {runs} |")

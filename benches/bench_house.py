@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What a reshaping of the core costs on the hot path: instructions per admission, A/B.
 
-    python benches/bench_house.py instructions --a DIR_A --b DIR_B [--calls 2000]
-    python benches/bench_house.py ab --a DIR_A --b DIR_B [--runs 5] [--ops 20000]
+    python benches/bench_house.py --a DIR_A --b DIR_B [--calls 2000]
+    python benches/bench_house.py --a DIR_A --b DIR_B --wall [--runs 5] [--ops 20000]
 
 ``DIR_A`` / ``DIR_B``: ``pip install --target DIR wheel.whl`` of two release wheels (the
 previous commit's and this one's). A reshaping must leave the hot path where it was
@@ -19,20 +19,19 @@ keeps the write lock across calls), a ``ManualClock`` stepped 10 ms per op:
 * ``any last``: the same with the four first candidates cooling down, ``order``
   (each refused in turn, the last passes).
 
-``instructions`` runs each workload under ``valgrind --tool=callgrind`` at N and 3N
+By default each workload runs under ``valgrind --tool=callgrind`` at N and 3N
 calls and reports (I(3N) - I(N)) / 2N, so start-up cancels out: exact and repeatable
-on a loaded machine. ``ab`` times the same in fresh processes, A and B interleaved.
+on a loaded machine. ``--wall`` times the same in fresh processes, A and B interleaved.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_ab import interleave  # noqa: E402
+from bench_ab import interleave, print_ab  # noqa: E402
 from bench_priority import instructions_of  # noqa: E402
 
 CHILD = r"""
@@ -69,9 +68,7 @@ print(json.dumps({"ns": ns}))
 WORKLOADS = [f"{w} flush={f}" for f in (0, 10) for w in ("lease", "any first", "any last")]
 
 
-def instructions(args: argparse.Namespace) -> None:
-    builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
-    n = args.calls
+def instructions(builds: dict[str, str], n: int) -> None:
     print("| workload | A instructions/call | B instructions/call | B/A |")
     print("|---|---:|---:|---:|")
     for w in WORKLOADS:
@@ -82,31 +79,20 @@ def instructions(args: argparse.Namespace) -> None:
         print(f"| {w} | {per['A']:,.0f} | {per['B']:,.0f} | {per['B'] / per['A']:.3f} |", flush=True)
 
 
-def ab(args: argparse.Namespace) -> None:
-    builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
-    ns = interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops)
-    print("| workload | A ns/call | B ns/call | B/A | runs (A; B) |")
-    print("|---|---:|---:|---:|---|")
-    for w in WORKLOADS:
-        a, b = statistics.median(ns[(w, "A")]), statistics.median(ns[(w, "B")])
-        runs = "; ".join(", ".join(f"{x:,.0f}" for x in ns[(w, n)]) for n in ("A", "B"))
-        print(f"| {w} | {a:,.0f} | {b:,.0f} | {b / a:.3f} | {runs} |")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    i = sub.add_parser("instructions")
-    i.add_argument("--a", required=True)
-    i.add_argument("--b", required=True)
-    i.add_argument("--calls", type=int, default=2_000)
-    t = sub.add_parser("ab")
-    t.add_argument("--a", required=True)
-    t.add_argument("--b", required=True)
-    t.add_argument("--runs", type=int, default=5)
-    t.add_argument("--ops", type=int, default=20_000)
+    ap.add_argument("--a", required=True)
+    ap.add_argument("--b", required=True)
+    ap.add_argument("--calls", type=int, default=2_000, help="N of the callgrind runs")
+    ap.add_argument("--wall", action="store_true", help="time in fresh processes instead of counting")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--ops", type=int, default=20_000)
     args = ap.parse_args()
-    {"instructions": instructions, "ab": ab}[args.cmd](args)
+    builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
+    if args.wall:
+        print_ab(interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops), WORKLOADS)
+    else:
+        instructions(builds, args.calls)
 
 
 if __name__ == "__main__":
