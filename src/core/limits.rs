@@ -6,6 +6,7 @@
 //! one more [`WindowSpec`] variant here and its counter in `windows.rs`.
 use crate::core::clock::{DAY_MS, MINUTE_MS};
 use crate::core::error::{check_non_negative, Error, Reason, Result};
+use crate::core::types::{CapOverrides, CapSetting};
 use std::fmt;
 use std::sync::Arc;
 
@@ -507,6 +508,43 @@ pub fn decode_limits(text: &str) -> Result<Vec<Limit>> {
         .collect()
 }
 
+/// The stored form of what `set_provider_caps` persisted for a platform (the `caps`
+/// column of `provider_caps`, the Redis caps hash): the caps set, in their gate order,
+/// as `metric/per=limit` like [`encode_limits`], `none` for no cap; a cap not listed is
+/// not set (the environment and the defaults apply). E.g. `requests/day=1000
+/// tokens/day=none`.
+pub fn encode_caps(caps: &CapOverrides) -> String {
+    let one = |(&(_, metric, window, _), s): (&(&str, Metric, WindowSpec, Scope), &CapSetting)| {
+        let per = if window == MINUTE { "minute" } else { "day" };
+        let value = match s {
+            CapSetting::Inherit => return None,
+            CapSetting::NoCap => "none".to_string(),
+            CapSetting::Cap(v) => v.to_string(),
+        };
+        Some(format!("{}/{per}={value}", metric.as_str()))
+    };
+    NAMED[4..].iter().zip(caps).filter_map(one).collect::<Vec<_>>().join(" ")
+}
+
+/// Reads [`encode_caps`]' form back.
+pub fn decode_caps(text: &str) -> Result<CapOverrides> {
+    let pairs = text
+        .split_whitespace()
+        .map(|item| {
+            let bad = || Error::invalid(format!("malformed stored provider cap {item:?}"));
+            let (window, value) = item.rsplit_once('=').ok_or_else(bad)?;
+            let (metric, per) = window.split_once('/').ok_or_else(bad)?;
+            let slot = (Metric::parse(metric)?, WindowSpec::parse(per)?);
+            let setting = match value {
+                "none" => CapSetting::NoCap,
+                v => CapSetting::Cap(v.parse().ok().filter(|v: &i64| *v >= 0).ok_or_else(bad)?),
+            };
+            Ok((slot, setting))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(cap_values(pairs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -572,6 +610,17 @@ mod tests {
         );
         assert_eq!(set.classic(), Limits { rpm: Some(7), ..Limits::default() });
         assert_eq!(set.others().len(), 6);
+    }
+
+    #[test]
+    fn stored_caps_round_trip() {
+        let caps = [CapSetting::Cap(1000), CapSetting::Inherit, CapSetting::NoCap];
+        let text = encode_caps(&caps);
+        assert_eq!(text, "requests/day=1000 tokens/day=none");
+        assert_eq!(decode_caps(&text).ok(), Some(caps));
+        assert_eq!(decode_caps("").ok(), Some([CapSetting::Inherit; CAPS]));
+        assert!(decode_caps("requests/day=-2").is_err());
+        assert!(decode_caps("requests/day").is_err());
     }
 
     #[test]

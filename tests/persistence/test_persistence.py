@@ -114,6 +114,43 @@ def test_version_1_request_rows_are_migrated_to_one_row_per_request(db_path: Pat
         assert e.usage(P, M, K)["rpd"]["used"] == 5
 
 
+def test_a_version_10_file_opens_with_the_same_model_limits_and_provider_caps(
+    db_path: Path, clock: q.ManualClock
+) -> None:
+    """Version 11 folds provider_caps' three columns (NULL not set, -1 no cap, >= 0 the cap) into
+    one declaration, `caps`: a version-10 file opens with the same limits and caps."""
+    platforms = [P, "google", "cerebras"]
+
+    def caps(e: q.QuotaEngine) -> list[tuple[int | None, ...]]:
+        return [(c.daily_requests, c.minute_requests, c.daily_tokens) for c in map(e.provider_caps, platforms)]
+
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        e.set_model_limits(P, M, rpm=5, tpd=1000, limits=[q.Limit("requests", 1, "1s")])
+        e.set_provider_caps(P, daily_requests=100, minute_requests=None)
+        e.set_provider_caps("google", daily_tokens=7)
+        e.set_provider_caps("cerebras", daily_requests=0, minute_requests=None, daily_tokens=None)
+        before = caps(e)
+    con = sqlite3.connect(db_path)
+    with con:
+        downgrade_schema(con, 10)
+        old = con.execute("SELECT platform, daily_requests, minute_requests, daily_tokens FROM provider_caps")
+        assert sorted(old) == [("cerebras", 0, -1, -1), ("google", None, None, 7), (P, 100, -1, None)]
+    con.close()
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        limits = e.model_limits(P, M)
+        assert limits is not None and (limits.rpm, limits.rpd, limits.tpm, limits.tpd) == (5, None, None, 1000)
+        assert q.Limit("requests", 1, "1s") in e.model_limit_list(P, M)
+        assert caps(e) == before
+    assert sorted(
+        sql(db_path, "SELECT platform, caps, daily_requests, minute_requests, daily_tokens FROM provider_caps")
+    ) == [
+        ("cerebras", "requests/day=0 requests/minute=none tokens/day=none", None, None, None),
+        ("google", "tokens/day=7", None, None, None),
+        (P, "requests/day=100 requests/minute=none", None, None, None),
+    ]
+    assert sql(db_path, "PRAGMA user_version") == [(11,)]
+
+
 # ---------------------------------------------------------------------------- refusing files
 
 

@@ -3,9 +3,33 @@ forward."""
 
 from __future__ import annotations
 
+
 # What each schema version added, undone newest first: `downgrade_schema` turns a file
 # the engine made into one of an older version, to test migrating it forward.
+def _cap_column(column: str, item: str) -> str:
+    """Version 10's column of one provider cap from version 11's `caps` text."""
+    padded = "(' ' || caps || ' ')"
+    rest = f"substr({padded}, instr({padded}, ' {item}=') + {len(item) + 2})"
+    value = f"substr({rest}, 1, instr({rest}, ' ') - 1)"
+    return (
+        f"{column} = CASE WHEN caps IS NULL OR instr({padded}, ' {item}=') = 0 THEN NULL "
+        f"WHEN {value} = 'none' THEN -1 ELSE CAST({value} AS INTEGER) END"
+    )
+
+
 _UNDO = {
+    11: [
+        "UPDATE provider_caps SET "
+        + ", ".join(
+            _cap_column(column, item)
+            for column, item in [
+                ("daily_requests", "requests/day"),
+                ("minute_requests", "requests/minute"),
+                ("daily_tokens", "tokens/day"),
+            ]
+        ),
+        "ALTER TABLE provider_caps DROP COLUMN caps",
+    ],
     10: ["DROP TABLE priority_reserves", "DELETE FROM quotaengine_meta WHERE name = 'priority_reserves'"],
     9: [
         "DELETE FROM rate_limit_cooldowns WHERE key_id IS NULL OR source = 'upstream'",

@@ -247,6 +247,21 @@ CREATE TABLE priority_reserves (
 );
 INSERT INTO quotaengine_meta (name, version) VALUES ('priority_reserves', 0);
 "#,
+    r#"
+-- Version 11: provider caps as a declaration (SPEC 8, 14.1). What set_provider_caps
+-- persisted for a platform is one text, `caps`: the caps set, in gate order, in the
+-- form of `models.limits` (`metric/per=limit`), with `none` for no cap; a cap not
+-- listed is not set (the environment and the defaults apply), e.g.
+-- 'requests/day=1000 tokens/day=none'. The three columns of version 1 are folded into
+-- it and left in the table, NULL and unused (SQLite drops a column only from 3.35 on).
+ALTER TABLE provider_caps ADD COLUMN caps TEXT;
+UPDATE provider_caps SET caps = TRIM(
+    COALESCE('requests/day=' || CASE WHEN daily_requests < 0 THEN 'none' ELSE daily_requests END || ' ', '')
+    || COALESCE('requests/minute=' || CASE WHEN minute_requests < 0 THEN 'none' ELSE minute_requests END || ' ', '')
+    || COALESCE('tokens/day=' || CASE WHEN daily_tokens < 0 THEN 'none' ELSE daily_tokens END, '')
+);
+UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.

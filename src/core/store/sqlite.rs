@@ -5,8 +5,8 @@ use super::{
     StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
-use crate::core::limits::decode_limits;
-use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use crate::core::limits::{decode_caps, decode_limits};
+use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
 
@@ -365,18 +365,14 @@ impl SqliteStore {
     }
 
     fn read_caps(&self) -> rusqlite::Result<Vec<(String, CapOverrides)>> {
-        fn setting(v: Option<i64>) -> CapSetting {
-            match v {
-                None => CapSetting::Inherit,
-                Some(v) if v < 0 => CapSetting::NoCap,
-                Some(v) => CapSetting::Cap(v),
-            }
-        }
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT platform, daily_requests, minute_requests, daily_tokens FROM provider_caps",
-        )?;
+        let mut stmt = self.conn.prepare_cached("SELECT platform, caps FROM provider_caps")?;
         let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, [setting(r.get(1)?), setting(r.get(2)?), setting(r.get(3)?)]))
+            let caps: Option<String> = r.get(1)?;
+            // A row a plain writer spoiled sets no cap.
+            Ok((
+                r.get::<_, String>(0)?,
+                caps.as_deref().map(decode_caps).and_then(|c| c.ok()).unwrap_or_default(),
+            ))
         })?;
         rows.collect()
     }

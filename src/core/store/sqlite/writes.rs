@@ -1,12 +1,12 @@
 //! The SQLite store's writes: one codec per kind of [`Write`], each its own
 //! statement(s) below, picked by [`SqliteStore::apply`].
 use super::{SqliteStore, Straggler, SweepCursors, STRAGGLER_SLACK_MS, SWEEP_CHUNK};
-use crate::core::limits::encode_limits;
+use crate::core::limits::{encode_caps, encode_limits};
 use crate::core::store::{
     CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, LogRow, QuotaStateRow, UsageKind, UsageRow,
     Write,
 };
-use crate::core::types::{CapOverrides, CapSetting, KeyInfo, ModelInfo};
+use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Params};
 use std::collections::HashMap;
@@ -20,15 +20,6 @@ pub(super) fn copies(u: &UsageRow) -> i64 {
     match u.kind {
         UsageKind::Request => u.count.max(1),
         UsageKind::Tokens => 1,
-    }
-}
-
-/// A `provider_caps` column: NULL inherits, -1 is no cap.
-fn cap_column(s: CapSetting) -> Option<i64> {
-    match s {
-        CapSetting::Inherit => None,
-        CapSetting::NoCap => Some(-1),
-        CapSetting::Cap(v) => Some(v),
     }
 }
 
@@ -277,10 +268,9 @@ impl SqliteStore {
 
     fn set_caps(&self, platform: &str, caps: &CapOverrides) -> rusqlite::Result<i64> {
         self.exec(
-            "INSERT INTO provider_caps (platform, daily_requests, minute_requests, daily_tokens) \
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (platform) DO UPDATE SET daily_requests = excluded.daily_requests, \
-             minute_requests = excluded.minute_requests, daily_tokens = excluded.daily_tokens",
-            params![platform, cap_column(caps[0]), cap_column(caps[1]), cap_column(caps[2])],
+            "INSERT INTO provider_caps (platform, caps) VALUES (?1, ?2) \
+             ON CONFLICT (platform) DO UPDATE SET caps = excluded.caps",
+            params![platform, encode_caps(caps)],
         )?;
         Ok(0)
     }
