@@ -7,7 +7,7 @@
 //! lease inserted/deleted, `HSET`/`HDEL` a small table's row, `CK`/`CE` cooldowns of a
 //! key/expired, `H`/`HD` history inserted/deleted, `S` the sweep, `G` a `server_logs` row.
 use super::{unavailable, SEP, SWEEP_BUDGET};
-use crate::core::limits::{decode_limits, encode_limits};
+use crate::core::limits::{decode_caps, decode_limits, encode_caps, encode_limits};
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, StoreResult, TokenKinds,
     UsageKind, UsageRow, Write,
@@ -420,31 +420,28 @@ fn parse_model(field: &str, v: &str) -> StoreResult<ModelInfo> {
     })
 }
 
-// ---- provider caps: `platform` -> `daily minute tokens` (empty inherits, -1 no cap) ----
-
-fn cap_setting(s: CapSetting) -> String {
-    match s {
-        CapSetting::Inherit => String::new(),
-        CapSetting::NoCap => "-1".into(),
-        CapSetting::Cap(v) => v.to_string(),
-    }
-}
-
-fn parse_cap(s: &str) -> StoreResult<CapSetting> {
-    Ok(match parse_opt_i64(s)? {
-        None => CapSetting::Inherit,
-        Some(v) if v < 0 => CapSetting::NoCap,
-        Some(v) => CapSetting::Cap(v),
-    })
-}
+// ---- provider caps: `platform` -> the declaration ([`encode_caps`]) ----------------
+// Data written before it holds `daily minute tokens` (empty inherits, -1 no cap); it
+// is still read.
 
 fn caps_value(c: &CapOverrides) -> String {
-    format!("{}{SEP}{}{SEP}{}", cap_setting(c[0]), cap_setting(c[1]), cap_setting(c[2]))
+    encode_caps(c)
 }
 
 fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
+    if !v.contains(SEP) {
+        let caps = decode_caps(v).map_err(|e| unavailable(format!("unexpected provider caps: {e}")))?;
+        return Ok((unesc(field), caps));
+    }
+    let setting = |s: &str| -> StoreResult<CapSetting> {
+        Ok(match parse_opt_i64(s)? {
+            None => CapSetting::Inherit,
+            Some(v) if v < 0 => CapSetting::NoCap,
+            Some(v) => CapSetting::Cap(v),
+        })
+    };
     let f = split(v, 3)?;
-    Ok((unesc(field), [parse_cap(f[0])?, parse_cap(f[1])?, parse_cap(f[2])?]))
+    Ok((unesc(field), [setting(f[0])?, setting(f[1])?, setting(f[2])?]))
 }
 
 // ---- failure history ---------------------------------------------------------------
@@ -632,6 +629,10 @@ mod tests {
             parse_caps(&esc("p\u{1f}x"), &caps_value(&caps)).expect("caps"),
             ("p\u{1f}x".into(), caps)
         );
+        assert_eq!(caps_value(&caps), "requests/day=4 requests/minute=none");
+        // as written before the declaration
+        let old = format!("4{SEP}-1{SEP}");
+        assert_eq!(parse_caps("p", &old).expect("old caps"), ("p".into(), caps));
         let h = HistoryRow {
             platform: p.clone(),
             model_id: Arc::from(""),
