@@ -6,7 +6,6 @@
 //! one more [`WindowSpec`] variant here and its counter in `windows.rs`.
 use crate::core::clock::{DAY_MS, MINUTE_MS};
 use crate::core::error::{check_non_negative, Error, Reason, Result};
-use crate::core::types::{CapOverrides, CapSetting};
 use std::fmt;
 use std::sync::Arc;
 
@@ -507,6 +506,20 @@ pub fn decode_limits(text: &str) -> Result<Vec<Limit>> {
         })
         .collect()
 }
+
+/// One cap setting as persisted by `set_provider_caps`: not set (env/defaults apply),
+/// explicitly no cap, or a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CapSetting {
+    #[default]
+    Inherit,
+    NoCap,
+    Cap(i64),
+}
+
+/// What `set_provider_caps` persisted for a platform: one setting per provider cap,
+/// in the order of [`CapValues`].
+pub type CapOverrides = [CapSetting; CAPS];
 
 /// The stored form of what `set_provider_caps` persisted for a platform (the `caps`
 /// column of `provider_caps`, the Redis caps hash): the caps set, in their gate order,

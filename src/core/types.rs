@@ -3,7 +3,7 @@ use crate::core::error::{Error, Result};
 // Defined beside the error that carries it, so `error` names no other core module.
 pub use crate::core::error::{check_name, check_non_negative, Reason};
 // Defined beside `Limit`, so `limits` names no `types`.
-pub use crate::core::limits::Limits;
+pub use crate::core::limits::{CapOverrides, CapSetting, Limits};
 use std::fmt;
 use std::str::FromStr;
 
@@ -155,17 +155,3 @@ pub struct ModelInfo {
     pub others: Vec<crate::core::limits::Limit>,
     pub monthly_token_budget: Option<String>,
 }
-
-/// One cap setting as persisted by `set_provider_caps`: not set (env/defaults apply),
-/// explicitly no cap, or a cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CapSetting {
-    #[default]
-    Inherit,
-    NoCap,
-    Cap(i64),
-}
-
-/// What `set_provider_caps` persisted for a platform: one setting per provider cap,
-/// in the order of [`CapValues`](crate::core::limits::CapValues).
-pub type CapOverrides = [CapSetting; crate::core::limits::CAPS];
