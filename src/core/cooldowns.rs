@@ -62,10 +62,7 @@ pub struct LimitFacts {
 /// SPEC §6.1 steps 4-5 (with 15.2's short delay), `next_day_start` the start of the
 /// route's next day. Returns the decision and whether a ladder step was taken.
 pub fn decide_limit(
-    facts: LimitFacts,
-    retry_after_ms: Option<i64>,
-    now: i64,
-    next_day_start: i64,
+    facts: LimitFacts, retry_after_ms: Option<i64>, now: i64, next_day_start: i64,
 ) -> (CooldownDecision, bool) {
     let mut bench = TRANSIENT_BENCH_MS;
     let mut stepped = false;

@@ -15,12 +15,7 @@ pub const MIN_FORECAST_WIDTH_MS: i64 = 3_600_000;
 /// `now` when nothing is left; `None` when nothing was used lately, or when that time
 /// lies at or after the window's next reset (`None` for a sliding window: never).
 pub fn exhaustion(
-    now: i64,
-    limit: i64,
-    taken: i64,
-    recent: i64,
-    lookback_ms: i64,
-    reset: Option<i64>,
+    now: i64, limit: i64, taken: i64, recent: i64, lookback_ms: i64, reset: Option<i64>,
 ) -> Option<i64> {
     let left = limit.saturating_sub(taken);
     if left <= 0 {
@@ -49,11 +44,7 @@ pub fn recent_width(lookback_ms: i64) -> i64 {
 /// `keep_recent(rid, recent_width(lookback_ms))` first: the pace is read from the
 /// windows of the last `lookback_ms`.
 pub fn forecast(
-    m: &Mirror,
-    rid: RouteId,
-    ctx: &GateContext,
-    lookback_ms: i64,
-    now: i64,
+    m: &Mirror, rid: RouteId, ctx: &GateContext, lookback_ms: i64, now: i64,
 ) -> Vec<(String, Option<i64>)> {
     let r = m.routes.get(rid);
     let v = m.route_view(rid, ctx, Estimate::default(), now);

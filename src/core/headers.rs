@@ -393,10 +393,7 @@ mod tests {
     }
 
     fn q(
-        metric: Metric,
-        limit: Option<i64>,
-        remaining: Option<i64>,
-        reset_at_ms: Option<i64>,
+        metric: Metric, limit: Option<i64>, remaining: Option<i64>, reset_at_ms: Option<i64>,
     ) -> HeaderQuota {
         HeaderQuota { metric, limit, remaining, reset_at_ms }
     }

@@ -49,11 +49,7 @@ impl ProbeState {
     /// Plans one pass: updates sightings and first-probe schedules, and returns the
     /// keys to probe now (at most `budget`, lowest key id first).
     pub fn plan(
-        &mut self,
-        probeable: &[Cooldown],
-        now: i64,
-        budget: usize,
-        jitter: &mut dyn FnMut() -> f64,
+        &mut self, probeable: &[Cooldown], now: i64, budget: usize, jitter: &mut dyn FnMut() -> f64,
     ) -> Vec<i64> {
         let mut holding: BTreeMap<i64, i64> = BTreeMap::new();
         for c in probeable {

@@ -123,10 +123,7 @@ pub fn opt_limit(v: &Arg, name: &str) -> PyResult<Option<i64>> {
 
 /// The tokens of a call (SPEC §14.4): `None` when none of the four is given.
 pub fn token_use_arg(
-    tokens: Option<&Arg>,
-    input: Option<&Arg>,
-    output: Option<&Arg>,
-    cached: Option<&Arg>,
+    tokens: Option<&Arg>, input: Option<&Arg>, output: Option<&Arg>, cached: Option<&Arg>,
 ) -> PyResult<Option<crate::core::engine::TokenUse>> {
     let get = |v: Option<&Arg>, name: &str| match v.filter(|v| !v.is_none()) {
         Some(v) => count_arg(v, name).map(Some),
@@ -164,10 +161,7 @@ pub fn kind_arg(obj: Option<&Arg>) -> PyResult<Option<crate::core::parse::Failur
 
 /// A failure's keyword arguments (`record_failure` sets its `limits=` after them).
 pub fn failure_args(
-    status: Option<&Arg>,
-    retry_after: Option<&Arg>,
-    message: Option<&Arg>,
-    kind: Option<&Arg>,
+    status: Option<&Arg>, retry_after: Option<&Arg>, message: Option<&Arg>, kind: Option<&Arg>,
 ) -> PyResult<crate::core::engine::FailureInput> {
     Ok(crate::core::engine::FailureInput {
         status: opt_int_arg(status, "status")?,

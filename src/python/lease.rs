@@ -127,11 +127,7 @@ impl PyLease {
     /// one commit.
     #[pyo3(signature = (tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None))]
     fn success(
-        &self,
-        py: Python<'_>,
-        tokens: Option<&Arg>,
-        input_tokens: Option<&Arg>,
-        output_tokens: Option<&Arg>,
+        &self, py: Python<'_>, tokens: Option<&Arg>, input_tokens: Option<&Arg>, output_tokens: Option<&Arg>,
         cached_tokens: Option<&Arg>,
     ) -> PyResult<()> {
         let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
@@ -142,11 +138,7 @@ impl PyLease {
     /// (None when the lease was already finished).
     #[pyo3(signature = (*, status=None, retry_after=None, message=None, kind=None))]
     fn failure(
-        &self,
-        py: Python<'_>,
-        status: Option<&Arg>,
-        retry_after: Option<&Arg>,
-        message: Option<&Arg>,
+        &self, py: Python<'_>, status: Option<&Arg>, retry_after: Option<&Arg>, message: Option<&Arg>,
         kind: Option<&Arg>,
     ) -> PyResult<Option<PyFailureOutcome>> {
         let input = failure_args(status, retry_after, message, kind)?;
@@ -170,12 +162,7 @@ impl PyLease {
     /// `observe` does with a failed response.
     #[pyo3(signature = (headers, *, status, retry_after=None, message=None))]
     fn _failure_with_headers(
-        &self,
-        py: Python<'_>,
-        headers: &Arg,
-        status: i64,
-        retry_after: Option<&Arg>,
-        message: Option<&Arg>,
+        &self, py: Python<'_>, headers: &Arg, status: i64, retry_after: Option<&Arg>, message: Option<&Arg>,
     ) -> PyResult<Option<PyFailureOutcome>> {
         let hs = headers_arg(headers)?;
         let status_obj = status.into_pyobject(py)?.into_any();
@@ -208,11 +195,7 @@ impl PyLease {
 
     #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
     fn __exit__(
-        &self,
-        py: Python<'_>,
-        exc_type: Option<&Arg>,
-        _exc: Option<&Arg>,
-        _tb: Option<&Arg>,
+        &self, py: Python<'_>, exc_type: Option<&Arg>, _exc: Option<&Arg>, _tb: Option<&Arg>,
     ) -> PyResult<bool> {
         match exc_type {
             Some(t) => self.exit(py, t)?,
@@ -227,11 +210,7 @@ impl PyLease {
 
     #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
     fn __aexit__(
-        &self,
-        py: Python<'_>,
-        exc_type: Option<&Arg>,
-        _exc: Option<&Arg>,
-        _tb: Option<&Arg>,
+        &self, py: Python<'_>, exc_type: Option<&Arg>, _exc: Option<&Arg>, _tb: Option<&Arg>,
     ) -> PyResult<PyReady> {
         self.__exit__(py, exc_type, None, None)?;
         Ok(PyReady(Some(false.into_pyobject(py)?.to_owned().into_any().unbind())))

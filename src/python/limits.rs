@@ -188,10 +188,7 @@ pub fn cap_settings(caps: Option<&Bound<'_, PyDict>>) -> PyResult<[Option<CapSet
 /// `set_model_limits`' declaration: the classic keywords and `limits=`, a keyword and a
 /// limit for the same window an error (after the names are checked, as the core does).
 pub fn declaration(
-    platform: &str,
-    model_id: &str,
-    classic: Limits,
-    others: Vec<Limit>,
+    platform: &str, model_id: &str, classic: Limits, others: Vec<Limit>,
 ) -> PyResult<LimitSet> {
     let check = || -> crate::core::error::Result<LimitSet> {
         check_name("platform", platform)?;

@@ -14,9 +14,7 @@ use std::sync::Arc;
 
 /// Runs `op` on the engine under its lock, the GIL released.
 pub(crate) fn run<T: Send>(
-    py: Python<'_>,
-    handle: &Handle,
-    op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
+    py: Python<'_>, handle: &Handle, op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
 ) -> PyResult<T> {
     on_handle(py, handle, |h| h.with(op))
 }
@@ -24,10 +22,7 @@ pub(crate) fn run<T: Send>(
 /// Runs a lease operation with group commit (`Handle::batch`), the GIL released;
 /// `out` reads its result (`BatchOut::done`, `lease_id` or `chosen`).
 pub(crate) fn run_batch<T: Send>(
-    py: Python<'_>,
-    handle: &Handle,
-    op: BatchOp,
-    out: fn(BatchOut) -> CoreResult<T>,
+    py: Python<'_>, handle: &Handle, op: BatchOp, out: fn(BatchOut) -> CoreResult<T>,
 ) -> PyResult<T> {
     on_handle(py, handle, |h| out(h.batch(op)))
 }
@@ -35,19 +30,14 @@ pub(crate) fn run_batch<T: Send>(
 /// What the handle serves without the engine's lock (starting, stopping and running
 /// the probe, closing), the GIL released.
 pub(crate) fn on_handle<T: Send>(
-    py: Python<'_>,
-    handle: &Handle,
-    f: impl FnOnce(&Handle) -> CoreResult<T> + Send,
+    py: Python<'_>, handle: &Handle, f: impl FnOnce(&Handle) -> CoreResult<T> + Send,
 ) -> PyResult<T> {
     Ok(py.detach(|| f(handle))?)
 }
 
 /// Opens the store, the GIL released.
 pub(crate) fn open(
-    py: Python<'_>,
-    spec: StoreSpec,
-    clock: Arc<dyn Clock>,
-    settings: Settings,
+    py: Python<'_>, spec: StoreSpec, clock: Arc<dyn Clock>, settings: Settings,
 ) -> PyResult<Handle> {
     Ok(py.detach(move || Handle::open(&spec, clock, settings))?)
 }

@@ -144,10 +144,7 @@ impl Engine {
     /// One attempt of `run_batch`. `Err(())`: an optimistic attempt to make again
     /// (the mirror is as it was before it, and now up to date).
     pub(super) fn run_batch_as(
-        &mut self,
-        ops: &[BatchOp],
-        access: Access,
-        fresh: bool,
+        &mut self, ops: &[BatchOp], access: Access, fresh: bool,
     ) -> std::result::Result<Vec<BatchOut>, ()> {
         let deferred = self.unit.groups_usage();
         self.leased_undo.clear();
@@ -228,12 +225,7 @@ impl Engine {
     }
 
     pub(super) fn batch_lease(
-        &mut self,
-        route: &Route,
-        est: Estimate,
-        limits: Option<LimitSet>,
-        check: Option<i64>,
-        now: i64,
+        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, check: Option<i64>, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<i64> {
         check_estimate(est)?;
@@ -261,12 +253,7 @@ impl Engine {
     /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
     /// index of its candidate in `routes`.
     pub(super) fn batch_lease_any(
-        &mut self,
-        routes: &[Route],
-        est: Estimate,
-        strategy: Strategy,
-        priority: i64,
-        now: i64,
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, priority: i64, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<(i64, usize)> {
         check_estimate(est)?;
@@ -349,12 +336,7 @@ impl Engine {
     }
 
     pub(super) fn batch_success(
-        &mut self,
-        lease_id: i64,
-        route: &Route,
-        tokens: Option<TokenUse>,
-        now: i64,
-        deferred: bool,
+        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, now: i64, deferred: bool,
         writes: &mut Vec<Write>,
     ) -> Result<()> {
         let total = tokens.map(|t| t.validate()).transpose()?;

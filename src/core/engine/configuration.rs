@@ -96,11 +96,7 @@ impl Configuration<'_> {
     /// SPEC §4/§14.1: replaces the model's whole declaration (`limits`) and its
     /// monthly budget label.
     pub fn set_model_limits(
-        &mut self,
-        platform: &str,
-        model_id: &str,
-        limits: &LimitSet,
-        monthly_token_budget: Option<String>,
+        &mut self, platform: &str, model_id: &str, limits: &LimitSet, monthly_token_budget: Option<String>,
     ) -> Result<()> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;

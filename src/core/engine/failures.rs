@@ -67,10 +67,7 @@ impl Engine {
 
     /// A lease's failure: `record_failure` for its route, then the lease released.
     pub fn finish_lease_failure(
-        &mut self,
-        lease_id: i64,
-        route: &Route,
-        f: FailureInput,
+        &mut self, lease_id: i64, route: &Route, f: FailureInput,
     ) -> Result<FailureOutcome> {
         let out = self.failures().record_failure_of(route, f, Some(lease_id))?;
         self.release_lease(lease_id)?;
@@ -98,8 +95,7 @@ fn history_value_row(route: &Route, kind: HistoryKind, value: Option<i64>, now: 
 impl Failures<'_> {
     /// A write section whose body decides with the desk (its helpers take `&mut self`).
     fn writing<T>(
-        &mut self,
-        f: impl FnOnce(&mut Failures<'_>, i64, &mut Vec<Write>) -> Result<T>,
+        &mut self, f: impl FnOnce(&mut Failures<'_>, i64, &mut Vec<Write>) -> Result<T>,
     ) -> Result<(T, Vec<i64>)> {
         self.unit.run_counted(Access::Write, |tx| {
             let (unit, now, writes) = tx.parts();
@@ -250,12 +246,7 @@ impl Failures<'_> {
     /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
     /// ladder step it counts.
     fn limit_decision(
-        &mut self,
-        route: &Route,
-        limits: Limits,
-        retry_after_ms: Option<i64>,
-        quota_signal: bool,
-        now: i64,
+        &mut self, route: &Route, limits: Limits, retry_after_ms: Option<i64>, quota_signal: bool, now: i64,
         writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         if self.is_local(route.key_id) {
@@ -289,11 +280,7 @@ impl Failures<'_> {
 
     /// SPEC §6.1 as a call of its own: decides and counts, sets no cooldown.
     pub fn cooldown_decision_for_limit(
-        &mut self,
-        route: &Route,
-        limits: Option<LimitSet>,
-        retry_after_ms: Option<i64>,
-        quota_signal: bool,
+        &mut self, route: &Route, limits: Option<LimitSet>, retry_after_ms: Option<i64>, quota_signal: bool,
     ) -> Result<CooldownDecision> {
         if let Some(ra) = retry_after_ms {
             check_non_negative("retry_after_ms", ra)?;
@@ -308,11 +295,7 @@ impl Failures<'_> {
     /// SPEC §7 inside an open write section: the limit a message states, written only
     /// when it tightens the stored one.
     fn learn(
-        &mut self,
-        platform: &str,
-        model_id: &str,
-        message: Option<&str>,
-        writes: &mut Vec<Write>,
+        &mut self, platform: &str, model_id: &str, message: Option<&str>, writes: &mut Vec<Write>,
     ) -> Option<LearnedLimit> {
         let learned = parse_provider_limit(message)?;
         let mut model =
@@ -345,10 +328,7 @@ impl Failures<'_> {
     }
 
     pub fn learn_limit_from_error(
-        &mut self,
-        platform: &str,
-        model_id: &str,
-        message: Option<&str>,
+        &mut self, platform: &str, model_id: &str, message: Option<&str>,
     ) -> Result<Option<LearnedLimit>> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;
@@ -367,10 +347,7 @@ impl Failures<'_> {
     /// `record_failure`, of lease `lease` when given (SPEC 15.4 does not count the
     /// failing lease among the key's live ones).
     fn record_failure_of(
-        &mut self,
-        route: &Route,
-        f: FailureInput,
-        lease: Option<i64>,
+        &mut self, route: &Route, f: FailureInput, lease: Option<i64>,
     ) -> Result<FailureOutcome> {
         if let Some(RetryAfter::Millis(ms)) = f.retry_after {
             check_non_negative("retry_after", ms)?;
@@ -380,12 +357,7 @@ impl Failures<'_> {
     }
 
     fn record_failure_at(
-        &mut self,
-        route: &Route,
-        f: FailureInput,
-        kind: FailureKind,
-        lease: Option<i64>,
-        now: i64,
+        &mut self, route: &Route, f: FailureInput, kind: FailureKind, lease: Option<i64>, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
         let limits = f.limits.clone();
@@ -546,11 +518,7 @@ impl Failures<'_> {
     /// ladder, never past the next day start, heuristic, or the delay when it is
     /// longer than that step, authoritative; the step counts on the ladder.
     fn daily_quota_bench(
-        &mut self,
-        route: &Route,
-        retry_ms: Option<i64>,
-        now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, route: &Route, retry_ms: Option<i64>, now: i64, writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
         let until_next_day = self.unit.mirror.reader().next_day_start(rid, now).saturating_sub(now);
@@ -576,11 +544,7 @@ impl Failures<'_> {
     /// (when it is not below the cap in force). Either way the cap is remembered for
     /// another hour from now; it only tightens.
     fn learn_concurrency_cap(
-        &mut self,
-        route: &Route,
-        lease: Option<i64>,
-        now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, route: &Route, lease: Option<i64>, now: i64, writes: &mut Vec<Write>,
     ) -> LearnedLimit {
         let read = self.unit.mirror.reader();
         let others = read.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
@@ -624,11 +588,7 @@ impl Failures<'_> {
     /// the stated delay. Never shortens a model bench that lasts as long or longer.
     /// The key's own cooldown and ladder are untouched.
     fn bench_upstream(
-        &mut self,
-        route: &Route,
-        stated_ms: Option<i64>,
-        now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, route: &Route, stated_ms: Option<i64>, now: i64, writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         let (platform, model_id) = (route.platform.as_str(), route.model_id.as_str());
         let chain = upstream_chain(&mut self.unit.mirror.reader().upstream_hits(platform, model_id), now);

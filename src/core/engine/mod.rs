@@ -217,11 +217,7 @@ impl Engine {
     /// gates admit. Provider gates need no model (`route.model_id` may be empty for
     /// them); the token cap uses it to bill the estimate.
     pub fn check_gate(
-        &mut self,
-        can: Can,
-        route: &Route,
-        est: i64,
-        limits: Option<LimitSet>,
+        &mut self, can: Can, route: &Route, est: i64, limits: Option<LimitSet>,
     ) -> Result<bool> {
         check_non_negative("estimated_tokens", est)?;
         self.unit.run(Access::Read, |tx| {
@@ -313,12 +309,7 @@ impl Engine {
 
 /// Every gate on the route's view at `now`, and the route it decided on.
 fn admit(
-    unit: &mut unit::Unit,
-    route: &Route,
-    est: Estimate,
-    limits: Option<LimitSet>,
-    priority: i64,
-    now: i64,
+    unit: &mut unit::Unit, route: &Route, est: Estimate, limits: Option<LimitSet>, priority: i64, now: i64,
 ) -> Result<(RouteId, Verdict)> {
     let p = unit.prepare(route, limits, priority, now);
     let Some(rid) = p.route else {

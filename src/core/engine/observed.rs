@@ -205,11 +205,7 @@ impl Observed<'_> {
     /// Reads quota headers of one response; merges what they say into the state and
     /// returns the observations. A 429 or 402 adds an error-body observation.
     pub fn record_quota_headers(
-        &mut self,
-        platform: &str,
-        key_id: i64,
-        headers: &[(String, String)],
-        model_id: Option<&str>,
+        &mut self, platform: &str, key_id: i64, headers: &[(String, String)], model_id: Option<&str>,
         status: i64,
     ) -> Result<Vec<QuotaObservation>> {
         check_name("platform", platform)?;
@@ -441,11 +437,7 @@ impl Observed<'_> {
     /// or when the database cannot be read. Served from a snapshot reused for
     /// `window_usage_ttl_ms`; live leases are not counted.
     pub fn model_window_used_fraction(
-        &mut self,
-        platform: &str,
-        model_id: &str,
-        limits: Option<LimitSet>,
-        key_id: Option<i64>,
+        &mut self, platform: &str, model_id: &str, limits: Option<LimitSet>, key_id: Option<i64>,
     ) -> Result<Option<f64>> {
         // The model's own declaration is kept by every route of it; an ad hoc one may
         // name a window they do not keep yet.
@@ -579,10 +571,7 @@ impl Observed<'_> {
 /// The forecasts of routes at `now`, their windows made ready (the pace's window
 /// counted from the store, once for them all, the first time it is asked for).
 fn forecast_routes(
-    unit: &mut unit::Unit,
-    routes: &[Route],
-    lookback_ms: i64,
-    now: i64,
+    unit: &mut unit::Unit, routes: &[Route], lookback_ms: i64, now: i64,
 ) -> Vec<Vec<(String, Option<i64>)>> {
     use crate::core::forecast::{forecast, recent_width};
     let width = recent_width(lookback_ms);

@@ -110,12 +110,7 @@ impl Usage<'_> {
 
     /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
     pub(super) fn usage_row(
-        &mut self,
-        route: &Route,
-        kind: UsageKind,
-        tokens: i64,
-        kinds: TokenKinds,
-        t: i64,
+        &mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64,
     ) -> Write {
         let (platform, model_id) = self.route_names(route);
         Write::Usage(UsageRow {

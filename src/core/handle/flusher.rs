@@ -20,9 +20,7 @@ impl Flusher {
     /// Starts the thread: it wakes every `tick` and runs `work`, until it is stopped or
     /// `work` answers false (the engine is gone or closed).
     pub(crate) fn start(
-        &self,
-        tick: Duration,
-        mut work: impl FnMut() -> bool + Send + 'static,
+        &self, tick: Duration, mut work: impl FnMut() -> bool + Send + 'static,
     ) -> Result<()> {
         let stop = self.stop.clone();
         let t = std::thread::Builder::new()

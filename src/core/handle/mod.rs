@@ -218,9 +218,7 @@ impl Handle {
     /// capacity a waiter waits for. Once the lock is released: those waiters woken,
     /// the flusher of an engine opened anew started, the engine's log records emitted.
     fn locked<B, T>(
-        &self,
-        before: impl FnOnce() -> B,
-        f: impl FnOnce(B, &mut Entry<'_>) -> (T, bool),
+        &self, before: impl FnOnce() -> B, f: impl FnOnce(B, &mut Entry<'_>) -> (T, bool),
     ) -> Result<T> {
         let mut reopened = false;
         let (out, logs, wakes) = self.guard(|| {
@@ -299,20 +297,14 @@ impl Handle {
 
     /// One probe pass (SPEC §11); from inside a pass, [`Error::Runtime`] (SPEC 18.3).
     pub fn run_probe_pass(
-        &self,
-        validator: &dyn Validator,
-        jitter: &mut dyn FnMut() -> f64,
-        max_probes: usize,
+        &self, validator: &dyn Validator, jitter: &mut dyn FnMut() -> f64, max_probes: usize,
     ) -> Result<ProbePassResult> {
         self.shared.prober.run_pass(self, validator, jitter, max_probes)
     }
 
     /// Starts the background probe; false when one is already running.
     pub fn start_probe(
-        &self,
-        validator: Arc<dyn Validator>,
-        interval: Duration,
-        max_per_pass: usize,
+        &self, validator: Arc<dyn Validator>, interval: Duration, max_per_pass: usize,
     ) -> Result<bool> {
         self.guard(|| self.shared.prober.start(self.clone(), validator, interval, max_per_pass))
     }

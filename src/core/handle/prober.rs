@@ -81,10 +81,7 @@ impl Prober {
     /// that calls), it is [`Error::Runtime`] (SPEC 18.3): waiting for the running pass
     /// would wait for itself.
     pub(crate) fn run_pass(
-        &self,
-        host: &impl Host,
-        validator: &dyn Validator,
-        jitter: &mut dyn FnMut() -> f64,
+        &self, host: &impl Host, validator: &dyn Validator, jitter: &mut dyn FnMut() -> f64,
         max_probes: usize,
     ) -> Result<ProbePassResult> {
         if in_probe_pass(host.engine_id()) {
@@ -94,12 +91,8 @@ impl Prober {
     }
 
     fn pass(
-        &self,
-        host: &impl Host,
-        validator: &dyn Validator,
-        jitter: &mut dyn FnMut() -> f64,
-        max_probes: usize,
-        flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
+        &self, host: &impl Host, validator: &dyn Validator, jitter: &mut dyn FnMut() -> f64,
+        max_probes: usize, flags: Option<&(Mutex<ProbeFlags>, Condvar)>,
     ) -> Result<ProbePassResult> {
         let _inside = InPass::enter(host.engine_id());
         let _running = PassRunning::wait(&self.pass_running);
@@ -147,11 +140,7 @@ impl Prober {
     /// Starts the background probe thread, a pass every `interval`; false when one is
     /// already running.
     pub(crate) fn start<H: Host>(
-        &self,
-        host: H,
-        validator: Arc<dyn Validator>,
-        interval: Duration,
-        max_per_pass: usize,
+        &self, host: H, validator: Arc<dyn Validator>, interval: Duration, max_per_pass: usize,
     ) -> Result<bool> {
         let mut slot = lock(&self.thread);
         if let Some(t) = slot.as_ref() {

@@ -82,9 +82,7 @@ fn stated_header<'a>(name: &str, headers: &'a [(String, String)], message: &'a s
 /// `X-RateLimit-Reset` is ms since the epoch, or seconds when below 10^11. `None`
 /// for any other failure.
 pub fn parse_pool_429(
-    status: Option<i64>,
-    message: Option<&str>,
-    headers: &[(String, String)],
+    status: Option<i64>, message: Option<&str>, headers: &[(String, String)],
 ) -> Option<PoolSignal> {
     if status != Some(429) {
         return None;

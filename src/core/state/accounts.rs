@@ -77,11 +77,7 @@ impl Accounts {
 
     /// The (account, model) counters, created on first sight keeping `set`'s windows.
     pub(super) fn group(
-        &mut self,
-        a: AccountId,
-        model_id: &Arc<str>,
-        cal: Calendar,
-        set: &LimitSet,
+        &mut self, a: AccountId, model_id: &Arc<str>, cal: Calendar, set: &LimitSet,
     ) -> GroupId {
         if let Some(g) = self.group_index.get(&(a, model_id.clone())) {
             return *g;
@@ -123,12 +119,8 @@ impl Accounts {
     /// for a daily token cap of `cap`, and how many of them are `key_id`'s (the key
     /// concurrency cap is the key's, SPEC §4).
     pub(super) fn in_flight(
-        &self,
-        a: AccountId,
-        key_id: i64,
-        cap: Option<i64>,
-        (routes, leases, config): (&[RouteState], &Leases, &Config),
-        now: i64,
+        &self, a: AccountId, key_id: i64, cap: Option<i64>,
+        (routes, leases, config): (&[RouteState], &Leases, &Config), now: i64,
     ) -> (InFlight, i64) {
         let mut f = InFlight::default();
         let mut of_key = 0;
@@ -150,12 +142,8 @@ impl Accounts {
     /// Tokens of every model of an account in a window, billed at each model's
     /// multiplier for a token cap of `cap` (raw without one).
     pub(super) fn tokens(
-        &self,
-        a: AccountId,
-        window: WindowSpec,
-        cap: Option<i64>,
-        (routes, config): (&[RouteState], &Config),
-        now: i64,
+        &self, a: AccountId, window: WindowSpec, cap: Option<i64>,
+        (routes, config): (&[RouteState], &Config), now: i64,
     ) -> i64 {
         let mut total = 0i64;
         for rid in &self.list[a as usize].routes {

@@ -185,10 +185,7 @@ fn remove_lease(m: &mut Mirror, id: i64) -> Option<LeaseRec> {
 /// Replaces the leases with the stored `rows`, keeping those whose insertion is
 /// still waiting to be written and skipping those whose deletion is.
 fn replace_stored_leases(
-    m: &mut Mirror,
-    rows: &[LeaseRow],
-    pending_deleted: &HashSet<i64>,
-    pending_inserted: &HashSet<i64>,
+    m: &mut Mirror, rows: &[LeaseRow], pending_deleted: &HashSet<i64>, pending_inserted: &HashSet<i64>,
 ) {
     let stored: Vec<i64> =
         m.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();

@@ -121,11 +121,7 @@ impl History {
     /// account's keys (`account_keys`) when `shared`; `None` at once, without
     /// allocating, when none can be (the hot path).
     pub fn learned_pool_caps(
-        &self,
-        platform: &str,
-        key_id: i64,
-        shared: bool,
-        account_keys: impl FnOnce() -> Vec<i64>,
+        &self, platform: &str, key_id: i64, shared: bool, account_keys: impl FnOnce() -> Vec<i64>,
     ) -> Option<CapValues> {
         let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
         if shared {

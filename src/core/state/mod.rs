@@ -614,12 +614,7 @@ impl Mirror {
     /// "in flight"), the account's billed tokens when a provider token limit is in
     /// force, the cooldown. Call `prune_route` and `keep_windows` first.
     pub fn view<'a>(
-        &'a self,
-        rid: Option<RouteId>,
-        a: AccountId,
-        key_id: i64,
-        ctx: &'a GateContext,
-        est: Estimate,
+        &'a self, rid: Option<RouteId>, a: AccountId, key_id: i64, ctx: &'a GateContext, est: Estimate,
         now: i64,
     ) -> View<'a> {
         let key =

@@ -131,11 +131,7 @@ fn caps_in_force(set: &CapOverrides, env: &CapValues, learned: &CapValues) -> Ca
 
 /// What a decision at `priority` on `route` reads besides the windows.
 fn gate_context(
-    m: &mut Mirror,
-    route: &Route,
-    limits: Option<LimitSet>,
-    priority: i64,
-    now: i64,
+    m: &mut Mirror, route: &Route, limits: Option<LimitSet>, priority: i64, now: i64,
 ) -> GateContext {
     let (env_caps, env_conc) = m.setup.platform_env(&route.platform);
     let key = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);

@@ -193,8 +193,7 @@ impl MemoryStore {
 
     /// Waits (up to the busy timeout) until no other handle holds the write lock.
     fn wait_unlocked<'a>(
-        &self,
-        mut state: parking_lot::MutexGuard<'a, State>,
+        &self, mut state: parking_lot::MutexGuard<'a, State>,
     ) -> StoreResult<parking_lot::MutexGuard<'a, State>> {
         let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(0) as u64);
         while state.lock.is_some_and(|o| o != self.owner) {
@@ -429,9 +428,7 @@ impl MemoryStore {
 
     /// A write section's commit (the section is ended by the caller).
     fn commit_writes(
-        &mut self,
-        section: Section,
-        state: parking_lot::MutexGuard<'_, State>,
+        &mut self, section: Section, state: parking_lot::MutexGuard<'_, State>,
     ) -> StoreResult<()> {
         Self::down(&state)?;
         let wrote = match section {
@@ -526,9 +523,7 @@ type CooldownId = (Arc<str>, Arc<str>, Option<i64>);
 
 /// Keeps the cooldowns `keep` says; returns how many went (and bumps their version).
 fn retain_counted(
-    rows: &mut BTreeMap<CooldownId, CooldownRow>,
-    version: &mut u64,
-    keep: impl Fn(&CooldownRow) -> bool,
+    rows: &mut BTreeMap<CooldownId, CooldownRow>, version: &mut u64, keep: impl Fn(&CooldownRow) -> bool,
 ) -> i64 {
     let before = rows.len();
     rows.retain(|_, c| keep(c));

@@ -384,11 +384,7 @@ impl RedisStore {
     /// the fixed arguments and the writes (mode `lease`: the count of accounts, then
     /// the accounts).
     fn invoke_with(
-        &mut self,
-        mode: &str,
-        id: &str,
-        extra: &[String],
-        writes: &[String],
+        &mut self, mode: &str, id: &str, extra: &[String], writes: &[String],
     ) -> StoreResult<Value> {
         let script = Arc::clone(&self.script);
         let mut inv = redis::cmd("EVALSHA");
@@ -606,9 +602,7 @@ impl RedisStore {
     /// Feed entries (all writers) with ids from `start`, page by page: `(id, writer,
     /// body)`. Returns the last id read (empty when none).
     fn scan(
-        &mut self,
-        start: String,
-        mut each: impl FnMut(&str, &str, &str) -> StoreResult<()>,
+        &mut self, start: String, mut each: impl FnMut(&str, &str, &str) -> StoreResult<()>,
     ) -> StoreResult<String> {
         let mut from = start;
         let mut last = String::new();

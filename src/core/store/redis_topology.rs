@@ -344,10 +344,7 @@ impl Topology {
 /// Connects to `host:port` if it says it is a primary (`ROLE`: a sentinel may still name
 /// a demoted one).
 fn connect_primary(
-    node: &NodeInfo,
-    host: &str,
-    port: u16,
-    t: Timeouts,
+    node: &NodeInfo, host: &str, port: u16, t: Timeouts,
 ) -> redis::RedisResult<redis::Connection> {
     let mut con = connect(&node.client(host, port)?, t)?;
     match redis::cmd("ROLE").query::<redis::Role>(&mut con)? {
@@ -360,11 +357,7 @@ fn connect_primary(
 /// connects to the first one named that says it is a primary. Returns the index of
 /// the sentinel that named it, and the primary.
 fn find_primary(
-    sentinels: &[(String, redis::Client)],
-    first: usize,
-    service: &str,
-    node: &NodeInfo,
-    t: Timeouts,
+    sentinels: &[(String, redis::Client)], first: usize, service: &str, node: &NodeInfo, t: Timeouts,
 ) -> redis::RedisResult<(usize, (String, u16), redis::Connection)> {
     let mut problems = Vec::new();
     let mut unknown = 0;
@@ -406,12 +399,8 @@ fn find_primary(
 /// each node the last answer named, then of each seed: any node that answers), connected.
 /// `learned` becomes the nodes the last answer named.
 fn find_slot_owner(
-    seeds: &[(String, u16)],
-    last: Option<&(String, u16)>,
-    learned: &mut Vec<(String, u16)>,
-    slot: u16,
-    node: &NodeInfo,
-    t: Timeouts,
+    seeds: &[(String, u16)], last: Option<&(String, u16)>, learned: &mut Vec<(String, u16)>, slot: u16,
+    node: &NodeInfo, t: Timeouts,
 ) -> redis::RedisResult<((String, u16), redis::Connection)> {
     let mut to_ask: Vec<(String, u16)> = Vec::new();
     for hp in last.into_iter().chain(learned.iter()).chain(seeds) {
@@ -593,10 +582,7 @@ impl Link {
     /// One round trip: the script (`EVALSHA`, loaded on `NOSCRIPT`), followed in the
     /// same pipeline by `WAIT` for a call that writes when `?wait_replicas=` asks.
     pub fn eval(
-        &mut self,
-        script: &redis::Script,
-        eval: &redis::Cmd,
-        writes: bool,
+        &mut self, script: &redis::Script, eval: &redis::Cmd, writes: bool,
     ) -> redis::RedisResult<Value> {
         let Some(w) = self.wait.filter(|_| writes) else {
             return match eval.query::<Value>(self) {
@@ -689,10 +675,7 @@ impl ConnectionLike for Link {
     }
 
     fn req_packed_commands(
-        &mut self,
-        cmd: &[u8],
-        offset: usize,
-        count: usize,
+        &mut self, cmd: &[u8], offset: usize, count: usize,
     ) -> redis::RedisResult<Vec<Value>> {
         self.send(cmd, offset, count)
     }

@@ -17,14 +17,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (key_id, platform, *, base_url=None, label=None, enabled=true, account=None))]
     #[allow(clippy::too_many_arguments)]
     fn register_key(
-        &self,
-        py: Python<'_>,
-        key_id: &Arg,
-        platform: &Arg,
-        base_url: Option<String>,
-        label: Option<String>,
-        enabled: bool,
-        account: Option<&Arg>,
+        &self, py: Python<'_>, key_id: &Arg, platform: &Arg, base_url: Option<String>, label: Option<String>,
+        enabled: bool, account: Option<&Arg>,
     ) -> PyResult<()> {
         let account = match account.filter(|a| !a.is_none()) {
             Some(a) => Some(str_arg(a, "account")?.to_string()),
@@ -53,11 +47,7 @@ impl PyQuotaEngine {
     /// (`MAX_CONCURRENT_REQUESTS_PER_KEY[_<PLATFORM>]`) and the one learned from
     /// concurrency failures; `None` when there is neither.
     fn set_key_concurrency_cap(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        key_id: &Arg,
-        cap: &Arg,
+        &self, py: Python<'_>, platform: &Arg, key_id: &Arg, cap: &Arg,
     ) -> PyResult<()> {
         let p = str_arg(platform, "platform")?.to_string();
         let k = int_arg(key_id, "key_id")?;
@@ -78,16 +68,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, *, rpm=None, rpd=None, tpm=None, tpd=None, monthly_token_budget=None, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn set_model_limits(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        rpm: Option<&Arg>,
-        rpd: Option<&Arg>,
-        tpm: Option<&Arg>,
-        tpd: Option<&Arg>,
-        monthly_token_budget: Option<String>,
-        limits: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, rpm: Option<&Arg>, rpd: Option<&Arg>,
+        tpm: Option<&Arg>, tpd: Option<&Arg>, monthly_token_budget: Option<String>, limits: Option<&Arg>,
     ) -> PyResult<()> {
         let others = match limits.filter(|l| !l.is_none()) {
             Some(l) => limit_list_arg(l, "limits")?,
@@ -185,10 +167,7 @@ impl PyQuotaEngine {
     /// SPEC 21.2: the provider caps learned for the key's account from pool 429s
     /// (daily and minute requests; None where nothing was learned).
     fn learned_provider_caps(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        key_id: &Arg,
+        &self, py: Python<'_>, platform: &Arg, key_id: &Arg,
     ) -> PyResult<PyProviderCaps> {
         let p = str_arg(platform, "platform")?;
         let k = int_arg(key_id, "key_id")?;
@@ -199,10 +178,7 @@ impl PyQuotaEngine {
     /// argument keeps what is set. Persisted; wins over env and defaults.
     #[pyo3(signature = (platform, **caps))]
     fn set_provider_caps(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        caps: Option<&Bound<'_, PyDict>>,
+        &self, py: Python<'_>, platform: &Arg, caps: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
         let settings = cap_settings(caps)?;
         let p = str_arg(platform, "platform")?;

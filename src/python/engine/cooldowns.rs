@@ -15,12 +15,7 @@ fn read(v: Vec<Cooldown>, now: i64) -> Vec<PyCooldown> {
 impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, duration_ms=None, source="heuristic"), text_signature = "(self, platform, model_id, key_id, duration_ms=60000, source='heuristic')")]
     fn set_cooldown(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        duration_ms: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, duration_ms: Option<&Arg>,
         source: &str,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
@@ -32,11 +27,7 @@ impl PyQuotaEngine {
     /// The route's bench: whichever of its own cooldown and its model's model-wide one
     /// (key_id None, SPEC 21.1) ends later; None when neither is active.
     fn cooldown(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg,
     ) -> PyResult<Option<PyCooldown>> {
         let r = route(platform, model_id, key_id)?;
         let (cd, now) = self.run(py, move |e| Ok((e.failures().cooldown(&r)?, e.now_ms())))?;
@@ -81,11 +72,7 @@ impl PyQuotaEngine {
     }
 
     fn clear_cooldown_early(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
         self.run(py, move |e| e.failures().clear_cooldown_early(&r).map(|_| ()))

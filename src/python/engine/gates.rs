@@ -20,24 +20,14 @@ impl PyQuotaEngine {
 impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, limits=None))]
     fn can_make_request(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        limits: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, limits: Option<&Arg>,
     ) -> PyResult<bool> {
         self.gate(py, Can::Request, route(platform, model_id, key_id)?, 0, limits)
     }
 
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens, limits=None))]
     fn can_use_tokens(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: &Arg,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: &Arg,
         limits: Option<&Arg>,
     ) -> PyResult<bool> {
         let est = count_arg(estimated_tokens, "estimated_tokens")?;
@@ -53,12 +43,7 @@ impl PyQuotaEngine {
     }
 
     fn can_use_provider_tokens(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        key_id: &Arg,
-        model_id: &Arg,
-        estimated_tokens: &Arg,
+        &self, py: Python<'_>, platform: &Arg, key_id: &Arg, model_id: &Arg, estimated_tokens: &Arg,
     ) -> PyResult<bool> {
         let est = count_arg(estimated_tokens, "estimated_tokens")?;
         self.gate(py, Can::ProviderTokens, route(platform, model_id, key_id)?, est, None)
@@ -75,12 +60,7 @@ impl PyQuotaEngine {
     /// Every gate, in order; the first that fails names the reason (SPEC §4).
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None)")]
     fn check(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: Option<&Arg>,
         limits: Option<&Arg>,
     ) -> PyResult<PyAdmission> {
         let r = route(platform, model_id, key_id)?;
@@ -93,11 +73,7 @@ impl PyQuotaEngine {
     /// nothing (`benches/bench_compare.py` compares `check()` with it).
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None))]
     fn _noop_check(
-        &self,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: Option<&Arg>,
+        &self, platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: Option<&Arg>,
         limits: Option<&Arg>,
     ) {
         let _ = (platform, model_id, key_id, estimated_tokens, limits);

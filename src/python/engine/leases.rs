@@ -27,14 +27,8 @@ impl Admit {
     /// `lease()`'s arguments.
     #[allow(clippy::too_many_arguments)]
     fn one(
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: Option<&Arg>,
-        limits: Option<&Arg>,
-        estimated_output_tokens: Option<&Arg>,
-        wait_s: Option<&Arg>,
-        priority: Option<&Arg>,
+        platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: Option<&Arg>, limits: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>, wait_s: Option<&Arg>, priority: Option<&Arg>,
     ) -> PyResult<Admit> {
         let r = route(platform, model_id, key_id)?;
         let est = estimate(estimated_tokens, estimated_output_tokens)?;
@@ -46,12 +40,8 @@ impl Admit {
 
     /// `lease_any()`'s arguments.
     fn any(
-        routes: &Arg,
-        estimated_tokens: Option<&Arg>,
-        estimated_output_tokens: Option<&Arg>,
-        strategy: Option<&Arg>,
-        wait_s: Option<&Arg>,
-        priority: Option<&Arg>,
+        routes: &Arg, estimated_tokens: Option<&Arg>, estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>, wait_s: Option<&Arg>, priority: Option<&Arg>,
     ) -> PyResult<Admit> {
         let rs = routes_arg(routes)?;
         let est = estimate(estimated_tokens, estimated_output_tokens)?;
@@ -97,12 +87,7 @@ impl PyQuotaEngine {
     /// Takes a lease without checking any gate; returns its id.
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0)")]
     fn acquire_lease(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: Option<&Arg>,
     ) -> PyResult<i64> {
         let route = route(platform, model_id, key_id)?;
         let est = Estimate::tokens(estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?);
@@ -122,15 +107,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None, priority=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0, priority=0)")]
     #[allow(clippy::too_many_arguments)]
     fn lease(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: Option<&Arg>,
-        limits: Option<&Arg>,
-        estimated_output_tokens: Option<&Arg>,
-        wait_s: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>, estimated_output_tokens: Option<&Arg>, wait_s: Option<&Arg>,
         priority: Option<&Arg>,
     ) -> PyResult<Py<PyLease>> {
         let (est, output) = (estimated_tokens, estimated_output_tokens);
@@ -144,13 +122,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
     #[allow(clippy::too_many_arguments)]
     fn lease_any(
-        &self,
-        py: Python<'_>,
-        routes: &Arg,
-        estimated_tokens: Option<&Arg>,
-        estimated_output_tokens: Option<&Arg>,
-        strategy: Option<&Arg>,
-        wait_s: Option<&Arg>,
+        &self, py: Python<'_>, routes: &Arg, estimated_tokens: Option<&Arg>,
+        estimated_output_tokens: Option<&Arg>, strategy: Option<&Arg>, wait_s: Option<&Arg>,
         priority: Option<&Arg>,
     ) -> PyResult<Py<PyLease>> {
         Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?
@@ -161,14 +134,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, estimated_tokens=None, limits=None, *, estimated_output_tokens=None, wait_s=None, priority=None), text_signature = "(self, platform, model_id, key_id, estimated_tokens=0, limits=None, *, estimated_output_tokens=0, wait_s=0.0, priority=0)")]
     #[allow(clippy::too_many_arguments)]
     fn _lease_waiter(
-        &self,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        estimated_tokens: Option<&Arg>,
-        limits: Option<&Arg>,
-        estimated_output_tokens: Option<&Arg>,
-        wait_s: Option<&Arg>,
+        &self, platform: &Arg, model_id: &Arg, key_id: &Arg, estimated_tokens: Option<&Arg>,
+        limits: Option<&Arg>, estimated_output_tokens: Option<&Arg>, wait_s: Option<&Arg>,
         priority: Option<&Arg>,
     ) -> PyResult<PyLeaseWaiter> {
         let (est, output) = (estimated_tokens, estimated_output_tokens);
@@ -178,13 +145,8 @@ impl PyQuotaEngine {
     /// The stepper behind `lease_any_async`.
     #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0)")]
     fn _lease_any_waiter(
-        &self,
-        routes: &Arg,
-        estimated_tokens: Option<&Arg>,
-        estimated_output_tokens: Option<&Arg>,
-        strategy: Option<&Arg>,
-        wait_s: Option<&Arg>,
-        priority: Option<&Arg>,
+        &self, routes: &Arg, estimated_tokens: Option<&Arg>, estimated_output_tokens: Option<&Arg>,
+        strategy: Option<&Arg>, wait_s: Option<&Arg>, priority: Option<&Arg>,
     ) -> PyResult<PyLeaseWaiter> {
         Ok(Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority)?
             .waiter(self))

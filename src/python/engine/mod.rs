@@ -58,9 +58,7 @@ impl PyQuotaEngine {
     /// [`run`](crate::python::run::run) on this engine: `op` on the engine under its
     /// lock, the GIL released.
     fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
+        &self, py: Python<'_>, op: impl FnOnce(&mut Engine) -> CoreResult<T> + Send,
     ) -> PyResult<T> {
         crate::python::run::run(py, &self.handle, op)
     }

@@ -24,16 +24,9 @@ impl PyQuotaEngine {
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        py: Python<'_>,
-        path: Option<&Arg>,
-        clock: Option<&Arg>,
-        env: Option<&Arg>,
-        retention_ms: Option<&Arg>,
-        lease_max_age_ms: Option<&Arg>,
-        window_usage_ttl_ms: Option<&Arg>,
-        busy_timeout_ms: Option<&Arg>,
-        flush_interval_ms: Option<&Arg>,
-        readonly: bool,
+        py: Python<'_>, path: Option<&Arg>, clock: Option<&Arg>, env: Option<&Arg>,
+        retention_ms: Option<&Arg>, lease_max_age_ms: Option<&Arg>, window_usage_ttl_ms: Option<&Arg>,
+        busy_timeout_ms: Option<&Arg>, flush_interval_ms: Option<&Arg>, readonly: bool,
     ) -> PyResult<Self> {
         // A panic anywhere in here (conversions, opening the store) is an exception.
         shield(|| {

@@ -28,11 +28,7 @@ impl PyQuotaEngine {
     /// validator needs `loop` (ValueError otherwise).
     #[pyo3(signature = (validator, *, interval_s=None, max_per_pass=None, r#loop=None), text_signature = "(self, validator, *, interval_s=60.0, max_per_pass=None, loop=None)")]
     fn start_probe(
-        &self,
-        py: Python<'_>,
-        validator: &Arg,
-        interval_s: Option<&Arg>,
-        max_per_pass: Option<&Arg>,
+        &self, py: Python<'_>, validator: &Arg, interval_s: Option<&Arg>, max_per_pass: Option<&Arg>,
         r#loop: Option<&Arg>,
     ) -> PyResult<bool> {
         if !validator.is_callable() {
@@ -75,11 +71,7 @@ impl PyQuotaEngine {
     /// (its validator, or what that calls): RuntimeError (SPEC 18.3).
     #[pyo3(signature = (validator=None, *, jitter=None, max_probes=None))]
     fn run_probe_pass(
-        &self,
-        py: Python<'_>,
-        validator: Option<&Arg>,
-        jitter: Option<&Arg>,
-        max_probes: Option<&Arg>,
+        &self, py: Python<'_>, validator: Option<&Arg>, jitter: Option<&Arg>, max_probes: Option<&Arg>,
     ) -> PyResult<PyProbePassResult> {
         // SPEC 18.3: from inside a pass (its validator, or what that calls) this would
         // wait for itself. The core sees a pass on this thread; a coroutine validator runs

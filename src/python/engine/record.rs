@@ -21,15 +21,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None))]
     #[allow(clippy::too_many_arguments)]
     fn record_tokens(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        tokens: Option<&Arg>,
-        input_tokens: Option<&Arg>,
-        output_tokens: Option<&Arg>,
-        cached_tokens: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, tokens: Option<&Arg>,
+        input_tokens: Option<&Arg>, output_tokens: Option<&Arg>, cached_tokens: Option<&Arg>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
         let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
@@ -42,14 +35,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, limits=None, retry_after_ms=None, quota_signal=true))]
     #[allow(clippy::too_many_arguments)]
     fn cooldown_decision_for_limit(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        limits: Option<&Arg>,
-        retry_after_ms: Option<&Arg>,
-        quota_signal: bool,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, limits: Option<&Arg>,
+        retry_after_ms: Option<&Arg>, quota_signal: bool,
     ) -> PyResult<PyCooldownDecision> {
         let r = route(platform, model_id, key_id)?;
         let l = limits_arg(limits)?;
@@ -63,16 +50,8 @@ impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, *, status=None, retry_after=None, message=None, kind=None, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn record_failure(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        status: Option<&Arg>,
-        retry_after: Option<&Arg>,
-        message: Option<&Arg>,
-        kind: Option<&Arg>,
-        limits: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, status: Option<&Arg>,
+        retry_after: Option<&Arg>, message: Option<&Arg>, kind: Option<&Arg>, limits: Option<&Arg>,
     ) -> PyResult<PyFailureOutcome> {
         let r = route(platform, model_id, key_id)?;
         let mut input = failure_args(status, retry_after, message, kind)?;
@@ -82,11 +61,7 @@ impl PyQuotaEngine {
 
     /// SPEC §7: writes the model's limit only when it tightens it; returns what changed.
     fn learn_limit_from_error(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        message: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, message: Option<&Arg>,
     ) -> PyResult<Option<PyLearnedLimit>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         let msg = match message.filter(|m| !m.is_none()) {
@@ -100,12 +75,7 @@ impl PyQuotaEngine {
     /// (names case-insensitive); merges them into the quota state.
     #[pyo3(signature = (platform, key_id, headers, *, model_id=None, status=None), text_signature = "(self, platform, key_id, headers, *, model_id=None, status=200)")]
     fn record_quota_headers(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        key_id: &Arg,
-        headers: &Arg,
-        model_id: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, key_id: &Arg, headers: &Arg, model_id: Option<&Arg>,
         status: Option<&Arg>,
     ) -> PyResult<Vec<PyQuotaObservation>> {
         let p = str_arg(platform, "platform")?;

@@ -14,12 +14,7 @@ use pyo3::types::{PyDict, PyList};
 impl PyQuotaEngine {
     #[pyo3(signature = (platform, model_id, key_id, limits=None))]
     fn usage<'py>(
-        &self,
-        py: Python<'py>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        limits: Option<&Arg>,
+        &self, py: Python<'py>, platform: &Arg, model_id: &Arg, key_id: &Arg, limits: Option<&Arg>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let r = route(platform, model_id, key_id)?;
         let l = limits_arg(limits)?;
@@ -34,12 +29,7 @@ impl PyQuotaEngine {
     /// window resets, or nothing was used lately.
     #[pyo3(signature = (platform, model_id, key_id, *, lookback_ms=None), text_signature = "(self, platform, model_id, key_id, *, lookback_ms=600000)")]
     fn forecast<'py>(
-        &self,
-        py: Python<'py>,
-        platform: &Arg,
-        model_id: &Arg,
-        key_id: &Arg,
-        lookback_ms: Option<&Arg>,
+        &self, py: Python<'py>, platform: &Arg, model_id: &Arg, key_id: &Arg, lookback_ms: Option<&Arg>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let r = route(platform, model_id, key_id)?;
         let lookback = match lookback_ms.filter(|l| !l.is_none()) {
@@ -59,12 +49,7 @@ impl PyQuotaEngine {
     /// window limit, no routable key, or the database cannot be read.
     #[pyo3(signature = (platform, model_id, limits=None, key_id=None))]
     fn model_window_used_fraction(
-        &self,
-        py: Python<'_>,
-        platform: &Arg,
-        model_id: &Arg,
-        limits: Option<&Arg>,
-        key_id: Option<&Arg>,
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, limits: Option<&Arg>, key_id: Option<&Arg>,
     ) -> PyResult<Option<f64>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         let l = limits_arg(limits)?;
@@ -114,13 +99,8 @@ impl PyQuotaEngine {
     /// Usage rows with `since_ms <= created_at_ms < until_ms`, oldest first.
     #[pyo3(signature = (since_ms=None, until_ms=None, platform=None, model_id=None, key_id=None))]
     fn usage_events<'py>(
-        &self,
-        py: Python<'py>,
-        since_ms: Option<&Arg>,
-        until_ms: Option<&Arg>,
-        platform: Option<String>,
-        model_id: Option<String>,
-        key_id: Option<&Arg>,
+        &self, py: Python<'py>, since_ms: Option<&Arg>, until_ms: Option<&Arg>, platform: Option<String>,
+        model_id: Option<String>, key_id: Option<&Arg>,
     ) -> PyResult<Bound<'py, PyList>> {
         let f = UsageFilter {
             since_ms: opt_int_arg(since_ms, "since_ms")?,

@@ -113,10 +113,7 @@ pub(super) struct Unit {
 
 impl Unit {
     pub(super) fn new(
-        store: Box<dyn Store>,
-        clock: Arc<dyn Clock>,
-        settings: Settings,
-        mirror: Mirror,
+        store: Box<dyn Store>, clock: Arc<dyn Clock>, settings: Settings, mirror: Mirror,
     ) -> Unit {
         Unit {
             store,
@@ -332,11 +329,7 @@ impl Unit {
     /// route's events were not kept for is counted from the store at once when the
     /// store answers, else at the next section that reaches it.
     pub(super) fn prepare(
-        &mut self,
-        route: &Route,
-        limits: Option<LimitSet>,
-        priority: i64,
-        now: i64,
+        &mut self, route: &Route, limits: Option<LimitSet>, priority: i64, now: i64,
     ) -> Prepared {
         let p = self.mirror.prepare(route, limits, priority, now);
         if let (Some(rid), false) = (p.route, p.complete) {
@@ -703,10 +696,7 @@ impl Engine {
 /// then `sweep`, and commits. The per-write results (as far as they got) land in
 /// `ids`.
 fn write_and_commit(
-    store: &mut dyn Store,
-    live: Option<Vec<&Write>>,
-    writes: &[Write],
-    sweep: Option<&Write>,
+    store: &mut dyn Store, live: Option<Vec<&Write>>, writes: &[Write], sweep: Option<&Write>,
     ids: &mut Vec<i64>,
 ) -> std::result::Result<(), StoreError> {
     if let Some(live) = live {

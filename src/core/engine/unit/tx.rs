@@ -55,9 +55,7 @@ impl Unit {
     /// [`Unit::run`], also returning, per write, the id of an insert or the number of
     /// rows a delete removed.
     pub(crate) fn run_counted<T>(
-        &mut self,
-        access: Access,
-        f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
+        &mut self, access: Access, f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
     ) -> Result<(T, Vec<i64>)> {
         let sec = self.enter(access)?;
         let mut tx = Tx { unit: self, now: sec.now, online: sec.online, writes: Vec::new() };

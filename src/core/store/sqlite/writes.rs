@@ -83,8 +83,7 @@ impl SqliteStore {
     /// (SPEC §10): full chunks of `USAGE_CHUNK` rows with one statement each, the
     /// rest one by one.
     pub(super) fn insert_usage<'a>(
-        &mut self,
-        rows: impl Iterator<Item = &'a UsageRow>,
+        &mut self, rows: impl Iterator<Item = &'a UsageRow>,
     ) -> rusqlite::Result<()> {
         let mut chunk: Vec<&UsageRow> = Vec::with_capacity(USAGE_CHUNK);
         for u in rows {
@@ -308,10 +307,7 @@ impl SqliteStore {
     }
 
     fn delete_history(
-        &self,
-        key_id: i64,
-        route: Option<&(Arc<str>, Arc<str>)>,
-        kinds: &[HistoryKind],
+        &self, key_id: i64, route: Option<&(Arc<str>, Arc<str>)>, kinds: &[HistoryKind],
     ) -> rusqlite::Result<i64> {
         let mut n = 0;
         for k in kinds {
@@ -332,10 +328,7 @@ impl SqliteStore {
     /// Retention: history, usage and leases past their cutoffs (SPEC 10, 14.2: each
     /// kept model's usage at its own cut-off). Returns the usage rows deleted.
     fn sweep(
-        &mut self,
-        usage_before: &i64,
-        kept: &Arc<[KeptUsage]>,
-        leases_expired_before: &i64,
+        &mut self, usage_before: &i64, kept: &Arc<[KeptUsage]>, leases_expired_before: &i64,
         history_before: &i64,
     ) -> rusqlite::Result<i64> {
         let c = &self.conn;
