@@ -6,7 +6,7 @@
 
 use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{BatchOp, Engine, Settings, StoreSpec};
-use quotaengine::core::types::{Limits, Route};
+use quotaengine::core::types::Route;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,12 +30,13 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("qe-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("bench.db");
-    let limits = Some(quotaengine::core::limits::LimitSet::from_classic(Limits {
-        rpm: Some(1 << 40),
-        rpd: Some(1 << 40),
-        tpm: Some(1 << 50),
-        tpd: Some(1 << 50),
-    }));
+    // Requests per minute and per day, tokens per minute and per day: none is reached.
+    let limits = Some(quotaengine::core::limits::LimitSet::from_classic([
+        Some(1 << 40),
+        Some(1 << 40),
+        Some(1 << 50),
+        Some(1 << 50),
+    ]));
     let routes: Vec<Route> = (0..1000)
         .map(|i| Route::new(format!("p{}", i % 10), format!("m{}", i % 20), i % 5).unwrap())
         .collect();

@@ -7,7 +7,7 @@ use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
 use quotaengine::core::error::{Error, StoreError};
 use quotaengine::core::limits::LimitSet;
 use quotaengine::core::parse::FailureKind;
-use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
+use quotaengine::core::types::{CooldownSource, Reason, Route};
 use rusqlite::Connection;
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ fn route() -> Route {
 }
 
 fn rpm(n: i64) -> Option<LimitSet> {
-    Some(LimitSet::from_classic(Limits { rpm: Some(n), ..Limits::default() }))
+    Some(LimitSet::parse(&format!("requests/minute={n}")).unwrap())
 }
 
 /// Two engines on one file in `dir`, on one clock at `T0`.
@@ -224,9 +224,7 @@ fn ladder_persists_across_engines_and_success_clears_it() {
     let path = dir.path().join("q.db");
     let clock = Arc::new(ManualClock::new(T0));
     let mut a = open(path.to_str().unwrap(), &clock);
-    a.config()
-        .set_model_limits("groq", "llama", &model(Limits { rpd: Some(1), ..Limits::default() }), None)
-        .unwrap();
+    a.config().set_model_limits("groq", "llama", &model("requests/day=1"), None).unwrap();
     a.usage().record_request(&route()).unwrap(); // the day is spent
     let fail = || FailureInput { status: Some(429), ..FailureInput::default() };
     let d1 = a.failures().record_failure(&route(), fail()).unwrap();
@@ -264,7 +262,7 @@ fn a_platforms_calendar_decides_its_day_windows_and_is_shared() {
     let (clock, mut a, mut b) = two_engines(&dir);
     clock.set(pst_midnight - 30 * 60_000);
     let google = Route::new("google", "gemini", 1).unwrap();
-    let rpd1 = Some(LimitSet::from_classic(Limits { rpd: Some(1), ..Limits::default() }));
+    let rpd1 = Some(LimitSet::parse("requests/day=1").unwrap());
     assert_eq!(a.config().platform_calendar("google").unwrap(), "America/Los_Angeles");
     a.usage().record_request(&google).unwrap();
     let refused = b.check(&google, 0, rpd1.clone()).unwrap();
@@ -319,8 +317,8 @@ fn declared_windows_are_shared_and_count_the_stored_past() {
     assert_eq!(b.config().model_limit_list("groq", "llama").unwrap()[1], five_hours);
 }
 
-fn model(limits: Limits) -> LimitSet {
-    LimitSet::from_classic(limits)
+fn model(limits: &str) -> LimitSet {
+    LimitSet::parse(limits).unwrap()
 }
 
 #[test]
@@ -329,12 +327,8 @@ fn lease_any_picks_by_strategy_and_refuses_with_every_candidate() {
     use quotaengine::core::types::Strategy;
     let dir = tempfile::tempdir().unwrap();
     let (_clock, mut a, mut b) = two_engines(&dir);
-    a.config()
-        .set_model_limits("tok", "m", &model(Limits { tpm: Some(10_000), ..Limits::default() }), None)
-        .unwrap();
-    a.config()
-        .set_model_limits("req", "m", &model(Limits { rpm: Some(2), ..Limits::default() }), None)
-        .unwrap();
+    a.config().set_model_limits("tok", "m", &model("tokens/minute=10000"), None).unwrap();
+    a.config().set_model_limits("req", "m", &model("requests/minute=2"), None).unwrap();
     let routes = [Route::new("tok", "m", 1).unwrap(), Route::new("req", "m", 2).unwrap()];
     // A big request hurts the request-metered route least, a small one the other.
     let (id, i) = b.lease_any(&routes, Estimate::tokens(8_000), Strategy::Headroom).unwrap();
@@ -367,10 +361,7 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     let clock = Arc::new(ManualClock::new(T0));
     let h =
         Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
-    h.with(|e| {
-        e.config().set_model_limits("p", "m", &model(Limits { rpm: Some(1), ..Limits::default() }), None)
-    })
-    .unwrap();
+    h.with(|e| e.config().set_model_limits("p", "m", &model("requests/minute=1"), None)).unwrap();
     let r = Route::new("p", "m", 1).unwrap();
     let op = || BatchOp::Lease {
         route: r.clone(),

@@ -9,7 +9,7 @@ use quotaengine::core::error::{Error, StoreError};
 use quotaengine::core::limits::LimitSet;
 use quotaengine::core::state::Estimate;
 use quotaengine::core::store::memory::{Control, MemoryStore};
-use quotaengine::core::types::{CooldownSource, Limits, Reason, Route, Strategy};
+use quotaengine::core::types::{CooldownSource, Reason, Route, Strategy};
 use std::sync::Arc;
 
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
@@ -41,8 +41,9 @@ fn another(control: &Control, clock: &Arc<ManualClock>) -> Engine {
     Engine::with_store(Box::new(control.connect()), clock.clone(), settings(0)).unwrap()
 }
 
-fn limits(rpm: Option<i64>, tpm: Option<i64>) -> LimitSet {
-    LimitSet::from_classic(Limits { rpm, tpm, ..Limits::default() })
+/// Requests and tokens per minute (the classic four's first and third).
+fn limits(per_minute: Option<i64>, tokens_per_minute: Option<i64>) -> LimitSet {
+    LimitSet::from_classic([per_minute, None, tokens_per_minute, None])
 }
 
 fn refusal(err: Error) -> Reason {

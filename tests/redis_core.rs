@@ -7,7 +7,7 @@ use quotaengine::core::clock::ManualClock;
 use quotaengine::core::engine::{Engine, FailureInput, Settings, StoreSpec};
 use quotaengine::core::error::Error;
 use quotaengine::core::limits::LimitSet;
-use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
+use quotaengine::core::types::{CooldownSource, Reason, Route};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -62,7 +62,7 @@ fn route() -> Route {
 }
 
 fn rpm(n: i64) -> Option<LimitSet> {
-    Some(LimitSet::from_classic(Limits { rpm: Some(n), ..Limits::default() }))
+    Some(LimitSet::parse(&format!("requests/minute={n}")).unwrap())
 }
 
 #[test]

@@ -6,13 +6,14 @@
 #![allow(clippy::unwrap_used)]
 
 use quotaengine::core::error::StoreError;
+use quotaengine::core::limits::LimitSet;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
 use quotaengine::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
     UsageFilter, UsageKind, UsageRow, Write,
 };
-use quotaengine::core::types::{CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use quotaengine::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
@@ -265,8 +266,7 @@ fn model() -> ModelInfo {
     ModelInfo {
         platform: "p".into(),
         model_id: "m".into(),
-        limits: Limits { rpm: Some(10), rpd: Some(100), tpm: None, tpd: Some(1000) },
-        others: Vec::new(),
+        limits: LimitSet::parse("requests/minute=10 requests/day=100 tokens/day=1000").unwrap(),
         monthly_token_budget: Some("5000".into()),
     }
 }

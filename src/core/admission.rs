@@ -345,12 +345,11 @@ pub fn choose<'a>(strategy: Strategy, passed: impl IntoIterator<Item = &'a Passe
 mod tests {
     use super::*;
     use crate::core::limits::Limit;
-    use crate::core::types::Limits;
 
     const T0: i64 = 1_767_268_800_000;
 
-    fn ctx(limits: Limits) -> GateContext {
-        GateContext { limits: LimitSet::from_classic(limits), ..GateContext::default() }
+    fn ctx(limits: &str) -> GateContext {
+        GateContext { limits: LimitSet::parse(limits).unwrap_or_default(), ..GateContext::default() }
     }
 
     /// A route of its own account with `win` recorded and `in_flight` live.
@@ -375,7 +374,7 @@ mod tests {
 
     #[test]
     fn a_request_window_refuses_at_the_limit_a_token_window_past_it() {
-        let c = ctx(Limits { rpm: Some(3), tpm: Some(100), ..Limits::default() });
+        let c = ctx("requests/minute=3 tokens/minute=100");
         let mut win = Windows::default();
         win.add(T0 - 1_000, 2, 60, T0);
         let one = InFlight { count: 1, tokens: 30, output_tokens: 0 };
@@ -395,7 +394,7 @@ mod tests {
 
     #[test]
     fn room_is_the_smallest_share_left_after_this_request() {
-        let c = ctx(Limits { rpm: Some(10), tpm: Some(1_000), ..Limits::default() });
+        let c = ctx("requests/minute=10 tokens/minute=1000");
         let mut win = Windows::default();
         win.add(T0, 4, 100, T0);
         // requests: (10 - 4 - 1) / 10 = 0.5; tokens: (1000 - 100 - 300) / 1000 = 0.6
@@ -408,7 +407,7 @@ mod tests {
 
     #[test]
     fn gates_run_in_order_and_the_first_refusal_decides() {
-        let mut c = ctx(Limits { rpm: Some(0), ..Limits::default() });
+        let mut c = ctx("requests/minute=0");
         c.provider = LimitSet::provider([Some(0), None, None]);
         c.concurrency_cap = Some(0);
         let win = Windows::default();

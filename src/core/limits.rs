@@ -5,39 +5,21 @@
 //! with each limit's reason decided once, when it is declared. A new window kind is
 //! one more [`WindowSpec`] variant here and its counter in `windows.rs`.
 use crate::core::clock::{DAY_MS, MINUTE_MS};
-use crate::core::error::{check_non_negative, Error, Reason, Result};
+use crate::core::error::{Error, Reason, Result};
 use std::fmt;
 use std::sync::Arc;
 
-/// A model's window limits; `None` is unlimited / unknown.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Limits {
-    pub rpm: Option<i64>,
-    pub rpd: Option<i64>,
-    pub tpm: Option<i64>,
-    pub tpd: Option<i64>,
-}
+/// How many classic limits SPEC §4 names (requests and tokens per minute and per day,
+/// at account scope: the first rows of [`NAMED`]).
+pub const CLASSIC: usize = 4;
 
-impl Limits {
-    /// The classic limit of `metric` per `window`, if it is one of the four.
-    pub fn get_mut(&mut self, metric: Metric, window: WindowSpec) -> Option<&mut Option<i64>> {
-        Some(match (metric, window) {
-            (Metric::Requests, MINUTE) => &mut self.rpm,
-            (Metric::Requests, DAY) => &mut self.rpd,
-            (Metric::Tokens, MINUTE) => &mut self.tpm,
-            (Metric::Tokens, DAY) => &mut self.tpd,
-            _ => return None,
-        })
-    }
+/// One value per classic limit, in their gate order (the classic rows of [`NAMED`]);
+/// `None` is no limit. The form the models' stored columns and `Limits` take.
+pub type ClassicValues = [Option<i64>; CLASSIC];
 
-    pub fn validate(self) -> Result<Self> {
-        for (name, v) in [("rpm", self.rpm), ("rpd", self.rpd), ("tpm", self.tpm), ("tpd", self.tpd)] {
-            if let Some(v) = v {
-                check_non_negative(name, v)?;
-            }
-        }
-        Ok(self)
-    }
+/// The slot of the classic limit of `metric` per `window` in [`ClassicValues`].
+pub fn classic_slot(metric: Metric, window: WindowSpec) -> Option<usize> {
+    NAMED[..CLASSIC].iter().position(|n| (n.1, n.2) == (metric, window))
 }
 
 /// How many provider caps SPEC §8 names.
@@ -403,20 +385,27 @@ impl LimitSet {
     }
 
     /// The classic four as limits.
-    pub fn from_classic(l: Limits) -> LimitSet {
+    pub fn from_classic(l: ClassicValues) -> LimitSet {
         LimitSet::with_classic(l, Vec::new()).unwrap_or_default()
+    }
+
+    /// A declaration in its text form (`"requests/minute=2 tokens/month:key=9"`, as
+    /// [`encode_limits`] writes it).
+    pub fn parse(text: &str) -> Result<LimitSet> {
+        LimitSet::new(decode_limits(text)?)
+    }
+
+    /// A declaration as a store keeps it (the classic four and the others beside); a
+    /// stored other for a classic window yields to the classic one.
+    pub fn stored(classic: ClassicValues, others: Vec<Limit>) -> LimitSet {
+        LimitSet::with_classic(classic, others).unwrap_or_else(|_| LimitSet::from_classic(classic))
     }
 
     /// The classic keywords and a list of limits; a keyword and a limit for the same
     /// window are an error.
-    pub fn with_classic(classic: Limits, extra: Vec<Limit>) -> Result<LimitSet> {
-        let mut list = Vec::with_capacity(extra.len() + 4);
-        for (name, metric, window, v) in [
-            ("rpm", Metric::Requests, MINUTE, classic.rpm),
-            ("rpd", Metric::Requests, DAY, classic.rpd),
-            ("tpm", Metric::Tokens, MINUTE, classic.tpm),
-            ("tpd", Metric::Tokens, DAY, classic.tpd),
-        ] {
+    pub fn with_classic(classic: ClassicValues, extra: Vec<Limit>) -> Result<LimitSet> {
+        let mut list = Vec::with_capacity(extra.len() + CLASSIC);
+        for (&(name, metric, window, _), v) in NAMED[..CLASSIC].iter().zip(classic) {
             let Some(v) = v else { continue };
             if v < 0 {
                 return Err(Error::invalid(format!("{name} must be >= 0, got {v}")));
@@ -450,18 +439,21 @@ impl LimitSet {
     }
 
     /// The classic four (`model_limits()`, learning, the guardrail's figures).
-    pub fn classic(&self) -> Limits {
-        let mut l = Limits::default();
-        for d in self.gates.iter() {
-            match d.limit.classic_axis() {
-                Some("rpm") => l.rpm = Some(d.limit.limit),
-                Some("rpd") => l.rpd = Some(d.limit.limit),
-                Some("tpm") => l.tpm = Some(d.limit.limit),
-                Some("tpd") => l.tpd = Some(d.limit.limit),
-                _ => {}
+    pub fn classic(&self) -> ClassicValues {
+        let mut l = [None; CLASSIC];
+        for d in self.gates.iter().filter(|d| d.limit.scope == Scope::Account) {
+            if let Some(i) = classic_slot(d.limit.metric, d.limit.window) {
+                l[i] = Some(d.limit.limit);
             }
         }
         l
+    }
+
+    /// The classic limit of `metric` per `window`, if the set declares it.
+    pub fn classic_limit(&self, metric: Metric, window: WindowSpec) -> Option<i64> {
+        let d =
+            self.gates.iter().find(|d| d.limit.scope == Scope::Account && d.limit.slot() == (metric, window));
+        d.map(|d| d.limit.limit)
     }
 
     /// Every limit that is not one of the classic four (stored beside them).
@@ -470,8 +462,8 @@ impl LimitSet {
     }
 
     /// The same set with the classic four replaced (learning tightened one).
-    pub fn replace_classic(&self, classic: Limits) -> LimitSet {
-        LimitSet::with_classic(classic, self.others()).unwrap_or_else(|_| LimitSet::from_classic(classic))
+    pub fn replace_classic(&self, classic: ClassicValues) -> LimitSet {
+        LimitSet::stored(classic, self.others())
     }
 
     /// The windows the set reads.
@@ -621,7 +613,7 @@ mod tests {
             reasons,
             ["requests/1s", "rpm:key", "rpm", "requests/week", "tpd", "tokens/month", "output_tokens/minute"]
         );
-        assert_eq!(set.classic(), Limits { rpm: Some(7), ..Limits::default() });
+        assert_eq!(set.classic(), [Some(7), None, None, None]);
         assert_eq!(set.others().len(), 6);
     }
 
@@ -641,10 +633,7 @@ mod tests {
         let e =
             LimitSet::new(vec![lim("requests", 1, "minute", "account"), lim("requests", 2, "1m", "account")]);
         assert!(e.is_err());
-        let e = LimitSet::with_classic(
-            Limits { tpm: Some(5), ..Limits::default() },
-            vec![lim("tokens", 6, "60s", "account")],
-        );
+        let e = LimitSet::with_classic([None, None, Some(5), None], vec![lim("tokens", 6, "60s", "account")]);
         assert!(e.err().is_some_and(|e| e.to_string().contains("tpm=")));
         // a sliding day is not the calendar day
         assert!(LimitSet::new(vec![lim("tokens", 1, "day", "account"), lim("tokens", 1, "24h", "account")])

@@ -3,7 +3,8 @@ use crate::core::error::{Error, Result};
 // Defined beside the error that carries it, so `error` names no other core module.
 pub use crate::core::error::{check_name, check_non_negative, Reason};
 // Defined beside `Limit`, so `limits` names no `types`.
-pub use crate::core::limits::{CapOverrides, CapSetting, Limits};
+use crate::core::limits::LimitSet;
+pub use crate::core::limits::{CapOverrides, CapSetting};
 use std::fmt;
 use std::str::FromStr;
 
@@ -149,9 +150,7 @@ pub struct KeyInfo {
 pub struct ModelInfo {
     pub platform: String,
     pub model_id: String,
-    /// The classic four.
-    pub limits: Limits,
-    /// Every other declared limit (SPEC §14.1).
-    pub others: Vec<crate::core::limits::Limit>,
+    /// Its declaration (SPEC §4, §14.1): the classic four and every other limit.
+    pub limits: LimitSet,
     pub monthly_token_budget: Option<String>,
 }

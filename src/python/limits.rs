@@ -4,9 +4,10 @@ use super::convert::{int_arg, opt_limit, str_arg, Arg};
 use super::errors::{shield, type_error};
 use crate::core::engine::{SnapshotRow, UsageReport};
 use crate::core::limits::{
-    cap_values, classic_window, Limit, LimitSet, Metric, WindowSpec, CAPS, DAY, MINUTE,
+    cap_values, classic_slot, classic_window, ClassicValues, Limit, LimitSet, Metric, WindowSpec, CAPS,
+    CLASSIC, DAY, MINUTE,
 };
-use crate::core::types::{check_name, CapSetting, Limits};
+use crate::core::types::{check_name, CapSetting};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -82,15 +83,15 @@ pub struct PyLimits {
     tpd: Option<i64>,
 }
 
-impl From<Limits> for PyLimits {
-    fn from(l: Limits) -> Self {
-        Self { rpm: l.rpm, rpd: l.rpd, tpm: l.tpm, tpd: l.tpd }
+impl From<ClassicValues> for PyLimits {
+    fn from([rpm, rpd, tpm, tpd]: ClassicValues) -> Self {
+        Self { rpm, rpd, tpm, tpd }
     }
 }
 
-impl From<&PyLimits> for Limits {
+impl From<&PyLimits> for ClassicValues {
     fn from(l: &PyLimits) -> Self {
-        Limits { rpm: l.rpm, rpd: l.rpd, tpm: l.tpm, tpd: l.tpd }
+        [l.rpm, l.rpd, l.tpm, l.tpd]
     }
 }
 
@@ -188,12 +189,12 @@ pub fn cap_settings(caps: Option<&Bound<'_, PyDict>>) -> PyResult<[Option<CapSet
 /// `set_model_limits`' declaration: the classic keywords and `limits=`, a keyword and a
 /// limit for the same window an error (after the names are checked, as the core does).
 pub fn declaration(
-    platform: &str, model_id: &str, classic: Limits, others: Vec<Limit>,
+    platform: &str, model_id: &str, classic: ClassicValues, others: Vec<Limit>,
 ) -> PyResult<LimitSet> {
     let check = || -> crate::core::error::Result<LimitSet> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;
-        LimitSet::with_classic(classic.validate()?, others)
+        LimitSet::with_classic(classic, others)
     };
     check().map_err(PyErr::from)
 }
@@ -238,25 +239,20 @@ pub fn limit_list_arg(obj: &Arg, name: &str) -> PyResult<Vec<Limit>> {
 }
 
 /// A dict with keys among rpm, rpd, tpm, tpd.
-fn classic_limits_dict(obj: &Arg) -> PyResult<Limits> {
+fn classic_limits_dict(obj: &Arg) -> PyResult<ClassicValues> {
     let dict = obj
         .cast::<PyDict>()
         .map_err(|_| type_error("limits must be a Limits, a dict with rpm/rpd/tpm/tpd, or None"))?;
-    let mut l = Limits::default();
+    let mut l: ClassicValues = [None; CLASSIC];
     for (k, v) in dict.iter() {
         let key: String = k.extract().map_err(|_| type_error("limits keys must be str"))?;
-        let slot = match key.as_str() {
-            "rpm" => &mut l.rpm,
-            "rpd" => &mut l.rpd,
-            "tpm" => &mut l.tpm,
-            "tpd" => &mut l.tpd,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown limit {other:?}; expected rpm, rpd, tpm or tpd"
-                )))
-            }
+        let Some(slot) = classic_window(&key).and_then(|(metric, window)| classic_slot(metric, window))
+        else {
+            return Err(PyValueError::new_err(format!(
+                "unknown limit {key:?}; expected rpm, rpd, tpm or tpd"
+            )));
         };
-        *slot = opt_limit(&v, &key)?;
+        l[slot] = opt_limit(&v, &key)?;
     }
     Ok(l)
 }
@@ -269,7 +265,7 @@ fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound
 }
 
 /// The classic windows as SPEC §4 and §9 key them.
-const CLASSIC: [&str; 4] = ["rpm", "rpd", "tpm", "tpd"];
+const CLASSIC_NAMES: [&str; CLASSIC] = ["rpm", "rpd", "tpm", "tpd"];
 
 /// The worst used/limit over the declared windows (a limit of 0 counts as full);
 /// `None` without limits (SPEC §9, §12).
@@ -285,7 +281,7 @@ fn used_fraction(pairs: &[(i64, Option<i64>)]) -> Option<f64> {
 /// reason, in gate order.
 pub(crate) fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for r in CLASSIC {
+    for r in CLASSIC_NAMES {
         let w = u.window(r);
         d.set_item(r, window(py, w.used, w.limit)?)?;
     }
@@ -301,7 +297,7 @@ pub(crate) fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Boun
 pub(crate) fn snapshot_limits(d: &Bound<'_, PyDict>, r: &SnapshotRow) -> PyResult<()> {
     // SPEC §9's classic windows: the route's own use, the model's limit.
     let mut fractions = Vec::with_capacity(r.limits.len() + 4);
-    for name in CLASSIC {
+    for name in CLASSIC_NAMES {
         let used = match classic_window(name) {
             Some((metric, MINUTE)) => r.minute.get(metric),
             Some((metric, _)) => r.day.get(metric),

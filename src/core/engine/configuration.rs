@@ -101,12 +101,11 @@ impl Configuration<'_> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;
         // A declared limit on a classic window at account scope IS that classic limit
-        // (SPEC §14.1): it is stored in its column, the others beside.
+        // (SPEC §14.1): kept as the store keeps it, the classic four and the others.
         let model = ModelInfo {
             platform: platform.to_string(),
             model_id: model_id.to_string(),
-            limits: limits.classic(),
-            others: limits.others(),
+            limits: LimitSet::stored(limits.classic(), limits.others()),
             monthly_token_budget,
         };
         self.unit.run(Access::Write, |tx| {

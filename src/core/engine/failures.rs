@@ -12,15 +12,13 @@ use crate::core::cooldowns::{
     EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
 };
 use crate::core::error::{Error, Result};
-use crate::core::limits::{classic_window, LimitSet};
+use crate::core::limits::{classic_slot, classic_window, LimitSet, Metric, DAY};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
 };
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
-use crate::core::types::{
-    check_name, check_non_negative, Cooldown, CooldownSource, Limits, ModelInfo, Route,
-};
+use crate::core::types::{check_name, check_non_negative, Cooldown, CooldownSource, ModelInfo, Route};
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
 use std::sync::Arc;
 
@@ -246,8 +244,8 @@ impl Failures<'_> {
     /// SPEC §6.1 inside an open write section: decides, and queues the hits and the
     /// ladder step it counts.
     fn limit_decision(
-        &mut self, route: &Route, limits: Limits, retry_after_ms: Option<i64>, quota_signal: bool, now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, route: &Route, limits: LimitSet, retry_after_ms: Option<i64>, quota_signal: bool,
+        now: i64, writes: &mut Vec<Write>,
     ) -> CooldownDecision {
         if self.is_local(route.key_id) {
             return CooldownDecision::new(LOCAL_BENCH_MS, CooldownSource::Heuristic);
@@ -256,10 +254,12 @@ impl Failures<'_> {
         self.unit.mirror.prune_route(rid, now);
         let read = self.unit.mirror.reader();
         let day = read.route_day(rid, now);
+        let (day_requests, day_tokens) =
+            (limits.classic_limit(Metric::Requests, DAY), limits.classic_limit(Metric::Tokens, DAY));
         let daily_exhausted =
-            limits.rpd.is_some_and(|l| day.requests >= l) || limits.tpd.is_some_and(|l| day.tokens >= l);
+            day_requests.is_some_and(|l| day.requests >= l) || day_tokens.is_some_and(|l| day.tokens >= l);
         let mut effectively_exhausted = false;
-        if limits.rpd.is_none() && limits.tpd.is_none() && quota_signal {
+        if day_requests.is_none() && day_tokens.is_none() && quota_signal {
             let earlier = read.unknown_limit_hits(route, now.saturating_sub(UNKNOWN_HIT_WINDOW_MS));
             writes.push(history_row(route, HistoryKind::Unknown, now));
             effectively_exhausted = earlier + 1 >= 2;
@@ -286,7 +286,7 @@ impl Failures<'_> {
             check_non_negative("retry_after_ms", ra)?;
         }
         self.writing(|e, now, writes| {
-            let limits = e.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
+            let limits = e.unit.mirror.limits_for(&route.platform, &route.model_id, limits);
             Ok(e.limit_decision(route, limits, retry_after_ms, quota_signal, now, writes))
         })
         .map(|(d, _)| d)
@@ -302,17 +302,18 @@ impl Failures<'_> {
             self.unit.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
                 platform: platform.to_string(),
                 model_id: model_id.to_string(),
-                limits: Limits::default(),
-                others: Vec::new(),
+                limits: LimitSet::default(),
                 monthly_token_budget: None,
             });
         // A learned kind names the classic window it tightens (a concurrency cap none).
         let (metric, window) = classic_window(learned.kind.as_str())?;
-        let slot = model.limits.get_mut(metric, window)?;
+        let mut classic = model.limits.classic();
+        let slot = &mut classic[classic_slot(metric, window)?];
         if slot.is_some_and(|v| v <= learned.limit) {
             return None;
         }
         *slot = Some(learned.limit);
+        model.limits = model.limits.replace_classic(classic);
         self.unit.logs.push((
             log::Level::Info,
             format!(
@@ -384,7 +385,7 @@ impl Failures<'_> {
         } else {
             learned
         };
-        let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits).classic();
+        let limits = self.unit.mirror.limits_for(&route.platform, &route.model_id, limits);
         let local = self.is_local(route.key_id);
         if kind != FailureKind::EmptyCompletion && self.unit.mirror.reader().empty_streak(route) > 0 {
             // Any other outcome ends the empty-completion streak.

@@ -1,7 +1,7 @@
 //! The engine's configuration as mirrored: registered keys, models and their limit
 //! sets, provider caps, the platforms' calendars and the priority reserves.
 use crate::core::calendar::Calendar;
-use crate::core::limits::{LimitSet, WindowSpec};
+use crate::core::limits::{LimitSet, Metric, WindowSpec, DAY};
 use crate::core::state::FastMap;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use regex::Regex;
@@ -34,8 +34,7 @@ impl Config {
     pub fn put_model(&mut self, m: ModelInfo) -> LimitSet {
         let billing = m.monthly_token_budget.as_deref().and_then(parse_multiplier);
         self.billing.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), billing);
-        let set = LimitSet::with_classic(m.limits, m.others.clone())
-            .unwrap_or_else(|_| LimitSet::from_classic(m.limits));
+        let set = m.limits.clone();
         self.limit_sets.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), set.clone());
         self.models.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), m);
         set
@@ -94,7 +93,7 @@ impl Config {
         if let Some(m) = billing {
             return m;
         }
-        match model.and_then(|m| m.limits.tpd) {
+        match model.and_then(|m| m.limits.classic_limit(Metric::Tokens, DAY)) {
             Some(tpd) if tpd > 0 && tpd < cap => Multiplier { num: cap, den: tpd },
             _ => Multiplier::ONE,
         }

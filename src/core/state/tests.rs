@@ -23,23 +23,21 @@ fn multiplier_from_label() {
 fn retention_keeps_each_model_from_its_own_cut_off() {
     // SPEC 14.2: only the models with a week, month or wide sliding window keep
     // rows past the retention, each from its own window in its own calendar.
-    let model = |platform: &str, model_id: &str, others: &str, limits| ModelInfo {
+    let model = |platform: &str, model_id: &str, limits: &str| ModelInfo {
         platform: platform.into(),
         model_id: model_id.into(),
-        limits,
-        others: crate::core::limits::decode_limits(others).unwrap(),
+        limits: LimitSet::parse(limits).unwrap(),
         monthly_token_budget: None,
     };
     let mut m = Mirror::default();
-    let day = crate::core::types::Limits { rpd: Some(5), rpm: Some(1), ..Default::default() };
-    m.put_model(model("mistral", "month", "requests/month=3", Default::default()));
-    m.put_model(model("mistral", "week", "tokens/week=3", Default::default()));
-    m.put_model(model("mistral", "slide", "requests/7d=3", Default::default()));
-    m.put_model(model("mistral", "day", "", day));
+    m.put_model(model("mistral", "month", "requests/month=3"));
+    m.put_model(model("mistral", "week", "tokens/week=3"));
+    m.put_model(model("mistral", "slide", "requests/7d=3"));
+    m.put_model(model("mistral", "day", "requests/minute=1 requests/day=5"));
     // A platform whose days start at midnight Pacific time.
     let pacific = crate::core::providers::with_day_zone("America/Los_Angeles");
-    m.put_model(model(pacific, "month", "requests/month=3", Default::default()));
-    m.put_model(model("mistral", "minute", "requests/1m=3", Default::default()));
+    m.put_model(model(pacific, "month", "requests/month=3"));
+    m.put_model(model("mistral", "minute", "requests/1m=3"));
     let dec10 = 1_796_083_200_000 + 9 * 86_400_000 + 10 * 3_600_000; // Thursday 2026-12-10 10:00 UTC
     let before = dec10 - 3_600_000;
     let kept: Vec<(String, String, i64)> = m
@@ -88,10 +86,8 @@ fn a_reserve_keeps_the_floor_of_its_fraction() {
 fn gates_refuse_at_limit_and_report_retry() {
     let mut m = Mirror::default();
     let rid = m.route_id("acme", "llama", 1);
-    let ctx = GateContext {
-        limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(2), ..Default::default() }),
-        ..Default::default()
-    };
+    let ctx =
+        GateContext { limits: LimitSet::parse("requests/minute=2").expect("limits"), ..Default::default() };
     let t0 = 1_000_000;
     m.add_counts(rid, Counts::of(1, 0), t0, t0);
     assert_eq!(evaluate(&m, rid, Estimate::default(), &ctx, t0), Admission::ALLOWED);
@@ -106,10 +102,8 @@ fn gates_refuse_at_limit_and_report_retry() {
 fn leases_count_until_they_expire() {
     let mut m = Mirror::default();
     let rid = m.route_id("acme", "llama", 1);
-    let ctx = GateContext {
-        limits: LimitSet::from_classic(crate::core::types::Limits { rpm: Some(1), ..Default::default() }),
-        ..Default::default()
-    };
+    let ctx =
+        GateContext { limits: LimitSet::parse("requests/minute=1").expect("limits"), ..Default::default() };
     m.add_lease(
         7,
         LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },

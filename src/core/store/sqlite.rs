@@ -5,8 +5,8 @@ use super::{
     StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
-use crate::core::limits::{decode_caps, decode_limits};
-use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, Limits, ModelInfo};
+use crate::core::limits::{decode_caps, decode_limits, LimitSet};
+use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
 
@@ -352,12 +352,14 @@ impl SqliteStore {
         )?;
         let rows = stmt.query_map([], |r| {
             let others: Option<String> = r.get(7)?;
+            // The classic four's columns, in their gate order.
+            let classic = [r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?];
+            // A row a plain writer spoiled keeps its classic four.
+            let others = others.as_deref().map(decode_limits).and_then(|l| l.ok()).unwrap_or_default();
             Ok(ModelInfo {
                 platform: r.get(0)?,
                 model_id: r.get(1)?,
-                limits: Limits { rpm: r.get(2)?, rpd: r.get(3)?, tpm: r.get(4)?, tpd: r.get(5)? },
-                // A row a plain writer spoiled keeps its classic four.
-                others: others.as_deref().map(decode_limits).and_then(|l| l.ok()).unwrap_or_default(),
+                limits: LimitSet::stored(classic, others),
                 monthly_token_budget: r.get(6)?,
             })
         })?;

@@ -1,7 +1,7 @@
 //! What the engine is told (SPEC §4, §8, §14, 22.1): keys and their accounts, models
 //! and their limits, provider calendars, priority reserves and provider caps.
 use super::PyQuotaEngine;
-use crate::core::types::{KeyInfo, Limits};
+use crate::core::types::KeyInfo;
 use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg, Arg};
 use crate::python::limits::{cap_settings, declaration, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
 use pyo3::prelude::*;
@@ -78,12 +78,7 @@ impl PyQuotaEngine {
         let get = |v: Option<&Arg>, n: &str| v.map_or(Ok(None), |v| opt_limit(v, n));
         let platform = str_arg(platform, "platform")?;
         let model_id = str_arg(model_id, "model_id")?;
-        let classic = Limits {
-            rpm: get(rpm, "rpm")?,
-            rpd: get(rpd, "rpd")?,
-            tpm: get(tpm, "tpm")?,
-            tpd: get(tpd, "tpd")?,
-        };
+        let classic = [get(rpm, "rpm")?, get(rpd, "rpd")?, get(tpm, "tpm")?, get(tpd, "tpd")?];
         let limits = declaration(platform, model_id, classic, others)?;
         self.run(py, move |e| e.config().set_model_limits(platform, model_id, &limits, monthly_token_budget))
     }

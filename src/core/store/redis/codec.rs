@@ -7,12 +7,12 @@
 //! lease inserted/deleted, `HSET`/`HDEL` a small table's row, `CK`/`CE` cooldowns of a
 //! key/expired, `H`/`HD` history inserted/deleted, `S` the sweep, `G` a `server_logs` row.
 use super::{unavailable, SEP, SWEEP_BUDGET};
-use crate::core::limits::{decode_caps, decode_limits, encode_caps, encode_limits};
+use crate::core::limits::{decode_caps, decode_limits, encode_caps, encode_limits, LimitSet};
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, StoreResult, TokenKinds,
     UsageKind, UsageRow, Write,
 };
-use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, Limits, ModelInfo};
+use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, ModelInfo};
 use redis::Value;
 use std::sync::Arc;
 
@@ -382,17 +382,18 @@ fn parse_key(v: &str) -> StoreResult<KeyInfo> {
     })
 }
 
-// ---- models: `platform model` -> `rpm rpd tpm tpd budget limits` -----------------------
+// ---- models: `platform model` -> the classic four (gate order), budget, the others --
 
 fn model_value(m: &ModelInfo) -> String {
+    let [a, b, c, d] = m.limits.classic();
     format!(
         "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
-        opt_i64(m.limits.rpm),
-        opt_i64(m.limits.rpd),
-        opt_i64(m.limits.tpm),
-        opt_i64(m.limits.tpd),
+        opt_i64(a),
+        opt_i64(b),
+        opt_i64(c),
+        opt_i64(d),
         opt(m.monthly_token_budget.as_deref()),
-        encode_limits(&m.others)
+        encode_limits(&m.limits.others())
     )
 }
 
@@ -409,13 +410,10 @@ fn parse_model(field: &str, v: &str) -> StoreResult<ModelInfo> {
     Ok(ModelInfo {
         platform: unesc(k[0]),
         model_id: unesc(k[1]),
-        limits: Limits {
-            rpm: parse_opt_i64(f[0])?,
-            rpd: parse_opt_i64(f[1])?,
-            tpm: parse_opt_i64(f[2])?,
-            tpd: parse_opt_i64(f[3])?,
-        },
-        others: decode_limits(f[5]).unwrap_or_default(),
+        limits: LimitSet::stored(
+            [parse_opt_i64(f[0])?, parse_opt_i64(f[1])?, parse_opt_i64(f[2])?, parse_opt_i64(f[3])?],
+            decode_limits(f[5]).unwrap_or_default(),
+        ),
         monthly_token_budget: unopt(f[4]),
     })
 }
@@ -619,8 +617,7 @@ mod tests {
         let mi = ModelInfo {
             platform: "p\u{1f}x".into(),
             model_id: "m\\y".into(),
-            limits: Limits { rpm: Some(1), rpd: None, tpm: Some(3), tpd: None },
-            others: Vec::new(),
+            limits: LimitSet::from_classic([Some(1), None, Some(3), None]),
             monthly_token_budget: Some("5".into()),
         };
         assert_eq!(parse_model(&route(&mi.platform, &mi.model_id), &model_value(&mi)).expect("model"), mi);

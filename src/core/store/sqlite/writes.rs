@@ -245,6 +245,8 @@ impl SqliteStore {
     }
 
     fn upsert_model(&self, m: &ModelInfo) -> rusqlite::Result<i64> {
+        // The classic four in their columns (gate order), every other limit beside.
+        let (classic, others) = (m.limits.classic(), m.limits.others());
         self.exec(
             "INSERT INTO models (platform, model_id, rpm_limit, rpd_limit, tpm_limit, tpd_limit, monthly_token_budget, limits) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (platform, model_id) DO UPDATE SET \
@@ -254,12 +256,12 @@ impl SqliteStore {
             params![
                 m.platform,
                 m.model_id,
-                m.limits.rpm,
-                m.limits.rpd,
-                m.limits.tpm,
-                m.limits.tpd,
+                classic[0],
+                classic[1],
+                classic[2],
+                classic[3],
                 m.monthly_token_budget,
-                (!m.others.is_empty()).then(|| encode_limits(&m.others)),
+                (!others.is_empty()).then(|| encode_limits(&others)),
             ],
         )?;
         Ok(0)
