@@ -12,7 +12,7 @@ use crate::core::cooldowns::{
     EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
 };
 use crate::core::error::{Error, Result};
-use crate::core::limits::{classic_slot, classic_window, LimitSet, Metric, DAY};
+use crate::core::limits::{classic_slot, LimitSet, Metric, DAY};
 use crate::core::parse::{
     infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
     LearnedLimit, LimitAxis,
@@ -306,7 +306,7 @@ impl Failures<'_> {
                 monthly_token_budget: None,
             });
         // A learned kind names the classic window it tightens (a concurrency cap none).
-        let (metric, window) = classic_window(learned.kind.as_str())?;
+        let (metric, window) = learned.kind.window()?;
         let mut classic = model.limits.classic();
         let slot = &mut classic[classic_slot(metric, window)?];
         if slot.is_some_and(|v| v <= learned.limit) {

@@ -1,6 +1,8 @@
 //! The kind of a failure (SPEC §6.2), by status and provider error body, and
 //! the upstream an aggregator's body blames (SPEC 21.1).
 use super::head;
+use super::learned::LimitAxis;
+use crate::core::limits::{DAY, MINUTE};
 use crate::core::providers::UPSTREAM_PHRASES;
 use std::fmt;
 use std::str::FromStr;
@@ -85,10 +87,8 @@ const PAYMENT_PHRASES: &[&str] = &[
     "insufficient balance",
 ];
 const DAY_PHRASES: &[&str] = &["daily", "per day", "per-day", "perday", "per_day", "today"];
-const DAY_WORDS: &[&str] = &["rpd", "tpd"];
 const QUOTA_PHRASES: &[&str] = &["quota", "limit", "allocation", "exhaust", "used up"];
 const MINUTE_PHRASES: &[&str] = &["per minute", "per-minute", "perminute", "per_minute"];
-const MINUTE_WORDS: &[&str] = &["rpm", "tpm"];
 const CONCURRENCY_PHRASES: &[&str] = &[
     "concurrent",
     "concurrency",
@@ -135,10 +135,6 @@ fn contains_word(haystack: &str, word: &str) -> bool {
     })
 }
 
-fn contains_any_word(haystack: &str, words: &[&str]) -> bool {
-    words.iter().any(|w| contains_word(haystack, w))
-}
-
 /// Infers the failure kind from a status and a message (SPEC §6.2 table):
 /// the first matching row wins, phrases match case-insensitively.
 ///
@@ -172,8 +168,14 @@ pub fn infer_failure_kind(status: Option<i64>, message: Option<&str>) -> Failure
     {
         return FailureKind::Upstream;
     }
-    let names_day = has(DAY_PHRASES) || contains_any_word(text, DAY_WORDS);
-    let names_minute_axis = has(MINUTE_PHRASES) || contains_any_word(text, MINUTE_WORDS);
+    // The classic limits' names count as words of their window ("rpd", "tpm").
+    let names_window = |window| {
+        LimitAxis::ALL
+            .into_iter()
+            .any(|axis| axis.window().is_some_and(|(_, w)| w == window) && contains_word(text, axis.as_str()))
+    };
+    let names_day = has(DAY_PHRASES) || names_window(DAY);
+    let names_minute_axis = has(MINUTE_PHRASES) || names_window(MINUTE);
     if names_day && has(QUOTA_PHRASES) && !names_minute_axis {
         return FailureKind::DailyQuota;
     }

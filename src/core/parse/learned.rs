@@ -1,5 +1,6 @@
 //! A limit stated in an error body (SPEC §7): in words, or by a quota id.
 use super::{cached, head};
+use crate::core::limits::{classic_name, Metric, WindowSpec, DAY, MINUTE};
 use crate::core::providers::{quota_id_pattern, stated_quota_value};
 use regex::Regex;
 use std::fmt;
@@ -22,14 +23,21 @@ impl LimitAxis {
     /// Every axis, in the order [`parse_provider_limit`] tries them.
     pub const ALL: [LimitAxis; 4] = [LimitAxis::Tpd, LimitAxis::Tpm, LimitAxis::Rpd, LimitAxis::Rpm];
 
-    pub fn as_str(self) -> &'static str {
+    /// The classic window the axis tightens: its metric per its window (a concurrency
+    /// cap has none).
+    pub fn window(self) -> Option<(Metric, WindowSpec)> {
         match self {
-            LimitAxis::Tpd => "tpd",
-            LimitAxis::Tpm => "tpm",
-            LimitAxis::Rpd => "rpd",
-            LimitAxis::Rpm => "rpm",
-            LimitAxis::Concurrency => "concurrency",
+            LimitAxis::Tpd => Some((Metric::Tokens, DAY)),
+            LimitAxis::Tpm => Some((Metric::Tokens, MINUTE)),
+            LimitAxis::Rpd => Some((Metric::Requests, DAY)),
+            LimitAxis::Rpm => Some((Metric::Requests, MINUTE)),
+            LimitAxis::Concurrency => None,
         }
+    }
+
+    /// The name of the classic limit it tightens (`"concurrency"` for a concurrency cap).
+    pub fn as_str(self) -> &'static str {
+        self.window().and_then(|(metric, window)| classic_name(metric, window)).unwrap_or("concurrency")
     }
 }
 
@@ -42,10 +50,13 @@ impl fmt::Display for LimitAxis {
 impl FromStr for LimitAxis {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        LimitAxis::ALL
-            .into_iter()
-            .find(|axis| axis.as_str() == s)
-            .ok_or_else(|| format!("unknown limit kind {s:?}; expected tpd, tpm, rpd or rpm"))
+        LimitAxis::ALL.into_iter().find(|axis| axis.as_str() == s).ok_or_else(|| {
+            let names = LimitAxis::ALL.map(LimitAxis::as_str);
+            format!(
+                "unknown limit kind {s:?}; expected {}, {}, {} or {}",
+                names[0], names[1], names[2], names[3]
+            )
+        })
     }
 }
 
@@ -112,13 +123,18 @@ pub(super) fn axis_regex(axis: LimitAxis) -> Option<&'static Regex> {
     const L: &str = r"(?:^|[^a-zA-Z0-9])";
     const R: &str = r"(?:$|[^a-zA-Z0-9])";
     const SEP: &str = r"[\s_-]+";
-    let (cell, noun, period, abbr) = match axis {
-        LimitAxis::Tpd => (&TPD, "tokens?", "day", "tpd"),
-        LimitAxis::Tpm => (&TPM, "tokens?", "minute", "tpm"),
-        LimitAxis::Rpd => (&RPD, "requests?", "day", "rpd"),
-        LimitAxis::Rpm => (&RPM, "requests?", "minute", "rpm"),
+    let cell = match axis {
+        LimitAxis::Tpd => &TPD,
+        LimitAxis::Tpm => &TPM,
+        LimitAxis::Rpd => &RPD,
+        LimitAxis::Rpm => &RPM,
         LimitAxis::Concurrency => return None,
     };
+    // The words for its metric and window, and its classic name as an abbreviation.
+    let (metric, window) = axis.window()?;
+    let noun = if metric == Metric::Tokens { "tokens?" } else { "requests?" };
+    let period = if window == MINUTE { "minute" } else { "day" };
+    let abbr = axis.as_str();
     // A quota id: the noun, and later in the same identifier `Per<Period>`.
     let camel = quota_id_pattern(noun, period);
     cached(cell, &format!(r"(?i)(?:{L}(?:{noun}{SEP}per{SEP}{period}|{abbr}){R}|{camel})"))
