@@ -11,6 +11,9 @@ use quotaengine::core::types::{CooldownSource, Limits, Reason, Route};
 use rusqlite::Connection;
 use std::sync::Arc;
 
+#[path = "support/quota_feed.rs"]
+mod quota_feed;
+
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
 
 fn open(path: &str, clock: &Arc<ManualClock>) -> Engine {
@@ -439,4 +442,11 @@ fn a_pass_called_from_inside_a_pass_is_a_runtime_error() {
     // Outside a pass, a pass runs.
     assert_eq!(handle.run_probe_pass(&Always, &mut || 0.0, 3).unwrap().probed_key_ids, Vec::<i64>::new());
     handle.close().unwrap();
+}
+
+#[test]
+fn a_quota_observation_of_another_engine_is_seen_at_its_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, mut a, mut b) = two_engines(&dir);
+    quota_feed::another_engines_observation_is_seen_at_once(&mut a, &mut b, &clock, true);
 }
