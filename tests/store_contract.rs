@@ -191,6 +191,7 @@ contract!(
     a_readonly_handle_refuses_every_write,
     an_optimistic_commit_conflicts_only_on_what_its_decision_read,
     quota_states_and_server_logs_read_back,
+    an_observed_quota_reaches_others_and_conflicts_with_no_decision,
     changed_says_so_after_another_commit,
     the_write_lock_keeps_a_second_writer_out,
     claims_and_sole_writer,
@@ -271,6 +272,22 @@ fn model() -> ModelInfo {
     }
 }
 
+/// An observed quota row (SPEC §8.2) of 100 with `remaining` left.
+fn quota(platform: &str, key_id: i64, metric: &str, remaining: Option<i64>) -> QuotaStateRow {
+    QuotaStateRow {
+        platform: platform.into(),
+        key_id,
+        pool_key: "pool".into(),
+        metric: metric.into(),
+        limit: Some(100),
+        remaining,
+        reset_at_ms: Some(T0 + 60_000),
+        source: "header".into(),
+        confidence: 1.0,
+        observed_at_ms: T0,
+    }
+}
+
 fn log_row(message: &str, at: i64) -> LogRow {
     LogRow {
         level: "warn",
@@ -343,6 +360,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
             Write::SetCaps("p".into(), [CapSetting::Cap(9), CapSetting::NoCap, CapSetting::Inherit]),
             Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0)),
             Write::SetCalendar { platform: "p".into(), zone: Some("America/Los_Angeles".into()) },
+            Write::UpsertQuotaState(quota("p", 1, "requests", Some(40))),
         ],
     );
     assert_eq!(ids[2], 77, "an inserted lease answers its id");
@@ -360,6 +378,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
     assert_eq!((caps[0].1[0], caps[0].1[1]), (CapSetting::Cap(9), CapSetting::NoCap));
     assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Ladder, T0)]);
     assert_eq!(ch.calendars.unwrap(), vec![("p".to_string(), "America/Los_Angeles".to_string())]);
+    assert_eq!(ch.quota_states.unwrap(), vec![quota("p", 1, "requests", Some(40))]);
     // The writer is never handed its own usage rows back.
     assert!(pull(&mut *a).usage.is_empty());
     // Nothing new: nothing more for the reader.
@@ -370,6 +389,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
     assert_eq!(rows.len(), 2);
     assert_eq!(ch.leases.unwrap().len(), 1);
     assert_eq!(ch.keys.unwrap(), vec![key(1)]);
+    assert_eq!(ch.quota_states.unwrap().len(), 1);
 }
 
 fn a_rollback_writes_nothing(b: &dyn Backend) {
@@ -632,18 +652,7 @@ fn an_optimistic_commit_conflicts_only_on_what_its_decision_read(b: &dyn Backend
 
 fn quota_states_and_server_logs_read_back(b: &dyn Backend) {
     let mut a = b.open();
-    let q = |platform: &str, key_id, metric: &str, remaining| QuotaStateRow {
-        platform: platform.into(),
-        key_id,
-        pool_key: "pool".into(),
-        metric: metric.into(),
-        limit: Some(100),
-        remaining,
-        reset_at_ms: Some(T0 + 60_000),
-        source: "header".into(),
-        confidence: 1.0,
-        observed_at_ms: T0,
-    };
+    let q = quota;
     commit(
         &mut *a,
         &[
@@ -667,6 +676,36 @@ fn quota_states_and_server_logs_read_back(b: &dyn Backend) {
     assert_eq!(logs.iter().map(|(_, l, _)| l.message.as_str()).collect::<Vec<_>>(), vec!["third", "second"]);
     assert_eq!(logs[0].1, log_row("third", T0 + 2));
     assert!(logs[0].0 != logs[1].0, "rows have ids of their own");
+}
+
+fn an_observed_quota_reaches_others_and_conflicts_with_no_decision(b: &dyn Backend) {
+    let (mut a, mut other) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    follow(&mut *other, 0);
+    commit(&mut *other, &[Write::UpsertQuotaState(quota("p", 2, "requests", Some(5)))]);
+    // Merged again: the whole table, as it is now, in (platform, key, pool, metric) order.
+    commit(
+        &mut *other,
+        &[
+            Write::UpsertQuotaState(quota("p", 2, "requests", Some(4))),
+            Write::UpsertQuotaState(quota("p", 1, "tokens", None)),
+        ],
+    );
+    let ch = pull(&mut *a);
+    assert_eq!(
+        ch.quota_states.unwrap(),
+        vec![quota("p", 1, "tokens", None), quota("p", 2, "requests", Some(4))]
+    );
+    assert!(pull(&mut *a).quota_states.is_none(), "unchanged: not read again");
+    // The `headroom` pick may read it up to 5 s old (SPEC §8.2): it conflicts with no
+    // optimistic decision, and is the next pull's.
+    commit(&mut *other, &[Write::UpsertQuotaState(quota("p", 1, "requests", Some(9)))]);
+    let optimistic = a.begin_optimistic().unwrap();
+    // A section holding the write lock reads what changed first.
+    let seen = if optimistic { None } else { a.pull().unwrap().quota_states };
+    a.write(&Write::InsertLease(lease(9, 1, T0 + 60_000))).unwrap();
+    a.commit().unwrap();
+    assert_eq!(seen.or_else(|| pull(&mut *a).quota_states).unwrap().len(), 3);
 }
 
 fn changed_says_so_after_another_commit(b: &dyn Backend) {

@@ -4,7 +4,7 @@
 //! back and made again when another writer changed what they read).
 use super::unit::{Access, Applied};
 use super::usage::TokenUse;
-use super::{admit, check_priority, Engine};
+use super::{admit, check_priority, observed, Engine};
 use crate::core::admission::{self, Passed};
 use crate::core::error::{Error, Refusal, Result};
 use crate::core::limits::LimitSet;
@@ -121,7 +121,7 @@ impl Engine {
     /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
     pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
         let leases = ops.iter().filter(|op| op.leases()).count();
-        self.refresh_headroom_for(&ops);
+        self.know_recent_quota(&ops);
         let mut access = match leases {
             0 => Access::Append,
             n if n == ops.len() => Access::Decide,
@@ -274,7 +274,10 @@ impl Engine {
                 continue;
             }
             let key_headroom = match strategy {
-                Strategy::Headroom => self.cached_headroom(&route.platform, route.key_id, now),
+                // The key's observed quota headroom (SPEC §8.2), as the mirror holds it.
+                Strategy::Headroom => {
+                    self.unit.mirror.reader().key_quota_headroom(&route.platform, route.key_id, now)
+                }
                 _ => None,
             };
             let leased_at = self.leased_at.get(&rid).copied().unwrap_or(0);
@@ -295,31 +298,19 @@ impl Engine {
         }
     }
 
-    /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
-    /// batch by `refresh_headroom_for`), while fresh.
-    fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
-        self.observed.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
-    }
-
-    /// Before a batch's section: the observed quota headroom of the platforms a
-    /// `headroom` pick will read (cached 5 s; a store read at most that often).
-    fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
+    /// Before a batch's section: a `headroom` pick reads the observed quota at most 5 s
+    /// old (SPEC §8.2). A store that decides optimistically brings others' writes only
+    /// with a round trip, so when the engine last had one longer ago (it was idle), the
+    /// store is read first; otherwise the pick reads the mirror as it is.
+    fn know_recent_quota(&mut self, ops: &[BatchOp]) {
+        let headroom = |op: &BatchOp| matches!(op, BatchOp::LeaseAny { strategy: Strategy::Headroom, .. });
         let now = self.unit.clock.now_ms();
-        let mut stale: Vec<String> = Vec::new();
-        for op in ops {
-            if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
-                for r in routes {
-                    if self.observed.fresh_headroom(&r.platform, now).is_none()
-                        && !stale.contains(&r.platform)
-                    {
-                        stale.push(r.platform.clone());
-                    }
-                }
-            }
-        }
-        for p in stale {
-            // Unreadable quota state: pick on the windows alone.
-            let _ = self.observed().key_quota_headroom(&p);
+        if !self.unit.degraded()
+            && ops.iter().any(headroom)
+            && self.unit.known_before(now, observed::HEADROOM_CACHE_MS)
+        {
+            // Unreadable: the pick reads what the engine knows.
+            let _ = self.unit.run(Access::Read, |_| Ok(()));
         }
     }
 

@@ -79,7 +79,8 @@ impl Mirror {
                 return (0, replace_calendars(self, set));
             }
             Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
-            Write::Log(_) | Write::UpsertQuotaState(_) => {}
+            Write::UpsertQuotaState(q) => self.quota.put(q.clone()),
+            Write::Log(_) => {}
         }
         (0, false)
     }
@@ -114,6 +115,10 @@ impl Mirror {
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
         }
+        let quota_changed = ch.quota_states.is_some();
+        if let Some(q) = ch.quota_states {
+            self.quota.replace(q);
+        }
         if let Some(h) = ch.history {
             self.history.replace(h);
         }
@@ -132,6 +137,11 @@ impl Mirror {
                 .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease(_)))
             {
                 recount |= self.apply(w, 0, now).1;
+            }
+        } else if quota_changed {
+            // Only the observed quota (the most frequent change): our own waiting rows.
+            for w in waiting.writes.iter().filter(|w| matches!(w, Write::UpsertQuotaState(_))) {
+                self.apply(w, 0, now);
             }
         }
         recount

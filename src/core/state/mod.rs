@@ -1,7 +1,8 @@
 //! The engine's in-memory picture of the store: window state per route and per
-//! provider account, live leases, cooldowns, keys, models and caps. Kept current
-//! incrementally from the store's change feed, and the only thing gates read. The
-//! engine's desks ask it their questions through its [`Reader`] (`reader/`).
+//! provider account, live leases, cooldowns, keys, models, caps and the observed
+//! provider quota. Kept current incrementally from the store's change feed, and the
+//! only thing gates read. The engine's desks ask it their questions through its
+//! [`Reader`] (`reader/`).
 pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
@@ -16,6 +17,7 @@ mod feed;
 mod history;
 mod leases;
 mod prepare;
+mod quota;
 mod reader;
 use accounts::Accounts;
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
@@ -23,6 +25,7 @@ pub use feed::Waiting;
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
 pub use prepare::{min_cap, Prepared, Setup};
+use quota::Quota;
 pub use reader::{Reader, RouteFigures, RouteUse};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -136,6 +139,8 @@ pub struct Mirror {
     pub history: History,
     pub calendars: Calendars,
     pub reserves: Reserves,
+    /// The observed provider quota (SPEC §8.2), read through the [`Reader`].
+    quota: Quota,
     /// What is derived from the environment and the caps (see [`Mirror::prepare`]).
     setup: Setup,
     /// The route of the last lease write built (`lease_write`), for `apply`.

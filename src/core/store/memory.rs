@@ -43,6 +43,9 @@ const CAPS: usize = 4;
 const HISTORY: usize = 5;
 const CALENDARS: usize = 6;
 const PRIORITIES: usize = 7;
+/// The observed quota: read by the `headroom` pick, which may be up to 5 s old (SPEC
+/// §8.2), so a change to it conflicts with no decision (as on Redis).
+const QUOTA: usize = 8;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
 const SMALL: [usize; 7] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES];
 
@@ -67,7 +70,7 @@ struct Tables {
     calendars: BTreeMap<String, String>,
     /// SPEC 22.1: priority -> reserve fraction.
     priorities: BTreeMap<i64, f64>,
-    versions: [u64; 8],
+    versions: [u64; 9],
 }
 
 #[derive(Default)]
@@ -124,7 +127,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 8]>,
+    seen: Option<[u64; 9]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -247,6 +250,9 @@ impl MemoryStore {
         if changed(PRIORITIES) {
             ch.priorities = Some(t.priorities.iter().map(|(p, f)| (*p, *f)).collect());
         }
+        if changed(QUOTA) {
+            ch.quota_states = Some(t.quota.values().cloned().collect());
+        }
         ch
     }
 
@@ -259,7 +265,7 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities);
+        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities, quota_states);
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -371,7 +377,9 @@ impl MemoryStore {
             }
             Write::UpsertQuotaState(q) => {
                 let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
-                t.quota.insert(key, q.clone());
+                if t.quota.insert(key, q.clone()).as_ref() != Some(q) {
+                    bump(t, QUOTA);
+                }
             }
             Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
                 let before = t.history.len();
@@ -560,7 +568,8 @@ impl Store for MemoryStore {
             || pending.caps.is_some()
             || pending.history.is_some()
             || pending.calendars.is_some()
-            || pending.priorities.is_some();
+            || pending.priorities.is_some()
+            || pending.quota_states.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 

@@ -292,6 +292,8 @@ pub struct Changes {
     pub calendars: Option<Vec<(String, String)>>,
     /// The stored priority reserves (SPEC 22.1): (priority, fraction).
     pub priorities: Option<Vec<(i64, f64)>>,
+    /// The observed provider quota rows (SPEC §8.2), every platform's.
+    pub quota_states: Option<Vec<QuotaStateRow>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).

@@ -8,7 +8,7 @@
 //! | `P:leases` | hash | live leases: id -> key, expires, tokens, created, route |
 //! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables (a cooldown field with an empty key benches its model for every key, SPEC 21.1) |
 //! | `P:ver` | hash | a version per small table, bumped by every change to it |
-//! | `P:quota` | hash | observed provider quota state |
+//! | `P:quota` | hash | observed provider quota state (versioned as the small tables) |
 //! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
 //! | `P:lock` | string | the write lock: its owner, with a time to live |
 //! | `P:late` | zset | usage entries written after the clock stepped back: id -> time |
@@ -51,7 +51,10 @@ pub use url::is_redis_url;
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
-const TABLES: [&str; 7] = ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities"];
+/// The versioned tables; a change to any but the last (the observed quota, which the
+/// `headroom` pick may read up to 5 s old, SPEC §8.2) conflicts with every decision.
+const TABLES: [&str; 8] =
+    ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities", "quota"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
@@ -115,7 +118,7 @@ pub struct RedisStore {
     section: Option<Section>,
     /// Stream id of the last feed entry read.
     cursor: String,
-    versions: [String; 7],
+    versions: [String; TABLES.len()],
     need_leases: bool,
     leases: HashMap<i64, LeaseRow>,
     /// What the last round trips brought, for the next `pull`.

@@ -265,7 +265,7 @@ UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_to
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 7] = [
+pub const VERSIONED_TABLES: [&str; 8] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -273,13 +273,18 @@ pub const VERSIONED_TABLES: [&str; 7] = [
     "failure_history",
     "platform_calendars",
     "priority_reserves",
+    "provider_quota_state",
 ];
 
-/// Triggers are (re)created after every migration, so that later versions can add
-/// tables to [`VERSIONED_TABLES`].
+/// Each versioned table's counter and triggers, (re)created after every migration,
+/// so that a table of an earlier version (`provider_quota_state`) can join
+/// [`VERSIONED_TABLES`] without a new schema version: a file stays readable by the
+/// engines of its version, and a reader of a file no writer of this engine opened yet
+/// (no counter) reads such a table at every change instead.
 pub fn triggers_sql() -> String {
     let mut sql = String::new();
     for t in VERSIONED_TABLES {
+        sql.push_str(&format!("INSERT OR IGNORE INTO quotaengine_meta (name, version) VALUES ('{t}', 0);\n"));
         for op in ["INSERT", "UPDATE", "DELETE"] {
             sql.push_str(&format!(
                 "CREATE TRIGGER IF NOT EXISTS qe_bump_{t}_{op} AFTER {op} ON {t} BEGIN \

@@ -56,6 +56,9 @@ pub struct SqliteStore {
     shm_seen: Option<[u8; SHM_HEADER]>,
 }
 
+/// `provider_quota_state`'s place in [`VERSIONED_TABLES`].
+const QUOTA_TABLE: usize = 7;
+
 /// The first copy of the WAL index header: every commit changes it (frame count and
 /// checksums; a restarted WAL, its salts).
 const SHM_HEADER: usize = 48;
@@ -379,6 +382,30 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// The observed quota rows (SPEC §8.2), of one platform or all.
+    fn read_quota_states(&self, platform: Option<&str>) -> rusqlite::Result<Vec<QuotaStateRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, key_id, pool_key, metric, limit_value, remaining, reset_at_ms, source, confidence, \
+             observed_at_ms FROM provider_quota_state WHERE ?1 IS NULL OR platform = ?1 \
+             ORDER BY platform, key_id, pool_key, metric",
+        )?;
+        let rows = stmt.query_map([platform], |r| {
+            Ok(QuotaStateRow {
+                platform: r.get(0)?,
+                key_id: r.get(1)?,
+                pool_key: r.get(2)?,
+                metric: r.get(3)?,
+                limit: r.get(4)?,
+                remaining: r.get(5)?,
+                reset_at_ms: r.get(6)?,
+                source: r.get(7)?,
+                confidence: r.get(8)?,
+                observed_at_ms: r.get(9)?,
+            })
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -409,6 +436,7 @@ impl SqliteStore {
         }
         let mut versions = self.versions;
         let (mut trims, mut trimmed_to) = (0, 0);
+        let mut quota_counted = false;
         {
             let mut stmt = self.conn.prepare_cached("SELECT name, version FROM quotaengine_meta")?;
             let mut rows = stmt.query([])?;
@@ -416,6 +444,7 @@ impl SqliteStore {
                 let name = r.get_ref(0)?.as_str()?;
                 if let Some(i) = VERSIONED_TABLES.iter().position(|t| *t == name) {
                     versions[i] = r.get(1)?;
+                    quota_counted |= i == QUOTA_TABLE;
                 } else if name == "usage_trims" {
                     trims = r.get(1)?;
                 } else if name == "usage_trimmed_to" {
@@ -480,6 +509,11 @@ impl SqliteStore {
             let mut stmt = self.conn.prepare_cached("SELECT priority, fraction FROM priority_reserves")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             changes.priorities = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
+        // A file no writer of this engine opened yet counts no quota changes (see
+        // `triggers_sql`): its quota rows are read at every change.
+        if versions[QUOTA_TABLE] != self.versions[QUOTA_TABLE] || !quota_counted {
+            changes.quota_states = Some(self.read_quota_states(None)?);
         }
         self.versions = versions;
         self.data_version = Some(dv);
@@ -820,26 +854,7 @@ impl Store for SqliteStore {
     }
 
     fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT platform, key_id, pool_key, metric, limit_value, remaining, reset_at_ms, source, confidence, \
-             observed_at_ms FROM provider_quota_state WHERE ?1 IS NULL OR platform = ?1 \
-             ORDER BY platform, key_id, pool_key, metric",
-        )?;
-        let rows = stmt.query_map([platform], |r| {
-            Ok(QuotaStateRow {
-                platform: r.get(0)?,
-                key_id: r.get(1)?,
-                pool_key: r.get(2)?,
-                metric: r.get(3)?,
-                limit: r.get(4)?,
-                remaining: r.get(5)?,
-                reset_at_ms: r.get(6)?,
-                source: r.get(7)?,
-                confidence: r.get(8)?,
-                observed_at_ms: r.get(9)?,
-            })
-        })?;
-        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        Ok(self.read_quota_states(platform)?)
     }
 
     fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>> {

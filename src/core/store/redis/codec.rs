@@ -79,10 +79,23 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
         }
         5 => ch.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
         // SPEC 22.1: priority -> reserve fraction.
-        _ => {
+        6 => {
             ch.priorities = Some(
                 rows.iter().map(|(f, v)| Ok((parse_i64(f)?, parse_f64(v)?))).collect::<StoreResult<_>>()?,
             )
+        }
+        // SPEC 8.2: the observed quota, in the order the SQLite store reads it.
+        _ => {
+            let mut quota = rows.iter().map(|(f, v)| parse_quota(f, v)).collect::<StoreResult<Vec<_>>>()?;
+            quota.sort_by(|a, b| {
+                (&a.platform, a.key_id, &a.pool_key, &a.metric).cmp(&(
+                    &b.platform,
+                    b.key_id,
+                    &b.pool_key,
+                    &b.metric,
+                ))
+            });
+            ch.quota_states = Some(quota);
         }
     }
     Ok(())
