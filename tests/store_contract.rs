@@ -7,6 +7,7 @@
 
 use quotaengine::core::error::StoreError;
 use quotaengine::core::limits::LimitSet;
+use quotaengine::core::money::Prices;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
 use quotaengine::core::store::{
@@ -194,6 +195,7 @@ contract!(
     changed_says_so_after_another_commit,
     the_write_lock_keeps_a_second_writer_out,
     claims_and_sole_writer,
+    model_prices_are_set_replaced_and_forgotten,
 );
 
 // ---- rows -----------------------------------------------------------------------
@@ -708,6 +710,71 @@ fn claims_and_sole_writer(b: &dyn Backend) {
     let _ro = b.open_readonly();
     assert_eq!(a.sole_writer(), b.knows_sole_writer());
 }
+
+/// SPEC 23.1: a model's prices reach every other handle (and one opened later) exactly,
+/// as integers of p$; setting them again replaces them, `None` forgets them, and a
+/// change to them is a change to a small table (an optimistic decision conflicts).
+fn model_prices_are_set_replaced_and_forgotten(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let big = Prices { input: i64::MAX, output: 0, cached_input: 1, per_request: i64::MAX - 1 };
+    let set = |platform: &str, model_id: &str, prices: Option<Prices>| Write::SetModelPrices {
+        platform: platform.into(),
+        model_id: model_id.into(),
+        prices,
+    };
+    commit(
+        &mut *a,
+        &[
+            set("p", "m", Some(PRICES)),
+            set("p", "n", Some(big)),
+            // Names holding the separators of a Redis value stay apart.
+            set("p\u{1f}q", "m\\", Some(PRICES)),
+        ],
+    );
+    assert!(r.changed().unwrap());
+    let mut rows = pull(&mut *r).prices.unwrap();
+    rows.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(
+        rows,
+        vec![
+            ("p".to_string(), "m".to_string(), PRICES),
+            ("p".to_string(), "n".to_string(), big),
+            ("p\u{1f}q".to_string(), "m\\".to_string(), PRICES),
+        ]
+    );
+    // Nothing new: nothing more.
+    assert!(pull(&mut *r).prices.is_none());
+    // Replaced, and forgotten.
+    let cheaper = Prices { input: 1, ..PRICES };
+    commit(&mut *a, &[set("p", "m", Some(cheaper)), set("p", "n", None)]);
+    let mut rows = pull(&mut *r).prices.unwrap();
+    rows.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(
+        rows,
+        vec![
+            ("p".to_string(), "m".to_string(), cheaper),
+            ("p\u{1f}q".to_string(), "m\\".to_string(), PRICES)
+        ]
+    );
+    // A handle opened later loads them.
+    let mut late = b.open();
+    assert_eq!(start(&mut *late, 0).1.prices.unwrap().len(), 2);
+    // A change to prices conflicts with an optimistic decision, as any small table's.
+    let _ = pull(&mut *a);
+    commit(&mut *r, &[set("p", "m", None)]);
+    if a.begin_optimistic().unwrap() {
+        a.write(&Write::InsertLease(lease(12, 1, T0 + 60_000))).unwrap();
+        assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    } else {
+        a.rollback();
+    }
+    assert_eq!(pull(&mut *a).prices.unwrap(), vec![("p\u{1f}q".to_string(), "m\\".to_string(), PRICES)]);
+}
+
+const PRICES: Prices =
+    Prices { input: 150_000, output: 600_000, cached_input: 75_000, per_request: 2_000_000_000 };
 
 /// Built without the Redis backend, a Redis URL is refused at open, not taken for the
 /// name of a SQLite file.

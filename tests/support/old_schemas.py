@@ -18,6 +18,7 @@ def _cap_column(column: str, item: str) -> str:
 
 
 _UNDO = {
+    12: ["DROP TABLE model_prices", "DELETE FROM quotaengine_meta WHERE name = 'model_prices'"],
     11: [
         "UPDATE provider_caps SET "
         + ", ".join(

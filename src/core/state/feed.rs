@@ -79,6 +79,9 @@ impl Mirror {
                 return (0, replace_calendars(self, set));
             }
             Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
+            Write::SetModelPrices { platform, model_id, prices } => {
+                self.config.set_prices(platform, model_id, *prices)
+            }
             Write::Log(_) | Write::UpsertQuotaState(_) => {}
         }
         (0, false)
@@ -109,10 +112,16 @@ impl Mirror {
         if let Some(c) = ch.caps {
             self.config.caps = c.into_iter().collect();
         }
-        let tables_changed =
-            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
+        let tables_changed = tables_changed
+            || ch.history.is_some()
+            || ch.calendars.is_some()
+            || ch.priorities.is_some()
+            || ch.prices.is_some();
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
+        }
+        if let Some(p) = ch.prices {
+            self.config.replace_prices(p);
         }
         if let Some(h) = ch.history {
             self.history.replace(h);

@@ -27,6 +27,7 @@ use super::{
     UsageFilter, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -43,8 +44,9 @@ const CAPS: usize = 4;
 const HISTORY: usize = 5;
 const CALENDARS: usize = 6;
 const PRIORITIES: usize = 7;
+const PRICES: usize = 8;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 7] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES];
+const SMALL: [usize; 8] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
@@ -67,7 +69,9 @@ struct Tables {
     calendars: BTreeMap<String, String>,
     /// SPEC 22.1: priority -> reserve fraction.
     priorities: BTreeMap<i64, f64>,
-    versions: [u64; 8],
+    /// SPEC 23.1: (platform, model_id) -> prices.
+    prices: BTreeMap<(String, String), Prices>,
+    versions: [u64; 9],
 }
 
 #[derive(Default)]
@@ -124,7 +128,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 8]>,
+    seen: Option<[u64; 9]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -247,6 +251,9 @@ impl MemoryStore {
         if changed(PRIORITIES) {
             ch.priorities = Some(t.priorities.iter().map(|(p, f)| (*p, *f)).collect());
         }
+        if changed(PRICES) {
+            ch.prices = Some(t.prices.iter().map(|((p, m), v)| (p.clone(), m.clone(), *v)).collect());
+        }
         ch
     }
 
@@ -259,7 +266,7 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities);
+        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities, prices);
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -411,6 +418,17 @@ impl MemoryStore {
                     bump(t, PRIORITIES);
                 }
             }
+            Write::SetModelPrices { platform, model_id, prices } => {
+                let route = (platform.clone(), model_id.clone());
+                let changed = match prices {
+                    Some(p) => t.prices.insert(route, *p) != Some(*p),
+                    None => t.prices.remove(&route).is_some(),
+                };
+                if changed {
+                    bump(t, PRICES);
+                }
+                return i64::from(changed);
+            }
         }
         0
     }
@@ -560,7 +578,8 @@ impl Store for MemoryStore {
             || pending.caps.is_some()
             || pending.history.is_some()
             || pending.calendars.is_some()
-            || pending.priorities.is_some();
+            || pending.priorities.is_some()
+            || pending.prices.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 

@@ -25,6 +25,7 @@ pub mod redis {
         ["redis://", "rediss://", "redis+", "rediss+", "unix://"].iter().any(|s| path.starts_with(s))
     }
 }
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
@@ -292,6 +293,8 @@ pub struct Changes {
     pub calendars: Option<Vec<(String, String)>>,
     /// The stored priority reserves (SPEC 22.1): (priority, fraction).
     pub priorities: Option<Vec<(i64, f64)>>,
+    /// The stored model prices (SPEC 23.1): (platform, model_id, prices).
+    pub prices: Option<Vec<(String, String, Prices)>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -358,6 +361,12 @@ pub enum Write {
     SetPriorityReserve {
         priority: i64,
         fraction: f64,
+    },
+    /// Sets (or with `None` forgets) a model's prices (SPEC 23.1).
+    SetModelPrices {
+        platform: String,
+        model_id: String,
+        prices: Option<Prices>,
     },
 }
 

@@ -3,7 +3,7 @@
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
 --       write id (the writer's sequence number of a call that writes; '' for one
---       that does not), known versions of the 7 versioned tables, [mode 'lease': the
+--       that does not), known versions of the versioned tables (TABLES), [mode 'lease': the
 --       number of accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
@@ -32,14 +32,15 @@ local cursor = ARGV[5]
 local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities'}
-local known = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15]}
-local first_write = 16
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices'}
+local known = {}
+for i = 1, #TABLES do known[i] = ARGV[8 + i] end
+local first_write = 9 + #TABLES
 local accounts = {}
 if mode == 'lease' then
-  local n = tonumber(ARGV[16])
-  for i = 17, 16 + n do accounts[ARGV[i]] = true end
-  first_write = 17 + n
+  local n = tonumber(ARGV[first_write])
+  for i = first_write + 1, first_write + n do accounts[ARGV[i]] = true end
+  first_write = first_write + 1 + n
 end
 local APPLIED_TTL_MS = 86400000
 local SEP = '\31'
@@ -403,6 +404,8 @@ elseif mode == 'commit' then
   if last[1] then head = last[1][1] end
   local versions = redis.call('HMGET', VER, unpack(TABLES))
   for i = 1, #TABLES do versions[i] = versions[i] or '0' end
-  return {'ok', head, 0, {}, versions, {false, false, false, false, false, false, false}, false, results}
+  local unread = {}
+  for i = 1, #TABLES do unread[i] = false end
+  return {'ok', head, 0, {}, versions, unread, false, results}
 end
 return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

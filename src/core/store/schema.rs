@@ -262,10 +262,25 @@ UPDATE provider_caps SET caps = TRIM(
 );
 UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
 "#,
+    r#"
+-- Version 12: model prices (SPEC 23.1, set_model_prices), each an integer number of
+-- pico-dollars (10^-12 $): per input token (cache reads excluded), per output token,
+-- per cached input token, and per request. A model without a row costs nothing.
+CREATE TABLE model_prices (
+    platform         TEXT    NOT NULL,
+    model_id         TEXT    NOT NULL,
+    input_pps        INTEGER NOT NULL,
+    output_pps       INTEGER NOT NULL,
+    cached_input_pps INTEGER NOT NULL,
+    per_request_pps  INTEGER NOT NULL,
+    PRIMARY KEY (platform, model_id)
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('model_prices', 0);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 7] = [
+pub const VERSIONED_TABLES: [&str; 8] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -273,6 +288,7 @@ pub const VERSIONED_TABLES: [&str; 7] = [
     "failure_history",
     "platform_calendars",
     "priority_reserves",
+    "model_prices",
 ];
 
 /// Triggers are (re)created after every migration, so that later versions can add

@@ -6,6 +6,7 @@ use super::{
 };
 use crate::core::error::StoreError;
 use crate::core::limits::{decode_caps, decode_limits, LimitSet};
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
@@ -379,6 +380,27 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// The stored model prices (SPEC 23.1). A row a plain writer spoiled (a negative
+    /// or non-integer price) prices nothing.
+    fn read_prices(&self) -> rusqlite::Result<Vec<(String, String, Prices)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, model_id, input_pps, output_pps, cached_input_pps, per_request_pps \
+             FROM model_prices WHERE MIN(input_pps, output_pps, cached_input_pps, per_request_pps) >= 0 \
+             AND typeof(input_pps) = 'integer' AND typeof(output_pps) = 'integer' \
+             AND typeof(cached_input_pps) = 'integer' AND typeof(per_request_pps) = 'integer'",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let prices = Prices {
+                input: r.get(2)?,
+                output: r.get(3)?,
+                cached_input: r.get(4)?,
+                per_request: r.get(5)?,
+            };
+            Ok((r.get(0)?, r.get(1)?, prices))
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -480,6 +502,9 @@ impl SqliteStore {
             let mut stmt = self.conn.prepare_cached("SELECT priority, fraction FROM priority_reserves")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             changes.priorities = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
+        if versions[7] != self.versions[7] {
+            changes.prices = Some(self.read_prices()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);

@@ -8,6 +8,7 @@
 //! key/expired, `H`/`HD` history inserted/deleted, `S` the sweep, `G` a `server_logs` row.
 use super::{unavailable, SEP, SWEEP_BUDGET};
 use crate::core::limits::{decode_caps, decode_limits, encode_caps, encode_limits, LimitSet};
+use crate::core::money::Prices;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, StoreResult, TokenKinds,
     UsageKind, UsageRow, Write,
@@ -79,11 +80,13 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
         }
         5 => ch.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
         // SPEC 22.1: priority -> reserve fraction.
-        _ => {
+        6 => {
             ch.priorities = Some(
                 rows.iter().map(|(f, v)| Ok((parse_i64(f)?, parse_f64(v)?))).collect::<StoreResult<_>>()?,
             )
         }
+        // SPEC 23.1: route -> prices.
+        _ => ch.prices = Some(rows.iter().map(|(f, v)| parse_prices(f, v)).collect::<StoreResult<_>>()?),
     }
     Ok(())
 }
@@ -137,6 +140,12 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         Write::Log(l) => out.extend(["G".into(), log_value(l)]),
         Write::SetPriorityReserve { priority, fraction } => {
             hset(out, "priorities", priority.to_string(), fraction.to_string())
+        }
+        Write::SetModelPrices { platform, model_id, prices: Some(p) } => {
+            hset(out, "prices", route(platform, model_id), prices_value(p))
+        }
+        Write::SetModelPrices { platform, model_id, prices: None } => {
+            hdel(out, "prices", route(platform, model_id))
         }
     }
 }
@@ -440,6 +449,26 @@ fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
     };
     let f = split(v, 3)?;
     Ok((unesc(field), [setting(f[0])?, setting(f[1])?, setting(f[2])?]))
+}
+
+// ---- model prices: `platform SEP model` -> `input output cached_input per_request` (p$) --
+
+fn prices_value(p: &Prices) -> String {
+    format!("{}{SEP}{}{SEP}{}{SEP}{}", p.input, p.output, p.cached_input, p.per_request)
+}
+
+fn parse_prices(field: &str, v: &str) -> StoreResult<(String, String, Prices)> {
+    let k = split(field, 2)?;
+    let f = split(v, 4)?;
+    let p = |s: &str| -> StoreResult<i64> {
+        let n = parse_i64(s)?;
+        if n < 0 {
+            return Err(unavailable(format!("malformed stored prices {v:?}")));
+        }
+        Ok(n)
+    };
+    let prices = Prices { input: p(f[0])?, output: p(f[1])?, cached_input: p(f[2])?, per_request: p(f[3])? };
+    Ok((unesc(k[0]), unesc(k[1]), prices))
 }
 
 // ---- failure history ---------------------------------------------------------------

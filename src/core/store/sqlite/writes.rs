@@ -71,6 +71,18 @@ impl SqliteStore {
                  ON CONFLICT (priority) DO UPDATE SET fraction = excluded.fraction",
                 params![priority, fraction],
             ),
+            Write::SetModelPrices { platform, model_id, prices: Some(p) } => self.exec(
+                "INSERT INTO model_prices \
+                 (platform, model_id, input_pps, output_pps, cached_input_pps, per_request_pps) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (platform, model_id) DO UPDATE SET \
+                 input_pps = excluded.input_pps, output_pps = excluded.output_pps, \
+                 cached_input_pps = excluded.cached_input_pps, per_request_pps = excluded.per_request_pps",
+                params![platform, model_id, p.input, p.output, p.cached_input, p.per_request],
+            ),
+            Write::SetModelPrices { platform, model_id, prices: None } => self.exec(
+                "DELETE FROM model_prices WHERE platform = ?1 AND model_id = ?2",
+                params![platform, model_id],
+            ),
         }
     }
 
