@@ -128,6 +128,30 @@ class Limit:
 _LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | Iterable[Limit] | None
 
 @final
+class Prices:
+    """A model's prices (SPEC 23.1): ``input``, ``output`` and ``cached_input`` in dollars per
+    million tokens (``cached_input``, cache reads, defaults to ``input``; ``input`` excludes
+    them), ``per_request`` in dollars per request. Held exactly as integer pico-dollars
+    (``round(x * 10**6)`` per token, ``round(per_request * 10**12)`` per request) and read
+    back as held. A negative, NaN or infinite price is a ``ValueError``, a bool or a
+    non-number a ``TypeError``, one beyond 2**63 - 1 pico-dollars an ``OverflowError``.
+    Frozen, hashable."""
+
+    def __new__(
+        cls, input: float, output: float, *, cached_input: float | None = None, per_request: float = 0.0
+    ) -> Prices: ...
+    @property
+    def input(self) -> float: ...
+    @property
+    def output(self) -> float: ...
+    @property
+    def cached_input(self) -> float: ...
+    @property
+    def per_request(self) -> float: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
 class Admission:
     """The answer of ``check()``; truthy when allowed."""
 
@@ -495,6 +519,13 @@ class _QuotaEngine:
         """SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
         ``limits=`` (an iterable of ``Limit``). Two limits on one (metric, window, scope), or a
         keyword and a ``Limit`` on the same window, are a ``ValueError``."""
+    def set_model_prices(self, platform: str, model_id: str, prices: Prices | None) -> None:
+        """SPEC 23.1: sets the model's prices (a ``Prices``), persisted and shared: every
+        engine on the store sees them at its next call. ``None`` forgets them (the model
+        then costs nothing)."""
+    def model_prices(self, platform: str, model_id: str) -> Prices | None:
+        """SPEC 23.1: the model's prices as held (dollars: pico-dollars / 10**6 per million
+        tokens, / 10**12 per request); ``None`` when none are set."""
     def set_priority_reserve(self, priority: int, fraction: float) -> None:
         """SPEC 22.1: a call of priority ``priority`` or larger (up to the next configured
         one) leaves ``floor(limit * fraction)`` of every window, provider cap and

@@ -32,13 +32,13 @@ pub struct Prices {
 /// as Python's `round`.
 fn pico(what: &str, x: f64, scale: f64, unit: &str) -> Result<i64> {
     if !x.is_finite() || x < 0.0 {
-        return Err(Error::invalid(format!("{what} must be a finite number >= 0 ({unit}), got {x}")));
+        return Err(Error::invalid(format!("{what} must be a finite number >= 0 ({unit}), got {x:?}")));
     }
     let p = (x * scale).round_ties_even();
     // 2^63, the first value beyond i64 (exact as an f64; an infinite product too).
     if p >= 9_223_372_036_854_775_808.0 {
         return Err(Error::Overflow(format!(
-            "{what} = {x} {unit} is beyond 2^63 - 1 pico-dollars{}",
+            "{what} = {x:?} {unit} is beyond 2^63 - 1 pico-dollars{}",
             if unit == "dollars per request" { "" } else { " per token" }
         )));
     }
