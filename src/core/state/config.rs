@@ -18,8 +18,8 @@ pub struct Config {
     /// platform -> its registered, enabled keys, kept with `keys`.
     routable: HashMap<String, Vec<i64>>,
     models: HashMap<String, HashMap<String, ModelInfo>>,
-    /// platform -> model_id -> the billing multiplier of its `monthly_token_budget` label.
-    billing: FastMap<String, FastMap<String, Option<Multiplier>>>,
+    /// platform -> model_id -> how its tokens are billed against a daily token cap.
+    billing: FastMap<String, FastMap<String, Billing>>,
     /// platform -> model_id -> its declared limits in gate order, built once.
     pub(super) limit_sets: FastMap<String, FastMap<String, LimitSet>>,
     pub caps: FastMap<String, CapOverrides>,
@@ -35,7 +35,10 @@ impl Config {
     /// Registers a model; its limit set (the label's billing multiplier and the gate
     /// order are worked out once here, not at every admission).
     pub fn put_model(&mut self, m: ModelInfo) -> LimitSet {
-        let billing = m.monthly_token_budget.as_deref().and_then(parse_multiplier);
+        let billing = Billing {
+            label: m.monthly_token_budget.as_deref().and_then(parse_multiplier),
+            daily_tokens: m.limits.classic_limit(Metric::Tokens, DAY),
+        };
         self.billing.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), billing);
         let set = m.limits.clone();
         self.limit_sets.entry(m.platform.clone()).or_default().insert(m.model_id.clone(), set.clone());
@@ -119,18 +122,30 @@ impl Config {
         }
     }
 
-    /// The billing multiplier of a model on a platform whose daily token cap is `cap`.
+    /// The billing multiplier of a model on a platform whose daily token cap is `cap`:
+    /// its label's, else the cap over the model's own daily token limit when lower.
     pub fn multiplier(&self, platform: &str, model_id: &str, cap: i64) -> Multiplier {
-        let model = self.model(platform, model_id);
-        let billing = self.billing.get(platform).and_then(|m| m.get(model_id)).copied().flatten();
-        if let Some(m) = billing {
+        let Some(b) = self.billing.get(platform).and_then(|m| m.get(model_id)) else {
+            return Multiplier::ONE;
+        };
+        if let Some(m) = b.label {
             return m;
         }
-        match model.and_then(|m| m.limits.classic_limit(Metric::Tokens, DAY)) {
+        match b.daily_tokens {
             Some(tpd) if tpd > 0 && tpd < cap => Multiplier { num: cap, den: tpd },
             _ => Multiplier::ONE,
         }
     }
+}
+
+/// What billing a model's tokens against a daily token cap reads, worked out when the
+/// model is declared.
+#[derive(Debug, Clone, Copy)]
+struct Billing {
+    /// The multiplier of its `monthly_token_budget` label.
+    label: Option<Multiplier>,
+    /// Its own daily token limit.
+    daily_tokens: Option<i64>,
 }
 
 /// A billing multiplier as an exact fraction.

@@ -55,13 +55,13 @@ impl Admit {
     }
 
     /// Admits at once (no wait), or waits for capacity (SPEC 17.2); the `Lease`.
-    fn lease(self, py: Python<'_>, this: &PyQuotaEngine) -> PyResult<Py<PyLease>> {
+    fn lease(mut self, py: Python<'_>, this: &PyQuotaEngine) -> PyResult<Py<PyLease>> {
         let (id, i) = if self.wait.is_zero() {
             run_batch(py, &this.handle, self.op, BatchOut::chosen)?
         } else {
             run_waiting(py, Waiter::new(&this.handle, self.op, self.wait))?
         };
-        PyLease::create(py, &this.handle, id, self.routes[i].clone(), self.est)
+        PyLease::create(py, &this.handle, id, self.routes.swap_remove(i), self.est)
     }
 
     /// The stepper of an async admission (SPEC 17.2).
