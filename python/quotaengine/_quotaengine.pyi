@@ -108,7 +108,7 @@ class Limits:
 @final
 class Limit:
     """One limit as data (SPEC §14.1): at most ``limit`` of ``metric`` per ``per``, counted at
-    ``scope``. ``metric``: "requests", "tokens", "input_tokens" or "output_tokens". ``per``:
+    ``scope``. ``metric``: "requests", "tokens", "input_tokens", "output_tokens" or "cost" (micro-dollars, SPEC 23.1). ``per``:
     "minute", "day", "week", "month" (the platform's calendar) or a sliding width "<N>s",
     "<N>m", "<N>h", "<N>d" from 1s to 31d. ``scope``: "account" (default) or "key". Anything
     else is a ``ValueError`` naming what is accepted. Frozen, hashable."""
@@ -784,7 +784,8 @@ class _QuotaEngine:
         """Usage rows with ``since_ms <= created_at_ms < until_ms``, oldest first: ``platform``,
         ``model_id``, ``key_id``, ``kind``, ``tokens`` (the total; 0 for a request), and
         ``input_tokens``, ``output_tokens``, ``cached_tokens`` (``None`` where the call did
-        not report them), ``created_at_ms``."""
+        not report them), ``cost`` (micro-dollars at the prices in force when it was
+        recorded, SPEC 23.1; 0 unpriced), ``created_at_ms``."""
     def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
         """``server_logs`` rows, newest first."""
     def _debug_panic(self) -> None: ...

@@ -122,6 +122,7 @@ impl Usage<'_> {
             count: 1,
             created_at_ms: t,
             kinds,
+            cost: 0,
         })
     }
 

@@ -896,8 +896,7 @@ impl Store for RedisStore {
                 && f.key_id.is_none_or(|k| u.key_id == k);
             if keep {
                 // One row per request, as in the SQLite table.
-                let n = u.count;
-                out.extend(std::iter::repeat_n(UsageRow { count: 1, ..u }, n.max(1) as usize));
+                out.extend(u.one_per_event());
             }
             Ok(())
         })?;

@@ -263,9 +263,11 @@ UPDATE provider_caps SET caps = TRIM(
 UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
 "#,
     r#"
--- Version 12: model prices (SPEC 23.1, set_model_prices), each an integer number of
--- pico-dollars (10^-12 $): per input token (cache reads excluded), per output token,
--- per cached input token, and per request. A model without a row costs nothing.
+-- Version 12: money (SPEC 23.1). Model prices (set_model_prices), each an integer
+-- number of pico-dollars (10^-12 $): per input token (cache reads excluded), per output
+-- token, per cached input token, and per request; a model without a row costs
+-- nothing. What each event cost in micro-dollars at the prices in force when it was
+-- recorded, and what each live lease reserves: NULL for none.
 CREATE TABLE model_prices (
     platform         TEXT    NOT NULL,
     model_id         TEXT    NOT NULL,
@@ -276,6 +278,8 @@ CREATE TABLE model_prices (
     PRIMARY KEY (platform, model_id)
 );
 INSERT INTO quotaengine_meta (name, version) VALUES ('model_prices', 0);
+ALTER TABLE rate_limit_usage ADD COLUMN cost INTEGER;
+ALTER TABLE quota_leases ADD COLUMN cost INTEGER;
 "#,
 ];
 

@@ -287,7 +287,7 @@ impl SqliteStore {
 
     fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens \
+            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens, cost \
              FROM quota_leases",
         )?;
         let mut names = Interner::default();
@@ -301,6 +301,7 @@ impl SqliteStore {
                 key_id: r.get(3)?,
                 tokens: r.get(4)?,
                 output_tokens: r.get(7)?,
+                cost: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
                 created_at_ms: r.get(5)?,
                 expires_at_ms: r.get(6)?,
             });
@@ -469,7 +470,7 @@ impl SqliteStore {
             let mut rows = Vec::new();
             let max_id = self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, \
-                 output_tokens, cached_tokens FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
+                 output_tokens, cached_tokens, cost FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
                 cursor,
                 &mut |row| rows.push(row),
             )?;
@@ -563,6 +564,7 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         count: 1,
         created_at_ms: r.get(6)?,
         kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
+        cost: r.get::<_, Option<i64>>(10)?.unwrap_or(0),
     })
 }
 
@@ -747,7 +749,7 @@ impl Store for SqliteStore {
         let loaded = (|| -> rusqlite::Result<i64> {
             self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-                 cached_tokens FROM rate_limit_usage \
+                 cached_tokens, cost FROM rate_limit_usage \
                  WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
                  9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
                 since_ms,
@@ -824,7 +826,7 @@ impl Store for SqliteStore {
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-             cached_tokens FROM rate_limit_usage \
+             cached_tokens, cost FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
              AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",

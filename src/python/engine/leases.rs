@@ -79,7 +79,7 @@ impl Admit {
 fn estimate(tokens: Option<&Arg>, output: Option<&Arg>) -> PyResult<Estimate> {
     let tokens = tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
     let output = output.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
-    Ok(Estimate { tokens, output })
+    Ok(Estimate { tokens, output, cost: 0 })
 }
 
 #[pymethods]
