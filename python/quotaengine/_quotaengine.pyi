@@ -340,8 +340,9 @@ class _LeaseWaiter:
 class Lease:
     """An admitted, in-flight request. A context manager, sync and async.
 
-    Leaving the block normally with no explicit outcome records
-    ``success(tokens=estimated_tokens)``; leaving it by an exception records nothing.
+    Leaving the block normally with no explicit outcome records its estimate as used
+    (``estimated_tokens``, split into input and output as estimated, so that it costs
+    what it reserved, SPEC 23.1); leaving it by an exception records nothing.
     The lease is released either way. The engine's ``close()`` ends a live lease the
     same way; one garbage-collected unended keeps counting until ``lease_max_age_ms``
     (its call may still run).
@@ -371,6 +372,7 @@ class Lease:
         """Record the request (and its tokens when given: the total, or input and output
         apart, the total then their sum, and the cached part of the input; SPEC §14.4) and
         release, in one commit."""
+    def _success_estimate(self) -> None: ...
     def failure(
         self,
         *,

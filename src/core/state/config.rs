@@ -59,6 +59,10 @@ impl Config {
 
     /// A model's prices (SPEC 23.1), `None` when none are set.
     pub fn prices(&self, platform: &str, model_id: &str) -> Option<Prices> {
+        if self.prices.is_empty() {
+            // No prices at all (the common case): no lookup on the hot path.
+            return None;
+        }
         self.prices.get(platform)?.get(model_id).copied()
     }
 
