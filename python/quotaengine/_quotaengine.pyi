@@ -114,6 +114,11 @@ class Limit:
     else is a ``ValueError`` naming what is accepted. Frozen, hashable."""
 
     def __new__(cls, metric: str, limit: int, per: str, scope: str = "account") -> Limit: ...
+    @staticmethod
+    def dollars(amount: float, per: str, scope: str = "account") -> Limit:
+        """A ``cost`` limit of ``amount`` dollars per ``per`` (SPEC 23.1): ``round(amount *
+        10**6)`` micro-dollars. Negative or non-finite is a ``ValueError``, a bool or a
+        non-number a ``TypeError``."""
     @property
     def metric(self) -> str: ...
     @property

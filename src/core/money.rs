@@ -136,6 +136,23 @@ impl Prices {
     }
 }
 
+/// µ$ per dollar.
+const MICRO_PER_DOLLAR: f64 = 1e6;
+
+/// An amount of dollars as µ$, `round(amount × 10^6)` (half to even, as Python's
+/// `round`): a `cost` limit's `limit` (SPEC 23.1, `Limit.dollars`). A negative, NaN or
+/// infinite amount is [`Error::Invalid`], one beyond `i64` µ$ [`Error::Overflow`].
+pub fn micro_dollars(what: &str, amount: f64) -> Result<i64> {
+    if !amount.is_finite() || amount < 0.0 {
+        return Err(Error::invalid(format!("{what} must be a finite number of dollars >= 0, got {amount}")));
+    }
+    let m = (amount * MICRO_PER_DOLLAR).round_ties_even();
+    if m >= 9_223_372_036_854_775_808.0 {
+        return Err(Error::Overflow(format!("{what} = {amount} dollars is beyond 2^63 - 1 micro-dollars")));
+    }
+    Ok(m as i64)
+}
+
 /// A count of tokens as an `i128`; a negative one is [`Error::Invalid`].
 fn counted(what: &str, n: i64) -> Result<i128> {
     if n < 0 {
@@ -148,6 +165,18 @@ fn counted(what: &str, n: i64) -> Result<i128> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dollars_of_a_cost_limit_are_rounded_micro_dollars() {
+        assert_eq!(micro_dollars("amount", 5.0).unwrap(), 5_000_000);
+        assert_eq!(micro_dollars("amount", 0.0000005).unwrap(), 0); // half to even
+        assert_eq!(micro_dollars("amount", 0.0000015).unwrap(), 2);
+        assert_eq!(micro_dollars("amount", 1.23456789).unwrap(), 1_234_568);
+        for bad in [-0.01, f64::NAN, f64::INFINITY] {
+            assert!(matches!(micro_dollars("amount", bad), Err(Error::Invalid(_))), "{bad}");
+        }
+        assert!(matches!(micro_dollars("amount", 1e13), Err(Error::Overflow(_))));
+    }
 
     fn prices(input: f64, output: f64, cached: Option<f64>, per_request: f64) -> Prices {
         Prices::from_dollars(input, output, cached, per_request).unwrap()
