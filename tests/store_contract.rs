@@ -7,6 +7,7 @@
 
 use quotaengine::core::error::StoreError;
 use quotaengine::core::limits::LimitSet;
+use quotaengine::core::money::Prices;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
 use quotaengine::core::store::{
@@ -185,6 +186,7 @@ contract!(
     appended_writes_reach_other_handles,
     the_feed_follows_on_from_a_load,
     usage_events_are_one_row_per_request_and_filtered,
+    costs_travel_with_their_rows_and_leases,
     many_rows_at_once_are_all_written,
     the_sweep_deletes_what_retention_no_longer_keeps,
     deletes_of_history_and_cooldowns_match_what_they_name,
@@ -195,6 +197,7 @@ contract!(
     changed_says_so_after_another_commit,
     the_write_lock_keeps_a_second_writer_out,
     claims_and_sole_writer,
+    model_prices_are_set_replaced_and_forgotten,
 );
 
 // ---- rows -----------------------------------------------------------------------
@@ -209,6 +212,7 @@ fn usage(key_id: i64, kind: UsageKind, tokens: i64, count: i64, at: i64) -> Usag
         count,
         created_at_ms: at,
         kinds: TokenKinds::default(),
+        cost: 0,
     }
 }
 
@@ -224,6 +228,7 @@ fn lease(id: i64, key_id: i64, expires: i64) -> LeaseRow {
         key_id,
         tokens: 100,
         output_tokens: 30,
+        cost: 0,
         created_at_ms: T0,
         expires_at_ms: expires,
     }
@@ -474,6 +479,53 @@ fn usage_events_are_one_row_per_request_and_filtered(b: &dyn Backend) {
     assert!(a.usage_events(&other).unwrap().is_empty());
     let model = UsageFilter { model_id: Some("m".into()), key_id: Some(2), ..UsageFilter::default() };
     assert_eq!(a.usage_events(&model).unwrap().len(), 1);
+}
+
+/// SPEC 23.1: what an event cost and what a lease reserves (µ$) reach every other
+/// handle and read back; a request row merged while degraded keeps its cost once, on
+/// its first event; many priced rows at once (the grouped insert) keep theirs.
+fn costs_travel_with_their_rows_and_leases(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let priced = |u: UsageRow, cost: i64| Write::Usage(UsageRow { cost, ..u });
+    let mut writes = vec![
+        priced(usage(1, UsageKind::Request, 0, 1, T0), 150),
+        priced(
+            UsageRow {
+                kinds: TokenKinds { input: Some(70), output: Some(30), cached: None },
+                ..usage(1, UsageKind::Tokens, 100, 1, T0)
+            },
+            2_345,
+        ),
+        priced(usage(1, UsageKind::Tokens, 40, 1, T0 + 1), 7),
+        // Three requests merged while degraded, 9 µ$ in all.
+        priced(usage(2, UsageKind::Request, 0, 3, T0 + 2), 9),
+        Write::InsertLease(LeaseRow { cost: 1_234, ..lease(5, 1, T0 + 60_000) }),
+        Write::InsertLease(LeaseRow { cost: 11, output_tokens: 0, ..lease(6, 1, T0 + 60_000) }),
+    ];
+    // Enough priced requests for the grouped insert.
+    writes.extend((0..300).map(|i| priced(usage(3, UsageKind::Request, 0, 1, T0 + 3 + i), 1)));
+    commit(&mut *a, &writes);
+    let ch = pull(&mut *r);
+    let cost_of =
+        |rows: &[UsageRow], key: i64| rows.iter().filter(|u| u.key_id == key).map(|u| u.cost).sum::<i64>();
+    assert_eq!(cost_of(&ch.usage, 1), 150 + 2_345 + 7);
+    assert_eq!(cost_of(&ch.usage, 2), 9);
+    assert_eq!(cost_of(&ch.usage, 3), 300);
+    let mut leases = ch.leases.unwrap();
+    leases.sort_by_key(|l| l.id);
+    assert_eq!(leases.iter().map(|l| (l.id, l.cost)).collect::<Vec<_>>(), vec![(5, 1_234), (6, 11)]);
+    assert_eq!(leases[1].output_tokens, 0);
+    let events = a.usage_events(&UsageFilter { key_id: Some(2), ..UsageFilter::default() }).unwrap();
+    assert_eq!(events.iter().map(|u| u.cost).collect::<Vec<_>>(), vec![9, 0, 0]);
+    let events = a.usage_events(&UsageFilter { key_id: Some(1), ..UsageFilter::default() }).unwrap();
+    let tokens = events.iter().find(|u| u.tokens == 100).unwrap();
+    assert_eq!((tokens.cost, tokens.kinds.input, tokens.kinds.output), (2_345, Some(70), Some(30)));
+    // A handle opened later loads the costs too.
+    let mut late = b.open();
+    let loaded = follow(&mut *late, 0);
+    assert_eq!(cost_of(&loaded, 1) + cost_of(&loaded, 2) + cost_of(&loaded, 3), 150 + 2_345 + 7 + 9 + 300);
 }
 
 fn many_rows_at_once_are_all_written(b: &dyn Backend) {
@@ -747,6 +799,71 @@ fn claims_and_sole_writer(b: &dyn Backend) {
     let _ro = b.open_readonly();
     assert_eq!(a.sole_writer(), b.knows_sole_writer());
 }
+
+/// SPEC 23.1: a model's prices reach every other handle (and one opened later) exactly,
+/// as integers of p$; setting them again replaces them, `None` forgets them, and a
+/// change to them is a change to a small table (an optimistic decision conflicts).
+fn model_prices_are_set_replaced_and_forgotten(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let big = Prices { input: i64::MAX, output: 0, cached_input: 1, per_request: i64::MAX - 1 };
+    let set = |platform: &str, model_id: &str, prices: Option<Prices>| Write::SetModelPrices {
+        platform: platform.into(),
+        model_id: model_id.into(),
+        prices,
+    };
+    commit(
+        &mut *a,
+        &[
+            set("p", "m", Some(PRICES)),
+            set("p", "n", Some(big)),
+            // Names holding the separators of a Redis value stay apart.
+            set("p\u{1f}q", "m\\", Some(PRICES)),
+        ],
+    );
+    assert!(r.changed().unwrap());
+    let mut rows = pull(&mut *r).prices.unwrap();
+    rows.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(
+        rows,
+        vec![
+            ("p".to_string(), "m".to_string(), PRICES),
+            ("p".to_string(), "n".to_string(), big),
+            ("p\u{1f}q".to_string(), "m\\".to_string(), PRICES),
+        ]
+    );
+    // Nothing new: nothing more.
+    assert!(pull(&mut *r).prices.is_none());
+    // Replaced, and forgotten.
+    let cheaper = Prices { input: 1, ..PRICES };
+    commit(&mut *a, &[set("p", "m", Some(cheaper)), set("p", "n", None)]);
+    let mut rows = pull(&mut *r).prices.unwrap();
+    rows.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(
+        rows,
+        vec![
+            ("p".to_string(), "m".to_string(), cheaper),
+            ("p\u{1f}q".to_string(), "m\\".to_string(), PRICES)
+        ]
+    );
+    // A handle opened later loads them.
+    let mut late = b.open();
+    assert_eq!(start(&mut *late, 0).1.prices.unwrap().len(), 2);
+    // A change to prices conflicts with an optimistic decision, as any small table's.
+    let _ = pull(&mut *a);
+    commit(&mut *r, &[set("p", "m", None)]);
+    if a.begin_optimistic().unwrap() {
+        a.write(&Write::InsertLease(lease(12, 1, T0 + 60_000))).unwrap();
+        assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    } else {
+        a.rollback();
+    }
+    assert_eq!(pull(&mut *a).prices.unwrap(), vec![("p\u{1f}q".to_string(), "m\\".to_string(), PRICES)]);
+}
+
+const PRICES: Prices =
+    Prices { input: 150_000, output: 600_000, cached_input: 75_000, per_request: 2_000_000_000 };
 
 /// Built without the Redis backend, a Redis URL is refused at open, not taken for the
 /// name of a SQLite file.

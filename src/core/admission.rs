@@ -20,45 +20,55 @@ use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec, DAY, MI
 use crate::core::types::{Admission, Reason, Strategy};
 use crate::core::windows::Windows;
 
-/// An admission's estimate: `tokens` in all, `output` of them output.
+/// An admission's estimate: `tokens` in all, `output` of them output, and `cost` the
+/// µ$ its lease reserves (SPEC 23.1: the worst case of the estimate at the route's
+/// prices, 0 unpriced).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Estimate {
     pub tokens: i64,
     pub output: i64,
+    pub cost: i64,
 }
 
 impl Estimate {
     pub fn tokens(tokens: i64) -> Estimate {
-        Estimate { tokens, output: 0 }
+        Estimate { tokens, ..Estimate::default() }
+    }
+
+    /// How much of `requests` requests of this estimate counts in a metric's windows
+    /// (SPEC §14.4, 23.1): the requests in a request window, the estimate in
+    /// total-token windows, the estimate less its output in input windows, the output
+    /// in output windows, the reservation in cost windows.
+    pub fn count_in(&self, metric: Metric, requests: i64) -> i64 {
+        match metric {
+            Metric::Requests => requests,
+            Metric::Tokens => self.tokens,
+            Metric::InputTokens => self.tokens.saturating_sub(self.output).max(0),
+            Metric::OutputTokens => self.output,
+            Metric::Cost => self.cost,
+        }
     }
 }
 
-/// How much of `requests` requests estimated at `tokens` tokens, `output` of them
-/// output, counts in a metric's windows (SPEC §14.4): the requests in a request
-/// window, the estimate in total-token windows, the estimate less its output in
-/// input windows, the output in output windows.
-pub fn estimate_in(metric: Metric, requests: i64, tokens: i64, output: i64) -> i64 {
-    match metric {
-        Metric::Requests => requests,
-        Metric::Tokens => tokens,
-        Metric::InputTokens => tokens.saturating_sub(output).max(0),
-        Metric::OutputTokens => output,
-    }
-}
-
-/// Live in-flight totals.
+/// Live in-flight totals: how many leases, and the sum of their estimates.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InFlight {
     pub count: i64,
-    pub tokens: i64,
-    /// Of `tokens`, estimated output.
-    pub output_tokens: i64,
+    pub est: Estimate,
 }
 
 impl InFlight {
     /// What the live leases hold in a metric's windows.
     pub fn get(&self, metric: Metric) -> i64 {
-        estimate_in(metric, self.count, self.tokens, self.output_tokens)
+        self.est.count_in(metric, self.count)
+    }
+
+    /// One more live lease of estimate `est`.
+    pub fn add(&mut self, est: Estimate) {
+        self.count += 1;
+        self.est.tokens = self.est.tokens.saturating_add(est.tokens);
+        self.est.output = self.est.output.saturating_add(est.output);
+        self.est.cost = self.est.cost.saturating_add(est.cost);
     }
 }
 
@@ -283,7 +293,7 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
         }
         _ => {
             let Some(c) = t.win.counts(l.window, v.now) else { return Verdict::PASS };
-            (c.get(l.metric), estimate_in(l.metric, 1, v.est.tokens, v.est.output))
+            (c.get(l.metric), v.est.count_in(l.metric, 1))
         }
     };
     let used = recorded.saturating_add(t.in_flight.get(l.metric));
@@ -377,7 +387,7 @@ mod tests {
         let c = ctx("requests/minute=3 tokens/minute=100");
         let mut win = Windows::default();
         win.add(T0 - 1_000, 2, 60, T0);
-        let one = InFlight { count: 1, tokens: 30, output_tokens: 0 };
+        let one = InFlight { count: 1, est: Estimate::tokens(30) };
         // 2 recorded + 1 in flight = 3: the request window is full.
         assert_eq!(reason(admit(&view(&c, &win, one, Estimate::tokens(0)))), Some("rpm".into()));
         // 2 recorded: room for one more request; 60 + 40 tokens fill tpm exactly.
@@ -438,7 +448,7 @@ mod tests {
         let mut account = Windows::default();
         account.add(T0 - 10_000, 1, 0, T0);
         let mut v = view(&c, &own, InFlight::default(), Estimate::tokens(100));
-        v.provider = Tally { win: &account, in_flight: InFlight { count: 1, tokens: 300, output_tokens: 0 } };
+        v.provider = Tally { win: &account, in_flight: InFlight { count: 1, est: Estimate::tokens(300) } };
         v.billed = Some(Billed { window: DAY, used: 600, estimate: 100 });
         // 1 recorded + 1 in flight of 2 per minute
         let refused = admit(&v).admission();
@@ -484,14 +494,14 @@ mod tests {
             ..GateContext::default()
         };
         let win = Windows::default();
-        let est = Estimate { tokens: 110, output: 10 };
+        let est = Estimate { tokens: 110, output: 10, cost: 0 };
         assert_eq!(admit(&view(&c, &win, InFlight::default(), est)).refused, None);
-        let est = Estimate { tokens: 111, output: 10 };
+        let est = Estimate { tokens: 111, output: 10, cost: 0 };
         assert_eq!(
             reason(admit(&view(&c, &win, InFlight::default(), est))),
             Some("input_tokens/minute".into())
         );
-        let est = Estimate { tokens: 111, output: 11 };
+        let est = Estimate { tokens: 111, output: 11, cost: 0 };
         assert_eq!(
             reason(admit(&view(&c, &win, InFlight::default(), est))),
             Some("output_tokens/minute".into())

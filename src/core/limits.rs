@@ -52,12 +52,14 @@ pub enum Metric {
     /// Input tokens, cached input excluded (SPEC §14.4).
     InputTokens,
     OutputTokens,
+    /// Micro-dollars (µ$) spent at the model's prices (SPEC 23.1).
+    Cost,
 }
 
 impl Metric {
     /// In gate order.
-    pub const ALL: [Metric; 4] =
-        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens];
+    pub const ALL: [Metric; 5] =
+        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens, Metric::Cost];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -65,6 +67,7 @@ impl Metric {
             Metric::Tokens => "tokens",
             Metric::InputTokens => "input_tokens",
             Metric::OutputTokens => "output_tokens",
+            Metric::Cost => "cost",
         }
     }
 
@@ -74,16 +77,17 @@ impl Metric {
             "tokens" => Metric::Tokens,
             "input_tokens" => Metric::InputTokens,
             "output_tokens" => Metric::OutputTokens,
+            "cost" => Metric::Cost,
             _ => {
                 return Err(Error::invalid(format!(
-                    "unknown metric {s:?}; expected \"requests\", \"tokens\", \"input_tokens\" or \"output_tokens\""
+                    "unknown metric {s:?}; expected \"requests\", \"tokens\", \"input_tokens\", \"output_tokens\" or \"cost\""
                 )))
             }
         })
     }
 
-    /// Whether an admission's estimate counts in this metric's windows (a request
-    /// metric counts the request itself instead).
+    /// Whether an admission's estimate counts in this metric's windows (its tokens, or
+    /// for cost its reservation: a request metric counts the request itself instead).
     pub fn is_tokens(self) -> bool {
         self != Metric::Requests
     }

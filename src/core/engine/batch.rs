@@ -4,7 +4,7 @@
 //! back and made again when another writer changed what they read).
 use super::unit::{Access, Applied};
 use super::usage::TokenUse;
-use super::{admit, check_priority, observed, Engine};
+use super::{admit, check_priority, observed, priced, Engine};
 use crate::core::admission::{self, Passed};
 use crate::core::error::{Error, Refusal, Result};
 use crate::core::limits::LimitSet;
@@ -230,15 +230,16 @@ impl Engine {
     ) -> Result<i64> {
         check_estimate(est)?;
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
-        let rid = if let Some(priority) = check {
+        let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict) = admit(&mut self.unit, route, est, limits, priority, now)?;
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
-            rid
+            (rid, priced)
         } else {
-            self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id)
+            let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+            (rid, priced(&self.unit.mirror, route, est)?)
         };
         let id = self.take_lease(rid, est, now, writes);
         if check.is_some() {
@@ -263,12 +264,14 @@ impl Engine {
         }
         let mut refusals = Vec::new();
         // The candidates that pass: (index, route, what the strategy reads).
-        let mut passed: Vec<(usize, RouteId, Passed)> = Vec::new();
+        let mut passed: Vec<(usize, RouteId, Estimate, Passed)> = Vec::new();
         for (i, route) in routes.iter().enumerate() {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let (rid, verdict) = admit(&mut self.unit, route, est, None, priority, now)?;
+            // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
+            // a budget an expensive one breaks).
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;
@@ -281,13 +284,13 @@ impl Engine {
                 _ => None,
             };
             let leased_at = self.leased_at.get(&rid).copied().unwrap_or(0);
-            passed.push((i, rid, Passed { room: verdict.room, key_headroom, leased_at }));
+            passed.push((i, rid, priced, Passed { room: verdict.room, key_headroom, leased_at }));
             if strategy == Strategy::Order {
                 break;
             }
         }
-        match admission::choose(strategy, passed.iter().map(|(_, _, p)| p)).map(|j| passed[j]) {
-            Some((i, rid, _)) => {
+        match admission::choose(strategy, passed.iter().map(|(_, _, _, p)| p)).map(|j| passed[j]) {
+            Some((i, rid, est, _)) => {
                 let id = self.take_lease(rid, est, now, writes);
                 self.unit.own_leases.insert(id);
                 Ok((id, i))
@@ -332,9 +335,9 @@ impl Engine {
     ) -> Result<()> {
         let total = tokens.map(|t| t.validate()).transpose()?;
         let mut usage = self.usage();
-        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)?];
         if let (Some(total), Some(t)) = (total, tokens) {
-            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
+            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now)?);
         }
         usage.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));

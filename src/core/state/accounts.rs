@@ -127,12 +127,13 @@ impl Accounts {
         for id in &self.list[a as usize].leases {
             if let Some(l) = leases.by_id.get(id).filter(|l| l.live(now)) {
                 f.count += 1;
+                f.est.cost = f.est.cost.saturating_add(l.cost);
                 let r = &routes[l.route as usize];
                 if r.key_id == key_id {
                     of_key += 1;
                 }
                 if let Some(cap) = cap {
-                    f.tokens = f.tokens.saturating_add(r.billing(config, cap).bill(l.tokens));
+                    f.est.tokens = f.est.tokens.saturating_add(r.billing(config, cap).bill(l.tokens));
                 }
             }
         }

@@ -80,6 +80,9 @@ impl Mirror {
             }
             Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
             Write::UpsertQuotaState(q) => self.quota.put(q.clone()),
+            Write::SetModelPrices { platform, model_id, prices } => {
+                self.config.set_prices(platform, model_id, *prices)
+            }
             Write::Log(_) => {}
         }
         (0, false)
@@ -110,14 +113,20 @@ impl Mirror {
         if let Some(c) = ch.caps {
             self.config.caps = c.into_iter().collect();
         }
-        let tables_changed =
-            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
+        let tables_changed = tables_changed
+            || ch.history.is_some()
+            || ch.calendars.is_some()
+            || ch.priorities.is_some()
+            || ch.prices.is_some();
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
         }
         let quota_changed = ch.quota_states.is_some();
         if let Some(q) = ch.quota_states {
             self.quota.replace(q);
+        }
+        if let Some(p) = ch.prices {
+            self.config.replace_prices(p);
         }
         if let Some(h) = ch.history {
             self.history.replace(h);

@@ -321,8 +321,9 @@ impl Mirror {
                 tokens: row.tokens.max(0),
                 input_tokens: row.kinds.metered_input(),
                 output_tokens: row.kinds.output.unwrap_or(0).max(0),
+                cost: row.cost,
             },
-            UsageKind::Request => Counts::of(row.requests(), 0),
+            UsageKind::Request => Counts { cost: row.cost, ..Counts::of(row.requests(), 0) },
         };
         self.add_counts(rid, c, row.created_at_ms, now);
     }
@@ -607,6 +608,7 @@ impl Mirror {
             key_id: r.key_id,
             tokens: est.tokens,
             output_tokens: est.output,
+            cost: est.cost,
             created_at_ms: now,
             expires_at_ms: now.saturating_add(max_age_ms),
         })

@@ -106,7 +106,7 @@ fn leases_count_until_they_expire() {
         GateContext { limits: LimitSet::parse("requests/minute=1").expect("limits"), ..Default::default() };
     m.add_lease(
         7,
-        LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
+        LeaseRec { route: rid, tokens: 5, output_tokens: 0, cost: 0, created_at_ms: 0, expires_at_ms: 100 },
     );
     // only the lease blocks: no retry time for a sliding window
     assert_eq!(

@@ -27,6 +27,7 @@ use super::{
     UsageFilter, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -46,8 +47,9 @@ const PRIORITIES: usize = 7;
 /// The observed quota: read by the `headroom` pick, which may be up to 5 s old (SPEC
 /// §8.2), so a change to it conflicts with no decision (as on Redis).
 const QUOTA: usize = 8;
+const PRICES: usize = 9;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 7] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES];
+const SMALL: [usize; 8] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
@@ -70,7 +72,9 @@ struct Tables {
     calendars: BTreeMap<String, String>,
     /// SPEC 22.1: priority -> reserve fraction.
     priorities: BTreeMap<i64, f64>,
-    versions: [u64; 9],
+    /// SPEC 23.1: (platform, model_id) -> prices.
+    prices: BTreeMap<(String, String), Prices>,
+    versions: [u64; 10],
 }
 
 #[derive(Default)]
@@ -127,7 +131,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 9]>,
+    seen: Option<[u64; 10]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -253,6 +257,9 @@ impl MemoryStore {
         if changed(QUOTA) {
             ch.quota_states = Some(t.quota.values().cloned().collect());
         }
+        if changed(PRICES) {
+            ch.prices = Some(t.prices.iter().map(|((p, m), v)| (p.clone(), m.clone(), *v)).collect());
+        }
         ch
     }
 
@@ -265,7 +272,7 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities, quota_states);
+        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities, quota_states, prices);
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -419,6 +426,17 @@ impl MemoryStore {
                     bump(t, PRIORITIES);
                 }
             }
+            Write::SetModelPrices { platform, model_id, prices } => {
+                let route = (platform.clone(), model_id.clone());
+                let changed = match prices {
+                    Some(p) => t.prices.insert(route, *p) != Some(*p),
+                    None => t.prices.remove(&route).is_some(),
+                };
+                if changed {
+                    bump(t, PRICES);
+                }
+                return i64::from(changed);
+            }
         }
         0
     }
@@ -569,7 +587,8 @@ impl Store for MemoryStore {
             || pending.history.is_some()
             || pending.calendars.is_some()
             || pending.priorities.is_some()
-            || pending.quota_states.is_some();
+            || pending.quota_states.is_some()
+            || pending.prices.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 
@@ -737,12 +756,7 @@ impl Store for MemoryStore {
         })?;
         out.sort_by_key(|(t, n, _)| (*t, *n));
         // One row per request, as in the SQLite table.
-        Ok(out
-            .into_iter()
-            .flat_map(|(_, _, u)| {
-                std::iter::repeat_n(UsageRow { count: 1, ..u.clone() }, u.requests().max(1) as usize)
-            })
-            .collect())
+        Ok(out.into_iter().flat_map(|(_, _, u)| u.one_per_event().collect::<Vec<_>>()).collect())
     }
 
     fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {

@@ -3,7 +3,7 @@
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
 --       write id (the writer's sequence number of a call that writes; '' for one
---       that does not), known versions of the 8 versioned tables, [mode 'lease': the
+--       that does not), known versions of the versioned tables (TABLES), [mode 'lease': the
 --       number of accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
@@ -34,15 +34,16 @@ local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
 -- The last one, the observed quota, conflicts with no decision ('headroom' may read
 -- it up to 5 s old, SPEC 8.2).
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'quota'}
-local DECIDING_TABLES = 7
-local known = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16]}
-local first_write = 17
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices', 'quota'}
+local DECIDING_TABLES = #TABLES - 1
+local known = {}
+for i = 1, #TABLES do known[i] = ARGV[8 + i] end
+local first_write = 9 + #TABLES
 local accounts = {}
 if mode == 'lease' then
-  local n = tonumber(ARGV[17])
-  for i = 18, 17 + n do accounts[ARGV[i]] = true end
-  first_write = 18 + n
+  local n = tonumber(ARGV[first_write])
+  for i = first_write + 1, first_write + n do accounts[ARGV[i]] = true end
+  first_write = first_write + 1 + n
 end
 local APPLIED_TTL_MS = 86400000
 local SEP = '\31'
@@ -406,6 +407,8 @@ elseif mode == 'commit' then
   if last[1] then head = last[1][1] end
   local versions = redis.call('HMGET', VER, unpack(TABLES))
   for i = 1, #TABLES do versions[i] = versions[i] or '0' end
-  return {'ok', head, 0, {}, versions, {false, false, false, false, false, false, false, false}, false, results}
+  local unread = {}
+  for i = 1, #TABLES do unread[i] = false end
+  return {'ok', head, 0, {}, versions, unread, false, results}
 end
 return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

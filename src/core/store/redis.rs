@@ -13,6 +13,7 @@
 //! | `P:lock` | string | the write lock: its owner, with a time to live |
 //! | `P:late` | zset | usage entries written after the clock stepped back: id -> time |
 //! | `P:sweep` | hash | where the retention sweep goes on from, per kept model (SPEC 14.2) |
+//! | `P:prices` | hash | model prices (SPEC 23.1), a small table: `platform SEP model` -> four integers of p$ |
 //!
 //! All access goes through one Lua script (`redis.lua`), so each step is atomic on the
 //! server. A section that decides (a lease, a failure) takes the lock and reads what
@@ -53,8 +54,8 @@ const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
 /// The versioned tables; a change to any but the last (the observed quota, which the
 /// `headroom` pick may read up to 5 s old, SPEC §8.2) conflicts with every decision.
-const TABLES: [&str; 8] =
-    ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities", "quota"];
+const TABLES: [&str; 9] =
+    ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities", "prices", "quota"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
@@ -65,7 +66,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 19] = [
+const LAYOUT: [(&str, &str); 20] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -85,6 +86,7 @@ const LAYOUT: [(&str, &str); 19] = [
     ("applied", "none"),
     ("late", "zset"),
     ("sweep", "hash"),
+    ("prices", "hash"),
 ];
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.
@@ -896,8 +898,7 @@ impl Store for RedisStore {
                 && f.key_id.is_none_or(|k| u.key_id == k);
             if keep {
                 // One row per request, as in the SQLite table.
-                let n = u.count;
-                out.extend(std::iter::repeat_n(UsageRow { count: 1, ..u }, n.max(1) as usize));
+                out.extend(u.one_per_event());
             }
             Ok(())
         })?;

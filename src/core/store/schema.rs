@@ -262,10 +262,29 @@ UPDATE provider_caps SET caps = TRIM(
 );
 UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
 "#,
+    r#"
+-- Version 12: money (SPEC 23.1). Model prices (set_model_prices), each an integer
+-- number of pico-dollars (10^-12 $): per input token (cache reads excluded), per output
+-- token, per cached input token, and per request; a model without a row costs
+-- nothing. What each event cost in micro-dollars at the prices in force when it was
+-- recorded, and what each live lease reserves: NULL for none.
+CREATE TABLE model_prices (
+    platform         TEXT    NOT NULL,
+    model_id         TEXT    NOT NULL,
+    input_pps        INTEGER NOT NULL,
+    output_pps       INTEGER NOT NULL,
+    cached_input_pps INTEGER NOT NULL,
+    per_request_pps  INTEGER NOT NULL,
+    PRIMARY KEY (platform, model_id)
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('model_prices', 0);
+ALTER TABLE rate_limit_usage ADD COLUMN cost INTEGER;
+ALTER TABLE quota_leases ADD COLUMN cost INTEGER;
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 8] = [
+pub const VERSIONED_TABLES: [&str; 9] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -274,6 +293,7 @@ pub const VERSIONED_TABLES: [&str; 8] = [
     "platform_calendars",
     "priority_reserves",
     "provider_quota_state",
+    "model_prices",
 ];
 
 /// Each versioned table's counter and triggers, (re)created after every migration,

@@ -6,6 +6,7 @@ use super::{
 };
 use crate::core::error::StoreError;
 use crate::core::limits::{decode_caps, decode_limits, LimitSet};
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
@@ -289,7 +290,7 @@ impl SqliteStore {
 
     fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens \
+            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens, cost \
              FROM quota_leases",
         )?;
         let mut names = Interner::default();
@@ -303,6 +304,7 @@ impl SqliteStore {
                 key_id: r.get(3)?,
                 tokens: r.get(4)?,
                 output_tokens: r.get(7)?,
+                cost: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
                 created_at_ms: r.get(5)?,
                 expires_at_ms: r.get(6)?,
             });
@@ -406,6 +408,27 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// The stored model prices (SPEC 23.1). A row a plain writer spoiled (a negative
+    /// or non-integer price) prices nothing.
+    fn read_prices(&self) -> rusqlite::Result<Vec<(String, String, Prices)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, model_id, input_pps, output_pps, cached_input_pps, per_request_pps \
+             FROM model_prices WHERE MIN(input_pps, output_pps, cached_input_pps, per_request_pps) >= 0 \
+             AND typeof(input_pps) = 'integer' AND typeof(output_pps) = 'integer' \
+             AND typeof(cached_input_pps) = 'integer' AND typeof(per_request_pps) = 'integer'",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let prices = Prices {
+                input: r.get(2)?,
+                output: r.get(3)?,
+                cached_input: r.get(4)?,
+                per_request: r.get(5)?,
+            };
+            Ok((r.get(0)?, r.get(1)?, prices))
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -476,7 +499,7 @@ impl SqliteStore {
             let mut rows = Vec::new();
             let max_id = self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, \
-                 output_tokens, cached_tokens FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
+                 output_tokens, cached_tokens, cost FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
                 cursor,
                 &mut |row| rows.push(row),
             )?;
@@ -514,6 +537,9 @@ impl SqliteStore {
         // `triggers_sql`): its quota rows are read at every change.
         if versions[QUOTA_TABLE] != self.versions[QUOTA_TABLE] || !quota_counted {
             changes.quota_states = Some(self.read_quota_states(None)?);
+        }
+        if versions[8] != self.versions[8] {
+            changes.prices = Some(self.read_prices()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);
@@ -572,6 +598,7 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         count: 1,
         created_at_ms: r.get(6)?,
         kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
+        cost: r.get::<_, Option<i64>>(10)?.unwrap_or(0),
     })
 }
 
@@ -756,7 +783,7 @@ impl Store for SqliteStore {
         let loaded = (|| -> rusqlite::Result<i64> {
             self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-                 cached_tokens FROM rate_limit_usage \
+                 cached_tokens, cost FROM rate_limit_usage \
                  WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
                  9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
                 since_ms,
@@ -833,7 +860,7 @@ impl Store for SqliteStore {
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-             cached_tokens FROM rate_limit_usage \
+             cached_tokens, cost FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
              AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",

@@ -4,6 +4,7 @@
 //! topic: the routes and their leases here, cooldowns and failure history in
 //! `failures`, keys and accounts in `keys`, the reports' figures in `reports`.
 use super::{Mirror, RouteId};
+use crate::core::admission::Estimate;
 use crate::core::limits::LimitSet;
 use crate::core::types::Route;
 use crate::core::windows::Counts;
@@ -67,12 +68,12 @@ impl<'m> Reader<'m> {
     }
 
     /// A lease that still counts at `now`: its route and its estimated tokens.
-    pub fn live_lease(self, id: i64, now: i64) -> Option<(Route, i64)> {
+    pub fn live_lease(self, id: i64, now: i64) -> Option<(Route, Estimate)> {
         let rec = self.m.leases.get(id).filter(|l| l.live(now))?;
         let r = self.m.routes.get(rec.route);
         let route =
             Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id };
-        Some((route, rec.tokens))
+        Some((route, rec.estimate()))
     }
 }
 
