@@ -22,6 +22,8 @@ pub struct Config {
     /// platform -> model_id -> its declared limits in gate order, built once.
     pub(super) limit_sets: FastMap<String, FastMap<String, LimitSet>>,
     pub caps: FastMap<String, CapOverrides>,
+    /// platform -> its platform limits (SPEC 23.3), in gate order, built once.
+    pub(super) platform_sets: FastMap<String, LimitSet>,
 }
 
 impl Config {
@@ -44,6 +46,11 @@ impl Config {
         self.models.clear();
         self.billing.clear();
         self.limit_sets.clear();
+    }
+
+    /// A platform's limits (SPEC 23.3; empty when it has none).
+    pub fn platform_set(&self, platform: &str) -> LimitSet {
+        self.platform_sets.get(platform).cloned().unwrap_or_default()
     }
 
     /// A model's declared limits (empty when it has none).

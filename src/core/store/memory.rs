@@ -27,6 +27,7 @@ use super::{
     UsageFilter, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::limits::Limit;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -43,8 +44,9 @@ const CAPS: usize = 4;
 const HISTORY: usize = 5;
 const CALENDARS: usize = 6;
 const PRIORITIES: usize = 7;
+const PLATFORM_LIMITS: usize = 8;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 7] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES];
+const SMALL: [usize; 8] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PLATFORM_LIMITS];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
@@ -67,7 +69,9 @@ struct Tables {
     calendars: BTreeMap<String, String>,
     /// SPEC 22.1: priority -> reserve fraction.
     priorities: BTreeMap<i64, f64>,
-    versions: [u64; 8],
+    /// SPEC 23.3: platform -> its limits as declared.
+    platform_limits: BTreeMap<String, Vec<Limit>>,
+    versions: [u64; 9],
 }
 
 #[derive(Default)]
@@ -124,7 +128,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 8]>,
+    seen: Option<[u64; 9]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -247,6 +251,10 @@ impl MemoryStore {
         if changed(PRIORITIES) {
             ch.priorities = Some(t.priorities.iter().map(|(p, f)| (*p, *f)).collect());
         }
+        if changed(PLATFORM_LIMITS) {
+            ch.platform_limits =
+                Some(t.platform_limits.iter().map(|(p, l)| (p.clone(), l.clone())).collect());
+        }
         ch
     }
 
@@ -259,7 +267,7 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities);
+        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities, platform_limits);
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -411,6 +419,16 @@ impl MemoryStore {
                     bump(t, PRIORITIES);
                 }
             }
+            Write::SetPlatformLimits { platform, limits } => {
+                let changed = if limits.is_empty() {
+                    t.platform_limits.remove(platform).is_some()
+                } else {
+                    t.platform_limits.insert(platform.clone(), limits.clone()).as_ref() != Some(limits)
+                };
+                if changed {
+                    bump(t, PLATFORM_LIMITS);
+                }
+            }
         }
         0
     }
@@ -560,7 +578,8 @@ impl Store for MemoryStore {
             || pending.caps.is_some()
             || pending.history.is_some()
             || pending.calendars.is_some()
-            || pending.priorities.is_some();
+            || pending.priorities.is_some()
+            || pending.platform_limits.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 

@@ -25,6 +25,7 @@ pub mod redis {
         ["redis://", "rediss://", "redis+", "rediss+", "unix://"].iter().any(|s| path.starts_with(s))
     }
 }
+use crate::core::limits::Limit;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
@@ -292,6 +293,8 @@ pub struct Changes {
     pub calendars: Option<Vec<(String, String)>>,
     /// The stored priority reserves (SPEC 22.1): (priority, fraction).
     pub priorities: Option<Vec<(i64, f64)>>,
+    /// The stored platform limits (SPEC 23.3): platform -> its limits as declared.
+    pub platform_limits: Option<Vec<(String, Vec<Limit>)>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -358,6 +361,12 @@ pub enum Write {
     SetPriorityReserve {
         priority: i64,
         fraction: f64,
+    },
+    /// Replaces a platform's limits (SPEC 23.3), as declared (scope `account` or
+    /// `key`); an empty list forgets them.
+    SetPlatformLimits {
+        platform: String,
+        limits: Vec<Limit>,
     },
 }
 

@@ -3,7 +3,7 @@
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
 --       write id (the writer's sequence number of a call that writes; '' for one
---       that does not), known versions of the 7 versioned tables, [mode 'lease': the
+--       that does not), known versions of the 8 versioned tables, [mode 'lease': the
 --       number of accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
@@ -32,14 +32,14 @@ local cursor = ARGV[5]
 local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities'}
-local known = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15]}
-local first_write = 16
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'platform_limits'}
+local known = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16]}
+local first_write = 17
 local accounts = {}
 if mode == 'lease' then
-  local n = tonumber(ARGV[16])
-  for i = 17, 16 + n do accounts[ARGV[i]] = true end
-  first_write = 17 + n
+  local n = tonumber(ARGV[17])
+  for i = 18, 17 + n do accounts[ARGV[i]] = true end
+  first_write = 18 + n
 end
 local APPLIED_TTL_MS = 86400000
 local SEP = '\31'

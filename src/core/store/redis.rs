@@ -51,7 +51,8 @@ pub use url::is_redis_url;
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
-const TABLES: [&str; 7] = ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities"];
+const TABLES: [&str; 8] =
+    ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities", "platform_limits"];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
@@ -62,7 +63,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 19] = [
+const LAYOUT: [(&str, &str); 20] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -82,6 +83,7 @@ const LAYOUT: [(&str, &str); 19] = [
     ("applied", "none"),
     ("late", "zset"),
     ("sweep", "hash"),
+    ("platform_limits", "hash"),
 ];
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.
@@ -115,7 +117,7 @@ pub struct RedisStore {
     section: Option<Section>,
     /// Stream id of the last feed entry read.
     cursor: String,
-    versions: [String; 7],
+    versions: [String; TABLES.len()],
     need_leases: bool,
     leases: HashMap<i64, LeaseRow>,
     /// What the last round trips brought, for the next `pull`.

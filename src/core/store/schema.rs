@@ -262,10 +262,21 @@ UPDATE provider_caps SET caps = TRIM(
 );
 UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
 "#,
+    r#"
+-- Version 12: platform limits (SPEC 23.3, set_platform_limits): limits that hold across
+-- every model of a platform, per account or per key. `limits` is the platform's whole
+-- declaration in the form of `models.limits`, e.g. 'requests/minute=20
+-- tokens/hour:key=100000'; a platform without limits has no row.
+CREATE TABLE platform_limits (
+    platform TEXT PRIMARY KEY,
+    limits   TEXT NOT NULL
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('platform_limits', 0);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 7] = [
+pub const VERSIONED_TABLES: [&str; 8] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -273,6 +284,7 @@ pub const VERSIONED_TABLES: [&str; 7] = [
     "failure_history",
     "platform_calendars",
     "priority_reserves",
+    "platform_limits",
 ];
 
 /// Triggers are (re)created after every migration, so that later versions can add

@@ -5,7 +5,7 @@ use super::{
     StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
-use crate::core::limits::{decode_caps, decode_limits, LimitSet};
+use crate::core::limits::{decode_caps, decode_limits, Limit, LimitSet};
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
@@ -379,6 +379,19 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// SPEC 23.3: every platform's limits; a row a plain writer spoiled declares none.
+    fn read_platform_limits(&self) -> rusqlite::Result<Vec<(String, Vec<Limit>)>> {
+        let mut stmt = self.conn.prepare_cached("SELECT platform, limits FROM platform_limits")?;
+        let rows = stmt.query_map([], |r| {
+            let text: Option<String> = r.get(1)?;
+            Ok((
+                r.get::<_, String>(0)?,
+                text.as_deref().and_then(|t| decode_limits(t).ok()).unwrap_or_default(),
+            ))
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -480,6 +493,9 @@ impl SqliteStore {
             let mut stmt = self.conn.prepare_cached("SELECT priority, fraction FROM priority_reserves")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             changes.priorities = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
+        if versions[7] != self.versions[7] {
+            changes.platform_limits = Some(self.read_platform_limits()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);

@@ -79,10 +79,16 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
         }
         5 => ch.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
         // SPEC 22.1: priority -> reserve fraction.
-        _ => {
+        6 => {
             ch.priorities = Some(
                 rows.iter().map(|(f, v)| Ok((parse_i64(f)?, parse_f64(v)?))).collect::<StoreResult<_>>()?,
             )
+        }
+        // SPEC 23.3: platform -> its limits in the form of `encode_limits` (a value a
+        // plain writer spoiled declares none).
+        _ => {
+            ch.platform_limits =
+                Some(rows.iter().map(|(f, v)| (unesc(f), decode_limits(v).unwrap_or_default())).collect())
         }
     }
     Ok(())
@@ -137,6 +143,12 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         Write::Log(l) => out.extend(["G".into(), log_value(l)]),
         Write::SetPriorityReserve { priority, fraction } => {
             hset(out, "priorities", priority.to_string(), fraction.to_string())
+        }
+        Write::SetPlatformLimits { platform, limits } if limits.is_empty() => {
+            hdel(out, "platform_limits", esc(platform))
+        }
+        Write::SetPlatformLimits { platform, limits } => {
+            hset(out, "platform_limits", esc(platform), encode_limits(limits))
         }
     }
 }

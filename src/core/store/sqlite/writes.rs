@@ -71,6 +71,14 @@ impl SqliteStore {
                  ON CONFLICT (priority) DO UPDATE SET fraction = excluded.fraction",
                 params![priority, fraction],
             ),
+            Write::SetPlatformLimits { platform, limits } if limits.is_empty() => {
+                self.exec("DELETE FROM platform_limits WHERE platform = ?1", [platform])
+            }
+            Write::SetPlatformLimits { platform, limits } => self.exec(
+                "INSERT INTO platform_limits (platform, limits) VALUES (?1, ?2) \
+                 ON CONFLICT (platform) DO UPDATE SET limits = excluded.limits",
+                params![platform, encode_limits(limits)],
+            ),
         }
     }
 
