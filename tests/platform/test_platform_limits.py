@@ -193,6 +193,36 @@ def test_calendar_windows_follow_the_platform_calendar(e: q.QuotaEngine, clock: 
     assert refusal(lambda: e.lease(P, M3, K)).reason == "platform:requests/5h"
 
 
+def test_a_month_limit_keeps_every_models_rows_past_the_retention(store: str) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR) as e:
+        e.set_platform_limits(P, [q.Limit("requests", 100, "month")])
+        for model in (M1, M2):
+            e.record_request(P, model, K)  # 10:00
+        e.record_request("cerebras", M1, K)  # another platform's: retention_ms applies
+        clock.advance(3 * HOUR)
+        e.record_request(P, M3, K)  # 13:00: a sweep
+        clock.advance(2 * MINUTE)
+        e.record_request(P, M3, K)  # and another
+        assert e.usage_events(since_ms=0, platform="cerebras") == []
+        assert len(e.usage_events(since_ms=0, platform=P)) == 4
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR) as f:  # counted from the store
+        assert f.usage(P, M1, K)["platform:requests/month"] == {"used": 4, "limit": 100}
+
+
+def test_a_key_moved_to_another_account_counts_there_at_the_next_call(e: q.QuotaEngine) -> None:
+    e.register_key(1, P, account="a")
+    e.register_key(2, P, account="b")
+    e.register_key(3, P, account="b")
+    e.set_platform_limits(P, [q.Limit("requests", 2, "minute")])
+    e.record_request(P, M1, 1)
+    e.record_request(P, M2, 2)
+    assert e.check(P, M3, 3).allowed  # account b: 1 of 2
+    e.register_key(1, P, account="b")
+    exc = refusal(lambda: e.lease(P, M3, 3))  # account b now holds key 1's request too
+    assert exc.reason == "platform:requests/minute"
+
+
 # ================================================================ gate order
 
 

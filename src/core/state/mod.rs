@@ -415,7 +415,7 @@ impl Mirror {
             self.retained_windows = Some(retained);
         }
         let retained = self.retained_windows.as_deref().unwrap_or_default();
-        retained
+        let mut kept: Vec<KeptUsage> = retained
             .iter()
             .filter_map(|r| {
                 let from = r
@@ -434,7 +434,48 @@ impl Mirror {
                     before: from,
                 })
             })
-            .collect()
+            .collect();
+        if !self.config.platform_sets.is_empty() {
+            self.retain_for_platforms(&mut kept, now, before, with_day);
+        }
+        kept
+    }
+
+    /// SPEC 23.3 (and 14.2): a platform limit's window keeps the rows of every model of
+    /// the platform the mirror knows (each model with rows in the window is a route
+    /// once they are loaded): each such model keeps its rows from the oldest its
+    /// platform's windows count, or its own cut-off when that is older. Sorted by name,
+    /// as the models' own.
+    fn retain_for_platforms(&mut self, kept: &mut Vec<KeptUsage>, now: i64, before: i64, with_day: bool) {
+        let mut sets: Vec<(String, LimitSet)> =
+            self.config.platform_sets.iter().map(|(p, s)| (p.clone(), s.clone())).collect();
+        sets.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut added = false;
+        for (platform, set) in sets {
+            let from = set
+                .windows()
+                .filter(|w| *w != crate::core::limits::MINUTE && (with_day || *w != DAY))
+                .map(|w| self.calendars.window_start(&platform, w, now))
+                .min();
+            let Some(from) = from.filter(|f| *f < before) else { continue };
+            let Some((name, models)) = self.routes.index.get_key_value(platform.as_str()) else { continue };
+            for model_id in models.keys() {
+                match kept.iter_mut().find(|k| k.platform == *name && k.model_id == *model_id) {
+                    Some(k) => k.before = k.before.min(from),
+                    None => {
+                        kept.push(KeptUsage {
+                            platform: name.clone(),
+                            model_id: model_id.clone(),
+                            before: from,
+                        });
+                        added = true;
+                    }
+                }
+            }
+        }
+        if added {
+            kept.sort_by(|a, b| (&a.platform, &a.model_id).cmp(&(&b.platform, &b.model_id)));
+        }
     }
 
     /// Makes a route keep every window of `set` (after `prune_route`). False when one
@@ -459,7 +500,12 @@ impl Mirror {
         }
         // SPEC 23.3: the platform's limits count the account's (and the key's) usage
         // over every model.
-        if let Some(platform) = self.config.platform_sets.get(&*route.platform) {
+        let platform = if self.config.platform_sets.is_empty() {
+            None
+        } else {
+            self.config.platform_sets.get(&*route.platform)
+        };
+        if let Some(platform) = platform {
             let (a, total) = (route.account, route.total);
             for spec in platform.windows() {
                 complete &= self.accounts.list[a as usize].win.keep(spec);
