@@ -18,6 +18,7 @@ def _cap_column(column: str, item: str) -> str:
 
 
 _UNDO = {
+    12: ["DROP TABLE platform_limits", "DELETE FROM quotaengine_meta WHERE name = 'platform_limits'"],
     11: [
         "UPDATE provider_caps SET "
         + ", ".join(
