@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use quotaengine::core::error::StoreError;
-use quotaengine::core::limits::LimitSet;
+use quotaengine::core::limits::{Limit, LimitSet};
 use quotaengine::core::money::Prices;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
@@ -198,6 +198,7 @@ contract!(
     the_write_lock_keeps_a_second_writer_out,
     claims_and_sole_writer,
     model_prices_are_set_replaced_and_forgotten,
+    platform_limits_are_replaced_and_forgotten,
 );
 
 // ---- rows -----------------------------------------------------------------------
@@ -395,6 +396,31 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
     assert_eq!(ch.leases.unwrap().len(), 1);
     assert_eq!(ch.keys.unwrap(), vec![key(1)]);
     assert_eq!(ch.quota_states.unwrap().len(), 1);
+}
+
+/// SPEC 23.3: a platform's limits as declared, replaced whole, forgotten when empty;
+/// every other handle reads the whole table when it changed.
+fn platform_limits_are_replaced_and_forgotten(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    start(&mut *r, 0);
+    let lim = |m: &str, n: i64, per: &str, scope: &str| Limit::parse(m, n, per, scope).unwrap();
+    let set = |p: &str, limits: Vec<Limit>| Write::SetPlatformLimits { platform: p.into(), limits };
+    let two = vec![lim("requests", 20, "minute", "account"), lim("tokens", 9, "month", "key")];
+    commit(&mut *a, &[set("p", two.clone()), set("q\u{1f}x", vec![lim("requests", 1, "5h", "key")])]);
+    let mut got = pull(&mut *r).platform_limits.expect("the table changed");
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        got,
+        vec![("p".to_string(), two), ("q\u{1f}x".to_string(), vec![lim("requests", 1, "5h", "key")])]
+    );
+    assert!(pull(&mut *r).platform_limits.is_none(), "unchanged: not read again");
+    commit(&mut *a, &[set("p", vec![lim("output_tokens", 3, "day", "account")]), set("q\u{1f}x", vec![])]);
+    let got = pull(&mut *r).platform_limits.expect("the table changed");
+    assert_eq!(got, vec![("p".to_string(), vec![lim("output_tokens", 3, "day", "account")])]);
+    // A handle opened later loads it.
+    let mut late = b.open();
+    let (_, ch) = start(&mut *late, 0);
+    assert_eq!(ch.platform_limits.map(|p| p.len()), Some(1));
 }
 
 fn a_rollback_writes_nothing(b: &dyn Backend) {

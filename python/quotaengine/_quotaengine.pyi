@@ -564,6 +564,17 @@ class _QuotaEngine:
     def model_limit_list(self, platform: str, model_id: str) -> list[Limit]:
         """SPEC §14.1: every declared limit of the model, the classic ones included, in gate
         order (a classic one with ``per`` "minute" or "day")."""
+    def set_platform_limits(self, platform: str, limits: Iterable[Limit]) -> None:
+        """SPEC 23.3: replaces the limits that hold across every model of ``platform``
+        (empty forgets them). Scope ``"account"`` counts every key of the key's account,
+        ``"key"`` the key alone; a refusal's reason is ``"platform:<metric>/<per>"``. The
+        gates run after the provider caps and before key concurrency. Persisted and
+        shared through the store. Two limits for the same window and scope are a
+        ``ValueError``, a value that is not a ``Limit`` a ``TypeError``; nothing is
+        written then."""
+    def platform_limits(self, platform: str) -> list[Limit]:
+        """SPEC 23.3: the platform's limits in gate order (metric, window, scope), as
+        declared; an empty list when none."""
     # usage
     def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
     def record_tokens(

@@ -23,6 +23,8 @@ _UNDO = {
         "DELETE FROM quotaengine_meta WHERE name = 'model_prices'",
         "ALTER TABLE rate_limit_usage DROP COLUMN cost",
         "ALTER TABLE quota_leases DROP COLUMN cost",
+        "DROP TABLE platform_limits",
+        "DELETE FROM quotaengine_meta WHERE name = 'platform_limits'",
     ],
     11: [
         "UPDATE provider_caps SET "

@@ -130,9 +130,29 @@ impl Configuration<'_> {
         })
     }
 
+    // ---- platform limits (SPEC 23.3) -------------------------------------------------
+
+    /// Replaces the limits that hold across every model of a platform (persisted,
+    /// shared through the store); an empty list forgets them. Two for the same
+    /// (metric, per, scope) are an error, and nothing is written.
+    pub fn set_platform_limits(&mut self, platform: &str, limits: Vec<Limit>) -> Result<()> {
+        check_name("platform", platform)?;
+        let limits = LimitSet::platform(limits)?.declared();
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::SetPlatformLimits { platform: platform.to_string(), limits });
+            Ok(())
+        })
+    }
+
     /// A model's prices as held, `None` when none are set.
     pub fn model_prices(&mut self, platform: &str, model_id: &str) -> Result<Option<Prices>> {
         self.unit.run(Access::Read, |tx| Ok(tx.mirror().config.prices(platform, model_id)))
+    }
+
+    /// The platform's limits in gate order, as declared (scope `account` or `key`).
+    pub fn platform_limits(&mut self, platform: &str) -> Result<Vec<Limit>> {
+        check_name("platform", platform)?;
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().config.platform_set(platform).declared()))
     }
 
     // ---- provider calendars (SPEC §14.2) ---------------------------------------------

@@ -223,11 +223,22 @@ impl Usage<'_> {
         let rid = self.unit.ready_route(route, &limits, now);
         let m = &self.unit.mirror;
         let read = m.reader();
+        // SPEC 23.3: the platform's limits after the model's, each counting its scope
+        // over every model.
+        let platform = m.config.platform_set(&route.platform);
+        let (account, key_id) = (m.routes.get(rid).account(), route.key_id);
+        let platform_used = platform.iter().map(|d| {
+            let used = m
+                .platform_tally(account, key_id, d.limit.scope, now)
+                .and_then(|t| t.win.counts(d.limit.window, now));
+            (d.clone(), used.unwrap_or_default().get(d.limit.metric))
+        });
         UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
             limits: limits
                 .iter()
                 .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
+                .chain(platform_used)
                 .collect(),
             minute: read.route_minute(rid),
             day: read.route_day(rid, now),

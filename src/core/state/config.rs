@@ -25,6 +25,8 @@ pub struct Config {
     pub caps: FastMap<String, CapOverrides>,
     /// platform -> model_id -> its prices (SPEC 23.1); a model not here costs nothing.
     prices: FastMap<String, FastMap<String, Prices>>,
+    /// platform -> its platform limits (SPEC 23.3), in gate order, built once.
+    pub(super) platform_sets: FastMap<String, LimitSet>,
 }
 
 impl Config {
@@ -50,6 +52,11 @@ impl Config {
         self.models.clear();
         self.billing.clear();
         self.limit_sets.clear();
+    }
+
+    /// A platform's limits (SPEC 23.3; empty when it has none).
+    pub fn platform_set(&self, platform: &str) -> LimitSet {
+        self.platform_sets.get(platform).cloned().unwrap_or_default()
     }
 
     /// A model's declared limits (empty when it has none).

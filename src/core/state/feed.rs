@@ -3,6 +3,7 @@
 //! changed since the last section ([`Mirror::apply_changes`]). The tables' own
 //! replacement rules are the private functions below.
 use super::{AccountId, CooldownRec, GroupId, LeaseRec, Mirror, RouteId};
+use crate::core::limits::{Limit, LimitSet};
 use crate::core::store::{Changes, CooldownRow, LeaseRow, Write};
 use crate::core::types::{KeyInfo, ModelInfo};
 use std::collections::{HashMap, HashSet};
@@ -83,6 +84,9 @@ impl Mirror {
             Write::SetModelPrices { platform, model_id, prices } => {
                 self.config.set_prices(platform, model_id, *prices)
             }
+            Write::SetPlatformLimits { platform, limits } => {
+                self.put_platform_limits(platform, LimitSet::platform_stored(limits.clone()));
+            }
             Write::Log(_) => {}
         }
         (0, false)
@@ -117,7 +121,8 @@ impl Mirror {
             || ch.history.is_some()
             || ch.calendars.is_some()
             || ch.priorities.is_some()
-            || ch.prices.is_some();
+            || ch.prices.is_some()
+            || ch.platform_limits.is_some();
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
         }
@@ -130,6 +135,9 @@ impl Mirror {
         }
         if let Some(h) = ch.history {
             self.history.replace(h);
+        }
+        if let Some(p) = ch.platform_limits {
+            replace_platform_limits(self, p);
         }
         let mut recount = false;
         if let Some(c) = ch.calendars {
@@ -186,6 +194,12 @@ fn replace_calendars(m: &mut Mirror, set: HashMap<String, String>) -> bool {
             let grp = &mut m.accounts.groups[g as usize];
             grp.win = grp.win.cleared(cal.clone());
         }
+        for k in 0..m.accounts.totals.len() {
+            if of_platform(&m.accounts.totals[k].account) {
+                let total = &mut m.accounts.totals[k];
+                total.win = total.win.cleared(cal.clone());
+            }
+        }
     }
     !changed.is_empty()
 }
@@ -197,6 +211,9 @@ fn remove_lease(m: &mut Mirror, id: i64) -> Option<LeaseRec> {
     m.accounts.list[route.account as usize].leases.retain(|l| *l != id);
     if let Some(g) = route.group {
         m.accounts.groups[g as usize].leases.retain(|l| *l != id);
+    }
+    if let Some(k) = route.total {
+        m.accounts.totals[k as usize].leases.retain(|l| *l != id);
     }
     Some(rec)
 }
@@ -217,6 +234,19 @@ fn replace_stored_leases(
         }
         let rid = m.route_id(&row.platform, &row.model_id, row.key_id);
         m.add_lease(row.id, LeaseRec::of(rid, row));
+    }
+}
+
+/// The stored platform limits (SPEC 23.3), every platform's: a platform no longer
+/// listed has none.
+fn replace_platform_limits(m: &mut Mirror, rows: Vec<(String, Vec<Limit>)>) {
+    let mut gone: Vec<String> = m.config.platform_sets.keys().cloned().collect();
+    for (platform, limits) in rows {
+        gone.retain(|p| *p != platform);
+        m.put_platform_limits(&platform, LimitSet::platform_stored(limits));
+    }
+    for platform in gone {
+        m.put_platform_limits(&platform, LimitSet::default());
     }
 }
 

@@ -27,6 +27,7 @@ use super::{
     UsageFilter, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::limits::Limit;
 use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use parking_lot::{Condvar, Mutex};
@@ -48,8 +49,10 @@ const PRIORITIES: usize = 7;
 /// §8.2), so a change to it conflicts with no decision (as on Redis).
 const QUOTA: usize = 8;
 const PRICES: usize = 9;
+const PLATFORM_LIMITS: usize = 10;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 8] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES];
+const SMALL: [usize; 9] =
+    [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES, PLATFORM_LIMITS];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
@@ -74,7 +77,9 @@ struct Tables {
     priorities: BTreeMap<i64, f64>,
     /// SPEC 23.1: (platform, model_id) -> prices.
     prices: BTreeMap<(String, String), Prices>,
-    versions: [u64; 10],
+    /// SPEC 23.3: platform -> its limits as declared.
+    platform_limits: BTreeMap<String, Vec<Limit>>,
+    versions: [u64; 11],
 }
 
 #[derive(Default)]
@@ -131,7 +136,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 10]>,
+    seen: Option<[u64; 11]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -260,6 +265,10 @@ impl MemoryStore {
         if changed(PRICES) {
             ch.prices = Some(t.prices.iter().map(|((p, m), v)| (p.clone(), m.clone(), *v)).collect());
         }
+        if changed(PLATFORM_LIMITS) {
+            ch.platform_limits =
+                Some(t.platform_limits.iter().map(|(p, l)| (p.clone(), l.clone())).collect());
+        }
         ch
     }
 
@@ -272,7 +281,19 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities, quota_states, prices);
+        newer!(
+            leases,
+            cooldowns,
+            keys,
+            models,
+            caps,
+            history,
+            calendars,
+            priorities,
+            quota_states,
+            prices,
+            platform_limits
+        );
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -437,6 +458,16 @@ impl MemoryStore {
                 }
                 return i64::from(changed);
             }
+            Write::SetPlatformLimits { platform, limits } => {
+                let changed = if limits.is_empty() {
+                    t.platform_limits.remove(platform).is_some()
+                } else {
+                    t.platform_limits.insert(platform.clone(), limits.clone()).as_ref() != Some(limits)
+                };
+                if changed {
+                    bump(t, PLATFORM_LIMITS);
+                }
+            }
         }
         0
     }
@@ -588,7 +619,8 @@ impl Store for MemoryStore {
             || pending.calendars.is_some()
             || pending.priorities.is_some()
             || pending.quota_states.is_some()
-            || pending.prices.is_some();
+            || pending.prices.is_some()
+            || pending.platform_limits.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 

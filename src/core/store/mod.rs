@@ -25,6 +25,7 @@ pub mod redis {
         ["redis://", "rediss://", "redis+", "rediss+", "unix://"].iter().any(|s| path.starts_with(s))
     }
 }
+use crate::core::limits::Limit;
 use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
@@ -309,6 +310,8 @@ pub struct Changes {
     pub quota_states: Option<Vec<QuotaStateRow>>,
     /// The stored model prices (SPEC 23.1): (platform, model_id, prices).
     pub prices: Option<Vec<(String, String, Prices)>>,
+    /// The stored platform limits (SPEC 23.3): platform -> its limits as declared.
+    pub platform_limits: Option<Vec<(String, Vec<Limit>)>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -381,6 +384,12 @@ pub enum Write {
         platform: String,
         model_id: String,
         prices: Option<Prices>,
+    },
+    /// Replaces a platform's limits (SPEC 23.3), as declared (scope `account` or
+    /// `key`); an empty list forgets them.
+    SetPlatformLimits {
+        platform: String,
+        limits: Vec<Limit>,
     },
 }
 

@@ -34,7 +34,7 @@ local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
 -- The last one, the observed quota, conflicts with no decision ('headroom' may read
 -- it up to 5 s old, SPEC 8.2).
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices', 'quota'}
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices', 'platform_limits', 'quota'}
 local DECIDING_TABLES = #TABLES - 1
 local known = {}
 for i = 1, #TABLES do known[i] = ARGV[8 + i] end

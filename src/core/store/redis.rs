@@ -54,8 +54,18 @@ const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
 /// The versioned tables; a change to any but the last (the observed quota, which the
 /// `headroom` pick may read up to 5 s old, SPEC §8.2) conflicts with every decision.
-const TABLES: [&str; 9] =
-    ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities", "prices", "quota"];
+const TABLES: [&str; 10] = [
+    "cooldowns",
+    "keys",
+    "models",
+    "caps",
+    "history",
+    "calendars",
+    "priorities",
+    "prices",
+    "platform_limits",
+    "quota",
+];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
@@ -66,7 +76,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 20] = [
+const LAYOUT: [(&str, &str); 21] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -87,6 +97,7 @@ const LAYOUT: [(&str, &str); 20] = [
     ("late", "zset"),
     ("sweep", "hash"),
     ("prices", "hash"),
+    ("platform_limits", "hash"),
 ];
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.

@@ -263,7 +263,7 @@ UPDATE provider_caps SET caps = TRIM(
 UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
 "#,
     r#"
--- Version 12: money (SPEC 23.1). Model prices (set_model_prices), each an integer
+-- Version 12: money (SPEC 23.1) and platform limits (SPEC 23.3). Model prices (set_model_prices), each an integer
 -- number of pico-dollars (10^-12 $): per input token (cache reads excluded), per output
 -- token, per cached input token, and per request; a model without a row costs
 -- nothing. What each event cost in micro-dollars at the prices in force when it was
@@ -280,11 +280,20 @@ CREATE TABLE model_prices (
 INSERT INTO quotaengine_meta (name, version) VALUES ('model_prices', 0);
 ALTER TABLE rate_limit_usage ADD COLUMN cost INTEGER;
 ALTER TABLE quota_leases ADD COLUMN cost INTEGER;
+-- Platform limits (set_platform_limits): limits that hold across every model of a
+-- platform, per account or per key. `limits` is the platform's whole declaration in
+-- the form of `models.limits`, e.g. 'requests/minute=20 tokens/hour:key=100000'; a
+-- platform without limits has no row.
+CREATE TABLE platform_limits (
+    platform TEXT PRIMARY KEY,
+    limits   TEXT NOT NULL
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('platform_limits', 0);
 "#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 9] = [
+pub const VERSIONED_TABLES: [&str; 10] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -294,6 +303,7 @@ pub const VERSIONED_TABLES: [&str; 9] = [
     "priority_reserves",
     "provider_quota_state",
     "model_prices",
+    "platform_limits",
 ];
 
 /// Each versioned table's counter and triggers, (re)created after every migration,

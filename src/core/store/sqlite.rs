@@ -5,7 +5,7 @@ use super::{
     StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
-use crate::core::limits::{decode_caps, decode_limits, LimitSet};
+use crate::core::limits::{decode_caps, decode_limits, Limit, LimitSet};
 use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
@@ -429,6 +429,19 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// SPEC 23.3: every platform's limits; a row a plain writer spoiled declares none.
+    fn read_platform_limits(&self) -> rusqlite::Result<Vec<(String, Vec<Limit>)>> {
+        let mut stmt = self.conn.prepare_cached("SELECT platform, limits FROM platform_limits")?;
+        let rows = stmt.query_map([], |r| {
+            let text: Option<String> = r.get(1)?;
+            Ok((
+                r.get::<_, String>(0)?,
+                text.as_deref().and_then(|t| decode_limits(t).ok()).unwrap_or_default(),
+            ))
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -540,6 +553,9 @@ impl SqliteStore {
         }
         if versions[8] != self.versions[8] {
             changes.prices = Some(self.read_prices()?);
+        }
+        if versions[9] != self.versions[9] {
+            changes.platform_limits = Some(self.read_platform_limits()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);

@@ -128,6 +128,33 @@ impl PyQuotaEngine {
         Ok(self.run(py, |e| e.config().model_prices(p, m))?.map(PyPrices::from))
     }
 
+    // ---- platform limits (SPEC 23.3) ---------------------------------------------
+
+    /// SPEC 23.3: replaces the limits that hold across every model of `platform`
+    /// (an iterable of `Limit`; empty forgets them). Scope `"account"` counts every key
+    /// of the key's account, `"key"` the key alone; a refusal's reason is
+    /// `"platform:<metric>/<per>"`. The gates run after the provider caps and before
+    /// key concurrency. Persisted and shared through the store. Two limits for the same
+    /// window and scope are a `ValueError`, a value that is not a `Limit` a
+    /// `TypeError`; nothing is written then.
+    #[pyo3(signature = (platform, limits))]
+    fn set_platform_limits(&self, py: Python<'_>, platform: &Arg, limits: &Arg) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?;
+        if limits.is_none() || limits.cast::<PyDict>().is_ok() {
+            return Err(pyo3::exceptions::PyTypeError::new_err("limits must be an iterable of Limit"));
+        }
+        let list = limit_list_arg(limits, "limits")?;
+        self.run(py, move |e| e.config().set_platform_limits(p, list))
+    }
+
+    /// SPEC 23.3: the platform's limits in gate order (metric, window, scope), as
+    /// declared; an empty list when none.
+    #[pyo3(signature = (platform))]
+    fn platform_limits(&self, py: Python<'_>, platform: &Arg) -> PyResult<Vec<PyLimit>> {
+        let p = str_arg(platform, "platform")?;
+        Ok(self.run(py, |e| e.config().platform_limits(p))?.into_iter().map(PyLimit::from).collect())
+    }
+
     // ---- priority reserves (SPEC 22.1) -------------------------------------------
 
     /// SPEC 22.1: a call of priority `priority` or larger (up to the next configured

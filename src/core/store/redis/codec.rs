@@ -87,6 +87,12 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
         }
         // SPEC 23.1: route -> prices.
         7 => ch.prices = Some(rows.iter().map(|(f, v)| parse_prices(f, v)).collect::<StoreResult<_>>()?),
+        // SPEC 23.3: platform -> its limits in the form of `encode_limits` (a value a
+        // plain writer spoiled declares none).
+        8 => {
+            ch.platform_limits =
+                Some(rows.iter().map(|(f, v)| (unesc(f), decode_limits(v).unwrap_or_default())).collect())
+        }
         // SPEC 8.2: the observed quota, in the order the SQLite store reads it.
         _ => {
             let mut quota = rows.iter().map(|(f, v)| parse_quota(f, v)).collect::<StoreResult<Vec<_>>>()?;
@@ -159,6 +165,12 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         }
         Write::SetModelPrices { platform, model_id, prices: None } => {
             hdel(out, "prices", route(platform, model_id))
+        }
+        Write::SetPlatformLimits { platform, limits } if limits.is_empty() => {
+            hdel(out, "platform_limits", esc(platform))
+        }
+        Write::SetPlatformLimits { platform, limits } => {
+            hset(out, "platform_limits", esc(platform), encode_limits(limits))
         }
     }
 }

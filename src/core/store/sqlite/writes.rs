@@ -83,6 +83,14 @@ impl SqliteStore {
                 "DELETE FROM model_prices WHERE platform = ?1 AND model_id = ?2",
                 params![platform, model_id],
             ),
+            Write::SetPlatformLimits { platform, limits } if limits.is_empty() => {
+                self.exec("DELETE FROM platform_limits WHERE platform = ?1", [platform])
+            }
+            Write::SetPlatformLimits { platform, limits } => self.exec(
+                "INSERT INTO platform_limits (platform, limits) VALUES (?1, ?2) \
+                 ON CONFLICT (platform) DO UPDATE SET limits = excluded.limits",
+                params![platform, encode_limits(limits)],
+            ),
         }
     }
 
