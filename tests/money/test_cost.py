@@ -231,3 +231,20 @@ def test_racing_threads_never_spend_past_a_cost_limit(engine: q.QuotaEngine) -> 
         t.join()
     assert len(admitted) == 100_000 // 2_300
     assert engine.usage(P, M, K)["cost/day"]["used"] == len(admitted) * 2_300 <= 100_000
+
+
+def test_a_platform_credit_costs_each_model_at_its_own_prices(engine: q.QuotaEngine) -> None:
+    # SPEC 23.3: a monthly credit over every model of a platform, each at its own prices.
+    engine.set_model_prices(P, "dear", DEAR)
+    engine.set_model_prices(P, "cheap", MINI)
+    engine.set_platform_limits(P, [q.Limit("cost", 10_000, "month")])
+    assert engine.platform_limits(P) == [q.Limit("cost", 10_000, "month")]
+    engine.lease(P, "dear", K, 0).success(input_tokens=1_000)  # 2,000 + 3,000 µ$
+    engine.lease(P, "cheap", K, 0).success(input_tokens=10_000)  # 1,500 µ$
+    assert engine.usage(P, "cheap", K)["platform:cost/month"]["used"] == 6_500
+    # The dear model's next lease reserves 2,000 + 3,000 µ$ for 1,000 tokens: over.
+    with pytest.raises(q.QuotaExceeded) as exc:
+        engine.lease(P, "dear", K, 1_000)
+    assert exc.value.reason == "platform:cost/month"
+    # The cheap model's reserves 150 µ$: it passes.
+    engine.lease(P, "cheap", K, 1_000).release()
