@@ -328,7 +328,7 @@ fn admit(
 /// SPEC 23.1: `est` with what its lease reserves at the route's prices, the worst case
 /// of the estimate (0 unpriced).
 fn priced(mirror: &Mirror, route: &Route, est: Estimate) -> Result<Estimate> {
-    match mirror.config.prices(&route.platform, &route.model_id) {
+    match mirror.reader().prices(&route.platform, &route.model_id) {
         Some(p) => Ok(Estimate { cost: p.reservation(est.tokens, est.output)?, ..est }),
         None => Ok(est),
     }

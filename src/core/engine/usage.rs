@@ -128,7 +128,7 @@ impl Usage<'_> {
     pub(super) fn usage_row(
         &mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64,
     ) -> Result<Write> {
-        let cost = match self.unit.mirror.config.prices(&route.platform, &route.model_id) {
+        let cost = match self.unit.mirror.reader().prices(&route.platform, &route.model_id) {
             Some(p) => event_cost(&p, kind, tokens, kinds)?,
             None => 0,
         };

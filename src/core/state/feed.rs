@@ -85,7 +85,7 @@ impl Mirror {
                 self.config.set_prices(platform, model_id, *prices)
             }
             Write::SetPlatformLimits { platform, limits } => {
-                self.put_platform_limits(platform, LimitSet::platform_stored(limits.clone()));
+                put_platform_limits(self, platform, LimitSet::platform_stored(limits.clone()));
             }
             Write::Log(_) => {}
         }
@@ -243,10 +243,10 @@ fn replace_platform_limits(m: &mut Mirror, rows: Vec<(String, Vec<Limit>)>) {
     let mut gone: Vec<String> = m.config.platform_sets.keys().cloned().collect();
     for (platform, limits) in rows {
         gone.retain(|p| *p != platform);
-        m.put_platform_limits(&platform, LimitSet::platform_stored(limits));
+        put_platform_limits(m, &platform, LimitSet::platform_stored(limits));
     }
     for platform in gone {
-        m.put_platform_limits(&platform, LimitSet::default());
+        put_platform_limits(m, &platform, LimitSet::default());
     }
 }
 
@@ -264,6 +264,21 @@ fn replace_keys(m: &mut Mirror, rows: Vec<KeyInfo>) {
 }
 
 /// Registers (or updates) one key; the routable keys follow at once.
+/// SPEC 23.3: a platform's limits changed (this engine's or another's): the windows
+/// they read reach back further than the last load, or are new.
+fn put_platform_limits(m: &mut Mirror, platform: &str, set: LimitSet) {
+    if let Some((since, at)) = m.loaded {
+        if set.windows().any(|w| m.calendars.window_start(platform, w, at) < since) {
+            m.needs_reload = true;
+        }
+    }
+    if set.is_empty() {
+        m.config.platform_sets.remove(platform);
+    } else {
+        m.config.platform_sets.insert(platform.to_string(), set);
+    }
+}
+
 fn put_key(m: &mut Mirror, k: KeyInfo) {
     m.config.put_key(k);
     m.accounts_changed();

@@ -599,21 +599,6 @@ impl Mirror {
         Some(Tally { win, in_flight: self.leases.in_flight(leases, now) })
     }
 
-    /// SPEC 23.3: a platform's limits changed (this engine's or another's): the
-    /// windows they read reach back further than the last load, or are new.
-    pub fn put_platform_limits(&mut self, platform: &str, set: LimitSet) {
-        if let Some((since, at)) = self.loaded {
-            if set.windows().any(|w| self.calendars.window_start(platform, w, at) < since) {
-                self.needs_reload = true;
-            }
-        }
-        if set.is_empty() {
-            self.config.platform_sets.remove(platform);
-        } else {
-            self.config.platform_sets.insert(platform.to_string(), set);
-        }
-    }
-
     // ---- keys, models, caps, cooldowns ---------------------------------------------
 
     pub fn put_model(&mut self, m: ModelInfo) {

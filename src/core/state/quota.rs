@@ -91,9 +91,9 @@ mod tests {
         key_id: i64, metric: &str, limit: Option<i64>, remaining: Option<i64>, confidence: f64,
     ) -> QuotaStateRow {
         QuotaStateRow {
-            platform: "groq".into(),
+            platform: "acme".into(),
             key_id,
-            pool_key: "groq::account".into(),
+            pool_key: "acme::account".into(),
             metric: metric.into(),
             limit,
             remaining,
@@ -113,16 +113,16 @@ mod tests {
         q.put(row(3, "requests", Some(100), Some(10), 0.6)); // below the confidence floor
         q.put(row(4, "requests", Some(0), Some(0), 1.0)); // no limit
         q.put(row(5, "requests", Some(100), Some(150), 0.7)); // clamped to 1
-        assert_eq!(q.headroom("groq", 0), vec![(1, 0.1), (2, 0.8), (5, 1.0)]);
-        assert_eq!(q.key_headroom("groq", 1, 0), Some(0.1));
-        assert_eq!(q.key_headroom("groq", 3, 0), None);
+        assert_eq!(q.headroom("acme", 0), vec![(1, 0.1), (2, 0.8), (5, 1.0)]);
+        assert_eq!(q.key_headroom("acme", 1, 0), Some(0.1));
+        assert_eq!(q.key_headroom("acme", 3, 0), None);
         // Past the reset, a row counts 1.0.
-        assert_eq!(q.headroom("groq", 1_000), vec![(1, 1.0), (2, 1.0), (5, 1.0)]);
+        assert_eq!(q.headroom("acme", 1_000), vec![(1, 1.0), (2, 1.0), (5, 1.0)]);
         // A row merged again replaces its old self.
         q.put(row(1, "tokens", Some(1000), Some(900), 1.0));
-        assert_eq!(q.key_headroom("groq", 1, 0), Some(0.5));
+        assert_eq!(q.key_headroom("acme", 1, 0), Some(0.5));
         assert!(q.headroom("mistral", 0).is_empty());
         q.replace(vec![row(7, "requests", Some(10), Some(5), 1.0)]);
-        assert_eq!(q.headroom("groq", 0), vec![(7, 0.5)]);
+        assert_eq!(q.headroom("acme", 0), vec![(7, 0.5)]);
     }
 }

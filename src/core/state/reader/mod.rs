@@ -6,6 +6,7 @@
 use super::{Mirror, RouteId};
 use crate::core::admission::Estimate;
 use crate::core::limits::LimitSet;
+use crate::core::money::Prices;
 use crate::core::types::Route;
 use crate::core::windows::Counts;
 use std::sync::Arc;
@@ -67,7 +68,13 @@ impl<'m> Reader<'m> {
         self.m.leases.is_live(id, now)
     }
 
-    /// A lease that still counts at `now`: its route and its estimated tokens.
+    /// A model's prices in force (SPEC 23.1), `None` when it has none.
+    #[inline]
+    pub fn prices(self, platform: &str, model_id: &str) -> Option<Prices> {
+        self.m.config.prices(platform, model_id)
+    }
+
+    /// A lease that still counts at `now`: its route and its estimate.
     pub fn live_lease(self, id: i64, now: i64) -> Option<(Route, Estimate)> {
         let rec = self.m.leases.get(id).filter(|l| l.live(now))?;
         let r = self.m.routes.get(rec.route);
