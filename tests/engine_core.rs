@@ -11,6 +11,9 @@ use quotaengine::core::types::{CooldownSource, Reason, Route};
 use rusqlite::Connection;
 use std::sync::Arc;
 
+#[path = "support/quota_feed.rs"]
+mod quota_feed;
+
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
 
 fn open(path: &str, clock: &Arc<ManualClock>) -> Engine {
@@ -430,4 +433,45 @@ fn a_pass_called_from_inside_a_pass_is_a_runtime_error() {
     // Outside a pass, a pass runs.
     assert_eq!(handle.run_probe_pass(&Always, &mut || 0.0, 3).unwrap().probed_key_ids, Vec::<i64>::new());
     handle.close().unwrap();
+}
+
+#[test]
+fn a_quota_observation_of_another_engine_is_seen_at_its_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, mut a, mut b) = two_engines(&dir);
+    quota_feed::another_engines_observation_is_seen_at_once(&mut a, &mut b, &clock, true);
+}
+
+#[test]
+fn a_reader_of_a_file_no_writer_of_this_version_opened_reads_the_quota_at_each_change() {
+    // The file as an engine before the quota's version counter left it: no counter and no
+    // triggers for `provider_quota_state`. A read-only engine cannot add them: it reads the
+    // quota rows whenever the file changed.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let path = path.to_str().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    drop(open(path, &clock));
+    let c = Connection::open(path).unwrap();
+    c.execute_batch(
+        "DELETE FROM quotaengine_meta WHERE name = 'provider_quota_state';
+         DROP TRIGGER qe_bump_provider_quota_state_INSERT;
+         DROP TRIGGER qe_bump_provider_quota_state_UPDATE;
+         DROP TRIGGER qe_bump_provider_quota_state_DELETE;",
+    )
+    .unwrap();
+    let insert = |platform: &str, remaining: i64| {
+        c.execute(
+            "INSERT INTO provider_quota_state (platform, key_id, pool_key, metric, limit_value, remaining, \
+             source, confidence, observed_at_ms) VALUES (?1, 1, 'pool', 'requests', 100, ?2, 'header', 1.0, ?3)",
+            rusqlite::params![platform, remaining, T0],
+        )
+        .unwrap();
+    };
+    insert("pa", 40);
+    let settings = Settings { readonly: true, ..Settings::default() };
+    let mut r = Engine::open(&StoreSpec::Sqlite(path.into()), clock.clone(), settings).unwrap();
+    assert_eq!(r.observed().key_quota_headroom("pa").unwrap(), vec![(1, 0.4)]);
+    insert("pb", 20);
+    assert_eq!(r.observed().key_quota_headroom("pb").unwrap(), vec![(1, 0.2)]);
 }

@@ -352,3 +352,53 @@ fn lease_any_across_engines_does_not_take_a_candidate_another_engine_filled() {
     assert_eq!(i, 1);
     assert_eq!(control.leases(), 2);
 }
+
+// ---- prices (SPEC 23.1) ------------------------------------------------------------
+
+#[test]
+fn model_prices_are_shared_replaced_and_forgotten() {
+    use quotaengine::core::money::Prices;
+    let (mut a, control, clock) = engine(0);
+    let mut b = another(&control, &clock);
+    let p = Prices::from_dollars(0.15, 0.6, None, 0.0).unwrap();
+    assert_eq!(b.config().model_prices("p", "m").unwrap(), None);
+    a.config().set_model_prices("p", "m", Some(p)).unwrap();
+    assert_eq!(a.config().model_prices("p", "m").unwrap(), Some(p));
+    // The other engine sees them at its next call; other models stay unpriced.
+    assert_eq!(b.config().model_prices("p", "m").unwrap(), Some(p));
+    assert_eq!(b.config().model_prices("p", "n").unwrap(), None);
+    assert_eq!(b.config().model_prices("q", "m").unwrap(), None);
+    // Replaced by either engine, forgotten with None.
+    let dearer = Prices::from_dollars(3.0, 15.0, Some(0.3), 0.001).unwrap();
+    b.config().set_model_prices("p", "m", Some(dearer)).unwrap();
+    assert_eq!(a.config().model_prices("p", "m").unwrap(), Some(dearer));
+    a.config().set_model_prices("p", "m", None).unwrap();
+    assert_eq!(b.config().model_prices("p", "m").unwrap(), None);
+    // Names are checked as for set_model_limits: nothing is written.
+    let before = control.commits();
+    for (platform, model_id) in [("", "m"), ("p", "")] {
+        let err = a.config().set_model_prices(platform, model_id, Some(p)).unwrap_err();
+        assert!(matches!(err, Error::Invalid(_)), "{err:?}");
+    }
+    assert_eq!(control.commits(), before);
+    assert_eq!(b.config().model_prices("p", "m").unwrap(), None);
+}
+
+#[test]
+fn model_prices_set_during_an_outage_hold_and_land_when_the_store_answers() {
+    use quotaengine::core::money::Prices;
+    let (mut a, control, clock) = engine(0);
+    let mut b = another(&control, &clock);
+    let p = Prices::from_dollars(1.25, 10.0, Some(0.125), 0.0).unwrap();
+    control.set_down(true);
+    a.config().set_model_prices("p", "m", Some(p)).unwrap();
+    assert!(a.degraded());
+    assert_eq!(a.config().model_prices("p", "m").unwrap(), Some(p));
+    control.set_down(false);
+    // Another engine's change to another table while ours waits does not undo ours.
+    b.config().set_model_limits("p", "m", &limits(Some(3), None), None).unwrap();
+    assert_eq!(a.config().model_prices("p", "m").unwrap(), Some(p));
+    a.flush().unwrap();
+    assert!(!a.degraded());
+    assert_eq!(b.config().model_prices("p", "m").unwrap(), Some(p));
+}

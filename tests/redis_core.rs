@@ -13,6 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+#[path = "support/quota_feed.rs"]
+mod quota_feed;
+
 const T0: i64 = 1_767_261_600_000; // 2026-01-01 10:00 UTC
 
 struct Server {
@@ -146,4 +149,13 @@ fn usage_since_midnight_is_loaded_and_retention_trims_the_feed() {
     let all = b.observed().usage_events(&Default::default()).unwrap();
     assert!(all.iter().all(|r| r.created_at_ms >= T0 + 86_400_000), "{all:?}");
     assert_eq!(all.len(), 2);
+}
+
+#[test]
+fn a_quota_observation_of_another_engine_is_seen_at_its_next_call() {
+    let server = Server::start();
+    let url = server.url("quota");
+    let clock = Arc::new(ManualClock::new(T0));
+    let (mut a, mut b) = (open(&url, &clock), open(&url, &clock));
+    quota_feed::another_engines_observation_is_seen_at_once(&mut a, &mut b, &clock, false);
 }

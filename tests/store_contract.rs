@@ -6,7 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use quotaengine::core::error::StoreError;
-use quotaengine::core::limits::LimitSet;
+use quotaengine::core::limits::{Limit, LimitSet};
+use quotaengine::core::money::Prices;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
 use quotaengine::core::store::{
@@ -185,15 +186,19 @@ contract!(
     appended_writes_reach_other_handles,
     the_feed_follows_on_from_a_load,
     usage_events_are_one_row_per_request_and_filtered,
+    costs_travel_with_their_rows_and_leases,
     many_rows_at_once_are_all_written,
     the_sweep_deletes_what_retention_no_longer_keeps,
     deletes_of_history_and_cooldowns_match_what_they_name,
     a_readonly_handle_refuses_every_write,
     an_optimistic_commit_conflicts_only_on_what_its_decision_read,
     quota_states_and_server_logs_read_back,
+    an_observed_quota_reaches_others_and_conflicts_with_no_decision,
     changed_says_so_after_another_commit,
     the_write_lock_keeps_a_second_writer_out,
     claims_and_sole_writer,
+    model_prices_are_set_replaced_and_forgotten,
+    platform_limits_are_replaced_and_forgotten,
 );
 
 // ---- rows -----------------------------------------------------------------------
@@ -208,6 +213,7 @@ fn usage(key_id: i64, kind: UsageKind, tokens: i64, count: i64, at: i64) -> Usag
         count,
         created_at_ms: at,
         kinds: TokenKinds::default(),
+        cost: 0,
     }
 }
 
@@ -223,6 +229,7 @@ fn lease(id: i64, key_id: i64, expires: i64) -> LeaseRow {
         key_id,
         tokens: 100,
         output_tokens: 30,
+        cost: 0,
         created_at_ms: T0,
         expires_at_ms: expires,
     }
@@ -268,6 +275,22 @@ fn model() -> ModelInfo {
         model_id: "m".into(),
         limits: LimitSet::parse("requests/minute=10 requests/day=100 tokens/day=1000").unwrap(),
         monthly_token_budget: Some("5000".into()),
+    }
+}
+
+/// An observed quota row (SPEC §8.2) of 100 with `remaining` left.
+fn quota(platform: &str, key_id: i64, metric: &str, remaining: Option<i64>) -> QuotaStateRow {
+    QuotaStateRow {
+        platform: platform.into(),
+        key_id,
+        pool_key: "pool".into(),
+        metric: metric.into(),
+        limit: Some(100),
+        remaining,
+        reset_at_ms: Some(T0 + 60_000),
+        source: "header".into(),
+        confidence: 1.0,
+        observed_at_ms: T0,
     }
 }
 
@@ -343,6 +366,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
             Write::SetCaps("p".into(), [CapSetting::Cap(9), CapSetting::NoCap, CapSetting::Inherit]),
             Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0)),
             Write::SetCalendar { platform: "p".into(), zone: Some("America/Los_Angeles".into()) },
+            Write::UpsertQuotaState(quota("p", 1, "requests", Some(40))),
         ],
     );
     assert_eq!(ids[2], 77, "an inserted lease answers its id");
@@ -360,6 +384,7 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
     assert_eq!((caps[0].1[0], caps[0].1[1]), (CapSetting::Cap(9), CapSetting::NoCap));
     assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Ladder, T0)]);
     assert_eq!(ch.calendars.unwrap(), vec![("p".to_string(), "America/Los_Angeles".to_string())]);
+    assert_eq!(ch.quota_states.unwrap(), vec![quota("p", 1, "requests", Some(40))]);
     // The writer is never handed its own usage rows back.
     assert!(pull(&mut *a).usage.is_empty());
     // Nothing new: nothing more for the reader.
@@ -370,6 +395,32 @@ fn a_commit_reaches_every_other_handle(b: &dyn Backend) {
     assert_eq!(rows.len(), 2);
     assert_eq!(ch.leases.unwrap().len(), 1);
     assert_eq!(ch.keys.unwrap(), vec![key(1)]);
+    assert_eq!(ch.quota_states.unwrap().len(), 1);
+}
+
+/// SPEC 23.3: a platform's limits as declared, replaced whole, forgotten when empty;
+/// every other handle reads the whole table when it changed.
+fn platform_limits_are_replaced_and_forgotten(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    start(&mut *r, 0);
+    let lim = |m: &str, n: i64, per: &str, scope: &str| Limit::parse(m, n, per, scope).unwrap();
+    let set = |p: &str, limits: Vec<Limit>| Write::SetPlatformLimits { platform: p.into(), limits };
+    let two = vec![lim("requests", 20, "minute", "account"), lim("tokens", 9, "month", "key")];
+    commit(&mut *a, &[set("p", two.clone()), set("q\u{1f}x", vec![lim("requests", 1, "5h", "key")])]);
+    let mut got = pull(&mut *r).platform_limits.expect("the table changed");
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        got,
+        vec![("p".to_string(), two), ("q\u{1f}x".to_string(), vec![lim("requests", 1, "5h", "key")])]
+    );
+    assert!(pull(&mut *r).platform_limits.is_none(), "unchanged: not read again");
+    commit(&mut *a, &[set("p", vec![lim("output_tokens", 3, "day", "account")]), set("q\u{1f}x", vec![])]);
+    let got = pull(&mut *r).platform_limits.expect("the table changed");
+    assert_eq!(got, vec![("p".to_string(), vec![lim("output_tokens", 3, "day", "account")])]);
+    // A handle opened later loads it.
+    let mut late = b.open();
+    let (_, ch) = start(&mut *late, 0);
+    assert_eq!(ch.platform_limits.map(|p| p.len()), Some(1));
 }
 
 fn a_rollback_writes_nothing(b: &dyn Backend) {
@@ -454,6 +505,53 @@ fn usage_events_are_one_row_per_request_and_filtered(b: &dyn Backend) {
     assert!(a.usage_events(&other).unwrap().is_empty());
     let model = UsageFilter { model_id: Some("m".into()), key_id: Some(2), ..UsageFilter::default() };
     assert_eq!(a.usage_events(&model).unwrap().len(), 1);
+}
+
+/// SPEC 23.1: what an event cost and what a lease reserves (µ$) reach every other
+/// handle and read back; a request row merged while degraded keeps its cost once, on
+/// its first event; many priced rows at once (the grouped insert) keep theirs.
+fn costs_travel_with_their_rows_and_leases(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let priced = |u: UsageRow, cost: i64| Write::Usage(UsageRow { cost, ..u });
+    let mut writes = vec![
+        priced(usage(1, UsageKind::Request, 0, 1, T0), 150),
+        priced(
+            UsageRow {
+                kinds: TokenKinds { input: Some(70), output: Some(30), cached: None },
+                ..usage(1, UsageKind::Tokens, 100, 1, T0)
+            },
+            2_345,
+        ),
+        priced(usage(1, UsageKind::Tokens, 40, 1, T0 + 1), 7),
+        // Three requests merged while degraded, 9 µ$ in all.
+        priced(usage(2, UsageKind::Request, 0, 3, T0 + 2), 9),
+        Write::InsertLease(LeaseRow { cost: 1_234, ..lease(5, 1, T0 + 60_000) }),
+        Write::InsertLease(LeaseRow { cost: 11, output_tokens: 0, ..lease(6, 1, T0 + 60_000) }),
+    ];
+    // Enough priced requests for the grouped insert.
+    writes.extend((0..300).map(|i| priced(usage(3, UsageKind::Request, 0, 1, T0 + 3 + i), 1)));
+    commit(&mut *a, &writes);
+    let ch = pull(&mut *r);
+    let cost_of =
+        |rows: &[UsageRow], key: i64| rows.iter().filter(|u| u.key_id == key).map(|u| u.cost).sum::<i64>();
+    assert_eq!(cost_of(&ch.usage, 1), 150 + 2_345 + 7);
+    assert_eq!(cost_of(&ch.usage, 2), 9);
+    assert_eq!(cost_of(&ch.usage, 3), 300);
+    let mut leases = ch.leases.unwrap();
+    leases.sort_by_key(|l| l.id);
+    assert_eq!(leases.iter().map(|l| (l.id, l.cost)).collect::<Vec<_>>(), vec![(5, 1_234), (6, 11)]);
+    assert_eq!(leases[1].output_tokens, 0);
+    let events = a.usage_events(&UsageFilter { key_id: Some(2), ..UsageFilter::default() }).unwrap();
+    assert_eq!(events.iter().map(|u| u.cost).collect::<Vec<_>>(), vec![9, 0, 0]);
+    let events = a.usage_events(&UsageFilter { key_id: Some(1), ..UsageFilter::default() }).unwrap();
+    let tokens = events.iter().find(|u| u.tokens == 100).unwrap();
+    assert_eq!((tokens.cost, tokens.kinds.input, tokens.kinds.output), (2_345, Some(70), Some(30)));
+    // A handle opened later loads the costs too.
+    let mut late = b.open();
+    let loaded = follow(&mut *late, 0);
+    assert_eq!(cost_of(&loaded, 1) + cost_of(&loaded, 2) + cost_of(&loaded, 3), 150 + 2_345 + 7 + 9 + 300);
 }
 
 fn many_rows_at_once_are_all_written(b: &dyn Backend) {
@@ -632,18 +730,7 @@ fn an_optimistic_commit_conflicts_only_on_what_its_decision_read(b: &dyn Backend
 
 fn quota_states_and_server_logs_read_back(b: &dyn Backend) {
     let mut a = b.open();
-    let q = |platform: &str, key_id, metric: &str, remaining| QuotaStateRow {
-        platform: platform.into(),
-        key_id,
-        pool_key: "pool".into(),
-        metric: metric.into(),
-        limit: Some(100),
-        remaining,
-        reset_at_ms: Some(T0 + 60_000),
-        source: "header".into(),
-        confidence: 1.0,
-        observed_at_ms: T0,
-    };
+    let q = quota;
     commit(
         &mut *a,
         &[
@@ -667,6 +754,36 @@ fn quota_states_and_server_logs_read_back(b: &dyn Backend) {
     assert_eq!(logs.iter().map(|(_, l, _)| l.message.as_str()).collect::<Vec<_>>(), vec!["third", "second"]);
     assert_eq!(logs[0].1, log_row("third", T0 + 2));
     assert!(logs[0].0 != logs[1].0, "rows have ids of their own");
+}
+
+fn an_observed_quota_reaches_others_and_conflicts_with_no_decision(b: &dyn Backend) {
+    let (mut a, mut other) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    follow(&mut *other, 0);
+    commit(&mut *other, &[Write::UpsertQuotaState(quota("p", 2, "requests", Some(5)))]);
+    // Merged again: the whole table, as it is now, in (platform, key, pool, metric) order.
+    commit(
+        &mut *other,
+        &[
+            Write::UpsertQuotaState(quota("p", 2, "requests", Some(4))),
+            Write::UpsertQuotaState(quota("p", 1, "tokens", None)),
+        ],
+    );
+    let ch = pull(&mut *a);
+    assert_eq!(
+        ch.quota_states.unwrap(),
+        vec![quota("p", 1, "tokens", None), quota("p", 2, "requests", Some(4))]
+    );
+    assert!(pull(&mut *a).quota_states.is_none(), "unchanged: not read again");
+    // The `headroom` pick may read it up to 5 s old (SPEC §8.2): it conflicts with no
+    // optimistic decision, and is the next pull's.
+    commit(&mut *other, &[Write::UpsertQuotaState(quota("p", 1, "requests", Some(9)))]);
+    let optimistic = a.begin_optimistic().unwrap();
+    // A section holding the write lock reads what changed first.
+    let seen = if optimistic { None } else { a.pull().unwrap().quota_states };
+    a.write(&Write::InsertLease(lease(9, 1, T0 + 60_000))).unwrap();
+    a.commit().unwrap();
+    assert_eq!(seen.or_else(|| pull(&mut *a).quota_states).unwrap().len(), 3);
 }
 
 fn changed_says_so_after_another_commit(b: &dyn Backend) {
@@ -708,6 +825,71 @@ fn claims_and_sole_writer(b: &dyn Backend) {
     let _ro = b.open_readonly();
     assert_eq!(a.sole_writer(), b.knows_sole_writer());
 }
+
+/// SPEC 23.1: a model's prices reach every other handle (and one opened later) exactly,
+/// as integers of p$; setting them again replaces them, `None` forgets them, and a
+/// change to them is a change to a small table (an optimistic decision conflicts).
+fn model_prices_are_set_replaced_and_forgotten(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let big = Prices { input: i64::MAX, output: 0, cached_input: 1, per_request: i64::MAX - 1 };
+    let set = |platform: &str, model_id: &str, prices: Option<Prices>| Write::SetModelPrices {
+        platform: platform.into(),
+        model_id: model_id.into(),
+        prices,
+    };
+    commit(
+        &mut *a,
+        &[
+            set("p", "m", Some(PRICES)),
+            set("p", "n", Some(big)),
+            // Names holding the separators of a Redis value stay apart.
+            set("p\u{1f}q", "m\\", Some(PRICES)),
+        ],
+    );
+    assert!(r.changed().unwrap());
+    let mut rows = pull(&mut *r).prices.unwrap();
+    rows.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(
+        rows,
+        vec![
+            ("p".to_string(), "m".to_string(), PRICES),
+            ("p".to_string(), "n".to_string(), big),
+            ("p\u{1f}q".to_string(), "m\\".to_string(), PRICES),
+        ]
+    );
+    // Nothing new: nothing more.
+    assert!(pull(&mut *r).prices.is_none());
+    // Replaced, and forgotten.
+    let cheaper = Prices { input: 1, ..PRICES };
+    commit(&mut *a, &[set("p", "m", Some(cheaper)), set("p", "n", None)]);
+    let mut rows = pull(&mut *r).prices.unwrap();
+    rows.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(
+        rows,
+        vec![
+            ("p".to_string(), "m".to_string(), cheaper),
+            ("p\u{1f}q".to_string(), "m\\".to_string(), PRICES)
+        ]
+    );
+    // A handle opened later loads them.
+    let mut late = b.open();
+    assert_eq!(start(&mut *late, 0).1.prices.unwrap().len(), 2);
+    // A change to prices conflicts with an optimistic decision, as any small table's.
+    let _ = pull(&mut *a);
+    commit(&mut *r, &[set("p", "m", None)]);
+    if a.begin_optimistic().unwrap() {
+        a.write(&Write::InsertLease(lease(12, 1, T0 + 60_000))).unwrap();
+        assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    } else {
+        a.rollback();
+    }
+    assert_eq!(pull(&mut *a).prices.unwrap(), vec![("p\u{1f}q".to_string(), "m\\".to_string(), PRICES)]);
+}
+
+const PRICES: Prices =
+    Prices { input: 150_000, output: 600_000, cached_input: 75_000, per_request: 2_000_000_000 };
 
 /// Built without the Redis backend, a Redis URL is refused at open, not taken for the
 /// name of a SQLite file.

@@ -32,7 +32,8 @@ class QuotaExceeded(QuotaEngineError):
     "tokens/month", "input_tokens/minute"; ":key" appended to a key-scope limit whose
     window is also declared at account scope, e.g. "rpm:key"); then
     "provider_daily_requests", "provider_minute_requests", "provider_daily_tokens";
-    then "key_concurrency". ``retry_at_ms`` is the earliest time it can open (epoch ms)
+    then the platform's limits (SPEC 23.3) as "platform:<metric>/<per>" (e.g.
+    "platform:requests/minute", ":key" appended likewise); then "key_concurrency". ``retry_at_ms`` is the earliest time it can open (epoch ms)
     or None when unknown. ``refusals`` has one ``Refusal`` per candidate, in the given
     order (one entry for ``lease()``); from ``lease_any()`` the exception's own fields
     are those of the refusal with the earliest known ``retry_at_ms`` (else the first).

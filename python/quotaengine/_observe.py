@@ -54,7 +54,7 @@ def observe(lease: Lease, outcome: object, tokens: int | None = None) -> Failure
         raise ValueError(f"tokens must be >= 0, got {tokens}")
     if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
         # Cancelled, interrupted, exiting: nothing about the provider (SPEC 18.4).
-        lease.success(tokens=lease.estimated_tokens)
+        lease._success_estimate()
         return None
     if isinstance(outcome, BaseException) and _is_litellm(outcome):
         return _observe_litellm(lease, outcome)
@@ -306,7 +306,10 @@ def _counts(usage: object) -> dict[str, int] | None:
 def _succeed(lease: Lease, counts: dict[str, int] | None, tokens: int | None) -> None:
     if counts is None:
         # No usage: the lease's estimate, as leaving a `with` block does.
-        lease.success(tokens=lease.estimated_tokens if tokens is None else tokens)
+        if tokens is None:
+            lease._success_estimate()
+        else:
+            lease.success(tokens=tokens)
         return
     if tokens is not None:
         counts = {**counts, "tokens": tokens}

@@ -108,12 +108,17 @@ class Limits:
 @final
 class Limit:
     """One limit as data (SPEC §14.1): at most ``limit`` of ``metric`` per ``per``, counted at
-    ``scope``. ``metric``: "requests", "tokens", "input_tokens" or "output_tokens". ``per``:
+    ``scope``. ``metric``: "requests", "tokens", "input_tokens", "output_tokens" or "cost" (micro-dollars, SPEC 23.1). ``per``:
     "minute", "day", "week", "month" (the platform's calendar) or a sliding width "<N>s",
     "<N>m", "<N>h", "<N>d" from 1s to 31d. ``scope``: "account" (default) or "key". Anything
     else is a ``ValueError`` naming what is accepted. Frozen, hashable."""
 
     def __new__(cls, metric: str, limit: int, per: str, scope: str = "account") -> Limit: ...
+    @staticmethod
+    def dollars(amount: float, per: str, scope: str = "account") -> Limit:
+        """A ``cost`` limit of ``amount`` dollars per ``per`` (SPEC 23.1): ``round(amount *
+        10**6)`` micro-dollars. Negative or non-finite is a ``ValueError``, a bool or a
+        non-number a ``TypeError``."""
     @property
     def metric(self) -> str: ...
     @property
@@ -126,6 +131,30 @@ class Limit:
     def __hash__(self) -> int: ...
 
 _LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | Iterable[Limit] | None
+
+@final
+class Prices:
+    """A model's prices (SPEC 23.1): ``input``, ``output`` and ``cached_input`` in dollars per
+    million tokens (``cached_input``, cache reads, defaults to ``input``; ``input`` excludes
+    them), ``per_request`` in dollars per request. Held exactly as integer pico-dollars
+    (``round(x * 10**6)`` per token, ``round(per_request * 10**12)`` per request) and read
+    back as held. A negative, NaN or infinite price is a ``ValueError``, a bool or a
+    non-number a ``TypeError``, one beyond 2**63 - 1 pico-dollars an ``OverflowError``.
+    Frozen, hashable."""
+
+    def __new__(
+        cls, input: float, output: float, *, cached_input: float | None = None, per_request: float = 0.0
+    ) -> Prices: ...
+    @property
+    def input(self) -> float: ...
+    @property
+    def output(self) -> float: ...
+    @property
+    def cached_input(self) -> float: ...
+    @property
+    def per_request(self) -> float: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 @final
 class Admission:
@@ -316,8 +345,9 @@ class _LeaseWaiter:
 class Lease:
     """An admitted, in-flight request. A context manager, sync and async.
 
-    Leaving the block normally with no explicit outcome records
-    ``success(tokens=estimated_tokens)``; leaving it by an exception records nothing.
+    Leaving the block normally with no explicit outcome records its estimate as used
+    (``estimated_tokens``, split into input and output as estimated, so that it costs
+    what it reserved, SPEC 23.1); leaving it by an exception records nothing.
     The lease is released either way. The engine's ``close()`` ends a live lease the
     same way; one garbage-collected unended keeps counting until ``lease_max_age_ms``
     (its call may still run).
@@ -347,6 +377,7 @@ class Lease:
         """Record the request (and its tokens when given: the total, or input and output
         apart, the total then their sum, and the cached part of the input; SPEC §14.4) and
         release, in one commit."""
+    def _success_estimate(self) -> None: ...
     def failure(
         self,
         *,
@@ -495,6 +526,13 @@ class _QuotaEngine:
         """SPEC §4/§14.1: replaces the model's whole declaration, the classic keywords and
         ``limits=`` (an iterable of ``Limit``). Two limits on one (metric, window, scope), or a
         keyword and a ``Limit`` on the same window, are a ``ValueError``."""
+    def set_model_prices(self, platform: str, model_id: str, prices: Prices | None) -> None:
+        """SPEC 23.1: sets the model's prices (a ``Prices``), persisted and shared: every
+        engine on the store sees them at its next call. ``None`` forgets them (the model
+        then costs nothing)."""
+    def model_prices(self, platform: str, model_id: str) -> Prices | None:
+        """SPEC 23.1: the model's prices as held (dollars: pico-dollars / 10**6 per million
+        tokens, / 10**12 per request); ``None`` when none are set."""
     def set_priority_reserve(self, priority: int, fraction: float) -> None:
         """SPEC 22.1: a call of priority ``priority`` or larger (up to the next configured
         one) leaves ``floor(limit * fraction)`` of every window, provider cap and
@@ -526,6 +564,17 @@ class _QuotaEngine:
     def model_limit_list(self, platform: str, model_id: str) -> list[Limit]:
         """SPEC §14.1: every declared limit of the model, the classic ones included, in gate
         order (a classic one with ``per`` "minute" or "day")."""
+    def set_platform_limits(self, platform: str, limits: Iterable[Limit]) -> None:
+        """SPEC 23.3: replaces the limits that hold across every model of ``platform``
+        (empty forgets them). Scope ``"account"`` counts every key of the key's account,
+        ``"key"`` the key alone; a refusal's reason is ``"platform:<metric>/<per>"``. The
+        gates run after the provider caps and before key concurrency. Persisted and
+        shared through the store. Two limits for the same window and scope are a
+        ``ValueError``, a value that is not a ``Limit`` a ``TypeError``; nothing is
+        written then."""
+    def platform_limits(self, platform: str) -> list[Limit]:
+        """SPEC 23.3: the platform's limits in gate order (metric, window, scope), as
+        declared; an empty list when none."""
     # usage
     def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
     def record_tokens(
@@ -753,7 +802,8 @@ class _QuotaEngine:
         """Usage rows with ``since_ms <= created_at_ms < until_ms``, oldest first: ``platform``,
         ``model_id``, ``key_id``, ``kind``, ``tokens`` (the total; 0 for a request), and
         ``input_tokens``, ``output_tokens``, ``cached_tokens`` (``None`` where the call did
-        not report them), ``created_at_ms``."""
+        not report them), ``cost`` (micro-dollars at the prices in force when it was
+        recorded, SPEC 23.1; 0 unpriced), ``created_at_ms``."""
     def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
         """``server_logs`` rows, newest first."""
     def _debug_panic(self) -> None: ...

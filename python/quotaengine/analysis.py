@@ -64,6 +64,7 @@ EVENT_COLUMNS = [
     "input_tokens",
     "output_tokens",
     "cached_tokens",
+    "cost",
     "created_at_ms",
 ]
 #: Columns of :func:`cooldowns_frame`, in order.
@@ -178,6 +179,8 @@ def events_frame(
     * ``tokens`` (int64: the total), then ``input_tokens``, ``output_tokens`` and
       ``cached_tokens`` (nullable ``Int64``: what the call reported of its split, SPEC
       §14.4; ``<NA>`` where it did not, and for requests);
+    * ``cost`` (int64: what the event cost in micro-dollars at the prices in force
+      when it was recorded, SPEC 23.1; 0 unpriced);
     * ``created_at_ms`` (int64, epoch milliseconds).
 
     Requests per minute: ``df[df.kind == "request"].resample("1min", on="time").size()``;
@@ -197,6 +200,7 @@ def events_frame(
             k: pd.Series([r[k] for r in rows], dtype="Int64")
             for k in ("input_tokens", "output_tokens", "cached_tokens")
         },
+        "cost": pd.Series([r["cost"] for r in rows], dtype="int64"),
         "created_at_ms": pd.Series([r["created_at_ms"] for r in rows], dtype="int64"),
     }
     df = pd.DataFrame(raw)

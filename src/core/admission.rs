@@ -20,45 +20,55 @@ use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec, DAY, MI
 use crate::core::types::{Admission, Reason, Strategy};
 use crate::core::windows::Windows;
 
-/// An admission's estimate: `tokens` in all, `output` of them output.
+/// An admission's estimate: `tokens` in all, `output` of them output, and `cost` the
+/// µ$ its lease reserves (SPEC 23.1: the worst case of the estimate at the route's
+/// prices, 0 unpriced).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Estimate {
     pub tokens: i64,
     pub output: i64,
+    pub cost: i64,
 }
 
 impl Estimate {
     pub fn tokens(tokens: i64) -> Estimate {
-        Estimate { tokens, output: 0 }
+        Estimate { tokens, ..Estimate::default() }
+    }
+
+    /// How much of `requests` requests of this estimate counts in a metric's windows
+    /// (SPEC §14.4, 23.1): the requests in a request window, the estimate in
+    /// total-token windows, the estimate less its output in input windows, the output
+    /// in output windows, the reservation in cost windows.
+    pub fn count_in(&self, metric: Metric, requests: i64) -> i64 {
+        match metric {
+            Metric::Requests => requests,
+            Metric::Tokens => self.tokens,
+            Metric::InputTokens => self.tokens.saturating_sub(self.output).max(0),
+            Metric::OutputTokens => self.output,
+            Metric::Cost => self.cost,
+        }
     }
 }
 
-/// How much of `requests` requests estimated at `tokens` tokens, `output` of them
-/// output, counts in a metric's windows (SPEC §14.4): the requests in a request
-/// window, the estimate in total-token windows, the estimate less its output in
-/// input windows, the output in output windows.
-pub fn estimate_in(metric: Metric, requests: i64, tokens: i64, output: i64) -> i64 {
-    match metric {
-        Metric::Requests => requests,
-        Metric::Tokens => tokens,
-        Metric::InputTokens => tokens.saturating_sub(output).max(0),
-        Metric::OutputTokens => output,
-    }
-}
-
-/// Live in-flight totals.
+/// Live in-flight totals: how many leases, and the sum of their estimates.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InFlight {
     pub count: i64,
-    pub tokens: i64,
-    /// Of `tokens`, estimated output.
-    pub output_tokens: i64,
+    pub est: Estimate,
 }
 
 impl InFlight {
     /// What the live leases hold in a metric's windows.
     pub fn get(&self, metric: Metric) -> i64 {
-        estimate_in(metric, self.count, self.tokens, self.output_tokens)
+        self.est.count_in(metric, self.count)
+    }
+
+    /// One more live lease of estimate `est`.
+    pub fn add(&mut self, est: Estimate) {
+        self.count += 1;
+        self.est.tokens = self.est.tokens.saturating_add(est.tokens);
+        self.est.output = self.est.output.saturating_add(est.output);
+        self.est.cost = self.est.cost.saturating_add(est.cost);
     }
 }
 
@@ -72,6 +82,9 @@ pub struct GateContext {
     /// SPEC §8's caps in force, in gate order (daily requests, minute requests, daily
     /// tokens): `LimitSet::provider`.
     pub provider: LimitSet,
+    /// SPEC 23.3: the platform's limits, at platform scope (every model of the key, or
+    /// of its account), in gate order.
+    pub platform: LimitSet,
     pub concurrency_cap: Option<i64>,
     /// SPEC 22.1: the fraction of every limit the call's priority leaves free (0: none).
     pub reserve: f64,
@@ -116,6 +129,11 @@ pub struct View<'a> {
     pub billed: Option<Billed>,
     /// Live leases on the key, every model (the key concurrency cap is the key's).
     pub key_leases: i64,
+    /// SPEC 23.3: every model of the key alone, raw tokens (`None` without platform
+    /// limits).
+    pub platform_key: Option<Tally<'a>>,
+    /// SPEC 23.3: every model of every key of the key's account, raw tokens.
+    pub platform_account: Option<Tally<'a>>,
 }
 
 impl<'a> View<'a> {
@@ -125,6 +143,8 @@ impl<'a> View<'a> {
             Scope::Key => self.key.as_ref(),
             Scope::Account => self.account.as_ref(),
             Scope::Provider => Some(&self.provider),
+            Scope::PlatformKey => self.platform_key.as_ref(),
+            Scope::PlatformAccount => self.platform_account.as_ref(),
         }
     }
 }
@@ -205,7 +225,7 @@ impl Can {
             Gate::Concurrency => self == Can::KeyConcurrency,
             Gate::Limit(d) => match self {
                 Can::Request | Can::Tokens => {
-                    d.limit.scope != Scope::Provider && d.limit.metric.is_tokens() == (self == Can::Tokens)
+                    d.limit.scope.is_model() && d.limit.metric.is_tokens() == (self == Can::Tokens)
                 }
                 Can::ProviderDaily => {
                     d.limit.scope == Scope::Provider && d.limit.slot() == (Metric::Requests, DAY)
@@ -223,11 +243,12 @@ impl Can {
 }
 
 /// Every gate of `ctx` in SPEC 14.1's order: cooldown; the model's limits; the provider
-/// caps; key concurrency.
+/// caps; the platform's limits (SPEC 23.3); key concurrency.
 pub fn gates(ctx: &GateContext) -> impl Iterator<Item = Gate<'_>> {
     std::iter::once(Gate::Cooldown)
         .chain(ctx.limits.iter().map(Gate::Limit))
         .chain(ctx.provider.iter().map(Gate::Limit))
+        .chain(ctx.platform.iter().map(Gate::Limit))
         .chain(std::iter::once(Gate::Concurrency))
 }
 
@@ -283,7 +304,7 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
         }
         _ => {
             let Some(c) = t.win.counts(l.window, v.now) else { return Verdict::PASS };
-            (c.get(l.metric), estimate_in(l.metric, 1, v.est.tokens, v.est.output))
+            (c.get(l.metric), v.est.count_in(l.metric, 1))
         }
     };
     let used = recorded.saturating_add(t.in_flight.get(l.metric));
@@ -365,6 +386,8 @@ mod tests {
             provider: tally,
             billed: None,
             key_leases: in_flight.count,
+            platform_key: None,
+            platform_account: None,
         }
     }
 
@@ -377,7 +400,7 @@ mod tests {
         let c = ctx("requests/minute=3 tokens/minute=100");
         let mut win = Windows::default();
         win.add(T0 - 1_000, 2, 60, T0);
-        let one = InFlight { count: 1, tokens: 30, output_tokens: 0 };
+        let one = InFlight { count: 1, est: Estimate::tokens(30) };
         // 2 recorded + 1 in flight = 3: the request window is full.
         assert_eq!(reason(admit(&view(&c, &win, one, Estimate::tokens(0)))), Some("rpm".into()));
         // 2 recorded: room for one more request; 60 + 40 tokens fill tpm exactly.
@@ -438,7 +461,7 @@ mod tests {
         let mut account = Windows::default();
         account.add(T0 - 10_000, 1, 0, T0);
         let mut v = view(&c, &own, InFlight::default(), Estimate::tokens(100));
-        v.provider = Tally { win: &account, in_flight: InFlight { count: 1, tokens: 300, output_tokens: 0 } };
+        v.provider = Tally { win: &account, in_flight: InFlight { count: 1, est: Estimate::tokens(300) } };
         v.billed = Some(Billed { window: DAY, used: 600, estimate: 100 });
         // 1 recorded + 1 in flight of 2 per minute
         let refused = admit(&v).admission();
@@ -455,6 +478,52 @@ mod tests {
         v.billed = Some(Billed { window: DAY, used: 0, estimate: 0 });
         v.est = Estimate::tokens(10_000);
         assert_eq!(admit(&v).refused, None);
+    }
+
+    #[test]
+    fn platform_limits_run_after_the_provider_caps_and_before_key_concurrency() {
+        let platform = LimitSet::platform(vec![
+            Limit::parse("requests", 3, "minute", "account").unwrap_or_else(|e| panic!("{e}")),
+            Limit::parse("tokens", 100, "minute", "key").unwrap_or_else(|e| panic!("{e}")),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let c = GateContext { platform, concurrency_cap: Some(0), ..GateContext::default() };
+        let own = Windows::default();
+        // the key over every model: 2 requests, 50 tokens; its account: 3 requests
+        let mut key = Windows::default();
+        key.add(T0 - 20_000, 2, 50, T0);
+        let mut account = Windows::default();
+        account.add(T0 - 30_000, 1, 0, T0);
+        account.add(T0 - 20_000, 2, 50, T0);
+        let mut v = view(&c, &own, InFlight::default(), Estimate::tokens(10));
+        let check = |v: &View| admit(v).admission();
+        // without the platform's tallies (no limits read them) nothing counts there
+        assert_eq!(check(&v).reason, Some(Reason::KeyConcurrency));
+        v.platform_key =
+            Some(Tally { win: &key, in_flight: InFlight { count: 0, est: Estimate::tokens(40) } });
+        v.platform_account = Some(Tally { win: &account, in_flight: InFlight::default() });
+        // the account's three requests fill its limit; its oldest leaves the minute first
+        let refused = check(&v);
+        assert_eq!(refused.reason, Some(Reason::declared("platform:requests/minute")));
+        assert_eq!(refused.retry_at_ms, Some(T0 - 30_000 + 60_000));
+        // with a provider cap full too, the cap refuses first
+        let capped = GateContext { provider: LimitSet::provider([None, Some(0), None]), ..c.clone() };
+        let v2 = View { ctx: &capped, ..v };
+        assert_eq!(check(&v2).reason, Some(Reason::declared("provider_minute_requests")));
+        // the key's tokens: 50 recorded + 40 in flight + 11 estimated > 100
+        v.platform_account = Some(Tally { win: &own, in_flight: InFlight::default() });
+        v.est = Estimate::tokens(11);
+        assert_eq!(check(&v).reason, Some(Reason::declared("platform:tokens/minute")));
+        // SPEC 22.1: a priority's reserve applies as to any other limit
+        v.est = Estimate::tokens(10);
+        let reserved = GateContext { reserve: 0.1, ..v.ctx.clone() };
+        let v3 = View { ctx: &reserved, ..v };
+        assert_eq!(check(&v3).reason, Some(Reason::declared("platform:tokens/minute")));
+        // room at both: key concurrency decides
+        assert_eq!(check(&v).reason, Some(Reason::KeyConcurrency));
+        // the model's single-gate questions do not ask the platform's limits
+        let asked = gates(v.ctx).filter(|g| Can::Request.asks(g) || Can::Tokens.asks(g)).count();
+        assert_eq!(asked, 0);
     }
 
     #[test]
@@ -484,14 +553,14 @@ mod tests {
             ..GateContext::default()
         };
         let win = Windows::default();
-        let est = Estimate { tokens: 110, output: 10 };
+        let est = Estimate { tokens: 110, output: 10, cost: 0 };
         assert_eq!(admit(&view(&c, &win, InFlight::default(), est)).refused, None);
-        let est = Estimate { tokens: 111, output: 10 };
+        let est = Estimate { tokens: 111, output: 10, cost: 0 };
         assert_eq!(
             reason(admit(&view(&c, &win, InFlight::default(), est))),
             Some("input_tokens/minute".into())
         );
-        let est = Estimate { tokens: 111, output: 11 };
+        let est = Estimate { tokens: 111, output: 11, cost: 0 };
         assert_eq!(
             reason(admit(&view(&c, &win, InFlight::default(), est))),
             Some("output_tokens/minute".into())

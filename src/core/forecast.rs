@@ -92,6 +92,21 @@ pub fn forecast(
             exhaustion(now, cap, taken, billed, lookback_ms, Some(next_day)),
         ));
     }
+    // SPEC 23.3: the platform's limits, each over every model of its scope, keyed by
+    // their reasons like the model's.
+    for d in ctx.platform.iter() {
+        let l = &d.limit;
+        let reset = match l.window {
+            WindowSpec::Sliding(w) if w < MIN_FORECAST_WIDTH_MS => continue,
+            WindowSpec::Sliding(_) => None,
+            WindowSpec::Calendar(p) => Some(cal.next_period_start(p, now)),
+        };
+        let Some(t) = m.platform_tally(r.account(), r.key_id, l.scope, now) else { continue };
+        let count = |w: WindowSpec| t.win.counts(w, now).unwrap_or_default().get(l.metric);
+        let taken = count(l.window).saturating_add(t.in_flight.get(l.metric));
+        let pace = count(WindowSpec::Sliding(width));
+        out.push((d.reason.as_str().to_string(), exhaustion(now, l.limit, taken, pace, lookback_ms, reset)));
+    }
     out
 }
 

@@ -52,12 +52,14 @@ pub enum Metric {
     /// Input tokens, cached input excluded (SPEC §14.4).
     InputTokens,
     OutputTokens,
+    /// Micro-dollars (µ$) spent at the model's prices (SPEC 23.1).
+    Cost,
 }
 
 impl Metric {
     /// In gate order.
-    pub const ALL: [Metric; 4] =
-        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens];
+    pub const ALL: [Metric; 5] =
+        [Metric::Requests, Metric::Tokens, Metric::InputTokens, Metric::OutputTokens, Metric::Cost];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -65,6 +67,7 @@ impl Metric {
             Metric::Tokens => "tokens",
             Metric::InputTokens => "input_tokens",
             Metric::OutputTokens => "output_tokens",
+            Metric::Cost => "cost",
         }
     }
 
@@ -74,16 +77,17 @@ impl Metric {
             "tokens" => Metric::Tokens,
             "input_tokens" => Metric::InputTokens,
             "output_tokens" => Metric::OutputTokens,
+            "cost" => Metric::Cost,
             _ => {
                 return Err(Error::invalid(format!(
-                    "unknown metric {s:?}; expected \"requests\", \"tokens\", \"input_tokens\" or \"output_tokens\""
+                    "unknown metric {s:?}; expected \"requests\", \"tokens\", \"input_tokens\", \"output_tokens\" or \"cost\""
                 )))
             }
         })
     }
 
-    /// Whether an admission's estimate counts in this metric's windows (a request
-    /// metric counts the request itself instead).
+    /// Whether an admission's estimate counts in this metric's windows (its tokens, or
+    /// for cost its reservation: a request metric counts the request itself instead).
     pub fn is_tokens(self) -> bool {
         self != Metric::Requests
     }
@@ -195,14 +199,54 @@ pub enum Scope {
     /// Every model of every key of the key's account: SPEC §8's provider caps (never
     /// declared on a model).
     Provider,
+    /// Every model of the key alone: a platform limit at scope `"key"` (SPEC 23.3).
+    PlatformKey,
+    /// Every model of every key of the key's account: a platform limit at scope
+    /// `"account"` (SPEC 23.3).
+    PlatformAccount,
 }
 
 impl Scope {
+    /// As a user writes it: a platform limit's scope is spelled as a model's.
     pub fn as_str(self) -> &'static str {
         match self {
-            Scope::Key => "key",
-            Scope::Account => "account",
+            Scope::Key | Scope::PlatformKey => "key",
+            Scope::Account | Scope::PlatformAccount => "account",
             Scope::Provider => "provider",
+        }
+    }
+
+    /// Whether it counts the key alone (a model's or a platform's limit at scope `"key"`).
+    pub fn is_key(self) -> bool {
+        matches!(self, Scope::Key | Scope::PlatformKey)
+    }
+
+    /// Whether it is a model's own scope (a limit declared on a model, SPEC §14.1).
+    pub fn is_model(self) -> bool {
+        matches!(self, Scope::Key | Scope::Account)
+    }
+
+    /// Whether it counts every model of a platform (SPEC 23.3's platform limits).
+    pub fn is_platform(self) -> bool {
+        matches!(self, Scope::PlatformKey | Scope::PlatformAccount)
+    }
+
+    /// The same scope over every model of the platform (SPEC 23.3); a scope that is
+    /// none of a model's stays as it is.
+    pub fn platform_wide(self) -> Scope {
+        match self {
+            Scope::Key => Scope::PlatformKey,
+            Scope::Account => Scope::PlatformAccount,
+            s => s,
+        }
+    }
+
+    /// The scope a user declared (a platform limit's as a model's).
+    pub fn declared(self) -> Scope {
+        match self {
+            Scope::PlatformKey => Scope::Key,
+            Scope::PlatformAccount => Scope::Account,
+            s => s,
         }
     }
 
@@ -314,7 +358,37 @@ pub struct LimitSet {
 
 impl LimitSet {
     /// A set from limits in any order; two for one (metric, window, scope) are an error.
-    pub fn new(mut list: Vec<Limit>) -> Result<LimitSet> {
+    pub fn new(list: Vec<Limit>) -> Result<LimitSet> {
+        LimitSet::build(list, false)
+    }
+
+    /// SPEC 23.3: a platform's limits, declared at scope `"account"` or `"key"` and
+    /// counted over every model of the platform; each reason is
+    /// `"platform:<metric>/<per>"` (`:key` appended as SPEC 14.1 appends it). Two for
+    /// one (metric, window, scope) are an error. A new metric (cost) is one more
+    /// [`Metric`]: its platform limit needs nothing here.
+    pub fn platform(list: Vec<Limit>) -> Result<LimitSet> {
+        let list = list.into_iter().map(|l| Limit { scope: l.scope.platform_wide(), ..l }).collect();
+        LimitSet::build(list, true)
+    }
+
+    /// A platform's limits as a store keeps them; a stored set that is no longer valid
+    /// (a duplicate written by hand) declares nothing.
+    pub fn platform_stored(list: Vec<Limit>) -> LimitSet {
+        LimitSet::platform(list).unwrap_or_default()
+    }
+
+    /// The limits as their user declared them (a platform limit's scope as a
+    /// model's), in gate order: what `platform_limits()` returns and the store keeps.
+    pub fn declared(&self) -> Vec<Limit> {
+        self.gates.iter().map(|d| Limit { scope: d.limit.scope.declared(), ..d.limit.clone() }).collect()
+    }
+
+    fn build(mut list: Vec<Limit>, platform: bool) -> Result<LimitSet> {
+        if let Some(l) = list.iter().find(|l| l.scope.is_platform() != platform || l.scope == Scope::Provider)
+        {
+            return Err(Error::invalid(format!("{l} cannot be declared here")));
+        }
         list.sort_by_key(Limit::key);
         if let Some(w) = list.windows(2).find(|w| w[0].key() == w[1].key()) {
             return Err(Error::invalid(format!(
@@ -329,13 +403,12 @@ impl LimitSet {
         let gates = list
             .iter()
             .map(|l| {
-                let also_account = l.scope == Scope::Key
-                    && list
-                        .iter()
-                        .any(|o| o.scope == Scope::Account && (o.metric, o.window) == (l.metric, l.window));
-                let classic = classic_name(l.metric, l.window);
+                let also_account = l.scope.is_key()
+                    && list.iter().any(|o| !o.scope.is_key() && (o.metric, o.window) == (l.metric, l.window));
+                let classic = if platform { None } else { classic_name(l.metric, l.window) };
                 let base = match classic {
                     Some(r) => r.to_string(),
+                    None if platform => format!("platform:{}/{}", l.metric.as_str(), l.per),
                     None => format!("{}/{}", l.metric.as_str(), l.per),
                 };
                 let reason = match classic {
@@ -477,7 +550,7 @@ impl LimitSet {
 /// `key`, e.g. `requests/1s=1 tokens/month=1000000 requests/minute:key=5`.
 pub fn encode_limits(list: &[Limit]) -> String {
     let one = |l: &Limit| {
-        let scope = if l.scope == Scope::Key { ":key" } else { "" };
+        let scope = if l.scope.is_key() { ":key" } else { "" };
         format!("{}/{}{scope}={}", l.metric.as_str(), l.per, l.limit)
     };
     list.iter().map(one).collect::<Vec<_>>().join(" ")
@@ -615,6 +688,46 @@ mod tests {
         );
         assert_eq!(set.classic(), [Some(7), None, None, None]);
         assert_eq!(set.others().len(), 6);
+    }
+
+    #[test]
+    fn platform_limits_are_named_for_the_platform_and_kept_as_declared() {
+        let declared = vec![
+            lim("tokens", 9, "month", "account"),
+            lim("requests", 5, "minute", "key"),
+            lim("requests", 20, "minute", "account"),
+            lim("requests", 1000, "day", "key"),
+        ];
+        let set = LimitSet::platform(declared).unwrap_or_else(|e| panic!("{e}"));
+        let reasons: Vec<&str> = set.iter().map(|d| d.reason.as_str()).collect();
+        // no classic names: a key-scope one beside an account-scope twin gets ":key"
+        assert_eq!(
+            reasons,
+            [
+                "platform:requests/minute:key",
+                "platform:requests/minute",
+                "platform:requests/day",
+                "platform:tokens/month"
+            ]
+        );
+        assert!(set.iter().all(|d| d.limit.scope.is_platform()));
+        assert_eq!(set.classic(), [None; CLASSIC]);
+        // read back as declared, in gate order, and through the stored form
+        let back = set.declared();
+        assert_eq!(back[0], lim("requests", 5, "minute", "key"));
+        assert!(back.iter().all(|l| l.scope.is_model()));
+        assert_eq!(decode_limits(&encode_limits(&back)).ok(), Some(back.clone()));
+        assert_eq!(LimitSet::platform_stored(back), set);
+        // a duplicate is refused; a platform limit is not a model's, nor the reverse
+        assert!(LimitSet::platform(vec![lim("requests", 1, "1m", "key"), lim("requests", 2, "60s", "key")])
+            .err()
+            .is_some_and(|e| e.to_string().contains("declare each window once")));
+        assert!(LimitSet::new(set.iter().map(|d| d.limit.clone()).collect()).is_err());
+        assert!(LimitSet::platform_stored(vec![
+            lim("tokens", 1, "day", "key"),
+            lim("tokens", 2, "day", "key")
+        ])
+        .is_empty());
     }
 
     #[test]

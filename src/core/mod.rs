@@ -12,6 +12,7 @@ pub mod fork;
 pub mod handle;
 pub mod headers;
 pub mod limits;
+pub mod money;
 pub mod parse;
 pub mod pools;
 pub mod probe;

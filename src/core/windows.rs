@@ -20,6 +20,8 @@ pub struct Counts {
     /// Input tokens, cached input excluded.
     pub input_tokens: i64,
     pub output_tokens: i64,
+    /// Micro-dollars spent (SPEC 23.1).
+    pub cost: i64,
 }
 
 impl Counts {
@@ -34,6 +36,7 @@ impl Counts {
             Metric::Tokens => self.tokens,
             Metric::InputTokens => self.input_tokens,
             Metric::OutputTokens => self.output_tokens,
+            Metric::Cost => self.cost,
         }
     }
 
@@ -42,6 +45,7 @@ impl Counts {
         self.tokens = self.tokens.saturating_add(o.tokens);
         self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
+        self.cost = self.cost.saturating_add(o.cost);
     }
 
     fn sub(&mut self, o: &Counts) {
@@ -49,6 +53,7 @@ impl Counts {
         self.tokens = self.tokens.saturating_sub(o.tokens);
         self.input_tokens = self.input_tokens.saturating_sub(o.input_tokens);
         self.output_tokens = self.output_tokens.saturating_sub(o.output_tokens);
+        self.cost = self.cost.saturating_sub(o.cost);
     }
 }
 

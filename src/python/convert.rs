@@ -65,6 +65,29 @@ pub fn seconds_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     Ok(v)
 }
 
+/// An amount of dollars (SPEC 23.1's prices): a number (an int, a float, or any value
+/// Python turns into a float with `__float__` or `__index__`: `Decimal`, `Fraction`,
+/// numpy's), not a bool. The core refuses a negative, NaN or infinite one
+/// (ValueError); an int too large for a float is an OverflowError.
+pub fn dollars_arg(obj: &Arg, name: &str) -> PyResult<f64> {
+    let not_a_number = || {
+        type_error(format!(
+            "{name} must be a number of dollars, not {}",
+            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        ))
+    };
+    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyString>() {
+        return Err(not_a_number());
+    }
+    obj.extract::<f64>().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) {
+            overflow_error(format!("{name} is beyond what a float can hold"))
+        } else {
+            not_a_number()
+        }
+    })
+}
+
 /// A fraction in `[0, 1)` (int or float, not a bool; SPEC 22.1's reserve).
 pub fn fraction_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {

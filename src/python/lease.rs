@@ -2,6 +2,7 @@
 use super::convert::{failure_args, headers_arg, token_use_arg, Arg};
 use super::run::{run, run_batch};
 use super::types::PyFailureOutcome;
+use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
 use crate::core::handle::Handle;
 use crate::core::types::Route;
@@ -9,8 +10,9 @@ use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// An in-flight request. Leaving a `with` block normally records
-/// `success(tokens=estimated_tokens)` unless an outcome was already given; leaving it
+/// An in-flight request. Leaving a `with` block normally records its estimate as used
+/// (`estimated_tokens`, split into input and output as estimated) unless an outcome was
+/// already given; leaving it
 /// by an exception records nothing. The lease is released either way. The engine's
 /// `close()` ends a live lease the same way; one garbage-collected unended keeps
 /// counting until `lease_max_age_ms`.
@@ -23,8 +25,8 @@ pub struct PyLease {
     #[pyo3(get)]
     pub id: i64,
     pub route: Route,
-    #[pyo3(get)]
-    pub estimated_tokens: i64,
+    /// The estimate it was admitted with (its total is `estimated_tokens`).
+    pub estimate: Estimate,
     pub done: AtomicBool,
 }
 
@@ -43,7 +45,9 @@ impl Drop for PyLease {
 
 impl PyLease {
     /// A new lease object for lease `id` on `route`.
-    pub fn create(py: Python<'_>, handle: &Handle, id: i64, route: Route, est: i64) -> PyResult<Py<PyLease>> {
+    pub fn create(
+        py: Python<'_>, handle: &Handle, id: i64, route: Route, est: Estimate,
+    ) -> PyResult<Py<PyLease>> {
         Py::new(
             py,
             PyLease {
@@ -51,7 +55,7 @@ impl PyLease {
                 epoch: handle.epoch(),
                 id,
                 route,
-                estimated_tokens: est,
+                estimate: est,
                 done: AtomicBool::new(false),
             },
         )
@@ -95,7 +99,7 @@ impl PyLease {
 
     fn exit(&self, py: Python<'_>, exc_type: &Arg) -> PyResult<()> {
         if exc_type.is_none() {
-            self.finish_success(py, Some(TokenUse::total(self.estimated_tokens)))
+            self.finish_success(py, Some(TokenUse::estimate(self.estimate)))
         } else {
             self.finish_release(py)
         }
@@ -104,6 +108,11 @@ impl PyLease {
 
 #[pymethods]
 impl PyLease {
+    #[getter]
+    fn estimated_tokens(&self) -> i64 {
+        self.estimate.tokens
+    }
+
     #[getter]
     fn platform(&self) -> &str {
         &self.route.platform
@@ -132,6 +141,13 @@ impl PyLease {
     ) -> PyResult<()> {
         let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?;
         self.finish_success(py, used)
+    }
+
+    /// `success()` with the estimate it was admitted with, split into input and output
+    /// as estimated, so that it costs exactly what it reserved (SPEC 23.1: what
+    /// `observe` records of a call that reported no usage).
+    fn _success_estimate(&self, py: Python<'_>) -> PyResult<()> {
+        self.finish_success(py, Some(TokenUse::estimate(self.estimate)))
     }
 
     /// `record_failure(...)` for this lease's route, then release. Returns the outcome
@@ -199,7 +215,7 @@ impl PyLease {
     ) -> PyResult<bool> {
         match exc_type {
             Some(t) => self.exit(py, t)?,
-            None => self.finish_success(py, Some(TokenUse::total(self.estimated_tokens)))?,
+            None => self.finish_success(py, Some(TokenUse::estimate(self.estimate)))?,
         }
         Ok(false)
     }
@@ -223,7 +239,7 @@ impl PyLease {
             self.route.platform,
             self.route.model_id,
             self.route.key_id,
-            self.estimated_tokens,
+            self.estimate.tokens,
             if self.done.load(Ordering::SeqCst) { "True" } else { "False" }
         )
     }

@@ -1,12 +1,13 @@
 //! Limits as Python spells them (SPEC §4, §8, §14.1): the `Limit` and `Limits` values,
 //! `ProviderCaps`, and the `limits=` argument lowered to the core's `LimitSet`.
-use super::convert::{int_arg, opt_limit, str_arg, Arg};
+use super::convert::{dollars_arg, int_arg, opt_limit, str_arg, Arg};
 use super::errors::{shield, type_error};
 use crate::core::engine::{SnapshotRow, UsageReport};
 use crate::core::limits::{
     cap_values, classic_slot, classic_window, ClassicValues, Limit, LimitSet, Metric, WindowSpec, CAPS,
     CLASSIC, DAY, MINUTE,
 };
+use crate::core::money::micro_dollars;
 use crate::core::types::{check_name, CapSetting};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -20,7 +21,8 @@ pub(crate) fn opt(v: Option<i64>) -> String {
 /// One limit as data (SPEC §14.1): at most `limit` of `metric` per `per`, counted at
 /// `scope`. `per` is "minute", "day", "week", "month" or a sliding width "<N>s",
 /// "<N>m", "<N>h", "<N>d" from 1s to 31d; `metric` is "requests", "tokens",
-/// "input_tokens" or "output_tokens"; `scope` is "account" (default) or "key".
+/// "input_tokens", "output_tokens" or "cost" (micro-dollars, SPEC 23.1: see
+/// `Limit.dollars`); `scope` is "account" (default) or "key".
 #[pyclass(frozen, eq, hash, name = "Limit", module = "quotaengine")]
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PyLimit {
@@ -62,6 +64,23 @@ impl PyLimit {
                 None => "account",
             };
             Ok(Limit::parse(metric, limit, per, scope)?.into())
+        })
+    }
+
+    /// SPEC 23.1: a `cost` limit of `amount` dollars per `per` (`round(amount ×
+    /// 10^6)` micro-dollars).
+    #[staticmethod]
+    #[pyo3(signature = (amount, per, scope=None), text_signature = "(amount, per, scope='account')")]
+    fn dollars(amount: &Arg, per: &Arg, scope: Option<&Arg>) -> PyResult<Self> {
+        let amount = dollars_arg(amount, "amount")?;
+        shield(|| {
+            let per = str_arg(per, "per")?;
+            let scope = match scope {
+                Some(s) => str_arg(s, "scope")?,
+                None => "account",
+            };
+            let limit = micro_dollars("amount", amount)?;
+            Ok(Limit::parse("cost", limit, per, scope)?.into())
         })
     }
 

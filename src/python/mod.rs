@@ -5,6 +5,7 @@ mod engine;
 mod errors;
 mod lease;
 mod limits;
+mod money;
 mod providers;
 mod run;
 mod types;
@@ -25,6 +26,8 @@ mod _quotaengine {
     use super::lease::{PyLease, PyReady};
     #[pymodule_export]
     use super::limits::{PyLimit, PyLimits, PyProviderCaps};
+    #[pymodule_export]
+    use super::money::PyPrices;
     #[pymodule_export]
     use super::providers::provider_hosts;
     #[pymodule_export]

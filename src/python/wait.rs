@@ -1,6 +1,7 @@
 //! The stepper the async forms of a wait for capacity drive (SPEC 17.2); the sync
 //! wait is a door of the engine (`engine::run::run_waiting`).
 use super::lease::PyLease;
+use crate::core::admission::Estimate;
 use crate::core::error::Error;
 use crate::core::handle::Handle;
 use crate::core::types::Route;
@@ -18,7 +19,7 @@ pub struct PyLeaseWaiter {
     pub handle: Handle,
     /// The candidates (one for `lease_async`), and the estimate the lease records.
     pub routes: Vec<Route>,
-    pub estimated_tokens: i64,
+    pub estimate: Estimate,
 }
 
 #[pymethods]
@@ -40,7 +41,7 @@ impl PyLeaseWaiter {
                     .get(i)
                     .cloned()
                     .ok_or_else(|| PyErr::from(Error::Internal("no such candidate".into())))?;
-                Ok((Some(PyLease::create(py, &self.handle, id, route, self.estimated_tokens)?), 0.0))
+                Ok((Some(PyLease::create(py, &self.handle, id, route, self.estimate)?), 0.0))
             }
             Ok(Step::Nap(d)) => Ok((None, nap_seconds(d))),
             Err(e) => {

@@ -433,12 +433,14 @@ def test_events_frame(reader: q.QuotaEngine) -> None:
         "input_tokens",
         "output_tokens",
         "cached_tokens",
+        "cost",
         "created_at_ms",
     ]
     assert len(df) == 6
     assert str(df.time.dtype) == "datetime64[ns, UTC]"
-    for name in ("key_id", "tokens", "created_at_ms"):
+    for name in ("key_id", "tokens", "cost", "created_at_ms"):
         assert df[name].dtype == "int64", name
+    assert (df.cost == 0).all()  # no prices: every event costs 0 (SPEC 23.1)
     for name in ("platform", "model_id", "kind"):
         assert pd.api.types.is_string_dtype(df[name]), name
     assert df.time.iloc[0] == pd.Timestamp("2026-01-01 10:00:00", tz="UTC")

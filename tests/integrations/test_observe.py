@@ -221,7 +221,9 @@ def test_bodies_without_usage_record_the_estimate(e: q.QuotaEngine, server: Prov
     for model in ("no-usage", "not-json"):
         r = requests.post(server.url + "/v1/chat/completions", json={"model": model}, timeout=5)
         e.lease(P, M, K, 321).observe(r)
-    assert tokens_of(e) == [(321, None, None, None), (321, None, None, None)]
+    # SPEC 23.1: the estimate with its split (E - Eo input, Eo output), so it costs its
+    # reservation.
+    assert tokens_of(e) == [(321, 321, 0, None), (321, 321, 0, None)]
     r = requests.post(server.url + "/v1/chat/completions", json={"model": "no-usage"}, timeout=5)
     e.lease(P, M, K, 321).observe(r, tokens=50)
     assert tokens_of(e)[-1] == (50, None, None, None)

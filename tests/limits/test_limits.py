@@ -52,7 +52,7 @@ def test_accepted_per_forms(per: str) -> None:
         (("requests", 1, "745h"), "1s to 31d"),
         (("requests", 1, ""), "<N>h"),
         (("requests", 1, "-5s"), "<N>s"),
-        (("calls", 1, "minute"), '"requests", "tokens", "input_tokens" or "output_tokens"'),
+        (("calls", 1, "minute"), '"requests", "tokens", "input_tokens", "output_tokens" or "cost"'),
         (("requests", -1, "minute"), ">= 0"),
     ],
 )

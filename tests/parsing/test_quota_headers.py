@@ -591,6 +591,27 @@ def test_headroom_cache_invalidated_by_own_observation(store: str, clock: q.Manu
         assert a.key_quota_headroom("groq")[1] == pytest.approx(0.05)
 
 
+def test_headroom_of_another_engines_observation_at_the_next_call(store: str, clock: q.ManualClock) -> None:
+    """The observed quota is mirror data fed by the change feed: what A observes reaches B's next
+    `key_quota_headroom` and the `headroom` pick of B's next `lease_any`. On SQLite the pick decides
+    under the lock, on what the file holds; on Redis it decides on what B's last round trip brought, at
+    most 5 s old (SPEC 8.2)."""
+    routes = [("groq", "m", 1), ("mistral", "m", 2)]
+    with q.QuotaEngine(store, clock=clock, env={}) as a, q.QuotaEngine(store, clock=clock, env={}) as b:
+        lease = b.lease_any(routes)
+        assert lease.platform == "groq"  # nothing observed: ties go to the given order
+        lease.release()
+        a.record_quota_headers("groq", 1, req(100, 5))
+        if store.startswith("redis"):
+            clock.advance(5_000)
+        lease = b.lease_any(routes)
+        assert lease.platform == "mistral"  # key 1's observed 5% bounds its score
+        lease.release()
+        assert b.key_quota_headroom("groq") == {1: pytest.approx(0.05)}
+        a.record_quota_headers("mistral", 2, req(100, 80))
+        assert b.key_quota_headroom("mistral") == {2: pytest.approx(0.8)}  # B's first answer: at once
+
+
 def test_headroom_own_error_observation_invalidates(engine: q.QuotaEngine) -> None:
     e = engine
     e.record_quota_headers("groq", 1, req(100, 100))

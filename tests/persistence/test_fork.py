@@ -517,6 +517,10 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "next_day_start_ms": lambda: e.next_day_start_ms(P),
         "set_priority_reserve": lambda: e.set_priority_reserve(9, 0.0),
         "priority_reserve": lambda: e.priority_reserve(1),
+        "set_model_prices": lambda: e.set_model_prices(P, M, q.Prices(0.15, 0.6)),
+        "model_prices": lambda: e.model_prices(P, M),
+        "set_platform_limits": lambda: e.set_platform_limits("p", []),
+        "platform_limits": lambda: e.platform_limits("p"),
         "forecast": lambda: e.forecast(P, M, K),
         "__exit__": lambda: e.__exit__(None, None, None),
     }

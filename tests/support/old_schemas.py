@@ -18,6 +18,14 @@ def _cap_column(column: str, item: str) -> str:
 
 
 _UNDO = {
+    12: [
+        "DROP TABLE model_prices",
+        "DELETE FROM quotaengine_meta WHERE name = 'model_prices'",
+        "ALTER TABLE rate_limit_usage DROP COLUMN cost",
+        "ALTER TABLE quota_leases DROP COLUMN cost",
+        "DROP TABLE platform_limits",
+        "DELETE FROM quotaengine_meta WHERE name = 'platform_limits'",
+    ],
     11: [
         "UPDATE provider_caps SET "
         + ", ".join(

@@ -4,7 +4,7 @@
 //! back and made again when another writer changed what they read).
 use super::unit::{Access, Applied};
 use super::usage::TokenUse;
-use super::{admit, check_priority, Engine};
+use super::{admit, check_priority, observed, priced, Engine};
 use crate::core::admission::{self, Passed};
 use crate::core::error::{Error, Refusal, Result};
 use crate::core::limits::LimitSet;
@@ -121,7 +121,7 @@ impl Engine {
     /// after `OPTIMISTIC_ATTEMPTS` such conflicts the batch takes the lock.
     pub fn run_batch(&mut self, ops: Vec<BatchOp>) -> Vec<BatchOut> {
         let leases = ops.iter().filter(|op| op.leases()).count();
-        self.refresh_headroom_for(&ops);
+        self.know_recent_quota(&ops);
         let mut access = match leases {
             0 => Access::Append,
             n if n == ops.len() => Access::Decide,
@@ -230,15 +230,16 @@ impl Engine {
     ) -> Result<i64> {
         check_estimate(est)?;
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
-        let rid = if let Some(priority) = check {
+        let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict) = admit(&mut self.unit, route, est, limits, priority, now)?;
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
-            rid
+            (rid, priced)
         } else {
-            self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id)
+            let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
+            (rid, priced(&self.unit.mirror, route, est)?)
         };
         let id = self.take_lease(rid, est, now, writes);
         if check.is_some() {
@@ -263,28 +264,33 @@ impl Engine {
         }
         let mut refusals = Vec::new();
         // The candidates that pass: (index, route, what the strategy reads).
-        let mut passed: Vec<(usize, RouteId, Passed)> = Vec::new();
+        let mut passed: Vec<(usize, RouteId, Estimate, Passed)> = Vec::new();
         for (i, route) in routes.iter().enumerate() {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
-            let (rid, verdict) = admit(&mut self.unit, route, est, None, priority, now)?;
+            // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
+            // a budget an expensive one breaks).
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;
             }
             let key_headroom = match strategy {
-                Strategy::Headroom => self.cached_headroom(&route.platform, route.key_id, now),
+                // The key's observed quota headroom (SPEC §8.2), as the mirror holds it.
+                Strategy::Headroom => {
+                    self.unit.mirror.reader().key_quota_headroom(&route.platform, route.key_id, now)
+                }
                 _ => None,
             };
             let leased_at = self.leased_at.get(&rid).copied().unwrap_or(0);
-            passed.push((i, rid, Passed { room: verdict.room, key_headroom, leased_at }));
+            passed.push((i, rid, priced, Passed { room: verdict.room, key_headroom, leased_at }));
             if strategy == Strategy::Order {
                 break;
             }
         }
-        match admission::choose(strategy, passed.iter().map(|(_, _, p)| p)).map(|j| passed[j]) {
-            Some((i, rid, _)) => {
+        match admission::choose(strategy, passed.iter().map(|(_, _, _, p)| p)).map(|j| passed[j]) {
+            Some((i, rid, est, _)) => {
                 let id = self.take_lease(rid, est, now, writes);
                 self.unit.own_leases.insert(id);
                 Ok((id, i))
@@ -295,31 +301,19 @@ impl Engine {
         }
     }
 
-    /// `key_quota_headroom` of a key as this engine last read it (refreshed before the
-    /// batch by `refresh_headroom_for`), while fresh.
-    fn cached_headroom(&self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
-        self.observed.fresh_headroom(platform, now)?.iter().find(|(k, _)| *k == key_id).map(|(_, h)| *h)
-    }
-
-    /// Before a batch's section: the observed quota headroom of the platforms a
-    /// `headroom` pick will read (cached 5 s; a store read at most that often).
-    fn refresh_headroom_for(&mut self, ops: &[BatchOp]) {
+    /// Before a batch's section: a `headroom` pick reads the observed quota at most 5 s
+    /// old (SPEC §8.2). A store that decides optimistically brings others' writes only
+    /// with a round trip, so when the engine last had one longer ago (it was idle), the
+    /// store is read first; otherwise the pick reads the mirror as it is.
+    fn know_recent_quota(&mut self, ops: &[BatchOp]) {
+        let headroom = |op: &BatchOp| matches!(op, BatchOp::LeaseAny { strategy: Strategy::Headroom, .. });
         let now = self.unit.clock.now_ms();
-        let mut stale: Vec<String> = Vec::new();
-        for op in ops {
-            if let BatchOp::LeaseAny { routes, strategy: Strategy::Headroom, .. } = op {
-                for r in routes {
-                    if self.observed.fresh_headroom(&r.platform, now).is_none()
-                        && !stale.contains(&r.platform)
-                    {
-                        stale.push(r.platform.clone());
-                    }
-                }
-            }
-        }
-        for p in stale {
-            // Unreadable quota state: pick on the windows alone.
-            let _ = self.observed().key_quota_headroom(&p);
+        if !self.unit.degraded()
+            && ops.iter().any(headroom)
+            && self.unit.known_before(now, observed::HEADROOM_CACHE_MS)
+        {
+            // Unreadable: the pick reads what the engine knows.
+            let _ = self.unit.run(Access::Read, |_| Ok(()));
         }
     }
 
@@ -341,9 +335,9 @@ impl Engine {
     ) -> Result<()> {
         let total = tokens.map(|t| t.validate()).transpose()?;
         let mut usage = self.usage();
-        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)?];
         if let (Some(total), Some(t)) = (total, tokens) {
-            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now));
+            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now)?);
         }
         usage.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));

@@ -1,12 +1,13 @@
-//! The engine's configuration (SPEC §4, §14.1-14.3, 20, 22.1): keys and their
-//! accounts and concurrency caps, the models' declared limits, the platforms'
-//! calendars and the priority reserves. Everything here is persisted and shared
+//! The engine's configuration (SPEC §4, §14.1-14.3, 20, 22.1, 23.1): keys and their
+//! accounts and concurrency caps, the models' declared limits and prices, the
+//! platforms' calendars and the priority reserves. Everything here is persisted and shared
 //! through the store; [`Configuration`] writes it and reads what is in force.
 use super::unit::Access;
 use super::{check_priority, unit, Engine};
 use crate::core::calendar::Calendar;
 use crate::core::error::{Error, Result};
 use crate::core::limits::{Limit, LimitSet};
+use crate::core::money::Prices;
 use crate::core::store::Write;
 use crate::core::types::{check_name, KeyInfo, ModelInfo};
 
@@ -112,6 +113,46 @@ impl Configuration<'_> {
             tx.push(Write::UpsertModel(model));
             Ok(())
         })
+    }
+
+    // ---- prices (SPEC 23.1) ----------------------------------------------------------
+
+    /// Sets a model's prices (persisted, shared through the store); `None` forgets
+    /// them (the model then costs nothing).
+    pub fn set_model_prices(&mut self, platform: &str, model_id: &str, prices: Option<Prices>) -> Result<()> {
+        check_name("platform", platform)?;
+        check_name("model_id", model_id)?;
+        let w =
+            Write::SetModelPrices { platform: platform.to_string(), model_id: model_id.to_string(), prices };
+        self.unit.run(Access::Write, |tx| {
+            tx.push(w);
+            Ok(())
+        })
+    }
+
+    // ---- platform limits (SPEC 23.3) -------------------------------------------------
+
+    /// Replaces the limits that hold across every model of a platform (persisted,
+    /// shared through the store); an empty list forgets them. Two for the same
+    /// (metric, per, scope) are an error, and nothing is written.
+    pub fn set_platform_limits(&mut self, platform: &str, limits: Vec<Limit>) -> Result<()> {
+        check_name("platform", platform)?;
+        let limits = LimitSet::platform(limits)?.declared();
+        self.unit.run(Access::Write, |tx| {
+            tx.push(Write::SetPlatformLimits { platform: platform.to_string(), limits });
+            Ok(())
+        })
+    }
+
+    /// A model's prices as held, `None` when none are set.
+    pub fn model_prices(&mut self, platform: &str, model_id: &str) -> Result<Option<Prices>> {
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().config.prices(platform, model_id)))
+    }
+
+    /// The platform's limits in gate order, as declared (scope `account` or `key`).
+    pub fn platform_limits(&mut self, platform: &str) -> Result<Vec<Limit>> {
+        check_name("platform", platform)?;
+        self.unit.run(Access::Read, |tx| Ok(tx.mirror().config.platform_set(platform).declared()))
     }
 
     // ---- provider calendars (SPEC §14.2) ---------------------------------------------

@@ -224,7 +224,8 @@ impl Engine {
             let (u, now, _) = tx.parts();
             // `check()` and the `can_*` gates answer for priority 0 (SPEC 22.1).
             let p = u.prepare(route, limits, 0, now);
-            let v = u.mirror.prepared_view(&p, Estimate::tokens(est), now);
+            let est = priced(&u.mirror, route, Estimate::tokens(est))?;
+            let v = u.mirror.prepared_view(&p, est, now);
             Ok(admission::admit_through(&v, admission::gates(&p.ctx).filter(|g| can.asks(g)))
                 .refused
                 .is_none())
@@ -288,8 +289,9 @@ impl Engine {
         let ops: Vec<BatchOp> = ids
             .into_iter()
             .filter_map(|id| {
-                let (route, tokens) = self.unit.mirror.reader().live_lease(id, now)?;
-                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::total(tokens)) })
+                // SPEC 23.1: the estimate with its split, so it costs its reservation.
+                let (route, est) = self.unit.mirror.reader().live_lease(id, now)?;
+                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::estimate(est)) })
             })
             .collect();
         self.unit.own_leases.clear();
@@ -307,10 +309,12 @@ impl Engine {
     }
 }
 
-/// Every gate on the route's view at `now`, and the route it decided on.
+/// Every gate on the route's view at `now` for `est` priced at the route's prices: the
+/// route it decided on, the verdict, and the estimate as priced.
 fn admit(
     unit: &mut unit::Unit, route: &Route, est: Estimate, limits: Option<LimitSet>, priority: i64, now: i64,
-) -> Result<(RouteId, Verdict)> {
+) -> Result<(RouteId, Verdict, Estimate)> {
+    let est = priced(&unit.mirror, route, est)?;
     let p = unit.prepare(route, limits, priority, now);
     let Some(rid) = p.route else {
         // A route names a model (`Route::new` checks it): the same error.
@@ -318,7 +322,16 @@ fn admit(
             .err()
             .unwrap_or(Error::Internal("no route".into())));
     };
-    Ok((rid, admission::admit(&unit.mirror.prepared_view(&p, est, now))))
+    Ok((rid, admission::admit(&unit.mirror.prepared_view(&p, est, now)), est))
+}
+
+/// SPEC 23.1: `est` with what its lease reserves at the route's prices, the worst case
+/// of the estimate (0 unpriced).
+fn priced(mirror: &Mirror, route: &Route, est: Estimate) -> Result<Estimate> {
+    match mirror.reader().prices(&route.platform, &route.model_id) {
+        Some(p) => Ok(Estimate { cost: p.reservation(est.tokens, est.output)?, ..est }),
+        None => Ok(est),
+    }
 }
 
 /// Lease ids: random 63-bit numbers, distinct across processes without coordination

@@ -61,8 +61,10 @@ pub struct SnapshotRow {
 /// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.
 pub const DEFAULT_LOOKBACK_MS: i64 = 600_000;
 
-/// How long `key_quota_headroom` serves what it read (SPEC §8.2: up to 5 s).
-const HEADROOM_CACHE_MS: i64 = 5_000;
+/// How old the observed quota headroom may be (SPEC §8.2: a cache of at most 5 s that
+/// a new observation through this engine invalidates): `key_quota_headroom` serves
+/// its answer that long, and the `headroom` pick reads the mirror at most that old.
+pub(super) const HEADROOM_CACHE_MS: i64 = 5_000;
 
 /// platform -> model_id -> `K` -> what each window used.
 type ByModel<K> = HashMap<Arc<str>, HashMap<Arc<str>, HashMap<K, Vec<(WindowSpec, Counts)>>>>;
@@ -84,17 +86,9 @@ struct WindowSnapshot {
 pub(super) struct ObservedState {
     /// The routing guardrail's snapshot (SPEC §9), reused for `window_usage_ttl_ms`.
     window_snapshot: Option<WindowSnapshot>,
-    /// `key_quota_headroom` per platform: (built at, key -> headroom).
+    /// `key_quota_headroom`'s last answer per platform: (given at, key -> headroom).
+    /// Only that call's: the `headroom` pick reads the mirror's quota rows.
     headroom_cache: FastMap<String, (i64, Vec<(i64, f64)>)>,
-}
-
-impl ObservedState {
-    /// The cached `key_quota_headroom` of a platform while it is fresh (the lease
-    /// path's `headroom` pick reads it without a section).
-    pub(super) fn fresh_headroom(&self, platform: &str, now: i64) -> Option<&Vec<(i64, f64)>> {
-        let (at, v) = self.headroom_cache.get(platform)?;
-        (now >= *at && now - *at < HEADROOM_CACHE_MS).then_some(v)
-    }
 }
 
 /// What the engine observed and reports (SPEC §8, §9, §12, 22.2): provider pools and
@@ -253,14 +247,8 @@ impl Observed<'_> {
             if obs.is_empty() {
                 return Ok(obs);
             }
-            let existing = match u.store_read(|s| s.quota_states(Some(platform))) {
-                Ok(rows) => rows,
-                Err(err) => {
-                    u.rollback();
-                    u.store_failed(&err, true);
-                    Vec::new()
-                }
-            };
+            // The mirror's rows: the store's as of this section, with our own waiting ones.
+            let existing = u.mirror.reader().quota_rows(platform);
             let mut merged: Vec<QuotaStateRow> = Vec::new();
             for o in &obs {
                 let old = merged
@@ -332,37 +320,20 @@ impl Observed<'_> {
     }
 
     /// SPEC §8.2: per key of the platform, the worst `min(1, remaining / limit)` over
-    /// its confident rows (a row past its reset counts 1.0). Cached for 5 s; a new
-    /// observation through this engine drops the cache.
+    /// its confident rows (a row past its reset counts 1.0), from the mirror's quota
+    /// rows. The answer is served for 5 s; a new observation through this engine drops it.
     pub fn key_quota_headroom(&mut self, platform: &str) -> Result<Vec<(i64, f64)>> {
         check_name("platform", platform)?;
         let now = self.unit.clock.now_ms();
-        if let Some(v) = self.state.fresh_headroom(platform, now) {
-            return Ok(v.clone());
+        if let Some((at, v)) = self.state.headroom_cache.get(platform) {
+            if now >= *at && now - *at < HEADROOM_CACHE_MS {
+                return Ok(v.clone());
+            }
         }
-        let rows = self.unit.run(Access::Read, |tx| {
-            let (u, _, _) = tx.parts();
-            Ok(u.store_read(|s| s.quota_states(Some(platform))).unwrap_or_default())
+        let v = self.unit.run(Access::Read, |tx| {
+            let now = tx.now();
+            Ok(tx.mirror().reader().quota_headroom(platform, now))
         })?;
-        let mut worst: HashMap<i64, f64> = HashMap::new();
-        for r in rows {
-            if r.confidence < 0.7 {
-                continue;
-            }
-            let (Some(remaining), Some(limit)) = (r.remaining, r.limit) else { continue };
-            if limit <= 0 {
-                continue;
-            }
-            let h = if r.reset_at_ms.is_some_and(|t| t <= now) {
-                1.0
-            } else {
-                (remaining.max(0) as f64 / limit as f64).min(1.0)
-            };
-            let e = worst.entry(r.key_id).or_insert(h);
-            *e = e.min(h);
-        }
-        let mut v: Vec<(i64, f64)> = worst.into_iter().collect();
-        v.sort_by_key(|(k, _)| *k);
         self.state.headroom_cache.insert(platform.to_string(), (now, v.clone()));
         Ok(v)
     }

@@ -4,8 +4,10 @@
 //! window used. The lease path's success (`batch.rs`) builds its rows here too.
 use super::unit::Access;
 use super::{unit, Engine};
+use crate::core::admission::Estimate;
 use crate::core::error::{Error, Result};
 use crate::core::limits::{classic_window, Declared, LimitSet, DAY, MINUTE};
+use crate::core::money::Prices;
 use crate::core::store::{HistoryKind, TokenKinds, UsageKind, UsageRow, Write};
 use crate::core::types::{check_non_negative, Route};
 use crate::core::windows::Counts;
@@ -23,6 +25,18 @@ impl TokenUse {
     /// A total only.
     pub fn total(tokens: i64) -> TokenUse {
         TokenUse { tokens: Some(tokens), kinds: TokenKinds::default() }
+    }
+
+    /// A lease's estimate recorded as used (leaving a `with` block without an outcome,
+    /// `close()`): with its split, `tokens - output` input and `output` output tokens,
+    /// so that it costs exactly what the lease reserved (SPEC 23.1).
+    pub fn estimate(est: Estimate) -> TokenUse {
+        let kinds = TokenKinds {
+            input: Some(est.tokens.saturating_sub(est.output).max(0)),
+            output: Some(est.output),
+            cached: None,
+        };
+        TokenUse { tokens: Some(est.tokens), kinds }
     }
 
     /// Validated: every count >= 0 and at least one given. Returns the total.
@@ -108,12 +122,18 @@ impl Usage<'_> {
         self.unit.mirror.reader().route_names(rid)
     }
 
-    /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says.
+    /// One event: a request (`tokens` 0), or `tokens` tokens split as `kinds` says,
+    /// costed at the route's prices in force now (SPEC 23.1; an overflow records
+    /// nothing).
     pub(super) fn usage_row(
         &mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64,
-    ) -> Write {
+    ) -> Result<Write> {
+        let cost = match self.unit.mirror.reader().prices(&route.platform, &route.model_id) {
+            Some(p) => event_cost(&p, kind, tokens, kinds)?,
+            None => 0,
+        };
         let (platform, model_id) = self.route_names(route);
-        Write::Usage(UsageRow {
+        Ok(Write::Usage(UsageRow {
             platform,
             model_id,
             key_id: route.key_id,
@@ -122,7 +142,8 @@ impl Usage<'_> {
             count: 1,
             created_at_ms: t,
             kinds,
-        })
+            cost,
+        }))
     }
 
     /// Usage writes: committed now, or grouped when `flush_interval_ms > 0` (applied
@@ -144,7 +165,7 @@ impl Usage<'_> {
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
         let now = self.unit.clock.now_ms();
-        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)];
+        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)?];
         self.clear_history_on_success(route, &mut writes);
         self.write_usage(writes)
     }
@@ -183,7 +204,7 @@ impl Usage<'_> {
     pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
         let total = used.validate()?;
         let now = self.unit.clock.now_ms();
-        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now);
+        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now)?;
         self.write_usage(vec![row])
     }
 
@@ -202,15 +223,48 @@ impl Usage<'_> {
         let rid = self.unit.ready_route(route, &limits, now);
         let m = &self.unit.mirror;
         let read = m.reader();
+        // SPEC 23.3: the platform's limits after the model's, each counting its scope
+        // over every model.
+        let platform = m.config.platform_set(&route.platform);
+        let (account, key_id) = (m.routes.get(rid).account(), route.key_id);
+        let platform_used = platform.iter().map(|d| {
+            let used = m
+                .platform_tally(account, key_id, d.limit.scope, now)
+                .and_then(|t| t.win.counts(d.limit.window, now));
+            (d.clone(), used.unwrap_or_default().get(d.limit.metric))
+        });
         UsageReport {
             // A declared limit reports its scope's usage (a shared account's, SPEC §14.3).
             limits: limits
                 .iter()
                 .map(|d| (d.clone(), m.scoped_counts(rid, &d.limit, now).get(d.limit.metric)))
+                .chain(platform_used)
                 .collect(),
             minute: read.route_minute(rid),
             day: read.route_day(rid, now),
             in_flight: m.route_in_flight(rid, now).count,
         }
     }
+}
+
+/// What one event costs in µ$ at `p` (SPEC 23.1): a request its price per request;
+/// tokens with a split (input or output reported) at each kind's price, cached input
+/// at its own, and any of the total the split leaves out at the dearer price; a bare
+/// total at the dearer price.
+fn event_cost(p: &Prices, kind: UsageKind, tokens: i64, kinds: TokenKinds) -> Result<i64> {
+    if kind == UsageKind::Request {
+        return p.request_cost();
+    }
+    if kinds.input.is_none() && kinds.output.is_none() {
+        return p.total_cost(tokens);
+    }
+    let (input, output) = (kinds.input.unwrap_or(0).max(0), kinds.output.unwrap_or(0).max(0));
+    let split = p.tokens_cost(input, kinds.cached.unwrap_or(0).max(0), output)?;
+    let rest = tokens.saturating_sub(input.saturating_add(output));
+    if rest <= 0 {
+        return Ok(split);
+    }
+    split
+        .checked_add(p.total_cost(rest)?)
+        .ok_or_else(|| Error::Overflow("a cost beyond 2^63 - 1 micro-dollars".to_string()))
 }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub(super) struct AccountState {
     pub(super) name: Arc<str>,
-    /// Requests of every model of the account (tokens are billed per route).
+    /// Requests and raw tokens of every model of the account (SPEC §8's token cap
+    /// bills tokens per route instead; SPEC 23.3's platform limits count them raw).
     pub(super) win: Windows,
     pub(super) routes: Vec<RouteId>,
     pub(super) leases: Vec<i64>,
@@ -29,6 +30,19 @@ pub(super) struct GroupState {
     pub(super) kept: LimitSet,
 }
 
+/// Usage and live leases of one key of an account of several keys over every model:
+/// what a platform limit at scope `"key"` counts (SPEC 23.3). A key of its own account
+/// has none: its account's counters serve.
+#[derive(Debug)]
+pub(super) struct TotalState {
+    pub(super) account: AccountId,
+    pub(super) win: Windows,
+    pub(super) leases: Vec<i64>,
+}
+
+/// The index of a key's [`TotalState`].
+pub type TotalId = u32;
+
 #[derive(Debug, Default)]
 pub(super) struct Accounts {
     pub(super) list: Vec<AccountState>,
@@ -38,6 +52,9 @@ pub(super) struct Accounts {
     pub(super) group_index: FastMap<(AccountId, Arc<str>), GroupId>,
     /// (platform, account name) -> how many registered keys it has.
     members: HashMap<(String, Arc<str>), usize>,
+    /// Per key of a shared account, its usage over every model (SPEC 23.3).
+    pub(super) totals: Vec<TotalState>,
+    pub(super) total_index: FastMap<(AccountId, i64), TotalId>,
 }
 
 impl Accounts {
@@ -92,19 +109,39 @@ impl Accounts {
         g
     }
 
+    /// The counters of `key_id` of account `a` over every model, created on first sight
+    /// keeping the account's windows.
+    pub(super) fn total(&mut self, a: AccountId, key_id: i64) -> TotalId {
+        if let Some(t) = self.total_index.get(&(a, key_id)) {
+            return *t;
+        }
+        let t = self.totals.len() as TotalId;
+        let win = self.list[a as usize].win.cleared(self.list[a as usize].win.calendar().clone());
+        self.totals.push(TotalState { account: a, win, leases: vec![] });
+        self.total_index.insert((a, key_id), t);
+        t
+    }
+
     /// Forgets every account and group (the routes are assigned again).
     pub(super) fn clear(&mut self) {
         self.list.clear();
         self.index.clear();
         self.groups.clear();
         self.group_index.clear();
+        self.totals.clear();
+        self.total_index.clear();
     }
 
-    /// A live lease of a route of account `a` (and of its group).
-    pub(super) fn add_lease(&mut self, a: AccountId, group: Option<GroupId>, id: i64) {
+    /// A live lease of a route of account `a` (and of its group and its key's total).
+    pub(super) fn add_lease(
+        &mut self, a: AccountId, group: Option<GroupId>, total: Option<TotalId>, id: i64,
+    ) {
         self.list[a as usize].leases.push(id);
         if let Some(g) = group {
             self.groups[g as usize].leases.push(id);
+        }
+        if let Some(t) = total {
+            self.totals[t as usize].leases.push(id);
         }
     }
 
@@ -127,12 +164,13 @@ impl Accounts {
         for id in &self.list[a as usize].leases {
             if let Some(l) = leases.by_id.get(id).filter(|l| l.live(now)) {
                 f.count += 1;
+                f.est.cost = f.est.cost.saturating_add(l.cost);
                 let r = &routes[l.route as usize];
                 if r.key_id == key_id {
                     of_key += 1;
                 }
                 if let Some(cap) = cap {
-                    f.tokens = f.tokens.saturating_add(r.billing(config, cap).bill(l.tokens));
+                    f.est.tokens = f.est.tokens.saturating_add(r.billing(config, cap).bill(l.tokens));
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! The engine's configuration as mirrored: registered keys, models and their limit
-//! sets, provider caps, the platforms' calendars and the priority reserves.
+//! sets and prices, provider caps, the platforms' calendars and the priority reserves.
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Metric, WindowSpec, DAY};
+use crate::core::money::Prices;
 use crate::core::state::FastMap;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use regex::Regex;
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 /// Registered keys, declared models (with their billing multipliers and limit sets,
-/// built once) and provider caps.
+/// built once), provider caps and the models' prices.
 #[derive(Debug, Default)]
 pub struct Config {
     /// Registered keys; change them through `Mirror::put_key` / `Mirror::replace_keys`.
@@ -22,6 +23,10 @@ pub struct Config {
     /// platform -> model_id -> its declared limits in gate order, built once.
     pub(super) limit_sets: FastMap<String, FastMap<String, LimitSet>>,
     pub caps: FastMap<String, CapOverrides>,
+    /// platform -> model_id -> its prices (SPEC 23.1); a model not here costs nothing.
+    prices: FastMap<String, FastMap<String, Prices>>,
+    /// platform -> its platform limits (SPEC 23.3), in gate order, built once.
+    pub(super) platform_sets: FastMap<String, LimitSet>,
 }
 
 impl Config {
@@ -49,9 +54,48 @@ impl Config {
         self.limit_sets.clear();
     }
 
+    /// A platform's limits (SPEC 23.3; empty when it has none).
+    pub fn platform_set(&self, platform: &str) -> LimitSet {
+        self.platform_sets.get(platform).cloned().unwrap_or_default()
+    }
+
     /// A model's declared limits (empty when it has none).
     pub fn limit_set(&self, platform: &str, model_id: &str) -> LimitSet {
         self.limit_sets.get(platform).and_then(|m| m.get(model_id)).cloned().unwrap_or_default()
+    }
+
+    /// A model's prices (SPEC 23.1), `None` when none are set.
+    pub fn prices(&self, platform: &str, model_id: &str) -> Option<Prices> {
+        if self.prices.is_empty() {
+            // No prices at all (the common case): no lookup on the hot path.
+            return None;
+        }
+        self.prices.get(platform)?.get(model_id).copied()
+    }
+
+    /// Sets (or with `None` forgets) a model's prices.
+    pub fn set_prices(&mut self, platform: &str, model_id: &str, prices: Option<Prices>) {
+        match prices {
+            Some(p) => {
+                self.prices.entry(platform.to_string()).or_default().insert(model_id.to_string(), p);
+            }
+            None => {
+                if let Some(m) = self.prices.get_mut(platform) {
+                    m.remove(model_id);
+                    if m.is_empty() {
+                        self.prices.remove(platform);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces every model's prices (the store's whole table).
+    pub fn replace_prices(&mut self, rows: Vec<(String, String, Prices)>) {
+        self.prices = FastMap::default();
+        for (platform, model_id, p) in rows {
+            self.prices.entry(platform).or_default().insert(model_id, p);
+        }
     }
 
     pub fn replace_keys(&mut self, rows: Vec<KeyInfo>) {

@@ -3,6 +3,7 @@
 //! changed since the last section ([`Mirror::apply_changes`]). The tables' own
 //! replacement rules are the private functions below.
 use super::{AccountId, CooldownRec, GroupId, LeaseRec, Mirror, RouteId};
+use crate::core::limits::{Limit, LimitSet};
 use crate::core::store::{Changes, CooldownRow, LeaseRow, Write};
 use crate::core::types::{KeyInfo, ModelInfo};
 use std::collections::{HashMap, HashSet};
@@ -79,7 +80,14 @@ impl Mirror {
                 return (0, replace_calendars(self, set));
             }
             Write::SetPriorityReserve { priority, fraction } => self.reserves.put(*priority, *fraction),
-            Write::Log(_) | Write::UpsertQuotaState(_) => {}
+            Write::UpsertQuotaState(q) => self.quota.put(q.clone()),
+            Write::SetModelPrices { platform, model_id, prices } => {
+                self.config.set_prices(platform, model_id, *prices)
+            }
+            Write::SetPlatformLimits { platform, limits } => {
+                put_platform_limits(self, platform, LimitSet::platform_stored(limits.clone()));
+            }
+            Write::Log(_) => {}
         }
         (0, false)
     }
@@ -109,13 +117,27 @@ impl Mirror {
         if let Some(c) = ch.caps {
             self.config.caps = c.into_iter().collect();
         }
-        let tables_changed =
-            tables_changed || ch.history.is_some() || ch.calendars.is_some() || ch.priorities.is_some();
+        let tables_changed = tables_changed
+            || ch.history.is_some()
+            || ch.calendars.is_some()
+            || ch.priorities.is_some()
+            || ch.prices.is_some()
+            || ch.platform_limits.is_some();
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
         }
+        let quota_changed = ch.quota_states.is_some();
+        if let Some(q) = ch.quota_states {
+            self.quota.replace(q);
+        }
+        if let Some(p) = ch.prices {
+            self.config.replace_prices(p);
+        }
         if let Some(h) = ch.history {
             self.history.replace(h);
+        }
+        if let Some(p) = ch.platform_limits {
+            replace_platform_limits(self, p);
         }
         let mut recount = false;
         if let Some(c) = ch.calendars {
@@ -132,6 +154,11 @@ impl Mirror {
                 .filter(|w| !matches!(w, Write::Usage(_) | Write::DeleteLease(_) | Write::InsertLease(_)))
             {
                 recount |= self.apply(w, 0, now).1;
+            }
+        } else if quota_changed {
+            // Only the observed quota (the most frequent change): our own waiting rows.
+            for w in waiting.writes.iter().filter(|w| matches!(w, Write::UpsertQuotaState(_))) {
+                self.apply(w, 0, now);
             }
         }
         recount
@@ -167,6 +194,12 @@ fn replace_calendars(m: &mut Mirror, set: HashMap<String, String>) -> bool {
             let grp = &mut m.accounts.groups[g as usize];
             grp.win = grp.win.cleared(cal.clone());
         }
+        for k in 0..m.accounts.totals.len() {
+            if of_platform(&m.accounts.totals[k].account) {
+                let total = &mut m.accounts.totals[k];
+                total.win = total.win.cleared(cal.clone());
+            }
+        }
     }
     !changed.is_empty()
 }
@@ -178,6 +211,9 @@ fn remove_lease(m: &mut Mirror, id: i64) -> Option<LeaseRec> {
     m.accounts.list[route.account as usize].leases.retain(|l| *l != id);
     if let Some(g) = route.group {
         m.accounts.groups[g as usize].leases.retain(|l| *l != id);
+    }
+    if let Some(k) = route.total {
+        m.accounts.totals[k as usize].leases.retain(|l| *l != id);
     }
     Some(rec)
 }
@@ -201,6 +237,19 @@ fn replace_stored_leases(
     }
 }
 
+/// The stored platform limits (SPEC 23.3), every platform's: a platform no longer
+/// listed has none.
+fn replace_platform_limits(m: &mut Mirror, rows: Vec<(String, Vec<Limit>)>) {
+    let mut gone: Vec<String> = m.config.platform_sets.keys().cloned().collect();
+    for (platform, limits) in rows {
+        gone.retain(|p| *p != platform);
+        put_platform_limits(m, &platform, LimitSet::platform_stored(limits));
+    }
+    for platform in gone {
+        put_platform_limits(m, &platform, LimitSet::default());
+    }
+}
+
 fn replace_models(m: &mut Mirror, rows: Vec<ModelInfo>) {
     m.config.clear_models();
     m.retained_windows = None;
@@ -215,6 +264,21 @@ fn replace_keys(m: &mut Mirror, rows: Vec<KeyInfo>) {
 }
 
 /// Registers (or updates) one key; the routable keys follow at once.
+/// SPEC 23.3: a platform's limits changed (this engine's or another's): the windows
+/// they read reach back further than the last load, or are new.
+fn put_platform_limits(m: &mut Mirror, platform: &str, set: LimitSet) {
+    if let Some((since, at)) = m.loaded {
+        if set.windows().any(|w| m.calendars.window_start(platform, w, at) < since) {
+            m.needs_reload = true;
+        }
+    }
+    if set.is_empty() {
+        m.config.platform_sets.remove(platform);
+    } else {
+        m.config.platform_sets.insert(platform.to_string(), set);
+    }
+}
+
 fn put_key(m: &mut Mirror, k: KeyInfo) {
     m.config.put_key(k);
     m.accounts_changed();

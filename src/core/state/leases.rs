@@ -1,5 +1,5 @@
 //! The mirrored live leases (SPEC 4's "in flight", SPEC 5's lease age).
-use crate::core::admission::InFlight;
+use crate::core::admission::{Estimate, InFlight};
 use crate::core::state::{FastMap, RouteId};
 use crate::core::store::LeaseRow;
 
@@ -9,17 +9,25 @@ pub struct LeaseRec {
     pub tokens: i64,
     /// Of `tokens`, the estimated output.
     pub output_tokens: i64,
+    /// The µ$ it reserves (SPEC 23.1).
+    pub cost: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
 }
 
 impl LeaseRec {
+    /// What it holds in flight: its estimate and its reservation.
+    pub fn estimate(&self) -> Estimate {
+        Estimate { tokens: self.tokens, output: self.output_tokens, cost: self.cost }
+    }
+
     /// The record of a lease as written or stored, on its route (the one constructor).
     pub fn of(route: RouteId, row: &LeaseRow) -> LeaseRec {
         LeaseRec {
             route,
             tokens: row.tokens,
             output_tokens: row.output_tokens,
+            cost: row.cost,
             created_at_ms: row.created_at_ms,
             expires_at_ms: row.expires_at_ms,
         }
@@ -54,9 +62,7 @@ impl Leases {
         let mut f = InFlight::default();
         for id in ids {
             if let Some(l) = self.by_id.get(id).filter(|l| l.live(now)) {
-                f.count += 1;
-                f.tokens = f.tokens.saturating_add(l.tokens);
-                f.output_tokens = f.output_tokens.saturating_add(l.output_tokens);
+                f.add(l.estimate());
             }
         }
         f

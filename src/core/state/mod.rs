@@ -1,7 +1,8 @@
 //! The engine's in-memory picture of the store: window state per route and per
-//! provider account, live leases, cooldowns, keys, models and caps. Kept current
-//! incrementally from the store's change feed, and the only thing gates read. The
-//! engine's desks ask it their questions through its [`Reader`] (`reader/`).
+//! provider account, live leases, cooldowns, keys, models, caps and the observed
+//! provider quota. Kept current incrementally from the store's change feed, and the
+//! only thing gates read. The engine's desks ask it their questions through its
+//! [`Reader`] (`reader/`).
 pub use crate::core::admission::Estimate;
 use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
@@ -16,13 +17,15 @@ mod feed;
 mod history;
 mod leases;
 mod prepare;
+mod quota;
 mod reader;
-use accounts::Accounts;
+use accounts::{Accounts, TotalId};
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use feed::Waiting;
 pub use history::{Cooldowns, History};
 pub use leases::{LeaseRec, Leases};
 pub use prepare::{min_cap, Prepared, Setup};
+use quota::Quota;
 pub use reader::{Reader, RouteFigures, RouteUse};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +47,9 @@ pub struct RouteState {
     /// The (account, model) counters of an account of several keys (SPEC §14.3);
     /// `None` while the key is its account's only one (its own windows serve).
     group: Option<GroupId>,
+    /// The key's counters over every model (SPEC 23.3), of an account of several keys
+    /// (`None`: the account's serve).
+    total: Option<TotalId>,
     pub win: Windows,
     leases: Vec<i64>,
     /// The last limit set whose windows `win` was made to keep (windows are never
@@ -92,6 +98,10 @@ impl std::ops::IndexMut<usize> for Routes {
 }
 
 impl RouteState {
+    /// The provider account the route's key belongs to.
+    pub fn account(&self) -> AccountId {
+        self.account
+    }
     /// `row` names this route by the route's own names (the same `Arc`s).
     fn named_by(&self, row: &LeaseRow) -> bool {
         Arc::ptr_eq(&self.platform, &row.platform)
@@ -136,6 +146,8 @@ pub struct Mirror {
     pub history: History,
     pub calendars: Calendars,
     pub reserves: Reserves,
+    /// The observed provider quota (SPEC §8.2), read through the [`Reader`].
+    quota: Quota,
     /// What is derived from the environment and the caps (see [`Mirror::prepare`]).
     setup: Setup,
     /// The route of the last lease write built (`lease_write`), for `apply`.
@@ -241,15 +253,17 @@ impl Mirror {
             let a = self.account_id(&platform, key);
             self.accounts.list[a as usize].routes.push(rid as RouteId);
             let group = self.group_of(a, &model, &platform);
+            let total = group.map(|_| self.accounts.total(a, key));
             let r = &mut self.routes[rid];
             r.account = a;
             r.group = group;
+            r.total = total;
         }
         let mut ids: Vec<(i64, RouteId)> = self.leases.by_id.iter().map(|(id, l)| (*id, l.route)).collect();
         ids.sort_unstable();
         for (id, rid) in ids {
             let r = &self.routes[rid as usize];
-            self.accounts.add_lease(r.account, r.group, id);
+            self.accounts.add_lease(r.account, r.group, r.total, id);
         }
         self.needs_reload = true;
     }
@@ -271,6 +285,7 @@ impl Mirror {
         let m: Arc<str> = Arc::from(model_id);
         let account = self.account_id(platform, key_id);
         let group = self.group_of(account, &m, platform);
+        let total = group.map(|_| self.accounts.total(account, key_id));
         let id = self.routes.list.len() as RouteId;
         let mut win = Windows::new(self.calendars.of(platform));
         // A route seen for the first time had no events since the last load, which
@@ -284,6 +299,7 @@ impl Mirror {
             key_id,
             account,
             group,
+            total,
             win,
             leases: vec![],
             kept: LimitSet::default(),
@@ -295,17 +311,18 @@ impl Mirror {
 
     // ---- usage -------------------------------------------------------------------
 
-    /// Counts an event stamped `t` in the route's windows (its requests also in the
-    /// account's).
+    /// Counts an event stamped `t` in the route's windows, its account's (every model)
+    /// and, of a shared account, its key's over every model.
     pub fn add_counts(&mut self, rid: RouteId, c: Counts, t: i64, now: i64) {
         let route = &mut self.routes[rid as usize];
         route.win.add_counts(t, c, now);
         if let Some(g) = route.group {
             self.accounts.groups[g as usize].win.add_counts(t, c, now);
         }
-        if c.requests > 0 {
-            self.accounts.list[route.account as usize].win.add(t, c.requests, 0, now);
+        if let Some(k) = route.total {
+            self.accounts.totals[k as usize].win.add_counts(t, c, now);
         }
+        self.accounts.list[route.account as usize].win.add_counts(t, c, now);
     }
 
     pub fn add_usage_row(&mut self, row: &UsageRow, now: i64) {
@@ -316,8 +333,9 @@ impl Mirror {
                 tokens: row.tokens.max(0),
                 input_tokens: row.kinds.metered_input(),
                 output_tokens: row.kinds.output.unwrap_or(0).max(0),
+                cost: row.cost,
             },
-            UsageKind::Request => Counts::of(row.requests(), 0),
+            UsageKind::Request => Counts { cost: row.cost, ..Counts::of(row.requests(), 0) },
         };
         self.add_counts(rid, c, row.created_at_ms, now);
     }
@@ -333,6 +351,9 @@ impl Mirror {
         for g in &mut self.accounts.groups {
             g.win = g.win.cleared(g.win.calendar().clone());
         }
+        for k in &mut self.accounts.totals {
+            k.win = k.win.cleared(k.win.calendar().clone());
+        }
         self.needs_reload = false;
     }
 
@@ -347,11 +368,20 @@ impl Mirror {
                 specs.extend(set.windows().map(|w| (platform.clone(), w)));
             }
         }
+        for (platform, set) in &self.config.platform_sets {
+            specs.extend(set.windows().map(|w| (platform.clone(), w)));
+        }
         for r in &self.routes.list {
             from = from.min(r.win.oldest_counted(now));
         }
         for g in &self.accounts.groups {
             from = from.min(g.win.oldest_counted(now));
+        }
+        for a in &self.accounts.list {
+            from = from.min(a.win.oldest_counted(now));
+        }
+        for k in &self.accounts.totals {
+            from = from.min(k.win.oldest_counted(now));
         }
         for (platform, spec) in specs {
             from = from.min(self.calendars.window_start(&platform, spec, now));
@@ -391,7 +421,7 @@ impl Mirror {
             self.retained_windows = Some(retained);
         }
         let retained = self.retained_windows.as_deref().unwrap_or_default();
-        retained
+        let mut kept: Vec<KeptUsage> = retained
             .iter()
             .filter_map(|r| {
                 let from = r
@@ -410,7 +440,48 @@ impl Mirror {
                     before: from,
                 })
             })
-            .collect()
+            .collect();
+        if !self.config.platform_sets.is_empty() {
+            self.retain_for_platforms(&mut kept, now, before, with_day);
+        }
+        kept
+    }
+
+    /// SPEC 23.3 (and 14.2): a platform limit's window keeps the rows of every model of
+    /// the platform the mirror knows (each model with rows in the window is a route
+    /// once they are loaded): each such model keeps its rows from the oldest its
+    /// platform's windows count, or its own cut-off when that is older. Sorted by name,
+    /// as the models' own.
+    fn retain_for_platforms(&mut self, kept: &mut Vec<KeptUsage>, now: i64, before: i64, with_day: bool) {
+        let mut sets: Vec<(String, LimitSet)> =
+            self.config.platform_sets.iter().map(|(p, s)| (p.clone(), s.clone())).collect();
+        sets.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut added = false;
+        for (platform, set) in sets {
+            let from = set
+                .windows()
+                .filter(|w| *w != crate::core::limits::MINUTE && (with_day || *w != DAY))
+                .map(|w| self.calendars.window_start(&platform, w, now))
+                .min();
+            let Some(from) = from.filter(|f| *f < before) else { continue };
+            let Some((name, models)) = self.routes.index.get_key_value(platform.as_str()) else { continue };
+            for model_id in models.keys() {
+                match kept.iter_mut().find(|k| k.platform == *name && k.model_id == *model_id) {
+                    Some(k) => k.before = k.before.min(from),
+                    None => {
+                        kept.push(KeptUsage {
+                            platform: name.clone(),
+                            model_id: model_id.clone(),
+                            before: from,
+                        });
+                        added = true;
+                    }
+                }
+            }
+        }
+        if added {
+            kept.sort_by(|a, b| (&a.platform, &a.model_id).cmp(&(&b.platform, &b.model_id)));
+        }
     }
 
     /// Makes a route keep every window of `set` (after `prune_route`). False when one
@@ -433,6 +504,22 @@ impl Mirror {
                 group.kept = set.clone();
             }
         }
+        // SPEC 23.3: the platform's limits count the account's (and the key's) usage
+        // over every model.
+        let platform = if self.config.platform_sets.is_empty() {
+            None
+        } else {
+            self.config.platform_sets.get(&*route.platform)
+        };
+        if let Some(platform) = platform {
+            let (a, total) = (route.account, route.total);
+            for spec in platform.windows() {
+                complete &= self.accounts.list[a as usize].win.keep(spec);
+                if let Some(k) = total {
+                    complete &= self.accounts.totals[k as usize].win.keep(spec);
+                }
+            }
+        }
         self.needs_reload |= !complete;
         complete
     }
@@ -450,6 +537,11 @@ impl Mirror {
             let group = &mut self.accounts.groups[g as usize];
             group.win.prune(now);
             group.leases.retain(|id| leases.is_live(*id, now));
+        }
+        if let Some(k) = route.total {
+            let total = &mut self.accounts.totals[k as usize];
+            total.win.prune(now);
+            total.leases.retain(|id| leases.is_live(*id, now));
         }
     }
 
@@ -470,6 +562,9 @@ impl Mirror {
         if let Some(g) = route.group {
             self.accounts.groups[g as usize].leases.push(id);
         }
+        if let Some(k) = route.total {
+            self.accounts.totals[k as usize].leases.push(id);
+        }
         self.leases.by_id.insert(id, rec);
     }
 
@@ -486,6 +581,22 @@ impl Mirror {
             _ => &r.win,
         };
         win.counts(l.window, now).unwrap_or_default()
+    }
+
+    /// SPEC 23.3: a platform scope's counters for a route (the key's over every model,
+    /// or its account's) and what it has in flight, raw tokens; a model's scope has
+    /// none.
+    pub fn platform_tally(&self, a: AccountId, key_id: i64, scope: Scope, now: i64) -> Option<Tally<'_>> {
+        let total = match scope {
+            Scope::PlatformKey => self.accounts.total_index.get(&(a, key_id)),
+            Scope::PlatformAccount => None,
+            _ => return None,
+        };
+        let (win, leases) = match total {
+            Some(k) => (&self.accounts.totals[*k as usize].win, &self.accounts.totals[*k as usize].leases),
+            None => (&self.accounts.list[a as usize].win, &self.accounts.list[a as usize].leases),
+        };
+        Some(Tally { win, in_flight: self.leases.in_flight(leases, now) })
     }
 
     // ---- keys, models, caps, cooldowns ---------------------------------------------
@@ -570,6 +681,11 @@ impl Mirror {
             }
         }
         complete &= self.accounts.list[a as usize].win.keep(spec);
+        let totals: Vec<TotalId> =
+            self.accounts.total_index.iter().filter(|((of, _), _)| *of == a).map(|(_, k)| *k).collect();
+        for k in totals {
+            complete &= self.accounts.totals[k as usize].win.keep(spec);
+        }
         self.needs_reload |= !complete;
         complete
     }
@@ -602,6 +718,7 @@ impl Mirror {
             key_id: r.key_id,
             tokens: est.tokens,
             output_tokens: est.output,
+            cost: est.cost,
             created_at_ms: now,
             expires_at_ms: now.saturating_add(max_age_ms),
         })
@@ -638,6 +755,9 @@ impl Mirror {
                 self.routes[r as usize].billing(&self.config, l.limit).bill(est.tokens)
             }),
         });
+        // SPEC 23.3: read only when the platform declares limits (the hot path).
+        let platform =
+            |scope| if ctx.platform.is_empty() { None } else { self.platform_tally(a, key_id, scope, now) };
         View {
             now,
             est,
@@ -648,6 +768,8 @@ impl Mirror {
             provider: Tally { win: &self.accounts.list[a as usize].win, in_flight },
             billed,
             key_leases,
+            platform_key: platform(Scope::PlatformKey),
+            platform_account: platform(Scope::PlatformAccount),
         }
     }
 

@@ -106,7 +106,7 @@ fn leases_count_until_they_expire() {
         GateContext { limits: LimitSet::parse("requests/minute=1").expect("limits"), ..Default::default() };
     m.add_lease(
         7,
-        LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
+        LeaseRec { route: rid, tokens: 5, output_tokens: 0, cost: 0, created_at_ms: 0, expires_at_ms: 100 },
     );
     // only the lease blocks: no retry time for a sliding window
     assert_eq!(
@@ -121,4 +121,64 @@ fn leases_count_until_they_expire() {
     );
     m.prune_route(rid, 101);
     assert!(evaluate(&m, rid, Estimate::default(), &ctx, 101).allowed);
+}
+
+#[test]
+#[allow(clippy::unwrap_used)]
+fn platform_limits_count_the_key_and_its_account_over_every_model() {
+    // SPEC 23.3: a write of platform limits reaches the gates at once; the account's
+    // counters hold every key's usage over every model, each key's its own.
+    use crate::core::limits::Limit;
+    use crate::core::store::{TokenKinds, UsageKind, UsageRow};
+    use crate::core::types::{KeyInfo, Route};
+    let now = 1_796_119_200_000;
+    let mut m = Mirror::default();
+    for key_id in [1, 2] {
+        let key = KeyInfo {
+            key_id,
+            platform: "p".into(),
+            base_url: None,
+            label: None,
+            enabled: true,
+            account: Some("org".into()),
+            concurrency_cap: None,
+        };
+        m.apply(&Write::UpsertKey(key), 0, now);
+    }
+    let limits = vec![
+        Limit::parse("requests", 3, "minute", "account").unwrap(),
+        Limit::parse("requests", 2, "minute", "key").unwrap(),
+    ];
+    m.apply(&Write::SetPlatformLimits { platform: "p".into(), limits }, 0, now);
+    let row = |model: &str, key_id: i64, t: i64| UsageRow {
+        platform: "p".into(),
+        model_id: model.into(),
+        key_id,
+        kind: UsageKind::Request,
+        tokens: 0,
+        count: 1,
+        created_at_ms: t,
+        kinds: TokenKinds::default(),
+        cost: 0,
+    };
+    m.add_usage_row(&row("a", 1, now - 30_000), now);
+    m.add_usage_row(&row("b", 1, now - 20_000), now);
+    let decide = |m: &mut Mirror, model: &str, key_id: i64| {
+        let route = Route { platform: "p".into(), model_id: model.into(), key_id };
+        let p = m.prepare(&route, None, 0, now);
+        assert!(p.complete);
+        admit(&m.prepared_view(&p, Estimate::default(), now)).admission()
+    };
+    // key 1 has used its two (models a and b): its key-scope limit, which reads ":key"
+    let refused = decide(&mut m, "c", 1);
+    assert_eq!(refused.reason, Some(Reason::declared("platform:requests/minute:key")));
+    assert_eq!(refused.retry_at_ms, Some(now - 30_000 + 60_000));
+    // key 2 has used none; the account two of three
+    assert_eq!(decide(&mut m, "c", 2), Admission::ALLOWED);
+    m.add_usage_row(&row("c", 2, now - 10_000), now);
+    let refused = decide(&mut m, "a", 2);
+    assert_eq!(refused.reason, Some(Reason::declared("platform:requests/minute")));
+    // forgotten: nothing refuses
+    m.apply(&Write::SetPlatformLimits { platform: "p".into(), limits: vec![] }, 0, now);
+    assert_eq!(decide(&mut m, "a", 2), Admission::ALLOWED);
 }

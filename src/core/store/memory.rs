@@ -27,6 +27,8 @@ use super::{
     UsageFilter, UsageRow, Write,
 };
 use crate::core::error::StoreError;
+use crate::core::limits::Limit;
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -43,8 +45,14 @@ const CAPS: usize = 4;
 const HISTORY: usize = 5;
 const CALENDARS: usize = 6;
 const PRIORITIES: usize = 7;
+/// The observed quota: read by the `headroom` pick, which may be up to 5 s old (SPEC
+/// §8.2), so a change to it conflicts with no decision (as on Redis).
+const QUOTA: usize = 8;
+const PRICES: usize = 9;
+const PLATFORM_LIMITS: usize = 10;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 7] = [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES];
+const SMALL: [usize; 9] =
+    [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES, PLATFORM_LIMITS];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
@@ -67,7 +75,11 @@ struct Tables {
     calendars: BTreeMap<String, String>,
     /// SPEC 22.1: priority -> reserve fraction.
     priorities: BTreeMap<i64, f64>,
-    versions: [u64; 8],
+    /// SPEC 23.1: (platform, model_id) -> prices.
+    prices: BTreeMap<(String, String), Prices>,
+    /// SPEC 23.3: platform -> its limits as declared.
+    platform_limits: BTreeMap<String, Vec<Limit>>,
+    versions: [u64; 11],
 }
 
 #[derive(Default)]
@@ -124,7 +136,7 @@ pub struct MemoryStore {
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 8]>,
+    seen: Option<[u64; 11]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -247,6 +259,16 @@ impl MemoryStore {
         if changed(PRIORITIES) {
             ch.priorities = Some(t.priorities.iter().map(|(p, f)| (*p, *f)).collect());
         }
+        if changed(QUOTA) {
+            ch.quota_states = Some(t.quota.values().cloned().collect());
+        }
+        if changed(PRICES) {
+            ch.prices = Some(t.prices.iter().map(|((p, m), v)| (p.clone(), m.clone(), *v)).collect());
+        }
+        if changed(PLATFORM_LIMITS) {
+            ch.platform_limits =
+                Some(t.platform_limits.iter().map(|(p, l)| (p.clone(), l.clone())).collect());
+        }
         ch
     }
 
@@ -259,7 +281,19 @@ impl MemoryStore {
         macro_rules! newer {
             ($($f:ident),*) => { $( if fresh.$f.is_some() { pending.$f = fresh.$f; } )* };
         }
-        newer!(leases, cooldowns, keys, models, caps, history, calendars, priorities);
+        newer!(
+            leases,
+            cooldowns,
+            keys,
+            models,
+            caps,
+            history,
+            calendars,
+            priorities,
+            quota_states,
+            prices,
+            platform_limits
+        );
         self.pending = pending;
         self.cursor = t.head;
         self.seen = Some(t.versions);
@@ -371,7 +405,9 @@ impl MemoryStore {
             }
             Write::UpsertQuotaState(q) => {
                 let key = (q.platform.clone(), q.key_id, q.pool_key.clone(), q.metric.clone());
-                t.quota.insert(key, q.clone());
+                if t.quota.insert(key, q.clone()).as_ref() != Some(q) {
+                    bump(t, QUOTA);
+                }
             }
             Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
                 let before = t.history.len();
@@ -409,6 +445,27 @@ impl MemoryStore {
             Write::SetPriorityReserve { priority, fraction } => {
                 if t.priorities.insert(*priority, *fraction) != Some(*fraction) {
                     bump(t, PRIORITIES);
+                }
+            }
+            Write::SetModelPrices { platform, model_id, prices } => {
+                let route = (platform.clone(), model_id.clone());
+                let changed = match prices {
+                    Some(p) => t.prices.insert(route, *p) != Some(*p),
+                    None => t.prices.remove(&route).is_some(),
+                };
+                if changed {
+                    bump(t, PRICES);
+                }
+                return i64::from(changed);
+            }
+            Write::SetPlatformLimits { platform, limits } => {
+                let changed = if limits.is_empty() {
+                    t.platform_limits.remove(platform).is_some()
+                } else {
+                    t.platform_limits.insert(platform.clone(), limits.clone()).as_ref() != Some(limits)
+                };
+                if changed {
+                    bump(t, PLATFORM_LIMITS);
                 }
             }
         }
@@ -560,7 +617,10 @@ impl Store for MemoryStore {
             || pending.caps.is_some()
             || pending.history.is_some()
             || pending.calendars.is_some()
-            || pending.priorities.is_some();
+            || pending.priorities.is_some()
+            || pending.quota_states.is_some()
+            || pending.prices.is_some()
+            || pending.platform_limits.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 
@@ -728,12 +788,7 @@ impl Store for MemoryStore {
         })?;
         out.sort_by_key(|(t, n, _)| (*t, *n));
         // One row per request, as in the SQLite table.
-        Ok(out
-            .into_iter()
-            .flat_map(|(_, _, u)| {
-                std::iter::repeat_n(UsageRow { count: 1, ..u.clone() }, u.requests().max(1) as usize)
-            })
-            .collect())
+        Ok(out.into_iter().flat_map(|(_, _, u)| u.one_per_event().collect::<Vec<_>>()).collect())
     }
 
     fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {

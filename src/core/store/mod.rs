@@ -25,6 +25,8 @@ pub mod redis {
         ["redis://", "rediss://", "redis+", "rediss+", "unix://"].iter().any(|s| path.starts_with(s))
     }
 }
+use crate::core::limits::Limit;
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
@@ -115,6 +117,9 @@ pub struct UsageRow {
     pub created_at_ms: i64,
     /// A `tokens` row: the split the call reported (SPEC §14.4), `None` where not.
     pub kinds: TokenKinds,
+    /// What the event cost in µ$ at the prices in force when it was recorded (SPEC
+    /// 23.1; 0 unpriced).
+    pub cost: i64,
 }
 
 /// The input, output and cached-input tokens of one call, as reported (SPEC §14.4).
@@ -152,6 +157,13 @@ impl TokenKinds {
 }
 
 impl UsageRow {
+    /// The rows of one event each that this row stands for (a request row merged while
+    /// degraded stands for several; its cost goes with the first).
+    pub fn one_per_event(&self) -> impl Iterator<Item = UsageRow> + '_ {
+        let n = self.requests().max(1);
+        (0..n).map(move |i| UsageRow { count: 1, cost: if i == 0 { self.cost } else { 0 }, ..self.clone() })
+    }
+
     /// Requests the row stands for (0 for a `tokens` row).
     pub fn requests(&self) -> i64 {
         match self.kind {
@@ -171,6 +183,8 @@ pub struct LeaseRow {
     pub tokens: i64,
     /// Of `tokens`, the estimated output (SPEC §14.4).
     pub output_tokens: i64,
+    /// The µ$ it reserves (SPEC 23.1).
+    pub cost: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
 }
@@ -292,6 +306,12 @@ pub struct Changes {
     pub calendars: Option<Vec<(String, String)>>,
     /// The stored priority reserves (SPEC 22.1): (priority, fraction).
     pub priorities: Option<Vec<(i64, f64)>>,
+    /// The observed provider quota rows (SPEC §8.2), every platform's.
+    pub quota_states: Option<Vec<QuotaStateRow>>,
+    /// The stored model prices (SPEC 23.1): (platform, model_id, prices).
+    pub prices: Option<Vec<(String, String, Prices)>>,
+    /// The stored platform limits (SPEC 23.3): platform -> its limits as declared.
+    pub platform_limits: Option<Vec<(String, Vec<Limit>)>>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -358,6 +378,18 @@ pub enum Write {
     SetPriorityReserve {
         priority: i64,
         fraction: f64,
+    },
+    /// Sets (or with `None` forgets) a model's prices (SPEC 23.1).
+    SetModelPrices {
+        platform: String,
+        model_id: String,
+        prices: Option<Prices>,
+    },
+    /// Replaces a platform's limits (SPEC 23.3), as declared (scope `account` or
+    /// `key`); an empty list forgets them.
+    SetPlatformLimits {
+        platform: String,
+        limits: Vec<Limit>,
     },
 }
 

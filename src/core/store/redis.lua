@@ -3,7 +3,7 @@
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
 --       write id (the writer's sequence number of a call that writes; '' for one
---       that does not), known versions of the 7 versioned tables, [mode 'lease': the
+--       that does not), known versions of the versioned tables (TABLES), [mode 'lease': the
 --       number of accounts, then the accounts], then the writes (opcode + fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
@@ -32,14 +32,18 @@ local cursor = ARGV[5]
 local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities'}
-local known = {ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15]}
-local first_write = 16
+-- The last one, the observed quota, conflicts with no decision ('headroom' may read
+-- it up to 5 s old, SPEC 8.2).
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices', 'platform_limits', 'quota'}
+local DECIDING_TABLES = #TABLES - 1
+local known = {}
+for i = 1, #TABLES do known[i] = ARGV[8 + i] end
+local first_write = 9 + #TABLES
 local accounts = {}
 if mode == 'lease' then
-  local n = tonumber(ARGV[16])
-  for i = 17, 16 + n do accounts[ARGV[i]] = true end
-  first_write = 17 + n
+  local n = tonumber(ARGV[first_write])
+  for i = first_write + 1, first_write + n do accounts[ARGV[i]] = true end
+  first_write = first_write + 1 + n
 end
 local APPLIED_TTL_MS = 86400000
 local SEP = '\31'
@@ -279,7 +283,7 @@ local function apply_writes()
       i = i + 2
     elseif op == 'HSET' then -- table, field, value
       redis.call('HSET', P .. ':' .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
-      if ARGV[i + 1] ~= 'quota' then bump(ARGV[i + 1]) end
+      bump(ARGV[i + 1])
       i = i + 4
     elseif op == 'HDEL' then -- table, field
       r = redis.call('HDEL', P .. ':' .. ARGV[i + 1], ARGV[i + 2])
@@ -361,7 +365,7 @@ local L_ACCOUNT = '^[^' .. SEP .. ']*' .. SEP .. 'L' .. SEP .. '[^' .. SEP .. ']
   .. SEP .. string.rep('[^' .. SEP .. ']*' .. SEP, 3) .. '([^' .. SEP .. ']*)'
 local function conflicts(more, entries, tables, leases)
   if more == 1 or leases then return true end
-  for i = 1, #TABLES do
+  for i = 1, DECIDING_TABLES do
     if tables[i] then return true end
   end
   for _, e in ipairs(entries) do
@@ -403,6 +407,8 @@ elseif mode == 'commit' then
   if last[1] then head = last[1][1] end
   local versions = redis.call('HMGET', VER, unpack(TABLES))
   for i = 1, #TABLES do versions[i] = versions[i] or '0' end
-  return {'ok', head, 0, {}, versions, {false, false, false, false, false, false, false}, false, results}
+  local unread = {}
+  for i = 1, #TABLES do unread[i] = false end
+  return {'ok', head, 0, {}, versions, unread, false, results}
 end
 return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

@@ -8,11 +8,12 @@
 //! | `P:leases` | hash | live leases: id -> key, expires, tokens, created, route |
 //! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables (a cooldown field with an empty key benches its model for every key, SPEC 21.1) |
 //! | `P:ver` | hash | a version per small table, bumped by every change to it |
-//! | `P:quota` | hash | observed provider quota state |
+//! | `P:quota` | hash | observed provider quota state (versioned as the small tables) |
 //! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
 //! | `P:lock` | string | the write lock: its owner, with a time to live |
 //! | `P:late` | zset | usage entries written after the clock stepped back: id -> time |
 //! | `P:sweep` | hash | where the retention sweep goes on from, per kept model (SPEC 14.2) |
+//! | `P:prices` | hash | model prices (SPEC 23.1), a small table: `platform SEP model` -> four integers of p$ |
 //!
 //! All access goes through one Lua script (`redis.lua`), so each step is atomic on the
 //! server. A section that decides (a lease, a failure) takes the lock and reads what
@@ -51,7 +52,20 @@ pub use url::is_redis_url;
 
 const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
-const TABLES: [&str; 7] = ["cooldowns", "keys", "models", "caps", "history", "calendars", "priorities"];
+/// The versioned tables; a change to any but the last (the observed quota, which the
+/// `headroom` pick may read up to 5 s old, SPEC §8.2) conflicts with every decision.
+const TABLES: [&str; 10] = [
+    "cooldowns",
+    "keys",
+    "models",
+    "caps",
+    "history",
+    "calendars",
+    "priorities",
+    "prices",
+    "platform_limits",
+    "quota",
+];
 const LOCK_TTL_MS: i64 = 10_000;
 const MAX_ENTRIES: usize = 10_000;
 /// Feed entries one retention sweep looks at, at most (SPEC 14.2: the rows of the
@@ -62,7 +76,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 19] = [
+const LAYOUT: [(&str, &str); 21] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -82,6 +96,8 @@ const LAYOUT: [(&str, &str); 19] = [
     ("applied", "none"),
     ("late", "zset"),
     ("sweep", "hash"),
+    ("prices", "hash"),
+    ("platform_limits", "hash"),
 ];
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.
@@ -115,7 +131,7 @@ pub struct RedisStore {
     section: Option<Section>,
     /// Stream id of the last feed entry read.
     cursor: String,
-    versions: [String; 7],
+    versions: [String; TABLES.len()],
     need_leases: bool,
     leases: HashMap<i64, LeaseRow>,
     /// What the last round trips brought, for the next `pull`.
@@ -893,8 +909,7 @@ impl Store for RedisStore {
                 && f.key_id.is_none_or(|k| u.key_id == k);
             if keep {
                 // One row per request, as in the SQLite table.
-                let n = u.count;
-                out.extend(std::iter::repeat_n(UsageRow { count: 1, ..u }, n.max(1) as usize));
+                out.extend(u.one_per_event());
             }
             Ok(())
         })?;

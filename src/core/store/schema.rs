@@ -262,10 +262,38 @@ UPDATE provider_caps SET caps = TRIM(
 );
 UPDATE provider_caps SET daily_requests = NULL, minute_requests = NULL, daily_tokens = NULL;
 "#,
+    r#"
+-- Version 12: money (SPEC 23.1) and platform limits (SPEC 23.3). Model prices (set_model_prices), each an integer
+-- number of pico-dollars (10^-12 $): per input token (cache reads excluded), per output
+-- token, per cached input token, and per request; a model without a row costs
+-- nothing. What each event cost in micro-dollars at the prices in force when it was
+-- recorded, and what each live lease reserves: NULL for none.
+CREATE TABLE model_prices (
+    platform         TEXT    NOT NULL,
+    model_id         TEXT    NOT NULL,
+    input_pps        INTEGER NOT NULL,
+    output_pps       INTEGER NOT NULL,
+    cached_input_pps INTEGER NOT NULL,
+    per_request_pps  INTEGER NOT NULL,
+    PRIMARY KEY (platform, model_id)
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('model_prices', 0);
+ALTER TABLE rate_limit_usage ADD COLUMN cost INTEGER;
+ALTER TABLE quota_leases ADD COLUMN cost INTEGER;
+-- Platform limits (set_platform_limits): limits that hold across every model of a
+-- platform, per account or per key. `limits` is the platform's whole declaration in
+-- the form of `models.limits`, e.g. 'requests/minute=20 tokens/hour:key=100000'; a
+-- platform without limits has no row.
+CREATE TABLE platform_limits (
+    platform TEXT PRIMARY KEY,
+    limits   TEXT NOT NULL
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('platform_limits', 0);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 7] = [
+pub const VERSIONED_TABLES: [&str; 10] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -273,13 +301,20 @@ pub const VERSIONED_TABLES: [&str; 7] = [
     "failure_history",
     "platform_calendars",
     "priority_reserves",
+    "provider_quota_state",
+    "model_prices",
+    "platform_limits",
 ];
 
-/// Triggers are (re)created after every migration, so that later versions can add
-/// tables to [`VERSIONED_TABLES`].
+/// Each versioned table's counter and triggers, (re)created after every migration,
+/// so that a table of an earlier version (`provider_quota_state`) can join
+/// [`VERSIONED_TABLES`] without a new schema version: a file stays readable by the
+/// engines of its version, and a reader of a file no writer of this engine opened yet
+/// (no counter) reads such a table at every change instead.
 pub fn triggers_sql() -> String {
     let mut sql = String::new();
     for t in VERSIONED_TABLES {
+        sql.push_str(&format!("INSERT OR IGNORE INTO quotaengine_meta (name, version) VALUES ('{t}', 0);\n"));
         for op in ["INSERT", "UPDATE", "DELETE"] {
             sql.push_str(&format!(
                 "CREATE TRIGGER IF NOT EXISTS qe_bump_{t}_{op} AFTER {op} ON {t} BEGIN \

@@ -5,7 +5,8 @@ use super::{
     StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
-use crate::core::limits::{decode_caps, decode_limits, LimitSet};
+use crate::core::limits::{decode_caps, decode_limits, Limit, LimitSet};
+use crate::core::money::Prices;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
@@ -55,6 +56,9 @@ pub struct SqliteStore {
     /// Its header as read just before `data_version` was last taken.
     shm_seen: Option<[u8; SHM_HEADER]>,
 }
+
+/// `provider_quota_state`'s place in [`VERSIONED_TABLES`].
+const QUOTA_TABLE: usize = 7;
 
 /// The first copy of the WAL index header: every commit changes it (frame count and
 /// checksums; a restarted WAL, its salts).
@@ -286,7 +290,7 @@ impl SqliteStore {
 
     fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens \
+            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens, cost \
              FROM quota_leases",
         )?;
         let mut names = Interner::default();
@@ -300,6 +304,7 @@ impl SqliteStore {
                 key_id: r.get(3)?,
                 tokens: r.get(4)?,
                 output_tokens: r.get(7)?,
+                cost: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
                 created_at_ms: r.get(5)?,
                 expires_at_ms: r.get(6)?,
             });
@@ -379,6 +384,64 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// The observed quota rows (SPEC §8.2), of one platform or all.
+    fn read_quota_states(&self, platform: Option<&str>) -> rusqlite::Result<Vec<QuotaStateRow>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, key_id, pool_key, metric, limit_value, remaining, reset_at_ms, source, confidence, \
+             observed_at_ms FROM provider_quota_state WHERE ?1 IS NULL OR platform = ?1 \
+             ORDER BY platform, key_id, pool_key, metric",
+        )?;
+        let rows = stmt.query_map([platform], |r| {
+            Ok(QuotaStateRow {
+                platform: r.get(0)?,
+                key_id: r.get(1)?,
+                pool_key: r.get(2)?,
+                metric: r.get(3)?,
+                limit: r.get(4)?,
+                remaining: r.get(5)?,
+                reset_at_ms: r.get(6)?,
+                source: r.get(7)?,
+                confidence: r.get(8)?,
+                observed_at_ms: r.get(9)?,
+            })
+        })?;
+        rows.collect()
+    }
+
+    /// The stored model prices (SPEC 23.1). A row a plain writer spoiled (a negative
+    /// or non-integer price) prices nothing.
+    fn read_prices(&self) -> rusqlite::Result<Vec<(String, String, Prices)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT platform, model_id, input_pps, output_pps, cached_input_pps, per_request_pps \
+             FROM model_prices WHERE MIN(input_pps, output_pps, cached_input_pps, per_request_pps) >= 0 \
+             AND typeof(input_pps) = 'integer' AND typeof(output_pps) = 'integer' \
+             AND typeof(cached_input_pps) = 'integer' AND typeof(per_request_pps) = 'integer'",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let prices = Prices {
+                input: r.get(2)?,
+                output: r.get(3)?,
+                cached_input: r.get(4)?,
+                per_request: r.get(5)?,
+            };
+            Ok((r.get(0)?, r.get(1)?, prices))
+        })?;
+        rows.collect()
+    }
+
+    /// SPEC 23.3: every platform's limits; a row a plain writer spoiled declares none.
+    fn read_platform_limits(&self) -> rusqlite::Result<Vec<(String, Vec<Limit>)>> {
+        let mut stmt = self.conn.prepare_cached("SELECT platform, limits FROM platform_limits")?;
+        let rows = stmt.query_map([], |r| {
+            let text: Option<String> = r.get(1)?;
+            Ok((
+                r.get::<_, String>(0)?,
+                text.as_deref().and_then(|t| decode_limits(t).ok()).unwrap_or_default(),
+            ))
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -409,6 +472,7 @@ impl SqliteStore {
         }
         let mut versions = self.versions;
         let (mut trims, mut trimmed_to) = (0, 0);
+        let mut quota_counted = false;
         {
             let mut stmt = self.conn.prepare_cached("SELECT name, version FROM quotaengine_meta")?;
             let mut rows = stmt.query([])?;
@@ -416,6 +480,7 @@ impl SqliteStore {
                 let name = r.get_ref(0)?.as_str()?;
                 if let Some(i) = VERSIONED_TABLES.iter().position(|t| *t == name) {
                     versions[i] = r.get(1)?;
+                    quota_counted |= i == QUOTA_TABLE;
                 } else if name == "usage_trims" {
                     trims = r.get(1)?;
                 } else if name == "usage_trimmed_to" {
@@ -447,7 +512,7 @@ impl SqliteStore {
             let mut rows = Vec::new();
             let max_id = self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, \
-                 output_tokens, cached_tokens FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
+                 output_tokens, cached_tokens, cost FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
                 cursor,
                 &mut |row| rows.push(row),
             )?;
@@ -480,6 +545,17 @@ impl SqliteStore {
             let mut stmt = self.conn.prepare_cached("SELECT priority, fraction FROM priority_reserves")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             changes.priorities = Some(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
+        // A file no writer of this engine opened yet counts no quota changes (see
+        // `triggers_sql`): its quota rows are read at every change.
+        if versions[QUOTA_TABLE] != self.versions[QUOTA_TABLE] || !quota_counted {
+            changes.quota_states = Some(self.read_quota_states(None)?);
+        }
+        if versions[8] != self.versions[8] {
+            changes.prices = Some(self.read_prices()?);
+        }
+        if versions[9] != self.versions[9] {
+            changes.platform_limits = Some(self.read_platform_limits()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);
@@ -538,6 +614,7 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         count: 1,
         created_at_ms: r.get(6)?,
         kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
+        cost: r.get::<_, Option<i64>>(10)?.unwrap_or(0),
     })
 }
 
@@ -722,7 +799,7 @@ impl Store for SqliteStore {
         let loaded = (|| -> rusqlite::Result<i64> {
             self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-                 cached_tokens FROM rate_limit_usage \
+                 cached_tokens, cost FROM rate_limit_usage \
                  WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
                  9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
                 since_ms,
@@ -799,7 +876,7 @@ impl Store for SqliteStore {
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-             cached_tokens FROM rate_limit_usage \
+             cached_tokens, cost FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
              AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",
@@ -820,26 +897,7 @@ impl Store for SqliteStore {
     }
 
     fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT platform, key_id, pool_key, metric, limit_value, remaining, reset_at_ms, source, confidence, \
-             observed_at_ms FROM provider_quota_state WHERE ?1 IS NULL OR platform = ?1 \
-             ORDER BY platform, key_id, pool_key, metric",
-        )?;
-        let rows = stmt.query_map([platform], |r| {
-            Ok(QuotaStateRow {
-                platform: r.get(0)?,
-                key_id: r.get(1)?,
-                pool_key: r.get(2)?,
-                metric: r.get(3)?,
-                limit: r.get(4)?,
-                remaining: r.get(5)?,
-                reset_at_ms: r.get(6)?,
-                source: r.get(7)?,
-                confidence: r.get(8)?,
-                observed_at_ms: r.get(9)?,
-            })
-        })?;
-        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        Ok(self.read_quota_states(platform)?)
     }
 
     fn server_logs(&mut self, limit: i64) -> StoreResult<Vec<(i64, LogRow, Option<String>)>> {

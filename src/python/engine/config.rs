@@ -1,9 +1,12 @@
-//! What the engine is told (SPEC §4, §8, §14, 22.1): keys and their accounts, models
-//! and their limits, provider calendars, priority reserves and provider caps.
+//! What the engine is told (SPEC §4, §8, §14, 22.1, 23.1): keys and their accounts,
+//! models and their limits and prices, provider calendars, priority reserves and
+//! provider caps.
 use super::PyQuotaEngine;
 use crate::core::types::KeyInfo;
 use crate::python::convert::{fraction_arg, int_arg, opt_int_arg, opt_limit, priority_arg, str_arg, Arg};
+use crate::python::errors::type_error;
 use crate::python::limits::{cap_settings, declaration, limit_list_arg, PyLimit, PyLimits, PyProviderCaps};
+use crate::python::money::PyPrices;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -93,6 +96,63 @@ impl PyQuotaEngine {
     fn model_limit_list(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Vec<PyLimit>> {
         let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
         Ok(self.run(py, |e| e.config().model_limit_list(p, m))?.into_iter().map(PyLimit::from).collect())
+    }
+
+    // ---- prices (SPEC 23.1) ------------------------------------------------------
+
+    /// SPEC 23.1: sets the model's prices (a `Prices`), persisted and shared: every
+    /// engine on the store sees them at its next call. `None` forgets them (the model
+    /// then costs nothing).
+    #[pyo3(signature = (platform, model_id, prices))]
+    fn set_model_prices(&self, py: Python<'_>, platform: &Arg, model_id: &Arg, prices: &Arg) -> PyResult<()> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        let prices = if prices.is_none() {
+            None
+        } else {
+            let given = prices.cast::<PyPrices>().map_err(|_| {
+                type_error(format!(
+                    "prices must be a Prices or None, not {}",
+                    prices.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                ))
+            })?;
+            Some(given.get().core)
+        };
+        self.run(py, |e| e.config().set_model_prices(p, m, prices))
+    }
+
+    /// SPEC 23.1: the model's prices as held (dollars: pico-dollars / 10**6 per million
+    /// tokens, / 10**12 per request); `None` when none are set.
+    #[pyo3(signature = (platform, model_id))]
+    fn model_prices(&self, py: Python<'_>, platform: &Arg, model_id: &Arg) -> PyResult<Option<PyPrices>> {
+        let (p, m) = (str_arg(platform, "platform")?, str_arg(model_id, "model_id")?);
+        Ok(self.run(py, |e| e.config().model_prices(p, m))?.map(PyPrices::from))
+    }
+
+    // ---- platform limits (SPEC 23.3) ---------------------------------------------
+
+    /// SPEC 23.3: replaces the limits that hold across every model of `platform`
+    /// (an iterable of `Limit`; empty forgets them). Scope `"account"` counts every key
+    /// of the key's account, `"key"` the key alone; a refusal's reason is
+    /// `"platform:<metric>/<per>"`. The gates run after the provider caps and before
+    /// key concurrency. Persisted and shared through the store. Two limits for the same
+    /// window and scope are a `ValueError`, a value that is not a `Limit` a
+    /// `TypeError`; nothing is written then.
+    #[pyo3(signature = (platform, limits))]
+    fn set_platform_limits(&self, py: Python<'_>, platform: &Arg, limits: &Arg) -> PyResult<()> {
+        let p = str_arg(platform, "platform")?;
+        if limits.is_none() || limits.cast::<PyDict>().is_ok() {
+            return Err(pyo3::exceptions::PyTypeError::new_err("limits must be an iterable of Limit"));
+        }
+        let list = limit_list_arg(limits, "limits")?;
+        self.run(py, move |e| e.config().set_platform_limits(p, list))
+    }
+
+    /// SPEC 23.3: the platform's limits in gate order (metric, window, scope), as
+    /// declared; an empty list when none.
+    #[pyo3(signature = (platform))]
+    fn platform_limits(&self, py: Python<'_>, platform: &Arg) -> PyResult<Vec<PyLimit>> {
+        let p = str_arg(platform, "platform")?;
+        Ok(self.run(py, |e| e.config().platform_limits(p))?.into_iter().map(PyLimit::from).collect())
     }
 
     // ---- priority reserves (SPEC 22.1) -------------------------------------------

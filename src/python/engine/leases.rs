@@ -19,7 +19,7 @@ use std::time::Duration;
 struct Admit {
     op: BatchOp,
     routes: Vec<Route>,
-    est: i64,
+    est: Estimate,
     wait: Duration,
 }
 
@@ -35,7 +35,7 @@ impl Admit {
         let limits = limits_arg(limits)?;
         let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
         let op = BatchOp::Lease { route: r.clone(), est, limits, check: true, priority };
-        Ok(Admit { op, routes: vec![r], est: est.tokens, wait })
+        Ok(Admit { op, routes: vec![r], est, wait })
     }
 
     /// `lease_any()`'s arguments.
@@ -51,7 +51,7 @@ impl Admit {
         };
         let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
         let op = BatchOp::LeaseAny { routes: rs.clone(), est, strategy, priority };
-        Ok(Admit { op, routes: rs, est: est.tokens, wait })
+        Ok(Admit { op, routes: rs, est, wait })
     }
 
     /// Admits at once (no wait), or waits for capacity (SPEC 17.2); the `Lease`.
@@ -70,7 +70,7 @@ impl Admit {
             waiter: std::sync::Mutex::new(Some(Waiter::new(&this.handle, self.op, self.wait))),
             handle: this.handle.clone(),
             routes: self.routes,
-            estimated_tokens: self.est,
+            estimate: self.est,
         }
     }
 }
@@ -79,7 +79,7 @@ impl Admit {
 fn estimate(tokens: Option<&Arg>, output: Option<&Arg>) -> PyResult<Estimate> {
     let tokens = tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?;
     let output = output.map_or(Ok(0), |t| count_arg(t, "estimated_output_tokens"))?;
-    Ok(Estimate { tokens, output })
+    Ok(Estimate { tokens, output, cost: 0 })
 }
 
 #[pymethods]

@@ -122,6 +122,8 @@ impl PyQuotaEngine {
             d.set_item("input_tokens", r.kinds.input)?;
             d.set_item("output_tokens", r.kinds.output)?;
             d.set_item("cached_tokens", r.kinds.cached)?;
+            // SPEC 23.1: what the event cost in µ$ at the prices in force then (0 unpriced).
+            d.set_item("cost", r.cost)?;
             d.set_item("created_at_ms", r.created_at_ms)?;
             out.append(d)?;
         }

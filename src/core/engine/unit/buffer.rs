@@ -127,6 +127,7 @@ impl Buffer {
                             m.tokens = m.tokens.saturating_add(u.tokens);
                             m.kinds = m.kinds.merged(u.kinds);
                             m.count = m.count.saturating_add(u.count);
+                            m.cost = m.cost.saturating_add(u.cost);
                             m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
                         }
                         None => {

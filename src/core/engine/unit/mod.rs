@@ -104,6 +104,10 @@ pub(super) struct Unit {
     loaded: bool,
     rebuild: bool,
     last_now: Option<i64>,
+    /// The time of the last section that found the mirror up to date with the store
+    /// (or, an optimistic one, brought what changed for the next): how old what the
+    /// engine knows of other engines' writes can be.
+    known_at: Option<i64>,
     last_sweep: Option<i64>,
     /// The last read section could not read the store.
     read_failed: bool,
@@ -128,6 +132,7 @@ impl Unit {
             loaded: false,
             rebuild: false,
             last_now: None,
+            known_at: None,
             last_sweep: None,
             read_failed: false,
             hold: Hold::default(),
@@ -148,6 +153,12 @@ impl Unit {
     /// The last read section could not read the store.
     pub(super) fn read_failed(&self) -> bool {
         self.read_failed
+    }
+
+    /// Whether what the engine knows of other engines' writes may be older than
+    /// `max_age_ms` at `now` (nothing known yet counts as old).
+    pub(super) fn known_before(&self, now: i64, max_age_ms: i64) -> bool {
+        self.known_at.is_none_or(|at| now < at || now - at >= max_age_ms)
     }
 
     /// Writes waiting for the store.
@@ -300,6 +311,9 @@ impl Unit {
             self.hold.start();
         }
         let held = online && self.hold.held();
+        if online || !need_store {
+            self.known_at = Some(now);
+        }
         Ok(Section { now, online, write, held, hot, stale: stale && online })
     }
 

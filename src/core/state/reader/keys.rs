@@ -1,6 +1,8 @@
-//! Keys and their accounts (SPEC §14.3, 20, 22.1), as the configuration desk asks.
+//! Keys and their accounts (SPEC §14.3, 20, 22.1), as the configuration desk asks,
+//! and their observed quota (SPEC §8.2), as the observed desk and the `headroom` pick do.
 use super::Reader;
 use crate::core::pools::is_local_base_url;
+use crate::core::store::QuotaStateRow;
 use crate::core::types::KeyInfo;
 use std::sync::Arc;
 
@@ -36,5 +38,23 @@ impl<'m> Reader<'m> {
     /// largest configured priority `<= priority` (0 when none).
     pub fn reserve_for(self, priority: i64) -> f64 {
         self.m.reserves.for_priority(priority)
+    }
+
+    /// The observed quota rows of a platform's keys (SPEC §8.2), as last merged.
+    pub fn quota_rows(self, platform: &str) -> &'m [QuotaStateRow] {
+        self.m.quota.of(platform)
+    }
+
+    /// SPEC §8.2's headroom of the keys of a platform at `now`, sorted by key: per key,
+    /// the worst `min(1, remaining / limit)` over its confident rows (a row past its
+    /// reset counts 1.0).
+    pub fn quota_headroom(self, platform: &str, now: i64) -> Vec<(i64, f64)> {
+        self.m.quota.headroom(platform, now)
+    }
+
+    /// [`Reader::quota_headroom`] of one key, `None` when nothing observed counts.
+    #[inline]
+    pub fn key_quota_headroom(self, platform: &str, key_id: i64, now: i64) -> Option<f64> {
+        self.m.quota.key_headroom(platform, key_id, now)
     }
 }

@@ -4,7 +4,9 @@
 //! topic: the routes and their leases here, cooldowns and failure history in
 //! `failures`, keys and accounts in `keys`, the reports' figures in `reports`.
 use super::{Mirror, RouteId};
+use crate::core::admission::Estimate;
 use crate::core::limits::LimitSet;
+use crate::core::money::Prices;
 use crate::core::types::Route;
 use crate::core::windows::Counts;
 use std::sync::Arc;
@@ -66,13 +68,19 @@ impl<'m> Reader<'m> {
         self.m.leases.is_live(id, now)
     }
 
-    /// A lease that still counts at `now`: its route and its estimated tokens.
-    pub fn live_lease(self, id: i64, now: i64) -> Option<(Route, i64)> {
+    /// A model's prices in force (SPEC 23.1), `None` when it has none.
+    #[inline]
+    pub fn prices(self, platform: &str, model_id: &str) -> Option<Prices> {
+        self.m.config.prices(platform, model_id)
+    }
+
+    /// A lease that still counts at `now`: its route and its estimate.
+    pub fn live_lease(self, id: i64, now: i64) -> Option<(Route, Estimate)> {
         let rec = self.m.leases.get(id).filter(|l| l.live(now))?;
         let r = self.m.routes.get(rec.route);
         let route =
             Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id };
-        Some((route, rec.tokens))
+        Some((route, rec.estimate()))
     }
 }
 

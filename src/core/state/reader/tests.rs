@@ -40,11 +40,11 @@ fn a_lease_is_live_until_its_max_age() {
     let rid = m.route_id("acme", "llama", 1);
     m.add_lease(
         7,
-        LeaseRec { route: rid, tokens: 5, output_tokens: 0, created_at_ms: 0, expires_at_ms: 100 },
+        LeaseRec { route: rid, tokens: 5, output_tokens: 0, cost: 0, created_at_ms: 0, expires_at_ms: 100 },
     );
     let read = m.reader();
     let route = Route { platform: "acme".into(), model_id: "llama".into(), key_id: 1 };
-    assert_eq!(read.live_lease(7, 100), Some((route, 5)));
+    assert_eq!(read.live_lease(7, 100).map(|(r, est)| (r, est.tokens)), Some((route, 5)));
     assert_eq!(read.live_lease(7, 101), None);
     assert!(read.lease_is_live(7, 100) && !read.lease_is_live(7, 101));
     assert_eq!(read.key_live_leases("acme", 1, None, 50), 1);

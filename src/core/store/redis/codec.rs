@@ -8,6 +8,7 @@
 //! key/expired, `H`/`HD` history inserted/deleted, `S` the sweep, `G` a `server_logs` row.
 use super::{unavailable, SEP, SWEEP_BUDGET};
 use crate::core::limits::{decode_caps, decode_limits, encode_caps, encode_limits, LimitSet};
+use crate::core::money::Prices;
 use crate::core::store::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, StoreResult, TokenKinds,
     UsageKind, UsageRow, Write,
@@ -79,10 +80,31 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
         }
         5 => ch.calendars = Some(rows.into_iter().map(|(f, v)| (unesc(&f), v)).collect()),
         // SPEC 22.1: priority -> reserve fraction.
-        _ => {
+        6 => {
             ch.priorities = Some(
                 rows.iter().map(|(f, v)| Ok((parse_i64(f)?, parse_f64(v)?))).collect::<StoreResult<_>>()?,
             )
+        }
+        // SPEC 23.1: route -> prices.
+        7 => ch.prices = Some(rows.iter().map(|(f, v)| parse_prices(f, v)).collect::<StoreResult<_>>()?),
+        // SPEC 23.3: platform -> its limits in the form of `encode_limits` (a value a
+        // plain writer spoiled declares none).
+        8 => {
+            ch.platform_limits =
+                Some(rows.iter().map(|(f, v)| (unesc(f), decode_limits(v).unwrap_or_default())).collect())
+        }
+        // SPEC 8.2: the observed quota, in the order the SQLite store reads it.
+        _ => {
+            let mut quota = rows.iter().map(|(f, v)| parse_quota(f, v)).collect::<StoreResult<Vec<_>>>()?;
+            quota.sort_by(|a, b| {
+                (&a.platform, a.key_id, &a.pool_key, &a.metric).cmp(&(
+                    &b.platform,
+                    b.key_id,
+                    &b.pool_key,
+                    &b.metric,
+                ))
+            });
+            ch.quota_states = Some(quota);
         }
     }
     Ok(())
@@ -137,6 +159,18 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         Write::Log(l) => out.extend(["G".into(), log_value(l)]),
         Write::SetPriorityReserve { priority, fraction } => {
             hset(out, "priorities", priority.to_string(), fraction.to_string())
+        }
+        Write::SetModelPrices { platform, model_id, prices: Some(p) } => {
+            hset(out, "prices", route(platform, model_id), prices_value(p))
+        }
+        Write::SetModelPrices { platform, model_id, prices: None } => {
+            hdel(out, "prices", route(platform, model_id))
+        }
+        Write::SetPlatformLimits { platform, limits } if limits.is_empty() => {
+            hdel(out, "platform_limits", esc(platform))
+        }
+        Write::SetPlatformLimits { platform, limits } => {
+            hset(out, "platform_limits", esc(platform), encode_limits(limits))
         }
     }
 }
@@ -238,12 +272,14 @@ fn split(s: &str, n: usize) -> StoreResult<Vec<&str>> {
 /// One usage feed entry after its writer: `U key kind amount created platform model`,
 /// where the amount of a request entry (`r`) is how many requests it stands for
 /// (more than 1 only for events merged while degraded) and that of a tokens entry
-/// (`t`) its tokens.
+/// (`t`) its tokens; a priced event's kind carries its cost in µ$ (`r$150`, SPEC
+/// 23.1).
 fn usage_entry(u: &UsageRow) -> String {
     let (kind, amount) = match u.kind {
         UsageKind::Request => ("r", u.count.max(1).to_string()),
         UsageKind::Tokens => ("t", usage_amount(u)),
     };
+    let kind = if u.cost == 0 { kind.to_string() } else { format!("{kind}${}", u.cost) };
     format!(
         "U{SEP}{}{SEP}{kind}{SEP}{amount}{SEP}{}{SEP}{}",
         u.key_id,
@@ -275,7 +311,8 @@ pub(super) fn parse_usage(body: &str) -> StoreResult<UsageRow> {
         }
     };
     let kinds = TokenKinds { input: part()?, output: part()?, cached: part()? };
-    let request = f[2] == "r";
+    let (kind, cost) = f[2].split_once('$').unwrap_or((f[2], "0"));
+    let request = kind == "r";
     Ok(UsageRow {
         platform,
         model_id,
@@ -285,15 +322,20 @@ pub(super) fn parse_usage(body: &str) -> StoreResult<UsageRow> {
         count: if request { amount.max(1) } else { 1 },
         created_at_ms: parse_i64(f[4])?,
         kinds,
+        cost: parse_i64(cost)?,
     })
 }
 
 // ---- leases ------------------------------------------------------------------------
 
-/// A lease value: `key expires tokens[,output] created platform model`.
+/// A lease value: `key expires tokens[,output[,cost]] created platform model`, the
+/// cost the µ$ it reserves (SPEC 23.1).
 fn lease_value(l: &LeaseRow) -> String {
-    let tokens =
-        if l.output_tokens == 0 { l.tokens.to_string() } else { format!("{},{}", l.tokens, l.output_tokens) };
+    let tokens = match (l.output_tokens, l.cost) {
+        (0, 0) => l.tokens.to_string(),
+        (output, 0) => format!("{},{output}", l.tokens),
+        (output, cost) => format!("{},{output},{cost}", l.tokens),
+    };
     format!(
         "{}{SEP}{}{SEP}{tokens}{SEP}{}{SEP}{}",
         l.key_id,
@@ -306,7 +348,9 @@ fn lease_value(l: &LeaseRow) -> String {
 pub(super) fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
     let f = split(v, 6)?;
     let (platform, model_id) = parse_route(f[4], f[5]);
-    let (tokens, output) = f[2].split_once(',').unwrap_or((f[2], "0"));
+    let mut amounts = f[2].split(',');
+    let (tokens, output, cost) =
+        (amounts.next().unwrap_or_default(), amounts.next().unwrap_or("0"), amounts.next().unwrap_or("0"));
     Ok(LeaseRow {
         id,
         platform,
@@ -314,6 +358,7 @@ pub(super) fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
         key_id: parse_i64(f[0])?,
         tokens: parse_i64(tokens)?,
         output_tokens: parse_i64(output)?,
+        cost: parse_i64(cost)?,
         created_at_ms: parse_i64(f[3])?,
         expires_at_ms: parse_i64(f[1])?,
     })
@@ -440,6 +485,26 @@ fn parse_caps(field: &str, v: &str) -> StoreResult<(String, CapOverrides)> {
     };
     let f = split(v, 3)?;
     Ok((unesc(field), [setting(f[0])?, setting(f[1])?, setting(f[2])?]))
+}
+
+// ---- model prices: `platform SEP model` -> `input output cached_input per_request` (p$) --
+
+fn prices_value(p: &Prices) -> String {
+    format!("{}{SEP}{}{SEP}{}{SEP}{}", p.input, p.output, p.cached_input, p.per_request)
+}
+
+fn parse_prices(field: &str, v: &str) -> StoreResult<(String, String, Prices)> {
+    let k = split(field, 2)?;
+    let f = split(v, 4)?;
+    let p = |s: &str| -> StoreResult<i64> {
+        let n = parse_i64(s)?;
+        if n < 0 {
+            return Err(unavailable(format!("malformed stored prices {v:?}")));
+        }
+        Ok(n)
+    };
+    let prices = Prices { input: p(f[0])?, output: p(f[1])?, cached_input: p(f[2])?, per_request: p(f[3])? };
+    Ok((unesc(k[0]), unesc(k[1]), prices))
 }
 
 // ---- failure history ---------------------------------------------------------------
@@ -580,9 +645,24 @@ mod tests {
             count: 1,
             created_at_ms: 42,
             kinds: TokenKinds { input: Some(20), output: None, cached: Some(5) },
+            cost: 0,
         };
         let body = usage_entry(&u);
         assert_eq!(parse_usage(&body).expect("usage"), u);
+        // A priced event, a request and a tokens entry (SPEC 23.1).
+        for priced in [
+            UsageRow { cost: 2_345, ..u.clone() },
+            UsageRow {
+                kind: UsageKind::Request,
+                tokens: 0,
+                count: 2,
+                kinds: TokenKinds::default(),
+                cost: 9,
+                ..u.clone()
+            },
+        ] {
+            assert_eq!(parse_usage(&usage_entry(&priced)).expect("priced usage"), priced);
+        }
         let l = LeaseRow {
             id: 9,
             platform: p.clone(),
@@ -590,10 +670,16 @@ mod tests {
             key_id: 7,
             tokens: 100,
             output_tokens: 40,
+            cost: 0,
             created_at_ms: 1,
             expires_at_ms: 2,
         };
         assert_eq!(parse_lease(9, &lease_value(&l)).expect("lease"), l);
+        for priced in
+            [LeaseRow { cost: 1_234, ..l.clone() }, LeaseRow { cost: 5, output_tokens: 0, ..l.clone() }]
+        {
+            assert_eq!(parse_lease(9, &lease_value(&priced)).expect("priced lease"), priced);
+        }
         let c = CooldownRow {
             platform: p.clone(),
             model_id: m.clone(),

@@ -28,7 +28,7 @@ impl SqliteStore {
     /// insert, the number of rows a delete removed, 0 otherwise.
     pub(super) fn apply(&mut self, w: &Write) -> rusqlite::Result<i64> {
         match w {
-            Write::Usage(u) if copies(u) == 1 => self.insert_usage_row(u),
+            Write::Usage(u) if copies(u) == 1 => self.insert_usage_row(u, u.cost),
             Write::Usage(u) => self.insert_usage(std::iter::once(u)).map(|()| 0),
             Write::InsertLease(l) => self.insert_lease(l),
             Write::DeleteLease(id) => self.exec("DELETE FROM quota_leases WHERE id = ?1", [id]),
@@ -71,6 +71,26 @@ impl SqliteStore {
                  ON CONFLICT (priority) DO UPDATE SET fraction = excluded.fraction",
                 params![priority, fraction],
             ),
+            Write::SetModelPrices { platform, model_id, prices: Some(p) } => self.exec(
+                "INSERT INTO model_prices \
+                 (platform, model_id, input_pps, output_pps, cached_input_pps, per_request_pps) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (platform, model_id) DO UPDATE SET \
+                 input_pps = excluded.input_pps, output_pps = excluded.output_pps, \
+                 cached_input_pps = excluded.cached_input_pps, per_request_pps = excluded.per_request_pps",
+                params![platform, model_id, p.input, p.output, p.cached_input, p.per_request],
+            ),
+            Write::SetModelPrices { platform, model_id, prices: None } => self.exec(
+                "DELETE FROM model_prices WHERE platform = ?1 AND model_id = ?2",
+                params![platform, model_id],
+            ),
+            Write::SetPlatformLimits { platform, limits } if limits.is_empty() => {
+                self.exec("DELETE FROM platform_limits WHERE platform = ?1", [platform])
+            }
+            Write::SetPlatformLimits { platform, limits } => self.exec(
+                "INSERT INTO platform_limits (platform, limits) VALUES (?1, ?2) \
+                 ON CONFLICT (platform) DO UPDATE SET limits = excluded.limits",
+                params![platform, encode_limits(limits)],
+            ),
         }
     }
 
@@ -85,26 +105,29 @@ impl SqliteStore {
     pub(super) fn insert_usage<'a>(
         &mut self, rows: impl Iterator<Item = &'a UsageRow>,
     ) -> rusqlite::Result<()> {
-        let mut chunk: Vec<&UsageRow> = Vec::with_capacity(USAGE_CHUNK);
+        // Each row with the cost it is written with: a merged row's on its first copy.
+        let mut chunk: Vec<(&UsageRow, i64)> = Vec::with_capacity(USAGE_CHUNK);
         for u in rows {
-            for _ in 0..copies(u) {
-                chunk.push(u);
+            for i in 0..copies(u) {
+                chunk.push((u, if i == 0 { u.cost } else { 0 }));
                 if chunk.len() == USAGE_CHUNK {
                     self.insert_usage_chunk(&chunk)?;
                     chunk.clear();
                 }
             }
         }
-        for u in chunk {
-            self.insert_usage_row(u)?;
+        for (u, cost) in chunk {
+            self.insert_usage_row(u, cost)?;
         }
         Ok(())
     }
 
-    pub(super) fn insert_usage_row(&mut self, u: &UsageRow) -> rusqlite::Result<i64> {
+    /// Inserts one usage row of one event, written with `cost`.
+    pub(super) fn insert_usage_row(&mut self, u: &UsageRow, cost: i64) -> rusqlite::Result<i64> {
         let tokens = u.tokens * i64::from(u.kind == UsageKind::Tokens);
-        if u.kinds.is_empty() {
-            // The common row (a request, or a total only): its split columns stay NULL.
+        if u.kinds.is_empty() && cost == 0 {
+            // The common row (a request, or a total only, unpriced): its split and cost
+            // columns stay NULL.
             self.conn
                 .prepare_cached(
                     "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
@@ -122,7 +145,8 @@ impl SqliteStore {
             self.conn
                 .prepare_cached(
                     "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
-                     input_tokens, output_tokens, cached_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                     input_tokens, output_tokens, cached_tokens, cost) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 )?
                 .execute(params![
                     &*u.platform,
@@ -133,7 +157,8 @@ impl SqliteStore {
                     u.created_at_ms,
                     u.kinds.input,
                     u.kinds.output,
-                    u.kinds.cached
+                    u.kinds.cached,
+                    stored_cost(cost)
                 ])?;
         }
         let id = self.conn.last_insert_rowid();
@@ -145,13 +170,13 @@ impl SqliteStore {
     }
 
     /// Inserts `USAGE_CHUNK` usage rows, one request each, with one statement (the
-    /// split columns only when some row of the chunk has a split).
-    pub(super) fn insert_usage_chunk(&mut self, ws: &[&UsageRow]) -> rusqlite::Result<()> {
+    /// split and cost columns only when some row of the chunk has a split or a cost).
+    pub(super) fn insert_usage_chunk(&mut self, ws: &[(&UsageRow, i64)]) -> rusqlite::Result<()> {
         static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         static SPLIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let chunk_sql = |split: bool| {
             let (cols, row) = if split {
-                (", input_tokens, output_tokens, cached_tokens", "(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                (", input_tokens, output_tokens, cached_tokens, cost", "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
             } else {
                 ("", "(?, ?, ?, ?, ?, ?)")
             };
@@ -161,16 +186,16 @@ impl SqliteStore {
                  VALUES {values}"
             )
         };
-        let split = ws.iter().any(|u| !u.kinds.is_empty());
+        let split = ws.iter().any(|(u, cost)| !u.kinds.is_empty() || *cost != 0);
         let sql = if split {
             SPLIT.get_or_init(|| chunk_sql(true))
         } else {
             PLAIN.get_or_init(|| chunk_sql(false))
         };
-        let width = if split { 9 } else { 6 };
+        let width = if split { 10 } else { 6 };
         let rows = || ws.iter().copied();
         let mut stmt = self.conn.prepare_cached(sql)?;
-        for (n, u) in rows().enumerate() {
+        for (n, (u, cost)) in rows().enumerate() {
             let at = n * width + 1;
             stmt.raw_bind_parameter(at, &*u.platform)?;
             stmt.raw_bind_parameter(at + 1, &*u.model_id)?;
@@ -182,6 +207,7 @@ impl SqliteStore {
                 stmt.raw_bind_parameter(at + 6, u.kinds.input)?;
                 stmt.raw_bind_parameter(at + 7, u.kinds.output)?;
                 stmt.raw_bind_parameter(at + 8, u.kinds.cached)?;
+                stmt.raw_bind_parameter(at + 9, stored_cost(cost))?;
             }
         }
         stmt.raw_execute()?;
@@ -192,7 +218,7 @@ impl SqliteStore {
         if let Some(cur) = self.usage_cursor.as_mut() {
             *cur = (*cur).max(last);
         }
-        for (n, u) in rows().enumerate() {
+        for (n, (u, _)) in rows().enumerate() {
             self.seen.note(first + n as i64, u);
         }
         Ok(())
@@ -201,7 +227,7 @@ impl SqliteStore {
     fn insert_lease(&self, l: &LeaseRow) -> rusqlite::Result<i64> {
         self.exec(
             "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
-             output_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             output_tokens, cost) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 l.id,
                 &*l.platform,
@@ -210,7 +236,8 @@ impl SqliteStore {
                 l.tokens,
                 l.created_at_ms,
                 l.expires_at_ms,
-                l.output_tokens
+                l.output_tokens,
+                stored_cost(l.cost)
             ],
         )?;
         Ok(l.id)
@@ -483,4 +510,10 @@ impl SqliteStore {
         )?;
         Ok(self.conn.last_insert_rowid())
     }
+}
+
+/// A cost as its column holds it: NULL for none (an unpriced event or lease), so a
+/// file without prices stays as it was.
+fn stored_cost(cost: i64) -> Option<i64> {
+    (cost != 0).then_some(cost)
 }
