@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import quotaengine as q
+from subprocesses import finish, spawn, stderr_of
 
 P, M, K = "openai", "gpt-4o-mini", 1
 # 0.15 $/M input (150,000 p$ a token), 0.6 $/M output, 0.075 $/M cached input.
@@ -248,3 +249,76 @@ def test_a_platform_credit_costs_each_model_at_its_own_prices(engine: q.QuotaEng
     assert exc.value.reason == "platform:cost/month"
     # The cheap model's reserves 150 µ$: it passes.
     engine.lease(P, "cheap", K, 1_000).release()
+
+
+COST_RACE = """
+import random, sys, threading
+import quotaengine as q
+store, now, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+e = q.QuotaEngine(store, clock=q.ManualClock(now), env={})
+e.model_prices("openai", "gpt-4o")
+print("ready", flush=True)
+assert sys.stdin.readline().strip() == "go"
+lock = threading.Lock()
+spent = []
+errors = []
+def worker(i):
+    rng = random.Random(seed * 100 + i)
+    try:
+        while True:
+            n = rng.randint(100, 2_000)  # 10 µ$ a token: $0.001 to $0.02
+            try:
+                lease = e.lease("openai", "gpt-4o", 1, n)
+            except q.QuotaExceeded as exc:
+                if exc.reason != "cost/day":
+                    errors.append(exc.reason)
+                # Done once no call could fit even with nothing in flight.
+                if 1_000_000 - e.usage("openai", "gpt-4o", 1)["cost/day"]["used"] < 20_000:
+                    return
+                continue
+            lease.success(input_tokens=n)
+            with lock:
+                spent.append(n * 10)
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sum(spent), "errors", len(errors), *errors, flush=True)
+e.close()
+"""
+
+
+def test_four_processes_never_spend_past_a_dollar_budget(store: str, clock: q.ManualClock) -> None:
+    # Issue 34's race: 4 processes x 8 threads spend from $1.00 a day with random
+    # $0.001-0.02 reservations, each reporting its estimate; the admitted total is never
+    # over the budget, and ends within one call's cost ($0.02) of it.
+    budget = 1_000_000
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
+        e.set_model_prices("openai", "gpt-4o", q.Prices(10, 10))
+        e.set_model_limits("openai", "gpt-4o", limits=[q.Limit.dollars(1, "day")])
+    procs = []
+    try:
+        for seed in range(4):
+            cm = spawn(COST_RACE, store, str(clock.now_ms()), str(seed))
+            proc = cm.__enter__()
+            procs.append((cm, proc))
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready", stderr_of(proc)
+        for _, proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        total = 0
+        for _, proc in procs:
+            out = finish(proc, timeout=120).split()
+            assert out[1:3] == ["errors", "0"], out
+            total += int(out[0])
+    finally:
+        for cm, _ in procs:
+            cm.__exit__(None, None, None)
+    assert budget - 20_000 < total <= budget
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
+        assert e.usage("openai", "gpt-4o", 1)["cost/day"]["used"] == total
