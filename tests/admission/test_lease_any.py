@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import quotaengine as q
-from subprocesses import finish, spawn, stderr_of
+from subprocesses import race
 
 NOW = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 M = "m"
@@ -191,27 +191,11 @@ def test_four_processes_of_eight_threads_admit_exactly_the_limits(store: str) ->
     with q.QuotaEngine(store, clock=q.ManualClock(NOW), env={}) as e:
         for p in ("p1", "p2", "p3"):
             e.set_model_limits(p, M, rpm=100)
-    procs = []
-    try:
-        for _ in range(4):
-            cm = spawn(RACE, store, str(NOW))
-            proc = cm.__enter__()
-            procs.append((cm, proc))
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready", stderr_of(proc)
-        for _, proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        totals = [0, 0, 0]
-        for _, proc in procs:
-            out = finish(proc, timeout=120).split()
-            assert out[3:5] == ["errors", "0"], out
-            for i in range(3):
-                totals[i] += int(out[i])
-    finally:
-        for cm, _ in procs:
-            cm.__exit__(None, None, None)
+    totals = [0, 0, 0]
+    for out in race(RACE, [[store, str(NOW)]] * 4):
+        assert out[3:5] == ["errors", "0"], out
+        for i in range(3):
+            totals[i] += int(out[i])
     assert totals == [100, 100, 100]
     with q.QuotaEngine(store, clock=q.ManualClock(NOW), env={}) as e:
         assert [e.usage(p, M, k)["rpm"]["used"] for p, k in (("p1", 1), ("p2", 2), ("p3", 3))] == [100] * 3

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import quotaengine as q
-from subprocesses import finish, spawn, stderr_of
+from subprocesses import race
 
 P, M, K = "openai", "gpt-4o-mini", 1
 # 0.15 $/M input (150,000 p$ a token), 0.6 $/M output, 0.075 $/M cached input.
@@ -299,26 +299,10 @@ def test_four_processes_never_spend_past_a_dollar_budget(store: str, clock: q.Ma
     with q.QuotaEngine(store, clock=clock, env={}) as e:
         e.set_model_prices("openai", "gpt-4o", q.Prices(10, 10))
         e.set_model_limits("openai", "gpt-4o", limits=[q.Limit.dollars(1, "day")])
-    procs = []
-    try:
-        for seed in range(4):
-            cm = spawn(COST_RACE, store, str(clock.now_ms()), str(seed))
-            proc = cm.__enter__()
-            procs.append((cm, proc))
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready", stderr_of(proc)
-        for _, proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        total = 0
-        for _, proc in procs:
-            out = finish(proc, timeout=120).split()
-            assert out[1:3] == ["errors", "0"], out
-            total += int(out[0])
-    finally:
-        for cm, _ in procs:
-            cm.__exit__(None, None, None)
+    total = 0
+    for out in race(COST_RACE, [[store, str(clock.now_ms()), str(seed)] for seed in range(4)]):
+        assert out[1:3] == ["errors", "0"], out
+        total += int(out[0])
     assert budget - 20_000 < total <= budget
     with q.QuotaEngine(store, clock=clock, env={}) as e:
         assert e.usage("openai", "gpt-4o", 1)["cost/day"]["used"] == total

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import quotaengine as q
 from moments import HOUR, MINUTE, SECOND, TEN_AM
-from subprocesses import finish, spawn, stderr_of
+from subprocesses import race
 
 P, K = "groq", 1
 M1, M2, M3 = "llama", "mixtral", "gemma"
@@ -382,26 +382,10 @@ def test_four_processes_on_one_store_admit_exactly_the_account_limit(store: str)
         e.register_key(1, P, account="org")
         e.register_key(2, P, account="org")
         e.set_platform_limits(P, [q.Limit("requests", 60, "minute")])
-    procs = []
-    try:
-        for _ in range(4):
-            cm = spawn(RACE, store, str(TEN_AM))
-            proc = cm.__enter__()
-            procs.append((cm, proc))
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready", stderr_of(proc)
-        for _, proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        total = 0
-        for _, proc in procs:
-            out = finish(proc, timeout=120).split()
-            assert out[1:3] == ["errors", "0"], out
-            total += int(out[0])
-    finally:
-        for cm, _ in procs:
-            cm.__exit__(None, None, None)
+    total = 0
+    for out in race(RACE, [[store, str(TEN_AM)]] * 4):
+        assert out[1:3] == ["errors", "0"], out
+        total += int(out[0])
     assert total == 60
     with q.QuotaEngine(store, clock=q.ManualClock(TEN_AM), env={}) as e:
         assert e.usage(P, M1, 1)["platform:requests/minute"] == {"used": 60, "limit": 60}

@@ -39,3 +39,19 @@ def finish(proc: subprocess.Popen[str], timeout: float = 20) -> str:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err
     return out
+
+
+def race(script: str, runs: list[list[str]], timeout: float = 120) -> list[list[str]]:
+    """Runs one process of `script` per entry of `runs` (its `sys.argv[1:]`), each printing
+    "ready" once set up and waiting for "go" on stdin; starts them all at once and returns
+    what each printed last, split into words."""
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(spawn(script, *args)) for args in runs]
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready", stderr_of(proc)
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return [finish(proc, timeout=timeout).split() for proc in procs]
