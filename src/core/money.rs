@@ -31,18 +31,22 @@ pub struct Prices {
 /// [`Error::Invalid`], a result beyond `i64` [`Error::Overflow`]. Rounds half to even,
 /// as Python's `round`.
 fn pico(what: &str, x: f64, scale: f64, unit: &str) -> Result<i64> {
+    let per = if unit == "dollars per request" { "pico-dollars" } else { "pico-dollars per token" };
+    exact(what, x, scale, unit, per)
+}
+
+/// `round(x × scale)` (half to even, as Python's `round`) as an exact `i64` of `held`,
+/// from a finite `x >= 0` in `unit`: the one conversion of a float amount of money.
+fn exact(what: &str, x: f64, scale: f64, unit: &str, held: &str) -> Result<i64> {
     if !x.is_finite() || x < 0.0 {
         return Err(Error::invalid(format!("{what} must be a finite number >= 0 ({unit}), got {x:?}")));
     }
-    let p = (x * scale).round_ties_even();
+    let v = (x * scale).round_ties_even();
     // 2^63, the first value beyond i64 (exact as an f64; an infinite product too).
-    if p >= 9_223_372_036_854_775_808.0 {
-        return Err(Error::Overflow(format!(
-            "{what} = {x:?} {unit} is beyond 2^63 - 1 pico-dollars{}",
-            if unit == "dollars per request" { "" } else { " per token" }
-        )));
+    if v >= 9_223_372_036_854_775_808.0 {
+        return Err(Error::Overflow(format!("{what} = {x:?} {unit} is beyond 2^63 - 1 {held}")));
     }
-    Ok(p as i64)
+    Ok(v as i64)
 }
 
 /// The ceiling of `p` p$ in µ$, as an `i64` (`p >= 0`); [`Error::Overflow`] beyond it.
@@ -143,14 +147,7 @@ const MICRO_PER_DOLLAR: f64 = 1e6;
 /// `round`): a `cost` limit's `limit` (SPEC 23.1, `Limit.dollars`). A negative, NaN or
 /// infinite amount is [`Error::Invalid`], one beyond `i64` µ$ [`Error::Overflow`].
 pub fn micro_dollars(what: &str, amount: f64) -> Result<i64> {
-    if !amount.is_finite() || amount < 0.0 {
-        return Err(Error::invalid(format!("{what} must be a finite number of dollars >= 0, got {amount}")));
-    }
-    let m = (amount * MICRO_PER_DOLLAR).round_ties_even();
-    if m >= 9_223_372_036_854_775_808.0 {
-        return Err(Error::Overflow(format!("{what} = {amount} dollars is beyond 2^63 - 1 micro-dollars")));
-    }
-    Ok(m as i64)
+    exact(what, amount, MICRO_PER_DOLLAR, "dollars", "micro-dollars")
 }
 
 /// A count of tokens as an `i128`; a negative one is [`Error::Invalid`].

@@ -788,7 +788,7 @@ impl Store for MemoryStore {
         })?;
         out.sort_by_key(|(t, n, _)| (*t, *n));
         // One row per request, as in the SQLite table.
-        Ok(out.into_iter().flat_map(|(_, _, u)| u.one_per_event().collect::<Vec<_>>()).collect())
+        Ok(out.into_iter().flat_map(|(_, _, u)| u.one_per_event()).collect())
     }
 
     fn quota_states(&mut self, platform: Option<&str>) -> StoreResult<Vec<QuotaStateRow>> {

@@ -159,7 +159,7 @@ impl TokenKinds {
 impl UsageRow {
     /// The rows of one event each that this row stands for (a request row merged while
     /// degraded stands for several; its cost goes with the first).
-    pub fn one_per_event(&self) -> impl Iterator<Item = UsageRow> + '_ {
+    pub fn one_per_event(self) -> impl Iterator<Item = UsageRow> {
         let n = self.requests().max(1);
         (0..n).map(move |i| UsageRow { count: 1, cost: if i == 0 { self.cost } else { 0 }, ..self.clone() })
     }
