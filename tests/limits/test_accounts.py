@@ -4,13 +4,10 @@ there at every engine's next call, and admission exact across processes. Both ba
 
 from __future__ import annotations
 
-import contextlib
-import textwrap
-
 import pytest
 import quotaengine as q
 from quotaengine import Limit
-from subprocesses import finish, spawn, stderr_of
+from subprocesses import race
 
 NOW = 1_796_119_200_000  # 2026-12-01 10:00 UTC
 P, M = "google", "gemini-2.5-flash"
@@ -153,20 +150,9 @@ def test_four_processes_racing_over_one_account_admit_exactly_the_limit(store: s
         for key in (1, 2, 3):
             e.register_key(key, P, account="proj")
         e.set_model_limits(P, M, limits=[Limit("requests", 100, "minute", scope)])
-    with contextlib.ExitStack() as stack:
-        procs = [stack.enter_context(spawn(textwrap.dedent(RACE), store, str(NOW), scope)) for _ in range(4)]
-        for p in procs:
-            assert p.stdout is not None
-            assert p.stdout.readline().strip() == "ready", stderr_of(p)
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        outs = [finish(p, timeout=60) for p in procs]
     per_key = [0, 0, 0]
-    for out in outs:
-        words = out.split()
-        assert words[3] == "errors" and words[4] == "0", out
+    for words in race(RACE, [[store, str(NOW), scope]] * 4, timeout=60):
+        assert words[3] == "errors" and words[4] == "0", words
         for i in range(3):
             per_key[i] += int(words[i])
     if scope == "account":

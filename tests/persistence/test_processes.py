@@ -4,7 +4,6 @@ and every call that returned survives a SIGKILL."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from moments import TEN_AM
-from subprocesses import finish, spawn, stderr_of
+from subprocesses import finish, race, spawn, stderr_of
 
 P, M, K = "groq", "llama-3.1-8b", 1
 
@@ -77,20 +76,9 @@ def test_four_processes_eight_threads_admit_exactly_rpm(store: str, mode: str) -
     # writes (flush_interval_ms=50), which must not loosen admission across processes.
     with q.QuotaEngine(store, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=100)  # the children read it from the file
-    with contextlib.ExitStack() as stack:
-        procs = [stack.enter_context(spawn(RACE, store, str(TEN_AM), mode)) for _ in range(4)]
-        for p in procs:
-            assert p.stdout is not None
-            assert p.stdout.readline().strip() == "ready", stderr_of(p)
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        outs = [finish(p) for p in procs]
     per_process = []
-    for out in outs:
-        words = out.split()
-        assert words[0] == "admitted" and words[2] == "errors" and words[3] == "0", out
+    for words in race(RACE, [[store, str(TEN_AM), mode]] * 4, timeout=20):
+        assert words[0] == "admitted" and words[2] == "errors" and words[3] == "0", words
         per_process.append(int(words[1]))
     assert sum(per_process) == 100
     assert sum(1 for n in per_process if n) >= 2, per_process  # it was a race
