@@ -372,6 +372,7 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
         limits: None,
         check: true,
         priority: 0,
+        tenants: quotaengine::core::tenants::none(),
     };
     let held = h.batch(op()).lease_id().unwrap();
     let h2 = h.clone();
@@ -386,7 +387,14 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     assert_ne!(id, held);
     // A ManualClock that never moves: the recorded request's retry time (60 s away)
     // lies beyond a 1 s wait, which is refused at once.
-    h.batch(BatchOp::Success { lease_id: id, route: r.clone(), tokens: None }).done().unwrap();
+    h.batch(BatchOp::Success {
+        lease_id: id,
+        route: r.clone(),
+        tokens: None,
+        tenants: quotaengine::core::tenants::none(),
+    })
+    .done()
+    .unwrap();
     let t0 = Instant::now();
     let err = Waiter::new(&h, op(), Duration::from_secs(1)).run(|| Ok(())).unwrap_err();
     assert!(matches!(err, Error::Refused(_)));

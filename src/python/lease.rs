@@ -5,6 +5,7 @@ use super::types::PyFailureOutcome;
 use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
 use crate::core::handle::Handle;
+use crate::core::tenants;
 use crate::core::types::Route;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
@@ -86,7 +87,12 @@ impl PyLease {
         if !self.take() {
             return Ok(());
         }
-        let op = BatchOp::Success { lease_id: self.id, route: self.route.clone(), tokens };
+        let op = BatchOp::Success {
+            lease_id: self.id,
+            route: self.route.clone(),
+            tokens,
+            tenants: tenants::none(),
+        };
         self.unless_failed(run_batch(py, &self.handle, op, BatchOut::done))
     }
 

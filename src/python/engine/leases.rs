@@ -4,6 +4,7 @@ use super::args::{route, routes_arg, wait_arg};
 use super::PyQuotaEngine;
 use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut};
+use crate::core::tenants;
 use crate::core::types::{Route, Strategy};
 use crate::core::wait::Waiter;
 use crate::python::convert::{count_arg, int_arg, opt_priority_arg, str_arg, Arg};
@@ -34,7 +35,8 @@ impl Admit {
         let est = estimate(estimated_tokens, estimated_output_tokens)?;
         let limits = limits_arg(limits)?;
         let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
-        let op = BatchOp::Lease { route: r.clone(), est, limits, check: true, priority };
+        let op =
+            BatchOp::Lease { route: r.clone(), est, limits, check: true, priority, tenants: tenants::none() };
         Ok(Admit { op, routes: vec![r], est, wait })
     }
 
@@ -50,7 +52,7 @@ impl Admit {
             None => Strategy::default(),
         };
         let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
-        let op = BatchOp::LeaseAny { routes: rs.clone(), est, strategy, priority };
+        let op = BatchOp::LeaseAny { routes: rs.clone(), est, strategy, priority, tenants: tenants::none() };
         Ok(Admit { op, routes: rs, est, wait })
     }
 
@@ -91,7 +93,8 @@ impl PyQuotaEngine {
     ) -> PyResult<i64> {
         let route = route(platform, model_id, key_id)?;
         let est = Estimate::tokens(estimated_tokens.map_or(Ok(0), |t| count_arg(t, "estimated_tokens"))?);
-        let op = BatchOp::Lease { route, est, limits: None, check: false, priority: 0 };
+        let op =
+            BatchOp::Lease { route, est, limits: None, check: false, priority: 0, tenants: tenants::none() };
         run_batch(py, &self.handle, op, BatchOut::lease_id)
     }
 
