@@ -17,9 +17,10 @@ pub const MAX_TENANTS: usize = 16;
 /// A tenant's name is at most this many characters.
 pub const MAX_NAME_CHARS: usize = 256;
 
-/// No tenant.
+/// No tenant (one shared empty list: the hot path allocates nothing for it).
 pub fn none() -> TenantList {
-    Arc::from(Vec::<Arc<str>>::new())
+    static NONE: std::sync::OnceLock<TenantList> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| Arc::from(Vec::<Arc<str>>::new())).clone()
 }
 
 /// Checks a tenant's name or a pattern (`pattern`: a name ending in `*` is allowed).
@@ -56,6 +57,9 @@ pub fn parse(names: Vec<String>) -> Result<TenantList> {
         if !out.iter().any(|o| **o == *n) {
             out.push(Arc::from(n));
         }
+    }
+    if out.is_empty() {
+        return Ok(none());
     }
     if out.len() > MAX_TENANTS {
         return Err(Error::invalid(format!(
@@ -149,6 +153,15 @@ impl TenantTable {
         self.own
             .get(tenant)
             .or_else(|| self.patterns.iter().find(|(p, _)| tenant.starts_with(p.as_str())).map(|(_, d)| d))
+    }
+
+    /// What `tenant_limits(name)` reports: a pattern's own declaration, else the one in
+    /// force for the tenant.
+    pub fn declaration(&self, name: &str) -> Option<&TenantDecl> {
+        match name.strip_suffix('*') {
+            Some(prefix) => self.patterns.iter().find(|(p, _)| p == prefix).map(|(_, d)| d),
+            None => self.of(name),
+        }
     }
 
     /// The declarations as written (a pattern with its `*`), sorted by name.

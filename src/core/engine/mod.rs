@@ -29,6 +29,7 @@ mod batch;
 mod configuration;
 mod failures;
 mod observed;
+mod tenancy;
 mod unit;
 mod usage;
 
@@ -37,6 +38,7 @@ pub use batch::{BatchOp, BatchOut};
 pub use configuration::Configuration;
 pub use failures::{FailureInput, FailureOutcome, Failures, RetryAfter};
 pub use observed::{source_confidence, Observed, QuotaObservation, SnapshotRow, DEFAULT_LOOKBACK_MS};
+pub use tenancy::TenantWindow;
 pub use unit::LogRecord;
 pub use usage::{TokenUse, Usage, UsageReport, WindowReport};
 

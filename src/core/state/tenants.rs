@@ -120,6 +120,15 @@ impl Mirror {
         out
     }
 
+    /// Makes a tenant's windows keep `spec` too (after `prepare_tenants`); false when it
+    /// could not be counted from memory (`needs_reload` is then set).
+    pub fn tenant_keep(&mut self, name: &str, spec: WindowSpec) -> bool {
+        let Some(st) = self.tenants.map.get_mut(name) else { return true };
+        let complete = st.win.keep(spec);
+        self.needs_reload |= !complete;
+        complete
+    }
+
     /// What a tenant has recorded and has in flight (after `prepare_tenants`).
     pub fn tenant_tally(&self, name: &str, now: i64) -> Option<Tally<'_>> {
         let st = self.tenants.map.get(name)?;
