@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import quotaengine as q
-from moments import DAY, HOUR, MINUTE, SECOND, TEN_AM, T0
+from moments import DAY, HOUR, MINUTE, SECOND, T0, TEN_AM
 from subprocesses import race
 
 P, M, K = "openai", "gpt-4o", 1
@@ -405,7 +405,5 @@ def test_four_processes_never_spend_past_a_tenants_dollar_budget(store: str, clo
     with q.QuotaEngine(store, clock=clock, env={}) as e:
         assert e.tenant_usage("acme")["cost/day"]["used"] == total
         # each user's own counts add up to the tenant's
-        per_user = sum(
-            ev["cost"] for ev in e.usage_events() if any(t.startswith("user:") for t in ev["tenants"])
-        )
+        per_user = sum(ev["cost"] for ev in e.usage_events() if any(t.startswith("user:") for t in ev["tenants"]))
         assert per_user == total

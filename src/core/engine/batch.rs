@@ -16,6 +16,14 @@ use crate::core::types::{check_non_negative, Admission, Route, Strategy};
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
 
+/// Where a batch's operations go: its section's time, whether usage waits in the
+/// buffer (`flush_interval_ms`), and the writes of its one commit.
+pub(super) struct Section<'a> {
+    now: i64,
+    deferred: bool,
+    writes: &'a mut Vec<Write>,
+}
+
 /// A hot-path operation that can share a commit with other callers' (group commit).
 #[derive(Debug, Clone)]
 pub enum BatchOp {
@@ -175,8 +183,7 @@ impl Engine {
                         limits.clone(),
                         (*check).then_some(*priority),
                         tenants,
-                        now,
-                        &mut writes,
+                        &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
                 BatchOp::LeaseAny { routes, est, strategy, priority, tenants } => {
@@ -186,13 +193,12 @@ impl Engine {
                         *strategy,
                         *priority,
                         tenants,
-                        now,
-                        &mut writes,
+                        &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
                 BatchOp::Success { lease_id, route, tokens, tenants } => {
-                    let out =
-                        self.batch_success(*lease_id, route, *tokens, tenants, now, deferred, &mut writes);
+                    let mut sec = Section { now, deferred, writes: &mut writes };
+                    let out = self.batch_success(*lease_id, route, *tokens, tenants, &mut sec);
                     outs.push(BatchOut::of_done(out));
                 }
                 BatchOp::Release(lease_id) => {
@@ -235,8 +241,9 @@ impl Engine {
 
     pub(super) fn batch_lease(
         &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, check: Option<i64>,
-        tenants: &TenantList, now: i64, writes: &mut Vec<Write>,
+        tenants: &TenantList, sec: &mut Section<'_>,
     ) -> Result<i64> {
+        let now = sec.now;
         check_estimate(est)?;
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
         let (rid, est) = if let Some(priority) = check {
@@ -250,7 +257,7 @@ impl Engine {
             let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             (rid, priced(&self.unit.mirror, route, est)?)
         };
-        let id = self.take_lease(rid, est, tenants, now, writes);
+        let id = self.take_lease(rid, est, tenants, now, sec.writes);
         if check.is_some() {
             // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
             // the caller's to release.
@@ -264,8 +271,9 @@ impl Engine {
     /// index of its candidate in `routes`.
     pub(super) fn batch_lease_any(
         &mut self, routes: &[Route], est: Estimate, strategy: Strategy, priority: i64, tenants: &TenantList,
-        now: i64, writes: &mut Vec<Write>,
+        sec: &mut Section<'_>,
     ) -> Result<(i64, usize)> {
+        let now = sec.now;
         check_estimate(est)?;
         check_priority(priority)?;
         if routes.is_empty() {
@@ -300,7 +308,7 @@ impl Engine {
         }
         match admission::choose(strategy, passed.iter().map(|(_, _, _, p)| p)).map(|j| passed[j]) {
             Some((i, rid, est, _)) => {
-                let id = self.take_lease(rid, est, tenants, now, writes);
+                let id = self.take_lease(rid, est, tenants, now, sec.writes);
                 self.unit.own_leases.insert(id);
                 Ok((id, i))
             }
@@ -342,9 +350,10 @@ impl Engine {
     }
 
     pub(super) fn batch_success(
-        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, tenants: &TenantList, now: i64,
-        deferred: bool, writes: &mut Vec<Write>,
+        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, tenants: &TenantList,
+        sec: &mut Section<'_>,
     ) -> Result<()> {
+        let now = sec.now;
         let total = tokens.map(|t| t.validate()).transpose()?;
         let mut usage = self.usage();
         let mut ws =
@@ -356,10 +365,10 @@ impl Engine {
         ws.push(Write::DeleteLease(lease_id));
         for w in ws {
             self.unit.apply_local(&w, 0, now);
-            if deferred {
+            if sec.deferred {
                 self.unit.buffer(w, now);
             } else {
-                writes.push(w);
+                sec.writes.push(w);
             }
         }
         Ok(())

@@ -153,6 +153,7 @@ impl PyQuotaEngine {
 
     /// The stepper behind `lease_any_async`.
     #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None, tenant=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0, tenant=None)")]
+    #[allow(clippy::too_many_arguments)]
     fn _lease_any_waiter(
         &self, routes: &Arg, estimated_tokens: Option<&Arg>, estimated_output_tokens: Option<&Arg>,
         strategy: Option<&Arg>, wait_s: Option<&Arg>, priority: Option<&Arg>, tenant: Option<&Arg>,
