@@ -345,6 +345,23 @@ def test_tenants_lists_usage_since_a_time(e: q.QuotaEngine, clock: q.ManualClock
     assert e.tenants(since_ms=TEN_AM + DAY + SECOND) == []
 
 
+def test_a_tenants_month_budget_keeps_its_rows_past_the_retention(store: str) -> None:
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR) as e:
+        e.set_model_prices(P, M, q.Prices(1.0, 1.0))
+        e.set_tenant_limits("t", [q.Limit.dollars(10, "month")])
+        e.record_tokens(P, M, K, 1_000, tenant="t")  # 10:00, on the tenant's model
+        e.record_request("other", "x", K)  # a route the tenant never used: retention_ms applies
+        clock.advance(3 * HOUR)
+        e.record_request(P, CHEAP, K)  # 13:00: a sweep
+        clock.advance(2 * MINUTE)
+        e.record_request(P, CHEAP, K)
+        assert e.usage_events(since_ms=0, platform="other") == []
+        assert [ev["tenants"] for ev in e.usage_events(since_ms=0, model_id=M)] == [["t"]]
+    with q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR) as f:  # counted from the store
+        assert f.tenant_usage("t")["cost/month"] == {"used": 1_000, "limit": 10_000_000, "in_flight": 0}
+
+
 # ================================================================ the race
 
 TENANT_RACE = """

@@ -193,12 +193,15 @@ impl Mirror {
         &self, kept: &mut Vec<KeptUsage>, now: i64, before: i64, with_day: bool,
     ) {
         let mut added = false;
-        for st in self.tenants.map.values() {
-            let from = st
+        for (name, st) in &self.tenants.map {
+            // The declaration in force now (a tenant's state is resolved again only when
+            // it is next decided on).
+            let Some(decl) = self.config.tenants.of(name) else { continue };
+            let from = decl
                 .limits
                 .windows()
                 .filter(|w| *w != MINUTE && (with_day || *w != crate::core::limits::DAY))
-                .map(|w| window_start(st.win.calendar(), w, now))
+                .map(|w| window_start(&decl.cal, w, now))
                 .min();
             let Some(from) = from.filter(|f| *f < before) else { continue };
             for (platform, model_id) in &st.models {
