@@ -716,8 +716,9 @@ class _QuotaEngine:
         """The route's bench: whichever of its own cooldown and its model's model-wide one
         (key_id None, SPEC 21.1) ends later; None when neither is active."""
     def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
-        """Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
-        when ``key_ids`` is None."""
+        """Active cooldowns, soonest expiry first. With ``key_ids``, those of these keys and
+        the model-wide ones (key_id None) that block one of them: of a platform the key is
+        registered on or has been used on."""
     def stored_cooldowns(self) -> list[Cooldown]:
         """Every cooldown the store holds, expired ones included until they are cleaned up
         (``cleanup_expired_cooldowns``), sorted by platform, model_id, key_id; an expired

@@ -123,7 +123,8 @@ pub fn fraction_arg(obj: &Arg, name: &str) -> PyResult<f64> {
             obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
         )));
     }
-    let v: f64 = obj.extract()?;
+    // An int too large for a float is out of the range all the same (a ValueError).
+    let v: f64 = obj.extract().map_err(|_| PyValueError::new_err(format!("{name} must be in [0, 1)")))?;
     if !v.is_finite() || !(0.0..1.0).contains(&v) {
         return Err(PyValueError::new_err(format!("{name} must be in [0, 1), got {v}")));
     }
