@@ -188,6 +188,7 @@ contract!(
     the_feed_follows_on_from_a_load,
     usage_events_are_one_row_per_request_and_filtered,
     costs_travel_with_their_rows_and_leases,
+    renewed_leases_count_again_even_after_a_sweep,
     many_rows_at_once_are_all_written,
     the_sweep_deletes_what_retention_no_longer_keeps,
     deletes_of_history_and_cooldowns_match_what_they_name,
@@ -786,6 +787,35 @@ fn costs_travel_with_their_rows_and_leases(b: &dyn Backend) {
     let mut late = b.open();
     let loaded = follow(&mut *late, 0);
     assert_eq!(cost_of(&loaded, 1) + cost_of(&loaded, 2) + cost_of(&loaded, 3), 150 + 2_345 + 7 + 9 + 300);
+}
+
+/// SPEC 24.1: a renewal writes each lease whole with its new expiry: a live one is
+/// updated, one a sweep took after its max age is written again; others see both.
+fn renewed_leases_count_again_even_after_a_sweep(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    commit(&mut *a, &[Write::InsertLease(lease(5, 1, T0 + 10)), Write::InsertLease(lease(6, 1, T0 + 10))]);
+    let expiries = |ch: Changes| {
+        let mut l: Vec<(i64, i64)> = ch.leases.unwrap().iter().map(|l| (l.id, l.expires_at_ms)).collect();
+        l.sort_unstable();
+        l
+    };
+    assert_eq!(expiries(pull(&mut *r)), vec![(5, T0 + 10), (6, T0 + 10)]);
+    let sweep = Write::Sweep {
+        usage_before: 0,
+        kept: Vec::new().into(),
+        leases_expired_before: T0 + 20,
+        history_before: 0,
+    };
+    commit(&mut *r, &[sweep]);
+    assert_eq!(expiries(pull(&mut *a)), vec![]);
+    let renewed = vec![LeaseRow { expires_at_ms: T0 + 500, ..lease(5, 1, T0 + 10) }];
+    commit(&mut *a, &[Write::RenewLeases(renewed)]);
+    assert_eq!(expiries(pull(&mut *r)), vec![(5, T0 + 500)]);
+    let renewed = vec![LeaseRow { expires_at_ms: T0 + 900, ..lease(5, 1, T0 + 10) }];
+    commit(&mut *a, &[Write::RenewLeases(renewed)]);
+    assert_eq!(expiries(pull(&mut *r)), vec![(5, T0 + 900)]);
 }
 
 fn many_rows_at_once_are_all_written(b: &dyn Backend) {

@@ -364,6 +364,16 @@ impl MemoryStore {
                 bump(t, LEASES);
                 return l.id;
             }
+            Write::RenewLeases(rows) => {
+                for l in rows {
+                    let n = self.next_seq();
+                    t.lease_feed.push((n, self.owner, l.key_id, l.platform.clone(), l.tenants.clone()));
+                    t.head = t.head.max(n);
+                    t.leases.insert(l.id, l.clone());
+                }
+                bump(t, LEASES);
+                return 0;
+            }
             Write::DeleteLease(id) => {
                 let gone = t.leases.remove(id).is_some();
                 if gone {

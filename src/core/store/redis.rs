@@ -872,6 +872,10 @@ impl Store for RedisStore {
                 self.lease_writes.push(w.clone());
                 Ok(0)
             }
+            Write::RenewLeases(rows) => {
+                self.lease_writes.extend(rows.iter().cloned().map(Write::InsertLease));
+                Ok(0)
+            }
             _ => Ok(0),
         }
     }

@@ -123,6 +123,12 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
             out.extend(["L".into(), l.id.to_string(), l.created_at_ms.to_string(), lease_value(l)])
         }
         Write::DeleteLease(id) => out.extend(["D".into(), id.to_string()]),
+        // SPEC 24.1: each renewed lease written whole again (an upsert).
+        Write::RenewLeases(rows) => {
+            for l in rows {
+                out.extend(["L".into(), l.id.to_string(), l.created_at_ms.to_string(), lease_value(l)]);
+            }
+        }
         Write::UpsertCooldown(c) => {
             hset(out, "cooldowns", cooldown_field(c.key_id, &c.platform, &c.model_id), cooldown_value(c))
         }

@@ -91,6 +91,19 @@ impl SqliteStore {
                  ON CONFLICT (platform) DO UPDATE SET limits = excluded.limits",
                 params![platform, encode_limits(limits)],
             ),
+            Write::RenewLeases(rows) => {
+                for l in rows {
+                    let n = self.exec(
+                        "UPDATE quota_leases SET expires_at_ms = ?2 WHERE id = ?1",
+                        params![l.id, l.expires_at_ms],
+                    )?;
+                    if n == 0 {
+                        // Swept after its max age passed: it counts again from now.
+                        self.insert_lease(l)?;
+                    }
+                }
+                Ok(0)
+            }
             Write::SetTenantLimits(t) if t.limits.is_empty() => {
                 self.exec("DELETE FROM tenant_limits WHERE tenant = ?1", [&t.tenant])
             }
