@@ -301,7 +301,10 @@ impl Engine {
     /// clock (at a call). One write for them all; a lease past its max age counts
     /// again from now.
     pub fn renew_leases(&mut self, all: bool) -> Result<()> {
-        if self.unit.own_leases.is_empty() || self.unit.readonly() {
+        // Degraded, nothing is renewed (SPEC 24.1: a holder degraded for longer than
+        // the max age lets its leases expire); a buffered renewal could also outlive the
+        // end of its lease in the buffer.
+        if self.unit.own_leases.is_empty() || self.unit.readonly() || self.unit.degraded() {
             return Ok(());
         }
         let now = self.unit.clock.now_ms();
