@@ -214,6 +214,7 @@ fn usage(key_id: i64, kind: UsageKind, tokens: i64, count: i64, at: i64) -> Usag
         created_at_ms: at,
         kinds: TokenKinds::default(),
         cost: 0,
+        tenants: quotaengine::core::tenants::none(),
     }
 }
 
@@ -232,6 +233,7 @@ fn lease(id: i64, key_id: i64, expires: i64) -> LeaseRow {
         cost: 0,
         created_at_ms: T0,
         expires_at_ms: expires,
+        tenants: quotaengine::core::tenants::none(),
     }
 }
 

@@ -131,6 +131,7 @@ class Limit:
     def __hash__(self) -> int: ...
 
 _LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | Iterable[Limit] | None
+_TenantArg: TypeAlias = str | Iterable[str] | None
 
 @final
 class Prices:
@@ -575,8 +576,33 @@ class _QuotaEngine:
     def platform_limits(self, platform: str) -> list[Limit]:
         """SPEC 23.3: the platform's limits in gate order (metric, window, scope), as
         declared; an empty list when none."""
+    # tenants (SPEC 23.2)
+    def set_tenant_limits(self, tenant: str, limits: Iterable[Limit], *, tz: str | None = None) -> None:
+        """SPEC 23.2: replaces the limits of a tenant, or of each tenant a pattern matches
+        (a name ending in ``*``: ``"*"``, ``"team:*"``; each matching tenant has its own
+        windows, the longest pattern wins, a tenant's own declaration wins over any
+        pattern); an empty ``limits`` forgets it. Every metric, ``cost`` included, with any
+        ``per``, at scope ``"account"``; calendar periods start at 00:00 in ``tz`` (an IANA
+        name; default UTC). Persisted and shared through the store; bad input is a
+        ``ValueError``/``TypeError`` with nothing written."""
+    def tenant_limits(self, tenant: str) -> list[Limit]:
+        """SPEC 23.2: the limits in force for that name (its own declaration, else the
+        longest matching pattern's), as declared, in gate order; a pattern's own
+        declaration when given one; ``[]`` when none."""
+    def tenant_usage(self, tenant: str) -> dict[str, dict[str, int]]:
+        """SPEC 23.2: ``{"<metric>/<per>": {"used", "limit", "in_flight"}}``, one entry per
+        limit in force for the tenant (µ$ for ``cost``; in flight: its live leases, their
+        estimated tokens or the µ$ they reserve); ``{}`` without limits."""
+    def tenants(self, since_ms: int | None = None) -> list[str]:
+        """SPEC 23.2: the tenants named in a declaration (never a pattern) or with usage
+        recorded since ``since_ms`` (default: 00:00 UTC today), sorted."""
+    def _tenant_rows(self) -> tuple[int, list[dict[str, Any]]]:
+        """SPEC 23.4's rows of ``snapshot().tenants``: ``(taken_at_ms, rows)``, one dict per
+        limit in force of each tenant with limits or usage today (``tenant``, ``window``,
+        ``used``, ``limit``, ``in_flight``, ``used_fraction``, ``exhausts_at_ms``)."""
     # usage
-    def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
+    def record_request(self, platform: str, model_id: str, key_id: int, *, tenant: _TenantArg = None) -> None:
+        """SPEC §4: one request; with ``tenant`` (SPEC 23.2) it counts for those tenants too."""
     def record_tokens(
         self,
         platform: str,
@@ -587,6 +613,7 @@ class _QuotaEngine:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         cached_tokens: int | None = None,
+        tenant: _TenantArg = None,
     ) -> None:
         """SPEC §14.4: one call's tokens. ``tokens`` when not given is ``input_tokens +
         output_tokens``; ``cached_tokens`` (cache reads, part of the input) do not count in
@@ -625,6 +652,7 @@ class _QuotaEngine:
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
     ) -> Lease:
         """Run every gate and take the lease as one atomic step (across threads and
         processes sharing the file). Raises QuotaExceeded when a gate refuses. The estimate
@@ -645,6 +673,7 @@ class _QuotaEngine:
         strategy: Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
     ) -> Lease:
         """Choose a route and lease it in one atomic step (SPEC 17.1): every gate of every
         candidate (duplicates once), then among those that pass the one ``strategy``
@@ -663,6 +692,7 @@ class _QuotaEngine:
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_async``."""
     def _lease_any_waiter(
@@ -674,6 +704,7 @@ class _QuotaEngine:
         strategy: Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_any_async``."""
     # cooldowns
@@ -685,8 +716,9 @@ class _QuotaEngine:
         """The route's bench: whichever of its own cooldown and its model's model-wide one
         (key_id None, SPEC 21.1) ends later; None when neither is active."""
     def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
-        """Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
-        when ``key_ids`` is None."""
+        """Active cooldowns, soonest expiry first. With ``key_ids``, those of these keys and
+        the model-wide ones (key_id None) that block one of them: of a platform the key is
+        registered on or has been used on."""
     def stored_cooldowns(self) -> list[Cooldown]:
         """Every cooldown the store holds, expired ones included until they are cleaned up
         (``cleanup_expired_cooldowns``), sorted by platform, model_id, key_id; an expired
@@ -803,7 +835,8 @@ class _QuotaEngine:
         ``model_id``, ``key_id``, ``kind``, ``tokens`` (the total; 0 for a request), and
         ``input_tokens``, ``output_tokens``, ``cached_tokens`` (``None`` where the call did
         not report them), ``cost`` (micro-dollars at the prices in force when it was
-        recorded, SPEC 23.1; 0 unpriced), ``created_at_ms``."""
+        recorded, SPEC 23.1; 0 unpriced), ``tenants`` (the tenants it was served for, in the
+        order given, SPEC 23.2; empty when none), ``created_at_ms``."""
     def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
         """``server_logs`` rows, newest first."""
     def _debug_panic(self) -> None: ...

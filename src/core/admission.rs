@@ -145,6 +145,8 @@ impl<'a> View<'a> {
             Scope::Provider => Some(&self.provider),
             Scope::PlatformKey => self.platform_key.as_ref(),
             Scope::PlatformAccount => self.platform_account.as_ref(),
+            // A tenant's limits read the tenant's own tally (`admit_tenants`).
+            Scope::Tenant => None,
         }
     }
 }
@@ -287,6 +289,28 @@ pub fn reserved_limit(limit: i64, reserve: f64) -> i64 {
     limit.saturating_sub((limit as f64 * reserve).floor() as i64)
 }
 
+/// SPEC 23.2: the tenant gates of a call after its route's passed, for each tenant in
+/// the order given and each of its limits in gate order: the first refusal, naming the
+/// tenant. Priority reserves apply as to the route's.
+pub fn admit_tenants<'a>(
+    tallies: impl Iterator<Item = (&'a std::sync::Arc<str>, &'a LimitSet, Tally<'a>)>, est: Estimate,
+    reserve: f64, now: i64,
+) -> Option<Admission> {
+    for (name, set, t) in tallies {
+        for d in set.iter() {
+            let l = &d.limit;
+            let Some(c) = t.win.counts(l.window, now) else { continue };
+            let limit = reserved_limit(l.limit, reserve);
+            let verdict = window_verdict(d, &t, c.get(l.metric), est.count_in(l.metric, 1), limit, now);
+            if let Some(mut adm) = verdict.refused {
+                adm.tenant = Some(name.clone());
+                return Some(adm);
+            }
+        }
+    }
+    None
+}
+
 /// One limit for one more request: a request window refuses when recorded requests
 /// and live leases reach the limit; a token window when they and the estimate exceed
 /// it. A provider token limit counts billed tokens. A window the scope does not keep
@@ -307,8 +331,14 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
             (c.get(l.metric), v.est.count_in(l.metric, 1))
         }
     };
+    window_verdict(d, t, recorded, this, fillable(l.limit, v), v.now)
+}
+
+/// One window of a scope for one more request of `this`, with `recorded` in it and
+/// the scope's leases in flight, against `limit` (the priority's share of it).
+fn window_verdict(d: &Declared, t: &Tally, recorded: i64, this: i64, limit: i64, now: i64) -> Verdict {
+    let l = &d.limit;
     let used = recorded.saturating_add(t.in_flight.get(l.metric));
-    let limit = fillable(l.limit, v);
     let (over, excess) = if l.metric.is_tokens() {
         let total = used.saturating_add(this);
         (total > limit, total.saturating_sub(limit))
@@ -316,7 +346,7 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
         (used >= limit, used.saturating_sub(limit).saturating_add(1))
     };
     if over {
-        let retry = t.win.release_time(l.window, l.metric, excess, v.now);
+        let retry = t.win.release_time(l.window, l.metric, excess, now);
         return Verdict::refused(d.reason.clone(), retry);
     }
     // SPEC 22.1: headroom is scored with the priority's limit.

@@ -51,6 +51,8 @@ pub struct Refusal {
     pub platform: String,
     pub model_id: String,
     pub key_id: i64,
+    /// The tenant whose limit refused (SPEC 23.2), `None` for the route's own gates.
+    pub tenant: Option<String>,
     /// `lease_any` (SPEC 17.1): every candidate's refusal, in the given order (this one
     /// among them); empty for a `lease()` of one route, whose refusal is this one.
     pub candidates: Vec<Refusal>,

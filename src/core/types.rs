@@ -39,12 +39,15 @@ pub struct Admission {
     pub allowed: bool,
     pub reason: Option<Reason>,
     pub retry_at_ms: Option<i64>,
+    /// The tenant whose limit refused, by its own name (SPEC 23.2); `None` for the
+    /// route's own gates.
+    pub tenant: Option<std::sync::Arc<str>>,
 }
 
 impl Admission {
-    pub const ALLOWED: Admission = Admission { allowed: true, reason: None, retry_at_ms: None };
+    pub const ALLOWED: Admission = Admission { allowed: true, reason: None, retry_at_ms: None, tenant: None };
     pub fn refused(reason: Reason, retry_at_ms: Option<i64>) -> Self {
-        Admission { allowed: false, reason: Some(reason), retry_at_ms }
+        Admission { allowed: false, reason: Some(reason), retry_at_ms, tenant: None }
     }
 }
 

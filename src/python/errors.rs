@@ -19,8 +19,8 @@ impl From<Error> for PyErr {
             Error::Runtime(msg) => PyRuntimeError::new_err(msg),
             // must match _errors.QuotaExceeded.__init__ argument order
             Error::Refused(r) => {
-                // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
-                // candidate; a lease()'s one refusal is the exception's own fields (None).
+                // lease_any: one (platform, model_id, key_id, reason, retry_at_ms, tenant)
+                // per candidate; a lease()'s one refusal is the exception's own fields (None).
                 let all: Option<Vec<RefusalTuple>> = (!r.candidates.is_empty()).then(|| {
                     r.candidates
                         .iter()
@@ -31,6 +31,7 @@ impl From<Error> for PyErr {
                                 c.key_id,
                                 c.reason.as_str().to_string(),
                                 c.retry_at_ms,
+                                c.tenant.clone(),
                             )
                         })
                         .collect()
@@ -42,6 +43,7 @@ impl From<Error> for PyErr {
                     r.model_id,
                     r.key_id,
                     all,
+                    r.tenant,
                 ))
             }
             Error::Closed => EngineClosed::new_err("engine is closed"),
@@ -54,8 +56,9 @@ impl From<Error> for PyErr {
     }
 }
 
-/// A `Refusal` as `QuotaExceeded` takes it: (platform, model_id, key_id, reason, retry_at_ms).
-type RefusalTuple = (String, String, i64, String, Option<i64>);
+/// A `Refusal` as `QuotaExceeded` takes it: (platform, model_id, key_id, reason,
+/// retry_at_ms, tenant).
+type RefusalTuple = (String, String, i64, String, Option<i64>, Option<String>);
 
 /// Runs binding code outside the engine's own boundary (a constructor, a value type, a
 /// module function, a wait's stepper): a Rust panic inside comes back as

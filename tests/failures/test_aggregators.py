@@ -92,7 +92,8 @@ def test_upstream_benches_the_model_on_every_key_not_the_key(qengine: q.QuotaEng
     listed = qengine.active_cooldowns()
     assert [(c.model_id, c.key_id, c.source) for c in listed] == [(M, None, "upstream")]
     assert "key_id=None" in repr(listed[0])
-    assert qengine.active_cooldowns([1]) == []
+    # Filtered by a key, the model's bench is listed: it blocks that key (issue 35, item 7).
+    assert [(c.model_id, c.key_id) for c in qengine.active_cooldowns([1])] == [(M, None)]
     # Never probed.
     assert qengine.probeable_cooldowns() == []
 

@@ -10,10 +10,19 @@ use crate::core::error::{Error, Refusal, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, RouteId};
 use crate::core::store::{TokenKinds, UsageKind, Write};
+use crate::core::tenants::TenantList;
 use crate::core::types::{check_non_negative, Admission, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
+
+/// Where a batch's operations go: its section's time, whether usage waits in the
+/// buffer (`flush_interval_ms`), and the writes of its one commit.
+pub(super) struct Section<'a> {
+    now: i64,
+    deferred: bool,
+    writes: &'a mut Vec<Write>,
+}
 
 /// A hot-path operation that can share a commit with other callers' (group commit).
 #[derive(Debug, Clone)]
@@ -26,6 +35,8 @@ pub enum BatchOp {
         check: bool,
         /// SPEC 22.1: 0 the most important.
         priority: i64,
+        /// SPEC 23.2: whom it is served for.
+        tenants: TenantList,
     },
     /// `lease_any` (SPEC 17.1): every gate of every candidate, one picked by
     /// `strategy`, its lease taken.
@@ -34,11 +45,14 @@ pub enum BatchOp {
         est: Estimate,
         strategy: Strategy,
         priority: i64,
+        tenants: TenantList,
     },
     Success {
         lease_id: i64,
         route: Route,
         tokens: Option<TokenUse>,
+        /// The lease's tenants: what it records counts for them.
+        tenants: TenantList,
     },
     Release(i64),
 }
@@ -162,28 +176,29 @@ impl Engine {
         let mut outs = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
-                BatchOp::Lease { route, est, limits, check, priority } => {
+                BatchOp::Lease { route, est, limits, check, priority, tenants } => {
                     outs.push(BatchOut::of_lease(self.batch_lease(
                         route,
                         *est,
                         limits.clone(),
                         (*check).then_some(*priority),
-                        now,
-                        &mut writes,
+                        tenants,
+                        &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
-                BatchOp::LeaseAny { routes, est, strategy, priority } => {
+                BatchOp::LeaseAny { routes, est, strategy, priority, tenants } => {
                     outs.push(BatchOut::of_choice(self.batch_lease_any(
                         routes,
                         *est,
                         *strategy,
                         *priority,
-                        now,
-                        &mut writes,
+                        tenants,
+                        &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
-                BatchOp::Success { lease_id, route, tokens } => {
-                    let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
+                BatchOp::Success { lease_id, route, tokens, tenants } => {
+                    let mut sec = Section { now, deferred, writes: &mut writes };
+                    let out = self.batch_success(*lease_id, route, *tokens, tenants, &mut sec);
                     outs.push(BatchOut::of_done(out));
                 }
                 BatchOp::Release(lease_id) => {
@@ -225,14 +240,15 @@ impl Engine {
     }
 
     pub(super) fn batch_lease(
-        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, check: Option<i64>, now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, check: Option<i64>,
+        tenants: &TenantList, sec: &mut Section<'_>,
     ) -> Result<i64> {
+        let now = sec.now;
         check_estimate(est)?;
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
         let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, now)?;
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, tenants, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -241,7 +257,7 @@ impl Engine {
             let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             (rid, priced(&self.unit.mirror, route, est)?)
         };
-        let id = self.take_lease(rid, est, now, writes);
+        let id = self.take_lease(rid, est, tenants, now, sec.writes);
         if check.is_some() {
             // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
             // the caller's to release.
@@ -254,9 +270,10 @@ impl Engine {
     /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
     /// index of its candidate in `routes`.
     pub(super) fn batch_lease_any(
-        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, priority: i64, now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, priority: i64, tenants: &TenantList,
+        sec: &mut Section<'_>,
     ) -> Result<(i64, usize)> {
+        let now = sec.now;
         check_estimate(est)?;
         check_priority(priority)?;
         if routes.is_empty() {
@@ -271,7 +288,7 @@ impl Engine {
             }
             // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
             // a budget an expensive one breaks).
-            let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, now)?;
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, tenants, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;
@@ -291,7 +308,7 @@ impl Engine {
         }
         match admission::choose(strategy, passed.iter().map(|(_, _, _, p)| p)).map(|j| passed[j]) {
             Some((i, rid, est, _)) => {
-                let id = self.take_lease(rid, est, now, writes);
+                let id = self.take_lease(rid, est, tenants, now, sec.writes);
                 self.unit.own_leases.insert(id);
                 Ok((id, i))
             }
@@ -318,9 +335,12 @@ impl Engine {
     }
 
     /// Takes a lease on the route the gates were run on, inside the batch's section.
-    fn take_lease(&mut self, rid: RouteId, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
+    fn take_lease(
+        &mut self, rid: RouteId, est: Estimate, tenants: &TenantList, now: i64, writes: &mut Vec<Write>,
+    ) -> i64 {
         let id = self.lease_ids.next();
-        let w = self.unit.mirror.lease_write(rid, id, est, now, self.unit.settings.lease_max_age_ms);
+        let max_age = self.unit.settings.lease_max_age_ms;
+        let w = self.unit.mirror.lease_write(rid, id, est, tenants, now, max_age);
         self.unit.apply_decided(&w, now);
         writes.push(w);
         self.leases_taken += 1;
@@ -330,23 +350,25 @@ impl Engine {
     }
 
     pub(super) fn batch_success(
-        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, now: i64, deferred: bool,
-        writes: &mut Vec<Write>,
+        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, tenants: &TenantList,
+        sec: &mut Section<'_>,
     ) -> Result<()> {
+        let now = sec.now;
         let total = tokens.map(|t| t.validate()).transpose()?;
         let mut usage = self.usage();
-        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)?];
+        let mut ws =
+            vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), tenants, now)?];
         if let (Some(total), Some(t)) = (total, tokens) {
-            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now)?);
+            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, tenants, now)?);
         }
         usage.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));
         for w in ws {
             self.unit.apply_local(&w, 0, now);
-            if deferred {
+            if sec.deferred {
                 self.unit.buffer(w, now);
             } else {
-                writes.push(w);
+                sec.writes.push(w);
             }
         }
         Ok(())
@@ -370,6 +392,7 @@ fn check_estimate(est: Estimate) -> Result<()> {
 fn refusal_of(route: &Route, refused: Option<Admission>) -> Option<Refusal> {
     let adm = refused?;
     Some(Refusal {
+        tenant: adm.tenant.as_deref().map(str::to_string),
         reason: adm.reason?,
         retry_at_ms: adm.retry_at_ms,
         platform: route.platform.clone(),

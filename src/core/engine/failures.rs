@@ -149,13 +149,35 @@ impl Failures<'_> {
     pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
         self.unit.run(Access::Read, |tx| {
             let now = tx.now();
-            // A filter by key leaves out the model-wide benches (they have no key).
-            let mut v: Vec<Cooldown> = tx
-                .mirror()
+            let m = tx.mirror();
+            // A filter by key keeps the model-wide benches that block one of its keys:
+            // those of a platform the key is registered on or was seen on.
+            let platforms: Vec<&str> = match key_ids {
+                None => Vec::new(),
+                Some(ks) => {
+                    let registered = m
+                        .config
+                        .keys
+                        .values()
+                        .filter(|k| ks.contains(&k.key_id))
+                        .map(|k| k.platform.as_str());
+                    let seen =
+                        m.routes.iter().filter(|(_, r)| ks.contains(&r.key_id)).map(|(_, r)| &*r.platform);
+                    registered.chain(seen).collect()
+                }
+            };
+            let blocks = |c: &Cooldown, ks: &[i64]| {
+                if c.model_wide {
+                    platforms.contains(&c.route.platform.as_str())
+                } else {
+                    ks.contains(&c.route.key_id)
+                }
+            };
+            let mut v: Vec<Cooldown> = m
                 .reader()
                 .held_cooldowns()
                 .filter(|c| now < c.expires_at_ms)
-                .filter(|c| key_ids.is_none_or(|ks| !c.model_wide && ks.contains(&c.route.key_id)))
+                .filter(|c| key_ids.is_none_or(|ks| blocks(c, ks)))
                 .collect();
             v.sort_by(|a, b| {
                 (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(

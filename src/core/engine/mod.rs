@@ -29,13 +29,16 @@ mod batch;
 mod configuration;
 mod failures;
 mod observed;
+mod tenancy;
 mod unit;
 mod usage;
 
+use crate::core::tenants::{self, TenantList};
 pub use batch::{BatchOp, BatchOut};
 pub use configuration::Configuration;
 pub use failures::{FailureInput, FailureOutcome, Failures, RetryAfter};
 pub use observed::{source_confidence, Observed, QuotaObservation, SnapshotRow, DEFAULT_LOOKBACK_MS};
+pub use tenancy::TenantWindow;
 pub use unit::LogRecord;
 pub use usage::{TokenUse, Usage, UsageReport, WindowReport};
 
@@ -209,7 +212,7 @@ impl Engine {
         check_non_negative("estimated_tokens", est)?;
         self.unit.run(Access::Read, |tx| {
             let (u, now, _) = tx.parts();
-            Ok(admit(u, route, Estimate::tokens(est), limits, 0, now)?.1.admission())
+            Ok(admit(u, route, Estimate::tokens(est), limits, 0, &tenants::none(), now)?.1.admission())
         })
     }
 
@@ -248,6 +251,7 @@ impl Engine {
             limits: None,
             check: false,
             priority: 0,
+            tenants: tenants::none(),
         })
         .lease_id()
     }
@@ -260,13 +264,30 @@ impl Engine {
 
     /// `lease()` with an estimate that says how much of it is output (SPEC §14.4).
     pub fn lease_estimate(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>) -> Result<i64> {
-        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true, priority: 0 }).lease_id()
+        self.lease_for(route, est, limits, &tenants::none())
+    }
+
+    /// `lease()` taken for `tenants` (SPEC 23.2): their gates too, in the one atomic step.
+    pub fn lease_for(
+        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, tenants: &TenantList,
+    ) -> Result<i64> {
+        let tenants = tenants.clone();
+        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true, priority: 0, tenants })
+            .lease_id()
     }
 
     /// SPEC 17.1: one of `routes` chosen by `strategy` and leased, in one atomic step;
     /// returns the lease and the index of its route in `routes`.
     pub fn lease_any(&mut self, routes: &[Route], est: Estimate, strategy: Strategy) -> Result<(i64, usize)> {
-        self.single(BatchOp::LeaseAny { routes: routes.to_vec(), est, strategy, priority: 0 }).chosen()
+        self.lease_any_for(routes, est, strategy, &tenants::none())
+    }
+
+    /// `lease_any()` taken for `tenants` (SPEC 23.2): each candidate with their gates.
+    pub fn lease_any_for(
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, tenants: &TenantList,
+    ) -> Result<(i64, usize)> {
+        let (routes, tenants) = (routes.to_vec(), tenants.clone());
+        self.single(BatchOp::LeaseAny { routes, est, strategy, priority: 0, tenants }).chosen()
     }
 
     /// Idempotent.
@@ -290,8 +311,8 @@ impl Engine {
             .into_iter()
             .filter_map(|id| {
                 // SPEC 23.1: the estimate with its split, so it costs its reservation.
-                let (route, est) = self.unit.mirror.reader().live_lease(id, now)?;
-                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::estimate(est)) })
+                let (route, est, tenants) = self.unit.mirror.reader().live_lease_for(id, now)?;
+                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::estimate(est)), tenants })
             })
             .collect();
         self.unit.own_leases.clear();
@@ -305,24 +326,42 @@ impl Engine {
     /// released, in one commit.
     pub fn finish_lease_success(&mut self, lease_id: i64, route: &Route, tokens: Option<i64>) -> Result<()> {
         let tokens = tokens.map(TokenUse::total);
-        self.single(BatchOp::Success { lease_id, route: route.clone(), tokens }).done()
+        let tenants = tenants::none();
+        self.single(BatchOp::Success { lease_id, route: route.clone(), tokens, tenants }).done()
     }
 }
 
 /// Every gate on the route's view at `now` for `est` priced at the route's prices: the
 /// route it decided on, the verdict, and the estimate as priced.
 fn admit(
-    unit: &mut unit::Unit, route: &Route, est: Estimate, limits: Option<LimitSet>, priority: i64, now: i64,
+    unit: &mut unit::Unit, route: &Route, est: Estimate, limits: Option<LimitSet>, priority: i64,
+    tenants: &TenantList, now: i64,
 ) -> Result<(RouteId, Verdict, Estimate)> {
     let est = priced(&unit.mirror, route, est)?;
+    // SPEC 23.2: the tenants' limits, resolved and their windows kept before the route
+    // is prepared (a window to count from the store reloads them with the route's).
+    let mut gates = if tenants.is_empty() { Vec::new() } else { unit.mirror.prepare_tenants(tenants, now) };
     let p = unit.prepare(route, limits, priority, now);
+    if !p.complete && !tenants.is_empty() {
+        gates = unit.mirror.prepare_tenants(tenants, now);
+    }
     let Some(rid) = p.route else {
         // A route names a model (`Route::new` checks it): the same error.
         return Err(check_name("model_id", &route.model_id)
             .err()
             .unwrap_or(Error::Internal("no route".into())));
     };
-    Ok((rid, admission::admit(&unit.mirror.prepared_view(&p, est, now)), est))
+    let verdict = admission::admit(&unit.mirror.prepared_view(&p, est, now));
+    if verdict.refused.is_some() || gates.is_empty() {
+        return Ok((rid, verdict, est));
+    }
+    // Then each tenant in the order given; the headroom score is the route's alone.
+    let m = &unit.mirror;
+    let tallies = gates.iter().filter_map(|(name, set)| Some((name, set, m.tenant_tally(name, now)?)));
+    match admission::admit_tenants(tallies, est, p.ctx.reserve, now) {
+        Some(refused) => Ok((rid, Verdict { refused: Some(refused), room: 0.0 }, est)),
+        None => Ok((rid, verdict, est)),
+    }
 }
 
 /// SPEC 23.1: `est` with what its lease reserves at the route's prices, the worst case

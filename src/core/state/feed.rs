@@ -87,6 +87,7 @@ impl Mirror {
             Write::SetPlatformLimits { platform, limits } => {
                 put_platform_limits(self, platform, LimitSet::platform_stored(limits.clone()));
             }
+            Write::SetTenantLimits(row) => self.put_tenant_limits(row),
             Write::Log(_) => {}
         }
         (0, false)
@@ -122,7 +123,8 @@ impl Mirror {
             || ch.calendars.is_some()
             || ch.priorities.is_some()
             || ch.prices.is_some()
-            || ch.platform_limits.is_some();
+            || ch.platform_limits.is_some()
+            || ch.tenant_limits.is_some();
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
         }
@@ -138,6 +140,9 @@ impl Mirror {
         }
         if let Some(p) = ch.platform_limits {
             replace_platform_limits(self, p);
+        }
+        if let Some(t) = ch.tenant_limits {
+            self.replace_tenant_limits(t);
         }
         let mut recount = false;
         if let Some(c) = ch.calendars {
@@ -214,6 +219,9 @@ fn remove_lease(m: &mut Mirror, id: i64) -> Option<LeaseRec> {
     }
     if let Some(k) = route.total {
         m.accounts.totals[k as usize].leases.retain(|l| *l != id);
+    }
+    if !rec.tenants.is_empty() {
+        m.remove_tenant_lease(&rec.tenants, id);
     }
     Some(rec)
 }

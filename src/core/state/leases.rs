@@ -2,8 +2,9 @@
 use crate::core::admission::{Estimate, InFlight};
 use crate::core::state::{FastMap, RouteId};
 use crate::core::store::LeaseRow;
+use crate::core::tenants::TenantList;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LeaseRec {
     pub route: RouteId,
     pub tokens: i64,
@@ -13,6 +14,8 @@ pub struct LeaseRec {
     pub cost: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
+    /// The tenants it is taken for (SPEC 23.2).
+    pub tenants: TenantList,
 }
 
 impl LeaseRec {
@@ -30,6 +33,7 @@ impl LeaseRec {
             cost: row.cost,
             created_at_ms: row.created_at_ms,
             expires_at_ms: row.expires_at_ms,
+            tenants: row.tenants.clone(),
         }
     }
 

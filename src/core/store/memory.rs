@@ -468,6 +468,7 @@ impl MemoryStore {
                     bump(t, PLATFORM_LIMITS);
                 }
             }
+            Write::SetTenantLimits(_) => {}
         }
         0
     }

@@ -307,6 +307,7 @@ impl SqliteStore {
                 cost: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
                 created_at_ms: r.get(5)?,
                 expires_at_ms: r.get(6)?,
+                tenants: crate::core::tenants::none(),
             });
         }
         Ok(out)
@@ -615,6 +616,7 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         created_at_ms: r.get(6)?,
         kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
         cost: r.get::<_, Option<i64>>(10)?.unwrap_or(0),
+        tenants: crate::core::tenants::none(),
     })
 }
 

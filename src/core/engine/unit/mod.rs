@@ -158,7 +158,7 @@ impl Unit {
     /// Whether what the engine knows of other engines' writes may be older than
     /// `max_age_ms` at `now` (nothing known yet counts as old).
     pub(super) fn known_before(&self, now: i64, max_age_ms: i64) -> bool {
-        self.known_at.is_none_or(|at| now < at || now - at >= max_age_ms)
+        self.known_at.is_none_or(|at| now < at || now.saturating_sub(at) >= max_age_ms)
     }
 
     /// Writes waiting for the store.
@@ -397,13 +397,16 @@ impl Unit {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        let sweep_due = !matches!(self.last_sweep, Some(t) if now >= t && now - t < MINUTE_MS);
+        let sweep_due = !matches!(self.last_sweep, Some(t) if now >= t && now.saturating_sub(t) < MINUTE_MS);
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
         let flush_pending = self.degraded
             || self.hold.held()
             || self.flush_requested
-            || self.pending.since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+            || self
+                .pending
+                .since
+                .is_none_or(|t| now < t || now.saturating_sub(t) >= self.settings.flush_interval_ms);
         // Worked out only when a sweep or buffered usage needs it (not per commit).
         let retention = (sweep_due || (flush_pending && !self.pending.writes.is_empty()))
             .then(|| self.retention(now, false));

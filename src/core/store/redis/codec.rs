@@ -172,6 +172,7 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         Write::SetPlatformLimits { platform, limits } => {
             hset(out, "platform_limits", esc(platform), encode_limits(limits))
         }
+        Write::SetTenantLimits(_) => {}
     }
 }
 
@@ -323,6 +324,7 @@ pub(super) fn parse_usage(body: &str) -> StoreResult<UsageRow> {
         created_at_ms: parse_i64(f[4])?,
         kinds,
         cost: parse_i64(cost)?,
+        tenants: crate::core::tenants::none(),
     })
 }
 
@@ -361,6 +363,7 @@ pub(super) fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
         cost: parse_i64(cost)?,
         created_at_ms: parse_i64(f[3])?,
         expires_at_ms: parse_i64(f[1])?,
+        tenants: crate::core::tenants::none(),
     })
 }
 
@@ -646,6 +649,7 @@ mod tests {
             created_at_ms: 42,
             kinds: TokenKinds { input: Some(20), output: None, cached: Some(5) },
             cost: 0,
+            tenants: crate::core::tenants::none(),
         };
         let body = usage_entry(&u);
         assert_eq!(parse_usage(&body).expect("usage"), u);
@@ -673,6 +677,7 @@ mod tests {
             cost: 0,
             created_at_ms: 1,
             expires_at_ms: 2,
+            tenants: crate::core::tenants::none(),
         };
         assert_eq!(parse_lease(9, &lease_value(&l)).expect("lease"), l);
         for priced in

@@ -91,6 +91,7 @@ impl SqliteStore {
                  ON CONFLICT (platform) DO UPDATE SET limits = excluded.limits",
                 params![platform, encode_limits(limits)],
             ),
+            Write::SetTenantLimits(_) => Ok(0),
         }
     }
 
