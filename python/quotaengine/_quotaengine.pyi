@@ -480,7 +480,8 @@ class _QuotaEngine:
         once), write what is buffered and close. Idempotent; later calls, and
         ``success``/``failure``/``observe`` on those leases, raise EngineClosed. A lease
         whose object was garbage-collected unended, and an ``acquire_lease`` id, count
-        until ``lease_max_age_ms``."""
+        until ``lease_max_age_ms``; a live ``Lease`` is renewed by its engine and never
+        expires under its caller (SPEC 24.1)."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
     # keys and models

@@ -137,6 +137,7 @@ impl TenantTable {
 
     /// Every declaration as stored: (name as declared, the pattern's `*` kept; decl).
     pub fn replace(&mut self, rows: Vec<(String, TenantDecl)>) {
+        self.version += 1;
         self.own.clear();
         self.patterns.clear();
         for (name, decl) in rows {
@@ -219,5 +220,9 @@ mod tests {
         t.put("*", TenantDecl::new(vec![], None).expect("empty"));
         assert_eq!(limit(&t, "user:1"), None);
         assert_eq!(t.declared().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["team:*", "team:red"]);
+        // the store's whole table read again, even empty, is a change the tenants see
+        let v = t.version;
+        t.replace(Vec::new());
+        assert!(t.version > v && t.of("team:red").is_none());
     }
 }

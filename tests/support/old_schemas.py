@@ -18,6 +18,12 @@ def _cap_column(column: str, item: str) -> str:
 
 
 _UNDO = {
+    13: [
+        "ALTER TABLE rate_limit_usage DROP COLUMN tenants",
+        "ALTER TABLE quota_leases DROP COLUMN tenants",
+        "DROP TABLE tenant_limits",
+        "DELETE FROM quotaengine_meta WHERE name = 'tenant_limits'",
+    ],
     12: [
         "DROP TABLE model_prices",
         "DELETE FROM quotaengine_meta WHERE name = 'model_prices'",

@@ -257,12 +257,9 @@ impl Engine {
             let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             (rid, priced(&self.unit.mirror, route, est)?)
         };
-        let id = self.take_lease(rid, est, tenants, now, sec.writes);
-        if check.is_some() {
-            // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
-            // the caller's to release.
-            self.unit.own_leases.insert(id);
-        }
+        // `lease()`'s: a `Lease` stands for it (SPEC 18.5, 24.1); `acquire_lease`'s id is
+        // the caller's to release, never renewed.
+        let id = self.take_lease(rid, est, tenants, now, sec.writes, check.is_some());
         Ok(id)
     }
 
@@ -308,8 +305,7 @@ impl Engine {
         }
         match admission::choose(strategy, passed.iter().map(|(_, _, _, p)| p)).map(|j| passed[j]) {
             Some((i, rid, est, _)) => {
-                let id = self.take_lease(rid, est, tenants, now, sec.writes);
-                self.unit.own_leases.insert(id);
+                let id = self.take_lease(rid, est, tenants, now, sec.writes, true);
                 Ok((id, i))
             }
             None => Err(Error::Refused(Box::new(
@@ -337,11 +333,15 @@ impl Engine {
     /// Takes a lease on the route the gates were run on, inside the batch's section.
     fn take_lease(
         &mut self, rid: RouteId, est: Estimate, tenants: &TenantList, now: i64, writes: &mut Vec<Write>,
+        own: bool,
     ) -> i64 {
         let id = self.lease_ids.next();
         let max_age = self.unit.settings.lease_max_age_ms;
         let w = self.unit.mirror.lease_write(rid, id, est, tenants, now, max_age);
         self.unit.apply_decided(&w, now);
+        if let (true, Write::InsertLease(row)) = (own, &w) {
+            self.unit.keep_own(row.clone());
+        }
         writes.push(w);
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);

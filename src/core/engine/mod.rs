@@ -48,8 +48,8 @@ use crate::core::env::Env;
 use crate::core::error::{Error, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
-use crate::core::store::Store;
 pub use crate::core::store::StoreSpec;
+use crate::core::store::{LeaseRow, Store, Write};
 use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
 use std::sync::Arc;
 use std::time::Duration;
@@ -295,6 +295,36 @@ impl Engine {
         self.single(BatchOp::Release(lease_id)).done()
     }
 
+    /// SPEC 24.1: renews this engine's live leases (those of its `Lease` objects): every
+    /// one when `all` (the background thread, at least every `lease_max_age_ms / 4` of
+    /// real time), else only once the oldest is half its max age old by the engine's
+    /// clock (at a call). One write for them all; a lease past its max age counts
+    /// again from now.
+    pub fn renew_leases(&mut self, all: bool) -> Result<()> {
+        if self.unit.own_leases.is_empty() || self.unit.readonly() {
+            return Ok(());
+        }
+        let now = self.unit.clock.now_ms();
+        if !all && now < self.unit.renew_at {
+            return Ok(());
+        }
+        let max_age = self.unit.settings.lease_max_age_ms;
+        let expires = now.saturating_add(max_age);
+        let mut rows: Vec<LeaseRow> =
+            self.unit.own_leases.values().map(|l| LeaseRow { expires_at_ms: expires, ..l.clone() }).collect();
+        rows.sort_unstable_by_key(|l| l.id);
+        let w = Write::RenewLeases(rows);
+        self.unit.run(unit::Access::Append, |tx| {
+            tx.push(w);
+            Ok(())
+        })?;
+        for l in self.unit.own_leases.values_mut() {
+            l.expires_at_ms = expires;
+        }
+        self.unit.renew_at = expires.saturating_sub(max_age / 2);
+        Ok(())
+    }
+
     /// SPEC 18.5: a live lease whose `Lease` object went away unended is left to count
     /// until `lease_max_age_ms` (its call may still run); `close()` does not end it.
     pub fn forget_lease(&mut self, lease_id: i64) {
@@ -304,18 +334,26 @@ impl Engine {
     /// SPEC 18.5, at `close()`: every live lease of this engine ends as leaving its
     /// `with` block without an outcome does (its estimate recorded, its slot freed).
     pub fn end_own_leases(&mut self) -> Result<()> {
-        let now = self.unit.clock.now_ms();
-        let mut ids: Vec<i64> = self.unit.own_leases.iter().copied().collect();
-        ids.sort_unstable();
-        let ops: Vec<BatchOp> = ids
+        let mut rows: Vec<LeaseRow> = self.unit.own_leases.drain().map(|(_, l)| l).collect();
+        rows.sort_unstable_by_key(|l| l.id);
+        let ops: Vec<BatchOp> = rows
             .into_iter()
-            .filter_map(|id| {
+            .map(|l| {
                 // SPEC 23.1: the estimate with its split, so it costs its reservation.
-                let (route, est, tenants) = self.unit.mirror.reader().live_lease_for(id, now)?;
-                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::estimate(est)), tenants })
+                let est = Estimate { tokens: l.tokens, output: l.output_tokens, cost: l.cost };
+                let route = Route {
+                    platform: l.platform.to_string(),
+                    model_id: l.model_id.to_string(),
+                    key_id: l.key_id,
+                };
+                BatchOp::Success {
+                    lease_id: l.id,
+                    route,
+                    tokens: Some(TokenUse::estimate(est)),
+                    tenants: l.tenants,
+                }
             })
             .collect();
-        self.unit.own_leases.clear();
         if ops.is_empty() {
             return Ok(());
         }

@@ -88,6 +88,14 @@ impl Mirror {
                 put_platform_limits(self, platform, LimitSet::platform_stored(limits.clone()));
             }
             Write::SetTenantLimits(row) => self.put_tenant_limits(row),
+            Write::RenewLeases(rows) => {
+                // Counted again from their new expiry, wherever a prune left them.
+                for l in rows {
+                    remove_lease(self, l.id);
+                    let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
+                    self.add_lease(l.id, LeaseRec::of(rid, l));
+                }
+            }
             Write::Log(_) => {}
         }
         (0, false)

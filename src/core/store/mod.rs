@@ -411,6 +411,10 @@ pub enum Write {
     /// Replaces a tenant's (or a pattern's) declaration (SPEC 23.2); empty `limits`
     /// forget it.
     SetTenantLimits(TenantLimitsRow),
+    /// SPEC 24.1: the live leases of an engine's `Lease` objects, renewed: each row is
+    /// written whole with its new expiry (inserted again when a sweep already took it:
+    /// the call it stands for still runs).
+    RenewLeases(Vec<LeaseRow>),
 }
 
 /// A model whose usage retention keeps longer than `retention_ms` (SPEC 14.2): the
