@@ -186,7 +186,7 @@ class QuotaSnapshot:
 
     def _tenant_count(self) -> str:
         n = len({t["tenant"] for t in self.tenants})
-        return f"{n} tenant{'' if n == 1 else 's'} with limits in force or usage today"
+        return f"{n} tenant{'' if n == 1 else 's'} with limits in force"
 
     def _cells(self, row: dict[str, Any]) -> list[str]:
         def win(name: str) -> str:

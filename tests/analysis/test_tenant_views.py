@@ -4,6 +4,8 @@ dollars for a ``cost`` window."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any
@@ -30,6 +32,10 @@ TENANT_ROWS = [
         "used_fraction": 0.8, "exhausts_at_ms": None,
     },
 ]  # fmt: skip
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "quotaengine", *args], capture_output=True, text=True, timeout=120)
 
 
 def snapshot(tenants: list[dict[str, Any]] | None) -> QuotaSnapshot:
@@ -141,7 +147,7 @@ def test_html_has_a_second_table_of_tenants_in_dollars(local_zone: Callable[[str
     assert len(page.tables) == 2
     routes, tenants = page.tables
     assert routes["rows"][0][:4] == ["groq", "llama", "1", "1/10"]
-    assert "2 tenants with limits in force or usage today" in page.paragraphs[1]
+    assert "2 tenants with limits in force" in page.paragraphs[1]
     assert tenants["head"] == ["tenant", "window", "used / limit", "used", "in flight", "runs out"]
     assert tenants["rows"] == [
         ["team:search", "cost/day", "$0.42 / $5.00", "8%", "$0.0015", "13:00"],
@@ -156,7 +162,7 @@ def test_str_has_the_tenant_table_after_the_routes(local_zone: Callable[[str], N
     lines = str(snapshot(TENANT_ROWS)).splitlines()
     assert lines[0].endswith(": 1 routes") and lines[2].split()[:4] == ["groq", "llama", "1", "1/10"]
     assert lines[3] == ""
-    assert lines[4] == "2 tenants with limits in force or usage today (cost in dollars):"
+    assert lines[4] == "2 tenants with limits in force (cost in dollars):"
     assert lines[5].split() == ["tenant", "window", "used", "/", "limit", "used", "in", "flight", "runs", "out"]
     assert lines[6].split() == ["team:search", "cost/day", "$0.42", "/", "$5.00", "8%", "$0.0015", "13:00"]
     assert lines[7].split() == ["user:<script>", "requests/minute", "3", "/", "5", "80%", "1", "-"]
@@ -165,5 +171,103 @@ def test_str_has_the_tenant_table_after_the_routes(local_zone: Callable[[str], N
 def test_two_limits_of_one_tenant_count_it_once() -> None:
     rows = [dict(TENANT_ROWS[0]), dict(TENANT_ROWS[0], window="requests/day", used=7, limit=100, in_flight=0)]
     rows[1]["used_fraction"] = 0.07
-    assert "1 tenant with limits in force or usage today" in str(snapshot(rows))
+    assert "1 tenant with limits in force" in str(snapshot(rows))
     assert q.QuotaSnapshot is QuotaSnapshot
+
+
+# ============================================================================ from an engine
+
+# 2 $/M input, 10 $/M output: 1,000 input and 100 output tokens cost 2,000 + 1,000 µ$.
+PRICES = q.Prices(2, 10)
+
+
+def build_tenants(e: q.QuotaEngine) -> q.Lease:
+    """At 10:00: ``team:*`` $0.10 a day; ann 10 requests a minute and 5,500 tokens in 1h.
+
+    * ann and team:a: 1,000 + 100 tokens of openai/gpt-4o (3,000 µ$);
+    * ann: 2 requests; bob (no limits): 1 request;
+    * team:a: a live lease of 500 estimated tokens (1,000 µ$ reserved), returned.
+    """
+    e.set_model_prices("openai", "gpt-4o", PRICES)
+    e.set_tenant_limits("team:*", [q.Limit.dollars(0.1, "day")])
+    e.set_tenant_limits("user:ann", [q.Limit("requests", 10, "minute"), q.Limit("tokens", 5_500, "1h")])
+    e.record_tokens("openai", "gpt-4o", 1, input_tokens=1_000, output_tokens=100, tenant=["user:ann", "team:a"])
+    e.record_request("openai", "gpt-4o", 1, tenant="user:ann")
+    e.record_request("openai", "gpt-4o", 1, tenant="user:ann")
+    e.record_request("openai", "gpt-4o", 1, tenant="user:bob")
+    return e.lease("openai", "gpt-4o", 2, 500, tenant="team:a")
+
+
+# SPEC 22.2's arithmetic: now + (limit - used - in_flight) / (usage of the last 10 minutes / 10 minutes)
+ENGINE_ROWS = [
+    {
+        "tenant": "team:a", "window": "cost/day", "used": 3_000, "limit": 100_000, "in_flight": 1_000,
+        "used_fraction": 0.04, "exhausts_at_ms": TEN_AM + 96_000 * 600_000 // 3_000,
+    },
+    {
+        "tenant": "user:ann", "window": "requests/minute", "used": 2, "limit": 10, "in_flight": 0,
+        "used_fraction": 0.2, "exhausts_at_ms": None,  # a window under an hour has no forecast
+    },
+    {
+        "tenant": "user:ann", "window": "tokens/1h", "used": 1_100, "limit": 5_500, "in_flight": 0,
+        "used_fraction": 0.2, "exhausts_at_ms": TEN_AM + 4_400 * 600_000 // 1_100,
+    },
+]  # fmt: skip
+
+
+def test_snapshot_tenants_from_an_engine(engine: q.QuotaEngine, store: str, clock: q.ManualClock) -> None:
+    lease = build_tenants(engine)
+    snap = engine.snapshot()
+    assert snap.tenants == ENGINE_ROWS
+    # bob has usage today but no limit in force: a tenant, without rows
+    assert engine.tenants() == ["team:a", "user:ann", "user:bob"]
+    df = snap.tenants_to_pandas()
+    assert list(df.tenant) == ["team:a", "user:ann", "user:ann"]
+    assert list(df["limit"]) == [100_000, 10, 5_500]
+    # a read-only engine on the same store sees the same, the lease of the writer in flight
+    with q.QuotaEngine(store, clock=clock, readonly=True) as reader:
+        assert reader.snapshot().tenants == ENGINE_ROWS
+    lease.success(input_tokens=500, output_tokens=0)  # 1,000 µ$, as reserved
+    row = engine.snapshot().tenants[0]
+    assert (row["used"], row["in_flight"], row["used_fraction"]) == (4_000, 0, 0.04)
+
+
+def test_snapshot_tenants_in_html_and_text(engine: q.QuotaEngine, local_zone: Callable[[str], None]) -> None:
+    local_zone("UTC")
+    build_tenants(engine)
+    snap = engine.snapshot()
+    page = tables(snap._repr_html_())
+    assert len(page.tables) == 2
+    assert page.tables[1]["rows"] == [
+        ["team:a", "cost/day", "$0.003 / $0.10", "4%", "$0.001", "15:20"],
+        ["user:ann", "requests/minute", "2 / 10", "20%", "0", "-"],
+        ["user:ann", "tokens/1h", "1,100 / 5,500", "20%", "0", "10:40"],
+    ]
+    lines = str(snap).splitlines()
+    start = lines.index("2 tenants with limits in force (cost in dollars):")
+    assert [line.split()[:5] for line in lines[start + 2 :]] == [
+        ["team:a", "cost/day", "$0.003", "/", "$0.10"],
+        ["user:ann", "requests/minute", "2", "/", "10"],
+        ["user:ann", "tokens/1h", "1100", "/", "5500"],
+    ]
+
+
+def test_status_prints_each_tenants_limits_in_dollars(store: str) -> None:
+    with q.QuotaEngine(store, env={}) as e:
+        e.set_model_prices("openai", "gpt-4o", PRICES)
+        e.set_tenant_limits("team:*", [q.Limit.dollars(5, "day")])
+        e.set_tenant_limits("user:ann", [q.Limit("requests", 100, "minute")])
+        # 210,000 input tokens at 2 $/M: $0.42
+        e.record_tokens("openai", "gpt-4o", 1, input_tokens=210_000, output_tokens=0, tenant=["user:ann", "team:a"])
+        e.record_request("openai", "gpt-4o", 1, tenant="user:ann")
+    r = cli("status", "--db", store)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    routes = next(i for i, line in enumerate(lines) if line.startswith("platform"))
+    tenants = lines.index("2 tenants with limits in force (cost in dollars):")
+    assert routes < tenants  # after the routes
+    rows = {
+        tuple(line.split()[:2]): line for line in lines[tenants + 2 :] if line.split()[:1] in (["team:a"], ["user:ann"])
+    }
+    assert "$0.42 / $5.00" in rows[("team:a", "cost/day")]
+    assert "1 / 100" in rows[("user:ann", "requests/minute")]
