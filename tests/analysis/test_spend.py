@@ -150,3 +150,33 @@ def test_spend_is_exported() -> None:
 def test_spend_from_a_path(priced: q.QuotaEngine, store: str) -> None:
     got = analysis.spend(Path(store), by="platform")
     assert list(got.columns) == ["groq", "openai"] and list(got["openai"]) == [0.004502, 0.01]
+
+
+def test_spend_by_tenant(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """An event naming several tenants counts for each; one naming none goes to "(none)"."""
+    engine.set_model_prices("openai", "gpt-4o", DEAR)
+    engine.record_request("openai", "gpt-4o", 1, tenant=["user:ann", "team:a"])  # 1,000 µ$
+    engine.record_tokens("openai", "gpt-4o", 1, input_tokens=1_000, output_tokens=100, tenant="team:b")  # 3,500
+    with engine.lease("openai", "gpt-4o", 1, 100, tenant=["user:ann", "team:b"]) as lease:
+        lease.success(input_tokens=100, output_tokens=0)  # a request (1,000 µ$) and 250 µ$ of tokens
+    engine.record_request("groq", "llama", 1)  # unpriced, no tenant
+    clock.set(DAY2 + 9 * HOUR)
+    engine.record_tokens("openai", "gpt-4o", 2, 1_000)  # 10,000 µ$, no tenant
+    events = engine.usage_events()
+    assert [r["tenants"] for r in events][:2] == [["user:ann", "team:a"], ["team:b"]]
+    want = frame(
+        "tenant",
+        [DAY1, DAY2],
+        {
+            "(none)": [0.0, 0.01],
+            "team:a": [0.001, 0.0],
+            "team:b": [0.00475, 0.0],
+            "user:ann": [0.00225, 0.0],
+        },
+    )
+    check(analysis.spend(engine), want)  # by="tenant" is the default
+    check(analysis.spend(engine, by="tenant", freq="1D"), want)
+    # the tenants' columns add up to more than was spent: an event counts for each it names
+    assert analysis.spend(engine, by="platform").to_numpy().sum() == pytest.approx(0.01575)
+    assert analysis.spend(engine).to_numpy().sum() == pytest.approx(0.018)
+    assert analysis.NO_TENANT == "(none)"
