@@ -128,9 +128,10 @@ class QuotaEngine(_QuotaEngine):
         return await _wait_for(waiter)
 
     def snapshot(self) -> QuotaSnapshot:
-        """Every route with usage today, a live lease or an active cooldown."""
+        """Every route with usage today, a live lease or an active cooldown; ``.tenants``:
+        every limit in force of each tenant with limits or usage today (SPEC 23.4)."""
         taken_at, rows = self._snapshot_rows()
-        return QuotaSnapshot(rows, taken_at, self.path)
+        return QuotaSnapshot(rows, taken_at, self.path, self._tenant_rows()[1])
 
 
 async def _wait_for(waiter: _LeaseWaiter) -> Lease:
