@@ -252,7 +252,9 @@ mod tests {
             let chain: Vec<(i64, i64)> = chain.iter().map(|&(t, c)| (NOON + t * H, c)).collect();
             hours.iter().map(|h| learned_concurrency_cap(&chain, NOON + h * H)).collect()
         };
-        let table: &[(&[(i64, i64)], &[i64], &[i64])] = &[
+        // (failures (hour, cap), hours, caps at those hours)
+        type Row<'a> = (&'a [(i64, i64)], &'a [i64], &'a [i64]);
+        let table: &[Row] = &[
             // One failure: 2, then one more each hour, never forgotten.
             (&[(0, 2)], &[0, 1, 2, 72], &[2, 3, 4, 74]),
             // A failure after a rise doubles the wait: 2 h, then 4 h.
