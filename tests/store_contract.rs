@@ -843,6 +843,11 @@ fn the_sweep_deletes_what_retention_no_longer_keeps(b: &dyn Backend) {
             Write::InsertLease(lease(2, 1, T0)),
             Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0 - 10)),
             Write::InsertHistory(history(1, "m", HistoryKind::Unknown, T0 + 10)),
+            // SPEC 24.2: a learned concurrency cap is never forgotten, whatever its age.
+            Write::InsertHistory(HistoryRow {
+                value: Some(2),
+                ..history(1, "", HistoryKind::Concurrency, T0 - 3 * 86_400_000)
+            }),
         ],
     );
     commit(
@@ -858,7 +863,15 @@ fn the_sweep_deletes_what_retention_no_longer_keeps(b: &dyn Backend) {
     assert_eq!(left.iter().map(|u| u.created_at_ms).collect::<Vec<_>>(), vec![T0 + 5]);
     // A lease counts up to and including its expiry.
     assert_eq!(ch.leases.unwrap().iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);
-    assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Unknown, T0 + 10)]);
+    let mut kept = ch.history.unwrap();
+    kept.sort_by_key(|h| h.hit_at_ms);
+    assert_eq!(
+        kept,
+        vec![
+            HistoryRow { value: Some(2), ..history(1, "", HistoryKind::Concurrency, T0 - 3 * 86_400_000) },
+            history(1, "m", HistoryKind::Unknown, T0 + 10)
+        ]
+    );
     assert_eq!(a.usage_events(&UsageFilter::default()).unwrap().len(), 1);
 }
 

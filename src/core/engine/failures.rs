@@ -7,6 +7,7 @@ use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::clock::DAY_MS;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
+use crate::core::cooldowns::{concurrency_chain_start, learned_concurrency_cap};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
     EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
@@ -562,37 +563,49 @@ impl Failures<'_> {
         }
     }
 
-    /// SPEC 15.4 inside an open write section: the key concurrency cap a concurrency
-    /// failure teaches (the other live leases on the key, at least 1) or confirms
-    /// (when it is not below the cap in force). Either way the cap is remembered for
-    /// another hour from now; it only tightens.
+    /// SPEC 24.2 inside an open write section: a concurrency failure sets the key's
+    /// learned cap to the other leases that were live on the key when the failing
+    /// lease was admitted (without a lease, or one this engine did not admit: those
+    /// live now), at least 1. The key's chain of such failures is kept (never swept)
+    /// from the last that set the wait back to 1 h, at most its last few: the cap
+    /// rises from it as `learned_concurrency_cap` says, with no write per rise.
     fn learn_concurrency_cap(
         &mut self, route: &Route, lease: Option<i64>, now: i64, writes: &mut Vec<Write>,
     ) -> LearnedLimit {
         let read = self.unit.mirror.reader();
-        let others = read.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
-        let before = read.learned_concurrency_cap(&route.platform, route.key_id, now);
-        let cap = before.map_or(others, |c| c.min(others));
-        // One row per key: the latest says what is in force.
-        writes.push(Write::DeleteHistory {
-            key_id: route.key_id,
-            route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
-            kinds: vec![HistoryKind::Concurrency],
-        });
-        writes.push(history_value_row(route, HistoryKind::Concurrency, Some(cap), now));
-        if before != Some(cap) {
+        let others = lease
+            .and_then(|id| read.others_at_admission(id))
+            .unwrap_or_else(|| read.key_live_leases(&route.platform, route.key_id, lease, now))
+            .max(1);
+        let mut chain = read.concurrency_chain(&route.platform, route.key_id);
+        let before = learned_concurrency_cap(&chain, now);
+        chain.push((now, others));
+        let start = concurrency_chain_start(&chain);
+        if start > 0 {
+            // The chain's earlier failures no longer count: its kept part is written again.
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
+                kinds: vec![HistoryKind::Concurrency],
+            });
+            for &(at, cap) in &chain[start..chain.len() - 1] {
+                writes.push(history_value_row(route, HistoryKind::Concurrency, Some(cap), at));
+            }
+        }
+        writes.push(history_value_row(route, HistoryKind::Concurrency, Some(others), now));
+        if before != Some(others) {
             self.unit.logs.push((
                 log::Level::Info,
                 format!(
-                    "learned a concurrency cap of {cap} for {}/key {} from a provider error",
+                    "learned a concurrency cap of {others} for {}/key {} from a provider error",
                     route.platform, route.key_id
                 ),
             ));
         }
-        LearnedLimit { kind: LimitAxis::Concurrency, limit: cap }
+        LearnedLimit { kind: LimitAxis::Concurrency, limit: others }
     }
 
-    /// The key concurrency cap in force (SPEC 15.4, 20): the lowest of the env cap,
+    /// The key concurrency cap in force (SPEC 15.4, 20, 24.2): the lowest of the env cap,
     /// the key's configured cap and the one learned from concurrency failures.
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;

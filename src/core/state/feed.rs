@@ -32,7 +32,9 @@ impl Mirror {
                     Some(r) if self.routes.get(r).named_by(l) => r,
                     _ => self.route_id(&l.platform, &l.model_id, l.key_id),
                 };
-                self.add_lease(id, LeaseRec::of(rid, l));
+                let mut rec = LeaseRec::of(rid, l);
+                rec.others_at_admission = Some(self.key_leases_at(rid, now));
+                self.add_lease(id, rec);
                 return (id, false);
             }
             Write::DeleteLease(id) => return (i64::from(remove_lease(self, *id).is_some()), false),
@@ -241,15 +243,21 @@ fn replace_stored_leases(
 ) {
     let stored: Vec<i64> =
         m.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
+    // What this engine knew of its own leases' admission (SPEC 24.2) stays.
+    let mut admitted: HashMap<i64, i64> = HashMap::new();
     for id in stored {
-        remove_lease(m, id);
+        if let Some(n) = remove_lease(m, id).and_then(|l| l.others_at_admission) {
+            admitted.insert(id, n);
+        }
     }
     for row in rows {
         if pending_deleted.contains(&row.id) {
             continue;
         }
         let rid = m.route_id(&row.platform, &row.model_id, row.key_id);
-        m.add_lease(row.id, LeaseRec::of(rid, row));
+        let mut rec = LeaseRec::of(rid, row);
+        rec.others_at_admission = admitted.get(&row.id).copied();
+        m.add_lease(row.id, rec);
     }
 }
 

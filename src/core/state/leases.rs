@@ -16,6 +16,10 @@ pub struct LeaseRec {
     pub expires_at_ms: i64,
     /// The tenants it is taken for (SPEC 23.2).
     pub tenants: TenantList,
+    /// How many other leases were live on its key when this engine admitted it (SPEC
+    /// 24.2: what a concurrency failure of it learns); `None` for a lease read from
+    /// the store only.
+    pub others_at_admission: Option<i64>,
 }
 
 impl LeaseRec {
@@ -34,6 +38,7 @@ impl LeaseRec {
             created_at_ms: row.created_at_ms,
             expires_at_ms: row.expires_at_ms,
             tenants: row.tenants.clone(),
+            others_at_admission: None,
         }
     }
 

@@ -587,6 +587,21 @@ impl Mirror {
         self.leases.by_id.insert(id, rec);
     }
 
+    /// The live leases on route `rid`'s key (any model of its account) at `now`: what
+    /// a lease admitted on it now finds (SPEC 24.2).
+    pub fn key_leases_at(&self, rid: RouteId, now: i64) -> i64 {
+        let route = &self.routes[rid as usize];
+        let of_key = |l: &LeaseRec| {
+            let r = &self.routes[l.route as usize];
+            l.live(now) && r.key_id == route.key_id && r.platform == route.platform
+        };
+        self.accounts.list[route.account as usize]
+            .leases
+            .iter()
+            .filter(|id| self.leases.by_id.get(id).is_some_and(of_key))
+            .count() as i64
+    }
+
     pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
         self.leases.in_flight(&self.routes[rid as usize].leases, now)
     }

@@ -114,6 +114,7 @@ fn leases_count_until_they_expire() {
             created_at_ms: 0,
             expires_at_ms: 100,
             tenants: crate::core::tenants::none(),
+            others_at_admission: None,
         },
     );
     // only the lease blocks: no retry time for a sliding window

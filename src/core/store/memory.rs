@@ -445,7 +445,8 @@ impl MemoryStore {
             }
             Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
                 let before = t.history.len();
-                t.history.retain(|h| h.hit_at_ms >= *history_before);
+                // SPEC 24.2: a learned concurrency cap's rows are never swept.
+                t.history.retain(|h| h.hit_at_ms >= *history_before || h.kind == HistoryKind::Concurrency);
                 if t.history.len() != before {
                     bump(t, HISTORY);
                 }

@@ -347,8 +347,9 @@ local function apply_writes()
           xadd(0, 'D' .. SEP .. all[j])
         end
       end
+      -- SPEC 24.2: a learned concurrency cap's rows (kind:value) are never swept
       delete_matching(P .. ':history', function(_, v)
-        return tonumber(field(v, 3)) >= hist
+        return tonumber(field(v, 3)) >= hist or string.match(field(v, 2), '^[^:]*') == 'concurrency'
       end, 'history')
       i = i + 6 + 2 * n
     elseif op == 'G' then -- log value

@@ -48,6 +48,7 @@ fn a_lease_is_live_until_its_max_age() {
             created_at_ms: 0,
             expires_at_ms: 100,
             tenants: crate::core::tenants::none(),
+            others_at_admission: None,
         },
     );
     let read = m.reader();

@@ -408,7 +408,9 @@ impl SqliteStore {
         history_before: &i64,
     ) -> rusqlite::Result<i64> {
         let c = &self.conn;
-        c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?.execute([history_before])?;
+        // SPEC 24.2: a learned concurrency cap's rows are never swept.
+        c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1 AND kind <> 'concurrency'")?
+            .execute([history_before])?;
         let top = |c: &Connection| -> rusqlite::Result<i64> {
             c.prepare_cached("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage")?.query_row([], |r| r.get(0))
         };
