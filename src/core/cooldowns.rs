@@ -38,6 +38,8 @@ pub const MIN_STATED_BENCH_MS: i64 = 1_000;
 /// A learned key concurrency cap is forgotten this long after the last failure that
 /// taught or confirmed it (SPEC 15.4).
 pub const LEARNED_CAP_TTL_MS: i64 = 3_600_000;
+/// A model that failed server-side ranks after healthy ones for this long (SPEC 24.7).
+pub const MODEL_PENALTY_MS: i64 = 300_000;
 
 /// The `n`-th step (1-based) of a ladder; later steps stay on the last rung.
 pub fn ladder_step(ladder: &[i64; 4], n: i64) -> i64 {
