@@ -305,7 +305,7 @@ def test_a_version_8_file_migrates_and_keeps_its_cooldowns(db_path: object, qclo
         assert e.learned_provider_caps(P, 3).daily_requests == 50
     con = sqlite3.connect(db_path)  # type: ignore[call-overload]
     try:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 12
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 13
         rows = set(con.execute("SELECT model_id, key_id, source FROM rate_limit_cooldowns"))
         assert (M2, None, "upstream") in rows and (M2, 1, "tier") in rows
         kinds = {k for (k,) in con.execute("SELECT kind FROM failure_history")}

@@ -379,7 +379,7 @@ def test_a_file_of_schema_6_opens_and_keeps_its_failure_history(db_path: object,
         assert e.key_concurrency_cap(P, K) == 1
     con = sqlite3.connect(db_path)  # type: ignore[arg-type]
     try:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 12  # migrated to the current version
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 13  # migrated to the current version
         kinds = {k for (k,) in con.execute("SELECT kind FROM failure_history")}
         assert kinds == {"ladder", "concurrency"}
     finally:

@@ -148,7 +148,7 @@ def test_a_version_10_file_opens_with_the_same_model_limits_and_provider_caps(
         ("google", "tokens/day=7", None, None, None),
         (P, "requests/day=100 requests/minute=none", None, None, None),
     ]
-    assert sql(db_path, "PRAGMA user_version") == [(12,)]
+    assert sql(db_path, "PRAGMA user_version") == [(13,)]
 
 
 # ---------------------------------------------------------------------------- refusing files
