@@ -111,11 +111,12 @@ class QuotaEngine(_QuotaEngine):
         wait_s: float = 0.0,
         priority: int = 0,
         tenant: str | _Iterable[str] | None = None,
+        exclude: _Iterable[tuple[str, str, int] | tuple[str, str] | tuple[str]] | None = None,
     ) -> Lease:
         """``lease_any()`` for asyncio (SPEC 17.1, 17.2): waits up to ``wait_s``
         seconds without blocking the event loop; cancelling the task ends the wait
         with nothing leased. ``priority`` and ``tenant`` as for ``lease()`` (SPEC 22.1,
-        23.2)."""
+        23.2); ``exclude`` as for ``lease_any()`` (SPEC 24.7)."""
         waiter = self._lease_any_waiter(
             routes,
             estimated_tokens,
@@ -124,6 +125,7 @@ class QuotaEngine(_QuotaEngine):
             wait_s=wait_s,
             priority=priority,
             tenant=tenant,
+            exclude=exclude,
         )
         return await _wait_for(waiter)
 

@@ -132,6 +132,7 @@ class Limit:
 
 _LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | Iterable[Limit] | None
 _TenantArg: TypeAlias = str | Iterable[str] | None
+_ExcludeArg: TypeAlias = Iterable[tuple[str, str, int] | tuple[str, str] | tuple[str]] | None
 
 @final
 class Prices:
@@ -235,7 +236,8 @@ class LearnedLimit:
 @final
 class FailureOutcome:
     """What ``record_failure`` decided: the kind, the bench (None when the kind does not
-    bench; an active later-expiring cooldown is reported when it stands) and a learned limit."""
+    bench; an active later-expiring cooldown is reported when it stands), a learned limit,
+    and what the rest of the request skips."""
 
     @property
     def kind(self) -> _Kind: ...
@@ -243,6 +245,9 @@ class FailureOutcome:
     def cooldown(self) -> CooldownDecision | None: ...
     @property
     def learned(self) -> LearnedLimit | None: ...
+    @property
+    def skip(self) -> Literal["route", "model", "platform"]:
+        """What the rest of the request skips (SPEC 24.7)."""
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -675,13 +680,17 @@ class _QuotaEngine:
         wait_s: float = 0.0,
         priority: int = 0,
         tenant: _TenantArg = None,
+        exclude: _ExcludeArg = None,
     ) -> Lease:
         """Choose a route and lease it in one atomic step (SPEC 17.1): every gate of every
         candidate (duplicates once), then among those that pass the one ``strategy``
         picks: ``"headroom"`` the most room left after this request, ``"order"`` the
         first, ``"spread"`` the one this engine leased least recently. When none passes
         (and ``wait_s`` runs out), QuotaExceeded with ``refusals``, one per candidate.
-        ``priority`` as for ``lease()``; ``headroom`` scores with the priority's limits."""
+        ``priority`` as for ``lease()``; ``headroom`` scores with the priority's limits.
+        ``exclude`` (SPEC 24.7): what the request already skipped, routes
+        ``(platform, model_id, key_id)``, models ``(platform, model_id)`` and platforms
+        ``(platform,)``; the candidates they cover are refused ``"excluded"`` unchecked."""
     def _lease_waiter(
         self,
         platform: str,
@@ -706,6 +715,7 @@ class _QuotaEngine:
         wait_s: float = 0.0,
         priority: int = 0,
         tenant: _TenantArg = None,
+        exclude: _ExcludeArg = None,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_any_async``."""
     # cooldowns

@@ -371,6 +371,9 @@ pub struct Passed {
     pub key_headroom: Option<f64>,
     /// When this engine last leased it, as a count of its leases (0: never).
     pub leased_at: u64,
+    /// Its model failed server-side in the last 5 minutes (SPEC 24.7): `headroom` and
+    /// `spread` rank it after every candidate that is not penalized.
+    pub penalized: bool,
 }
 
 /// SPEC 17.1: which of the candidates that passed `strategy` picks (its position in
@@ -382,10 +385,12 @@ pub fn choose<'a>(strategy: Strategy, passed: impl IntoIterator<Item = &'a Passe
         // Least recently leased first; never leased before all.
         Strategy::Spread => -(p.leased_at as f64),
     };
-    let mut best: Option<(usize, f64)> = None;
+    // SPEC 24.7: a penalized model after every healthy one; `order` keeps the order.
+    let healthy = |p: &Passed| strategy == Strategy::Order || !p.penalized;
+    let mut best: Option<(usize, (bool, f64))> = None;
     for (i, p) in passed.into_iter().enumerate() {
-        let s = score(p);
-        if best.is_none_or(|(_, b)| s > b) {
+        let s = (healthy(p), score(p));
+        if best.is_none_or(|(_, b)| (s.0 && !b.0) || (s.0 == b.0 && s.1 > b.1)) {
             best = Some((i, s));
         }
     }
@@ -599,7 +604,7 @@ mod tests {
 
     #[test]
     fn choose_by_strategy_ties_to_the_given_order() {
-        let p = |room, key_headroom, leased_at| Passed { room, key_headroom, leased_at };
+        let p = |room, key_headroom, leased_at| Passed { room, key_headroom, leased_at, penalized: false };
         let passed = [p(0.2, None, 3), p(0.9, Some(0.1), 0), p(0.5, None, 0), p(0.5, None, 1)];
         assert_eq!(choose(Strategy::Order, &passed), Some(0));
         // the key's observed headroom bounds the second one's room
@@ -607,5 +612,18 @@ mod tests {
         // never leased first, the first of them
         assert_eq!(choose(Strategy::Spread, &passed), Some(1));
         assert_eq!(choose(Strategy::Headroom, &[]), None);
+    }
+
+    #[test]
+    fn a_penalized_model_ranks_last_for_headroom_and_spread_not_for_order() {
+        let p = |room, leased_at, penalized| Passed { room, key_headroom: None, leased_at, penalized };
+        let passed = [p(0.9, 0, true), p(0.1, 5, false), p(0.2, 9, false)];
+        assert_eq!(choose(Strategy::Order, &passed), Some(0));
+        assert_eq!(choose(Strategy::Headroom, &passed), Some(2));
+        assert_eq!(choose(Strategy::Spread, &passed), Some(1));
+        // Penalized all: ranked among themselves as usual.
+        let all = [p(0.1, 3, true), p(0.5, 1, true)];
+        assert_eq!(choose(Strategy::Headroom, &all), Some(1));
+        assert_eq!(choose(Strategy::Spread, &all), Some(1));
     }
 }

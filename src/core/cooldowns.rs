@@ -79,6 +79,8 @@ pub fn concurrency_chain_start(chain: &[(i64, i64)]) -> usize {
     let reset = concurrency_waits(chain).iter().rposition(|w| *w == CONCURRENCY_WAIT_MS).unwrap_or_default();
     reset.max(chain.len().saturating_sub(CONCURRENCY_CHAIN_KEPT))
 }
+/// A model that failed server-side ranks after healthy ones for this long (SPEC 24.7).
+pub const MODEL_PENALTY_MS: i64 = 300_000;
 
 /// The `n`-th step (1-based) of a ladder; later steps stay on the last rung.
 pub fn ladder_step(ladder: &[i64; 4], n: i64) -> i64 {

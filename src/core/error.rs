@@ -152,6 +152,8 @@ pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
 pub enum Reason {
     Cooldown,
     KeyConcurrency,
+    /// SPEC 24.7: a candidate `lease_any`'s `exclude` covers (its gates never ran).
+    Excluded,
     Declared(std::sync::Arc<str>),
 }
 
@@ -166,6 +168,7 @@ impl Reason {
             Reason::Declared(name) => name,
             Reason::Cooldown => "cooldown",
             Reason::KeyConcurrency => "key_concurrency",
+            Reason::Excluded => "excluded",
         }
     }
 }

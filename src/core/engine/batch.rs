@@ -6,12 +6,13 @@ use super::unit::{Access, Applied};
 use super::usage::TokenUse;
 use super::{admit, check_priority, observed, priced, Engine};
 use crate::core::admission::{self, Passed};
-use crate::core::error::{Error, Refusal, Result};
+use crate::core::cooldowns::MODEL_PENALTY_MS;
+use crate::core::error::{Error, Reason, Refusal, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, RouteId};
 use crate::core::store::{TokenKinds, UsageKind, Write};
 use crate::core::tenants::TenantList;
-use crate::core::types::{check_non_negative, Admission, Route, Strategy};
+use crate::core::types::{check_non_negative, Admission, Exclusion, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
@@ -46,6 +47,9 @@ pub enum BatchOp {
         strategy: Strategy,
         priority: i64,
         tenants: TenantList,
+        /// SPEC 24.7: what the request already skipped; the candidates they cover are
+        /// refused ("excluded") without running their gates.
+        exclude: Vec<Exclusion>,
     },
     Success {
         lease_id: i64,
@@ -186,13 +190,13 @@ impl Engine {
                         &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
-                BatchOp::LeaseAny { routes, est, strategy, priority, tenants } => {
+                BatchOp::LeaseAny { routes, est, strategy, priority, tenants, exclude } => {
                     outs.push(BatchOut::of_choice(self.batch_lease_any(
                         routes,
                         *est,
                         *strategy,
-                        *priority,
-                        tenants,
+                        (*priority, tenants),
+                        exclude,
                         &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
@@ -267,8 +271,8 @@ impl Engine {
     /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
     /// index of its candidate in `routes`.
     pub(super) fn batch_lease_any(
-        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, priority: i64, tenants: &TenantList,
-        sec: &mut Section<'_>,
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy,
+        (priority, tenants): (i64, &TenantList), exclude: &[Exclusion], sec: &mut Section<'_>,
     ) -> Result<(i64, usize)> {
         let now = sec.now;
         check_estimate(est)?;
@@ -281,6 +285,19 @@ impl Engine {
         let mut passed: Vec<(usize, RouteId, Estimate, Passed)> = Vec::new();
         for (i, route) in routes.iter().enumerate() {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
+                continue;
+            }
+            // SPEC 24.7: what the request skipped runs no gate.
+            if exclude.iter().any(|x| x.covers(route)) {
+                refusals.push(Refusal {
+                    tenant: None,
+                    reason: Reason::Excluded,
+                    retry_at_ms: None,
+                    platform: route.platform.clone(),
+                    model_id: route.model_id.clone(),
+                    key_id: route.key_id,
+                    candidates: Vec::new(),
+                });
                 continue;
             }
             // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
@@ -298,7 +315,12 @@ impl Engine {
                 _ => None,
             };
             let leased_at = self.leased_at.get(&rid).copied().unwrap_or(0);
-            passed.push((i, rid, priced, Passed { room: verdict.room, key_headroom, leased_at }));
+            // SPEC 24.7: a model that failed server-side lately ranks after healthy ones.
+            let since = now.saturating_sub(MODEL_PENALTY_MS);
+            let penalized = strategy != Strategy::Order
+                && self.unit.mirror.history.penalized(&route.platform, &route.model_id, since);
+            let room = verdict.room;
+            passed.push((i, rid, priced, Passed { room, key_headroom, leased_at, penalized }));
             if strategy == Strategy::Order {
                 break;
             }

@@ -15,8 +15,8 @@ use crate::core::cooldowns::{
 use crate::core::error::{Error, Result};
 use crate::core::limits::{classic_slot, LimitSet, Metric, DAY};
 use crate::core::parse::{
-    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
-    LearnedLimit, LimitAxis,
+    failure_skip, infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms,
+    FailureKind, LearnedLimit, LimitAxis, Skip,
 };
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{check_name, check_non_negative, Cooldown, CooldownSource, ModelInfo, Route};
@@ -49,6 +49,8 @@ pub struct FailureOutcome {
     pub kind: FailureKind,
     pub cooldown: Option<CooldownDecision>,
     pub learned: Option<LearnedLimit>,
+    /// What the rest of the request skips (SPEC 24.7).
+    pub skip: Skip,
 }
 
 /// The failure policy (SPEC §6, §7, 15.4, 21): cooldowns and their probes, what a
@@ -72,6 +74,17 @@ impl Engine {
         self.release_lease(lease_id)?;
         Ok(out)
     }
+}
+
+/// The kinds whose failure penalizes the model for `headroom` and `spread` (SPEC 24.7).
+fn penalizes(kind: FailureKind) -> bool {
+    matches!(
+        kind,
+        FailureKind::ServerError
+            | FailureKind::Timeout
+            | FailureKind::Transport
+            | FailureKind::EmptyCompletion
+    )
 }
 
 /// A failure-history row of `kind` for the route at `now`.
@@ -377,13 +390,27 @@ impl Failures<'_> {
             check_non_negative("retry_after", ms)?;
         }
         let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
-        self.writing(|e, now, writes| e.record_failure_at(route, f, kind, lease, now, writes)).map(|(o, _)| o)
+        self.writing(|e, now, writes| {
+            if penalizes(kind) {
+                // SPEC 24.7: the model ranks after healthy ones for 5 minutes, in every
+                // engine sharing the store (the latest row per key and model says when).
+                writes.push(Write::DeleteHistory {
+                    key_id: route.key_id,
+                    route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                    kinds: vec![HistoryKind::Penalty],
+                });
+                writes.push(history_row(route, HistoryKind::Penalty, now));
+            }
+            e.record_failure_at(route, f, kind, lease, now, writes)
+        })
+        .map(|(o, _)| o)
     }
 
     fn record_failure_at(
         &mut self, route: &Route, f: FailureInput, kind: FailureKind, lease: Option<i64>, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
+        let skip = failure_skip(kind, f.status, f.message.as_deref());
         let limits = f.limits.clone();
         // SPEC 21.2: a pool 429's X-RateLimit-Reset is the authoritative retry time.
         let pool = parse_pool_429(f.status, f.message.as_deref(), &f.headers);
@@ -423,7 +450,7 @@ impl Failures<'_> {
             KindRule::None | KindRule::Concurrency => None,
             KindRule::Upstream if !local => {
                 let cooldown = Some(self.bench_upstream(route, retry_ms, now, writes));
-                return Ok(FailureOutcome { kind, cooldown, learned });
+                return Ok(FailureOutcome { kind, cooldown, learned, skip });
             }
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
@@ -487,7 +514,7 @@ impl Failures<'_> {
                 }
             }
         });
-        Ok(FailureOutcome { kind, cooldown, learned })
+        Ok(FailureOutcome { kind, cooldown, learned, skip })
     }
 
     /// A probe passed for `key_id` (SPEC §11): clears every heuristic cooldown of the

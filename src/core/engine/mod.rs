@@ -50,7 +50,7 @@ use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{LeaseRow, Store, Write};
-use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
+use crate::core::types::{check_name, check_non_negative, Admission, Exclusion, Route, Strategy};
 use std::sync::Arc;
 use std::time::Duration;
 use unit::{Access, HOLD_MAX_MS};
@@ -287,7 +287,18 @@ impl Engine {
         &mut self, routes: &[Route], est: Estimate, strategy: Strategy, tenants: &TenantList,
     ) -> Result<(i64, usize)> {
         let (routes, tenants) = (routes.to_vec(), tenants.clone());
-        self.single(BatchOp::LeaseAny { routes, est, strategy, priority: 0, tenants }).chosen()
+        let exclude = Vec::new();
+        self.single(BatchOp::LeaseAny { routes, est, strategy, priority: 0, tenants, exclude }).chosen()
+    }
+
+    /// `lease_any()` for a request that already skipped `exclude` (SPEC 24.7): the
+    /// candidates they cover are refused ("excluded") without running their gates.
+    pub fn lease_any_excluding(
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, exclude: &[Exclusion],
+    ) -> Result<(i64, usize)> {
+        let (routes, exclude) = (routes.to_vec(), exclude.to_vec());
+        let tenants = tenants::none();
+        self.single(BatchOp::LeaseAny { routes, est, strategy, priority: 0, tenants, exclude }).chosen()
     }
 
     /// Idempotent.

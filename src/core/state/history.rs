@@ -77,7 +77,8 @@ impl History {
                 HistoryKind::Concurrency
                 | HistoryKind::PoolMinute
                 | HistoryKind::PoolDay
-                | HistoryKind::Upstream => {}
+                | HistoryKind::Upstream
+                | HistoryKind::Penalty => {}
                 _ => {
                     route_rows |=
                         &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
@@ -97,6 +98,18 @@ impl History {
             })
             .map(|h| h.hit_at_ms)
             .collect()
+    }
+
+    /// Whether a (platform, model) failed in a way that penalizes it (SPEC 24.7) on any
+    /// key at or after `since`. O(1) when no key has failure history (the hot path).
+    pub fn penalized(&self, platform: &str, model_id: &str, since: i64) -> bool {
+        !self.by_key.is_empty()
+            && self.by_key.values().flatten().any(|h| {
+                h.kind == HistoryKind::Penalty
+                    && h.hit_at_ms >= since
+                    && &*h.platform == platform
+                    && &*h.model_id == model_id
+            })
     }
 
     /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an

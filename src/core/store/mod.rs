@@ -242,6 +242,10 @@ pub enum HistoryKind {
     /// A provider daily-requests cap learned from a pool 429 (model_id ''; `value`
     /// the cap), SPEC 21.2.
     PoolDay,
+    /// A failure of the route's model that penalizes it for `headroom` and `spread`
+    /// (SPEC 24.7: server_error, timeout, transport, empty_completion): the
+    /// (platform, model)'s rows over every key, the latest per key.
+    Penalty,
 }
 
 impl HistoryKind {
@@ -256,6 +260,7 @@ impl HistoryKind {
             HistoryKind::Upstream => "upstream",
             HistoryKind::PoolMinute => "pool_minute",
             HistoryKind::PoolDay => "pool_day",
+            HistoryKind::Penalty => "penalty",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -269,6 +274,7 @@ impl HistoryKind {
             "upstream" => HistoryKind::Upstream,
             "pool_minute" => HistoryKind::PoolMinute,
             "pool_day" => HistoryKind::PoolDay,
+            "penalty" => HistoryKind::Penalty,
             _ => return None,
         })
     }

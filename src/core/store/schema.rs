@@ -305,6 +305,24 @@ CREATE TABLE tenant_limits (
     tz     TEXT
 );
 INSERT INTO quotaengine_meta (name, version) VALUES ('tenant_limits', 0);
+-- Also in version 13: the model penalty (SPEC 24.7). One more kind of failure history,
+-- 'penalty': a server_error, timeout, transport or empty_completion of the route's
+-- model, which ranks the model after healthy ones for `headroom` and `spread` for 5
+-- minutes (the latest per key and model). The table is rebuilt to widen its CHECK.
+CREATE TABLE failure_history_v13 (
+    platform  TEXT    NOT NULL,
+    model_id  TEXT    NOT NULL,
+    key_id    INTEGER NOT NULL,
+    kind      TEXT    NOT NULL
+              CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty', 'transient', 'concurrency',
+                              'upstream', 'pool_minute', 'pool_day', 'penalty')),
+    hit_at_ms INTEGER NOT NULL,
+    value     INTEGER
+);
+INSERT INTO failure_history_v13 SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history;
+DROP TABLE failure_history;
+ALTER TABLE failure_history_v13 RENAME TO failure_history;
+CREATE INDEX idx_failure_history_key ON failure_history (key_id);
 "#,
 ];
 

@@ -1,6 +1,6 @@
 //! Leases (SPEC §5, 17): admission at once or waiting, the lease objects, and the
 //! steppers the async forms drive.
-use super::args::{route, routes_arg, wait_arg};
+use super::args::{exclude_arg, route, routes_arg, wait_arg};
 use super::PyQuotaEngine;
 use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut};
@@ -44,11 +44,14 @@ impl Admit {
     }
 
     /// `lease_any()`'s arguments.
+    #[allow(clippy::too_many_arguments)]
     fn any(
         routes: &Arg, estimated_tokens: Option<&Arg>, estimated_output_tokens: Option<&Arg>,
         strategy: Option<&Arg>, wait_s: Option<&Arg>, priority: Option<&Arg>, tenant: Option<&Arg>,
+        exclude: Option<&Arg>,
     ) -> PyResult<Admit> {
         let rs = routes_arg(routes)?;
+        let exclude = exclude_arg(exclude)?;
         let est = estimate(estimated_tokens, estimated_output_tokens)?;
         let strategy: Strategy = match strategy.filter(|s| !s.is_none()) {
             Some(s) => str_arg(s, "strategy")?.parse()?,
@@ -56,7 +59,15 @@ impl Admit {
         };
         let (wait, priority) = (wait_arg(wait_s)?, opt_priority_arg(priority)?);
         let tenants = tenants_arg(tenant)?;
-        let op = BatchOp::LeaseAny { routes: rs.clone(), est, strategy, priority, tenants: tenants.clone() };
+        let tenants_of_op = tenants.clone();
+        let op = BatchOp::LeaseAny {
+            routes: rs.clone(),
+            est,
+            strategy,
+            priority,
+            tenants: tenants_of_op,
+            exclude,
+        };
         Ok(Admit { op, routes: rs, est, wait, tenants })
     }
 
@@ -127,14 +138,15 @@ impl PyQuotaEngine {
     /// its stored limits), every gate of every candidate, one of those that pass
     /// picked by `strategy` ("headroom", "order" or "spread"), and its lease taken, in
     /// one atomic step; with `wait_s`, waits for capacity as `lease()` does.
-    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None, tenant=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0, tenant=None)")]
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None, tenant=None, exclude=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0, tenant=None, exclude=None)")]
     #[allow(clippy::too_many_arguments)]
     fn lease_any(
         &self, py: Python<'_>, routes: &Arg, estimated_tokens: Option<&Arg>,
         estimated_output_tokens: Option<&Arg>, strategy: Option<&Arg>, wait_s: Option<&Arg>,
-        priority: Option<&Arg>, tenant: Option<&Arg>,
+        priority: Option<&Arg>, tenant: Option<&Arg>, exclude: Option<&Arg>,
     ) -> PyResult<Py<PyLease>> {
-        Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority, tenant)?
+        let output = estimated_output_tokens;
+        Admit::any(routes, estimated_tokens, output, strategy, wait_s, priority, tenant, exclude)?
             .lease(py, self)
     }
 
@@ -152,13 +164,15 @@ impl PyQuotaEngine {
     }
 
     /// The stepper behind `lease_any_async`.
-    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None, tenant=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0, tenant=None)")]
+    #[pyo3(signature = (routes, estimated_tokens=None, *, estimated_output_tokens=None, strategy=None, wait_s=None, priority=None, tenant=None, exclude=None), text_signature = "(self, routes, estimated_tokens=0, *, estimated_output_tokens=0, strategy='headroom', wait_s=0.0, priority=0, tenant=None, exclude=None)")]
     #[allow(clippy::too_many_arguments)]
     fn _lease_any_waiter(
         &self, routes: &Arg, estimated_tokens: Option<&Arg>, estimated_output_tokens: Option<&Arg>,
         strategy: Option<&Arg>, wait_s: Option<&Arg>, priority: Option<&Arg>, tenant: Option<&Arg>,
+        exclude: Option<&Arg>,
     ) -> PyResult<PyLeaseWaiter> {
-        Ok(Admit::any(routes, estimated_tokens, estimated_output_tokens, strategy, wait_s, priority, tenant)?
+        let output = estimated_output_tokens;
+        Ok(Admit::any(routes, estimated_tokens, output, strategy, wait_s, priority, tenant, exclude)?
             .waiter(self))
     }
 }
