@@ -106,6 +106,7 @@ mod tests {
             platform: "groq".into(),
             model_id: "m".into(),
             key_id,
+            tenant: None,
             candidates: Vec::new(),
         }
     }
@@ -143,6 +144,14 @@ mod tests {
             assert_eq!(v.getattr("retry_at_ms").unwrap().extract::<Option<i64>>().unwrap(), Some(5));
             assert_eq!(v.getattr("key_id").unwrap().extract::<i64>().unwrap(), 1);
             assert!(v.getattr("_refusals").unwrap().is_none());
+            assert!(v.getattr("tenant").unwrap().is_none());
+            // SPEC 23.2: a tenant's refusal names the tenant, on the exception and each Refusal.
+            let mut by_tenant = refusal(3, None);
+            by_tenant.tenant = Some("team:x".into());
+            let v = PyErr::from(Error::Refused(Box::new(by_tenant))).value(py).clone();
+            assert_eq!(v.getattr("tenant").unwrap().extract::<String>().unwrap(), "team:x");
+            let r = v.getattr("refusals").unwrap().get_item(0).unwrap();
+            assert_eq!(r.getattr("tenant").unwrap().extract::<String>().unwrap(), "team:x");
 
             let any = Refusal::of_candidates(vec![refusal(1, None), refusal(2, Some(9))]).unwrap();
             let v = PyErr::from(Error::Refused(Box::new(any))).value(py).clone();
