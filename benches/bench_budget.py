@@ -1,6 +1,6 @@
 """A dollar budget under contention (issue 34): can concurrent callers spend past it?
 
-    python benches/bench_budget.py [--procs 4] [--threads 8] [--seconds 5] [--budget 1.0]
+    python benches/bench_budget.py [--procs 4] [--threads 8] [--seconds 5] [--budget 1.0] [--tenant]
 
 Several processes of several threads each spend from one budget of ``--budget`` dollars a
 day for ``--seconds``: every call reserves a random $0.001–0.02 (its estimate at the
@@ -16,6 +16,11 @@ budget, each on the same workload:
   cost): two statements, each its own transaction, so callers that read the same spend
   all pass. LiteLLM's proxy budget check has this shape (BerriAI/litellm#40095: "concurrent
   first requests ran far over a budget"); it is not run here, the machine being offline.
+
+With ``--tenant`` the budget is a tenant's (SPEC 23.2): ``set_tenant_limits("acme",
+[Limit.dollars(budget, "day")])``, every call a ``lease_any`` over two models at two
+prices ($10 and $5 a million tokens) for the tenants ``acme`` and its caller's own
+``user:<process>``: the tenant's gate holds across routes, each candidate at its own price.
 
 Each worker logs what it was admitted for; the tally is checked after the run.
 """
@@ -37,13 +42,14 @@ import time
 from typing import Any
 
 P, M, K = "openai", "gpt-4o", 1
+CHEAP = "gpt-4o-mini"  # --tenant: the second route, at half the price
 # 10 $ per million input tokens: a token is 10 µ$ (exact), so an estimate of n tokens
 # reserves exactly 10 n µ$.
 PRICE = 10.0
 LOW, HIGH = 100, 2_000  # tokens: $0.001 to $0.02
 
 
-def engine_worker(store: str, threads: int, seconds: float, seed: int, out: Any) -> None:
+def engine_worker(store: str, threads: int, seconds: float, seed: int, tenant: bool, out: Any) -> None:
     import quotaengine as q
 
     e = q.QuotaEngine(store, env={})
@@ -57,7 +63,11 @@ def engine_worker(store: str, threads: int, seconds: float, seed: int, out: Any)
         while time.monotonic() < stop:
             n = rng.randint(LOW, HIGH)
             try:
-                lease = e.lease(P, M, K, n)
+                if tenant:
+                    routes = [(P, M, K), (P, CHEAP, K)]
+                    lease = e.lease_any(routes, n, strategy="spread", tenant=["acme", f"user:{seed}"])
+                else:
+                    lease = e.lease(P, M, K, n)
             except q.QuotaExceeded:
                 with lock:
                     refused[0] += 1
@@ -65,7 +75,7 @@ def engine_worker(store: str, threads: int, seconds: float, seed: int, out: Any)
                 continue
             lease.success(input_tokens=n)
             with lock:
-                admitted.append(n * 10)
+                admitted.append(n * (5 if lease.model_id == CHEAP else 10))
 
     pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for t in pool:
@@ -147,6 +157,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--budget", type=float, default=1.0)
+    ap.add_argument("--tenant", action="store_true", help="the budget is a tenant's, over two routes")
     args = ap.parse_args()
     import quotaengine as q
 
@@ -159,13 +170,21 @@ def main() -> None:
             for name, store in stores.items():
                 with q.QuotaEngine(store, env={}) as e:
                     e.set_model_prices(P, M, q.Prices(PRICE, PRICE))
-                    e.set_model_limits(P, M, limits=[q.Limit.dollars(args.budget, "day")])
+                    e.set_model_prices(P, CHEAP, q.Prices(PRICE / 2, PRICE / 2))
+                    if args.tenant:
+                        e.set_tenant_limits("acme", [q.Limit.dollars(args.budget, "day")])
+                    else:
+                        e.set_model_limits(P, M, limits=[q.Limit.dollars(args.budget, "day")])
                 spent, calls, refused = run_pool(
-                    engine_worker, lambda j, s=store: (s, args.threads, args.seconds, j), args.procs
+                    engine_worker, lambda j, s=store: (s, args.threads, args.seconds, j, args.tenant), args.procs
                 )
                 with q.QuotaEngine(store, env={}) as e:
-                    recorded = e.usage(P, M, K)["cost/day"]["used"]
-                rows.append((f"quotaengine, {name}", spent, recorded, calls, refused))
+                    if args.tenant:
+                        recorded = e.tenant_usage("acme")["cost/day"]["used"]
+                    else:
+                        recorded = e.usage(P, M, K)["cost/day"]["used"]
+                holder = "a tenant's cost limit over two routes" if args.tenant else "a model's cost limit"
+                rows.append((f"quotaengine, {holder}, {name}", spent, recorded, calls, refused))
         finally:
             redis.terminate()
             redis.wait()

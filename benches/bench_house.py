@@ -4,6 +4,7 @@
     python benches/bench_house.py --a DIR_A --b DIR_B [--calls 2000]
     python benches/bench_house.py --a DIR_A --b DIR_B --wall [--runs 5] [--ops 20000]
     python benches/bench_house.py --a DIR --b DIR --priced   # the same build, B priced
+    python benches/bench_house.py --a DIR --b DIR --tenant   # the same build, B for a tenant
 
 ``DIR_A`` / ``DIR_B``: ``pip install --target DIR wheel.whl`` of two release wheels (the
 previous commit's and this one's). A reshaping must leave the hot path where it was
@@ -54,14 +55,21 @@ for p, m, _ in routes:
         e.set_model_prices(p, m, q.Prices(0.15, 0.6, cached_input=0.075, per_request=0.0001))
         e.set_model_limits(p, m, rpm=10**12, rpd=10**15, tpm=10**15, tpd=10**18,
                            limits=[q.Limit("requests", 10**15, "5h"), q.Limit.dollars(10**6, "day")])
+kw = {}
+if workload.endswith(" tenant"):
+    # SPEC 23.2: priced routes, each call for a tenant with a daily dollar budget never reached.
+    for p, m, _ in routes:
+        e.set_model_prices(p, m, q.Prices(0.15, 0.6, cached_input=0.075, per_request=0.0001))
+    e.set_tenant_limits("acme", [q.Limit.dollars(10**6, "day")])
+    kw = {"tenant": "acme"}
 if workload.startswith("lease "):
-    call = lambda: e.lease("p0", "m", 1, 500)
+    call = lambda: e.lease("p0", "m", 1, 500, **kw)
 elif workload.startswith("any first"):
-    call = lambda: e.lease_any(routes, estimated_tokens=500, strategy="headroom")
+    call = lambda: e.lease_any(routes, estimated_tokens=500, strategy="headroom", **kw)
 else:
     for p, m, k in routes[:4]:
         e.set_cooldown(p, m, k, 10**12)
-    call = lambda: e.lease_any(routes, estimated_tokens=500, strategy="order")
+    call = lambda: e.lease_any(routes, estimated_tokens=500, strategy="order", **kw)
 t = time.perf_counter_ns()
 for _ in range(ops):
     clock.advance(10)
@@ -74,14 +82,15 @@ print(json.dumps({"ns": ns}))
 WORKLOADS = [f"{w} flush={f}" for f in (0, 10) for w in ("lease", "any first", "any last")]
 
 
-def instructions(builds: dict[str, str], n: int, priced: bool) -> None:
+def instructions(builds: dict[str, str], n: int, variant: str) -> None:
     print("| workload | A instructions/call | B instructions/call | B/A |")
     print("|---|---:|---:|---:|")
     for w in WORKLOADS:
         per = {}
         for name, pkg in builds.items():
-            # --priced: B's routes have prices and a dollar budget (A's not).
-            wl = f"{w} priced" if priced and name == "B" else w
+            # --priced / --tenant: B's calls priced with a dollar budget, or made for a
+            # tenant with one (A's not).
+            wl = f"{w} {variant}" if variant and name == "B" else w
             lo, hi = instructions_of(pkg, wl, n, CHILD), instructions_of(pkg, wl, 3 * n, CHILD)
             per[name] = (hi - lo) / (2 * n)
         print(f"| {w} | {per['A']:,.0f} | {per['B']:,.0f} | {per['B'] / per['A']:.3f} |", flush=True)
@@ -96,12 +105,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ops", type=int, default=20_000)
     ap.add_argument("--priced", action="store_true", help="B's routes priced, with a dollar budget (Part 22)")
+    ap.add_argument("--tenant", action="store_true", help="B's calls for a tenant with a dollar budget (Part 22)")
     args = ap.parse_args()
     builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
     if args.wall:
         print_ab(interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops), WORKLOADS)
     else:
-        instructions(builds, args.calls, args.priced)
+        instructions(builds, args.calls, "priced" if args.priced else "tenant" if args.tenant else "")
 
 
 if __name__ == "__main__":

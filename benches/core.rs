@@ -69,6 +69,7 @@ fn main() {
                     limits: limits.clone(),
                     check: true,
                     priority: 0,
+                    tenants: quotaengine::core::tenants::none(),
                 })
                 .collect();
             let ids: Vec<i64> = e.run_batch(ops).into_iter().map(|o| o.lease_id().unwrap()).collect();
@@ -79,6 +80,7 @@ fn main() {
                     lease_id: *id,
                     route: routes[(i * 8 + j) % routes.len()].clone(),
                     tokens: Some(quotaengine::core::engine::TokenUse::total(500)),
+                    tenants: quotaengine::core::tenants::none(),
                 })
                 .collect();
             e.run_batch(ops);

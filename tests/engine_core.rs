@@ -372,6 +372,7 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
         limits: None,
         check: true,
         priority: 0,
+        tenants: quotaengine::core::tenants::none(),
     };
     let held = h.batch(op()).lease_id().unwrap();
     let h2 = h.clone();
@@ -386,7 +387,14 @@ fn a_waiter_is_admitted_when_a_lease_of_its_engine_ends() {
     assert_ne!(id, held);
     // A ManualClock that never moves: the recorded request's retry time (60 s away)
     // lies beyond a 1 s wait, which is refused at once.
-    h.batch(BatchOp::Success { lease_id: id, route: r.clone(), tokens: None }).done().unwrap();
+    h.batch(BatchOp::Success {
+        lease_id: id,
+        route: r.clone(),
+        tokens: None,
+        tenants: quotaengine::core::tenants::none(),
+    })
+    .done()
+    .unwrap();
     let t0 = Instant::now();
     let err = Waiter::new(&h, op(), Duration::from_secs(1)).run(|| Ok(())).unwrap_err();
     assert!(matches!(err, Error::Refused(_)));
@@ -474,4 +482,37 @@ fn a_reader_of_a_file_no_writer_of_this_version_opened_reads_the_quota_at_each_c
     assert_eq!(r.observed().key_quota_headroom("pa").unwrap(), vec![(1, 0.4)]);
     insert("pb", 20);
     assert_eq!(r.observed().key_quota_headroom("pb").unwrap(), vec![(1, 0.2)]);
+}
+
+/// SPEC 23.2 without Python: a tenant's limit holds across two engines on one file and
+/// across routes; the refusal names the tenant by its own name though a pattern declared
+/// the limit.
+#[test]
+fn a_tenants_limit_holds_across_engines_and_routes() {
+    use quotaengine::core::admission::Estimate;
+    use quotaengine::core::limits::Limit;
+    use quotaengine::core::tenants;
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    a.set_tenant_limits("team:*", vec![Limit::parse("requests", 2, "minute", "account").unwrap()], None)
+        .unwrap();
+    let who = tenants::parse(vec!["team:red".into(), "user:1".into()]).unwrap();
+    let other = Route::new("groq", "other", 2).unwrap();
+    let est = Estimate::tokens(10);
+    let id = a.lease_for(&route(), est, None, &who).unwrap();
+    b.lease_for(&other, est, None, &who).unwrap();
+    for e in [&mut a, &mut b] {
+        let err = e.lease_for(&other, est, None, &who).unwrap_err();
+        let Error::Refused(r) = err else { panic!("{err:?}") };
+        assert_eq!((r.reason.as_str(), r.tenant.as_deref()), ("tenant:requests/minute", Some("team:red")));
+    }
+    // another team has its own windows; a lease of no tenant is not counted
+    let blue = tenants::parse(vec!["team:blue".into()]).unwrap();
+    b.lease_for(&other, est, None, &blue).unwrap();
+    a.lease(&route(), 0, None).unwrap();
+    // ending a lease frees the tenant's slot in the other engine
+    a.release_lease(id).unwrap();
+    b.lease_for(&other, est, None, &who).unwrap();
+    let usage = b.tenant_usage("team:red").unwrap();
+    assert_eq!((usage[0].window.as_str(), usage[0].used, usage[0].in_flight), ("requests/minute", 0, 2));
 }

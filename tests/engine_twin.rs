@@ -225,6 +225,7 @@ fn a_batch_of_several_callers_is_one_commit() {
         limits: None,
         check: true,
         priority: 0,
+        tenants: quotaengine::core::tenants::none(),
     };
     let outs = e.run_batch(vec![lease(1), lease(1), lease(1), lease(1)]);
     assert_eq!(control.commits() - before, 1);

@@ -11,9 +11,10 @@ use quotaengine::core::money::Prices;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
 use quotaengine::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TokenKinds,
-    UsageFilter, UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TenantLimitsRow,
+    TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
+use quotaengine::core::tenants::TenantList;
 use quotaengine::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
@@ -187,6 +188,7 @@ contract!(
     the_feed_follows_on_from_a_load,
     usage_events_are_one_row_per_request_and_filtered,
     costs_travel_with_their_rows_and_leases,
+    renewed_leases_count_again_even_after_a_sweep,
     many_rows_at_once_are_all_written,
     the_sweep_deletes_what_retention_no_longer_keeps,
     deletes_of_history_and_cooldowns_match_what_they_name,
@@ -199,6 +201,9 @@ contract!(
     claims_and_sole_writer,
     model_prices_are_set_replaced_and_forgotten,
     platform_limits_are_replaced_and_forgotten,
+    tenants_travel_with_their_rows_and_leases,
+    tenant_limits_are_set_replaced_and_forgotten,
+    an_optimistic_lease_conflicts_on_a_shared_tenant,
 );
 
 // ---- rows -----------------------------------------------------------------------
@@ -214,6 +219,7 @@ fn usage(key_id: i64, kind: UsageKind, tokens: i64, count: i64, at: i64) -> Usag
         created_at_ms: at,
         kinds: TokenKinds::default(),
         cost: 0,
+        tenants: quotaengine::core::tenants::none(),
     }
 }
 
@@ -232,6 +238,7 @@ fn lease(id: i64, key_id: i64, expires: i64) -> LeaseRow {
         cost: 0,
         created_at_ms: T0,
         expires_at_ms: expires,
+        tenants: quotaengine::core::tenants::none(),
     }
 }
 
@@ -423,6 +430,234 @@ fn platform_limits_are_replaced_and_forgotten(b: &dyn Backend) {
     assert_eq!(ch.platform_limits.map(|p| p.len()), Some(1));
 }
 
+/// Tenants as a call names them (SPEC 23.2).
+fn tenants(names: &[&str]) -> TenantList {
+    names.iter().map(|n| Arc::from(*n)).collect()
+}
+
+/// SPEC 23.2: the tenants a usage row was served for and a lease is taken for reach
+/// every other handle (the feed, a load, the leases) and `usage_events` exactly, in
+/// the order given, whatever their names hold; every event of a merged row carries
+/// them; rows without tenants stay without, beside them in one grouped insert.
+fn tenants_travel_with_their_rows_and_leases(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    let odd = tenants(&["quote\"d", "back\\slash", "é🦀 中文", "a\u{1f}b\u{1e}c\n", "team:x"]);
+    let two = tenants(&["user:a", "team:x"]);
+    let with = |u: UsageRow, t: &TenantList| Write::Usage(UsageRow { tenants: t.clone(), ..u });
+    let writes = vec![
+        with(usage(1, UsageKind::Request, 0, 1, T0), &two),
+        with(
+            UsageRow {
+                kinds: TokenKinds { input: Some(70), output: Some(30), cached: None },
+                cost: 2_345,
+                ..usage(1, UsageKind::Tokens, 100, 1, T0 + 1)
+            },
+            &odd,
+        ),
+        request(1, T0 + 2),
+        // Forty requests merged while degraded: one grouped insert and single rows.
+        with(usage(2, UsageKind::Request, 0, 40, T0 + 3), &two),
+        Write::InsertLease(LeaseRow { tenants: odd.clone(), cost: 7, ..lease(5, 1, T0 + 60_000) }),
+        Write::InsertLease(lease(6, 1, T0 + 60_000)),
+        Write::InsertLease(LeaseRow { tenants: two.clone(), output_tokens: 0, ..lease(7, 1, T0 + 60_000) }),
+    ];
+    commit(&mut *a, &writes);
+    // Many rows at once, some for tenants and some not (grouped inserts).
+    let many: Vec<Write> = (0..100)
+        .map(|i| {
+            if i % 3 == 0 {
+                request(3, T0 + 10 + i)
+            } else {
+                with(usage(3, UsageKind::Request, 0, 1, T0 + 10 + i), &odd)
+            }
+        })
+        .collect();
+    a.begin(true).unwrap();
+    let _ = a.pull().unwrap();
+    a.write_all(&many.iter().collect::<Vec<_>>()).unwrap();
+    a.commit().unwrap();
+    let expect = |rows: &[UsageRow]| {
+        let of = |key: i64| rows.iter().filter(|u| u.key_id == key).collect::<Vec<_>>();
+        let k1 = of(1);
+        assert_eq!(k1.len(), 3, "{k1:?}");
+        let req = k1.iter().find(|u| u.kind == UsageKind::Request && u.created_at_ms == T0).unwrap();
+        assert_eq!(req.tenants, two);
+        let tok = k1.iter().find(|u| u.kind == UsageKind::Tokens).unwrap();
+        assert_eq!((&tok.tenants, tok.cost, tok.kinds.input), (&odd, 2_345, Some(70)));
+        assert!(k1.iter().find(|u| u.created_at_ms == T0 + 2).unwrap().tenants.is_empty());
+        let k2 = of(2);
+        assert_eq!(k2.iter().map(|u| u.requests()).sum::<i64>(), 40);
+        assert!(k2.iter().all(|u| u.tenants == two), "every event of a merged row");
+        let k3 = of(3);
+        assert_eq!(k3.len(), 100);
+        for u in k3 {
+            let want = if (u.created_at_ms - T0 - 10) % 3 == 0 { tenants(&[]) } else { odd.clone() };
+            assert_eq!(u.tenants, want, "{u:?}");
+        }
+    };
+    let ch = pull(&mut *r);
+    expect(&ch.usage);
+    let mut leases = ch.leases.unwrap();
+    leases.sort_by_key(|l| l.id);
+    assert_eq!(
+        leases,
+        vec![
+            LeaseRow { tenants: odd.clone(), cost: 7, ..lease(5, 1, T0 + 60_000) },
+            lease(6, 1, T0 + 60_000),
+            LeaseRow { tenants: two.clone(), output_tokens: 0, ..lease(7, 1, T0 + 60_000) },
+        ]
+    );
+    // One row per event, each with its tenants.
+    let events = a.usage_events(&UsageFilter::default()).unwrap();
+    assert_eq!(events.len(), 3 + 40 + 100);
+    expect(&events);
+    let k1 = a.usage_events(&UsageFilter { key_id: Some(1), ..UsageFilter::default() }).unwrap();
+    assert_eq!(k1.iter().map(|u| u.tenants.len()).collect::<Vec<_>>(), vec![2, 5, 0]);
+    // A handle opened later loads them too.
+    let mut late = b.open();
+    let (loaded, ch) = start(&mut *late, 0);
+    expect(&loaded);
+    let mut leases = ch.leases.unwrap();
+    leases.sort_by_key(|l| l.id);
+    assert_eq!(leases.iter().map(|l| l.tenants.clone()).collect::<Vec<_>>(), vec![odd, tenants(&[]), two]);
+}
+
+/// SPEC 23.2: a tenant's (or a pattern's) declaration with its zone, replaced whole,
+/// forgotten when its limits are empty; every other handle reads the whole table when
+/// it changed.
+fn tenant_limits_are_set_replaced_and_forgotten(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    start(&mut *r, 0);
+    let lim = |m: &str, n: i64, per: &str| Limit::parse(m, n, per, "account").unwrap();
+    let set = |t: &str, limits: Vec<Limit>, tz: Option<&str>| {
+        Write::SetTenantLimits(TenantLimitsRow { tenant: t.into(), limits, tz: tz.map(Into::into) })
+    };
+    let row = |t: &str, limits: Vec<Limit>, tz: Option<&str>| TenantLimitsRow {
+        tenant: t.into(),
+        limits,
+        tz: tz.map(Into::into),
+    };
+    let sorted = |mut rows: Vec<TenantLimitsRow>| {
+        rows.sort_by(|x, y| x.tenant.cmp(&y.tenant));
+        rows
+    };
+    let budget = vec![lim("cost", 5_000_000, "day"), lim("requests", 100, "minute")];
+    commit(
+        &mut *a,
+        &[
+            set("*", vec![lim("requests", 10, "minute")], None),
+            set("team:*", budget.clone(), Some("America/New_York")),
+            set("user:\"a\u{1f}\\", vec![lim("tokens", 1_000, "month")], Some("Europe/Paris")),
+        ],
+    );
+    assert_eq!(
+        sorted(pull(&mut *r).tenant_limits.expect("the table changed")),
+        vec![
+            row("*", vec![lim("requests", 10, "minute")], None),
+            row("team:*", budget.clone(), Some("America/New_York")),
+            row("user:\"a\u{1f}\\", vec![lim("tokens", 1_000, "month")], Some("Europe/Paris")),
+        ]
+    );
+    assert!(pull(&mut *r).tenant_limits.is_none(), "unchanged: not read again");
+    // Replaced whole (its zone too), and forgotten.
+    commit(
+        &mut *a,
+        &[set("team:*", vec![lim("output_tokens", 3, "week")], None), set("*", vec![], Some("Asia/Tokyo"))],
+    );
+    assert_eq!(
+        sorted(pull(&mut *r).tenant_limits.expect("the table changed")),
+        vec![
+            row("team:*", vec![lim("output_tokens", 3, "week")], None),
+            row("user:\"a\u{1f}\\", vec![lim("tokens", 1_000, "month")], Some("Europe/Paris")),
+        ]
+    );
+    // A handle opened later loads it.
+    let mut late = b.open();
+    let (_, ch) = start(&mut *late, 0);
+    assert_eq!(ch.tenant_limits.map(|t| t.len()), Some(2));
+}
+
+/// SPEC 23.2 (the one atomic admission): an optimistic lease commit conflicts when
+/// another handle, since what it read, recorded usage or inserted a lease naming one
+/// of its leases' tenants, on any account; tenants it does not name do not touch it.
+/// A store whose sections hold the write lock cannot conflict.
+fn an_optimistic_lease_conflicts_on_a_shared_tenant(b: &dyn Backend) {
+    let (mut a, mut other) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    follow(&mut *other, 0);
+    let for_tenants = |id: i64, t: &[&str]| {
+        Write::InsertLease(LeaseRow { tenants: tenants(t), ..lease(id, 1, T0 + 60_000) })
+    };
+    let used_by = |key: i64, at: i64, t: &[&str]| {
+        Write::Usage(UsageRow { tenants: tenants(t), ..usage(key, UsageKind::Request, 0, 1, at) })
+    };
+    // Another handle records usage for team:x on another key (another account).
+    commit(&mut *other, &[used_by(2, T0, &["user:b", "team:x"])]);
+    let optimistic = a.begin_optimistic().unwrap();
+    if !optimistic {
+        let _ = a.pull().unwrap();
+        a.write(&for_tenants(9, &["user:a", "team:x"])).unwrap();
+        a.commit().unwrap();
+        assert_eq!(pull(&mut *other).leases.unwrap()[0].tenants, tenants(&["user:a", "team:x"]));
+        return;
+    }
+    let _ = a.pull().unwrap();
+    a.write(&for_tenants(9, &["user:a", "team:x"])).unwrap();
+    assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    assert!(pull(&mut *other).leases.unwrap_or_default().is_empty(), "nothing was written");
+    assert_eq!(pull(&mut *a).usage[0].tenants, tenants(&["user:b", "team:x"]));
+    // Decided again on what it now knows: no conflict.
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&for_tenants(9, &["user:a", "team:x"])).unwrap();
+    a.commit().unwrap();
+    // Disjoint tenants on another account meanwhile do not touch the decision, nor
+    // does a lease for no tenant.
+    let _ = pull(&mut *a);
+    commit(
+        &mut *other,
+        &[used_by(2, T0 + 1, &["user:b", "team:y"]), used_by(3, T0 + 1, &["user:a:x", "team:x "])],
+    );
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&for_tenants(10, &["user:a", "team:x"])).unwrap();
+    a.commit().unwrap();
+    let _ = pull(&mut *a);
+    commit(&mut *other, &[used_by(2, T0 + 2, &["team:x"])]);
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&Write::InsertLease(lease(11, 1, T0 + 60_000))).unwrap();
+    a.commit().unwrap();
+    // Another handle's lease for user:a (a name with separators in it too) conflicts.
+    let _ = pull(&mut *a);
+    let odd = "user:a\u{1e}\u{1f}\\r";
+    commit(
+        &mut *other,
+        &[Write::InsertLease(LeaseRow { tenants: tenants(&["x", odd]), ..lease(20, 3, T0 + 60_000) })],
+    );
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&for_tenants(12, &[odd])).unwrap();
+    assert!(matches!(a.commit(), Err(StoreError::Conflict)));
+    // But not a lease whose names only look alike once escaped.
+    let _ = pull(&mut *a);
+    commit(
+        &mut *other,
+        &[Write::InsertLease(LeaseRow { tenants: tenants(&["user:a\u{1e}"]), ..lease(21, 3, T0 + 60_000) })],
+    );
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&for_tenants(13, &["user:a\\r", "user:a"])).unwrap();
+    a.commit().unwrap();
+    // Its own usage for the tenant never conflicts with its own decision.
+    let _ = pull(&mut *a);
+    commit(&mut *a, &[used_by(1, T0 + 3, &["user:a"])]);
+    assert!(a.begin_optimistic().unwrap());
+    a.write(&for_tenants(14, &["user:a"])).unwrap();
+    a.commit().unwrap();
+    let mut late = b.open();
+    let mut ids: Vec<i64> = start(&mut *late, 0).1.leases.unwrap().iter().map(|l| l.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![9, 10, 11, 13, 14, 20, 21]);
+}
+
 fn a_rollback_writes_nothing(b: &dyn Backend) {
     let (mut a, mut r) = (b.open(), b.open());
     follow(&mut *r, 0);
@@ -554,6 +789,35 @@ fn costs_travel_with_their_rows_and_leases(b: &dyn Backend) {
     assert_eq!(cost_of(&loaded, 1) + cost_of(&loaded, 2) + cost_of(&loaded, 3), 150 + 2_345 + 7 + 9 + 300);
 }
 
+/// SPEC 24.1: a renewal writes each lease whole with its new expiry: a live one is
+/// updated, one a sweep took after its max age is written again; others see both.
+fn renewed_leases_count_again_even_after_a_sweep(b: &dyn Backend) {
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *r, 0);
+    follow(&mut *a, 0);
+    commit(&mut *a, &[Write::InsertLease(lease(5, 1, T0 + 10)), Write::InsertLease(lease(6, 1, T0 + 10))]);
+    let expiries = |ch: Changes| {
+        let mut l: Vec<(i64, i64)> = ch.leases.unwrap().iter().map(|l| (l.id, l.expires_at_ms)).collect();
+        l.sort_unstable();
+        l
+    };
+    assert_eq!(expiries(pull(&mut *r)), vec![(5, T0 + 10), (6, T0 + 10)]);
+    let sweep = Write::Sweep {
+        usage_before: 0,
+        kept: Vec::new().into(),
+        leases_expired_before: T0 + 20,
+        history_before: 0,
+    };
+    commit(&mut *r, &[sweep]);
+    assert_eq!(expiries(pull(&mut *a)), vec![]);
+    let renewed = vec![LeaseRow { expires_at_ms: T0 + 500, ..lease(5, 1, T0 + 10) }];
+    commit(&mut *a, &[Write::RenewLeases(renewed)]);
+    assert_eq!(expiries(pull(&mut *r)), vec![(5, T0 + 500)]);
+    let renewed = vec![LeaseRow { expires_at_ms: T0 + 900, ..lease(5, 1, T0 + 10) }];
+    commit(&mut *a, &[Write::RenewLeases(renewed)]);
+    assert_eq!(expiries(pull(&mut *r)), vec![(5, T0 + 900)]);
+}
+
 fn many_rows_at_once_are_all_written(b: &dyn Backend) {
     let (mut a, mut r) = (b.open(), b.open());
     follow(&mut *r, 0);
@@ -579,6 +843,11 @@ fn the_sweep_deletes_what_retention_no_longer_keeps(b: &dyn Backend) {
             Write::InsertLease(lease(2, 1, T0)),
             Write::InsertHistory(history(1, "m", HistoryKind::Ladder, T0 - 10)),
             Write::InsertHistory(history(1, "m", HistoryKind::Unknown, T0 + 10)),
+            // SPEC 24.2: a learned concurrency cap is never forgotten, whatever its age.
+            Write::InsertHistory(HistoryRow {
+                value: Some(2),
+                ..history(1, "", HistoryKind::Concurrency, T0 - 3 * 86_400_000)
+            }),
         ],
     );
     commit(
@@ -594,7 +863,15 @@ fn the_sweep_deletes_what_retention_no_longer_keeps(b: &dyn Backend) {
     assert_eq!(left.iter().map(|u| u.created_at_ms).collect::<Vec<_>>(), vec![T0 + 5]);
     // A lease counts up to and including its expiry.
     assert_eq!(ch.leases.unwrap().iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);
-    assert_eq!(ch.history.unwrap(), vec![history(1, "m", HistoryKind::Unknown, T0 + 10)]);
+    let mut kept = ch.history.unwrap();
+    kept.sort_by_key(|h| h.hit_at_ms);
+    assert_eq!(
+        kept,
+        vec![
+            HistoryRow { value: Some(2), ..history(1, "", HistoryKind::Concurrency, T0 - 3 * 86_400_000) },
+            history(1, "m", HistoryKind::Unknown, T0 + 10)
+        ]
+    );
     assert_eq!(a.usage_events(&UsageFilter::default()).unwrap().len(), 1);
 }
 

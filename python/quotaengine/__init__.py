@@ -82,11 +82,12 @@ class QuotaEngine(_QuotaEngine):
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: str | _Iterable[str] | None = None,
     ) -> Lease:
         """``lease()`` for asyncio (SPEC 17.2): waits up to ``wait_s`` seconds for
         capacity without blocking the event loop; cancelling the task ends the wait
         with nothing leased. ``async with await engine.lease_async(...) as lease:``.
-        ``priority`` as for ``lease()`` (SPEC 22.1)."""
+        ``priority`` and ``tenant`` as for ``lease()`` (SPEC 22.1, 23.2)."""
         waiter = self._lease_waiter(
             platform,
             model_id,
@@ -96,6 +97,7 @@ class QuotaEngine(_QuotaEngine):
             estimated_output_tokens=estimated_output_tokens,
             wait_s=wait_s,
             priority=priority,
+            tenant=tenant,
         )
         return await _wait_for(waiter)
 
@@ -108,10 +110,13 @@ class QuotaEngine(_QuotaEngine):
         strategy: _Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: str | _Iterable[str] | None = None,
+        exclude: _Iterable[tuple[str, str, int] | tuple[str, str] | tuple[str]] | None = None,
     ) -> Lease:
         """``lease_any()`` for asyncio (SPEC 17.1, 17.2): waits up to ``wait_s``
         seconds without blocking the event loop; cancelling the task ends the wait
-        with nothing leased. ``priority`` as for ``lease()`` (SPEC 22.1)."""
+        with nothing leased. ``priority`` and ``tenant`` as for ``lease()`` (SPEC 22.1,
+        23.2); ``exclude`` as for ``lease_any()`` (SPEC 24.7)."""
         waiter = self._lease_any_waiter(
             routes,
             estimated_tokens,
@@ -119,13 +124,16 @@ class QuotaEngine(_QuotaEngine):
             strategy=strategy,
             wait_s=wait_s,
             priority=priority,
+            tenant=tenant,
+            exclude=exclude,
         )
         return await _wait_for(waiter)
 
     def snapshot(self) -> QuotaSnapshot:
-        """Every route with usage today, a live lease or an active cooldown."""
+        """Every route with usage today, a live lease or an active cooldown; ``.tenants``:
+        every limit in force of each tenant with limits or usage today (SPEC 23.4)."""
         taken_at, rows = self._snapshot_rows()
-        return QuotaSnapshot(rows, taken_at, self.path)
+        return QuotaSnapshot(rows, taken_at, self.path, self._tenant_rows()[1])
 
 
 async def _wait_for(waiter: _LeaseWaiter) -> Lease:

@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--db", default=None, help="database file (default: $QUOTAENGINE_DB or ./quota.db)")
         return p
 
-    add("status", "windows, caps and cooldowns of a database").set_defaults(func=cmd_status)
+    add("status", "windows, tenants' limits, caps and cooldowns of a database").set_defaults(func=cmd_status)
     add("cooldowns", "active cooldowns with source and time left").set_defaults(func=cmd_cooldowns)
     p = add("clear-cooldowns", "operator reset of a key: clear its cooldowns and ladder history")
     p.add_argument("key_id", type=int)

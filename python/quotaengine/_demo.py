@@ -22,6 +22,14 @@ Two kinds of callers share the keys (SPEC 22.1): a few interactive threads at pr
 0 and batch threads at priority 1, which leave ``BATCH_RESERVE`` of every limit to the
 interactive ones and wait their turn behind them. The summary shows the interactive
 callers served while the batch ones waited.
+
+Every call is made for a user and the user's team (SPEC 23.2, ``tenant=``), and the
+demo's paid models have prices (SPEC 23.1; the free OpenRouter models and the local
+Ollama cost nothing): ``team:*`` gives each team its own budget of ``TEAM_BUDGET``
+dollars a day, and one user is held to ``ALICE_RPM`` requests a minute. A team whose
+budget is spent is still served by the free routes among its candidates (a call that
+reserves nothing passes a spent budget). The summary says what each tenant spent and
+who was refused for which of its limits.
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import time
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
-from . import QuotaEngine, QuotaExceeded
+from . import Limit, Prices, QuotaEngine, QuotaExceeded
 from ._bodies import read
+from ._snapshot import fmt_amount, fmt_dollars
 
 KEY_BASE = 9000  # demo key ids, away from a real router's
 
@@ -47,6 +56,7 @@ class Model:
     published: dict[str, int | None]
     true_rpm: int | None = None  # what the provider really enforces (hidden)
     true_tpm: int | None = None
+    prices: Prices | None = None  # dollars per million tokens (SPEC 23.1); None: free
 
 
 @dataclass
@@ -174,28 +184,55 @@ def _providers() -> list[Provider]:
         Provider(
             "demo-groq",
             [
-                Model("llama-3.1-8b-instant", {"rpm": 30, "rpd": 14_400, "tpm": 6_000, "tpd": 500_000}),
+                Model(
+                    "llama-3.1-8b-instant",
+                    {"rpm": 30, "rpd": 14_400, "tpm": 6_000, "tpd": 500_000},
+                    prices=Prices(0.05, 0.08),
+                ),
                 # published 30 rpm, but this key's real limit is 12: the engine learns it
-                Model("llama-3.3-70b-versatile", {"rpm": 30, "rpd": 1_000, "tpm": None, "tpd": None}, true_rpm=12),
+                Model(
+                    "llama-3.3-70b-versatile",
+                    {"rpm": 30, "rpd": 1_000, "tpm": None, "tpd": None},
+                    true_rpm=12,
+                    prices=Prices(0.59, 0.79),
+                ),
             ],
             keys=[KEY_BASE + 1, KEY_BASE + 2],
         ),
         Provider(
             "demo-cerebras",
-            [Model("qwen-3-32b", {"rpm": 20, "rpd": 14_400, "tpm": 60_000, "tpd": 1_000_000})],
+            [
+                Model(
+                    "qwen-3-32b",
+                    {"rpm": 20, "rpd": 14_400, "tpm": 60_000, "tpd": 1_000_000},
+                    prices=Prices(0.4, 0.8),
+                )
+            ],
             keys=[KEY_BASE + 3, KEY_BASE + 4],
         ),
         Provider(
             "demo-workers-ai",
             # no published limits at all: only the provider's daily allocation stops it
-            [Model("llama-3.1-8b", {"rpm": None, "rpd": None, "tpm": None, "tpd": None})],
+            [
+                Model(
+                    "llama-3.1-8b",
+                    {"rpm": None, "rpd": None, "tpm": None, "tpd": None},
+                    prices=Prices(0.28, 0.83),
+                )
+            ],
             keys=[KEY_BASE + 5],
             daily_allocation=40,
         ),
         Provider(
             "demo-gemini",
             # only the RPM is published; the daily quota is learned from the error body
-            [Model("gemini-2.0-flash", {"rpm": 15, "rpd": None, "tpm": None, "tpd": None})],
+            [
+                Model(
+                    "gemini-2.0-flash",
+                    {"rpm": 15, "rpd": None, "tpm": None, "tpd": None},
+                    prices=Prices(0.1, 0.4),
+                )
+            ],
             keys=[KEY_BASE + 8, KEY_BASE + 9],
             daily_allocation=8,
             gemini=True,
@@ -227,6 +264,17 @@ OPENROUTER_DAILY_CAP = 60
 # SPEC 22.1: batch calls (priority 1) leave this much of every limit to interactive ones.
 BATCH_RESERVE = 0.3
 BATCH_PRIORITY = 1
+# SPEC 23.2: every call is for a user and the user's team. `team:*` gives each team its
+# own budget a day (each team its own window, not one shared pool); alice, on a trial plan,
+# has a few requests a minute.
+USERS = [
+    ("user:alice", "team:search"),
+    ("user:bob", "team:search"),
+    ("user:carol", "team:support"),
+    ("user:dave", "team:support"),
+]
+TEAM_BUDGET = 0.005  # dollars a day, per team
+ALICE_RPM = 5
 
 
 @dataclass
@@ -248,7 +296,10 @@ def _setup(e: QuotaEngine, providers: list[Provider]) -> None:
             e.set_model_limits(
                 p.platform, m.name, rpm=lim.get("rpm"), rpd=lim.get("rpd"), tpm=lim.get("tpm"), tpd=lim.get("tpd")
             )
+            e.set_model_prices(p.platform, m.name, m.prices)
     e.set_provider_caps("demo-openrouter", daily_requests=OPENROUTER_DAILY_CAP)
+    e.set_tenant_limits("team:*", [Limit.dollars(TEAM_BUDGET, "day")])
+    e.set_tenant_limits("user:alice", [Limit("requests", ALICE_RPM, "minute")])
 
 
 def _overshoot(e: QuotaEngine, providers: list[Provider], since_ms: int) -> tuple[int, int]:
@@ -281,6 +332,15 @@ def _overshoot(e: QuotaEngine, providers: list[Provider], since_ms: int) -> tupl
     cap_rows = [r for r in e.usage_events(since_ms=day_start, platform="demo-openrouter") if r["kind"] == "request"]
     checked += 1
     over += max(0, len(cap_rows) - OPENROUTER_DAILY_CAP)
+    # SPEC 23.2: alice's requests a minute, over every route she was served by
+    alice: deque[int] = deque()
+    for r in e.usage_events(since_ms=day_start):
+        if r["kind"] == "request" and "user:alice" in r["tenants"]:
+            alice.append(r["created_at_ms"])
+            while alice[0] <= r["created_at_ms"] - 60_000:
+                alice.popleft()
+            checked += 1
+            over += max(0, len(alice) - ALICE_RPM)
     return checked, over
 
 
@@ -302,6 +362,25 @@ def _learned(e: QuotaEngine, providers: list[Provider]) -> dict[str, str]:
     return out
 
 
+def _tenants(e: QuotaEngine, since_ms: int) -> list[str]:
+    """Per tenant of the demo: what its calls cost in this run, and each limit in force for
+    it as used / limit (dollars for cost; today's use, earlier runs included)."""
+    spent: Counter[str] = Counter()
+    for r in e.usage_events(since_ms=since_ms):
+        for tenant in r["tenants"]:
+            spent[tenant] += r["cost"]
+    names = sorted({name for pair in USERS for name in pair})
+    width = max(len(n) for n in names) + 2
+    out = []
+    for name in names:
+        limits = [
+            f"{window} {fmt_amount(window, u['used'])} / {fmt_amount(window, u['limit'])}"
+            for window, u in e.tenant_usage(name).items()
+        ]
+        out.append(f"{name:<{width}}spent {fmt_dollars(spent[name]):<12}" + ("  ".join(limits) or "no limits"))
+    return out
+
+
 def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: bool = False) -> int:
     providers = _providers()
     routes = [(p, m, k) for p in providers for m in p.models for k in p.keys]
@@ -315,6 +394,7 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
     per_key: Counter[str] = Counter()  # where lease_any sent the requests
     upstream_seen: dict[str, int] = {}  # platform/model -> the longest model-wide bench (ms)
     callers = {"interactive": Callers(), "batch": Callers()}
+    tenant_refused: Counter[tuple[str, str]] = Counter()  # (tenant, reason) -> refusals
     interactive = max(1, threads // 4)  # the first threads; the rest run batch jobs
     with QuotaEngine(db) as e:
         path = e.path  # the engine's default when db is None
@@ -339,6 +419,7 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
                 # and the engine picks the one with the most room, in one atomic step
                 candidates = rng.sample(routes, 4)
                 est = int(rng.lognormvariate(6.0, 0.5))
+                user = rng.choice(USERS)  # the user and the team the call is made for
                 asked_at = time.monotonic()
                 try:
                     lease = e.lease_any(
@@ -346,10 +427,13 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
                         est,
                         priority=priority,
                         wait_s=wait_s,
+                        tenant=user,
                     )
                 except QuotaExceeded as exc:
                     with stats_lock:
                         refused[exc.reason] += 1
+                        if exc.tenant is not None:
+                            tenant_refused[(exc.tenant, exc.reason)] += 1
                         callers[kind].asked += 1
                         callers[kind].waited_s += time.monotonic() - asked_at
                     time.sleep(pace)
@@ -415,6 +499,7 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
         checked, over = _overshoot(e, providers, start_ms)
         cooldowns = [c for c in e.active_cooldowns() if c.platform.startswith("demo-")]
         learned = _learned(e, providers)
+        tenants = _tenants(e, start_ms)
         caps = {f"{p.platform} key {k}": e.key_concurrency_cap(p.platform, k) for p in providers for k in p.keys}
         pool_caps = {f"{p.platform} key {k}": e.learned_provider_caps(p.platform, k) for p in providers for k in p.keys}
         pool_caps_text = {
@@ -451,6 +536,17 @@ def run_demo(db: str | None, *, seconds: float = 8.0, threads: int = 8, quiet: b
             f"    {kind:<12} {threads_of} thread(s)  asked {c.asked:<5} served {c.served:<5} ({share})  "
             f"waited {wait} per call"
         )
+    print(
+        f"  tenants (each call for a user and its team; team:* gives each team its own "
+        f"{fmt_dollars(round(TEAM_BUDGET * 1_000_000))} a day, user:alice {ALICE_RPM} requests a minute):"
+    )
+    for line in tenants:
+        print(f"    {line}")
+    print("  refused for a tenant's own limit (tenant, reason, refusals):")
+    for (tenant, reason), n in sorted(tenant_refused.items()):
+        print(f"    {tenant:<16}{reason:<26}{n}")
+    if not tenant_refused:
+        print("    none")
     print(f"  limits learned:   {learned or 'none'}")
     print(f"  concurrency caps: {({k: v for k, v in caps.items() if v is not None}) or 'none'}")
     print(f"  provider caps learned from pool 429s: {pool_caps_text or 'none'}")

@@ -17,6 +17,9 @@ class Refusal(NamedTuple):
     key_id: int
     reason: str
     retry_at_ms: int | None
+    #: The tenant whose limit refused (SPEC 23.2), by its own name; None for the route's
+    #: own gates.
+    tenant: str | None = None
 
 
 class QuotaEngineError(Exception):
@@ -33,8 +36,10 @@ class QuotaExceeded(QuotaEngineError):
     window is also declared at account scope, e.g. "rpm:key"); then
     "provider_daily_requests", "provider_minute_requests", "provider_daily_tokens";
     then the platform's limits (SPEC 23.3) as "platform:<metric>/<per>" (e.g.
-    "platform:requests/minute", ":key" appended likewise); then "key_concurrency". ``retry_at_ms`` is the earliest time it can open (epoch ms)
-    or None when unknown. ``refusals`` has one ``Refusal`` per candidate, in the given
+    "platform:requests/minute", ":key" appended likewise); then "key_concurrency"; then
+    each tenant's limits (SPEC 23.2) as "tenant:<metric>/<per>" (e.g. "tenant:cost/day"),
+    ``tenant`` naming the tenant whose limit refused (None for the route's own gates).
+    ``retry_at_ms`` is the earliest time it can open (epoch ms) or None when unknown. ``refusals`` has one ``Refusal`` per candidate, in the given
     order (one entry for ``lease()``); from ``lease_any()`` the exception's own fields
     are those of the refusal with the earliest known ``retry_at_ms`` (else the first).
     """
@@ -47,7 +52,8 @@ class QuotaExceeded(QuotaEngineError):
         platform: str | None = None,
         model_id: str | None = None,
         key_id: int | None = None,
-        refusals: Iterable[tuple[str, str, int, str, int | None]] | None = None,
+        refusals: Iterable[tuple[str, str, int, str, int | None, str | None]] | None = None,
+        tenant: str | None = None,
     ) -> None:
         super().__init__(reason, retry_at_ms, platform, model_id, key_id)
         self.reason = reason
@@ -55,6 +61,7 @@ class QuotaExceeded(QuotaEngineError):
         self.platform = platform
         self.model_id = model_id
         self.key_id = key_id
+        self.tenant = tenant
         self._refusals = refusals
 
     @property
@@ -63,13 +70,14 @@ class QuotaExceeded(QuotaEngineError):
         raw = self._refusals
         if raw is None:
             key = self.key_id if self.key_id is not None else 0
-            raw = [(self.platform or "", self.model_id or "", key, self.reason, self.retry_at_ms)]
+            raw = [(self.platform or "", self.model_id or "", key, self.reason, self.retry_at_ms, self.tenant)]
         return [Refusal(*r) for r in raw]
 
     def __str__(self) -> str:
         where = f"{self.platform}/{self.model_id}/{self.key_id}"
         retry = "" if self.retry_at_ms is None else f", retry at {self.retry_at_ms}"
-        return f"quota exceeded on {where}: {self.reason}{retry}"
+        who = "" if self.tenant is None else f" (tenant {self.tenant!r})"
+        return f"quota exceeded on {where}: {self.reason}{who}{retry}"
 
 
 class DatabaseError(QuotaEngineError):

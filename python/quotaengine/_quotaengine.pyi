@@ -131,6 +131,8 @@ class Limit:
     def __hash__(self) -> int: ...
 
 _LimitsArg: TypeAlias = Limits | Mapping[str, int | None] | Iterable[Limit] | None
+_TenantArg: TypeAlias = str | Iterable[str] | None
+_ExcludeArg: TypeAlias = Iterable[tuple[str, str, int] | tuple[str, str] | tuple[str]] | None
 
 @final
 class Prices:
@@ -234,7 +236,8 @@ class LearnedLimit:
 @final
 class FailureOutcome:
     """What ``record_failure`` decided: the kind, the bench (None when the kind does not
-    bench; an active later-expiring cooldown is reported when it stands) and a learned limit."""
+    bench; an active later-expiring cooldown is reported when it stands), a learned limit,
+    and what the rest of the request skips."""
 
     @property
     def kind(self) -> _Kind: ...
@@ -242,6 +245,9 @@ class FailureOutcome:
     def cooldown(self) -> CooldownDecision | None: ...
     @property
     def learned(self) -> LearnedLimit | None: ...
+    @property
+    def skip(self) -> Literal["route", "model", "platform"]:
+        """What the rest of the request skips (SPEC 24.7)."""
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -479,7 +485,8 @@ class _QuotaEngine:
         once), write what is buffered and close. Idempotent; later calls, and
         ``success``/``failure``/``observe`` on those leases, raise EngineClosed. A lease
         whose object was garbage-collected unended, and an ``acquire_lease`` id, count
-        until ``lease_max_age_ms``."""
+        until ``lease_max_age_ms``; a live ``Lease`` is renewed by its engine and never
+        expires under its caller (SPEC 24.1)."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_args: object) -> bool: ...
     # keys and models
@@ -575,8 +582,33 @@ class _QuotaEngine:
     def platform_limits(self, platform: str) -> list[Limit]:
         """SPEC 23.3: the platform's limits in gate order (metric, window, scope), as
         declared; an empty list when none."""
+    # tenants (SPEC 23.2)
+    def set_tenant_limits(self, tenant: str, limits: Iterable[Limit], *, tz: str | None = None) -> None:
+        """SPEC 23.2: replaces the limits of a tenant, or of each tenant a pattern matches
+        (a name ending in ``*``: ``"*"``, ``"team:*"``; each matching tenant has its own
+        windows, the longest pattern wins, a tenant's own declaration wins over any
+        pattern); an empty ``limits`` forgets it. Every metric, ``cost`` included, with any
+        ``per``, at scope ``"account"``; calendar periods start at 00:00 in ``tz`` (an IANA
+        name; default UTC). Persisted and shared through the store; bad input is a
+        ``ValueError``/``TypeError`` with nothing written."""
+    def tenant_limits(self, tenant: str) -> list[Limit]:
+        """SPEC 23.2: the limits in force for that name (its own declaration, else the
+        longest matching pattern's), as declared, in gate order; a pattern's own
+        declaration when given one; ``[]`` when none."""
+    def tenant_usage(self, tenant: str) -> dict[str, dict[str, int]]:
+        """SPEC 23.2: ``{"<metric>/<per>": {"used", "limit", "in_flight"}}``, one entry per
+        limit in force for the tenant (µ$ for ``cost``; in flight: its live leases, their
+        estimated tokens or the µ$ they reserve); ``{}`` without limits."""
+    def tenants(self, since_ms: int | None = None) -> list[str]:
+        """SPEC 23.2: the tenants named in a declaration (never a pattern) or with usage
+        recorded since ``since_ms`` (default: 00:00 UTC today), sorted."""
+    def _tenant_rows(self) -> tuple[int, list[dict[str, Any]]]:
+        """SPEC 23.4's rows of ``snapshot().tenants``: ``(taken_at_ms, rows)``, one dict per
+        limit in force of each tenant with limits or usage today (``tenant``, ``window``,
+        ``used``, ``limit``, ``in_flight``, ``used_fraction``, ``exhausts_at_ms``)."""
     # usage
-    def record_request(self, platform: str, model_id: str, key_id: int) -> None: ...
+    def record_request(self, platform: str, model_id: str, key_id: int, *, tenant: _TenantArg = None) -> None:
+        """SPEC §4: one request; with ``tenant`` (SPEC 23.2) it counts for those tenants too."""
     def record_tokens(
         self,
         platform: str,
@@ -587,6 +619,7 @@ class _QuotaEngine:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         cached_tokens: int | None = None,
+        tenant: _TenantArg = None,
     ) -> None:
         """SPEC §14.4: one call's tokens. ``tokens`` when not given is ``input_tokens +
         output_tokens``; ``cached_tokens`` (cache reads, part of the input) do not count in
@@ -625,6 +658,7 @@ class _QuotaEngine:
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
     ) -> Lease:
         """Run every gate and take the lease as one atomic step (across threads and
         processes sharing the file). Raises QuotaExceeded when a gate refuses. The estimate
@@ -645,13 +679,18 @@ class _QuotaEngine:
         strategy: Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
+        exclude: _ExcludeArg = None,
     ) -> Lease:
         """Choose a route and lease it in one atomic step (SPEC 17.1): every gate of every
         candidate (duplicates once), then among those that pass the one ``strategy``
         picks: ``"headroom"`` the most room left after this request, ``"order"`` the
         first, ``"spread"`` the one this engine leased least recently. When none passes
         (and ``wait_s`` runs out), QuotaExceeded with ``refusals``, one per candidate.
-        ``priority`` as for ``lease()``; ``headroom`` scores with the priority's limits."""
+        ``priority`` as for ``lease()``; ``headroom`` scores with the priority's limits.
+        ``exclude`` (SPEC 24.7): what the request already skipped, routes
+        ``(platform, model_id, key_id)``, models ``(platform, model_id)`` and platforms
+        ``(platform,)``; the candidates they cover are refused ``"excluded"`` unchecked."""
     def _lease_waiter(
         self,
         platform: str,
@@ -663,6 +702,7 @@ class _QuotaEngine:
         estimated_output_tokens: int = 0,
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_async``."""
     def _lease_any_waiter(
@@ -674,6 +714,8 @@ class _QuotaEngine:
         strategy: Literal["headroom", "order", "spread"] = "headroom",
         wait_s: float = 0.0,
         priority: int = 0,
+        tenant: _TenantArg = None,
+        exclude: _ExcludeArg = None,
     ) -> _LeaseWaiter:
         """The stepper behind ``lease_any_async``."""
     # cooldowns
@@ -685,8 +727,9 @@ class _QuotaEngine:
         """The route's bench: whichever of its own cooldown and its model's model-wide one
         (key_id None, SPEC 21.1) ends later; None when neither is active."""
     def active_cooldowns(self, key_ids: Iterable[int] | None = None) -> list[Cooldown]:
-        """Active cooldowns, soonest expiry first; the model-wide ones (key_id None) only
-        when ``key_ids`` is None."""
+        """Active cooldowns, soonest expiry first. With ``key_ids``, those of these keys and
+        the model-wide ones (key_id None) that block one of them: of a platform the key is
+        registered on or has been used on."""
     def stored_cooldowns(self) -> list[Cooldown]:
         """Every cooldown the store holds, expired ones included until they are cleaned up
         (``cleanup_expired_cooldowns``), sorted by platform, model_id, key_id; an expired
@@ -803,7 +846,8 @@ class _QuotaEngine:
         ``model_id``, ``key_id``, ``kind``, ``tokens`` (the total; 0 for a request), and
         ``input_tokens``, ``output_tokens``, ``cached_tokens`` (``None`` where the call did
         not report them), ``cost`` (micro-dollars at the prices in force when it was
-        recorded, SPEC 23.1; 0 unpriced), ``created_at_ms``."""
+        recorded, SPEC 23.1; 0 unpriced), ``tenants`` (the tenants it was served for, in the
+        order given, SPEC 23.2; empty when none), ``created_at_ms``."""
     def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
         """``server_logs`` rows, newest first."""
     def _debug_panic(self) -> None: ...

@@ -26,6 +26,9 @@ COLUMNS = [
     "exhausts_at_ms",
 ]
 
+#: The columns of ``QuotaSnapshot.tenants`` rows and ``tenants_to_pandas()`` (SPEC 23.4).
+TENANT_COLUMNS = ["tenant", "window", "used", "limit", "in_flight", "used_fraction", "exhausts_at_ms"]
+
 
 def _fmt_time(ms: int) -> str:
     return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -36,6 +39,22 @@ def fmt_local(ms: int, now_ms: int) -> str:
     at = _dt.datetime.fromtimestamp(ms / 1000).astimezone()
     now = _dt.datetime.fromtimestamp(now_ms / 1000).astimezone()
     return at.strftime("%H:%M") if at.date() == now.date() else at.strftime("%Y-%m-%d %H:%M")
+
+
+def fmt_dollars(micro: int) -> str:
+    """Micro-dollars as dollars, exactly and at least to the cent: ``$5.00``, ``$0.42``,
+    ``$0.000675``, ``$1,234.5``."""
+    whole, frac = divmod(int(micro), 1_000_000)
+    cents = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"${whole:,}.{cents}"
+
+
+def fmt_amount(window: str, value: int, sep: str = ",") -> str:
+    """A tenant window's amount: dollars for a ``cost`` window (held in micro-dollars),
+    else the count (with ``sep`` between thousands)."""
+    if window.startswith("cost/"):
+        return fmt_dollars(value)
+    return f"{value:,}".replace(",", sep)
 
 
 def _fmt_left(ms: int) -> str:
@@ -49,9 +68,24 @@ def _fmt_left(ms: int) -> str:
 
 class QuotaSnapshot:
     """One row per (platform, model_id, key_id) with usage today, a live lease or an
-    active cooldown, sorted by platform, model_id, key_id."""
+    active cooldown, sorted by platform, model_id, key_id.
 
-    def __init__(self, rows: list[dict[str, Any]], taken_at_ms: int, path: str) -> None:
+    ``tenants`` (SPEC 23.4) holds one dict per tenant with limits in force or usage
+    today and per limit in force for it, sorted by tenant, then in gate order, with the
+    keys of :data:`TENANT_COLUMNS`: ``tenant`` (its own name, also when a pattern
+    declared the limit), ``window`` (``"<metric>/<per>"``, e.g. ``"cost/day"``),
+    ``used``, ``limit`` and ``in_flight`` (requests, tokens, or micro-dollars for a
+    ``cost`` window; ``in_flight`` is what live leases hold), ``used_fraction`` (``(used
+    + in_flight) / limit``) and ``exhausts_at_ms`` (SPEC 22.2's forecast of that window,
+    ``None`` when none)."""
+
+    def __init__(
+        self,
+        rows: list[dict[str, Any]],
+        taken_at_ms: int,
+        path: str,
+        tenants: list[dict[str, Any]] | None = None,
+    ) -> None:
         # Every declared limit beyond the classic four (SPEC §14.1), named by its reason, in
         # the order routes declare them: a column each, only for those some route declares.
         self.declared: list[str] = []
@@ -67,6 +101,7 @@ class QuotaSnapshot:
         self.rows = rows
         self.taken_at_ms = taken_at_ms
         self.path = path
+        self.tenants: list[dict[str, Any]] = [dict(t) for t in tenants or ()]
 
     @property
     def columns(self) -> list[str]:
@@ -116,6 +151,43 @@ class QuotaSnapshot:
                 data[name] = pd.Series(col(name), dtype="int64")
         return pd.DataFrame(data, columns=self.columns)
 
+    def tenants_to_pandas(self) -> Any:
+        """The tenant rows (SPEC 23.4) as a pandas DataFrame with exactly the columns
+        :data:`TENANT_COLUMNS` (needs pandas): ``tenant`` and ``window`` are strings;
+        ``used``, ``limit`` and ``in_flight`` int64 (micro-dollars for a ``cost``
+        window); ``used_fraction`` float64; ``exhausts_at_ms`` nullable ``Int64``
+        (``<NA>``: no forecast)."""
+        import pandas as pd
+
+        def col(name: str) -> list[Any]:
+            return [r[name] for r in self.tenants]
+
+        data = {
+            "tenant": pd.Series(col("tenant"), dtype=str),
+            "window": pd.Series(col("window"), dtype=str),
+            **{name: pd.Series(col(name), dtype="int64") for name in ("used", "limit", "in_flight")},
+            "used_fraction": pd.Series([float(v) for v in col("used_fraction")], dtype="float64"),
+            "exhausts_at_ms": pd.Series(col("exhausts_at_ms"), dtype="Int64"),
+        }
+        return pd.DataFrame(data, columns=TENANT_COLUMNS)
+
+    _TENANT_HEAD = ["tenant", "window", "used / limit", "used", "in flight", "runs out"]
+
+    def _tenant_cells(self, row: dict[str, Any]) -> list[str]:
+        window = row["window"]
+        return [
+            row["tenant"],
+            window,
+            f"{fmt_amount(window, row['used'], '')} / {fmt_amount(window, row['limit'], '')}",
+            f"{row['used_fraction']:.0%}",
+            fmt_amount(window, row["in_flight"], ""),
+            self._runs_out(row),
+        ]
+
+    def _tenant_count(self) -> str:
+        n = len({t["tenant"] for t in self.tenants})
+        return f"{n} tenant{'' if n == 1 else 's'} with limits in force"
+
     def _cells(self, row: dict[str, Any]) -> list[str]:
         def win(name: str) -> str:
             used, limit = row[f"{name}_used"], row[f"{name}_limit"]
@@ -157,6 +229,11 @@ class QuotaSnapshot:
         table = [self._head] + [self._cells(r) for r in self.rows]
         widths = [max(len(r[i]) for r in table) for i in range(len(self._head))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+        if self.tenants:
+            table = [self._TENANT_HEAD] + [self._tenant_cells(t) for t in self.tenants]
+            widths = [max(len(r[i]) for r in table) for i in range(len(self._TENANT_HEAD))]
+            lines.append(f"\n{self._tenant_count()} (cost in dollars):")
+            lines.extend("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
         return "\n".join([head, *lines])
 
     def __repr__(self) -> str:
@@ -173,7 +250,8 @@ class QuotaSnapshot:
         """An HTML table for Jupyter: a header line (which file, when), then per route
         the four windows as used/limit with a small utilisation bar, the worst
         fraction, the leases in flight, the cooldown (source and time left) and when a
-        window runs out at the recent pace (a local time, SPEC 22.2)."""
+        window runs out at the recent pace (a local time, SPEC 22.2). When there are
+        tenant rows, a second table of them follows (SPEC 23.4, cost in dollars)."""
         esc = html.escape
 
         def bar(frac: float | None) -> str:
@@ -249,5 +327,45 @@ class QuotaSnapshot:
                     f"{esc(fmt_local(at, self.taken_at_ms))}</td>"
                 )
             out.append("</tr>")
-        out.append("</tbody></table></div>")
+        out.append("</tbody></table>")
+        if self.tenants:
+            out.extend(self._tenants_html(bar))
+        out.append("</div>")
         return "".join(out)
+
+    def _tenants_html(self, bar: Any) -> list[str]:
+        """The second table (SPEC 23.4): per tenant and limit in force, used / limit (in
+        dollars for a ``cost`` window) with a bar of (used + in flight) / limit, that
+        fraction, what live leases hold and when the window runs out at the recent pace."""
+        esc = html.escape
+        out = [
+            f'<p class="qe-header qe-tenants-header">{esc(self._tenant_count())} (cost in dollars)</p>',
+            '<table class="qe-tenants"><thead><tr>',
+            *[f"<th>{esc(h)}</th>" for h in self._TENANT_HEAD],
+            "</tr></thead><tbody>",
+        ]
+        for t in self.tenants:
+            window, frac = t["window"], t["used_fraction"]
+            used, limit = fmt_amount(window, t["used"]), fmt_amount(window, t["limit"])
+            in_flight = fmt_amount(window, t["in_flight"])
+            tip = f"{t['tenant']}, {window}: {used} used and {in_flight} in flight of {limit} ({frac:.0%})"
+            out.append("<tr>")
+            out.append(f'<td class="qe-tenant">{esc(t["tenant"])}</td>')
+            out.append(f'<td class="qe-window">{esc(window)}</td>')
+            out.append(
+                f'<td class="qe-usage" title="{esc(tip)}" style="text-align:right">'
+                f"{esc(f'{used} / {limit}')}{bar(frac)}</td>"
+            )
+            out.append(f'<td class="qe-used" style="text-align:right">{frac:.0%}</td>')
+            out.append(f'<td class="qe-in-flight" style="text-align:right">{esc(in_flight)}</td>')
+            at = t.get("exhausts_at_ms")
+            if at is None:
+                out.append('<td class="qe-runs-out">-</td>')
+            else:
+                out.append(
+                    f'<td class="qe-runs-out" title="this window runs out at this pace at {esc(_fmt_time(at))}">'
+                    f"{esc(fmt_local(at, self.taken_at_ms))}</td>"
+                )
+            out.append("</tr>")
+        out.append("</tbody></table>")
+        return out

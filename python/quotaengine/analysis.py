@@ -50,6 +50,7 @@ __all__ = [
     "plot_cooldowns",
     "plot_usage",
     "plot_utilisation",
+    "spend",
     "state_frame",
 ]
 
@@ -81,6 +82,11 @@ SOURCE_COLORS = {
 }
 
 _UTC = "datetime64[ns, UTC]"
+
+#: The groupings of :func:`spend`: ``by`` -> how an event's column is named.
+SPEND_BY = ("tenant", "route", "platform", "model")
+#: The column of :func:`spend` (``by="tenant"``) for events that name no tenant.
+NO_TENANT = "(none)"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -252,6 +258,70 @@ def cooldowns_frame(source: Source) -> pd.DataFrame:
         }
     )
     return df[COOLDOWN_COLUMNS]
+
+
+def spend(source: Source, *, by: str = "tenant", freq: str = "1D", since_ms: int | None = None) -> pd.DataFrame:
+    """Dollars spent per period (SPEC 23.4), from ``usage_events()``.
+
+    One row per period of ``freq`` (a pandas offset alias: ``"1D"``, ``"1h"``, ``"W"``,
+    ``"MS"``...; UTC), from the period of the first event to the period of the last,
+    periods without spending included; the index is the period's start
+    (``datetime64[ns, UTC]``, named ``"period"``). One column per (``columns.name`` is
+    ``by``):
+
+    * ``"tenant"`` -- each tenant named by an event (an event naming several counts for
+      each, so the columns may add up to more than was spent); events naming none go to
+      the column ``"(none)"`` (:data:`NO_TENANT`);
+    * ``"route"`` -- ``"platform/model/key"``;
+    * ``"platform"``;
+    * ``"model"`` -- ``"platform/model"``.
+
+    Columns are sorted by name. A value is dollars (float64): the events' ``cost`` (integer
+    micro-dollars, SPEC 23.1) summed exactly, then divided by 10^6. Events that cost
+    nothing (unpriced models) still name their column, at 0.0. ``since_ms`` (epoch ms)
+    leaves out older events; by default every event still in the store (the retention).
+    ``by`` outside :data:`SPEND_BY` is a ``ValueError``.
+    """
+    import pandas as pd
+
+    if by not in SPEND_BY:
+        raise ValueError(f"by must be one of {', '.join(repr(b) for b in SPEND_BY)}, got {by!r}")
+    with _engine(source) as e:
+        rows = e.usage_events(since_ms=since_ms)
+    times: list[int] = []
+    labels: list[str] = []
+    costs: list[int] = []
+    for r in rows:
+        if by == "tenant":
+            names = list(dict.fromkeys(r["tenants"])) or [NO_TENANT]
+        elif by == "route":
+            names = [f"{r['platform']}/{r['model_id']}/{r['key_id']}"]
+        elif by == "platform":
+            names = [r["platform"]]
+        else:
+            names = [f"{r['platform']}/{r['model_id']}"]
+        for name in names:
+            times.append(r["created_at_ms"])
+            labels.append(name)
+            costs.append(r["cost"])
+    events = pd.DataFrame(
+        {
+            "time": _utc(times),
+            by: pd.Series(labels, dtype=str),
+            "cost": pd.Series(costs, dtype="int64"),
+        }
+    )
+    if events.empty:
+        empty = pd.DataFrame(index=pd.DatetimeIndex([], dtype=_UTC, name="period"), columns=pd.Index([], dtype=str))
+        empty.columns.name = by
+        return empty
+    micro = events.groupby(["time", by])["cost"].sum().unstack(by, fill_value=0)
+    # Integer micro-dollars per period, empty periods 0; each period labelled by its start.
+    micro = micro.resample(freq, closed="left", label="left").sum()
+    out = micro.reindex(columns=sorted(micro.columns)).astype("int64") / 1_000_000
+    out.index.name = "period"
+    out.columns.name = by
+    return out
 
 
 # ----------------------------------------------------------------------------- plots

@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import math
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 from urllib.parse import urlsplit
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["QuotaEnginePlugin", "install", "derive_route"]
 
 Route = tuple[str, str, int]
+# What a request skipped (SPEC 24.7): a route, a model (platform, model_id) or a platform.
+Exclusion = tuple[str, str, int] | tuple[str, str] | tuple[str]
 Strategy = Literal["headroom", "order", "spread"]
 
 # SPEC 20: the platform of an api_base host, as the engine's provider table knows it.
@@ -46,6 +49,8 @@ _GOOGLE_PROVIDERS = ("gemini", "vertex_ai")
 # The metadata entry that carries a request's token: (plugin id, request number).
 _META = "quotaengine"
 _plugin_ids = itertools.count(1)
+# How long a request's skips are kept after its last failure (its retries come sooner).
+_SKIPS_KEPT_S = 600.0
 
 
 def key_id_of(deployment_id: str) -> int:
@@ -123,6 +128,9 @@ class QuotaEnginePlugin:
         self._id = f"quotaengine-{next(_plugin_ids)}"
         self._requests = itertools.count(1)
         self._live: dict[tuple[str, int], list[_Live]] = {}
+        # SPEC 24.7: what each request skipped, by its token, kept across LiteLLM's
+        # retries of it (with when it last changed: a request gone is forgotten).
+        self._skips: dict[tuple[str, int], tuple[float, set[Exclusion]]] = {}
         self._lock = threading.Lock()
         self._installed = False
         self._cooldowns_before: object = None
@@ -173,7 +181,12 @@ class QuotaEnginePlugin:
 
         try:
             lease = self._engine.lease_any(
-                routes, estimate, estimated_output_tokens=output, strategy=self._strategy, wait_s=self._wait_s
+                routes,
+                estimate,
+                estimated_output_tokens=output,
+                strategy=self._strategy,
+                wait_s=self._wait_s,
+                exclude=self._skipped(request_kwargs),
             )
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
@@ -194,7 +207,12 @@ class QuotaEnginePlugin:
 
         try:
             lease = await self._engine.lease_any_async(
-                routes, estimate, estimated_output_tokens=output, strategy=self._strategy, wait_s=self._wait_s
+                routes,
+                estimate,
+                estimated_output_tokens=output,
+                strategy=self._strategy,
+                wait_s=self._wait_s,
+                exclude=self._skipped(request_kwargs),
             )
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
@@ -217,19 +235,56 @@ class QuotaEnginePlugin:
     # ---- outcomes (the logger calls these) ---------------------------------------------
 
     def _on_success(self, kwargs: Mapping[str, Any], response: Any) -> None:
+        token = self._token_of(kwargs)
         live = self._take(kwargs)
         if live is not None:
             live.lease.observe(response)
+        if token is not None:
+            with self._lock:
+                self._skips.pop(token, None)
 
     def _on_failure(self, kwargs: Mapping[str, Any]) -> None:
+        token = self._token_of(kwargs)
         live = self._take(kwargs)
         if live is None:
             return
         exc = kwargs.get("exception")
         if isinstance(exc, BaseException):
-            live.lease.observe(exc)
+            outcome = live.lease.observe(exc)
         else:  # LiteLLM logged a failure without its exception: nothing to learn from
-            live.lease.failure(message=str(exc or "LiteLLM logged a failure"), kind="transport")
+            outcome = live.lease.failure(message=str(exc or "LiteLLM logged a failure"), kind="transport")
+        skip = getattr(outcome, "skip", None)
+        if token is not None and skip is not None:
+            self._skip(token, live.lease, skip)
+
+    # ---- what a request skipped (SPEC 24.7) ------------------------------------------
+
+    def _skip(self, token: tuple[str, int], lease: Lease, skip: str) -> None:
+        """Adds what a failed attempt skips to its request's exclusions."""
+        entry: Exclusion
+        if skip == "platform":
+            entry = (lease.platform,)
+        elif skip == "model":
+            entry = (lease.platform, lease.model_id)
+        else:
+            entry = (lease.platform, lease.model_id, lease.key_id)
+        now = time.monotonic()
+        with self._lock:
+            for t in [t for t, (at, _) in self._skips.items() if now - at > _SKIPS_KEPT_S]:
+                del self._skips[t]
+            _, skipped = self._skips.get(token, (now, set()))
+            skipped.add(entry)
+            self._skips[token] = (now, skipped)
+
+    def _skipped(self, request_kwargs: Mapping[str, Any] | None) -> list[Exclusion] | None:
+        """What the request of these kwargs (a retry) already skipped."""
+        metadata = (request_kwargs or {}).get("metadata")
+        token = metadata.get(_META) if isinstance(metadata, Mapping) else None
+        if not (isinstance(token, tuple) and len(token) == 2 and token[0] == self._id):
+            return None
+        with self._lock:
+            found = self._skips.get(token)
+            return sorted(found[1], key=repr) if found else None
 
     # ---- the pieces -------------------------------------------------------------------
 

@@ -145,6 +145,8 @@ impl<'a> View<'a> {
             Scope::Provider => Some(&self.provider),
             Scope::PlatformKey => self.platform_key.as_ref(),
             Scope::PlatformAccount => self.platform_account.as_ref(),
+            // A tenant's limits read the tenant's own tally (`admit_tenants`).
+            Scope::Tenant => None,
         }
     }
 }
@@ -287,6 +289,28 @@ pub fn reserved_limit(limit: i64, reserve: f64) -> i64 {
     limit.saturating_sub((limit as f64 * reserve).floor() as i64)
 }
 
+/// SPEC 23.2: the tenant gates of a call after its route's passed, for each tenant in
+/// the order given and each of its limits in gate order: the first refusal, naming the
+/// tenant. Priority reserves apply as to the route's.
+pub fn admit_tenants<'a>(
+    tallies: impl Iterator<Item = (&'a std::sync::Arc<str>, &'a LimitSet, Tally<'a>)>, est: Estimate,
+    reserve: f64, now: i64,
+) -> Option<Admission> {
+    for (name, set, t) in tallies {
+        for d in set.iter() {
+            let l = &d.limit;
+            let Some(c) = t.win.counts(l.window, now) else { continue };
+            let limit = reserved_limit(l.limit, reserve);
+            let verdict = window_verdict(d, &t, c.get(l.metric), est.count_in(l.metric, 1), limit, now);
+            if let Some(mut adm) = verdict.refused {
+                adm.tenant = Some(name.clone());
+                return Some(adm);
+            }
+        }
+    }
+    None
+}
+
 /// One limit for one more request: a request window refuses when recorded requests
 /// and live leases reach the limit; a token window when they and the estimate exceed
 /// it. A provider token limit counts billed tokens. A window the scope does not keep
@@ -307,8 +331,14 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
             (c.get(l.metric), v.est.count_in(l.metric, 1))
         }
     };
+    window_verdict(d, t, recorded, this, fillable(l.limit, v), v.now)
+}
+
+/// One window of a scope for one more request of `this`, with `recorded` in it and
+/// the scope's leases in flight, against `limit` (the priority's share of it).
+fn window_verdict(d: &Declared, t: &Tally, recorded: i64, this: i64, limit: i64, now: i64) -> Verdict {
+    let l = &d.limit;
     let used = recorded.saturating_add(t.in_flight.get(l.metric));
-    let limit = fillable(l.limit, v);
     let (over, excess) = if l.metric.is_tokens() {
         let total = used.saturating_add(this);
         (total > limit, total.saturating_sub(limit))
@@ -316,7 +346,7 @@ fn check_limit(d: &Declared, v: &View) -> Verdict {
         (used >= limit, used.saturating_sub(limit).saturating_add(1))
     };
     if over {
-        let retry = t.win.release_time(l.window, l.metric, excess, v.now);
+        let retry = t.win.release_time(l.window, l.metric, excess, now);
         return Verdict::refused(d.reason.clone(), retry);
     }
     // SPEC 22.1: headroom is scored with the priority's limit.
@@ -341,6 +371,9 @@ pub struct Passed {
     pub key_headroom: Option<f64>,
     /// When this engine last leased it, as a count of its leases (0: never).
     pub leased_at: u64,
+    /// Its model failed server-side in the last 5 minutes (SPEC 24.7): `headroom` and
+    /// `spread` rank it after every candidate that is not penalized.
+    pub penalized: bool,
 }
 
 /// SPEC 17.1: which of the candidates that passed `strategy` picks (its position in
@@ -352,10 +385,12 @@ pub fn choose<'a>(strategy: Strategy, passed: impl IntoIterator<Item = &'a Passe
         // Least recently leased first; never leased before all.
         Strategy::Spread => -(p.leased_at as f64),
     };
-    let mut best: Option<(usize, f64)> = None;
+    // SPEC 24.7: a penalized model after every healthy one; `order` keeps the order.
+    let healthy = |p: &Passed| strategy == Strategy::Order || !p.penalized;
+    let mut best: Option<(usize, (bool, f64))> = None;
     for (i, p) in passed.into_iter().enumerate() {
-        let s = score(p);
-        if best.is_none_or(|(_, b)| s > b) {
+        let s = (healthy(p), score(p));
+        if best.is_none_or(|(_, b)| (s.0 && !b.0) || (s.0 == b.0 && s.1 > b.1)) {
             best = Some((i, s));
         }
     }
@@ -569,7 +604,7 @@ mod tests {
 
     #[test]
     fn choose_by_strategy_ties_to_the_given_order() {
-        let p = |room, key_headroom, leased_at| Passed { room, key_headroom, leased_at };
+        let p = |room, key_headroom, leased_at| Passed { room, key_headroom, leased_at, penalized: false };
         let passed = [p(0.2, None, 3), p(0.9, Some(0.1), 0), p(0.5, None, 0), p(0.5, None, 1)];
         assert_eq!(choose(Strategy::Order, &passed), Some(0));
         // the key's observed headroom bounds the second one's room
@@ -577,5 +612,18 @@ mod tests {
         // never leased first, the first of them
         assert_eq!(choose(Strategy::Spread, &passed), Some(1));
         assert_eq!(choose(Strategy::Headroom, &[]), None);
+    }
+
+    #[test]
+    fn a_penalized_model_ranks_last_for_headroom_and_spread_not_for_order() {
+        let p = |room, leased_at, penalized| Passed { room, key_headroom: None, leased_at, penalized };
+        let passed = [p(0.9, 0, true), p(0.1, 5, false), p(0.2, 9, false)];
+        assert_eq!(choose(Strategy::Order, &passed), Some(0));
+        assert_eq!(choose(Strategy::Headroom, &passed), Some(2));
+        assert_eq!(choose(Strategy::Spread, &passed), Some(1));
+        // Penalized all: ranked among themselves as usual.
+        let all = [p(0.1, 3, true), p(0.5, 1, true)];
+        assert_eq!(choose(Strategy::Headroom, &all), Some(1));
+        assert_eq!(choose(Strategy::Spread, &all), Some(1));
     }
 }

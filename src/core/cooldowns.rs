@@ -35,9 +35,52 @@ pub const EMPTY_STREAK_BENCH: i64 = 3;
 pub const TRANSIENT_MEMORY_MS: i64 = 600_000;
 /// The shortest bench a short stated delay gives (SPEC 15.2).
 pub const MIN_STATED_BENCH_MS: i64 = 1_000;
-/// A learned key concurrency cap is forgotten this long after the last failure that
-/// taught or confirmed it (SPEC 15.4).
-pub const LEARNED_CAP_TTL_MS: i64 = 3_600_000;
+/// A learned key concurrency cap's first wait before it rises by one (SPEC 24.2).
+pub const CONCURRENCY_WAIT_MS: i64 = 3_600_000;
+/// The longest wait of a learned key concurrency cap (SPEC 24.2).
+pub const CONCURRENCY_WAIT_MAX_MS: i64 = DAY_MS;
+/// The concurrency failures of a key kept at most (see [`concurrency_chain_start`]).
+pub const CONCURRENCY_CHAIN_KEPT: usize = 6;
+
+/// The wait in force after each failure of a chain of concurrency failures
+/// `(hit_at_ms, cap)` in time order (SPEC 24.2): 1 h after the first; after a later
+/// one, double the previous wait (at most 24 h) when the cap rose since the previous
+/// failure (its wait had passed), else 1 h again.
+pub fn concurrency_waits(chain: &[(i64, i64)]) -> Vec<i64> {
+    let mut waits = Vec::with_capacity(chain.len());
+    let mut prev: Option<(i64, i64)> = None;
+    for &(at, _) in chain {
+        let wait = match prev {
+            Some((t, w)) if at.saturating_sub(t) >= w => w.saturating_mul(2).min(CONCURRENCY_WAIT_MAX_MS),
+            _ => CONCURRENCY_WAIT_MS,
+        };
+        waits.push(wait);
+        prev = Some((at, wait));
+    }
+    waits
+}
+
+/// The key concurrency cap a chain of concurrency failures `(hit_at_ms, cap)` in time
+/// order holds at `now` (SPEC 24.2): the latest failure's cap, plus one for each wait
+/// passed since it (a rise starts the next wait). Never forgotten; `None` without
+/// failures.
+pub fn learned_concurrency_cap(chain: &[(i64, i64)], now: i64) -> Option<i64> {
+    let &(at, cap) = chain.last()?;
+    let wait = *concurrency_waits(chain).last()?;
+    let rises = now.saturating_sub(at).max(0) / wait.max(1);
+    Some(cap.max(1).saturating_add(rises))
+}
+
+/// Where the part of a chain of concurrency failures worth keeping starts: from the
+/// last failure that set the wait back to 1 h (the earlier ones no longer count), and
+/// at most the last [`CONCURRENCY_CHAIN_KEPT`] (a chain of doublings that long is at
+/// 24 h whatever came before). The kept part gives the same cap at every later time.
+pub fn concurrency_chain_start(chain: &[(i64, i64)]) -> usize {
+    let reset = concurrency_waits(chain).iter().rposition(|w| *w == CONCURRENCY_WAIT_MS).unwrap_or_default();
+    reset.max(chain.len().saturating_sub(CONCURRENCY_CHAIN_KEPT))
+}
+/// A model that failed server-side ranks after healthy ones for this long (SPEC 24.7).
+pub const MODEL_PENALTY_MS: i64 = 300_000;
 
 /// The `n`-th step (1-based) of a ladder; later steps stay on the last rung.
 pub fn ladder_step(ladder: &[i64; 4], n: i64) -> i64 {
@@ -94,7 +137,7 @@ pub enum KindRule {
     Fixed(CooldownDecision),
     AuthLadder,
     DailyQuota,
-    /// Benches nothing; learns a key concurrency cap (SPEC 15.4).
+    /// Benches nothing; learns a key concurrency cap (SPEC 15.4, 24.2).
     Concurrency,
     /// Benches the model for every key of the platform (SPEC 21.1).
     Upstream,
@@ -200,5 +243,67 @@ mod tests {
         assert_eq!(ladder_step(&AUTH_LADDER_MS, 1), 300_000);
         assert_eq!(ladder_step(&AUTH_LADDER_MS, 4), DAY_MS);
         assert_eq!(ladder_step(&AUTH_LADDER_MS, 9), DAY_MS);
+    }
+
+    const H: i64 = 3_600_000;
+
+    /// SPEC 24.2: a chain of concurrency failures `(hour, cap)` -> the cap at hours.
+    #[test]
+    fn a_learned_concurrency_cap_settles() {
+        let at = |chain: &[(i64, i64)], hours: &[i64]| -> Vec<Option<i64>> {
+            let chain: Vec<(i64, i64)> = chain.iter().map(|&(t, c)| (NOON + t * H, c)).collect();
+            hours.iter().map(|h| learned_concurrency_cap(&chain, NOON + h * H)).collect()
+        };
+        // (failures (hour, cap), hours, caps at those hours)
+        type Row<'a> = (&'a [(i64, i64)], &'a [i64], &'a [i64]);
+        let table: &[Row] = &[
+            // One failure: 2, then one more each hour, never forgotten.
+            (&[(0, 2)], &[0, 1, 2, 72], &[2, 3, 4, 74]),
+            // A failure after a rise doubles the wait: 2 h, then 4 h.
+            (&[(0, 2), (1, 2)], &[1, 2, 3, 4, 5], &[2, 2, 3, 3, 4]),
+            (&[(0, 2), (1, 2), (3, 2)], &[3, 6, 7, 11], &[2, 2, 3, 4]),
+            // A failure with no rise in between sets it back to 1 h.
+            (&[(0, 2), (1, 2), (2, 2)], &[2, 3, 4], &[2, 3, 4]),
+            // The wait is at most 24 h: 1, 2, 4, 8, 16, 24, 24.
+            (&[(0, 2), (1, 2), (3, 2), (7, 2), (15, 2), (31, 2), (55, 2)], &[55, 78, 79, 103], &[2, 2, 3, 4]),
+            // A failure sets the cap, even above the cap in force (it is what was live).
+            (&[(0, 1), (0, 3)], &[0, 1], &[3, 4]),
+            // A cap of 0 is 1.
+            (&[(0, 0)], &[0], &[1]),
+        ];
+        for (chain, hours, caps) in table {
+            let want: Vec<Option<i64>> = caps.iter().map(|c| Some(*c)).collect();
+            assert_eq!(at(chain, hours), want, "{chain:?}");
+        }
+        let one = [(NOON, 2)];
+        assert_eq!(learned_concurrency_cap(&one, NOON + H - 1), Some(2));
+        assert_eq!(learned_concurrency_cap(&one, NOON + H), Some(3));
+        // A clock before the failure: its cap.
+        assert_eq!(learned_concurrency_cap(&one, NOON - 5 * H), Some(2));
+        assert_eq!(learned_concurrency_cap(&[], NOON), None);
+    }
+
+    /// The kept part of a chain gives the same wait as the whole, so the same caps.
+    #[test]
+    fn a_kept_concurrency_chain_holds_the_same_cap() {
+        let hours = |hs: &[i64]| -> Vec<(i64, i64)> { hs.iter().map(|h| (NOON + h * H, 2)).collect() };
+        let doubling = hours(&[0, 1, 3, 7, 15, 31, 55, 79, 103]);
+        assert_eq!(concurrency_waits(&doubling)[8], DAY_MS);
+        for n in 1..=doubling.len() {
+            let chain = &doubling[..n];
+            let start = concurrency_chain_start(chain);
+            assert!(chain.len() - start <= CONCURRENCY_CHAIN_KEPT);
+            for later in [0, 1, 5, 25, 49, 200] {
+                let now = chain[n - 1].0 + later * H;
+                assert_eq!(
+                    learned_concurrency_cap(&chain[start..], now),
+                    learned_concurrency_cap(chain, now)
+                );
+            }
+        }
+        // After a reset only the reset on counts.
+        let reset = hours(&[0, 1, 3, 4, 5]);
+        assert_eq!(concurrency_waits(&reset), vec![H, 2 * H, 4 * H, H, 2 * H]);
+        assert_eq!(concurrency_chain_start(&reset), 3);
     }
 }

@@ -51,6 +51,8 @@ pub struct Refusal {
     pub platform: String,
     pub model_id: String,
     pub key_id: i64,
+    /// The tenant whose limit refused (SPEC 23.2), `None` for the route's own gates.
+    pub tenant: Option<String>,
     /// `lease_any` (SPEC 17.1): every candidate's refusal, in the given order (this one
     /// among them); empty for a `lease()` of one route, whose refusal is this one.
     pub candidates: Vec<Refusal>,
@@ -150,6 +152,8 @@ pub fn check_non_negative(what: &str, value: i64) -> Result<i64> {
 pub enum Reason {
     Cooldown,
     KeyConcurrency,
+    /// SPEC 24.7: a candidate `lease_any`'s `exclude` covers (its gates never ran).
+    Excluded,
     Declared(std::sync::Arc<str>),
 }
 
@@ -164,6 +168,7 @@ impl Reason {
             Reason::Declared(name) => name,
             Reason::Cooldown => "cooldown",
             Reason::KeyConcurrency => "key_concurrency",
+            Reason::Excluded => "excluded",
         }
     }
 }

@@ -204,6 +204,9 @@ pub enum Scope {
     /// Every model of every key of the key's account: a platform limit at scope
     /// `"account"` (SPEC 23.3).
     PlatformAccount,
+    /// Every route a tenant is served on: a tenant's limit (SPEC 23.2), declared at
+    /// scope `"account"`.
+    Tenant,
 }
 
 impl Scope {
@@ -211,7 +214,7 @@ impl Scope {
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::Key | Scope::PlatformKey => "key",
-            Scope::Account | Scope::PlatformAccount => "account",
+            Scope::Account | Scope::PlatformAccount | Scope::Tenant => "account",
             Scope::Provider => "provider",
         }
     }
@@ -245,7 +248,7 @@ impl Scope {
     pub fn declared(self) -> Scope {
         match self {
             Scope::PlatformKey => Scope::Key,
-            Scope::PlatformAccount => Scope::Account,
+            Scope::PlatformAccount | Scope::Tenant => Scope::Account,
             s => s,
         }
     }
@@ -342,6 +345,14 @@ impl fmt::Display for Limit {
     }
 }
 
+/// Whose limits a set holds: a model's, a platform's (SPEC 23.3) or a tenant's (23.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Model,
+    Platform,
+    Tenant,
+}
+
 /// One limit of a set, with the reason a refusal by it gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Declared {
@@ -359,7 +370,7 @@ pub struct LimitSet {
 impl LimitSet {
     /// A set from limits in any order; two for one (metric, window, scope) are an error.
     pub fn new(list: Vec<Limit>) -> Result<LimitSet> {
-        LimitSet::build(list, false)
+        LimitSet::build(list, Kind::Model)
     }
 
     /// SPEC 23.3: a platform's limits, declared at scope `"account"` or `"key"` and
@@ -369,7 +380,21 @@ impl LimitSet {
     /// [`Metric`]: its platform limit needs nothing here.
     pub fn platform(list: Vec<Limit>) -> Result<LimitSet> {
         let list = list.into_iter().map(|l| Limit { scope: l.scope.platform_wide(), ..l }).collect();
-        LimitSet::build(list, true)
+        LimitSet::build(list, Kind::Platform)
+    }
+
+    /// SPEC 23.2: a tenant's limits, declared at scope `"account"` (any other is an
+    /// error) and counted over every route the tenant is served on; each reason is
+    /// `"tenant:<metric>/<per>"`. Two for one (metric, window) are an error.
+    pub fn tenant(list: Vec<Limit>) -> Result<LimitSet> {
+        if let Some(l) = list.iter().find(|l| l.scope != Scope::Account) {
+            return Err(Error::invalid(format!(
+                "{l}: a tenant's limits are declared at scope \"account\" (the tenant's own), not {:?}",
+                l.scope.as_str()
+            )));
+        }
+        let list = list.into_iter().map(|l| Limit { scope: Scope::Tenant, ..l }).collect();
+        LimitSet::build(list, Kind::Tenant)
     }
 
     /// A platform's limits as a store keeps them; a stored set that is no longer valid
@@ -384,9 +409,14 @@ impl LimitSet {
         self.gates.iter().map(|d| Limit { scope: d.limit.scope.declared(), ..d.limit.clone() }).collect()
     }
 
-    fn build(mut list: Vec<Limit>, platform: bool) -> Result<LimitSet> {
-        if let Some(l) = list.iter().find(|l| l.scope.is_platform() != platform || l.scope == Scope::Provider)
-        {
+    fn build(mut list: Vec<Limit>, kind: Kind) -> Result<LimitSet> {
+        let platform = kind == Kind::Platform;
+        let tenant = kind == Kind::Tenant;
+        if let Some(l) = list.iter().find(|l| {
+            l.scope.is_platform() != platform
+                || (l.scope == Scope::Tenant) != tenant
+                || l.scope == Scope::Provider
+        }) {
             return Err(Error::invalid(format!("{l} cannot be declared here")));
         }
         list.sort_by_key(Limit::key);
@@ -405,10 +435,11 @@ impl LimitSet {
             .map(|l| {
                 let also_account = l.scope.is_key()
                     && list.iter().any(|o| !o.scope.is_key() && (o.metric, o.window) == (l.metric, l.window));
-                let classic = if platform { None } else { classic_name(l.metric, l.window) };
+                let classic = if kind == Kind::Model { classic_name(l.metric, l.window) } else { None };
                 let base = match classic {
                     Some(r) => r.to_string(),
                     None if platform => format!("platform:{}/{}", l.metric.as_str(), l.per),
+                    None if tenant => format!("tenant:{}/{}", l.metric.as_str(), l.per),
                     None => format!("{}/{}", l.metric.as_str(), l.per),
                 };
                 let reason = match classic {

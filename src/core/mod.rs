@@ -20,6 +20,7 @@ pub mod providers;
 pub mod random;
 pub mod state;
 pub mod store;
+pub mod tenants;
 pub mod text;
 pub mod types;
 pub mod upstream;

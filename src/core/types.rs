@@ -27,6 +27,43 @@ impl Route {
     }
 }
 
+/// What a request already skipped (SPEC 24.7, `lease_any(..., exclude=)`): a route, a
+/// model on every key of its platform, or a platform.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Exclusion {
+    Route(Route),
+    Model { platform: String, model_id: String },
+    Platform(String),
+}
+
+impl Exclusion {
+    /// A model on a platform, the names checked.
+    pub fn model(platform: impl Into<String>, model_id: impl Into<String>) -> Result<Self> {
+        let (platform, model_id) = (platform.into(), model_id.into());
+        check_name("platform", &platform)?;
+        check_name("model_id", &model_id)?;
+        Ok(Exclusion::Model { platform, model_id })
+    }
+
+    /// A platform, the name checked.
+    pub fn platform(platform: impl Into<String>) -> Result<Self> {
+        let platform = platform.into();
+        check_name("platform", &platform)?;
+        Ok(Exclusion::Platform(platform))
+    }
+
+    /// Whether it covers `route`.
+    pub fn covers(&self, route: &Route) -> bool {
+        match self {
+            Exclusion::Route(r) => r == route,
+            Exclusion::Model { platform, model_id } => {
+                *platform == route.platform && *model_id == route.model_id
+            }
+            Exclusion::Platform(p) => *p == route.platform,
+        }
+    }
+}
+
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}/{}", self.platform, self.model_id, self.key_id)
@@ -39,12 +76,15 @@ pub struct Admission {
     pub allowed: bool,
     pub reason: Option<Reason>,
     pub retry_at_ms: Option<i64>,
+    /// The tenant whose limit refused, by its own name (SPEC 23.2); `None` for the
+    /// route's own gates.
+    pub tenant: Option<std::sync::Arc<str>>,
 }
 
 impl Admission {
-    pub const ALLOWED: Admission = Admission { allowed: true, reason: None, retry_at_ms: None };
+    pub const ALLOWED: Admission = Admission { allowed: true, reason: None, retry_at_ms: None, tenant: None };
     pub fn refused(reason: Reason, retry_at_ms: Option<i64>) -> Self {
-        Admission { allowed: false, reason: Some(reason), retry_at_ms }
+        Admission { allowed: false, reason: Some(reason), retry_at_ms, tenant: None }
     }
 }
 

@@ -10,7 +10,7 @@
 //! sleeps on the event loop. Both nap at most [`MAX_NAP`], for other processes and for
 //! a `ManualClock` another thread moves.
 use crate::core::engine::BatchOp;
-use crate::core::error::{Error, Result};
+use crate::core::error::{Error, Reason, Result};
 use crate::core::handle::Handle;
 use std::time::{Duration, Instant};
 
@@ -103,7 +103,11 @@ impl Waiter {
             Err(Error::Refused(r)) => r,
             Err(e) => return Err(e),
         };
-        if left.is_zero() {
+        // SPEC 24.7: a candidate the request excluded never frees; when every one is
+        // excluded, nothing can.
+        let all = refusal.all();
+        let open: Vec<_> = all.iter().filter(|r| r.reason != Reason::Excluded).collect();
+        if left.is_zero() || open.is_empty() {
             return Err(Error::Refused(refusal));
         }
         self.enqueue();
@@ -111,7 +115,7 @@ impl Waiter {
         // The refusal's own retry time is the earliest known among its candidates.
         if let Some(at) = refusal.retry_at_ms {
             let until = at.saturating_sub(self.handle.clock_now_ms());
-            let all_known = refusal.all().iter().all(|r| r.retry_at_ms.is_some());
+            let all_known = open.iter().all(|r| r.retry_at_ms.is_some());
             if all_known && until > i64::try_from(left.as_millis()).unwrap_or(i64::MAX) {
                 return Err(Error::Refused(refusal));
             }

@@ -50,6 +50,33 @@ pub fn str_arg<'a>(obj: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
     s.to_str()
 }
 
+/// SPEC 23.2: `tenant=`: a name, a sequence of up to 16 names (a name given twice
+/// counts once; empty is None), or None. A value that is not a str or a sequence of
+/// str is a TypeError; an empty name, one with a NUL, a pattern or 17 names a
+/// ValueError.
+pub fn tenants_arg(obj: Option<&Arg>) -> PyResult<crate::core::tenants::TenantList> {
+    use crate::core::tenants;
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(tenants::none()) };
+    let names: Vec<String> = if let Ok(s) = obj.cast::<PyString>() {
+        vec![s.to_str()?.to_string()]
+    } else if obj.is_instance_of::<pyo3::types::PyBytes>() || obj.is_instance_of::<pyo3::types::PyDict>() {
+        return Err(type_error("tenant must be a str, a sequence of str or None"));
+    } else {
+        let iter =
+            obj.try_iter().map_err(|_| type_error("tenant must be a str, a sequence of str or None"))?;
+        let mut out = Vec::new();
+        for item in iter {
+            let item = item?;
+            out.push(str_arg(&item, "tenant")?.to_string());
+            if out.len() > 4 * tenants::MAX_TENANTS {
+                break;
+            }
+        }
+        out
+    };
+    Ok(tenants::parse(names)?)
+}
+
 /// A number of seconds (int or float), finite and non-negative.
 pub fn seconds_arg(obj: &Arg, name: &str) -> PyResult<f64> {
     if obj.is_instance_of::<PyBool>() || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>()) {
@@ -96,7 +123,8 @@ pub fn fraction_arg(obj: &Arg, name: &str) -> PyResult<f64> {
             obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
         )));
     }
-    let v: f64 = obj.extract()?;
+    // An int too large for a float is out of the range all the same (a ValueError).
+    let v: f64 = obj.extract().map_err(|_| PyValueError::new_err(format!("{name} must be in [0, 1)")))?;
     if !v.is_finite() || !(0.0..1.0).contains(&v) {
         return Err(PyValueError::new_err(format!("{name} must be in [0, 1), got {v}")));
     }

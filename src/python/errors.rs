@@ -19,8 +19,8 @@ impl From<Error> for PyErr {
             Error::Runtime(msg) => PyRuntimeError::new_err(msg),
             // must match _errors.QuotaExceeded.__init__ argument order
             Error::Refused(r) => {
-                // lease_any: one (platform, model_id, key_id, reason, retry_at_ms) per
-                // candidate; a lease()'s one refusal is the exception's own fields (None).
+                // lease_any: one (platform, model_id, key_id, reason, retry_at_ms, tenant)
+                // per candidate; a lease()'s one refusal is the exception's own fields (None).
                 let all: Option<Vec<RefusalTuple>> = (!r.candidates.is_empty()).then(|| {
                     r.candidates
                         .iter()
@@ -31,6 +31,7 @@ impl From<Error> for PyErr {
                                 c.key_id,
                                 c.reason.as_str().to_string(),
                                 c.retry_at_ms,
+                                c.tenant.clone(),
                             )
                         })
                         .collect()
@@ -42,6 +43,7 @@ impl From<Error> for PyErr {
                     r.model_id,
                     r.key_id,
                     all,
+                    r.tenant,
                 ))
             }
             Error::Closed => EngineClosed::new_err("engine is closed"),
@@ -54,8 +56,9 @@ impl From<Error> for PyErr {
     }
 }
 
-/// A `Refusal` as `QuotaExceeded` takes it: (platform, model_id, key_id, reason, retry_at_ms).
-type RefusalTuple = (String, String, i64, String, Option<i64>);
+/// A `Refusal` as `QuotaExceeded` takes it: (platform, model_id, key_id, reason,
+/// retry_at_ms, tenant).
+type RefusalTuple = (String, String, i64, String, Option<i64>, Option<String>);
 
 /// Runs binding code outside the engine's own boundary (a constructor, a value type, a
 /// module function, a wait's stepper): a Rust panic inside comes back as
@@ -103,6 +106,7 @@ mod tests {
             platform: "groq".into(),
             model_id: "m".into(),
             key_id,
+            tenant: None,
             candidates: Vec::new(),
         }
     }
@@ -140,6 +144,14 @@ mod tests {
             assert_eq!(v.getattr("retry_at_ms").unwrap().extract::<Option<i64>>().unwrap(), Some(5));
             assert_eq!(v.getattr("key_id").unwrap().extract::<i64>().unwrap(), 1);
             assert!(v.getattr("_refusals").unwrap().is_none());
+            assert!(v.getattr("tenant").unwrap().is_none());
+            // SPEC 23.2: a tenant's refusal names the tenant, on the exception and each Refusal.
+            let mut by_tenant = refusal(3, None);
+            by_tenant.tenant = Some("team:x".into());
+            let v = PyErr::from(Error::Refused(Box::new(by_tenant))).value(py).clone();
+            assert_eq!(v.getattr("tenant").unwrap().extract::<String>().unwrap(), "team:x");
+            let r = v.getattr("refusals").unwrap().get_item(0).unwrap();
+            assert_eq!(r.getattr("tenant").unwrap().extract::<String>().unwrap(), "team:x");
 
             let any = Refusal::of_candidates(vec![refusal(1, None), refusal(2, Some(9))]).unwrap();
             let v = PyErr::from(Error::Refused(Box::new(any))).value(py).clone();

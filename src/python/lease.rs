@@ -5,6 +5,7 @@ use super::types::PyFailureOutcome;
 use crate::core::admission::Estimate;
 use crate::core::engine::{BatchOp, BatchOut, FailureInput, TokenUse};
 use crate::core::handle::Handle;
+use crate::core::tenants::TenantList;
 use crate::core::types::Route;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
@@ -27,6 +28,8 @@ pub struct PyLease {
     pub route: Route,
     /// The estimate it was admitted with (its total is `estimated_tokens`).
     pub estimate: Estimate,
+    /// The tenants it was taken for (SPEC 23.2): its outcome counts for them.
+    pub tenants: TenantList,
     pub done: AtomicBool,
 }
 
@@ -46,7 +49,7 @@ impl Drop for PyLease {
 impl PyLease {
     /// A new lease object for lease `id` on `route`.
     pub fn create(
-        py: Python<'_>, handle: &Handle, id: i64, route: Route, est: Estimate,
+        py: Python<'_>, handle: &Handle, id: i64, route: Route, est: Estimate, tenants: TenantList,
     ) -> PyResult<Py<PyLease>> {
         Py::new(
             py,
@@ -56,6 +59,7 @@ impl PyLease {
                 id,
                 route,
                 estimate: est,
+                tenants,
                 done: AtomicBool::new(false),
             },
         )
@@ -86,7 +90,12 @@ impl PyLease {
         if !self.take() {
             return Ok(());
         }
-        let op = BatchOp::Success { lease_id: self.id, route: self.route.clone(), tokens };
+        let op = BatchOp::Success {
+            lease_id: self.id,
+            route: self.route.clone(),
+            tokens,
+            tenants: self.tenants.clone(),
+        };
         self.unless_failed(run_batch(py, &self.handle, op, BatchOut::done))
     }
 

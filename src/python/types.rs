@@ -172,6 +172,8 @@ pub struct PyFailureOutcome {
     kind: &'static str,
     cooldown: Option<PyCooldownDecision>,
     learned: Option<PyLearnedLimit>,
+    /// What the rest of the request skips (SPEC 24.7): "route", "model" or "platform".
+    skip: &'static str,
 }
 
 impl From<FailureOutcome> for PyFailureOutcome {
@@ -180,6 +182,7 @@ impl From<FailureOutcome> for PyFailureOutcome {
             kind: o.kind.as_str(),
             cooldown: o.cooldown.map(Into::into),
             learned: o.learned.map(Into::into),
+            skip: o.skip.as_str(),
         }
     }
 }
@@ -188,10 +191,11 @@ impl From<FailureOutcome> for PyFailureOutcome {
 impl PyFailureOutcome {
     fn __repr__(&self) -> String {
         format!(
-            "FailureOutcome(kind={:?}, cooldown={}, learned={})",
+            "FailureOutcome(kind={:?}, cooldown={}, learned={}, skip={:?})",
             self.kind,
             self.cooldown.as_ref().map_or("None".into(), PyCooldownDecision::__repr__),
-            self.learned.as_ref().map_or("None".into(), PyLearnedLimit::__repr__)
+            self.learned.as_ref().map_or("None".into(), PyLearnedLimit::__repr__),
+            self.skip
         )
     }
 }

@@ -20,6 +20,8 @@ pub struct PyLeaseWaiter {
     /// The candidates (one for `lease_async`), and the estimate the lease records.
     pub routes: Vec<Route>,
     pub estimate: Estimate,
+    /// The tenants the lease is taken for.
+    pub tenants: crate::core::tenants::TenantList,
 }
 
 #[pymethods]
@@ -41,7 +43,10 @@ impl PyLeaseWaiter {
                     .get(i)
                     .cloned()
                     .ok_or_else(|| PyErr::from(Error::Internal("no such candidate".into())))?;
-                Ok((Some(PyLease::create(py, &self.handle, id, route, self.estimate)?), 0.0))
+                Ok((
+                    Some(PyLease::create(py, &self.handle, id, route, self.estimate, self.tenants.clone())?),
+                    0.0,
+                ))
             }
             Ok(Step::Nap(d)) => Ok((None, nap_seconds(d))),
             Err(e) => {

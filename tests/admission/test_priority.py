@@ -76,7 +76,7 @@ def test_a_schema_8_file_migrates_and_keeps_no_reserve(db_path: Path, clock: q.M
         assert e.priority_reserve(5) == 0.25
     con = sqlite3.connect(db_path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 12
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 13
         assert con.execute("SELECT priority, fraction FROM priority_reserves").fetchall() == [(2, 0.25)]
     finally:
         con.close()

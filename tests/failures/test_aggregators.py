@@ -92,7 +92,8 @@ def test_upstream_benches_the_model_on_every_key_not_the_key(qengine: q.QuotaEng
     listed = qengine.active_cooldowns()
     assert [(c.model_id, c.key_id, c.source) for c in listed] == [(M, None, "upstream")]
     assert "key_id=None" in repr(listed[0])
-    assert qengine.active_cooldowns([1]) == []
+    # Filtered by a key, the model's bench is listed: it blocks that key (issue 35, item 7).
+    assert [(c.model_id, c.key_id) for c in qengine.active_cooldowns([1])] == [(M, None)]
     # Never probed.
     assert qengine.probeable_cooldowns() == []
 
@@ -305,7 +306,7 @@ def test_a_version_8_file_migrates_and_keeps_its_cooldowns(db_path: object, qclo
         assert e.learned_provider_caps(P, 3).daily_requests == 50
     con = sqlite3.connect(db_path)  # type: ignore[call-overload]
     try:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 12
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 13
         rows = set(con.execute("SELECT model_id, key_id, source FROM rate_limit_cooldowns"))
         assert (M2, None, "upstream") in rows and (M2, 1, "tier") in rows
         kinds = {k for (k,) in con.execute("SELECT kind FROM failure_history")}

@@ -1,6 +1,7 @@
 """SPEC 15.2 (a short stated delay on a route's first transient bench) and 15.4 (the
-`concurrency` failure kind and the key concurrency cap it teaches), on both backends,
-with real provider bodies. 15.1 and 15.3 are in test_failures.py."""
+`concurrency` failure kind and the key concurrency cap it teaches, as 24.2 amends it),
+on both backends, with real provider bodies. 15.1 and 15.3 are in test_failures.py;
+the cap that settles (24.2) in test_settling_cap.py."""
 
 from __future__ import annotations
 
@@ -211,18 +212,20 @@ def test_ollama_busy_benches_nothing_and_learns_the_cap(qengine: q.QuotaEngine) 
     assert qengine.key_concurrency_cap("ollama", 8) is None
 
 
-def test_the_cap_is_at_least_one_and_only_tightens(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+def test_the_cap_is_at_least_one_and_each_failure_sets_it(qengine: q.QuotaEngine, qclock: q.ManualClock) -> None:
+    """SPEC 24.2 (amends 15.4, where a learned cap only tightened): each concurrency
+    failure sets the cap to the leases it counts."""
     o = qengine.record_failure(P, M, K, status=429, message="Too many concurrent requests")
     assert o.learned is not None and (o.learned.kind, o.learned.limit) == ("concurrency", 1)
     assert o.cooldown is None
     assert qengine.key_concurrency_cap(P, K) == 1
-    # With three leases out (taken unconditionally, as a router may), a later failure does
-    # not raise the cap: it confirms it.
+    # With three leases out (taken unconditionally, as a router may), a later failure
+    # sets the cap to 3.
     ids = [qengine.acquire_lease(P, M, K) for _ in range(3)]
     qclock.advance(MINUTE)
     o = qengine.record_failure(P, M, K, status=429, message="Too many concurrent requests")
-    assert o.learned is not None and o.learned.limit == 1
-    assert qengine.key_concurrency_cap(P, K) == 1
+    assert o.learned is not None and o.learned.limit == 3
+    assert qengine.key_concurrency_cap(P, K) == 3
     for i in ids:
         qengine.release_lease(i)
     # On another key: three out, then a tighter one with one out.
@@ -236,7 +239,9 @@ def test_the_cap_is_at_least_one_and_only_tightens(qengine: q.QuotaEngine, qcloc
     assert qengine.key_concurrency_cap(P, K + 1) == 1
 
 
-def test_the_cap_is_forgotten_an_hour_after_the_last_failure(store: str, qclock: q.ManualClock) -> None:
+def test_the_cap_is_not_forgotten_an_hour_after_the_last_failure(store: str, qclock: q.ManualClock) -> None:
+    """SPEC 24.2 (amends 15.4, where it was forgotten after an hour): an hour after the
+    last failure it rises by one."""
     # Leases that live for hours, so that the confirming failure still sees two out.
     qengine = q.QuotaEngine(store, clock=qclock, env={}, lease_max_age_ms=3 * HOUR)
     leases = [qengine.lease(P, M, K) for _ in range(2)]
@@ -251,8 +256,11 @@ def test_the_cap_is_forgotten_an_hour_after_the_last_failure(store: str, qclock:
     with pytest.raises(q.QuotaExceeded):
         qengine.lease(P, M, K)
     qclock.advance(MINUTE)
-    assert qengine.key_concurrency_cap(P, K) is None
-    qengine.lease(P, M, K).release()  # a third goes out again
+    assert qengine.key_concurrency_cap(P, K) == 3
+    third = qengine.lease(P, M, K)  # a third goes out again, not a fourth
+    with pytest.raises(q.QuotaExceeded):
+        qengine.lease(P, M, K)
+    third.release()
     for lease in leases:
         lease.release()
     qengine.close()
@@ -379,7 +387,7 @@ def test_a_file_of_schema_6_opens_and_keeps_its_failure_history(db_path: object,
         assert e.key_concurrency_cap(P, K) == 1
     con = sqlite3.connect(db_path)  # type: ignore[arg-type]
     try:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 12  # migrated to the current version
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 13  # migrated to the current version
         kinds = {k for (k,) in con.execute("SELECT kind FROM failure_history")}
         assert kinds == {"ladder", "concurrency"}
     finally:

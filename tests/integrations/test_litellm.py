@@ -500,6 +500,60 @@ def test_each_litellm_retry_is_a_new_choice(server: LiteLLMProviders, live_engin
     plugin.uninstall()
 
 
+def on(server: LiteLLMProviders, model: str, dep_id: str, platform: str, model_id: str, key_id: int) -> dict:
+    """A deployment of group "g" asking the server for `model`, as the route given."""
+    d = deployment(server, "g", model, dep_id, key_id)
+    d["model_info"]["quotaengine"] = {"platform": platform, "key_id": key_id, "model_id": model_id}
+    return d
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_retry_skips_the_platform_after_a_500_and_the_model_after_a_403(
+    server: LiteLLMProviders, live_engine: q.QuotaEngine, mode: str
+) -> None:
+    """SPEC 24.7 through the plugin: a 500 of one provider makes LiteLLM's retry of the
+    request skip that platform, a 403 the model on every key (a 404 too, which LiteLLM
+    does not retry in the group); each request has its own skips."""
+    e = live_engine
+
+    def call(plugin: qel.QuotaEnginePlugin) -> Any:
+        if mode == "sync":
+            return plugin._router.completion(model="g", messages=MESSAGES)
+        return asyncio.run(plugin._router.acompletion(model="g", messages=MESSAGES))
+
+    # "order" would retry on p1's next deployment: the 500 makes it skip p1.
+    ml = [on(server, "e500", "a", "p1", "e500", 1), on(server, "ok", "b", "p1", "ok", 2)]
+    ml.append(on(server, "ok", "c", "p2", "ok", 3))
+    plugin = qel.install(router(ml, num_retries=2), e, strategy="order")
+    assert call(plugin).usage.total_tokens == 20
+    settle(lambda: e.usage("p2", "ok", 3)["rpm"]["used"] == 1)
+    assert e.usage("p1", "ok", 2)["rpm"]["used"] == 0
+    assert server.count("e500", 500) >= 1
+    plugin.uninstall()
+
+    # "order" would retry on the model's other key: the 403 makes it skip the model.
+    ml = [on(server, "m403", "d", "p3", "m403", 4), on(server, "m403", "e", "p3", "m403", 5)]
+    ml.append(on(server, "ok", "f", "p3", "ok", 6))
+    plugin = qel.install(router(ml, num_retries=2), e, strategy="order")
+    sent = server.count("m403", 403)
+    assert call(plugin).usage.total_tokens == 20
+    settle(lambda: e.usage("p3", "ok", 6)["rpm"]["used"] == 1)
+    assert server.count("m403", 403) == sent + 1
+    assert e.cooldown("p3", "m403", 5) is None and e.usage("p3", "m403", 5)["in_flight"] == 0
+    plugin.uninstall()
+
+    # LiteLLM raises a 404 at once (no retry in the group): the plugin still records
+    # the request's skip, and the next request has none of it.
+    ml = [on(server, "m404", "g1", "p4", "m404", 7), on(server, "ok", "g2", "p4", "ok", 8)]
+    plugin = qel.install(router(ml, num_retries=2), e, strategy="order")
+    for _ in range(2):
+        with pytest.raises(litellm.NotFoundError):
+            call(plugin)
+    assert server.count("m404", 404) >= 2
+    assert [skips for _, skips in plugin._skips.values() if ("p4", "m404") in skips]
+    plugin.uninstall()
+
+
 def test_a_sync_stream_ends_its_lease_when_litellm_logs_it_complete(
     server: LiteLLMProviders, live_engine: q.QuotaEngine
 ) -> None:

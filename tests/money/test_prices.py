@@ -330,7 +330,7 @@ def test_a_version_11_file_gains_the_prices_table(db_path: Path, clock: q.Manual
     with q.QuotaEngine(db_path, clock=clock, env={}) as e:
         assert e.model_prices(P, M) == MINI
     con = sqlite3.connect(db_path)
-    assert con.execute("PRAGMA user_version").fetchone() == (12,)
+    assert con.execute("PRAGMA user_version").fetchone() == (13,)
     con.close()
 
 

@@ -521,6 +521,10 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "model_prices": lambda: e.model_prices(P, M),
         "set_platform_limits": lambda: e.set_platform_limits("p", []),
         "platform_limits": lambda: e.platform_limits("p"),
+        "set_tenant_limits": lambda: e.set_tenant_limits("t", []),
+        "tenant_limits": lambda: e.tenant_limits("t"),
+        "tenant_usage": lambda: e.tenant_usage("t"),
+        "tenants": lambda: e.tenants(),
         "forecast": lambda: e.forecast(P, M, K),
         "__exit__": lambda: e.__exit__(None, None, None),
     }

@@ -148,7 +148,40 @@ def test_a_version_10_file_opens_with_the_same_model_limits_and_provider_caps(
         ("google", "tokens/day=7", None, None, None),
         (P, "requests/day=100 requests/minute=none", None, None, None),
     ]
-    assert sql(db_path, "PRAGMA user_version") == [(12,)]
+    assert sql(db_path, "PRAGMA user_version") == [(13,)]
+
+
+def test_a_version_12_file_opens_with_its_usage_and_leases_and_gains_the_tenants(
+    db_path: Path, clock: q.ManualClock
+) -> None:
+    """Version 13 (SPEC 23.2) adds the tenants of a usage row and of a lease (NULL: none) and the
+    tenant declarations: a version-12 file opens with its usage and live leases counted as before."""
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        e.set_model_limits(P, M, rpm=5, tpm=1000)
+        e.record_request(P, M, K)
+        e.record_tokens(P, M, K, 42)
+        lease_id = e.acquire_lease(P, M, K, estimated_tokens=10)
+        before = e.usage(P, M, K)
+    con = sqlite3.connect(db_path)
+    with con:
+        downgrade_schema(con, 12)
+    assert con.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'tenant_limits'").fetchone() == (0,)
+    con.close()
+    with q.QuotaEngine(db_path, clock=clock, env={}) as e:
+        after = e.usage(P, M, K)
+        assert (after["rpm"]["used"], after["tpm"]["used"], after["in_flight"]) == (1, 42, 1)
+        assert after == before
+        assert [ev["kind"] for ev in e.usage_events()] == ["request", "tokens"]
+        e.release_lease(lease_id)
+        e.record_request(P, M, K)
+    assert sql(db_path, "PRAGMA user_version") == [(13,)]
+    assert sql(db_path, "SELECT kind, tenants FROM rate_limit_usage ORDER BY id") == [
+        ("request", None),
+        ("tokens", None),
+        ("request", None),
+    ]
+    assert sql(db_path, "SELECT tenant, limits, tz FROM tenant_limits") == []
+    assert sql(db_path, "SELECT name FROM pragma_table_info('quota_leases') WHERE name = 'tenants'") == [("tenants",)]
 
 
 # ---------------------------------------------------------------------------- refusing files

@@ -101,7 +101,7 @@ def test_the_file_keeps_them_in_a_table_of_their_own(store: str, clock: q.Manual
     with q.QuotaEngine(store, clock=clock, env={}) as e:
         e.set_platform_limits(P, [q.Limit("requests", 20, "minute"), q.Limit("tokens", 9, "month", "key")])
     with sqlite3.connect(store) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 12
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 13
         rows = con.execute("SELECT platform, limits FROM platform_limits").fetchall()
     assert rows == [(P, "requests/minute=20 tokens/month:key=9")]
 

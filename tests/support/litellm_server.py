@@ -13,6 +13,8 @@ the answer:
 * ``or-pool``: OpenRouter's 429 "free-models-per-min" with ``X-RateLimit-Limit: 20``,
   ``-Remaining`` and ``-Reset`` (30 s ahead, epoch ms) as response headers (SPEC 21.2);
 * ``flaky``: 503 for the first request, then ``ok``;
+* ``e500``: always a 500; ``m404``: always a 404, the model not found; ``m403``: always a
+  403, the model not on the key's tier (SPEC 24.7);
 * ``slow``: answers after 3 s.
 
 ``hits`` counts answers per model and status; ``max_in_flight`` the most requests held
@@ -103,6 +105,20 @@ class LiteLLMProviders(LocalServer):
             pool = {"X-RateLimit-Limit": "20", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}
             err = {"error": {"message": "Rate limit exceeded: free-models-per-min. ", "code": 429}}
             self.send(h, 429, json.dumps(err).encode(), pool)
+            return
+        if model == "e500":
+            self._note(model, 500)
+            self.send(h, 500, b'{"error": {"message": "Internal server error", "type": "server_error"}}', {})
+            return
+        if model == "m404":
+            self._note(model, 404)
+            err = {"error": {"message": f"The model `{model}` does not exist", "type": "invalid_request_error"}}
+            self.send(h, 404, json.dumps(err).encode(), {})
+            return
+        if model == "m403":
+            self._note(model, 403)
+            err = {"error": {"message": "Your key has no access to this model", "type": "permission_denied"}}
+            self.send(h, 403, json.dumps(err).encode(), {})
             return
         if model == "flaky" and self.total(model) == 0:
             self._note(model, 503)

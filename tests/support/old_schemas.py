@@ -18,6 +18,21 @@ def _cap_column(column: str, item: str) -> str:
 
 
 _UNDO = {
+    13: [
+        "DELETE FROM failure_history WHERE kind = 'penalty'",
+        "CREATE TABLE failure_history_v12 (platform TEXT NOT NULL, model_id TEXT NOT NULL, "
+        "key_id INTEGER NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty', "
+        "'transient', 'concurrency', 'upstream', 'pool_minute', 'pool_day')), hit_at_ms INTEGER NOT NULL, "
+        "value INTEGER)",
+        "INSERT INTO failure_history_v12 SELECT * FROM failure_history",
+        "DROP TABLE failure_history",
+        "ALTER TABLE failure_history_v12 RENAME TO failure_history",
+        "CREATE INDEX idx_failure_history_key ON failure_history (key_id)",
+        "ALTER TABLE rate_limit_usage DROP COLUMN tenants",
+        "ALTER TABLE quota_leases DROP COLUMN tenants",
+        "DROP TABLE tenant_limits",
+        "DELETE FROM quotaengine_meta WHERE name = 'tenant_limits'",
+    ],
     12: [
         "DROP TABLE model_prices",
         "DELETE FROM quotaengine_meta WHERE name = 'model_prices'",

@@ -6,14 +6,24 @@ use super::unit::{Access, Applied};
 use super::usage::TokenUse;
 use super::{admit, check_priority, observed, priced, Engine};
 use crate::core::admission::{self, Passed};
-use crate::core::error::{Error, Refusal, Result};
+use crate::core::cooldowns::MODEL_PENALTY_MS;
+use crate::core::error::{Error, Reason, Refusal, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, RouteId};
 use crate::core::store::{TokenKinds, UsageKind, Write};
-use crate::core::types::{check_non_negative, Admission, Route, Strategy};
+use crate::core::tenants::TenantList;
+use crate::core::types::{check_non_negative, Admission, Exclusion, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
+
+/// Where a batch's operations go: its section's time, whether usage waits in the
+/// buffer (`flush_interval_ms`), and the writes of its one commit.
+pub(super) struct Section<'a> {
+    now: i64,
+    deferred: bool,
+    writes: &'a mut Vec<Write>,
+}
 
 /// A hot-path operation that can share a commit with other callers' (group commit).
 #[derive(Debug, Clone)]
@@ -26,6 +36,8 @@ pub enum BatchOp {
         check: bool,
         /// SPEC 22.1: 0 the most important.
         priority: i64,
+        /// SPEC 23.2: whom it is served for.
+        tenants: TenantList,
     },
     /// `lease_any` (SPEC 17.1): every gate of every candidate, one picked by
     /// `strategy`, its lease taken.
@@ -34,11 +46,17 @@ pub enum BatchOp {
         est: Estimate,
         strategy: Strategy,
         priority: i64,
+        tenants: TenantList,
+        /// SPEC 24.7: what the request already skipped; the candidates they cover are
+        /// refused ("excluded") without running their gates.
+        exclude: Vec<Exclusion>,
     },
     Success {
         lease_id: i64,
         route: Route,
         tokens: Option<TokenUse>,
+        /// The lease's tenants: what it records counts for them.
+        tenants: TenantList,
     },
     Release(i64),
 }
@@ -162,28 +180,29 @@ impl Engine {
         let mut outs = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
-                BatchOp::Lease { route, est, limits, check, priority } => {
+                BatchOp::Lease { route, est, limits, check, priority, tenants } => {
                     outs.push(BatchOut::of_lease(self.batch_lease(
                         route,
                         *est,
                         limits.clone(),
                         (*check).then_some(*priority),
-                        now,
-                        &mut writes,
+                        tenants,
+                        &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
-                BatchOp::LeaseAny { routes, est, strategy, priority } => {
+                BatchOp::LeaseAny { routes, est, strategy, priority, tenants, exclude } => {
                     outs.push(BatchOut::of_choice(self.batch_lease_any(
                         routes,
                         *est,
                         *strategy,
-                        *priority,
-                        now,
-                        &mut writes,
+                        (*priority, tenants),
+                        exclude,
+                        &mut Section { now, deferred, writes: &mut writes },
                     )));
                 }
-                BatchOp::Success { lease_id, route, tokens } => {
-                    let out = self.batch_success(*lease_id, route, *tokens, now, deferred, &mut writes);
+                BatchOp::Success { lease_id, route, tokens, tenants } => {
+                    let mut sec = Section { now, deferred, writes: &mut writes };
+                    let out = self.batch_success(*lease_id, route, *tokens, tenants, &mut sec);
                     outs.push(BatchOut::of_done(out));
                 }
                 BatchOp::Release(lease_id) => {
@@ -225,14 +244,15 @@ impl Engine {
     }
 
     pub(super) fn batch_lease(
-        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, check: Option<i64>, now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, check: Option<i64>,
+        tenants: &TenantList, sec: &mut Section<'_>,
     ) -> Result<i64> {
+        let now = sec.now;
         check_estimate(est)?;
         // `check`: the gates run at that priority (SPEC 22.1); None: no gates.
         let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
-            let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, now)?;
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, tenants, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
@@ -241,12 +261,9 @@ impl Engine {
             let rid = self.unit.mirror.route_id(&route.platform, &route.model_id, route.key_id);
             (rid, priced(&self.unit.mirror, route, est)?)
         };
-        let id = self.take_lease(rid, est, now, writes);
-        if check.is_some() {
-            // `lease()`'s: a `Lease` stands for it (SPEC 18.5); `acquire_lease`'s id is
-            // the caller's to release.
-            self.unit.own_leases.insert(id);
-        }
+        // `lease()`'s: a `Lease` stands for it (SPEC 18.5, 24.1); `acquire_lease`'s id is
+        // the caller's to release, never renewed.
+        let id = self.take_lease(rid, est, tenants, now, sec.writes, check.is_some());
         Ok(id)
     }
 
@@ -254,9 +271,10 @@ impl Engine {
     /// those that pass picked by `strategy`, its lease taken. Returns the lease and the
     /// index of its candidate in `routes`.
     pub(super) fn batch_lease_any(
-        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, priority: i64, now: i64,
-        writes: &mut Vec<Write>,
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy,
+        (priority, tenants): (i64, &TenantList), exclude: &[Exclusion], sec: &mut Section<'_>,
     ) -> Result<(i64, usize)> {
+        let now = sec.now;
         check_estimate(est)?;
         check_priority(priority)?;
         if routes.is_empty() {
@@ -269,9 +287,22 @@ impl Engine {
             if routes[..i].iter().any(|r| r.key_id == route.key_id && r == route) {
                 continue;
             }
+            // SPEC 24.7: what the request skipped runs no gate.
+            if exclude.iter().any(|x| x.covers(route)) {
+                refusals.push(Refusal {
+                    tenant: None,
+                    reason: Reason::Excluded,
+                    retry_at_ms: None,
+                    platform: route.platform.clone(),
+                    model_id: route.model_id.clone(),
+                    key_id: route.key_id,
+                    candidates: Vec::new(),
+                });
+                continue;
+            }
             // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
             // a budget an expensive one breaks).
-            let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, now)?;
+            let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, tenants, now)?;
             if let Some(refusal) = refusal_of(route, verdict.refused) {
                 refusals.push(refusal);
                 continue;
@@ -284,15 +315,19 @@ impl Engine {
                 _ => None,
             };
             let leased_at = self.leased_at.get(&rid).copied().unwrap_or(0);
-            passed.push((i, rid, priced, Passed { room: verdict.room, key_headroom, leased_at }));
+            // SPEC 24.7: a model that failed server-side lately ranks after healthy ones.
+            let since = now.saturating_sub(MODEL_PENALTY_MS);
+            let penalized = strategy != Strategy::Order
+                && self.unit.mirror.history.penalized(&route.platform, &route.model_id, since);
+            let room = verdict.room;
+            passed.push((i, rid, priced, Passed { room, key_headroom, leased_at, penalized }));
             if strategy == Strategy::Order {
                 break;
             }
         }
         match admission::choose(strategy, passed.iter().map(|(_, _, _, p)| p)).map(|j| passed[j]) {
             Some((i, rid, est, _)) => {
-                let id = self.take_lease(rid, est, now, writes);
-                self.unit.own_leases.insert(id);
+                let id = self.take_lease(rid, est, tenants, now, sec.writes, true);
                 Ok((id, i))
             }
             None => Err(Error::Refused(Box::new(
@@ -318,10 +353,17 @@ impl Engine {
     }
 
     /// Takes a lease on the route the gates were run on, inside the batch's section.
-    fn take_lease(&mut self, rid: RouteId, est: Estimate, now: i64, writes: &mut Vec<Write>) -> i64 {
+    fn take_lease(
+        &mut self, rid: RouteId, est: Estimate, tenants: &TenantList, now: i64, writes: &mut Vec<Write>,
+        own: bool,
+    ) -> i64 {
         let id = self.lease_ids.next();
-        let w = self.unit.mirror.lease_write(rid, id, est, now, self.unit.settings.lease_max_age_ms);
+        let max_age = self.unit.settings.lease_max_age_ms;
+        let w = self.unit.mirror.lease_write(rid, id, est, tenants, now, max_age);
         self.unit.apply_decided(&w, now);
+        if let (true, Write::InsertLease(row)) = (own, &w) {
+            self.unit.keep_own(row.clone());
+        }
         writes.push(w);
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);
@@ -330,23 +372,25 @@ impl Engine {
     }
 
     pub(super) fn batch_success(
-        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, now: i64, deferred: bool,
-        writes: &mut Vec<Write>,
+        &mut self, lease_id: i64, route: &Route, tokens: Option<TokenUse>, tenants: &TenantList,
+        sec: &mut Section<'_>,
     ) -> Result<()> {
+        let now = sec.now;
         let total = tokens.map(|t| t.validate()).transpose()?;
         let mut usage = self.usage();
-        let mut ws = vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)?];
+        let mut ws =
+            vec![usage.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), tenants, now)?];
         if let (Some(total), Some(t)) = (total, tokens) {
-            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, now)?);
+            ws.push(usage.usage_row(route, UsageKind::Tokens, total, t.kinds, tenants, now)?);
         }
         usage.clear_history_on_success(route, &mut ws);
         ws.push(Write::DeleteLease(lease_id));
         for w in ws {
             self.unit.apply_local(&w, 0, now);
-            if deferred {
+            if sec.deferred {
                 self.unit.buffer(w, now);
             } else {
-                writes.push(w);
+                sec.writes.push(w);
             }
         }
         Ok(())
@@ -370,6 +414,7 @@ fn check_estimate(est: Estimate) -> Result<()> {
 fn refusal_of(route: &Route, refused: Option<Admission>) -> Option<Refusal> {
     let adm = refused?;
     Some(Refusal {
+        tenant: adm.tenant.as_deref().map(str::to_string),
         reason: adm.reason?,
         retry_at_ms: adm.retry_at_ms,
         platform: route.platform.clone(),

@@ -7,6 +7,7 @@ use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::clock::DAY_MS;
 use crate::core::cooldowns::MIN_STATED_BENCH_MS;
+use crate::core::cooldowns::{concurrency_chain_start, learned_concurrency_cap};
 use crate::core::cooldowns::{
     decide_limit, kind_rule, ladder_step, CooldownDecision, KindRule, LimitFacts, AUTH_LADDER_MS,
     EMPTY_STREAK_BENCH, LADDER_MS, LOCAL_BENCH_MS, TRANSIENT_MEMORY_MS, UNKNOWN_HIT_WINDOW_MS,
@@ -14,8 +15,8 @@ use crate::core::cooldowns::{
 use crate::core::error::{Error, Result};
 use crate::core::limits::{classic_slot, LimitSet, Metric, DAY};
 use crate::core::parse::{
-    infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms, FailureKind,
-    LearnedLimit, LimitAxis,
+    failure_skip, infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms,
+    FailureKind, LearnedLimit, LimitAxis, Skip,
 };
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{check_name, check_non_negative, Cooldown, CooldownSource, ModelInfo, Route};
@@ -48,6 +49,8 @@ pub struct FailureOutcome {
     pub kind: FailureKind,
     pub cooldown: Option<CooldownDecision>,
     pub learned: Option<LearnedLimit>,
+    /// What the rest of the request skips (SPEC 24.7).
+    pub skip: Skip,
 }
 
 /// The failure policy (SPEC §6, §7, 15.4, 21): cooldowns and their probes, what a
@@ -71,6 +74,17 @@ impl Engine {
         self.release_lease(lease_id)?;
         Ok(out)
     }
+}
+
+/// The kinds whose failure penalizes the model for `headroom` and `spread` (SPEC 24.7).
+fn penalizes(kind: FailureKind) -> bool {
+    matches!(
+        kind,
+        FailureKind::ServerError
+            | FailureKind::Timeout
+            | FailureKind::Transport
+            | FailureKind::EmptyCompletion
+    )
 }
 
 /// A failure-history row of `kind` for the route at `now`.
@@ -149,13 +163,35 @@ impl Failures<'_> {
     pub fn active_cooldowns(&mut self, key_ids: Option<&[i64]>) -> Result<Vec<Cooldown>> {
         self.unit.run(Access::Read, |tx| {
             let now = tx.now();
-            // A filter by key leaves out the model-wide benches (they have no key).
-            let mut v: Vec<Cooldown> = tx
-                .mirror()
+            let m = tx.mirror();
+            // A filter by key keeps the model-wide benches that block one of its keys:
+            // those of a platform the key is registered on or was seen on.
+            let platforms: Vec<&str> = match key_ids {
+                None => Vec::new(),
+                Some(ks) => {
+                    let registered = m
+                        .config
+                        .keys
+                        .values()
+                        .filter(|k| ks.contains(&k.key_id))
+                        .map(|k| k.platform.as_str());
+                    let seen =
+                        m.routes.iter().filter(|(_, r)| ks.contains(&r.key_id)).map(|(_, r)| &*r.platform);
+                    registered.chain(seen).collect()
+                }
+            };
+            let blocks = |c: &Cooldown, ks: &[i64]| {
+                if c.model_wide {
+                    platforms.contains(&c.route.platform.as_str())
+                } else {
+                    ks.contains(&c.route.key_id)
+                }
+            };
+            let mut v: Vec<Cooldown> = m
                 .reader()
                 .held_cooldowns()
                 .filter(|c| now < c.expires_at_ms)
-                .filter(|c| key_ids.is_none_or(|ks| !c.model_wide && ks.contains(&c.route.key_id)))
+                .filter(|c| key_ids.is_none_or(|ks| blocks(c, ks)))
                 .collect();
             v.sort_by(|a, b| {
                 (a.expires_at_ms, &a.route.platform, &a.route.model_id, a.route.key_id).cmp(&(
@@ -354,13 +390,27 @@ impl Failures<'_> {
             check_non_negative("retry_after", ms)?;
         }
         let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
-        self.writing(|e, now, writes| e.record_failure_at(route, f, kind, lease, now, writes)).map(|(o, _)| o)
+        self.writing(|e, now, writes| {
+            if penalizes(kind) {
+                // SPEC 24.7: the model ranks after healthy ones for 5 minutes, in every
+                // engine sharing the store (the latest row per key and model says when).
+                writes.push(Write::DeleteHistory {
+                    key_id: route.key_id,
+                    route: Some((Arc::from(route.platform.as_str()), Arc::from(route.model_id.as_str()))),
+                    kinds: vec![HistoryKind::Penalty],
+                });
+                writes.push(history_row(route, HistoryKind::Penalty, now));
+            }
+            e.record_failure_at(route, f, kind, lease, now, writes)
+        })
+        .map(|(o, _)| o)
     }
 
     fn record_failure_at(
         &mut self, route: &Route, f: FailureInput, kind: FailureKind, lease: Option<i64>, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
+        let skip = failure_skip(kind, f.status, f.message.as_deref());
         let limits = f.limits.clone();
         // SPEC 21.2: a pool 429's X-RateLimit-Reset is the authoritative retry time.
         let pool = parse_pool_429(f.status, f.message.as_deref(), &f.headers);
@@ -400,7 +450,7 @@ impl Failures<'_> {
             KindRule::None | KindRule::Concurrency => None,
             KindRule::Upstream if !local => {
                 let cooldown = Some(self.bench_upstream(route, retry_ms, now, writes));
-                return Ok(FailureOutcome { kind, cooldown, learned });
+                return Ok(FailureOutcome { kind, cooldown, learned, skip });
             }
             // SPEC §6.2: a local endpoint gets 5 s whenever the kind benches at all;
             // nothing escalates (the streak still counts, to know when it benches).
@@ -464,7 +514,7 @@ impl Failures<'_> {
                 }
             }
         });
-        Ok(FailureOutcome { kind, cooldown, learned })
+        Ok(FailureOutcome { kind, cooldown, learned, skip })
     }
 
     /// A probe passed for `key_id` (SPEC §11): clears every heuristic cooldown of the
@@ -540,37 +590,49 @@ impl Failures<'_> {
         }
     }
 
-    /// SPEC 15.4 inside an open write section: the key concurrency cap a concurrency
-    /// failure teaches (the other live leases on the key, at least 1) or confirms
-    /// (when it is not below the cap in force). Either way the cap is remembered for
-    /// another hour from now; it only tightens.
+    /// SPEC 24.2 inside an open write section: a concurrency failure sets the key's
+    /// learned cap to the other leases that were live on the key when the failing
+    /// lease was admitted (without a lease, or one this engine did not admit: those
+    /// live now), at least 1. The key's chain of such failures is kept (never swept)
+    /// from the last that set the wait back to 1 h, at most its last few: the cap
+    /// rises from it as `learned_concurrency_cap` says, with no write per rise.
     fn learn_concurrency_cap(
         &mut self, route: &Route, lease: Option<i64>, now: i64, writes: &mut Vec<Write>,
     ) -> LearnedLimit {
         let read = self.unit.mirror.reader();
-        let others = read.key_live_leases(&route.platform, route.key_id, lease, now).max(1);
-        let before = read.learned_concurrency_cap(&route.platform, route.key_id, now);
-        let cap = before.map_or(others, |c| c.min(others));
-        // One row per key: the latest says what is in force.
-        writes.push(Write::DeleteHistory {
-            key_id: route.key_id,
-            route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
-            kinds: vec![HistoryKind::Concurrency],
-        });
-        writes.push(history_value_row(route, HistoryKind::Concurrency, Some(cap), now));
-        if before != Some(cap) {
+        let others = lease
+            .and_then(|id| read.others_at_admission(id))
+            .unwrap_or_else(|| read.key_live_leases(&route.platform, route.key_id, lease, now))
+            .max(1);
+        let mut chain = read.concurrency_chain(&route.platform, route.key_id);
+        let before = learned_concurrency_cap(&chain, now);
+        chain.push((now, others));
+        let start = concurrency_chain_start(&chain);
+        if start > 0 {
+            // The chain's earlier failures no longer count: its kept part is written again.
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
+                kinds: vec![HistoryKind::Concurrency],
+            });
+            for &(at, cap) in &chain[start..chain.len() - 1] {
+                writes.push(history_value_row(route, HistoryKind::Concurrency, Some(cap), at));
+            }
+        }
+        writes.push(history_value_row(route, HistoryKind::Concurrency, Some(others), now));
+        if before != Some(others) {
             self.unit.logs.push((
                 log::Level::Info,
                 format!(
-                    "learned a concurrency cap of {cap} for {}/key {} from a provider error",
+                    "learned a concurrency cap of {others} for {}/key {} from a provider error",
                     route.platform, route.key_id
                 ),
             ));
         }
-        LearnedLimit { kind: LimitAxis::Concurrency, limit: cap }
+        LearnedLimit { kind: LimitAxis::Concurrency, limit: others }
     }
 
-    /// The key concurrency cap in force (SPEC 15.4, 20): the lowest of the env cap,
+    /// The key concurrency cap in force (SPEC 15.4, 20, 24.2): the lowest of the env cap,
     /// the key's configured cap and the one learned from concurrency failures.
     pub fn key_concurrency_cap(&mut self, platform: &str, key_id: i64) -> Result<Option<i64>> {
         check_name("platform", platform)?;

@@ -29,13 +29,16 @@ mod batch;
 mod configuration;
 mod failures;
 mod observed;
+mod tenancy;
 mod unit;
 mod usage;
 
+use crate::core::tenants::{self, TenantList};
 pub use batch::{BatchOp, BatchOut};
 pub use configuration::Configuration;
 pub use failures::{FailureInput, FailureOutcome, Failures, RetryAfter};
 pub use observed::{source_confidence, Observed, QuotaObservation, SnapshotRow, DEFAULT_LOOKBACK_MS};
+pub use tenancy::TenantWindow;
 pub use unit::LogRecord;
 pub use usage::{TokenUse, Usage, UsageReport, WindowReport};
 
@@ -45,9 +48,9 @@ use crate::core::env::Env;
 use crate::core::error::{Error, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
-use crate::core::store::Store;
 pub use crate::core::store::StoreSpec;
-use crate::core::types::{check_name, check_non_negative, Admission, Route, Strategy};
+use crate::core::store::{LeaseRow, Store, Write};
+use crate::core::types::{check_name, check_non_negative, Admission, Exclusion, Route, Strategy};
 use std::sync::Arc;
 use std::time::Duration;
 use unit::{Access, HOLD_MAX_MS};
@@ -209,7 +212,7 @@ impl Engine {
         check_non_negative("estimated_tokens", est)?;
         self.unit.run(Access::Read, |tx| {
             let (u, now, _) = tx.parts();
-            Ok(admit(u, route, Estimate::tokens(est), limits, 0, now)?.1.admission())
+            Ok(admit(u, route, Estimate::tokens(est), limits, 0, &tenants::none(), now)?.1.admission())
         })
     }
 
@@ -248,6 +251,7 @@ impl Engine {
             limits: None,
             check: false,
             priority: 0,
+            tenants: tenants::none(),
         })
         .lease_id()
     }
@@ -260,18 +264,79 @@ impl Engine {
 
     /// `lease()` with an estimate that says how much of it is output (SPEC §14.4).
     pub fn lease_estimate(&mut self, route: &Route, est: Estimate, limits: Option<LimitSet>) -> Result<i64> {
-        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true, priority: 0 }).lease_id()
+        self.lease_for(route, est, limits, &tenants::none())
+    }
+
+    /// `lease()` taken for `tenants` (SPEC 23.2): their gates too, in the one atomic step.
+    pub fn lease_for(
+        &mut self, route: &Route, est: Estimate, limits: Option<LimitSet>, tenants: &TenantList,
+    ) -> Result<i64> {
+        let tenants = tenants.clone();
+        self.single(BatchOp::Lease { route: route.clone(), est, limits, check: true, priority: 0, tenants })
+            .lease_id()
     }
 
     /// SPEC 17.1: one of `routes` chosen by `strategy` and leased, in one atomic step;
     /// returns the lease and the index of its route in `routes`.
     pub fn lease_any(&mut self, routes: &[Route], est: Estimate, strategy: Strategy) -> Result<(i64, usize)> {
-        self.single(BatchOp::LeaseAny { routes: routes.to_vec(), est, strategy, priority: 0 }).chosen()
+        self.lease_any_for(routes, est, strategy, &tenants::none())
+    }
+
+    /// `lease_any()` taken for `tenants` (SPEC 23.2): each candidate with their gates.
+    pub fn lease_any_for(
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, tenants: &TenantList,
+    ) -> Result<(i64, usize)> {
+        let (routes, tenants) = (routes.to_vec(), tenants.clone());
+        let exclude = Vec::new();
+        self.single(BatchOp::LeaseAny { routes, est, strategy, priority: 0, tenants, exclude }).chosen()
+    }
+
+    /// `lease_any()` for a request that already skipped `exclude` (SPEC 24.7): the
+    /// candidates they cover are refused ("excluded") without running their gates.
+    pub fn lease_any_excluding(
+        &mut self, routes: &[Route], est: Estimate, strategy: Strategy, exclude: &[Exclusion],
+    ) -> Result<(i64, usize)> {
+        let (routes, exclude) = (routes.to_vec(), exclude.to_vec());
+        let tenants = tenants::none();
+        self.single(BatchOp::LeaseAny { routes, est, strategy, priority: 0, tenants, exclude }).chosen()
     }
 
     /// Idempotent.
     pub fn release_lease(&mut self, lease_id: i64) -> Result<()> {
         self.single(BatchOp::Release(lease_id)).done()
+    }
+
+    /// SPEC 24.1: renews this engine's live leases (those of its `Lease` objects): every
+    /// one when `all` (the background thread, at least every `lease_max_age_ms / 4` of
+    /// real time), else only once the oldest is half its max age old by the engine's
+    /// clock (at a call). One write for them all; a lease past its max age counts
+    /// again from now.
+    pub fn renew_leases(&mut self, all: bool) -> Result<()> {
+        // Degraded, nothing is renewed (SPEC 24.1: a holder degraded for longer than
+        // the max age lets its leases expire); a buffered renewal could also outlive the
+        // end of its lease in the buffer.
+        if self.unit.own_leases.is_empty() || self.unit.readonly() || self.unit.degraded() {
+            return Ok(());
+        }
+        let now = self.unit.clock.now_ms();
+        if !all && now < self.unit.renew_at {
+            return Ok(());
+        }
+        let max_age = self.unit.settings.lease_max_age_ms;
+        let expires = now.saturating_add(max_age);
+        let mut rows: Vec<LeaseRow> =
+            self.unit.own_leases.values().map(|l| LeaseRow { expires_at_ms: expires, ..l.clone() }).collect();
+        rows.sort_unstable_by_key(|l| l.id);
+        let w = Write::RenewLeases(rows);
+        self.unit.run(unit::Access::Append, |tx| {
+            tx.push(w);
+            Ok(())
+        })?;
+        for l in self.unit.own_leases.values_mut() {
+            l.expires_at_ms = expires;
+        }
+        self.unit.renew_at = expires.saturating_sub(max_age / 2);
+        Ok(())
     }
 
     /// SPEC 18.5: a live lease whose `Lease` object went away unended is left to count
@@ -283,18 +348,26 @@ impl Engine {
     /// SPEC 18.5, at `close()`: every live lease of this engine ends as leaving its
     /// `with` block without an outcome does (its estimate recorded, its slot freed).
     pub fn end_own_leases(&mut self) -> Result<()> {
-        let now = self.unit.clock.now_ms();
-        let mut ids: Vec<i64> = self.unit.own_leases.iter().copied().collect();
-        ids.sort_unstable();
-        let ops: Vec<BatchOp> = ids
+        let mut rows: Vec<LeaseRow> = self.unit.own_leases.drain().map(|(_, l)| l).collect();
+        rows.sort_unstable_by_key(|l| l.id);
+        let ops: Vec<BatchOp> = rows
             .into_iter()
-            .filter_map(|id| {
+            .map(|l| {
                 // SPEC 23.1: the estimate with its split, so it costs its reservation.
-                let (route, est) = self.unit.mirror.reader().live_lease(id, now)?;
-                Some(BatchOp::Success { lease_id: id, route, tokens: Some(TokenUse::estimate(est)) })
+                let est = Estimate { tokens: l.tokens, output: l.output_tokens, cost: l.cost };
+                let route = Route {
+                    platform: l.platform.to_string(),
+                    model_id: l.model_id.to_string(),
+                    key_id: l.key_id,
+                };
+                BatchOp::Success {
+                    lease_id: l.id,
+                    route,
+                    tokens: Some(TokenUse::estimate(est)),
+                    tenants: l.tenants,
+                }
             })
             .collect();
-        self.unit.own_leases.clear();
         if ops.is_empty() {
             return Ok(());
         }
@@ -305,24 +378,42 @@ impl Engine {
     /// released, in one commit.
     pub fn finish_lease_success(&mut self, lease_id: i64, route: &Route, tokens: Option<i64>) -> Result<()> {
         let tokens = tokens.map(TokenUse::total);
-        self.single(BatchOp::Success { lease_id, route: route.clone(), tokens }).done()
+        let tenants = tenants::none();
+        self.single(BatchOp::Success { lease_id, route: route.clone(), tokens, tenants }).done()
     }
 }
 
 /// Every gate on the route's view at `now` for `est` priced at the route's prices: the
 /// route it decided on, the verdict, and the estimate as priced.
 fn admit(
-    unit: &mut unit::Unit, route: &Route, est: Estimate, limits: Option<LimitSet>, priority: i64, now: i64,
+    unit: &mut unit::Unit, route: &Route, est: Estimate, limits: Option<LimitSet>, priority: i64,
+    tenants: &TenantList, now: i64,
 ) -> Result<(RouteId, Verdict, Estimate)> {
     let est = priced(&unit.mirror, route, est)?;
+    // SPEC 23.2: the tenants' limits, resolved and their windows kept before the route
+    // is prepared (a window to count from the store reloads them with the route's).
+    let mut gates = if tenants.is_empty() { Vec::new() } else { unit.mirror.prepare_tenants(tenants, now) };
     let p = unit.prepare(route, limits, priority, now);
+    if !p.complete && !tenants.is_empty() {
+        gates = unit.mirror.prepare_tenants(tenants, now);
+    }
     let Some(rid) = p.route else {
         // A route names a model (`Route::new` checks it): the same error.
         return Err(check_name("model_id", &route.model_id)
             .err()
             .unwrap_or(Error::Internal("no route".into())));
     };
-    Ok((rid, admission::admit(&unit.mirror.prepared_view(&p, est, now)), est))
+    let verdict = admission::admit(&unit.mirror.prepared_view(&p, est, now));
+    if verdict.refused.is_some() || gates.is_empty() {
+        return Ok((rid, verdict, est));
+    }
+    // Then each tenant in the order given; the headroom score is the route's alone.
+    let m = &unit.mirror;
+    let tallies = gates.iter().filter_map(|(name, set)| Some((name, set, m.tenant_tally(name, now)?)));
+    match admission::admit_tenants(tallies, est, p.ctx.reserve, now) {
+        Some(refused) => Ok((rid, Verdict { refused: Some(refused), room: 0.0 }, est)),
+        None => Ok((rid, verdict, est)),
+    }
 }
 
 /// SPEC 23.1: `est` with what its lease reserves at the route's prices, the worst case

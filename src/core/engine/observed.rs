@@ -326,7 +326,7 @@ impl Observed<'_> {
         check_name("platform", platform)?;
         let now = self.unit.clock.now_ms();
         if let Some((at, v)) = self.state.headroom_cache.get(platform) {
-            if now >= *at && now - *at < HEADROOM_CACHE_MS {
+            if now >= *at && now.saturating_sub(*at) < HEADROOM_CACHE_MS {
                 return Ok(v.clone());
             }
         }
@@ -422,7 +422,7 @@ impl Observed<'_> {
         }
         let now = self.unit.clock.now_ms();
         let fresh = self.state.window_snapshot.as_ref().is_some_and(|s| {
-            now >= s.built_at_ms && now - s.built_at_ms < self.unit.settings.window_usage_ttl_ms
+            now >= s.built_at_ms && now.saturating_sub(s.built_at_ms) < self.unit.settings.window_usage_ttl_ms
         });
         if !fresh && !self.rebuild_window_snapshot()? {
             return Ok(None);

@@ -9,6 +9,7 @@ use crate::core::error::{Error, Result};
 use crate::core::limits::{classic_window, Declared, LimitSet, DAY, MINUTE};
 use crate::core::money::Prices;
 use crate::core::store::{HistoryKind, TokenKinds, UsageKind, UsageRow, Write};
+use crate::core::tenants::{self, TenantList};
 use crate::core::types::{check_non_negative, Route};
 use crate::core::windows::Counts;
 use std::sync::Arc;
@@ -126,7 +127,8 @@ impl Usage<'_> {
     /// costed at the route's prices in force now (SPEC 23.1; an overflow records
     /// nothing).
     pub(super) fn usage_row(
-        &mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, t: i64,
+        &mut self, route: &Route, kind: UsageKind, tokens: i64, kinds: TokenKinds, tenants: &TenantList,
+        t: i64,
     ) -> Result<Write> {
         let cost = match self.unit.mirror.reader().prices(&route.platform, &route.model_id) {
             Some(p) => event_cost(&p, kind, tokens, kinds)?,
@@ -134,6 +136,7 @@ impl Usage<'_> {
         };
         let (platform, model_id) = self.route_names(route);
         Ok(Write::Usage(UsageRow {
+            tenants: tenants.clone(),
             platform,
             model_id,
             key_id: route.key_id,
@@ -164,8 +167,14 @@ impl Usage<'_> {
     }
 
     pub fn record_request(&mut self, route: &Route) -> Result<()> {
+        self.record_request_for(route, &tenants::none())
+    }
+
+    /// A request served for `tenants` (SPEC 23.2): it counts for each of them too.
+    pub fn record_request_for(&mut self, route: &Route, tenants: &TenantList) -> Result<()> {
         let now = self.unit.clock.now_ms();
-        let mut writes = vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), now)?];
+        let mut writes =
+            vec![self.usage_row(route, UsageKind::Request, 0, TokenKinds::default(), tenants, now)?];
         self.clear_history_on_success(route, &mut writes);
         self.write_usage(writes)
     }
@@ -202,9 +211,16 @@ impl Usage<'_> {
 
     /// SPEC §14.4: one call's tokens, the total and (when reported) the split.
     pub fn record_token_use(&mut self, route: &Route, used: TokenUse) -> Result<()> {
+        self.record_token_use_for(route, used, &tenants::none())
+    }
+
+    /// One call's tokens served for `tenants` (SPEC 23.2): they count for each of them too.
+    pub fn record_token_use_for(
+        &mut self, route: &Route, used: TokenUse, tenants: &TenantList,
+    ) -> Result<()> {
         let total = used.validate()?;
         let now = self.unit.clock.now_ms();
-        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, now)?;
+        let row = self.usage_row(route, UsageKind::Tokens, total, used.kinds, tenants, now)?;
         self.write_usage(vec![row])
     }
 

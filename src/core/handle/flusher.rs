@@ -20,18 +20,18 @@ impl Flusher {
     /// Starts the thread: it wakes every `tick` and runs `work`, until it is stopped or
     /// `work` answers false (the engine is gone or closed).
     pub(crate) fn start(
-        &self, tick: Duration, mut work: impl FnMut() -> bool + Send + 'static,
+        &self, name: &str, tick: Duration, mut work: impl FnMut() -> bool + Send + 'static,
     ) -> Result<()> {
         let stop = self.stop.clone();
         let t = std::thread::Builder::new()
-            .name("quotaengine-flush".into())
+            .name(name.into())
             .spawn(move || loop {
                 std::thread::park_timeout(tick);
                 if stop.load(Ordering::Acquire) || !work() {
                     return;
                 }
             })
-            .map_err(|e| Error::Internal(format!("cannot start the flush thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start the thread {name}: {e}")))?;
         *lock(&self.thread) = Some(t);
         Ok(())
     }

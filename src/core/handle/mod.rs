@@ -46,6 +46,8 @@ struct Shared {
     /// Calls waiting for capacity (SPEC 17.2), woken when this engine may have freed some.
     waiters: Waiters,
     flusher: Flusher,
+    /// SPEC 24.1: renews the live leases of the engine's `Lease` objects.
+    renewer: Flusher,
     prober: Prober,
     /// How to open the engine again (in a forked child).
     spec: StoreSpec,
@@ -86,6 +88,7 @@ impl Forkable for Shared {
         self.queue.forget_parent();
         self.waiters.forget_parent();
         self.flusher.forget_parent();
+        self.renewer.forget_parent();
         self.prober.forget_parent();
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
@@ -120,6 +123,7 @@ impl Handle {
                 queue: CommitQueue::new(),
                 waiters: Waiters::new(),
                 flusher: Flusher::new(),
+                renewer: Flusher::new(),
                 prober: Prober::new(),
                 spec: spec.clone(),
                 clock,
@@ -129,6 +133,7 @@ impl Handle {
             }),
         };
         handle.start_flusher()?;
+        handle.start_renewer()?;
         let weak: Weak<Shared> = Arc::downgrade(&handle.shared);
         fork::register(weak);
         Ok(handle)
@@ -147,7 +152,7 @@ impl Handle {
         let mut last_flush = std::time::Instant::now();
         // Wakes every hold period (a write lock kept across calls ends on time even when
         // no call comes), flushes every `flush_interval_ms`.
-        s.flusher.start(tick, move || {
+        s.flusher.start("quotaengine-flush", tick, move || {
             let Some(shared) = weak.upgrade() else { return false };
             let logs = {
                 let _pass = TURNSTILE.pass();
@@ -161,6 +166,29 @@ impl Handle {
                         e.end_hold_if_due()
                     }
                 }));
+                e.take_logs()
+            };
+            emit(logs);
+            true
+        })
+    }
+
+    /// SPEC 24.1: starts the thread that renews the engine's live leases at least every
+    /// `lease_max_age_ms / 4` of real time (not on a read-only engine, which takes none).
+    fn start_renewer(&self) -> Result<()> {
+        let s = &self.shared;
+        if s.settings.readonly {
+            return Ok(());
+        }
+        let quarter = (s.settings.lease_max_age_ms / 4).clamp(10, 3_600_000);
+        let weak = Arc::downgrade(s);
+        s.renewer.start("quotaengine-renew", Duration::from_millis(quarter as u64), move || {
+            let Some(shared) = weak.upgrade() else { return false };
+            let logs = {
+                let _pass = TURNSTILE.pass();
+                let mut g = lock(&shared.engine);
+                let Some(e) = g.as_mut() else { return false };
+                let _ = catch_unwind(AssertUnwindSafe(|| e.renew_leases(true)));
                 e.take_logs()
             };
             emit(logs);
@@ -234,6 +262,7 @@ impl Handle {
         run_wakes(wakes);
         if reopened {
             self.start_flusher()?;
+            self.start_renewer()?;
         }
         emit(logs);
         Ok(out)
@@ -246,7 +275,11 @@ impl Handle {
             || (),
             |(), entry| match entry.engine() {
                 Ok(engine) => {
-                    let out = match catch_unwind(AssertUnwindSafe(|| f(&mut *engine))) {
+                    let out = match catch_unwind(AssertUnwindSafe(|| {
+                        // SPEC 24.1: at any call, the leases half their max age old.
+                        let _ = engine.renew_leases(false);
+                        f(&mut *engine)
+                    })) {
                         Ok(r) => r,
                         Err(p) => {
                             engine.recover_after_panic();
@@ -328,6 +361,7 @@ impl Handle {
         self.guard(|| {
             s.prober.stop();
             s.flusher.stop();
+            s.renewer.stop();
             let engine = lock(&s.engine).take();
             // A forked child's engine that was never opened there stays closed.
             s.forked.store(false, Ordering::Release);

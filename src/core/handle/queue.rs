@@ -50,7 +50,11 @@ impl CommitQueue {
         let all = |e: &Error| (0..n).map(|_| BatchOut::failed(e.clone())).collect();
         let outs: Vec<BatchOut> = match engine {
             Err(e) => all(&e),
-            Ok(engine) => match catch_unwind(AssertUnwindSafe(|| engine.run_batch(ops))) {
+            Ok(engine) => match catch_unwind(AssertUnwindSafe(|| {
+                // SPEC 24.1: at any call, the leases half their max age old.
+                let _ = engine.renew_leases(false);
+                engine.run_batch(ops)
+            })) {
                 Ok(outs) => outs,
                 Err(p) => {
                     engine.recover_after_panic();

@@ -196,3 +196,47 @@ pub fn infer_failure_kind(status: Option<i64>, message: Option<&str>) -> Failure
     }
     FailureKind::Other
 }
+
+/// What the rest of a failed request skips (SPEC 24.7): the key route, the model on
+/// every key (its key would not help: 403, 404, a context too large), or the platform
+/// (the provider is unwell: 5xx, timeouts, transport).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Skip {
+    Route,
+    Model,
+    Platform,
+}
+
+impl Skip {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::Route => "route",
+            Skip::Model => "model",
+            Skip::Platform => "platform",
+        }
+    }
+}
+
+/// A 400 or 413 message that says the context or request is too large (SPEC 24.7).
+const TOO_LARGE_PHRASES: &[&str] =
+    &["context length", "context_length_exceeded", "too large", "maximum context"];
+
+/// SPEC 24.7: what a failure of `kind` (with its status and message) skips. `"model"`
+/// for `forbidden`, a 404, or a 400/413 saying the context or request is too large;
+/// `"platform"` for `server_error`, `timeout` and `transport`; `"route"` otherwise.
+pub fn failure_skip(kind: FailureKind, status: Option<i64>, message: Option<&str>) -> Skip {
+    let too_large = || {
+        let text = message.map(|m| head(m).to_lowercase()).unwrap_or_default();
+        contains_any(&text, TOO_LARGE_PHRASES)
+    };
+    if kind == FailureKind::Forbidden
+        || status == Some(404)
+        || (matches!(status, Some(400 | 413)) && too_large())
+    {
+        return Skip::Model;
+    }
+    match kind {
+        FailureKind::ServerError | FailureKind::Timeout | FailureKind::Transport => Skip::Platform,
+        _ => Skip::Route,
+    }
+}

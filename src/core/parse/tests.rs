@@ -575,3 +575,20 @@ fn format_imf(ms: i64) -> String {
         secs % 60
     )
 }
+
+#[test]
+fn a_failure_says_what_the_request_skips() {
+    let skip =
+        |status, message: Option<&str>| failure_skip(infer_failure_kind(status, message), status, message);
+    assert_eq!(skip(Some(403), None), Skip::Model);
+    assert_eq!(skip(Some(404), Some("model not found")), Skip::Model);
+    assert_eq!(skip(Some(400), Some("maximum context length is 8192 tokens")), Skip::Model);
+    assert_eq!(skip(Some(413), Some("Request Too Large")), Skip::Model);
+    assert_eq!(skip(Some(400), Some("bad temperature")), Skip::Route);
+    assert_eq!(skip(Some(500), None), Skip::Platform);
+    assert_eq!(skip(Some(408), None), Skip::Platform);
+    assert_eq!(skip(None, Some("connection refused")), Skip::Platform);
+    assert_eq!(skip(Some(429), None), Skip::Route);
+    assert_eq!(failure_skip(FailureKind::EmptyCompletion, None, None), Skip::Route);
+    assert_eq!(Skip::Platform.as_str(), "platform");
+}

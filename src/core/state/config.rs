@@ -27,6 +27,8 @@ pub struct Config {
     prices: FastMap<String, FastMap<String, Prices>>,
     /// platform -> its platform limits (SPEC 23.3), in gate order, built once.
     pub(super) platform_sets: FastMap<String, LimitSet>,
+    /// The tenants' declarations and patterns (SPEC 23.2).
+    pub tenants: crate::core::tenants::TenantTable,
 }
 
 impl Config {

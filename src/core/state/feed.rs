@@ -32,7 +32,9 @@ impl Mirror {
                     Some(r) if self.routes.get(r).named_by(l) => r,
                     _ => self.route_id(&l.platform, &l.model_id, l.key_id),
                 };
-                self.add_lease(id, LeaseRec::of(rid, l));
+                let mut rec = LeaseRec::of(rid, l);
+                rec.others_at_admission = Some(self.key_leases_at(rid, now));
+                self.add_lease(id, rec);
                 return (id, false);
             }
             Write::DeleteLease(id) => return (i64::from(remove_lease(self, *id).is_some()), false),
@@ -87,6 +89,15 @@ impl Mirror {
             Write::SetPlatformLimits { platform, limits } => {
                 put_platform_limits(self, platform, LimitSet::platform_stored(limits.clone()));
             }
+            Write::SetTenantLimits(row) => self.put_tenant_limits(row),
+            Write::RenewLeases(rows) => {
+                // Counted again from their new expiry, wherever a prune left them.
+                for l in rows {
+                    remove_lease(self, l.id);
+                    let rid = self.route_id(&l.platform, &l.model_id, l.key_id);
+                    self.add_lease(l.id, LeaseRec::of(rid, l));
+                }
+            }
             Write::Log(_) => {}
         }
         (0, false)
@@ -122,7 +133,8 @@ impl Mirror {
             || ch.calendars.is_some()
             || ch.priorities.is_some()
             || ch.prices.is_some()
-            || ch.platform_limits.is_some();
+            || ch.platform_limits.is_some()
+            || ch.tenant_limits.is_some();
         if let Some(p) = ch.priorities {
             self.reserves.replace(p);
         }
@@ -138,6 +150,9 @@ impl Mirror {
         }
         if let Some(p) = ch.platform_limits {
             replace_platform_limits(self, p);
+        }
+        if let Some(t) = ch.tenant_limits {
+            self.replace_tenant_limits(t);
         }
         let mut recount = false;
         if let Some(c) = ch.calendars {
@@ -215,6 +230,9 @@ fn remove_lease(m: &mut Mirror, id: i64) -> Option<LeaseRec> {
     if let Some(k) = route.total {
         m.accounts.totals[k as usize].leases.retain(|l| *l != id);
     }
+    if !rec.tenants.is_empty() {
+        m.remove_tenant_lease(&rec.tenants, id);
+    }
     Some(rec)
 }
 
@@ -225,15 +243,21 @@ fn replace_stored_leases(
 ) {
     let stored: Vec<i64> =
         m.leases.by_id.keys().copied().filter(|id| !pending_inserted.contains(id)).collect();
+    // What this engine knew of its own leases' admission (SPEC 24.2) stays.
+    let mut admitted: HashMap<i64, i64> = HashMap::new();
     for id in stored {
-        remove_lease(m, id);
+        if let Some(n) = remove_lease(m, id).and_then(|l| l.others_at_admission) {
+            admitted.insert(id, n);
+        }
     }
     for row in rows {
         if pending_deleted.contains(&row.id) {
             continue;
         }
         let rid = m.route_id(&row.platform, &row.model_id, row.key_id);
-        m.add_lease(row.id, LeaseRec::of(rid, row));
+        let mut rec = LeaseRec::of(rid, row);
+        rec.others_at_admission = admitted.get(&row.id).copied();
+        m.add_lease(row.id, rec);
     }
 }
 

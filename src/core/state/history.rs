@@ -1,6 +1,6 @@
 //! The mirrored `failure_history` (SPEC 15, 21): rows by key, what the failure
 //! ladder counts and what learned caps are read from.
-use crate::core::cooldowns::LEARNED_CAP_TTL_MS;
+use crate::core::cooldowns::learned_concurrency_cap;
 use crate::core::limits::{cap_values, CapValues, Metric, DAY, MINUTE};
 use crate::core::state::{CooldownRec, FastMap, RouteId};
 use crate::core::store::{HistoryKind, HistoryRow};
@@ -20,9 +20,11 @@ impl History {
         }
     }
 
+    /// Drops the rows before `before`, but for a learned concurrency cap's (SPEC 24.2:
+    /// never forgotten; `clear_cooldowns_for_key` forgets it).
     pub fn prune(&mut self, before: i64) {
         self.by_key.retain(|_, rows| {
-            rows.retain(|h| h.hit_at_ms >= before);
+            rows.retain(|h| h.hit_at_ms >= before || h.kind == HistoryKind::Concurrency);
             !rows.is_empty()
         });
     }
@@ -75,7 +77,8 @@ impl History {
                 HistoryKind::Concurrency
                 | HistoryKind::PoolMinute
                 | HistoryKind::PoolDay
-                | HistoryKind::Upstream => {}
+                | HistoryKind::Upstream
+                | HistoryKind::Penalty => {}
                 _ => {
                     route_rows |=
                         &*h.platform == route.platform.as_str() && &*h.model_id == route.model_id.as_str()
@@ -95,6 +98,18 @@ impl History {
             })
             .map(|h| h.hit_at_ms)
             .collect()
+    }
+
+    /// Whether a (platform, model) failed in a way that penalizes it (SPEC 24.7) on any
+    /// key at or after `since`. O(1) when no key has failure history (the hot path).
+    pub fn penalized(&self, platform: &str, model_id: &str, since: i64) -> bool {
+        !self.by_key.is_empty()
+            && self.by_key.values().flatten().any(|h| {
+                h.kind == HistoryKind::Penalty
+                    && h.hit_at_ms >= since
+                    && &*h.platform == platform
+                    && &*h.model_id == model_id
+            })
     }
 
     /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an
@@ -137,15 +152,28 @@ impl History {
         Some(self.learned_caps(platform, &[key_id]))
     }
 
-    /// The key concurrency cap learned from concurrency failures (SPEC 15.4): the cap
-    /// the key's latest such failure taught or confirmed, until 1 h after it.
+    /// The key concurrency cap learned from concurrency failures (SPEC 24.2): the
+    /// latest failure's cap, risen since as its chain says. Never forgotten.
     pub fn learned_concurrency_cap(&self, platform: &str, key_id: i64, now: i64) -> Option<i64> {
         let rows = self.by_key.get(&key_id)?;
-        rows.iter()
+        if !rows.iter().any(|h| h.kind == HistoryKind::Concurrency) {
+            return None;
+        }
+        learned_concurrency_cap(&self.concurrency_chain(platform, key_id), now)
+    }
+
+    /// A key's concurrency failures `(hit_at_ms, cap)` in time order (SPEC 24.2).
+    pub fn concurrency_chain(&self, platform: &str, key_id: i64) -> Vec<(i64, i64)> {
+        let mut chain: Vec<(i64, i64)> = self
+            .by_key
+            .get(&key_id)
+            .into_iter()
+            .flatten()
             .filter(|h| h.kind == HistoryKind::Concurrency && &*h.platform == platform)
-            .max_by_key(|h| h.hit_at_ms)
-            .filter(|h| now < h.hit_at_ms.saturating_add(LEARNED_CAP_TTL_MS))
-            .and_then(|h| h.value)
+            .map(|h| (h.hit_at_ms, h.value.unwrap_or(1)))
+            .collect();
+        chain.sort_by_key(|(at, _)| *at);
+        chain
     }
 }
 

@@ -2,8 +2,9 @@
 use crate::core::admission::{Estimate, InFlight};
 use crate::core::state::{FastMap, RouteId};
 use crate::core::store::LeaseRow;
+use crate::core::tenants::TenantList;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LeaseRec {
     pub route: RouteId,
     pub tokens: i64,
@@ -13,6 +14,12 @@ pub struct LeaseRec {
     pub cost: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
+    /// The tenants it is taken for (SPEC 23.2).
+    pub tenants: TenantList,
+    /// How many other leases were live on its key when this engine admitted it (SPEC
+    /// 24.2: what a concurrency failure of it learns); `None` for a lease read from
+    /// the store only.
+    pub others_at_admission: Option<i64>,
 }
 
 impl LeaseRec {
@@ -30,6 +37,8 @@ impl LeaseRec {
             cost: row.cost,
             created_at_ms: row.created_at_ms,
             expires_at_ms: row.expires_at_ms,
+            tenants: row.tenants.clone(),
+            others_at_admission: None,
         }
     }
 

@@ -8,6 +8,7 @@ use crate::core::admission::{Billed, GateContext, InFlight, Tally, View};
 use crate::core::calendar::Calendar;
 use crate::core::limits::{LimitSet, Scope, WindowSpec, DAY};
 use crate::core::store::{KeptUsage, LeaseRow, UsageKind, UsageRow, Write};
+use crate::core::tenants::TenantList;
 use crate::core::types::{CooldownSource, ModelInfo};
 use crate::core::windows::{Counts, Windows};
 
@@ -19,6 +20,7 @@ mod leases;
 mod prepare;
 mod quota;
 mod reader;
+mod tenants;
 use accounts::{Accounts, TotalId};
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use feed::Waiting;
@@ -29,6 +31,7 @@ use quota::Quota;
 pub use reader::{Reader, RouteFigures, RouteUse};
 use std::collections::HashMap;
 use std::sync::Arc;
+pub use tenants::{TenantState, TenantStates};
 
 pub type RouteId = u32;
 /// platform -> model_id -> key_id -> route (lookups by `&str`, no allocation).
@@ -152,6 +155,8 @@ pub struct Mirror {
     setup: Setup,
     /// The route of the last lease write built (`lease_write`), for `apply`.
     lease_route: Option<RouteId>,
+    /// Every tenant seen (SPEC 23.2): its windows and live leases.
+    pub tenants: TenantStates,
 }
 
 /// A model with declared windows wider than the minute, for retention (SPEC 14.2).
@@ -338,6 +343,11 @@ impl Mirror {
             UsageKind::Request => Counts { cost: row.cost, ..Counts::of(row.requests(), 0) },
         };
         self.add_counts(rid, c, row.created_at_ms, now);
+        if !row.tenants.is_empty() {
+            let r = &self.routes[rid as usize];
+            let (p, m) = (r.platform.clone(), r.model_id.clone());
+            self.add_tenant_counts(&row.tenants, &p, &m, c, row.created_at_ms, now);
+        }
     }
 
     /// Forgets all window state (before a reload from the store).
@@ -354,6 +364,7 @@ impl Mirror {
         for k in &mut self.accounts.totals {
             k.win = k.win.cleared(k.win.calendar().clone());
         }
+        self.reset_tenant_usage();
         self.needs_reload = false;
     }
 
@@ -386,6 +397,7 @@ impl Mirror {
         for (platform, spec) in specs {
             from = from.min(self.calendars.window_start(&platform, spec, now));
         }
+        from = from.min(self.tenant_horizon(now));
         self.loaded = Some((from, now));
         from
     }
@@ -443,6 +455,9 @@ impl Mirror {
             .collect();
         if !self.config.platform_sets.is_empty() {
             self.retain_for_platforms(&mut kept, now, before, with_day);
+        }
+        if !self.config.tenants.is_empty() {
+            self.retain_for_tenants(&mut kept, now, before, with_day);
         }
         kept
     }
@@ -565,7 +580,26 @@ impl Mirror {
         if let Some(k) = route.total {
             self.accounts.totals[k as usize].leases.push(id);
         }
+        if !rec.tenants.is_empty() {
+            let tenants = rec.tenants.clone();
+            self.add_tenant_lease(&tenants, id);
+        }
         self.leases.by_id.insert(id, rec);
+    }
+
+    /// The live leases on route `rid`'s key (any model of its account) at `now`: what
+    /// a lease admitted on it now finds (SPEC 24.2).
+    pub fn key_leases_at(&self, rid: RouteId, now: i64) -> i64 {
+        let route = &self.routes[rid as usize];
+        let of_key = |l: &LeaseRec| {
+            let r = &self.routes[l.route as usize];
+            l.live(now) && r.key_id == route.key_id && r.platform == route.platform
+        };
+        self.accounts.list[route.account as usize]
+            .leases
+            .iter()
+            .filter(|id| self.leases.by_id.get(id).is_some_and(of_key))
+            .count() as i64
     }
 
     pub fn route_in_flight(&self, rid: RouteId, now: i64) -> InFlight {
@@ -708,11 +742,14 @@ impl Mirror {
 
     /// The write that takes lease `id` on route `rid` at `now` for `est`, counting
     /// until `max_age_ms` from now (SPEC §5).
-    pub fn lease_write(&mut self, rid: RouteId, id: i64, est: Estimate, now: i64, max_age_ms: i64) -> Write {
+    pub fn lease_write(
+        &mut self, rid: RouteId, id: i64, est: Estimate, tenants: &TenantList, now: i64, max_age_ms: i64,
+    ) -> Write {
         self.lease_route = Some(rid);
         let r = self.routes.get(rid);
         Write::InsertLease(LeaseRow {
             id,
+            tenants: tenants.clone(),
             platform: r.platform.clone(),
             model_id: r.model_id.clone(),
             key_id: r.key_id,

@@ -106,7 +106,16 @@ fn leases_count_until_they_expire() {
         GateContext { limits: LimitSet::parse("requests/minute=1").expect("limits"), ..Default::default() };
     m.add_lease(
         7,
-        LeaseRec { route: rid, tokens: 5, output_tokens: 0, cost: 0, created_at_ms: 0, expires_at_ms: 100 },
+        LeaseRec {
+            route: rid,
+            tokens: 5,
+            output_tokens: 0,
+            cost: 0,
+            created_at_ms: 0,
+            expires_at_ms: 100,
+            tenants: crate::core::tenants::none(),
+            others_at_admission: None,
+        },
     );
     // only the lease blocks: no retry time for a sliding window
     assert_eq!(
@@ -160,6 +169,7 @@ fn platform_limits_count_the_key_and_its_account_over_every_model() {
         created_at_ms: t,
         kinds: TokenKinds::default(),
         cost: 0,
+        tenants: crate::core::tenants::none(),
     };
     m.add_usage_row(&row("a", 1, now - 30_000), now);
     m.add_usage_row(&row("b", 1, now - 20_000), now);

@@ -16,7 +16,7 @@
 //!   nothing first; their commit takes in what changed (delivered by the next `pull`)
 //!   and, for a section that inserted leases, writes nothing and fails with
 //!   [`StoreError::Conflict`] when another handle touched the usage or leases of those
-//!   accounts, or any small table, since the previous pull;
+//!   accounts or of those leases' tenants, or any small table, since the previous pull;
 //! * claims (`try_claim`) across handles, and "only writer" (`sole_writer`) while one
 //!   writable handle is open;
 //! * a [`Control`] a test keeps while an engine owns the handle: takes the store down
@@ -24,11 +24,12 @@
 //!   loses their replies ([`StoreError::InDoubt`], applied), and counts commits.
 use super::{
     Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult,
-    UsageFilter, UsageRow, Write,
+    TenantLimitsRow, UsageFilter, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::limits::Limit;
 use crate::core::money::Prices;
+use crate::core::tenants::TenantList;
 use crate::core::types::{CapOverrides, KeyInfo, ModelInfo};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -50,18 +51,19 @@ const PRIORITIES: usize = 7;
 const QUOTA: usize = 8;
 const PRICES: usize = 9;
 const PLATFORM_LIMITS: usize = 10;
+const TENANT_LIMITS: usize = 11;
 /// The small tables: a change to any of them makes an optimistic commit conflict.
-const SMALL: [usize; 9] =
-    [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES, PLATFORM_LIMITS];
+const SMALL: [usize; 10] =
+    [COOLDOWNS, KEYS, MODELS, CAPS, HISTORY, CALENDARS, PRIORITIES, PRICES, PLATFORM_LIMITS, TENANT_LIMITS];
 
 /// Every table, as committed (or as a locked section's working copy).
 #[derive(Clone, Default)]
 struct Tables {
     /// Usage rows in commit order: (feed number, writer, row).
     usage: Vec<(u64, u64, UsageRow)>,
-    /// Lease inserts in commit order: (feed number, writer, key, platform), for the
-    /// conflict check of optimistic commits.
-    lease_feed: Vec<(u64, u64, i64, Arc<str>)>,
+    /// Lease inserts in commit order: (feed number, writer, key, platform, tenants),
+    /// for the conflict check of optimistic commits.
+    lease_feed: Vec<(u64, u64, i64, Arc<str>, TenantList)>,
     /// The highest feed number committed.
     head: u64,
     leases: BTreeMap<i64, LeaseRow>,
@@ -79,7 +81,9 @@ struct Tables {
     prices: BTreeMap<(String, String), Prices>,
     /// SPEC 23.3: platform -> its limits as declared.
     platform_limits: BTreeMap<String, Vec<Limit>>,
-    versions: [u64; 11],
+    /// SPEC 23.2: tenant or pattern -> its limits as declared and its zone.
+    tenant_limits: BTreeMap<String, (Vec<Limit>, Option<String>)>,
+    versions: [u64; 12],
 }
 
 #[derive(Default)]
@@ -133,10 +137,12 @@ pub struct MemoryStore {
     staged: Vec<Write>,
     /// Accounts (key, platform) an optimistic commit checks.
     watched: Vec<(i64, String)>,
+    /// Tenants an optimistic commit checks (those of the leases it inserts).
+    watched_tenants: Vec<Arc<str>>,
     /// The feed number up to which changes were taken in.
     cursor: u64,
     /// Table versions as of what was taken in; `None` before the first pull.
-    seen: Option<[u64; 11]>,
+    seen: Option<[u64; 12]>,
     /// Taken in by an unlocked commit, delivered by the next pull.
     pending: Changes,
     /// A locked section has written.
@@ -189,6 +195,7 @@ impl MemoryStore {
             work: None,
             staged: Vec::new(),
             watched: Vec::new(),
+            watched_tenants: Vec::new(),
             cursor: 0,
             seen: None,
             pending: Changes::default(),
@@ -269,6 +276,18 @@ impl MemoryStore {
             ch.platform_limits =
                 Some(t.platform_limits.iter().map(|(p, l)| (p.clone(), l.clone())).collect());
         }
+        if changed(TENANT_LIMITS) {
+            ch.tenant_limits = Some(
+                t.tenant_limits
+                    .iter()
+                    .map(|(n, (l, tz))| TenantLimitsRow {
+                        tenant: n.clone(),
+                        limits: l.clone(),
+                        tz: tz.clone(),
+                    })
+                    .collect(),
+            );
+        }
         ch
     }
 
@@ -292,7 +311,8 @@ impl MemoryStore {
             priorities,
             quota_states,
             prices,
-            platform_limits
+            platform_limits,
+            tenant_limits
         );
         self.pending = pending;
         self.cursor = t.head;
@@ -300,25 +320,29 @@ impl MemoryStore {
     }
 
     /// An optimistic commit's check: another handle touched a watched account's usage
-    /// or leases, or changed a small table, since what this handle took in.
+    /// or leases, or a watched tenant's (SPEC 23.2), or changed a small table, since
+    /// what this handle took in.
     fn conflicts(&self, t: &Tables) -> bool {
         let Some(seen) = self.seen else { return true };
         if SMALL.iter().any(|&i| seen[i] != t.versions[i]) {
             return true;
         }
-        let watched = |k: i64, p: &str| self.watched.iter().any(|(wk, wp)| *wk == k && wp == p);
+        let watched = |k: i64, p: &str, tenants: &[Arc<str>]| {
+            self.watched.iter().any(|(wk, wp)| *wk == k && wp == p)
+                || tenants.iter().any(|t| self.watched_tenants.contains(t))
+        };
         let usage = t
             .usage
             .iter()
             .rev()
             .take_while(|(n, ..)| *n > self.cursor)
-            .any(|(_, who, u)| *who != self.owner && watched(u.key_id, &u.platform));
+            .any(|(_, who, u)| *who != self.owner && watched(u.key_id, &u.platform, &u.tenants));
         let leases = t
             .lease_feed
             .iter()
             .rev()
             .take_while(|(n, ..)| *n > self.cursor)
-            .any(|(_, who, k, p)| *who != self.owner && watched(*k, p));
+            .any(|(_, who, k, p, tenants)| *who != self.owner && watched(*k, p, tenants));
         usage || leases
     }
 
@@ -334,11 +358,21 @@ impl MemoryStore {
             }
             Write::InsertLease(l) => {
                 let n = self.next_seq();
-                t.lease_feed.push((n, self.owner, l.key_id, l.platform.clone()));
+                t.lease_feed.push((n, self.owner, l.key_id, l.platform.clone(), l.tenants.clone()));
                 t.head = t.head.max(n);
                 t.leases.insert(l.id, l.clone());
                 bump(t, LEASES);
                 return l.id;
+            }
+            Write::RenewLeases(rows) => {
+                for l in rows {
+                    let n = self.next_seq();
+                    t.lease_feed.push((n, self.owner, l.key_id, l.platform.clone(), l.tenants.clone()));
+                    t.head = t.head.max(n);
+                    t.leases.insert(l.id, l.clone());
+                }
+                bump(t, LEASES);
+                return 0;
             }
             Write::DeleteLease(id) => {
                 let gone = t.leases.remove(id).is_some();
@@ -411,7 +445,8 @@ impl MemoryStore {
             }
             Write::Sweep { usage_before, kept, leases_expired_before, history_before } => {
                 let before = t.history.len();
-                t.history.retain(|h| h.hit_at_ms >= *history_before);
+                // SPEC 24.2: a learned concurrency cap's rows are never swept.
+                t.history.retain(|h| h.hit_at_ms >= *history_before || h.kind == HistoryKind::Concurrency);
                 if t.history.len() != before {
                     bump(t, HISTORY);
                 }
@@ -466,6 +501,17 @@ impl MemoryStore {
                 };
                 if changed {
                     bump(t, PLATFORM_LIMITS);
+                }
+            }
+            Write::SetTenantLimits(TenantLimitsRow { tenant, limits, tz }) => {
+                let changed = if limits.is_empty() {
+                    t.tenant_limits.remove(tenant).is_some()
+                } else {
+                    let row = (limits.clone(), tz.clone());
+                    t.tenant_limits.insert(tenant.clone(), row.clone()).as_ref() != Some(&row)
+                };
+                if changed {
+                    bump(t, TENANT_LIMITS);
                 }
             }
         }
@@ -546,6 +592,7 @@ impl MemoryStore {
         self.work = None;
         self.staged.clear();
         self.watched.clear();
+        self.watched_tenants.clear();
     }
 
     fn open_unlocked(&mut self, section: Section) -> StoreResult<()> {
@@ -620,7 +667,8 @@ impl Store for MemoryStore {
             || pending.priorities.is_some()
             || pending.quota_states.is_some()
             || pending.prices.is_some()
-            || pending.platform_limits.is_some();
+            || pending.platform_limits.is_some()
+            || pending.tenant_limits.is_some();
         Ok(state.faults.down || self.seen != Some(t.versions) || t.head > self.cursor || taken_in)
     }
 
@@ -724,6 +772,14 @@ impl Store for MemoryStore {
                 Ok(match w {
                     Write::InsertLease(l) => {
                         self.watch_keys(&l.platform, &[l.key_id]);
+                        if self.section == Some(Section::Optimistic) {
+                            // SPEC 23.2: its tenants' usage and leases too.
+                            for tenant in l.tenants.iter() {
+                                if !self.watched_tenants.contains(tenant) {
+                                    self.watched_tenants.push(tenant.clone());
+                                }
+                            }
+                        }
                         l.id
                     }
                     _ => 0,

@@ -27,6 +27,7 @@ pub mod redis {
 }
 use crate::core::limits::Limit;
 use crate::core::money::Prices;
+use crate::core::tenants::TenantList;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use std::sync::Arc;
 
@@ -120,6 +121,8 @@ pub struct UsageRow {
     /// What the event cost in µ$ at the prices in force when it was recorded (SPEC
     /// 23.1; 0 unpriced).
     pub cost: i64,
+    /// The tenants it was served for (SPEC 23.2; empty: none).
+    pub tenants: TenantList,
 }
 
 /// The input, output and cached-input tokens of one call, as reported (SPEC §14.4).
@@ -187,6 +190,8 @@ pub struct LeaseRow {
     pub cost: i64,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
+    /// The tenants it is taken for (SPEC 23.2; empty: none).
+    pub tenants: TenantList,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,6 +242,10 @@ pub enum HistoryKind {
     /// A provider daily-requests cap learned from a pool 429 (model_id ''; `value`
     /// the cap), SPEC 21.2.
     PoolDay,
+    /// A failure of the route's model that penalizes it for `headroom` and `spread`
+    /// (SPEC 24.7: server_error, timeout, transport, empty_completion): the
+    /// (platform, model)'s rows over every key, the latest per key.
+    Penalty,
 }
 
 impl HistoryKind {
@@ -251,6 +260,7 @@ impl HistoryKind {
             HistoryKind::Upstream => "upstream",
             HistoryKind::PoolMinute => "pool_minute",
             HistoryKind::PoolDay => "pool_day",
+            HistoryKind::Penalty => "penalty",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -264,6 +274,7 @@ impl HistoryKind {
             "upstream" => HistoryKind::Upstream,
             "pool_minute" => HistoryKind::PoolMinute,
             "pool_day" => HistoryKind::PoolDay,
+            "penalty" => HistoryKind::Penalty,
             _ => return None,
         })
     }
@@ -312,6 +323,18 @@ pub struct Changes {
     pub prices: Option<Vec<(String, String, Prices)>>,
     /// The stored platform limits (SPEC 23.3): platform -> its limits as declared.
     pub platform_limits: Option<Vec<(String, Vec<Limit>)>>,
+    /// The stored tenant declarations (SPEC 23.2): (tenant or pattern, its limits as
+    /// declared, its zone).
+    pub tenant_limits: Option<Vec<TenantLimitsRow>>,
+}
+
+/// One stored tenant declaration (SPEC 23.2): a tenant's name or a pattern (ending in
+/// `*`), its limits as declared (scope `account`) and the zone of its calendar.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantLimitsRow {
+    pub tenant: String,
+    pub limits: Vec<Limit>,
+    pub tz: Option<String>,
 }
 
 /// One merged `provider_quota_state` row (SPEC §8.2).
@@ -391,6 +414,13 @@ pub enum Write {
         platform: String,
         limits: Vec<Limit>,
     },
+    /// Replaces a tenant's (or a pattern's) declaration (SPEC 23.2); empty `limits`
+    /// forget it.
+    SetTenantLimits(TenantLimitsRow),
+    /// SPEC 24.1: the live leases of an engine's `Lease` objects, renewed: each row is
+    /// written whole with its new expiry (inserted again when a sweep already took it:
+    /// the call it stands for still runs).
+    RenewLeases(Vec<LeaseRow>),
 }
 
 /// A model whose usage retention keeps longer than `retention_ms` (SPEC 14.2): the

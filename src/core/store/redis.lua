@@ -4,7 +4,8 @@
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
 --       write id (the writer's sequence number of a call that writes; '' for one
 --       that does not), known versions of the versioned tables (TABLES), [mode 'lease': the
---       number of accounts, then the accounts], then the writes (opcode + fields).
+--       number of accounts, then the accounts and tenants], then the writes (opcode +
+--       fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
 --       'commit' applies the writes and drops the lock;
 --       'append' applies the writes without taking the lock (fails while another
@@ -12,8 +13,9 @@
 --       'lease'  as 'append', for admissions the caller decided on what it had read
 --                up to its cursor: the writes are applied only if no other writer
 --                has since touched the usage or leases of the given accounts
---                ('key SEP platform') nor any versioned table; else status 'conflict'
---                and nothing is written (the caller takes in what changed and decides
+--                ('key SEP platform') or tenants ('RS name', the name escaped as in
+--                the entries) nor any versioned table; else status 'conflict' and
+--                nothing is written (the caller takes in what changed and decides
 --                again);
 --       'replay' as 'append', for the writes of a call whose reply was lost, sent
 --                again under the same write id; also drops the lock if we own it;
@@ -34,7 +36,8 @@ local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
 -- The last one, the observed quota, conflicts with no decision ('headroom' may read
 -- it up to 5 s old, SPEC 8.2).
-local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices', 'platform_limits', 'quota'}
+local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices',
+  'platform_limits', 'tenant_limits', 'quota'}
 local DECIDING_TABLES = #TABLES - 1
 local known = {}
 for i = 1, #TABLES do known[i] = ARGV[8 + i] end
@@ -47,6 +50,13 @@ if mode == 'lease' then
 end
 local APPLIED_TTL_MS = 86400000
 local SEP = '\31'
+-- Before each tenant (SPEC 23.2) at the end of a usage entry's kind field and of a
+-- lease's amounts field; a watched tenant is RS and its name.
+local RS = '\30'
+local watch_tenants = false
+for a, _ in pairs(accounts) do
+  if string.sub(a, 1, 1) == RS then watch_tenants = true end
+end
 
 local LOG, LOCK, LASTMS, VER = P .. ':log', P .. ':lock', P .. ':lastms', P .. ':ver'
 -- Usage entries whose id is later than their time (id -> time), for the sweep.
@@ -337,8 +347,9 @@ local function apply_writes()
           xadd(0, 'D' .. SEP .. all[j])
         end
       end
+      -- SPEC 24.2: a learned concurrency cap's rows (kind:value) are never swept
       delete_matching(P .. ':history', function(_, v)
-        return tonumber(field(v, 3)) >= hist
+        return tonumber(field(v, 3)) >= hist or string.match(field(v, 2), '^[^:]*') == 'concurrency'
       end, 'history')
       i = i + 6 + 2 * n
     elseif op == 'G' then -- log value
@@ -363,16 +374,31 @@ local U_ACCOUNT = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. '([^' .. SEP .. '
   .. string.rep('[^' .. SEP .. ']*' .. SEP, 3) .. '([^' .. SEP .. ']*)'
 local L_ACCOUNT = '^[^' .. SEP .. ']*' .. SEP .. 'L' .. SEP .. '[^' .. SEP .. ']*' .. SEP .. '([^' .. SEP .. ']*)'
   .. SEP .. string.rep('[^' .. SEP .. ']*' .. SEP, 3) .. '([^' .. SEP .. ']*)'
+-- The field that ends with an entry's tenants: a usage row's kind, a lease insert's
+-- amounts.
+local U_TENANTS = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. '[^' .. SEP .. ']*' .. SEP .. '([^' .. SEP .. ']*)'
+local L_TENANTS = '^[^' .. SEP .. ']*' .. SEP .. 'L' .. SEP .. string.rep('[^' .. SEP .. ']*' .. SEP, 3)
+  .. '([^' .. SEP .. ']*)'
+local function names_watched_tenant(e)
+  if not string.find(e, RS, 1, true) then return false end
+  local f = string.match(e, U_TENANTS) or string.match(e, L_TENANTS)
+  if not f then return false end
+  for t in string.gmatch(f, RS .. '([^' .. RS .. ']*)') do
+    if accounts[RS .. t] then return true end
+  end
+  return false
+end
 local function conflicts(more, entries, tables, leases)
   if more == 1 or leases then return true end
   for i = 1, DECIDING_TABLES do
     if tables[i] then return true end
   end
   for _, e in ipairs(entries) do
-    local key, platform = string.match(e, U_ACCOUNT)
-    if not key then key, platform = string.match(e, L_ACCOUNT) end
-    if key and string.sub(e, 1, #owner + 1) ~= owner .. SEP and accounts[key .. SEP .. platform] then
-      return true
+    if string.sub(e, 1, #owner + 1) ~= owner .. SEP then
+      local key, platform = string.match(e, U_ACCOUNT)
+      if not key then key, platform = string.match(e, L_ACCOUNT) end
+      if key and accounts[key .. SEP .. platform] then return true end
+      if watch_tenants and names_watched_tenant(e) then return true end
     end
   end
   return false

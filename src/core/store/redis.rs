@@ -14,6 +14,8 @@
 //! | `P:late` | zset | usage entries written after the clock stepped back: id -> time |
 //! | `P:sweep` | hash | where the retention sweep goes on from, per kept model (SPEC 14.2) |
 //! | `P:prices` | hash | model prices (SPEC 23.1), a small table: `platform SEP model` -> four integers of p$ |
+//! | `P:platform_limits` | hash | platform limits (SPEC 23.3), a small table: `platform` -> its limits |
+//! | `P:tenant_limits` | hash | tenant declarations (SPEC 23.2), a small table: `tenant` -> `tz SEP limits` |
 //!
 //! All access goes through one Lua script (`redis.lua`), so each step is atomic on the
 //! server. A section that decides (a lease, a failure) takes the lock and reads what
@@ -54,7 +56,7 @@ const SCRIPT: &str = include_str!("redis.lua");
 const SEP: char = '\u{1f}';
 /// The versioned tables; a change to any but the last (the observed quota, which the
 /// `headroom` pick may read up to 5 s old, SPEC §8.2) conflicts with every decision.
-const TABLES: [&str; 10] = [
+const TABLES: [&str; 11] = [
     "cooldowns",
     "keys",
     "models",
@@ -64,6 +66,7 @@ const TABLES: [&str; 10] = [
     "priorities",
     "prices",
     "platform_limits",
+    "tenant_limits",
     "quota",
 ];
 const LOCK_TTL_MS: i64 = 10_000;
@@ -76,7 +79,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 21] = [
+const LAYOUT: [(&str, &str); 22] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -98,6 +101,7 @@ const LAYOUT: [(&str, &str); 21] = [
     ("sweep", "hash"),
     ("prices", "hash"),
     ("platform_limits", "hash"),
+    ("tenant_limits", "hash"),
 ];
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.
@@ -141,7 +145,8 @@ pub struct RedisStore {
     args: Vec<String>,
     /// Lease writes of the open section, applied to `leases` once committed.
     lease_writes: Vec<Write>,
-    /// Accounts (`key SEP platform`) of the leases an optimistic section inserts.
+    /// Accounts (`key SEP platform`) of the leases an optimistic section inserts, and
+    /// their tenants (`RS` and the escaped name, SPEC 23.2).
     accounts: Vec<String>,
     /// The identity of the last call that wrote (SPEC 19.2).
     write_seq: u64,
@@ -644,6 +649,20 @@ impl RedisStore {
         }
     }
 
+    /// In an optimistic section: the commit conflicts when another engine wrote usage or
+    /// a lease for one of these tenants meanwhile (SPEC 23.2), as for an account.
+    fn watch_tenants(&mut self, tenants: &[Arc<str>]) {
+        if self.section != Some(Section::Optimistic) {
+            return;
+        }
+        for t in tenants {
+            let watch = codec::tenant_watch(t);
+            if !self.accounts.contains(&watch) {
+                self.accounts.push(watch);
+            }
+        }
+    }
+
     /// Applies a lease entry of the feed (`L id value` or `D id`) of another writer.
     fn lease_entry(&mut self, body: &str) -> StoreResult<()> {
         match body.as_bytes().first() {
@@ -841,15 +860,20 @@ impl Store for RedisStore {
         }
         codec::encode(w, &mut self.args);
         // Lease writes are applied to `leases` once committed; an inserted lease's
-        // account is what an optimistic commit checks.
+        // account and tenants are what an optimistic commit checks.
         match w {
             Write::InsertLease(l) => {
                 self.watch_keys(&l.platform, &[l.key_id]);
+                self.watch_tenants(&l.tenants);
                 self.lease_writes.push(w.clone());
                 Ok(l.id)
             }
             Write::DeleteLease(_) | Write::Sweep { .. } => {
                 self.lease_writes.push(w.clone());
+                Ok(0)
+            }
+            Write::RenewLeases(rows) => {
+                self.lease_writes.extend(rows.iter().cloned().map(Write::InsertLease));
                 Ok(0)
             }
             _ => Ok(0),

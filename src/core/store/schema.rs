@@ -290,10 +290,44 @@ CREATE TABLE platform_limits (
 );
 INSERT INTO quotaengine_meta (name, version) VALUES ('platform_limits', 0);
 "#,
+    r#"
+-- Version 13: tenants (SPEC 23.2). The tenants a usage row was served for and a live
+-- lease is taken for: a JSON array of their names in the order the call gave them,
+-- e.g. '["user:a","team:x"]' (SQLite's json_each reads it); NULL for none. Tenant
+-- declarations (set_tenant_limits): a tenant's name or a pattern ending in '*', its
+-- whole declaration in the form of `models.limits` (scope account), and the IANA zone
+-- its calendar periods start in (NULL: UTC); a tenant without limits has no row.
+ALTER TABLE rate_limit_usage ADD COLUMN tenants TEXT;
+ALTER TABLE quota_leases ADD COLUMN tenants TEXT;
+CREATE TABLE tenant_limits (
+    tenant TEXT PRIMARY KEY,
+    limits TEXT NOT NULL,
+    tz     TEXT
+);
+INSERT INTO quotaengine_meta (name, version) VALUES ('tenant_limits', 0);
+-- Also in version 13: the model penalty (SPEC 24.7). One more kind of failure history,
+-- 'penalty': a server_error, timeout, transport or empty_completion of the route's
+-- model, which ranks the model after healthy ones for `headroom` and `spread` for 5
+-- minutes (the latest per key and model). The table is rebuilt to widen its CHECK.
+CREATE TABLE failure_history_v13 (
+    platform  TEXT    NOT NULL,
+    model_id  TEXT    NOT NULL,
+    key_id    INTEGER NOT NULL,
+    kind      TEXT    NOT NULL
+              CHECK (kind IN ('ladder', 'unknown', 'auth', 'empty', 'transient', 'concurrency',
+                              'upstream', 'pool_minute', 'pool_day', 'penalty')),
+    hit_at_ms INTEGER NOT NULL,
+    value     INTEGER
+);
+INSERT INTO failure_history_v13 SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history;
+DROP TABLE failure_history;
+ALTER TABLE failure_history_v13 RENAME TO failure_history;
+CREATE INDEX idx_failure_history_key ON failure_history (key_id);
+"#,
 ];
 
 /// Tables whose changes bump `quotaengine_meta`; the order is the engine's index.
-pub const VERSIONED_TABLES: [&str; 10] = [
+pub const VERSIONED_TABLES: [&str; 11] = [
     "rate_limit_cooldowns",
     "api_keys",
     "models",
@@ -304,6 +338,7 @@ pub const VERSIONED_TABLES: [&str; 10] = [
     "provider_quota_state",
     "model_prices",
     "platform_limits",
+    "tenant_limits",
 ];
 
 /// Each versioned table's counter and triggers, (re)created after every migration,

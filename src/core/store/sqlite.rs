@@ -2,15 +2,17 @@
 use super::schema::{current_version, triggers_sql, MIGRATIONS, VERSIONED_TABLES};
 use super::{
     Changes, CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, LogRow, QuotaStateRow, Store,
-    StoreResult, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
+    StoreResult, TenantLimitsRow, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use crate::core::error::StoreError;
 use crate::core::limits::{decode_caps, decode_limits, Limit, LimitSet};
 use crate::core::money::Prices;
+use crate::core::tenants::TenantList;
 use crate::core::types::{CapOverrides, CooldownSource, KeyInfo, ModelInfo};
 use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
 
+mod tenants;
 mod writes;
 use std::sync::Arc;
 use std::time::Duration;
@@ -290,8 +292,8 @@ impl SqliteStore {
 
     fn read_leases(&self) -> rusqlite::Result<Vec<LeaseRow>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens, cost \
-             FROM quota_leases",
+            "SELECT id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, output_tokens, cost, \
+             tenants FROM quota_leases",
         )?;
         let mut names = Interner::default();
         let mut rows = stmt.query([])?;
@@ -307,6 +309,7 @@ impl SqliteStore {
                 cost: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
                 created_at_ms: r.get(5)?,
                 expires_at_ms: r.get(6)?,
+                tenants: names.tenants(r.get_ref(9)?),
             });
         }
         Ok(out)
@@ -442,6 +445,21 @@ impl SqliteStore {
         rows.collect()
     }
 
+    /// SPEC 23.2: every tenant's (and pattern's) declaration; a row a plain writer
+    /// spoiled declares no limits.
+    fn read_tenant_limits(&self) -> rusqlite::Result<Vec<TenantLimitsRow>> {
+        let mut stmt = self.conn.prepare_cached("SELECT tenant, limits, tz FROM tenant_limits")?;
+        let rows = stmt.query_map([], |r| {
+            let text: Option<String> = r.get(1)?;
+            Ok(TenantLimitsRow {
+                tenant: r.get(0)?,
+                limits: text.as_deref().and_then(|t| decode_limits(t).ok()).unwrap_or_default(),
+                tz: r.get(2)?,
+            })
+        })?;
+        rows.collect()
+    }
+
     fn read_history(&self) -> rusqlite::Result<Vec<HistoryRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT platform, model_id, key_id, kind, hit_at_ms, value FROM failure_history",
@@ -512,7 +530,7 @@ impl SqliteStore {
             let mut rows = Vec::new();
             let max_id = self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, \
-                 output_tokens, cached_tokens, cost FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
+                 output_tokens, cached_tokens, cost, tenants FROM rate_limit_usage WHERE id > ?1 ORDER BY id",
                 cursor,
                 &mut |row| rows.push(row),
             )?;
@@ -556,6 +574,9 @@ impl SqliteStore {
         }
         if versions[9] != self.versions[9] {
             changes.platform_limits = Some(self.read_platform_limits()?);
+        }
+        if versions[10] != self.versions[10] {
+            changes.tenant_limits = Some(self.read_tenant_limits()?);
         }
         self.versions = versions;
         self.data_version = Some(dv);
@@ -601,8 +622,9 @@ fn check_schema(conn: &Connection, version: i64) -> Result<(), Unfit> {
 }
 
 /// A `rate_limit_usage` row read as `id, platform, model_id, key_id, kind, tokens,
-/// created_at_ms`: a `request` row is one request (its `tokens` column is not read:
-/// it is 0, or 1 in a row an older writer made).
+/// created_at_ms, input_tokens, output_tokens, cached_tokens, cost, tenants`: a
+/// `request` row is one request (its `tokens` column is not read: it is 0, or 1 in a
+/// row an older writer made).
 fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<UsageRow> {
     let request = r.get_ref(4)?.as_str()? == "request";
     Ok(UsageRow {
@@ -615,24 +637,38 @@ fn usage_row(r: &rusqlite::Row<'_>, names: &mut Interner) -> rusqlite::Result<Us
         created_at_ms: r.get(6)?,
         kinds: TokenKinds { input: r.get(7)?, output: r.get(8)?, cached: r.get(9)? },
         cost: r.get::<_, Option<i64>>(10)?.unwrap_or(0),
+        tenants: names.tenants(r.get_ref(11)?),
     })
 }
 
-/// Shares one allocation per distinct name within a batch of rows.
+/// Shares one allocation per distinct name (and tenant list) within a batch of rows.
 #[derive(Default)]
-struct Interner(std::collections::HashSet<Arc<str>>);
+struct Interner {
+    names: std::collections::HashSet<Arc<str>>,
+    tenants: tenants::TenantLists,
+}
 
 impl Interner {
     /// One shared copy per distinct name: a read of millions of rows over many routes
     /// holds as many names as there are routes, not one per row.
     fn get(&mut self, s: &str) -> Arc<str> {
-        if let Some(a) = self.0.get(s) {
-            return a.clone();
-        }
-        let a: Arc<str> = Arc::from(s);
-        self.0.insert(a.clone());
-        a
+        intern(&mut self.names, s)
     }
+
+    /// A `tenants` column's list (SPEC 23.2), one shared copy per distinct value.
+    fn tenants(&mut self, v: rusqlite::types::ValueRef<'_>) -> TenantList {
+        let names = &mut self.names;
+        self.tenants.get(v, |n| intern(names, n))
+    }
+}
+
+fn intern(names: &mut std::collections::HashSet<Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(a) = names.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = Arc::from(s);
+    names.insert(a.clone());
+    a
 }
 
 /// Where each class of the retention sweep starts (SPEC 14.2: a kept model, or every
@@ -799,7 +835,7 @@ impl Store for SqliteStore {
         let loaded = (|| -> rusqlite::Result<i64> {
             self.read_usage(
                 "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-                 cached_tokens, cost FROM rate_limit_usage \
+                 cached_tokens, cost, tenants FROM rate_limit_usage \
                  WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
                  9223372036854775807) AND created_at_ms >= ?1 ORDER BY id",
                 since_ms,
@@ -876,7 +912,7 @@ impl Store for SqliteStore {
     fn usage_events(&mut self, f: &UsageFilter) -> StoreResult<Vec<UsageRow>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT id, platform, model_id, key_id, kind, tokens, created_at_ms, input_tokens, output_tokens, \
-             cached_tokens, cost FROM rate_limit_usage \
+             cached_tokens, cost, tenants FROM rate_limit_usage \
              WHERE id >= COALESCE((SELECT id FROM rate_limit_usage WHERE created_at_ms >= ?1 ORDER BY id LIMIT 1), \
              9223372036854775807) AND created_at_ms >= ?1 AND created_at_ms < ?2 AND (?3 IS NULL OR platform = ?3) \
              AND (?4 IS NULL OR model_id = ?4) AND (?5 IS NULL OR key_id = ?5) ORDER BY created_at_ms, id",
@@ -971,3 +1007,6 @@ fn read_exact_at(f: &std::fs::File, buf: &mut [u8]) -> Option<()> {
 fn read_exact_at(_f: &std::fs::File, _buf: &mut [u8]) -> Option<()> {
     None
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,6 @@
 //! The argument conversions the engine's topics share: a route, a provider-level
 //! route, the candidates of `lease_any`, a wait.
-use crate::core::types::{check_name, Route};
+use crate::core::types::{check_name, Exclusion, Route};
 use crate::python::convert::{duration_arg, int_arg, str_arg, Arg};
 use crate::python::errors::type_error;
 use pyo3::prelude::*;
@@ -69,6 +69,46 @@ pub(super) fn routes_arg(routes: &Arg) -> PyResult<Vec<Route>> {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "routes is empty: give at least one (platform, model_id, key_id)",
         ));
+    }
+    Ok(out)
+}
+
+/// `exclude` of `lease_any` (SPEC 24.7): None, or an iterable of routes
+/// (platform, model_id, key_id), models (platform, model_id) and platforms (platform,).
+pub(super) fn exclude_arg(exclude: Option<&Arg>) -> PyResult<Vec<Exclusion>> {
+    let Some(exclude) = exclude.filter(|x| !x.is_none()) else { return Ok(Vec::new()) };
+    let what = "exclude must be an iterable of (platform, model_id, key_id), (platform, model_id) or \
+                (platform,) tuples";
+    if exclude.is_instance_of::<pyo3::types::PyString>() || exclude.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(type_error(format!("{what}, not a str")));
+    }
+    let it = exclude.try_iter().map_err(|_| type_error(what))?;
+    let mut out = Vec::new();
+    for item in it {
+        let item = item?;
+        let bad = || {
+            type_error(format!(
+                "each exclusion must be a (platform, model_id, key_id), (platform, model_id) or (platform,) \
+                 tuple, got {}",
+                item.repr().map(|r| r.to_string()).unwrap_or_default()
+            ))
+        };
+        let parts: Vec<Bound<'_, PyAny>> = if let Ok(t) = item.cast::<pyo3::types::PyTuple>() {
+            t.iter().collect()
+        } else if let Ok(l) = item.cast::<PyList>() {
+            l.iter().collect()
+        } else {
+            return Err(bad());
+        };
+        let x = match parts.as_slice() {
+            [p, m, k] => Exclusion::Route(route(p, m, k)?),
+            [p, m] => Exclusion::model(str_arg(p, "platform")?, str_arg(m, "model_id")?)?,
+            [p] => Exclusion::platform(str_arg(p, "platform")?)?,
+            _ => return Err(bad()),
+        };
+        if !out.contains(&x) {
+            out.push(x);
+        }
     }
     Ok(out)
 }

@@ -5,7 +5,7 @@
 //! (`open`); keys, models, calendars, reserves and provider caps (`config`); the
 //! single gates and `check` (`gates`); leases (`leases`); what callers record
 //! (`record`); cooldowns (`cooldowns`); the probe (`probe`); what the engine reports
-//! (`reports`); `args` the argument conversions they share. Each goes into the core
+//! (`reports`); tenants (`tenants`); `args` the argument conversions they share. Each goes into the core
 //! through a door of `python::run`.
 use super::validator::PyValidator;
 use crate::core::clock::Clock;
@@ -24,6 +24,7 @@ mod open;
 mod probe;
 mod record;
 mod reports;
+mod tenants;
 
 /// The quota and cooldown engine (SPEC §3). Every method releases the GIL while it
 /// works; it is safe to share one engine between threads. `path` is a SQLite file,

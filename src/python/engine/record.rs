@@ -3,7 +3,9 @@
 //! provider's quota headers.
 use super::args::route;
 use super::PyQuotaEngine;
-use crate::python::convert::{failure_args, headers_arg, int_arg, opt_int_arg, str_arg, token_use_arg, Arg};
+use crate::python::convert::{
+    failure_args, headers_arg, int_arg, opt_int_arg, str_arg, tenants_arg, token_use_arg, Arg,
+};
 use crate::python::errors::type_error;
 use crate::python::limits::limits_arg;
 use crate::python::types::{PyCooldownDecision, PyFailureOutcome, PyLearnedLimit, PyQuotaObservation};
@@ -11,24 +13,31 @@ use pyo3::prelude::*;
 
 #[pymethods]
 impl PyQuotaEngine {
-    fn record_request(&self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg) -> PyResult<()> {
+    /// SPEC §4: one request; with `tenant=` (SPEC 23.2) it counts for those tenants too.
+    #[pyo3(signature = (platform, model_id, key_id, *, tenant=None))]
+    fn record_request(
+        &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, tenant: Option<&Arg>,
+    ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
-        self.run(py, move |e| e.usage().record_request(&r))
+        let t = tenants_arg(tenant)?;
+        self.run(py, move |e| e.usage().record_request_for(&r, &t))
     }
 
     /// SPEC §4/§14.4: one call's tokens: the total, or input and output apart (the
     /// total is then their sum), and the cached part of the input.
-    #[pyo3(signature = (platform, model_id, key_id, tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None))]
+    #[pyo3(signature = (platform, model_id, key_id, tokens=None, *, input_tokens=None, output_tokens=None, cached_tokens=None, tenant=None))]
     #[allow(clippy::too_many_arguments)]
     fn record_tokens(
         &self, py: Python<'_>, platform: &Arg, model_id: &Arg, key_id: &Arg, tokens: Option<&Arg>,
         input_tokens: Option<&Arg>, output_tokens: Option<&Arg>, cached_tokens: Option<&Arg>,
+        tenant: Option<&Arg>,
     ) -> PyResult<()> {
         let r = route(platform, model_id, key_id)?;
         let used = token_use_arg(tokens, input_tokens, output_tokens, cached_tokens)?.ok_or_else(|| {
             type_error("record_tokens needs tokens, input_tokens, output_tokens or cached_tokens")
         })?;
-        self.run(py, move |e| e.usage().record_token_use(&r, used))
+        let t = tenants_arg(tenant)?;
+        self.run(py, move |e| e.usage().record_token_use_for(&r, used, &t))
     }
 
     /// SPEC §6.1: decides (and counts hits and ladder steps) but sets no cooldown.

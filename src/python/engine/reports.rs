@@ -124,6 +124,8 @@ impl PyQuotaEngine {
             d.set_item("cached_tokens", r.kinds.cached)?;
             // SPEC 23.1: what the event cost in µ$ at the prices in force then (0 unpriced).
             d.set_item("cost", r.cost)?;
+            // SPEC 23.2: whom it was served for, in the order given (empty when none).
+            d.set_item("tenants", r.tenants.iter().map(|t| &**t).collect::<Vec<&str>>())?;
             d.set_item("created_at_ms", r.created_at_ms)?;
             out.append(d)?;
         }

@@ -12,10 +12,9 @@ use super::{Engine, Settings};
 use crate::core::clock::{Clock, DAY_MS, MINUTE_MS};
 use crate::core::error::{Result, StoreError};
 use crate::core::limits::LimitSet;
-use crate::core::state::{Mirror, Prepared, RouteId, Waiting};
-use crate::core::store::{LogRow, Store, Write};
+use crate::core::state::{FastMap, Mirror, Prepared, RouteId, Waiting};
+use crate::core::store::{LeaseRow, LogRow, Store, Write};
 use crate::core::types::Route;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,8 +93,12 @@ pub(super) struct Unit {
     /// The leases this engine took for a `Lease` (`lease()`, `lease_any()`) and has
     /// not ended (SPEC 18.5: `close()` ends them), less those whose `Lease` object was
     /// dropped while live (they count until `lease_max_age_ms`, as a crashed
-    /// process's do). `acquire_lease`'s ids are the caller's to release.
-    pub(super) own_leases: HashSet<i64, foldhash::fast::RandomState>,
+    /// process's do). `acquire_lease`'s ids are the caller's to release. Each with its
+    /// row as last written: SPEC 24.1 renews them while they live.
+    pub(super) own_leases: FastMap<i64, LeaseRow>,
+    /// When the oldest own lease is due for renewal at a call (half its max age since
+    /// it was written or last renewed); `i64::MAX` without own leases.
+    pub(super) renew_at: i64,
 
     /// Writes applied to the mirror but not yet to the store (`buffer.rs`).
     pending: Buffer,
@@ -125,7 +128,8 @@ impl Unit {
             clock,
             settings,
             logs: Vec::new(),
-            own_leases: HashSet::default(),
+            own_leases: FastMap::default(),
+            renew_at: i64::MAX,
             pending: Buffer::new(),
             flush_requested: false,
             degraded: false,
@@ -158,7 +162,7 @@ impl Unit {
     /// Whether what the engine knows of other engines' writes may be older than
     /// `max_age_ms` at `now` (nothing known yet counts as old).
     pub(super) fn known_before(&self, now: i64, max_age_ms: i64) -> bool {
-        self.known_at.is_none_or(|at| now < at || now - at >= max_age_ms)
+        self.known_at.is_none_or(|at| now < at || now.saturating_sub(at) >= max_age_ms)
     }
 
     /// Writes waiting for the store.
@@ -397,13 +401,16 @@ impl Unit {
     /// Inside an online write section: writes what is buffered (when due), the
     /// retention sweep and `writes`, then commits. Returns the per-write results.
     pub(super) fn commit_section(&mut self, now: i64, writes: &[Write]) -> Committed {
-        let sweep_due = !matches!(self.last_sweep, Some(t) if now >= t && now - t < MINUTE_MS);
+        let sweep_due = !matches!(self.last_sweep, Some(t) if now >= t && now.saturating_sub(t) < MINUTE_MS);
         // Grouped writes (flush_interval_ms) wait until they are due; buffered
         // writes of an outage go first thing.
         let flush_pending = self.degraded
             || self.hold.held()
             || self.flush_requested
-            || self.pending.since.is_none_or(|t| now < t || now - t >= self.settings.flush_interval_ms);
+            || self
+                .pending
+                .since
+                .is_none_or(|t| now < t || now.saturating_sub(t) >= self.settings.flush_interval_ms);
         // Worked out only when a sweep or buffered usage needs it (not per commit).
         let retention = (sweep_due || (flush_pending && !self.pending.writes.is_empty()))
             .then(|| self.retention(now, false));
@@ -434,7 +441,6 @@ impl Unit {
                     if !self.store.sweep_unfinished() {
                         self.last_sweep = Some(now);
                     }
-                    self.prune_own_leases(now);
                 }
                 let flushed = if flush_pending { self.pending.writes.len() } else { 0 };
                 if flush_pending {
@@ -630,11 +636,11 @@ impl Unit {
         self.logs.push((level, message));
     }
 
-    /// Drops from `own_leases` what no longer counts (expired, or ended by another
-    /// engine through `release_lease`).
-    pub(super) fn prune_own_leases(&mut self, now: i64) {
-        let read = self.mirror.reader();
-        self.own_leases.retain(|id| read.lease_is_live(*id, now));
+    /// A lease taken for a `Lease` object: renewed while it lives (SPEC 24.1).
+    pub(super) fn keep_own(&mut self, row: LeaseRow) {
+        let half = self.settings.lease_max_age_ms / 2;
+        self.renew_at = self.renew_at.min(row.expires_at_ms.saturating_sub(half));
+        self.own_leases.insert(row.id, row);
     }
 
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).

@@ -87,6 +87,17 @@ impl<'m> Reader<'m> {
         self.m.history.learned_concurrency_cap(platform, key_id, now)
     }
 
+    /// A key's concurrency failures `(hit_at_ms, cap)` in time order (SPEC 24.2).
+    pub fn concurrency_chain(self, platform: &str, key_id: i64) -> Vec<(i64, i64)> {
+        self.m.history.concurrency_chain(platform, key_id)
+    }
+
+    /// How many other leases were live on its key when lease `id` was admitted (SPEC
+    /// 24.2), when this engine admitted it.
+    pub fn others_at_admission(self, id: i64) -> Option<i64> {
+        self.m.leases.get(id).and_then(|l| l.others_at_admission)
+    }
+
     /// Live leases on `key_id` of `platform`, any model, leaving out lease `except`.
     pub fn key_live_leases(self, platform: &str, key_id: i64, except: Option<i64>, now: i64) -> i64 {
         self.m

@@ -40,7 +40,16 @@ fn a_lease_is_live_until_its_max_age() {
     let rid = m.route_id("acme", "llama", 1);
     m.add_lease(
         7,
-        LeaseRec { route: rid, tokens: 5, output_tokens: 0, cost: 0, created_at_ms: 0, expires_at_ms: 100 },
+        LeaseRec {
+            route: rid,
+            tokens: 5,
+            output_tokens: 0,
+            cost: 0,
+            created_at_ms: 0,
+            expires_at_ms: 100,
+            tenants: crate::core::tenants::none(),
+            others_at_admission: None,
+        },
     );
     let read = m.reader();
     let route = Route { platform: "acme".into(), model_id: "llama".into(), key_id: 1 };

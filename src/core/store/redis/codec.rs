@@ -3,6 +3,8 @@
 //!
 //! Values are fields joined by `SEP` (`\x1f`); names in them are escaped ([`esc`]), an
 //! optional text is `-` or `+text` ([`opt`]), an optional number is empty or the number.
+//! A usage entry's or a lease's tenants (SPEC 23.2) end one of its fields, each after
+//! `RS` (`\x1e`) and escaped so that it holds neither separator ([`esc_tenant`]).
 //! A write is an opcode and its fields (see `redis.lua`): `U` a usage entry, `L`/`D` a
 //! lease inserted/deleted, `HSET`/`HDEL` a small table's row, `CK`/`CE` cooldowns of a
 //! key/expired, `H`/`HD` history inserted/deleted, `S` the sweep, `G` a `server_logs` row.
@@ -10,9 +12,10 @@ use super::{unavailable, SEP, SWEEP_BUDGET};
 use crate::core::limits::{decode_caps, decode_limits, encode_caps, encode_limits, LimitSet};
 use crate::core::money::Prices;
 use crate::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, StoreResult, TokenKinds,
-    UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, StoreResult,
+    TenantLimitsRow, TokenKinds, UsageKind, UsageRow, Write,
 };
+use crate::core::tenants::TenantList;
 use crate::core::types::{CapOverrides, CapSetting, CooldownSource, KeyInfo, ModelInfo};
 use redis::Value;
 use std::sync::Arc;
@@ -93,6 +96,8 @@ pub(super) fn take_table(i: usize, rows: Vec<(String, String)>, ch: &mut Changes
             ch.platform_limits =
                 Some(rows.iter().map(|(f, v)| (unesc(f), decode_limits(v).unwrap_or_default())).collect())
         }
+        // SPEC 23.2: tenant or pattern -> its zone and its limits.
+        9 => ch.tenant_limits = Some(rows.iter().map(|(f, v)| parse_tenant_limits(f, v)).collect()),
         // SPEC 8.2: the observed quota, in the order the SQLite store reads it.
         _ => {
             let mut quota = rows.iter().map(|(f, v)| parse_quota(f, v)).collect::<StoreResult<Vec<_>>>()?;
@@ -118,6 +123,12 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
             out.extend(["L".into(), l.id.to_string(), l.created_at_ms.to_string(), lease_value(l)])
         }
         Write::DeleteLease(id) => out.extend(["D".into(), id.to_string()]),
+        // SPEC 24.1: each renewed lease written whole again (an upsert).
+        Write::RenewLeases(rows) => {
+            for l in rows {
+                out.extend(["L".into(), l.id.to_string(), l.created_at_ms.to_string(), lease_value(l)]);
+            }
+        }
         Write::UpsertCooldown(c) => {
             hset(out, "cooldowns", cooldown_field(c.key_id, &c.platform, &c.model_id), cooldown_value(c))
         }
@@ -172,6 +183,8 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
         Write::SetPlatformLimits { platform, limits } => {
             hset(out, "platform_limits", esc(platform), encode_limits(limits))
         }
+        Write::SetTenantLimits(t) if t.limits.is_empty() => hdel(out, "tenant_limits", esc(&t.tenant)),
+        Write::SetTenantLimits(t) => hset(out, "tenant_limits", esc(&t.tenant), tenant_limits_value(t)),
     }
 }
 
@@ -188,6 +201,12 @@ pub(super) fn account(key_id: i64, platform: &str) -> String {
     format!("{key_id}{SEP}{}", esc(platform))
 }
 
+/// A tenant as the script's conflict check names it (SPEC 23.2): `RS` and its escaped
+/// name, never an account (those start with a key's number).
+pub(super) fn tenant_watch(tenant: &str) -> String {
+    format!("{RS}{}", esc_tenant(tenant))
+}
+
 // ---- the parts of a value ---------------------------------------------------------
 
 /// Escapes the separator (and the escape) out of a name.
@@ -198,6 +217,32 @@ pub(super) fn esc(s: &str) -> String {
     s.replace('\\', "\\\\").replace(SEP, "\\u")
 }
 
+/// The separator of a field's tenants (SPEC 23.2).
+pub(super) const RS: char = '\u{1e}';
+
+/// Escapes a tenant's name as [`esc`] does, and `RS` too (`\r`): it holds neither
+/// separator.
+pub(super) fn esc_tenant(s: &str) -> String {
+    if !s.contains(['\\', SEP, RS]) {
+        return s.to_string();
+    }
+    s.replace('\\', "\\\\").replace(SEP, "\\u").replace(RS, "\\r")
+}
+
+/// `RS` and each tenant, escaped: what ends a field that carries them (empty for none).
+fn tenants_suffix(tenants: &[Arc<str>]) -> String {
+    tenants.iter().map(|t| format!("{RS}{}", esc_tenant(t))).collect()
+}
+
+/// A field that may end with tenants: what comes before them, and the tenants.
+fn split_tenants(field: &str) -> (&str, TenantList) {
+    match field.split_once(RS) {
+        None => (field, crate::core::tenants::none()),
+        Some((head, rest)) => (head, rest.split(RS).map(|t| Arc::from(unesc(t))).collect()),
+    }
+}
+
+/// Reverses [`esc`] and [`esc_tenant`].
 pub(super) fn unesc(s: &str) -> String {
     if !s.contains('\\') {
         return s.to_string();
@@ -208,6 +253,7 @@ pub(super) fn unesc(s: &str) -> String {
         if c == '\\' {
             match it.next() {
                 Some('u') => out.push(SEP),
+                Some('r') => out.push(RS),
                 Some(c) => out.push(c),
                 None => {}
             }
@@ -273,13 +319,15 @@ fn split(s: &str, n: usize) -> StoreResult<Vec<&str>> {
 /// where the amount of a request entry (`r`) is how many requests it stands for
 /// (more than 1 only for events merged while degraded) and that of a tokens entry
 /// (`t`) its tokens; a priced event's kind carries its cost in µ$ (`r$150`, SPEC
-/// 23.1).
+/// 23.1), then the tenants it was served for, each after `RS` (`r$150\x1euser:a`,
+/// SPEC 23.2).
 fn usage_entry(u: &UsageRow) -> String {
     let (kind, amount) = match u.kind {
         UsageKind::Request => ("r", u.count.max(1).to_string()),
         UsageKind::Tokens => ("t", usage_amount(u)),
     };
-    let kind = if u.cost == 0 { kind.to_string() } else { format!("{kind}${}", u.cost) };
+    let mut kind = if u.cost == 0 { kind.to_string() } else { format!("{kind}${}", u.cost) };
+    kind.push_str(&tenants_suffix(&u.tenants));
     format!(
         "U{SEP}{}{SEP}{kind}{SEP}{amount}{SEP}{}{SEP}{}",
         u.key_id,
@@ -311,7 +359,8 @@ pub(super) fn parse_usage(body: &str) -> StoreResult<UsageRow> {
         }
     };
     let kinds = TokenKinds { input: part()?, output: part()?, cached: part()? };
-    let (kind, cost) = f[2].split_once('$').unwrap_or((f[2], "0"));
+    let (kind, tenants) = split_tenants(f[2]);
+    let (kind, cost) = kind.split_once('$').unwrap_or((kind, "0"));
     let request = kind == "r";
     Ok(UsageRow {
         platform,
@@ -323,19 +372,22 @@ pub(super) fn parse_usage(body: &str) -> StoreResult<UsageRow> {
         created_at_ms: parse_i64(f[4])?,
         kinds,
         cost: parse_i64(cost)?,
+        tenants,
     })
 }
 
 // ---- leases ------------------------------------------------------------------------
 
 /// A lease value: `key expires tokens[,output[,cost]] created platform model`, the
-/// cost the µ$ it reserves (SPEC 23.1).
+/// cost the µ$ it reserves (SPEC 23.1); the amounts are followed by the tenants it is
+/// taken for, each after `RS` (SPEC 23.2).
 fn lease_value(l: &LeaseRow) -> String {
-    let tokens = match (l.output_tokens, l.cost) {
+    let mut tokens = match (l.output_tokens, l.cost) {
         (0, 0) => l.tokens.to_string(),
         (output, 0) => format!("{},{output}", l.tokens),
         (output, cost) => format!("{},{output},{cost}", l.tokens),
     };
+    tokens.push_str(&tenants_suffix(&l.tenants));
     format!(
         "{}{SEP}{}{SEP}{tokens}{SEP}{}{SEP}{}",
         l.key_id,
@@ -348,7 +400,8 @@ fn lease_value(l: &LeaseRow) -> String {
 pub(super) fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
     let f = split(v, 6)?;
     let (platform, model_id) = parse_route(f[4], f[5]);
-    let mut amounts = f[2].split(',');
+    let (amounts, tenants) = split_tenants(f[2]);
+    let mut amounts = amounts.split(',');
     let (tokens, output, cost) =
         (amounts.next().unwrap_or_default(), amounts.next().unwrap_or("0"), amounts.next().unwrap_or("0"));
     Ok(LeaseRow {
@@ -361,7 +414,21 @@ pub(super) fn parse_lease(id: i64, v: &str) -> StoreResult<LeaseRow> {
         cost: parse_i64(cost)?,
         created_at_ms: parse_i64(f[3])?,
         expires_at_ms: parse_i64(f[1])?,
+        tenants,
     })
+}
+
+// ---- tenant declarations: `tenant` -> `tz limits` (SPEC 23.2) -------------------------
+
+/// Its zone ([`opt`]) and its limits in the form of `encode_limits`.
+fn tenant_limits_value(t: &TenantLimitsRow) -> String {
+    format!("{}{SEP}{}", opt(t.tz.as_deref()), encode_limits(&t.limits))
+}
+
+/// See [`tenant_limits_value`]; a value a plain writer spoiled declares no limits.
+fn parse_tenant_limits(field: &str, v: &str) -> TenantLimitsRow {
+    let (tz, limits) = v.split_once(SEP).unwrap_or(("-", ""));
+    TenantLimitsRow { tenant: unesc(field), limits: decode_limits(limits).unwrap_or_default(), tz: unopt(tz) }
 }
 
 // ---- cooldowns: `key platform model` -> `expires source set_at` ----------------------
@@ -631,6 +698,106 @@ mod tests {
         );
     }
 
+    /// SPEC 23.2: a usage entry's and a lease's tenants read back exactly, whatever
+    /// their names hold; each escaped name holds neither separator.
+    #[test]
+    fn tenants_round_trip_in_usage_entries_and_leases() {
+        let names = ["user:a", "a\u{1f}b", "c\u{1e}d", "back\\slash", "\\u\\r\\", "é🦀 中文", "r$5,6", "-"];
+        for n in names {
+            let e = esc_tenant(n);
+            assert!(!e.contains(SEP) && !e.contains(RS), "{n:?} -> {e:?}");
+            assert_eq!(unesc(&e), n);
+            assert!(tenant_watch(n).starts_with(RS), "never an account: those start with a number");
+        }
+        let all: TenantList = names.iter().map(|n| Arc::from(*n)).collect();
+        let one: TenantList = Arc::from(vec![Arc::from("team:x")]);
+        let u = UsageRow {
+            platform: Arc::from("p\u{1e}x"),
+            model_id: Arc::from("m"),
+            key_id: 7,
+            kind: UsageKind::Request,
+            tokens: 0,
+            count: 3,
+            created_at_ms: 42,
+            kinds: TokenKinds::default(),
+            cost: 0,
+            tenants: all.clone(),
+        };
+        let tokens = UsageRow {
+            kind: UsageKind::Tokens,
+            tokens: 30,
+            count: 1,
+            kinds: TokenKinds { input: Some(20), output: Some(10), cached: None },
+            ..u.clone()
+        };
+        for row in [
+            u.clone(),
+            UsageRow { cost: 150, ..u.clone() },
+            UsageRow { tenants: one.clone(), ..u.clone() },
+            tokens.clone(),
+            UsageRow { cost: 9, tenants: one.clone(), ..tokens.clone() },
+        ] {
+            let body = usage_entry(&row);
+            assert_eq!(parse_usage(&body).expect("usage"), row, "{body:?}");
+        }
+        // Without tenants, an entry is as it was.
+        let plain = UsageRow { tenants: crate::core::tenants::none(), ..u.clone() };
+        assert_eq!(usage_entry(&plain), format!("U{SEP}7{SEP}r{SEP}3{SEP}42{SEP}p\u{1e}x{SEP}m"));
+        assert_eq!(
+            usage_entry(&UsageRow { cost: 5, tenants: one.clone(), ..plain.clone() }),
+            format!("U{SEP}7{SEP}r$5{RS}team:x{SEP}3{SEP}42{SEP}p\u{1e}x{SEP}m")
+        );
+        let l = LeaseRow {
+            id: 9,
+            platform: Arc::from("p"),
+            model_id: Arc::from("m\u{1f}y"),
+            key_id: 7,
+            tokens: 100,
+            output_tokens: 0,
+            cost: 0,
+            created_at_ms: 1,
+            expires_at_ms: 2,
+            tenants: all.clone(),
+        };
+        for lease in [
+            l.clone(),
+            LeaseRow { output_tokens: 40, ..l.clone() },
+            LeaseRow { output_tokens: 40, cost: 1_234, ..l.clone() },
+            LeaseRow { cost: 5, tenants: one.clone(), ..l.clone() },
+        ] {
+            assert_eq!(parse_lease(9, &lease_value(&lease)).expect("lease"), lease);
+        }
+        assert_eq!(
+            lease_value(&LeaseRow { tenants: one, ..l }),
+            format!("7{SEP}2{SEP}100{RS}team:x{SEP}1{SEP}p{SEP}m\\uy")
+        );
+    }
+
+    /// SPEC 23.2: a tenant's (or a pattern's) declaration, its zone optional.
+    #[test]
+    fn tenant_declarations_read_back() {
+        let lim = |m: &str, n: i64, per: &str| {
+            crate::core::limits::Limit::parse(m, n, per, "account").expect("limit")
+        };
+        for t in [
+            TenantLimitsRow {
+                tenant: "team:*".into(),
+                limits: vec![lim("cost", 5_000_000, "day")],
+                tz: None,
+            },
+            TenantLimitsRow {
+                tenant: "user\u{1f}a\\".into(),
+                limits: vec![lim("requests", 10, "minute"), lim("tokens", 1000, "month")],
+                tz: Some("Europe/Paris".into()),
+            },
+        ] {
+            assert_eq!(parse_tenant_limits(&esc(&t.tenant), &tenant_limits_value(&t)), t);
+        }
+        // A value a plain writer spoiled declares no limits.
+        let spoiled = parse_tenant_limits("x", "nonsense");
+        assert_eq!((spoiled.limits.len(), spoiled.tz), (0, None));
+    }
+
     /// Each kind's encoder and decoder agree (the script stores the value as given;
     /// a log row gets its id in front).
     #[test]
@@ -646,6 +813,7 @@ mod tests {
             created_at_ms: 42,
             kinds: TokenKinds { input: Some(20), output: None, cached: Some(5) },
             cost: 0,
+            tenants: crate::core::tenants::none(),
         };
         let body = usage_entry(&u);
         assert_eq!(parse_usage(&body).expect("usage"), u);
@@ -673,6 +841,7 @@ mod tests {
             cost: 0,
             created_at_ms: 1,
             expires_at_ms: 2,
+            tenants: crate::core::tenants::none(),
         };
         assert_eq!(parse_lease(9, &lease_value(&l)).expect("lease"), l);
         for priced in

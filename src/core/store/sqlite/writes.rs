@@ -1,6 +1,6 @@
 //! The SQLite store's writes: one codec per kind of [`Write`], each its own
 //! statement(s) below, picked by [`SqliteStore::apply`].
-use super::{SqliteStore, Straggler, SweepCursors, STRAGGLER_SLACK_MS, SWEEP_CHUNK};
+use super::{tenants, SqliteStore, Straggler, SweepCursors, STRAGGLER_SLACK_MS, SWEEP_CHUNK};
 use crate::core::limits::{encode_caps, encode_limits};
 use crate::core::store::{
     CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, LogRow, QuotaStateRow, UsageKind, UsageRow,
@@ -91,6 +91,27 @@ impl SqliteStore {
                  ON CONFLICT (platform) DO UPDATE SET limits = excluded.limits",
                 params![platform, encode_limits(limits)],
             ),
+            Write::RenewLeases(rows) => {
+                for l in rows {
+                    let n = self.exec(
+                        "UPDATE quota_leases SET expires_at_ms = ?2 WHERE id = ?1",
+                        params![l.id, l.expires_at_ms],
+                    )?;
+                    if n == 0 {
+                        // Swept after its max age passed: it counts again from now.
+                        self.insert_lease(l)?;
+                    }
+                }
+                Ok(0)
+            }
+            Write::SetTenantLimits(t) if t.limits.is_empty() => {
+                self.exec("DELETE FROM tenant_limits WHERE tenant = ?1", [&t.tenant])
+            }
+            Write::SetTenantLimits(t) => self.exec(
+                "INSERT INTO tenant_limits (tenant, limits, tz) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (tenant) DO UPDATE SET limits = excluded.limits, tz = excluded.tz",
+                params![t.tenant, encode_limits(&t.limits), t.tz],
+            ),
         }
     }
 
@@ -125,9 +146,9 @@ impl SqliteStore {
     /// Inserts one usage row of one event, written with `cost`.
     pub(super) fn insert_usage_row(&mut self, u: &UsageRow, cost: i64) -> rusqlite::Result<i64> {
         let tokens = u.tokens * i64::from(u.kind == UsageKind::Tokens);
-        if u.kinds.is_empty() && cost == 0 {
-            // The common row (a request, or a total only, unpriced): its split and cost
-            // columns stay NULL.
+        if u.kinds.is_empty() && cost == 0 && u.tenants.is_empty() {
+            // The common row (a request, or a total only, unpriced, for no tenant): its
+            // split, cost and tenants columns stay NULL.
             self.conn
                 .prepare_cached(
                     "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms) \
@@ -145,8 +166,8 @@ impl SqliteStore {
             self.conn
                 .prepare_cached(
                     "INSERT INTO rate_limit_usage (platform, model_id, key_id, kind, tokens, created_at_ms, \
-                     input_tokens, output_tokens, cached_tokens, cost) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                     input_tokens, output_tokens, cached_tokens, cost, tenants) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 )?
                 .execute(params![
                     &*u.platform,
@@ -158,7 +179,8 @@ impl SqliteStore {
                     u.kinds.input,
                     u.kinds.output,
                     u.kinds.cached,
-                    stored_cost(cost)
+                    stored_cost(cost),
+                    tenants::stored(&u.tenants)
                 ])?;
         }
         let id = self.conn.last_insert_rowid();
@@ -170,13 +192,17 @@ impl SqliteStore {
     }
 
     /// Inserts `USAGE_CHUNK` usage rows, one request each, with one statement (the
-    /// split and cost columns only when some row of the chunk has a split or a cost).
+    /// split, cost and tenants columns only when some row of the chunk has a split, a
+    /// cost or tenants).
     pub(super) fn insert_usage_chunk(&mut self, ws: &[(&UsageRow, i64)]) -> rusqlite::Result<()> {
         static PLAIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         static SPLIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let chunk_sql = |split: bool| {
             let (cols, row) = if split {
-                (", input_tokens, output_tokens, cached_tokens, cost", "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                (
+                    ", input_tokens, output_tokens, cached_tokens, cost, tenants",
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                )
             } else {
                 ("", "(?, ?, ?, ?, ?, ?)")
             };
@@ -186,13 +212,13 @@ impl SqliteStore {
                  VALUES {values}"
             )
         };
-        let split = ws.iter().any(|(u, cost)| !u.kinds.is_empty() || *cost != 0);
+        let split = ws.iter().any(|(u, cost)| !u.kinds.is_empty() || *cost != 0 || !u.tenants.is_empty());
         let sql = if split {
             SPLIT.get_or_init(|| chunk_sql(true))
         } else {
             PLAIN.get_or_init(|| chunk_sql(false))
         };
-        let width = if split { 10 } else { 6 };
+        let width = if split { 11 } else { 6 };
         let rows = || ws.iter().copied();
         let mut stmt = self.conn.prepare_cached(sql)?;
         for (n, (u, cost)) in rows().enumerate() {
@@ -208,6 +234,7 @@ impl SqliteStore {
                 stmt.raw_bind_parameter(at + 7, u.kinds.output)?;
                 stmt.raw_bind_parameter(at + 8, u.kinds.cached)?;
                 stmt.raw_bind_parameter(at + 9, stored_cost(cost))?;
+                stmt.raw_bind_parameter(at + 10, tenants::stored(&u.tenants))?;
             }
         }
         stmt.raw_execute()?;
@@ -225,6 +252,26 @@ impl SqliteStore {
     }
 
     fn insert_lease(&self, l: &LeaseRow) -> rusqlite::Result<i64> {
+        if !l.tenants.is_empty() {
+            // SPEC 23.2: a lease taken for tenants.
+            self.exec(
+                "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
+                 output_tokens, cost, tenants) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    l.id,
+                    &*l.platform,
+                    &*l.model_id,
+                    l.key_id,
+                    l.tokens,
+                    l.created_at_ms,
+                    l.expires_at_ms,
+                    l.output_tokens,
+                    stored_cost(l.cost),
+                    tenants::encode(&l.tenants)
+                ],
+            )?;
+            return Ok(l.id);
+        }
         self.exec(
             "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
              output_tokens, cost) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -361,7 +408,9 @@ impl SqliteStore {
         history_before: &i64,
     ) -> rusqlite::Result<i64> {
         let c = &self.conn;
-        c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1")?.execute([history_before])?;
+        // SPEC 24.2: a learned concurrency cap's rows are never swept.
+        c.prepare_cached("DELETE FROM failure_history WHERE hit_at_ms < ?1 AND kind <> 'concurrency'")?
+            .execute([history_before])?;
         let top = |c: &Connection| -> rusqlite::Result<i64> {
             c.prepare_cached("SELECT COALESCE(MAX(id), 0) FROM rate_limit_usage")?.query_row([], |r| r.get(0))
         };
