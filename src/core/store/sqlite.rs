@@ -17,6 +17,9 @@ mod writes;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Prepared statements kept per connection.
+const STATEMENT_CACHE: usize = 96;
+
 pub struct SqliteStore {
     conn: Connection,
     readonly: bool,
@@ -149,6 +152,9 @@ impl SqliteStore {
         }
         let conn = Connection::open_with_flags(path, flags)?;
         conn.busy_timeout(busy_timeout(busy_timeout_ms))?;
+        // Room for every statement the store runs (rusqlite keeps 16 by default, fewer
+        // than it has): a statement evicted is parsed again at its next use.
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         if !readonly && !memory && conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
             // SQLite falls back to read-only when it cannot write the file: say so now
             // rather than serve from memory forever.
