@@ -31,10 +31,6 @@ pub struct TenantStates {
 }
 
 impl TenantStates {
-    pub fn get(&self, name: &str) -> Option<&TenantState> {
-        self.map.get(name)
-    }
-
     pub fn names(&self) -> impl Iterator<Item = &Arc<str>> {
         self.map.keys()
     }

@@ -7,7 +7,6 @@ use super::{Mirror, RouteId};
 use crate::core::admission::Estimate;
 use crate::core::limits::LimitSet;
 use crate::core::money::Prices;
-use crate::core::tenants::TenantList;
 use crate::core::types::Route;
 use crate::core::windows::Counts;
 use std::sync::Arc;
@@ -77,16 +76,11 @@ impl<'m> Reader<'m> {
 
     /// A lease that still counts at `now`: its route and its estimate.
     pub fn live_lease(self, id: i64, now: i64) -> Option<(Route, Estimate)> {
-        self.live_lease_for(id, now).map(|(r, e, _)| (r, e))
-    }
-
-    /// A live lease's route, estimate and tenants (SPEC 23.2).
-    pub fn live_lease_for(self, id: i64, now: i64) -> Option<(Route, Estimate, TenantList)> {
         let rec = self.m.leases.get(id).filter(|l| l.live(now))?;
         let r = self.m.routes.get(rec.route);
         let route =
             Route { platform: r.platform.to_string(), model_id: r.model_id.to_string(), key_id: r.key_id };
-        Some((route, rec.estimate(), rec.tenants.clone()))
+        Some((route, rec.estimate()))
     }
 }
 

@@ -252,29 +252,11 @@ impl SqliteStore {
     }
 
     fn insert_lease(&self, l: &LeaseRow) -> rusqlite::Result<i64> {
-        if !l.tenants.is_empty() {
-            // SPEC 23.2: a lease taken for tenants.
-            self.exec(
-                "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
-                 output_tokens, cost, tenants) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                params![
-                    l.id,
-                    &*l.platform,
-                    &*l.model_id,
-                    l.key_id,
-                    l.tokens,
-                    l.created_at_ms,
-                    l.expires_at_ms,
-                    l.output_tokens,
-                    stored_cost(l.cost),
-                    tenants::encode(&l.tenants)
-                ],
-            )?;
-            return Ok(l.id);
-        }
+        // SPEC 23.2: the tenants a lease is taken for, NULL for none.
+        let tenants = (!l.tenants.is_empty()).then(|| tenants::encode(&l.tenants));
         self.exec(
             "INSERT INTO quota_leases (id, platform, model_id, key_id, tokens, created_at_ms, expires_at_ms, \
-             output_tokens, cost) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+             output_tokens, cost, tenants) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 l.id,
                 &*l.platform,
@@ -284,7 +266,8 @@ impl SqliteStore {
                 l.created_at_ms,
                 l.expires_at_ms,
                 l.output_tokens,
-                stored_cost(l.cost)
+                stored_cost(l.cost),
+                tenants
             ],
         )?;
         Ok(l.id)
