@@ -1,7 +1,10 @@
 //! Core hot paths without Python: `cargo bench --no-default-features --bench core`.
 //!
 //! Times `check`, `lease` + `finish_lease_success`, `record_request` and a grouped
-//! batch of 8 leases on `:memory:` and on a file (a plain harness: no extra crates).
+//! batch of 8 leases on `:memory:` and on a file (a plain harness: no extra crates),
+//! and one renewal of 1,000 live leases (SPEC 24.1), also on a Redis server when
+//! `QE_BENCH_REDIS` names one (`redis://127.0.0.1:6379/0?prefix=bench`; the bench
+//! needs the `redis` feature then: `cargo bench --bench core`).
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
 use quotaengine::core::clock::ManualClock;
@@ -86,5 +89,45 @@ fn main() {
             e.run_batch(ops);
         });
     }
+    let mut stores = vec![
+        ("memory", StoreSpec::Sqlite(":memory:".into())),
+        ("file", StoreSpec::Sqlite(dir.join("renew.db").to_str().unwrap().into())),
+    ];
+    if let Ok(url) = std::env::var("QE_BENCH_REDIS") {
+        stores.push(("redis", StoreSpec::Redis(url)));
+    }
+    for (label, spec) in stores {
+        renewal(label, &spec, &routes, &limits);
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SPEC 24.1: one renewal of an engine's 1,000 live leases (the background thread's,
+/// every `lease_max_age_ms / 4`): one transaction or round trip for them all. Prints
+/// the time of one renewal and what it costs at the default max age (2 min: a renewal
+/// every 30 s).
+fn renewal(
+    label: &str, spec: &StoreSpec, routes: &[Route], limits: &Option<quotaengine::core::limits::LimitSet>,
+) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut e = engine(spec, &clock);
+    for r in routes.iter().take(1000) {
+        e.lease(r, 600, limits.clone()).unwrap();
+    }
+    let n = 50;
+    let t = Instant::now();
+    for _ in 0..n {
+        clock.advance(1);
+        e.renew_leases(true).unwrap();
+    }
+    let per = t.elapsed().as_secs_f64() / n as f64;
+    let every = Settings::default().lease_max_age_ms as f64 / 4.0 / 1000.0;
+    let name = format!("[{label}] renew 1,000 live leases");
+    println!(
+        "{name:<44} {:>9.2} ms/renewal {:>9.0} rows/s; every {every:.0} s by default: {:.0} rows/s, busy {:.3}% of the time",
+        per * 1e3,
+        1000.0 / per,
+        1000.0 / every,
+        per / every * 100.0
+    );
 }
