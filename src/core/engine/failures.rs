@@ -18,6 +18,8 @@ use crate::core::parse::{
     failure_skip, infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms,
     FailureKind, LearnedLimit, LimitAxis, Skip,
 };
+use crate::core::pools::infer_quota_pool_key;
+use crate::core::state::{pool_cap_row, pool_reset_row};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{check_name, check_non_negative, Cooldown, CooldownSource, ModelInfo, Route};
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
@@ -682,39 +684,58 @@ impl Failures<'_> {
         CooldownDecision::new(bench, CooldownSource::Upstream)
     }
 
-    /// SPEC 21.2 inside an open write section: the cap a pool 429 states becomes the
-    /// key's account's learned provider cap, only ever lowered by learning.
+    /// SPEC 21.2, 24.6 inside an open write section: the cap a pool 429 states becomes
+    /// the key's account's learned provider cap, only ever lowered by learning; the
+    /// reset it states spends the pool of the failing route for the whole account
+    /// until then (at most a day ahead). Both rows name the account, not the key.
     fn learn_pool_cap(&mut self, route: &Route, s: PoolSignal, now: i64, writes: &mut Vec<Write>) {
-        let Some(limit) = s.limit else { return };
         let kind = match s.axis {
             PoolAxis::Minute => HistoryKind::PoolMinute,
             PoolAxis::Day => HistoryKind::PoolDay,
         };
-        let keys = self.unit.mirror.account_keys(&route.platform, route.key_id);
-        let before = self.unit.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
-        let cap = before.map_or(limit, |b| b.min(limit));
-        // One row per key; the latest confirms the cap (history lives a day).
-        writes.push(Write::DeleteHistory {
-            key_id: route.key_id,
-            route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
-            kinds: vec![kind],
-        });
-        writes.push(Write::InsertHistory(HistoryRow {
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(""),
-            key_id: route.key_id,
-            kind,
-            hit_at_ms: now,
-            value: Some(cap),
-        }));
-        if before != Some(cap) {
-            let axis = if kind == HistoryKind::PoolMinute { "minute" } else { "daily" };
+        let account = self.unit.mirror.config.account_name(&route.platform, route.key_id);
+        let axis = if kind == HistoryKind::PoolMinute { "minute" } else { "daily" };
+        // One row of each per key and account; the latest replaces the key's earlier one.
+        let mut replace = |model_id: String, value: i64| {
+            let model_id: Arc<str> = Arc::from(model_id);
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), model_id.clone())),
+                kinds: vec![kind],
+            });
+            writes.push(Write::InsertHistory(HistoryRow {
+                platform: Arc::from(route.platform.as_str()),
+                model_id,
+                key_id: route.key_id,
+                kind,
+                hit_at_ms: now,
+                value: Some(value),
+            }));
+        };
+        if let Some(reset) = s.reset_at_ms.filter(|r| *r > now) {
+            // History lives a day: a reset further ahead is a day (as the bench is).
+            let until = reset.min(now.saturating_add(DAY_MS));
+            let pool = infer_quota_pool_key(&route.platform, Some(&route.model_id));
+            replace(pool_reset_row(&pool, &account), until);
             self.unit.logs.push((
                 log::Level::Info,
                 format!(
-                    "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
+                    "provider {axis} pool {pool} of {} account {account} spent until {until} \
+                     (a pool 429): every route of it refused until then",
+                    route.platform
+                ),
+            ));
+        }
+        let Some(limit) = s.limit else { return };
+        let before = self.unit.mirror.history.learned_pool_cap(&route.platform, &account, kind);
+        let cap = before.map_or(limit, |b| b.min(limit));
+        replace(pool_cap_row(&account), cap);
+        if before != Some(cap) {
+            self.unit.logs.push((
+                log::Level::Info,
+                format!(
+                    "learned a provider {axis} request cap of {cap} for {} account {account} from a pool 429",
                     route.platform,
-                    self.unit.mirror.reader().account_name(&route.platform, route.key_id)
                 ),
             ));
         }
@@ -725,8 +746,8 @@ impl Failures<'_> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| {
             let m = tx.mirror();
-            let keys = m.account_keys(platform, key_id);
-            Ok(LimitSet::provider(m.history.learned_caps(platform, &keys)))
+            let account = m.config.account_name(platform, key_id);
+            Ok(LimitSet::provider(m.history.learned_caps(platform, &account)))
         })
     }
 }
