@@ -78,6 +78,34 @@ impl Engine {
     }
 }
 
+/// What a failure's message and headers say, read before the write section opens: a
+/// body is read up to `MAX_PARSED_BYTES` (SPEC 24.6), which no other engine waits on.
+struct Said {
+    /// The failure's kind (SPEC 6.2): the caller's, else inferred.
+    kind: FailureKind,
+    /// What the request skips next (SPEC 24.7).
+    skip: Skip,
+    /// A pool 429's cap and reset (SPEC 21.2).
+    pool: Option<PoolSignal>,
+    /// The delay the message states (SPEC 6.2).
+    stated_ms: Option<i64>,
+    /// The limit the message states (SPEC 7); an auth failure's teaches nothing.
+    limit: Option<LearnedLimit>,
+}
+
+impl Said {
+    fn read(f: &FailureInput, kind: FailureKind) -> Said {
+        let message = f.message.as_deref();
+        Said {
+            kind,
+            skip: failure_skip(kind, f.status, message),
+            pool: parse_pool_429(f.status, message, &f.headers),
+            stated_ms: parse_stated_retry_ms(message),
+            limit: if kind == FailureKind::Auth { None } else { parse_provider_limit(message) },
+        }
+    }
+}
+
 /// The kinds whose failure penalizes the model for `headroom` and `spread` (SPEC 24.7).
 fn penalizes(kind: FailureKind) -> bool {
     matches!(
@@ -333,9 +361,9 @@ impl Failures<'_> {
     /// SPEC §7 inside an open write section: the limit a message states, written only
     /// when it tightens the stored one.
     fn learn(
-        &mut self, platform: &str, model_id: &str, message: Option<&str>, writes: &mut Vec<Write>,
+        &mut self, platform: &str, model_id: &str, learned: Option<LearnedLimit>, writes: &mut Vec<Write>,
     ) -> Option<LearnedLimit> {
-        let learned = parse_provider_limit(message)?;
+        let learned = learned?;
         let mut model =
             self.unit.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
                 platform: platform.to_string(),
@@ -371,10 +399,8 @@ impl Failures<'_> {
     ) -> Result<Option<LearnedLimit>> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;
-        if parse_provider_limit(message).is_none() {
-            return Ok(None);
-        }
-        self.writing(|e, _, writes| Ok(e.learn(platform, model_id, message, writes))).map(|(l, _)| l)
+        let Some(learned) = parse_provider_limit(message) else { return Ok(None) };
+        self.writing(|e, _, writes| Ok(e.learn(platform, model_id, Some(learned), writes))).map(|(l, _)| l)
     }
 
     /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
@@ -392,6 +418,7 @@ impl Failures<'_> {
             check_non_negative("retry_after", ms)?;
         }
         let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
+        let said = Said::read(&f, kind);
         self.writing(|e, now, writes| {
             if penalizes(kind) {
                 // SPEC 24.7: the model ranks after healthy ones for 5 minutes, in every
@@ -403,19 +430,20 @@ impl Failures<'_> {
                 });
                 writes.push(history_row(route, HistoryKind::Penalty, now));
             }
-            e.record_failure_at(route, f, kind, lease, now, writes)
+            e.record_failure_at(route, f, &said, lease, now, writes)
         })
         .map(|(o, _)| o)
     }
 
     fn record_failure_at(
-        &mut self, route: &Route, f: FailureInput, kind: FailureKind, lease: Option<i64>, now: i64,
+        &mut self, route: &Route, f: FailureInput, said: &Said, lease: Option<i64>, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
-        let skip = failure_skip(kind, f.status, f.message.as_deref());
+        let kind = said.kind;
+        let skip = said.skip;
         let limits = f.limits.clone();
         // SPEC 21.2: a pool 429's X-RateLimit-Reset is the authoritative retry time.
-        let pool = parse_pool_429(f.status, f.message.as_deref(), &f.headers);
+        let pool = said.pool;
         let pool_retry = pool.and_then(|s| s.reset_at_ms).map(|at| at.saturating_sub(now).clamp(0, DAY_MS));
         let retry_ms = match &f.retry_after {
             Some(RetryAfter::Text(t)) => parse_retry_after_ms(Some(t), now),
@@ -423,15 +451,11 @@ impl Failures<'_> {
             None => None,
         }
         .or(pool_retry)
-        .or_else(|| parse_stated_retry_ms(f.message.as_deref()));
+        .or(said.stated_ms);
         if let Some(s) = pool {
             self.learn_pool_cap(route, s, now, writes);
         }
-        let learned = if kind == FailureKind::Auth {
-            None
-        } else {
-            self.learn(&route.platform, &route.model_id, f.message.as_deref(), writes)
-        };
+        let learned = self.learn(&route.platform, &route.model_id, said.limit, writes);
         let learned = if kind == FailureKind::Concurrency {
             Some(self.learn_concurrency_cap(route, lease, now, writes))
         } else {
