@@ -325,6 +325,11 @@ def test_a_minute_pool_429_refuses_the_pool_though_the_platform_has_no_minute_ca
     qengine.record_failure(P, M, 1, status=429, message=openrouter_pool_body("free-models-per-min", 20, reset))
     assert refused(qengine, M2, 1) == ("provider_minute_requests", reset)
     assert qengine.check(P, PAID, 1).allowed
+    # What the provider said spent stays spent, whatever the operator set for the cap.
+    qengine.set_provider_caps(P, minute_requests=None)
+    assert refused(qengine, M3, 1) == ("provider_minute_requests", reset)
+    qengine.set_provider_caps(P, minute_requests=1000)
+    assert refused(qengine, M3, 1) == ("provider_minute_requests", reset)
     with q.QuotaEngine(store, clock=qclock, env={}) as other:
         assert refused(other, M3, 1) == ("provider_minute_requests", reset)
     qclock.set(reset)
