@@ -24,7 +24,7 @@ mod tenants;
 use accounts::{Accounts, TotalId};
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use feed::Waiting;
-pub use history::{Cooldowns, History};
+pub use history::{pool_cap_row, pool_reset_row, Cooldowns, History, PoolState};
 pub use leases::{LeaseRec, Leases};
 pub use prepare::{min_cap, Prepared, Setup};
 use quota::Quota;
