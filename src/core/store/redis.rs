@@ -152,6 +152,11 @@ pub struct RedisStore {
     write_seq: u64,
     /// A call that wrote and got no reply: sent again before anything else.
     in_doubt: Option<InDoubt>,
+    /// The write lock may be ours outside a section: a `begin` whose reply was lost, or
+    /// a locked section rolled back without a connection to unlock on. The next round
+    /// trip drops it first (the lock names its owner), so that the fleet does not wait
+    /// out its time to live.
+    lock_in_doubt: bool,
     /// The last commit's retention sweep stopped at its budget.
     sweep_more: bool,
     /// Sentinel: the thread that hears the sentinels announce a new primary.
@@ -261,6 +266,7 @@ impl RedisStore {
             accounts: Vec::new(),
             write_seq: 0,
             in_doubt: None,
+            lock_in_doubt: false,
             sweep_more: false,
             watch: None,
             announced_seen: 0,
@@ -464,7 +470,12 @@ impl RedisStore {
     fn call_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
         self.settle()?;
         if !matches!(mode, "append" | "lease" | "commit") {
-            return self.send(mode, "", extra, writes).map_err(not_in_doubt);
+            let sent = self.send(mode, "", extra, writes);
+            if mode == "begin" && matches!(sent, Err(StoreError::InDoubt(_))) {
+                // The server may have taken the lock for us: dropped at the next call.
+                self.lock_in_doubt = true;
+            }
+            return sent.map_err(not_in_doubt);
         }
         self.write_seq += 1;
         let id = self.write_seq;
@@ -478,17 +489,27 @@ impl RedisStore {
     }
 
     /// Sends again the writes of a call whose reply was lost, under its identity
-    /// (the server skips them if it had applied them), and takes in what changed.
+    /// (the server skips them if it had applied them), and takes in what changed; drops
+    /// the write lock when a lost reply may have left it ours (`replay` drops it too).
     /// While that fails, so does every call.
     fn settle(&mut self) -> StoreResult<()> {
-        let Some(d) = self.in_doubt.take() else { return Ok(()) };
-        match self.send("replay", &d.id.to_string(), &[], &d.writes) {
-            Ok(parts) => self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget()),
-            Err(e) => {
-                self.in_doubt = Some(d);
-                Err(not_in_doubt(e))
+        if let Some(d) = self.in_doubt.take() {
+            match self.send("replay", &d.id.to_string(), &[], &d.writes) {
+                Ok(parts) => {
+                    self.lock_in_doubt = false;
+                    self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget())?;
+                }
+                Err(e) => {
+                    self.in_doubt = Some(d);
+                    return Err(not_in_doubt(e));
+                }
             }
         }
+        if self.lock_in_doubt {
+            self.invoke("unlock", &[])?;
+            self.lock_in_doubt = false;
+        }
+        Ok(())
     }
 
     /// Invokes the script, waiting (up to the busy timeout) while another engine
@@ -791,8 +812,10 @@ impl Store for RedisStore {
     }
 
     fn rollback(&mut self) {
-        if self.section == Some(Section::Write) && self.con.is_some() {
-            let _ = self.invoke("unlock", &[]);
+        if self.section == Some(Section::Write) {
+            // Without a connection (or an answer) the lock stays ours until the next
+            // call drops it (`settle`).
+            self.lock_in_doubt = self.con.is_none() || self.invoke("unlock", &[]).is_err();
         }
         // A section that reads nothing before its commit has nothing half-read to
         // forget (a failed commit forgets it there).
