@@ -165,15 +165,20 @@ def stored(url: str) -> tuple[int, int, int]:
         return u["rpd"]["used"], u["tpd"]["used"], u["in_flight"]
 
 
-def test_engines_through_lost_replies_and_a_restart_come_back_with_what_callers_were_told(tmp_path: Path) -> None:
-    """Three processes race lease/success through a proxy that loses 6 replies; the server (an
-    append-only file synced before every reply) is SIGKILLed 1.5 s in and restarted 0.7 s later
-    on the same port. Every worker comes back within its bound (every wait on Redis has one:
-    connect, read, write, the lock, reconnecting), none is left degraded, and the store holds
-    exactly the requests and tokens the callers were told were recorded."""
+@pytest.mark.parametrize("lost", ["cut", "stall", "drop"])
+def test_engines_through_lost_replies_and_a_restart_come_back_with_what_callers_were_told(
+    tmp_path: Path, lost: str
+) -> None:
+    """Three processes race lease/success through a proxy that loses 6 replies (cutting the
+    connection; keeping it open and silent; or going on forwarding after the bytes lost, the
+    stream out of step); the server (an append-only file synced before
+    every reply) is SIGKILLed 1.5 s in and restarted 0.7 s later on the same port. Every worker
+    comes back within its bound (every wait on Redis has one: connect, read, write, the lock,
+    reconnecting), none is left degraded, and the store holds exactly the requests and tokens
+    the callers were told were recorded."""
     race_s, recover_s = (5.0, 40.0) if LONG else (3.5, 15.0)
     server = RedisServer(tmp_path / "redis", durable=True)
-    proxy = ReplyProxy(server.port)
+    proxy = ReplyProxy(server.port, mode=lost)
     try:
         with contextlib.ExitStack() as stack:
             workers = [

@@ -1,8 +1,11 @@
 """A TCP proxy on loopback in front of a Redis server that loses replies: armed, it reads the
-server's next reply on any connection, throws it away and cuts that connection (the request
-reached the server and was carried out; only its answer is lost). It outlives its server: a
-client connecting while the server is down is cut at once, and one connecting after a
-restart reaches the new server on the same port."""
+server's next reply on any connection and throws it away (the request reached the server and
+was carried out; only its answer is lost). ``mode`` says what happens to that connection:
+``"cut"`` closes it; ``"stall"`` keeps it open and silent both ways (a server or network that
+stopped answering: the client hears nothing until its read times out); ``"drop"`` goes on
+forwarding, so that the bytes lost may be part of a longer reply (the stream is out of step).
+It outlives its server: a client connecting while the server is down is cut at once, and one
+connecting after a restart reaches the new server on the same port."""
 
 from __future__ import annotations
 
@@ -11,8 +14,11 @@ import threading
 
 
 class ReplyProxy:
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, mode: str = "cut") -> None:
+        assert mode in ("cut", "stall", "drop")
         self.upstream_port = upstream_port
+        self.mode = mode
+        self.stalled: set[int] = set()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.marker: bytes | None = None
@@ -74,12 +80,18 @@ class ReplyProxy:
                         self.marker = None
                         self.armed_on.add(conn)
                 if replies and self._take_cut(conn):
-                    break
-                dst.sendall(data)
+                    if self.mode == "cut":
+                        break
+                    if self.mode == "stall":
+                        self.stalled.add(conn)
+                    continue
+                if conn not in self.stalled:
+                    dst.sendall(data)
         except OSError:
             pass
         with self.lock:
             self.armed_on.discard(conn)
+            self.stalled.discard(conn)
         for s in pair:
             try:
                 s.shutdown(socket.SHUT_RDWR)

@@ -36,7 +36,17 @@
 //!
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
-//! long inside a section could let two decisions overlap.
+//! long inside a section could let two decisions overlap. The lock holds its owner's
+//! id: a `begin` whose reply was lost, or a locked section rolled back without a
+//! connection, may have left it ours, and our next round trip drops it first
+//! (`settle`), so that the fleet does not wait out its time to live.
+//!
+//! Every wait has a bound: connecting (at most the busy timeout, 0.1 to 5 s), each
+//! read and write (the busy timeout, 1 to 30 s, set on every connection at connect:
+//! server, sentinel, cluster node), the lock (the busy timeout per script call) and
+//! reconnecting (200 ms apart after a failed connect). A connection that timed out,
+//! was cut or brought a reply out of step is dropped (`lost_connection`,
+//! `desynchronised`).
 use super::redis_sentinel::{self, Watch};
 use super::redis_topology::{self as topology, Link, Topology};
 use super::{Changes, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult, UsageFilter, UsageRow, Write};
@@ -169,6 +179,13 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
 }
 
+/// The connection can no longer be trusted: it failed, timed out (every read and write
+/// has a timeout, set at connect from the busy timeout), or brought bytes that are no
+/// reply (a cut in the middle of one): it is dropped, and the next call reconnects.
+fn lost_connection(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.kind() == redis::ErrorKind::ParseError
+}
+
 /// A failed exchange: a server's error reply that waiting will not cure (a key of the
 /// wrong type, a script error, a command the server does not know) is
 /// [`StoreError::Rejected`]; one that says the server is busy, loading, read-only,
@@ -176,8 +193,7 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 /// failure after the request was sent is [`StoreError::InDoubt`]: it may have been
 /// applied.
 fn store_error(e: &redis::RedisError, sent: bool) -> StoreError {
-    let transport = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
-    if transport {
+    if lost_connection(e) {
         return if sent { StoreError::InDoubt(format!("redis: no reply: {e}")) } else { unavailable(e) };
     }
     match e.code() {
@@ -363,8 +379,7 @@ impl RedisStore {
         let con = self.connection()?;
         f(con).map_err(|e| {
             // A node that is no longer the primary is left: the sentinels are asked again.
-            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || topology::must_reconnect(&e)
-            {
+            if lost_connection(&e) || topology::must_reconnect(&e) {
                 self.con = None;
                 if topology::pause_reconnect(&e) {
                     self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
@@ -520,12 +535,15 @@ impl RedisStore {
         loop {
             let parts = match self.invoke_with(mode, id, extra, writes)? {
                 Value::Array(parts) => parts,
-                other => return Err(unavailable(format!("unexpected reply {other:?}"))),
+                other => return Err(self.desynchronised(&format!("{other:?}"))),
             };
-            let status = parts.first().map(text).transpose()?.unwrap_or_default();
+            let status = match parts.first().map(text) {
+                Some(Ok(s)) => s,
+                _ => return Err(self.desynchronised("a reply without a status")),
+            };
             match status.as_str() {
-                "ok" | "conflict" => return Ok(parts),
-                "busy" => {
+                "ok" | "conflict" if parts.len() == 8 => return Ok(parts),
+                "busy" if parts.len() == 2 => {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(unavailable("locked by another engine past the busy timeout"));
@@ -533,9 +551,19 @@ impl RedisStore {
                     std::thread::sleep(pause.min(deadline - now));
                     pause = (pause * 2).min(Duration::from_millis(2));
                 }
-                other => return Err(unavailable(format!("unexpected script status {other:?}"))),
+                other => {
+                    return Err(self.desynchronised(&format!("status {other:?} in {} parts", parts.len())))
+                }
             }
         }
+    }
+
+    /// A reply that is not the script's answer to this call (bytes of another reply
+    /// read as this one): the connection is out of step and dropped, and the call may
+    /// have been applied (in doubt, sent again under its identity).
+    fn desynchronised(&mut self, what: &str) -> StoreError {
+        self.con = None;
+        StoreError::InDoubt(format!("redis: unexpected script reply ({what}); the connection is dropped"))
     }
 
     /// Takes in what a script reply says changed: `{status, head, more, entries,
