@@ -541,9 +541,11 @@ impl RedisStore {
                 Some(Ok(s)) => s,
                 _ => return Err(self.desynchronised("a reply without a status")),
             };
+            // A status with fewer parts than the script's replies carry is another
+            // reply's bytes.
             match status.as_str() {
-                "ok" | "conflict" if parts.len() == 8 => return Ok(parts),
-                "busy" if parts.len() == 2 => {
+                "ok" | "conflict" if parts.len() >= 8 => return Ok(parts),
+                "busy" if parts.len() >= 2 => {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(unavailable("locked by another engine past the busy timeout"));
