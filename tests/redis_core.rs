@@ -159,3 +159,85 @@ fn a_quota_observation_of_another_engine_is_seen_at_its_next_call() {
     let (mut a, mut b) = (open(&url, &clock), open(&url, &clock));
     quota_feed::another_engines_observation_is_seen_at_once(&mut a, &mut b, &clock, false);
 }
+
+/// A TCP proxy in front of `port`: it forwards both ways until a client sends a request
+/// holding `marker` (once); that request goes to the server, whose reply is thrown away,
+/// and the client's connection is cut (the server ran the request; only its answer is
+/// lost). Later connections are forwarded as they come.
+fn cut_reply_to(port: u16, marker: &'static [u8]) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpStream};
+    use std::sync::atomic::{AtomicU8, Ordering};
+    const ARMED: u8 = 0;
+    const CUTTING: u8 = 1;
+    const DONE: u8 = 2;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    let state = Arc::new(AtomicU8::new(ARMED));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let Ok(mut server) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+            let (mut to_client, mut from_server) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            // This connection's requests; the flag says its next reply is the one lost.
+            let mine = Arc::new(AtomicU8::new(0));
+            let (armed, mine2) = (state.clone(), mine.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n @ 1..) = client.read(&mut buf) {
+                    let hit = buf[..n].windows(marker.len()).any(|w| w == marker);
+                    if hit
+                        && armed.compare_exchange(ARMED, CUTTING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+                    {
+                        mine.store(1, Ordering::Release);
+                    }
+                    if server.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let done = state.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n @ 1..) = from_server.read(&mut buf) {
+                    if mine2.load(Ordering::Acquire) == 1 {
+                        done.store(DONE, Ordering::Release);
+                        break; // the reply, lost
+                    }
+                    if to_client.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_client.shutdown(Shutdown::Both);
+                let _ = from_server.shutdown(Shutdown::Both);
+            });
+        }
+    });
+    proxy_port
+}
+
+#[test]
+fn a_lock_whose_reply_was_lost_is_dropped_at_its_owners_next_call() {
+    let server = Server::start();
+    let proxy = cut_reply_to(server.port, b"$5\r\nbegin\r\n");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(&format!("redis://127.0.0.1:{proxy}/0?prefix=lost"), &clock);
+    a.usage().record_request(&route()).unwrap();
+    a.usage().record_request(&route()).unwrap();
+    // The failure's first round trip takes the lock; its reply is lost.
+    let other = Route::new("groq", "llama", 2).unwrap();
+    a.failures()
+        .record_failure(&other, FailureInput { status: Some(500), ..FailureInput::default() })
+        .unwrap();
+    assert!(a.degraded());
+    a.usage().record_request(&route()).unwrap(); // reconnects: drops the lock first
+    assert!(!a.degraded());
+    // Another engine waits at most 2 s for the lock, well under its 10 s time to live:
+    // it is not degraded, and counts the first engine's 3 requests.
+    let settings = Settings { busy_timeout_ms: 2_000, ..Settings::default() };
+    let mut b = Engine::open(&StoreSpec::from_path(&server.url("lost")), clock.clone(), settings).unwrap();
+    let err = b.lease(&route(), 10, rpm(3)).unwrap_err();
+    assert!(!b.degraded());
+    assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::declared("rpm")), "{err:?}");
+    assert!(b.failures().cooldown(&other).unwrap().is_some());
+}

@@ -36,7 +36,17 @@
 //!
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
-//! long inside a section could let two decisions overlap.
+//! long inside a section could let two decisions overlap. The lock holds its owner's
+//! id: a `begin` whose reply was lost, or a locked section rolled back without a
+//! connection, may have left it ours, and our next round trip drops it first
+//! (`settle`), so that the fleet does not wait out its time to live.
+//!
+//! Every wait has a bound: connecting (at most the busy timeout, 0.1 to 5 s), each
+//! read and write (the busy timeout, 1 to 30 s, set on every connection at connect:
+//! server, sentinel, cluster node), the lock (the busy timeout per script call) and
+//! reconnecting (200 ms apart after a failed connect). A connection that timed out,
+//! was cut or brought a reply out of step is dropped (`lost_connection`,
+//! `desynchronised`).
 use super::redis_sentinel::{self, Watch};
 use super::redis_topology::{self as topology, Link, Topology};
 use super::{Changes, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult, UsageFilter, UsageRow, Write};
@@ -152,6 +162,11 @@ pub struct RedisStore {
     write_seq: u64,
     /// A call that wrote and got no reply: sent again before anything else.
     in_doubt: Option<InDoubt>,
+    /// The write lock may be ours outside a section: a `begin` whose reply was lost, or
+    /// a locked section rolled back without a connection to unlock on. The next round
+    /// trip drops it first (the lock names its owner), so that the fleet does not wait
+    /// out its time to live.
+    lock_in_doubt: bool,
     /// The last commit's retention sweep stopped at its budget.
     sweep_more: bool,
     /// Sentinel: the thread that hears the sentinels announce a new primary.
@@ -164,6 +179,13 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
 }
 
+/// The connection can no longer be trusted: it failed, timed out (every read and write
+/// has a timeout, set at connect from the busy timeout), or brought bytes that are no
+/// reply (a cut in the middle of one): it is dropped, and the next call reconnects.
+fn lost_connection(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.kind() == redis::ErrorKind::ParseError
+}
+
 /// A failed exchange: a server's error reply that waiting will not cure (a key of the
 /// wrong type, a script error, a command the server does not know) is
 /// [`StoreError::Rejected`]; one that says the server is busy, loading, read-only,
@@ -171,8 +193,7 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 /// failure after the request was sent is [`StoreError::InDoubt`]: it may have been
 /// applied.
 fn store_error(e: &redis::RedisError, sent: bool) -> StoreError {
-    let transport = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
-    if transport {
+    if lost_connection(e) {
         return if sent { StoreError::InDoubt(format!("redis: no reply: {e}")) } else { unavailable(e) };
     }
     match e.code() {
@@ -261,6 +282,7 @@ impl RedisStore {
             accounts: Vec::new(),
             write_seq: 0,
             in_doubt: None,
+            lock_in_doubt: false,
             sweep_more: false,
             watch: None,
             announced_seen: 0,
@@ -357,8 +379,7 @@ impl RedisStore {
         let con = self.connection()?;
         f(con).map_err(|e| {
             // A node that is no longer the primary is left: the sentinels are asked again.
-            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || topology::must_reconnect(&e)
-            {
+            if lost_connection(&e) || topology::must_reconnect(&e) {
                 self.con = None;
                 if topology::pause_reconnect(&e) {
                     self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
@@ -464,7 +485,12 @@ impl RedisStore {
     fn call_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
         self.settle()?;
         if !matches!(mode, "append" | "lease" | "commit") {
-            return self.send(mode, "", extra, writes).map_err(not_in_doubt);
+            let sent = self.send(mode, "", extra, writes);
+            if mode == "begin" && matches!(sent, Err(StoreError::InDoubt(_))) {
+                // The server may have taken the lock for us: dropped at the next call.
+                self.lock_in_doubt = true;
+            }
+            return sent.map_err(not_in_doubt);
         }
         self.write_seq += 1;
         let id = self.write_seq;
@@ -478,17 +504,27 @@ impl RedisStore {
     }
 
     /// Sends again the writes of a call whose reply was lost, under its identity
-    /// (the server skips them if it had applied them), and takes in what changed.
+    /// (the server skips them if it had applied them), and takes in what changed; drops
+    /// the write lock when a lost reply may have left it ours (`replay` drops it too).
     /// While that fails, so does every call.
     fn settle(&mut self) -> StoreResult<()> {
-        let Some(d) = self.in_doubt.take() else { return Ok(()) };
-        match self.send("replay", &d.id.to_string(), &[], &d.writes) {
-            Ok(parts) => self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget()),
-            Err(e) => {
-                self.in_doubt = Some(d);
-                Err(not_in_doubt(e))
+        if let Some(d) = self.in_doubt.take() {
+            match self.send("replay", &d.id.to_string(), &[], &d.writes) {
+                Ok(parts) => {
+                    self.lock_in_doubt = false;
+                    self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget())?;
+                }
+                Err(e) => {
+                    self.in_doubt = Some(d);
+                    return Err(not_in_doubt(e));
+                }
             }
         }
+        if self.lock_in_doubt {
+            self.invoke("unlock", &[])?;
+            self.lock_in_doubt = false;
+        }
+        Ok(())
     }
 
     /// Invokes the script, waiting (up to the busy timeout) while another engine
@@ -499,12 +535,17 @@ impl RedisStore {
         loop {
             let parts = match self.invoke_with(mode, id, extra, writes)? {
                 Value::Array(parts) => parts,
-                other => return Err(unavailable(format!("unexpected reply {other:?}"))),
+                other => return Err(self.desynchronised(&format!("{other:?}"))),
             };
-            let status = parts.first().map(text).transpose()?.unwrap_or_default();
+            let status = match parts.first().map(text) {
+                Some(Ok(s)) => s,
+                _ => return Err(self.desynchronised("a reply without a status")),
+            };
+            // A status with fewer parts than the script's replies carry is another
+            // reply's bytes.
             match status.as_str() {
-                "ok" | "conflict" => return Ok(parts),
-                "busy" => {
+                "ok" | "conflict" if parts.len() >= 8 => return Ok(parts),
+                "busy" if parts.len() >= 2 => {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(unavailable("locked by another engine past the busy timeout"));
@@ -512,9 +553,19 @@ impl RedisStore {
                     std::thread::sleep(pause.min(deadline - now));
                     pause = (pause * 2).min(Duration::from_millis(2));
                 }
-                other => return Err(unavailable(format!("unexpected script status {other:?}"))),
+                other => {
+                    return Err(self.desynchronised(&format!("status {other:?} in {} parts", parts.len())))
+                }
             }
         }
+    }
+
+    /// A reply that is not the script's answer to this call (bytes of another reply
+    /// read as this one): the connection is out of step and dropped, and the call may
+    /// have been applied (in doubt, sent again under its identity).
+    fn desynchronised(&mut self, what: &str) -> StoreError {
+        self.con = None;
+        StoreError::InDoubt(format!("redis: unexpected script reply ({what}); the connection is dropped"))
     }
 
     /// Takes in what a script reply says changed: `{status, head, more, entries,
@@ -791,8 +842,10 @@ impl Store for RedisStore {
     }
 
     fn rollback(&mut self) {
-        if self.section == Some(Section::Write) && self.con.is_some() {
-            let _ = self.invoke("unlock", &[]);
+        if self.section == Some(Section::Write) {
+            // Without a connection (or an answer) the lock stays ours until the next
+            // call drops it (`settle`).
+            self.lock_in_doubt = self.con.is_none() || self.invoke("unlock", &[]).is_err();
         }
         // A section that reads nothing before its commit has nothing half-read to
         // forget (a failed commit forgets it there).
