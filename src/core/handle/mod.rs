@@ -6,7 +6,7 @@
 //!   [`Handle::batch`], which use it): the fork gate, and a panic inside turned into
 //!   [`Error::Internal`];
 //! * [`queue`]: group commit of the hot path;
-//! * [`waiters`]: the calls waiting for capacity (SPEC 17.2);
+//! * [`waiters`]: the calls waiting for capacity, queued by capacity (SPEC 17.2, 24.5);
 //! * [`flusher`] and [`prober`]: the background threads (grouped writes, SPEC §11's probe).
 //!
 //! The locks are `std::sync` ones so that a forked child finds them in a usable state

@@ -217,3 +217,66 @@ impl Waiters {
         self.count.store(0, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::error::{Reason, Refusal};
+    use crate::core::limits::Scope;
+    use crate::core::types::Route;
+    use std::sync::Arc;
+
+    fn spot(model: &str, key: i64) -> Spot {
+        Spot::new(&Route { platform: "p".into(), model_id: model.into(), key_id: key }, Arc::from("org"))
+    }
+
+    /// What a refusal of `spot` by a model's account-scope window waits for.
+    fn model_window(s: &Spot) -> Option<Capacity> {
+        s.refused_by(&Refusal {
+            reason: Reason::declared("rpm"),
+            retry_at_ms: None,
+            platform: s.platform.to_string(),
+            model_id: s.model_id.to_string(),
+            key_id: s.key_id,
+            tenant: None,
+            scope: Some(Scope::Account),
+            candidates: Vec::new(),
+        })
+    }
+
+    fn place(priority: i64, spots: Vec<Spot>) -> Place {
+        Place::new(priority, spots, TenantList::from([]))
+    }
+
+    #[test]
+    fn a_candidate_is_held_only_behind_a_waiter_ahead_for_a_capacity_it_draws_on() {
+        let w = Waiters::new();
+        let (full1, full2, free1) = (spot("full", 1), spot("full", 2), spot("free", 1));
+        // An earlier waiter on the full model, refused by its account-wide window.
+        let first = w.enqueue(place(1, vec![full1.clone()]));
+        w.refused(first, vec![(0, model_window(&full1))]);
+        // A later one on the same model through another key of the account, and on a free
+        // model of the first's key: only the first candidate is held.
+        let later = w.enqueue(place(1, vec![full2.clone(), free1.clone()]));
+        assert_eq!(w.turn(later).1, vec![true, false]);
+        assert_eq!(w.turn(first).1, vec![false]);
+        // A more important one, later, is held by nobody; the first is now held behind it
+        // once it waits for the window too, and nobody is held once it leaves.
+        let urgent = w.enqueue(place(0, vec![full2.clone()]));
+        assert_eq!(w.turn(urgent).1, vec![false]);
+        assert_eq!(w.turn(first).1, vec![false]);
+        w.refused(urgent, vec![(0, model_window(&full2))]);
+        assert_eq!(w.turn(first).1, vec![true]);
+        w.dequeue(urgent);
+        assert_eq!(w.turn(first).1, vec![false]);
+        // A candidate held before its first refusal waits for what holds it: a waiter that
+        // comes after it for that capacity comes after it.
+        let fresh = w.enqueue(place(1, vec![free1, full1.clone()]));
+        assert_eq!(w.turn(fresh).1, vec![false, true]);
+        w.dequeue(first);
+        let last = w.enqueue(place(1, vec![full1]));
+        assert_eq!(w.turn(last).1, vec![true]);
+        // Not in the queue: nothing held.
+        assert!(w.turn(u64::MAX).1.is_empty());
+    }
+}
