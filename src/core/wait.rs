@@ -7,9 +7,9 @@
 //! served (SPEC 17.2, 22.1); a call that does not wait never queues. It takes steps:
 //! each step tries the candidates that no waiter ahead of it waits for a capacity of
 //! (a candidate whose gates all pass is then admitted, whatever waits elsewhere), and
-//! otherwise says how long to nap. The sync binding naps on the engine's wake-up (a lease of this engine
-//! ended, a waiter left, the engine closed) with the GIL released; the async one
-//! sleeps on the event loop. Both nap at most [`MAX_NAP`], for other processes and for
+//! otherwise says how long to nap. The sync binding naps on the engine's wake-up (a
+//! lease of this engine ended, a waiter left, the engine closed) with the GIL
+//! released; the async one sleeps on the event loop. Both nap at most [`MAX_NAP`], for other processes and for
 //! a `ManualClock` another thread moves.
 use crate::core::capacity::Spot;
 use crate::core::engine::BatchOp;
@@ -138,7 +138,8 @@ impl Waiter {
         }
     }
 
-    /// One look at the gates, when it is this waiter's turn (or its wait is over).
+    /// One look at the gates of the candidates no waiter ahead holds (all of them once
+    /// the wait is over).
     /// `Err(Refused)` once the wait is over, or at once when every refusal names a
     /// retry time beyond the deadline (it never sleeps in vain).
     pub fn step(&mut self) -> Result<Step> {

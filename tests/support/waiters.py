@@ -54,7 +54,7 @@ def admitted_one_at_a_time(lease: Callable[[int], q.Lease], n: int, free_one: Ca
         th = threading.Thread(target=waiter, args=(i,))
         th.start()
         threads.append(th)
-        time.sleep(0.15)  # each starts waiting after the one before
+        time.sleep(0.1)  # each starts waiting after the one before
     time.sleep(0.1)  # the last has been refused once: it waits
     for k in range(n):
         free_one()
