@@ -162,14 +162,17 @@ impl<'a> View<'a> {
 pub struct Verdict {
     pub refused: Option<Admission>,
     pub room: f64,
+    /// The scope of the declared limit that refused (SPEC 24.5: what a waiter waits
+    /// for); `None` when it passed, or for the cooldown and the concurrency cap.
+    pub scope: Option<Scope>,
 }
 
 impl Verdict {
     /// Passes and leaves all the room (a gate with nothing to say).
-    pub const PASS: Verdict = Verdict { refused: None, room: 1.0 };
+    pub const PASS: Verdict = Verdict { refused: None, room: 1.0, scope: None };
 
     fn refused(reason: Reason, retry_at_ms: Option<i64>) -> Verdict {
-        Verdict { refused: Some(Admission::refused(reason, retry_at_ms)), room: 0.0 }
+        Verdict { refused: Some(Admission::refused(reason, retry_at_ms)), room: 0.0, scope: None }
     }
 
     /// As `check()` answers.
@@ -274,7 +277,7 @@ pub fn admit_through<'a>(v: &View, gates: impl Iterator<Item = Gate<'a>>) -> Ver
         }
         room = room.min(out.room);
     }
-    Verdict { refused: None, room }
+    Verdict { refused: None, room, scope: None }
 }
 
 /// How much of a limit this call may fill: all of it but SPEC 22.1's priority
@@ -357,10 +360,10 @@ fn window_verdict(d: &Declared, t: &Tally, recorded: i64, this: i64, limit: i64,
     };
     if over {
         let retry = t.win.release_time(l.window, l.metric, excess, now);
-        return Verdict::refused(d.reason.clone(), retry);
+        return Verdict { scope: Some(l.scope), ..Verdict::refused(d.reason.clone(), retry) };
     }
     // SPEC 22.1: headroom is scored with the priority's limit.
-    Verdict { refused: None, room: room(limit, used.saturating_add(this)) }
+    Verdict { refused: None, room: room(limit, used.saturating_add(this)), scope: None }
 }
 
 /// The room a limit leaves once `taken` counts in it: `(limit - taken) / limit`.
@@ -467,7 +470,7 @@ mod tests {
         win.add(T0, 4, 100, T0);
         // requests: (10 - 4 - 1) / 10 = 0.5; tokens: (1000 - 100 - 300) / 1000 = 0.6
         let out = admit(&view(&c, &win, InFlight::default(), Estimate::tokens(300)));
-        assert_eq!(out, Verdict { refused: None, room: 0.5 });
+        assert_eq!(out, Verdict { refused: None, room: 0.5, scope: None });
         // nothing declared: all the room
         let none = GateContext::default();
         assert_eq!(admit(&view(&none, &win, InFlight::default(), Estimate::tokens(300))), Verdict::PASS);
