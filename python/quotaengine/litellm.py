@@ -36,7 +36,7 @@ from ._quotaengine import provider_hosts
 if TYPE_CHECKING:
     from . import Lease, QuotaEngine
 
-__all__ = ["QuotaEnginePlugin", "install", "derive_route"]
+__all__ = ["QuotaEnginePlugin", "install", "derive_route", "key_id_of", "credential_key_id"]
 
 Route = tuple[str, str, int]
 # What a request skipped (SPEC 24.7): a route, a model (platform, model_id) or a platform.
@@ -59,6 +59,14 @@ def key_id_of(deployment_id: str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
+def credential_key_id(platform: str, api_key: str) -> int:
+    """SPEC 25.1: the key id of a credential: the top 63 bits of a blake2b hash of the
+    platform and the API key, so deployments sharing one key are one key. It cannot be
+    turned back into the key."""
+    digest = hashlib.blake2b(f"{platform}\n{api_key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 def _provider_and_model(params: Mapping[str, Any]) -> tuple[str, str]:
     model = str(params.get("model") or "")
     provider = params.get("custom_llm_provider")
@@ -73,7 +81,8 @@ def _provider_and_model(params: Mapping[str, Any]) -> tuple[str, str]:
 def derive_route(deployment: Mapping[str, Any]) -> tuple[str, str, int]:
     """The route SPEC 20 derives for a deployment (a ``model_list`` entry): the platform
     from its provider and ``api_base`` host, the model id without the provider prefix,
-    and the key id hashed from ``model_info["id"]``."""
+    and the key id: a hash of the platform and the deployment's ``api_key`` (SPEC 25.1:
+    deployments on one key are one key), else of ``model_info["id"]``."""
     params = deployment.get("litellm_params") or {}
     info = deployment.get("model_info") or {}
     provider, model_id = _provider_and_model(params)
@@ -88,6 +97,9 @@ def derive_route(deployment: Mapping[str, Any]) -> tuple[str, str, int]:
             platform = "ollama"
     elif provider in _GOOGLE_PROVIDERS:
         platform = "google"
+    api_key = params.get("api_key")
+    if isinstance(api_key, str) and api_key:
+        return platform, model_id, credential_key_id(platform, api_key)
     return platform, model_id, key_id_of(str(info.get("id")))
 
 

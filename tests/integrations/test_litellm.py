@@ -143,6 +143,65 @@ def test_a_derived_key_id_is_stable_across_processes() -> None:
     assert qel.key_id_of("groq-key-7") != qel.key_id_of("groq-key-8")
 
 
+def test_a_derived_key_id_is_the_platform_and_api_key_and_never_reveals_it() -> None:
+    """SPEC 25.1: two deployments on one key are one key; another platform or another key
+    is another; without an api_key the deployment's id is hashed as in SPEC 20."""
+
+    def dep(model: str, dep_id: str, **params: Any) -> dict:
+        return {"litellm_params": {"model": model, **params}, "model_info": {"id": dep_id}}
+
+    a = qel.derive_route(dep("groq/llama-3.1-8b-instant", "a", api_key="gsk_secret"))
+    b = qel.derive_route(dep("groq/llama-3.3-70b-versatile", "b", api_key="gsk_secret"))
+    c = qel.derive_route(dep("groq/llama-3.3-70b-versatile", "c", api_key="gsk_other"))
+    d = qel.derive_route(dep("cerebras/llama3.1-8b", "d", api_key="gsk_secret"))
+    assert a[2] == b[2] == qel.credential_key_id("groq", "gsk_secret")
+    assert len({a[2], c[2], d[2]}) == 3
+    assert 0 <= a[2] < 2**63
+    assert qel.derive_route(dep("groq/m", "e"))[2] == qel.key_id_of("e")
+    assert qel.derive_route(dep("groq/m", "e", api_key=""))[2] == qel.key_id_of("e")
+    # The hash is of the key, not a piece of it: nothing of the key is in its id.
+    assert "secret" not in str(a) and "gsk" not in hex(a[2])
+    # model_info["quotaengine"] still wins.
+    given = dep("groq/m", "f", api_key="gsk_secret")
+    given["model_info"]["quotaengine"] = {"platform": "groq", "key_id": 7}
+    r = litellm.Router(model_list=[{"model_name": "g", **given}])
+    assert qel._route_of(r.get_model_list()[0], {})[0] == ("groq", "m", 7)
+
+
+def test_two_models_on_one_key_are_one_key_in_the_router(server: LiteLLMProviders, live_engine: q.QuotaEngine) -> None:
+    """SPEC 25.1 through the real Router: two deployments (two models) on one api_key share
+    one concurrency cap; a third on another key has its own."""
+    e = live_engine
+
+    def dep(group: str, model: str, dep_id: str, key: str, **params: Any) -> dict:
+        p = {"model": f"openai/{model}", "api_base": server.url, "api_key": key, **params}
+        return {"model_name": group, "litellm_params": p, "model_info": {"id": dep_id}}
+
+    ml = [
+        dep("one", "ok", "a", "sk-shared", max_parallel_requests=1),
+        dep("two", "ok-2", "b", "sk-shared"),
+        dep("three", "ok-3", "c", "sk-own"),
+    ]
+    plugin = qel.install(router(ml), e)
+    r = plugin._router
+    shared = qel.credential_key_id("openai", "sk-shared")
+    assert plugin.route_of("a")[2] == plugin.route_of("b")[2] == shared
+    assert e.key_concurrency_cap("openai", shared) == 1
+    # A stream on the first model holds the key's one slot while it is read...
+    stream = r.completion(model="one", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
+    assert in_flight(e, ("openai", "ok", shared)) == 1
+    # ...so the other model on the same key is refused; the model on its own key is not.
+    with pytest.raises(litellm.RateLimitError) as refused:
+        r.completion(model="two", messages=MESSAGES)
+    assert "key_concurrency" in str(refused.value)
+    assert r.completion(model="three", messages=MESSAGES).usage.total_tokens == 20
+    for _ in stream:
+        pass
+    settle(lambda: in_flight(e, ("openai", "ok", shared)) == 0)
+    assert r.completion(model="two", messages=MESSAGES).usage.total_tokens == 20
+    plugin.uninstall()
+
+
 def test_routes_come_from_routes_then_model_info_then_derivation(
     server: LiteLLMProviders, live_engine: q.QuotaEngine
 ) -> None:
@@ -156,13 +215,15 @@ def test_routes_come_from_routes_then_model_info_then_derivation(
     r = router(ml)
     plugin = qel.install(r, e, routes={"c": ("cerebras", "llama3.1-8b", 33)})
     assert plugin.route_of("a") == ("local", "ok", 1)
-    assert plugin.route_of("b") == ("groq", "ok", qel.key_id_of("b"))
+    # SPEC 25.1: a derived key id is the deployment's credential (platform and api_key).
+    assert plugin.route_of("b") == ("groq", "ok", qel.credential_key_id("groq", "x"))
     assert plugin.route_of("c") == ("cerebras", "llama3.1-8b", 33)
     with pytest.raises(KeyError):
         plugin.route_of("nope")
     # Keys are registered with their account.
     assert e.key_account("local", 1) == "org-1"
-    assert e.key_account("groq", qel.key_id_of("b")) == f"key:{qel.key_id_of('b')}"
+    kb = qel.credential_key_id("groq", "x")
+    assert e.key_account("groq", kb) == f"key:{kb}"
     plugin.uninstall()
 
 
