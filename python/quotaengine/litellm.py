@@ -36,7 +36,7 @@ from ._quotaengine import provider_hosts
 if TYPE_CHECKING:
     from . import Lease, QuotaEngine
 
-__all__ = ["QuotaEnginePlugin", "install", "derive_route", "key_id_of", "credential_key_id"]
+__all__ = ["QuotaEnginePlugin", "install", "derive_route", "key_id_of", "credential_key_id", "tenants_of"]
 
 Route = tuple[str, str, int]
 # What a request skipped (SPEC 24.7): a route, a model (platform, model_id) or a platform.
@@ -129,8 +129,10 @@ class QuotaEnginePlugin:
         strategy: str,
         routes: Mapping[str, Route],
         accounts: Mapping[str, str | None],
+        tenants: bool = False,
     ) -> None:
         self._router = router
+        self._tenants = tenants
         self._engine = engine
         self._wait_s = wait_s
         self._strategy = cast(Strategy, strategy)
@@ -161,6 +163,15 @@ class QuotaEnginePlugin:
             route = self._route_for(deployment)
         return route
 
+    @staticmethod
+    def tenants_of(request: Mapping[str, Any] | None) -> list[str]:
+        """SPEC 25.2: the tenants a request is leased for, in order:
+        ``metadata["quotaengine_tenants"]`` (a str or a list of str), ``"end_user:<user>"``
+        from the OpenAI ``user`` field, ``"tag:<tag>"`` for each of ``metadata["tags"]``, then
+        those the proxy found on the authenticated key (25.3). A name given twice counts
+        once."""
+        return tenants_of(request)
+
     def uninstall(self) -> None:
         """Stop choosing: the router's own strategy and cooldowns come back, the outcome
         logger goes. Leases still travelling end as their calls end. Idempotent."""
@@ -190,6 +201,7 @@ class QuotaEnginePlugin:
         candidates, routes, estimate, output = self._request(
             model, messages, input, specific_deployment, request_kwargs
         )
+        tenants = self.tenants_of(request_kwargs) if self._tenants else None
 
         try:
             lease = self._engine.lease_any(
@@ -199,9 +211,12 @@ class QuotaEnginePlugin:
                 strategy=self._strategy,
                 wait_s=self._wait_s,
                 exclude=self._skipped(request_kwargs),
+                tenant=tenants,
             )
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
+        except ValueError as bad:  # a tenant name the engine does not accept
+            raise _bad_request(model, bad) from None
         return self._travel(lease, routes, candidates, request_kwargs, None)
 
     async def async_get_available_deployment(
@@ -216,6 +231,7 @@ class QuotaEnginePlugin:
         candidates, routes, estimate, output = self._request(
             model, messages, input, specific_deployment, request_kwargs
         )
+        tenants = self.tenants_of(request_kwargs) if self._tenants else None
 
         try:
             lease = await self._engine.lease_any_async(
@@ -225,9 +241,12 @@ class QuotaEnginePlugin:
                 strategy=self._strategy,
                 wait_s=self._wait_s,
                 exclude=self._skipped(request_kwargs),
+                tenant=tenants,
             )
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
+        except ValueError as bad:  # a tenant name the engine does not accept
+            raise _bad_request(model, bad) from None
         return self._travel(lease, routes, candidates, request_kwargs, asyncio.current_task())
 
     def _request(
@@ -362,17 +381,41 @@ class QuotaEnginePlugin:
             retry_after = max(1, math.ceil(wait_ms / 1000))
         else:
             retry_after = 1
-        reasons = ", ".join(f"{r.platform}/{r.model_id}/key {r.key_id}: {r.reason}" for r in refused.refusals)
+        tenant = next((r for r in refused.refusals if getattr(r, "tenant", None) is not None), None)
+        if tenant is not None and all(getattr(r, "tenant", None) is not None for r in refused.refusals):
+            # Every candidate was refused by a tenant's limit: the caller's own limit.
+            names = sorted({f"{r.tenant!r} ({self._limit_text(r.tenant, r.reason)})" for r in refused.refusals})
+            message = f"quotaengine: tenant {' and tenant '.join(names)} is at its limit for {model!r}"
+        else:
+            reasons = ", ".join(
+                f"{r.platform}/{r.model_id}/key {r.key_id}: "
+                + (f"tenant {r.tenant!r} {self._limit_text(r.tenant, r.reason)}" if r.tenant is not None else r.reason)
+                for r in refused.refusals
+            )
+            message = f"quotaengine: every deployment of {model!r} is at its limits ({reasons})"
         headers = {"retry-after": str(retry_after)}
         request = httpx.Request("POST", "http://quotaengine.invalid/")
         response = httpx.Response(429, headers=headers, request=request)
-        return RateLimitError(
-            message=f"quotaengine: every deployment of {model!r} is at its limits ({reasons})",
+        error = RateLimitError(
+            message=message,
             llm_provider="quotaengine",
             model=model,
             response=response,
             headers=headers,
         )
+        error.quotaengine_refusal = refused  # type: ignore[attr-defined]  # the proxy's headers read it
+        return error
+
+    def _limit_text(self, tenant: str, reason: str) -> str:
+        """'requests/minute: 4' for a tenant's refusal reason 'tenant:requests/minute'."""
+        window = reason.removeprefix("tenant:")
+        try:
+            for lim in self._engine.tenant_limits(tenant):
+                if f"{lim.metric}/{lim.per}" == window:
+                    return f"limit {lim.limit} {lim.metric} per {lim.per}"
+        except Exception:  # noqa: BLE001 - the message only
+            pass
+        return f"limit {window}"
 
     def _travel(
         self,
@@ -458,6 +501,67 @@ class QuotaEnginePlugin:
             except RuntimeError:  # noqa: PERF203 - its loop is gone
                 pass
             live.task = live.callback = None
+
+
+# SPEC 25.2: where a request names its tenants (the proxy stamps the key's under its own name).
+TENANTS_META = "quotaengine_tenants"
+KEY_TENANTS_META = "quotaengine_key_tenants"
+
+
+def _metadata_buckets(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found = []
+    for name in ("metadata", "litellm_metadata"):
+        bucket = request.get(name)
+        if isinstance(bucket, Mapping):
+            found.append(bucket)
+    params = request.get("litellm_params")
+    if isinstance(params, Mapping):
+        for name in ("metadata", "litellm_metadata"):
+            bucket = params.get(name)
+            if isinstance(bucket, Mapping):
+                found.append(bucket)
+    return found
+
+
+def _names(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value if isinstance(v, str) and v]
+    return []
+
+
+def tenants_of(request: Mapping[str, Any] | None) -> list[str]:
+    """SPEC 25.2: the tenants a request (the kwargs of a Router call, or the proxy's
+    request data) is served for, in order and each once: ``metadata["quotaengine_tenants"]``,
+    ``"end_user:<user>"``, ``"tag:<tag>"`` for each of ``metadata["tags"]``, then the
+    authenticated key's (``key:``, ``team:``, ``org:``, ``user:``) the proxy put there."""
+    if not request:
+        return []
+    buckets = _metadata_buckets(request)
+    given: list[str] = []
+    for bucket in buckets:
+        given += _names(bucket.get(TENANTS_META))
+    user = request.get("user")
+    if not (isinstance(user, str) and user):
+        for bucket in buckets:
+            u = bucket.get("user_api_key_end_user_id")
+            if isinstance(u, str) and u:
+                user = u
+                break
+    if isinstance(user, str) and user:
+        given.append(f"end_user:{user}")
+    for bucket in buckets:
+        given += [f"tag:{t}" for t in _names(bucket.get("tags"))]
+    for bucket in buckets:
+        given += _names(bucket.get(KEY_TENANTS_META))
+    return list(dict.fromkeys(given))
+
+
+def _bad_request(model: str, error: Exception) -> Exception:
+    from litellm.exceptions import BadRequestError
+
+    return BadRequestError(message=f"quotaengine: {error}", model=model, llm_provider="quotaengine")
 
 
 def _id_of(deployment: Mapping[str, Any]) -> str:
@@ -640,6 +744,7 @@ def install(
     strategy: str = "headroom",
     routes: Mapping[str, Route] | None = None,
     import_limits: bool = True,
+    tenants: bool = False,
 ) -> QuotaEnginePlugin:
     """Make ``engine`` choose every deployment of ``router`` (a ``litellm.Router``).
 
@@ -650,7 +755,13 @@ def install(
     ``max_parallel_requests`` go to the engine where it knows nothing lower. A bad
     set-up (a ``routes`` entry naming no deployment, a malformed
     ``model_info["quotaengine"]``, a second ``install`` on one router) is a
-    ``ValueError`` before anything changes."""
+    ``ValueError`` before anything changes.
+
+    With ``tenants=True`` each request is leased for its tenants too (SPEC 25.2:
+    ``metadata["quotaengine_tenants"]``, ``"end_user:<user>"`` from ``user``,
+    ``"tag:<tag>"`` from ``metadata["tags"]``), so the tenants' limits
+    (``engine.set_tenant_limits``) hold in the same atomic lease; a refusal by a tenant's
+    limit is a ``litellm.RateLimitError`` naming the tenant and the limit."""
     import litellm  # the extra: pip install quotaengine[litellm]
 
     if getattr(router, "_quotaengine_plugin", None) is not None:
@@ -679,7 +790,9 @@ def install(
         engine.register_key(key_id, platform, account=accounts[deployment_id])
         if import_limits:
             _import_limits(engine, d, found[deployment_id])
-    plugin = QuotaEnginePlugin(router, engine, wait_s=float(wait_s), strategy=strategy, routes=found, accounts=accounts)
+    plugin = QuotaEnginePlugin(
+        router, engine, wait_s=float(wait_s), strategy=strategy, routes=found, accounts=accounts, tenants=bool(tenants)
+    )
     plugin._explicit = explicit
     plugin._logger = _make_logger(plugin)
     litellm.logging_callback_manager.add_litellm_callback(plugin._logger)

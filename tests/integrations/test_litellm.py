@@ -791,3 +791,66 @@ def test_the_example_runs(server: LiteLLMProviders, tmp_path: Path) -> None:
     assert "sync: 20 tokens" in out
     assert "stream: hi" in out
     assert "async: 12 served" in out
+
+
+# ---- tenants from the request (SPEC 25.2) ------------------------------------------------
+
+
+def test_tenants_of_a_request_in_order_each_once() -> None:
+    request = {
+        "user": "bob",
+        "metadata": {"quotaengine_tenants": ["team-a", "app-1", "team-a"], "tags": ["batch", "eu"]},
+    }
+    assert qel.tenants_of(request) == ["team-a", "app-1", "end_user:bob", "tag:batch", "tag:eu"]
+    assert qel.tenants_of({"metadata": {"quotaengine_tenants": "solo"}}) == ["solo"]
+    assert qel.tenants_of({"litellm_metadata": {"tags": ["x"]}, "user": ""}) == ["tag:x"]
+    # The proxy's authenticated key comes last (SPEC 25.3).
+    stamped = {"metadata": {"quotaengine_key_tenants": ["key:ci", "team:t1"], "tags": ["b"]}, "user": "u"}
+    assert qel.tenants_of(stamped) == ["end_user:u", "tag:b", "key:ci", "team:t1"]
+    assert qel.tenants_of(None) == [] and qel.tenants_of({"metadata": "not a mapping"}) == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tenant_limit_from_user_tags_and_metadata_holds_in_the_router(
+    server: LiteLLMProviders, live_engine: q.QuotaEngine, mode: str
+) -> None:
+    """SPEC 25.2: with tenants=True each request is leased for its end user, tags and named
+    tenants; a tenant gate's refusal is a RateLimitError naming the tenant and the limit,
+    with retry-after."""
+    e = live_engine
+    e.set_tenant_limits("end_user:bob", [q.Limit("requests", 2, "minute")])
+    e.set_tenant_limits("tag:batch", [q.Limit("requests", 1, "minute")])
+    e.set_tenant_limits("team-a", [q.Limit("tokens", 1000, "day")])
+    ml = [deployment(server, "g", "ok", "a", 1), deployment(server, "g", "ok", "b", 2)]
+    plugin = qel.install(router(ml), e, tenants=True)
+    r = plugin._router
+
+    def call(**kw: Any) -> Any:
+        if mode == "sync":
+            return r.completion(model="g", messages=MESSAGES, **kw)
+        return asyncio.run(r.acompletion(model="g", messages=MESSAGES, **kw))
+
+    for _ in range(2):
+        assert call(user="bob").usage.total_tokens == 20
+    with pytest.raises(litellm.RateLimitError) as refused:
+        call(user="bob")
+    assert "'end_user:bob'" in str(refused.value) and "limit 2 requests per minute" in str(refused.value)
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60
+    assert call(user="alice").usage.total_tokens == 20  # another end user has room
+    # Tags: one request a minute for the "batch" tag, whoever sends it.
+    call(user="carol", metadata={"tags": ["batch"]})
+    with pytest.raises(litellm.RateLimitError, match="tag:batch"):
+        call(user="dave", metadata={"tags": ["batch"]})
+    # Named tenants: counted (the response's usage) whether or not they refuse.
+    call(metadata={"quotaengine_tenants": ["team-a"]})
+    settle(lambda: e.tenant_usage("team-a")["tokens/day"]["used"] == 20)
+    settle(lambda: e.tenant_usage("end_user:bob")["requests/minute"]["in_flight"] == 0)
+    assert e.tenant_usage("end_user:bob")["requests/minute"]["used"] == 2
+    # A name the engine cannot take is the caller's mistake: a 400, nothing leased.
+    with pytest.raises(litellm.BadRequestError, match="quotaengine"):
+        call(metadata={"quotaengine_tenants": "x" * 300})
+    plugin.uninstall()
+    # Without tenants=True the request's tenants are not the router's business.
+    plugin = qel.install(r, e)
+    assert call(user="bob").usage.total_tokens == 20
+    plugin.uninstall()
