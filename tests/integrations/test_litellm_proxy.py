@@ -1,7 +1,8 @@
 """SPEC 25.3 against the real LiteLLM proxy: ``litellm --config`` with the one config line,
-two gunicorn workers sharing one SQLite file, no database, in front of a local server that
-answers as the providers do; real HTTP clients (httpx for the headers, the openai SDK for a
-stream). One proxy for the module (it takes seconds to start)."""
+no database, in front of a local server that answers as the providers do; real HTTP
+clients (httpx for the headers, the openai SDK for a stream). Two proxies for the module
+(each takes seconds to start), each with two gunicorn workers: on one SQLite file, and on
+one Redis."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +23,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import quotaengine.litellm as qel  # noqa: E402
 from litellm_proxy import AUTH, MASTER_KEY, LiteLLMProxy  # noqa: E402
 from litellm_server import LiteLLMProviders  # noqa: E402
+from redis_servers import RedisServer, redis_location  # noqa: E402
+from stores import BACKENDS  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(240)]
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -30,7 +32,7 @@ RESET = re.compile(r"^(\d+h)?(\d+m)?\d+s$")  # OpenAI's "6m0s", "1s"
 
 
 class Proxy:
-    def __init__(self, proxy: LiteLLMProxy, providers: LiteLLMProviders, db: Path) -> None:
+    def __init__(self, proxy: LiteLLMProxy, providers: LiteLLMProviders, db: str) -> None:
         self.proxy, self.providers, self.db = proxy, providers, db
         self.url = proxy.url
 
@@ -40,11 +42,15 @@ def dep(server: LiteLLMProviders, group: str, model: str, key: str, **params: An
     return {"model_name": group, "litellm_params": p}
 
 
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     workdir = tmp_path_factory.mktemp("proxy")
-    db = workdir / "quota.db"
-    with q.QuotaEngine(str(db), env={}) as e:  # the operator's declarations, before the start
+    if request.param == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        db = redis_location(redis)
+    else:
+        db = str(workdir / "quota.db")
+    with q.QuotaEngine(db, env={}) as e:  # the operator's declarations, before the start
         e.set_tenant_limits("end_user:bob", [q.Limit("requests", 5, "minute"), q.Limit("tokens", 10_000, "minute")])
         e.set_tenant_limits("end_user:carol", [q.Limit("tokens", 1000, "minute")])
         e.set_tenant_limits("tag:batch", [q.Limit("requests", 1, "minute")])
@@ -60,7 +66,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
             # SPEC 25.3: the one line.
             "litellm_settings": {"callbacks": ["quotaengine.litellm.proxy_handler"]},
         }
-        p = LiteLLMProxy(workdir, config, {"QUOTAENGINE_DB": str(db)}, workers=2, gunicorn=True)
+        p = LiteLLMProxy(workdir, config, {"QUOTAENGINE_DB": db}, workers=2, gunicorn=True)
         try:
             yield Proxy(p, server, db)
         finally:
@@ -69,7 +75,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
 
 @pytest.fixture
 def engine_on(proxy: Proxy) -> Iterator[q.QuotaEngine]:
-    e = q.QuotaEngine(str(proxy.db), env={})
+    e = q.QuotaEngine(proxy.db, env={})
     yield e
     e.close()
 

@@ -49,6 +49,10 @@ class LiteLLMProxy:
         args += ["--host", "127.0.0.1", "--num_workers", str(workers)]
         if gunicorn:
             args.append("--run_gunicorn")
+        elif workers > 1:
+            # uvicorn's supervisor kills a worker that has not answered its health check in
+            # 5 s; importing the proxy takes longer than that on a busy machine.
+            args += ["--timeout_worker_healthcheck", "120"]
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("QUOTAENGINE_", "DATABASE_URL"))}
         full_env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": MASTER_KEY, **env})
         with self.log.open("wb") as out:
