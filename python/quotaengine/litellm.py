@@ -16,6 +16,13 @@ with a ``retry-after`` header, so LiteLLM's fallbacks to other model groups stil
 Only LiteLLM's own extension points are used: its custom routing strategy
 (``Router.register_plugin``, else ``set_custom_routing_strategy``) and its callbacks
 (a ``CustomLogger``). Supported: LiteLLM 1.100 or later (tested with 1.110).
+
+A derived route's key id is the deployment's credential (SPEC 25.1: two deployments on one
+``api_key`` are one key); ``install(..., tenants=True)`` leases each request for its
+tenants (SPEC 25.2, ``tenants_of``). In the LiteLLM proxy (SPEC 25.3) one config line,
+``callbacks: ["quotaengine.litellm.proxy_handler"]``, does all of this on the proxy's
+router, with the authenticated key's tenants and OpenAI's rate-limit headers
+(``proxy_handler_for`` builds a handler with explicit options).
 """
 
 from __future__ import annotations
@@ -36,7 +43,18 @@ from ._quotaengine import provider_hosts
 if TYPE_CHECKING:
     from . import Lease, QuotaEngine
 
-__all__ = ["QuotaEnginePlugin", "install", "derive_route", "key_id_of", "credential_key_id", "tenants_of"]
+__all__ = [
+    "QuotaEnginePlugin",
+    "install",
+    "derive_route",
+    "key_id_of",
+    "credential_key_id",
+    "tenants_of",
+    "key_tenants",
+    "tenant_headers",
+    "openai_duration",
+    "proxy_handler_for",
+]
 
 Route = tuple[str, str, int]
 # What a request skipped (SPEC 24.7): a route, a model (platform, model_id) or a platform.

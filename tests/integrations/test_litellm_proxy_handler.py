@@ -71,6 +71,22 @@ def test_the_handler_is_configured_from_the_environment(monkeypatch: pytest.Monk
         qel.proxy_handler_for(metrics=object())
 
 
+def test_the_one_config_line_names_a_ready_handler(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """``quotaengine.litellm.proxy_handler`` is made at its first use (LiteLLM imports it by
+    name), from QUOTAENGINE_*; the same object after."""
+    from litellm.proxy.types_utils.utils import get_instance_fn
+
+    monkeypatch.delitem(vars(qel), "proxy_handler", raising=False)
+    monkeypatch.setenv("QUOTAENGINE_DB", str(tmp_path / "q.db"))
+    monkeypatch.setenv("QUOTAENGINE_TENANTS", "0")
+    monkeypatch.setenv("QUOTAENGINE_HEADERS", "0")
+    handler = get_instance_fn("quotaengine.litellm.proxy_handler")
+    assert isinstance(handler, qel.QuotaEngineProxyHandler)
+    assert handler.quotaengine_options["tenants"] is False and handler.quotaengine_headers is False
+    assert qel.proxy_handler is handler
+    del vars(qel)["proxy_handler"]  # made again from the environment at its next use
+
+
 def test_the_authenticated_keys_tenants() -> None:
     from litellm.proxy._types import UserAPIKeyAuth
 
