@@ -1,8 +1,8 @@
 """SPEC 25.3 against the real LiteLLM proxy: ``litellm --config`` with the one config line,
 no database, in front of a local server that answers as the providers do; real HTTP
 clients (httpx for the headers, the openai SDK for a stream). Two proxies for the module
-(each takes seconds to start), each with two gunicorn workers: on one SQLite file, and on
-one Redis."""
+(each takes seconds to start): two gunicorn workers (``--run_gunicorn``) on one SQLite
+file, and two uvicorn workers (``--num_workers 2`` alone) on one Redis."""
 
 from __future__ import annotations
 
@@ -66,7 +66,9 @@ def proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             # SPEC 25.3: the one line.
             "litellm_settings": {"callbacks": ["quotaengine.litellm.proxy_handler"]},
         }
-        p = LiteLLMProxy(workdir, config, {"QUOTAENGINE_DB": db}, workers=2, gunicorn=True)
+        gunicorn = request.param == "sqlite"
+        env = {"QUOTAENGINE_DB": db}
+        p = LiteLLMProxy(workdir, config, env, workers=2, gunicorn=gunicorn, start_timeout_s=150)
         try:
             yield Proxy(p, server, db)
         finally:
