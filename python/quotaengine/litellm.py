@@ -281,6 +281,27 @@ class QuotaEnginePlugin:
         estimate, output = self._estimate(messages, input, request_kwargs)
         return candidates, routes, estimate, output
 
+    async def _lease_chosen(self, kwargs: dict[str, Any]) -> None:
+        """A request LiteLLM routed on its own (the strategy was dropped under the plugin):
+        leased on the deployment LiteLLM chose, with its tenants, so it counts as any other
+        (``litellm.RateLimitError`` when that deployment or a tenant has no room)."""
+        params = kwargs.get("litellm_params")
+        info = kwargs.get("model_info") or (params.get("model_info") if isinstance(params, Mapping) else None)
+        deployment_id = info.get("id") if isinstance(info, Mapping) else None
+        deployment = self._deployment(str(deployment_id)) if deployment_id is not None else None
+        if deployment is None:
+            return
+        route = self.route_of(str(deployment_id))
+        estimate, output = self._estimate(kwargs.get("messages"), kwargs.get("input"), kwargs)
+        tenants = self.tenants_of(kwargs) if self._tenants else None
+        try:
+            lease = await self._engine.lease_any_async(
+                [route], estimate, estimated_output_tokens=output, wait_s=self._wait_s, tenant=tenants
+            )
+        except QuotaExceeded as refused:
+            raise self._refusal(str(kwargs.get("model") or route[1]), refused) from None
+        self._travel(lease, [route], [deployment], kwargs, asyncio.current_task())
+
     # ---- outcomes (the logger calls these) ---------------------------------------------
 
     def _on_success(self, kwargs: Mapping[str, Any], response: Any) -> None:
@@ -1079,7 +1100,9 @@ def _make_proxy_handler_class() -> type:
                 self._qe_stale = True
             if self._qe_stale:
                 self._qe_stale = False
-                self.ensure_installed(again=True)
+                plugin = self.ensure_installed(again=True)
+                if plugin is not None and plugin._token_of(kwargs) is None:
+                    await plugin._lease_chosen(kwargs)
             return None
 
         async def async_post_call_response_headers_hook(

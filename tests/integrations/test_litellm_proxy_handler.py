@@ -191,7 +191,11 @@ def test_the_handler_installs_at_the_first_request_and_again_after_a_strategy_ch
         served = sum(
             e.usage("openai", f"ok-{i}", qel.credential_key_id("openai", f"sk-{i}"))["rpm"]["used"] for i in range(2)
         )
-        assert served == 3  # the fourth request was chosen by the engine again
+        # The one LiteLLM chose was leased on its choice; the next chosen by the engine.
+        assert served == 4
+        routes = [("openai", f"ok-{i}", qel.credential_key_id("openai", f"sk-{i}")) for i in range(2)]
+        assert [e.usage(*r)["in_flight"] for r in routes] == [0, 0]  # each lease ended
+        assert e.usage(*routes[0])["tpm"]["used"] + e.usage(*routes[1])["tpm"]["used"] == 4 * 20
         # A router replaced: installed on the new one at its first request.
         other = litellm.Router(model_list=_model_list(server), num_retries=0)
         monkeypatch.setattr(proxy_server, "llm_router", other)
