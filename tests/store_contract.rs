@@ -192,6 +192,7 @@ contract!(
     many_rows_at_once_are_all_written,
     the_sweep_deletes_what_retention_no_longer_keeps,
     a_kept_tenant_keeps_its_own_rows_and_no_others,
+    a_row_written_behind_the_last_sweep_goes_at_the_next,
     deletes_of_history_and_cooldowns_match_what_they_name,
     a_readonly_handle_refuses_every_write,
     an_optimistic_commit_conflicts_only_on_what_its_decision_read,
@@ -954,6 +955,30 @@ fn a_kept_tenant_keeps_its_own_rows_and_no_others(b: &dyn Backend) {
     assert_eq!(left(&mut *r), vec![names("k", &[], -1), names("m", &[], 0), names("m", &[odd], -1)]);
     // The loaded rows are the ones left.
     assert_eq!(start(&mut *r, 0).0.len(), 3);
+}
+
+/// SPEC 24.3: a row stamped before where the last sweep got to (written by a clock
+/// behind the sweeper's) goes at the next sweep whose cut-off passes it, also while a
+/// kept model makes the sweep go class by class.
+fn a_row_written_behind_the_last_sweep_goes_at_the_next(b: &dyn Backend) {
+    const HOUR: i64 = 3_600_000;
+    let (mut a, mut other) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    follow(&mut *other, 0);
+    let sweep = |before: i64| Write::Sweep {
+        usage_before: before,
+        kept: vec![KeptUsage::model(Arc::from("p"), Arc::from("k"), T0 - 24 * HOUR)].into(),
+        leases_expired_before: 0,
+        history_before: 0,
+    };
+    commit(&mut *a, &[request(1, T0 + 3 * HOUR)]);
+    commit(&mut *a, &[sweep(T0 + 2 * HOUR)]);
+    let _ = pull(&mut *other);
+    commit(&mut *other, &[request(1, T0 + 30_000)]); // 3 h behind
+    commit(&mut *other, &[sweep(T0 + HOUR + 60_000)]);
+    let left: Vec<i64> =
+        a.usage_events(&UsageFilter::default()).unwrap().iter().map(|u| u.created_at_ms).collect();
+    assert_eq!(left, vec![T0 + 3 * HOUR]);
 }
 
 fn deletes_of_history_and_cooldowns_match_what_they_name(b: &dyn Backend) {

@@ -306,6 +306,18 @@ local function sweep_usage(before, kept, names, budget)
   return r
 end
 
+-- SPEC 24.3: a late entry stamped before where a class's sweep of LATE goes on from
+-- (a sweep by a clock ahead of the writer's) would never be come back for: each such
+-- class goes on from its time instead.
+local function sweep_late_from(t)
+  local all = redis.call('HGETALL', SWEEP)
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 1) == 'z' and tonumber(all[j + 1]) > t then
+      redis.call('HSET', SWEEP, all[j], string.format('%d', t))
+    end
+  end
+end
+
 local function apply_writes()
   local results = {}
   local i = first_write
@@ -316,7 +328,10 @@ local function apply_writes()
       local id = xadd(ARGV[i + 1], ARGV[i + 2])
       -- Written after the clock stepped back: its id is later than its time, so
       -- trimming by id would keep it past the retention. The sweep deletes it by time.
-      if lastms > tonumber(ARGV[i + 1]) then redis.call('ZADD', LATE, ARGV[i + 1], id) end
+      if lastms > tonumber(ARGV[i + 1]) then
+        redis.call('ZADD', LATE, ARGV[i + 1], id)
+        sweep_late_from(tonumber(ARGV[i + 1]))
+      end
       i = i + 3
     elseif op == 'L' then -- id, created_ms, value
       redis.call('HSET', P .. ':leases', ARGV[i + 1], ARGV[i + 3])
