@@ -181,14 +181,22 @@ local U_ROUTE = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. string.rep('[^' .. 
 -- in LATE, for the kept set 'set' (class '' is every model not kept).
 local SWEEP = P .. ':sweep'
 
--- Retention of usage (SPEC 10, 14.2): the entries of a kept model (route -> its
--- cut-off) go at its own cut-off, every other entry at `before`. Everything before the
+-- A usage entry's kind field, which ends with its tenants (SPEC 23.2): RS and each name.
+local U_KIND = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. '[^' .. SEP .. ']*' .. SEP .. '([^' .. SEP .. ']*)'
+
+-- Retention of usage (SPEC 10, 14.2, 24.3): the entries of a kept model (route -> its
+-- cut-off) or carrying a kept tenant (RS and its name -> its cut-off) go at the
+-- earliest cut-off of those, every other entry at `before`. Everything before the
 -- lowest cut-off is trimmed; between it and the others, each class is scanned on from
 -- where its last sweep stopped, at most `budget` entries in all. Returns the entries
 -- deleted, or 'more' when the budget ran out first (the engine sweeps again soon).
 local function sweep_usage(before, kept, names, budget)
   local lowest = before
-  for _, name in ipairs(names) do lowest = math.min(lowest, kept[name]) end
+  local tenants_kept = false
+  for _, name in ipairs(names) do
+    lowest = math.min(lowest, kept[name])
+    if string.sub(name, 1, 1) == RS then tenants_kept = true end
+  end
   local low = string.format('%d', lowest)
   local r = redis.call('XTRIM', LOG, 'MINID', low)
   -- Usage rows written after a step back of the clock (SPEC 10), by their time.
@@ -207,13 +215,41 @@ local function sweep_usage(before, kept, names, budget)
     redis.call('DEL', SWEEP)
     redis.call('HSET', SWEEP, 'set', set)
   end
+  -- The cut-off of what keeps an entry longest: its model's, or a tenant's it carries.
+  local function kept_from(body, route)
+    local from = route and kept[route]
+    if tenants_kept and string.find(body, RS, 1, true) then
+      local f = string.match(body, U_KIND)
+      for t in string.gmatch(f or '', RS .. '([^' .. RS .. ']*)') do
+        local c = kept[RS .. t]
+        if c and (from == nil or c < from) then from = c end
+      end
+    end
+    return from
+  end
+  local function carries(body, class)
+    if not string.find(body, RS, 1, true) then return false end
+    local f = string.match(body, U_KIND)
+    for t in string.gmatch(f or '', RS .. '([^' .. RS .. ']*)') do
+      if RS .. t == class then return true end
+    end
+    return false
+  end
   local function due(body, class, cut)
     local created, route = string.match(body, U_ROUTE)
     if class == '' then
       if route and kept[route] then return false end
-      return created == nil or tonumber(created) < cut
+      if created == nil then return true end
+    elseif string.sub(class, 1, 1) == RS then
+      if created == nil or not carries(body, class) then return false end
+    elseif route ~= class then
+      return false
     end
-    return route == class and tonumber(created) < cut
+    created = tonumber(created)
+    if created >= cut then return false end
+    -- No class deletes what another keeps longer: that one deletes it in its turn.
+    local from = kept_from(body, route)
+    return from == nil or created < from
   end
   local classes = {}
   for _, name in ipairs(names) do classes[#classes + 1] = {name, kept[name]} end
@@ -270,6 +306,18 @@ local function sweep_usage(before, kept, names, budget)
   return r
 end
 
+-- SPEC 24.3: a late entry stamped before where a class's sweep of LATE goes on from
+-- (a sweep by a clock ahead of the writer's) would never be come back for: each such
+-- class goes on from its time instead.
+local function sweep_late_from(t)
+  local all = redis.call('HGETALL', SWEEP)
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 1) == 'z' and tonumber(all[j + 1]) > t then
+      redis.call('HSET', SWEEP, all[j], string.format('%d', t))
+    end
+  end
+end
+
 local function apply_writes()
   local results = {}
   local i = first_write
@@ -280,7 +328,10 @@ local function apply_writes()
       local id = xadd(ARGV[i + 1], ARGV[i + 2])
       -- Written after the clock stepped back: its id is later than its time, so
       -- trimming by id would keep it past the retention. The sweep deletes it by time.
-      if lastms > tonumber(ARGV[i + 1]) then redis.call('ZADD', LATE, ARGV[i + 1], id) end
+      if lastms > tonumber(ARGV[i + 1]) then
+        redis.call('ZADD', LATE, ARGV[i + 1], id)
+        sweep_late_from(tonumber(ARGV[i + 1]))
+      end
       i = i + 3
     elseif op == 'L' then -- id, created_ms, value
       redis.call('HSET', P .. ':leases', ARGV[i + 1], ARGV[i + 3])
