@@ -689,7 +689,10 @@ def test_async_waits_for_capacity_and_concurrency_429s_are_learned(
 
     results = asyncio.run(main())
     answered_429 = server.count("busy", 429) - before_429
-    assert e.key_concurrency_cap("local", 1) == 2
+    # SPEC 24.2: the cap is the leases live when the failing one was admitted: 2 when
+    # it reached the server as admitted, 1 when LiteLLM (slow on a loaded machine)
+    # sent it only after another call had taken the second slot.
+    assert e.key_concurrency_cap("local", 1) in (1, 2)
     assert 1 <= answered_429 <= 4  # LiteLLM takes ~20 ms to report each failure
     assert sum(results) == 16 - answered_429 == server.count("busy", 200) - before_200
     settle(lambda: in_flight(e, ("local", "busy", 1)) == 0)
