@@ -523,6 +523,12 @@ pub trait Store: Send {
     fn undelivered(&self) -> usize {
         0
     }
+    /// After a failure: `Some(what happened)` when the store was found to have lost its
+    /// data (SPEC 24.4: a Redis restarted without persistence or flushed), told once.
+    /// The store then writes back what this engine knows before its next call succeeds.
+    fn take_lost(&mut self) -> Option<String> {
+        None
+    }
     /// Inside a section: the admission being decided depends on these keys' usage and
     /// leases too (the keys of one account), so a store that decides optimistically
     /// must refuse the commit when another engine touched them meanwhile.
