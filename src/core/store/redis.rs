@@ -437,23 +437,11 @@ impl RedisStore {
         for (key, _) in LAYOUT {
             pipe.cmd("TYPE").arg(format!("{}:{key}", self.prefix));
         }
-        // SPEC 24.4: the store's identity, set by the first engine that opens it (a
-        // read-only engine writes nothing and checks nothing).
-        let epoch_key = format!("{}:epoch", self.prefix);
-        if !self.readonly {
-            let candidate = format!("{:016x}", crate::core::random::random_u64());
-            pipe.cmd("SET").arg(&epoch_key).arg(candidate).arg("NX").ignore();
-            pipe.cmd("GET").arg(&epoch_key);
-        }
         let reply = self.round_trip(|con| pipe.query(con)).map_err(not_in_doubt)?;
         let replies = array(&reply)?;
-        if !self.readonly {
-            // A key of another type was refused below before this matters.
-            self.epoch = replies.get(LAYOUT.len() + 1).and_then(|v| text(v).ok()).unwrap_or_default();
-        }
         let info = replies.first().map(text).transpose()?.unwrap_or_default();
         check_version(&info).map_err(StoreError::Incompatible)?;
-        for ((key, want), got) in LAYOUT.iter().zip(&replies[1..=LAYOUT.len()]) {
+        for ((key, want), got) in LAYOUT.iter().zip(&replies[1..]) {
             let got = text(got)?;
             if got != "none" && got != *want {
                 return Err(StoreError::Incompatible(format!(
@@ -461,6 +449,18 @@ impl RedisStore {
                     self.prefix
                 )));
             }
+        }
+        if !self.readonly {
+            // SPEC 24.4: the store's identity, set by the first engine that opens the
+            // prefix. A server that takes no writes (a replica) may leave it unset: this
+            // engine then checks nothing (nor does a read-only one).
+            let epoch_key = format!("{}:epoch", self.prefix);
+            let mut set = redis::cmd("SET");
+            set.arg(&epoch_key).arg(format!("{:016x}", crate::core::random::random_u64())).arg("NX");
+            let _ = self.query(&set);
+            let mut get = redis::cmd("GET");
+            get.arg(&epoch_key);
+            self.epoch = text(&self.query(&get)?).unwrap_or_default();
         }
         Ok(())
     }
