@@ -25,8 +25,10 @@
 --       'refill' writes back what an engine knew of a store that lost its data (SPEC
 --                24.4): sets P:epoch when absent, adds the small tables' items that
 --                are absent ('N' writes), then the engine's own usage and leases;
---                its first write argument is the lost epoch, which its feed entries
---                name as their writer ('~' and the epoch).
+--                its first write argument is the lost epoch; its usage entries name
+--                as their writer '~epoch:id:owner' (the id the row had before the
+--                loss, and the engine that wrote it), so that an engine that had read
+--                that row, or wrote it, skips it.
 -- The store's epoch (P:epoch, a random id set when the store is first opened) tells
 -- a store that lost its data (a restart without persistence, FLUSHALL, an empty
 -- server in its place): every mode but 'unlock' and 'refill' of a caller that knows
@@ -34,9 +36,10 @@
 -- A call that writes is applied at most once (SPEC 19.2): the writes of a call whose
 -- id is not above the writer's last applied one (P:applied:<owner>, kept a day after
 -- the writer's last write) are skipped; what changed is read as usual.
--- Reply: {status, head, more, entries, versions, tables, leases, results}
---        or {'busy', pttl} when another owner holds the lock, {'lost', epoch} (above),
---        and in mode 'refill' {'ok', head, epoch}.
+-- Reply: {status, head, more, entries, versions, tables, leases, results} (a usage
+--        write's result is its entry's id), or {'busy', pttl} when another owner
+--        holds the lock, {'lost', epoch} (above), and in mode 'refill' {'ok', head,
+--        epoch, results}.
 local P = ARGV[1]
 local mode = ARGV[2]
 local owner = ARGV[3]
@@ -116,7 +119,7 @@ end
 -- a range read from a time finds every entry stamped at or after it.
 -- The newest id's time is read once per call and stored once, after the writes.
 local lastms = nil
-local function xadd(ms, data)
+local function xadd(ms, data, by)
   if lastms == nil then lastms = tonumber(redis.call('GET', LASTMS) or '0') end
   ms = tonumber(ms)
   -- A stream id's time is a u64 and Lua's numbers are doubles: times outside
@@ -125,7 +128,7 @@ local function xadd(ms, data)
   if ms < lastms then ms = lastms end
   lastms = ms
   -- Entries carry their writer, who skips them when reading.
-  return redis.call('XADD', LOG, string.format('%d', ms) .. '-*', 'd', writer .. SEP .. data)
+  return redis.call('XADD', LOG, string.format('%d', ms) .. '-*', 'd', (by or writer) .. SEP .. data)
 end
 local function save_lastms()
   if lastms ~= nil then redis.call('SET', LASTMS, string.format('%d', lastms)) end
@@ -301,12 +304,19 @@ local function apply_writes()
   while i <= #ARGV do
     local op = ARGV[i]
     local r = 0
-    if op == 'U' then -- created_ms, entry
-      local id = xadd(ARGV[i + 1], ARGV[i + 2])
+    if op == 'U' or op == 'RU' then -- created_ms, entry; 'RU' (mode 'refill'): created_ms,
+      -- the row's id before the loss ('' unknown), entry: written by '~epoch:id:owner'
+      local by, n = nil, 1
+      if op == 'RU' then
+        by, n = writer .. ':' .. ARGV[i + 2] .. ':' .. owner, 2
+      end
+      local id = xadd(ARGV[i + 1], ARGV[i + n + 1], by)
       -- Written after the clock stepped back: its id is later than its time, so
       -- trimming by id would keep it past the retention. The sweep deletes it by time.
       if lastms > tonumber(ARGV[i + 1]) then redis.call('ZADD', LATE, ARGV[i + 1], id) end
-      i = i + 3
+      -- Its id: what a refill names it by (SPEC 24.4).
+      r = id
+      i = i + n + 2
     elseif op == 'L' then -- id, created_ms, value
       redis.call('HSET', P .. ':leases', ARGV[i + 1], ARGV[i + 3])
       xadd(ARGV[i + 2], 'L' .. SEP .. ARGV[i + 1] .. SEP .. ARGV[i + 3])
@@ -484,13 +494,14 @@ elseif mode == 'refill' then
   end
   -- Once per engine and lost epoch (a refill whose reply was lost is sent again).
   local lost = string.sub(writer, 2)
+  local results = {}
   if redis.call('HGET', P .. ':refilled', owner) ~= lost then
     redis.call('HSET', P .. ':refilled', owner, lost)
-    apply_writes()
+    results = apply_writes()
   end
   local head = '0-0'
   local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
   if last[1] then head = last[1][1] end
-  return {'ok', head, stored_epoch}
+  return {'ok', head, stored_epoch, results}
 end
 return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

@@ -42,9 +42,10 @@
 //! the engine knows before the call goes on (mode `refill`, SPEC 24.4): the small
 //! tables as it last read them (each item only where absent, so engines refilling at
 //! once leave one copy), its own live leases and its own usage rows that retention
-//! keeps (each engine sends only its own, so usage is counted once; the entries name
-//! the lost epoch, and the engines that held it skip them: their windows count them
-//! already), and takes the store's new epoch. Then it reads everything afresh, and
+//! keeps (each engine sends only its own, so usage is counted once; each entry names
+//! the lost epoch, the id the row had in it and its writer, and an engine that had
+//! read that row, or wrote it, skips it: its windows count it already), and takes the
+//! store's new epoch. Then it reads everything afresh, and
 //! the call is sent again (a decision conflicts and is made again). While the refill
 //! fails, so does every call: the engine, which logged the loss as an error, serves
 //! degraded.
@@ -190,18 +191,22 @@ pub struct RedisStore {
     /// A locked section's commit met a lost store: sent again as an append after the
     /// refill, and its reply read as one.
     commit_as_append: bool,
-    /// The epochs whose data this engine held and wrote back (SPEC 24.4): the usage
-    /// entries of their refills (any engine's) are counted in its windows already.
-    held_epochs: Vec<String>,
+    /// The epochs whose data this engine held and wrote back (SPEC 24.4), each with
+    /// the feed position it had read up to: the usage entries of their refills (any
+    /// engine's) of rows up to it are counted in its windows already.
+    held_epochs: Vec<(String, (u64, u64))>,
     /// Every small table as last read, with this engine's own changes: what a refill
     /// writes back.
     raw: [Vec<(String, String)>; TABLES.len()],
     /// This engine's own usage rows that retention keeps (merged per minute past the
-    /// first): what a refill writes back.
-    journal: Vec<UsageRow>,
+    /// first), each with its feed entry's id (`None`: unknown): what a refill writes back.
+    journal: Vec<(UsageRow, Option<(u64, u64)>)>,
     journal_compact_at: usize,
-    /// Usage rows of the open section, journaled once committed.
-    section_usage: Vec<UsageRow>,
+    /// Usage rows of the open section, each with the index of its write in the call
+    /// (whose result is its entry's id), journaled once committed.
+    section_usage: Vec<(UsageRow, usize)>,
+    /// Writes (script operations) of the open section so far.
+    section_ops: usize,
     /// The ids of this engine's own live leases.
     own_leases: std::collections::HashSet<i64>,
 }
@@ -319,6 +324,7 @@ impl RedisStore {
             journal: Vec::new(),
             journal_compact_at: JOURNAL_COMPACT_MIN,
             section_usage: Vec::new(),
+            section_ops: 0,
             own_leases: Default::default(),
         };
         store.connection()?;
@@ -554,7 +560,7 @@ impl RedisStore {
         let Some(mut d) = self.in_doubt.take() else { return Ok(()) };
         match self.send("replay", &d.id.to_string(), &[], &d.writes) {
             Ok(parts) => {
-                self.journal_rows(std::mem::take(&mut d.usage));
+                self.journal_rows(std::mem::take(&mut d.usage).into_iter().map(|u| (u, None)).collect());
                 self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget())
             }
             Err(e) => {
@@ -637,6 +643,15 @@ impl RedisStore {
     fn refill(&mut self) -> StoreResult<()> {
         let Some(lost) = self.refill_from.clone() else { return Ok(()) };
         let mut writes = Vec::new();
+        // First (their results are their new ids): the usage, each row named by the id
+        // it had, so that an engine that had read it skips it.
+        for (u, id) in &self.journal {
+            let id = id.map_or_else(String::new, |(ms, seq)| format!("{ms}-{seq}"));
+            let mut one = Vec::with_capacity(3);
+            codec::encode(&Write::Usage(u.clone()), &mut one);
+            let [_, created, entry] = <[String; 3]>::try_from(one).unwrap_or_default();
+            writes.extend(["RU".to_string(), created, id, entry]);
+        }
         for (t, rows) in TABLES.iter().zip(&self.raw) {
             for (f, v) in rows {
                 writes.extend(["N".to_string(), (*t).to_string(), f.clone(), v.clone()]);
@@ -647,9 +662,6 @@ impl RedisStore {
         for l in own {
             codec::encode(&Write::InsertLease(l.clone()), &mut writes);
         }
-        for u in &self.journal {
-            codec::encode(&Write::Usage(u.clone()), &mut writes);
-        }
         // The epoch the store takes if this is the first refill (the script checks
         // none in this mode).
         self.epoch = format!("{:016x}", crate::core::random::random_u64());
@@ -657,9 +669,20 @@ impl RedisStore {
         let epoch = parts.get(2).ok_or_else(|| unavailable("short script reply"))?;
         self.epoch = text(epoch)?;
         self.refill_from = None;
-        if !self.held_epochs.contains(&lost) {
-            self.held_epochs.push(lost);
+        // The rows' ids in the new epoch (unknown when this refill had been applied
+        // already, its reply lost: such a row is then never skipped by others).
+        let ids = match parts.get(3) {
+            Some(Value::Array(results)) => {
+                results.iter().map(|v| text(v).ok().map(|s| stream_id(&s))).collect()
+            }
+            _ => Vec::new(),
+        };
+        for (i, (_, id)) in self.journal.iter_mut().enumerate() {
+            *id = ids.get(i).copied().flatten();
         }
+        let read_to = stream_id(&self.cursor);
+        self.held_epochs.retain(|(e, _)| *e != lost);
+        self.held_epochs.push((lost, read_to));
         // Every entry of the feed now was written since the loss: read from its start
         // (the refills of what this engine held are skipped, its windows count them
         // already), and every table and lease afresh. The usage taken in before stays.
@@ -670,7 +693,7 @@ impl RedisStore {
 
     /// After a commit that wrote usage rows: they are this engine's own, kept for a
     /// refill while retention keeps them (merged per minute past the first).
-    fn journal_rows(&mut self, mut rows: Vec<UsageRow>) {
+    fn journal_rows(&mut self, mut rows: Vec<(UsageRow, Option<(u64, u64)>)>) {
         if rows.is_empty() {
             return;
         }
@@ -678,14 +701,14 @@ impl RedisStore {
         if self.journal.len() < self.journal_compact_at {
             return;
         }
-        let newest = self.journal.iter().map(|u| u.created_at_ms).max().unwrap_or(0);
+        let newest = self.journal.iter().map(|(u, _)| u.created_at_ms).max().unwrap_or(0);
         let horizon = newest.saturating_sub(crate::core::clock::MINUTE_MS);
         type Key = (Arc<str>, Arc<str>, i64, bool, i64, crate::core::tenants::TenantList);
         let mut merged: HashMap<Key, usize> = HashMap::new();
-        let mut out: Vec<UsageRow> = Vec::with_capacity(self.journal.len());
-        for u in self.journal.drain(..) {
+        let mut out: Vec<(UsageRow, Option<(u64, u64)>)> = Vec::with_capacity(self.journal.len());
+        for (u, id) in self.journal.drain(..) {
             if u.created_at_ms > horizon {
-                out.push(u);
+                out.push((u, id));
                 continue;
             }
             let key = (
@@ -698,7 +721,9 @@ impl RedisStore {
             );
             match merged.get(&key) {
                 Some(&i) => {
-                    let m = &mut out[i];
+                    let (m, mid) = &mut out[i];
+                    // Skipped by another engine only if it had read every row merged.
+                    *mid = mid.zip(id).map(|(a, b)| a.max(b));
                     m.tokens = m.tokens.saturating_add(u.tokens);
                     m.kinds = m.kinds.merged(u.kinds);
                     m.count = m.count.saturating_add(u.count);
@@ -707,12 +732,26 @@ impl RedisStore {
                 }
                 None => {
                     merged.insert(key, out.len());
-                    out.push(u);
+                    out.push((u, id));
                 }
             }
         }
         self.journal = out;
         self.journal_compact_at = (self.journal.len() * 2).max(JOURNAL_COMPACT_MIN);
+    }
+
+    /// SPEC 24.4: a usage entry written back after a loss (`~epoch:id:owner`) of a row
+    /// this engine wrote, or had read before the loss (an epoch it held, an id up to
+    /// where it had read): its windows count it already.
+    fn counted_refill(&self, who: &str) -> bool {
+        let mut parts = who.strip_prefix('~').unwrap_or_default().splitn(3, ':');
+        let (Some(epoch), Some(id), Some(by)) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        let held = |e: &String| e == epoch;
+        by == self.owner
+            || (!id.is_empty()
+                && self.held_epochs.iter().any(|(e, read_to)| held(e) && stream_id(id) <= *read_to))
     }
 
     /// Takes in what a script reply says changed: `{status, head, more, entries,
@@ -734,7 +773,7 @@ impl RedisStore {
             if body.starts_with('U') {
                 // SPEC 24.4: usage written back for an epoch this engine held is in its
                 // windows already.
-                if who.strip_prefix('~').is_some_and(|lost| self.held_epochs.iter().any(|h| h == lost)) {
+                if self.counted_refill(who) {
                     continue;
                 }
                 usage.push(parse_usage(body)?);
@@ -966,7 +1005,7 @@ impl Store for RedisStore {
                     self.apply_own_leases();
                     let usage = std::mem::take(&mut self.section_usage);
                     if let Some(d) = self.in_doubt.as_mut() {
-                        d.usage = usage;
+                        d.usage = usage.into_iter().map(|(u, _)| u).collect();
                     }
                 }
                 self.rollback();
@@ -978,8 +1017,16 @@ impl Store for RedisStore {
         let conflict =
             matches!(reply.as_deref().and_then(|p| p.first()).map(text), Some(Ok(s)) if s == "conflict");
         let usage = std::mem::take(&mut self.section_usage);
+        self.section_ops = 0;
         if !conflict {
-            self.journal_rows(usage);
+            // Each row with its entry's id, the result of its write.
+            let results = match reply.as_deref() {
+                Some([.., Value::Array(results)]) => results.as_slice(),
+                _ => &[],
+            };
+            let id = |i: usize| results.get(i).and_then(|v| text(v).ok()).filter(|s| s.contains('-'));
+            let rows = usage.into_iter().map(|(u, i)| (u, id(i).map(|s| stream_id(&s)))).collect();
+            self.journal_rows(rows);
         }
         // The sweep's result is 'more' when it stopped at its budget (every other
         // write's result is a number).
@@ -1028,6 +1075,7 @@ impl Store for RedisStore {
         self.lease_writes.clear();
         self.accounts.clear();
         self.section_usage.clear();
+        self.section_ops = 0;
         if read {
             self.forget();
         }
@@ -1086,6 +1134,11 @@ impl Store for RedisStore {
             return Err(StoreError::ReadOnly);
         }
         codec::encode(w, &mut self.args);
+        // The script's operations (one per write but a renewal's, one per lease).
+        self.section_ops += match w {
+            Write::RenewLeases(rows) => rows.len(),
+            _ => 1,
+        };
         // Lease writes are applied to `leases` once committed; an inserted lease's
         // account and tenants are what an optimistic commit checks.
         match w {
@@ -1101,7 +1154,7 @@ impl Store for RedisStore {
             }
             Write::Sweep { usage_before, kept, .. } => {
                 // What retention deletes from the store is not written back either.
-                self.journal.retain(|u| {
+                self.journal.retain(|(u, _)| {
                     u.created_at_ms >= super::usage_cutoff(kept, *usage_before, &u.platform, &u.model_id)
                 });
                 self.lease_writes.push(w.clone());
@@ -1112,7 +1165,7 @@ impl Store for RedisStore {
                 Ok(0)
             }
             Write::Usage(u) => {
-                self.section_usage.push(u.clone());
+                self.section_usage.push((u.clone(), self.section_ops - 1));
                 Ok(0)
             }
             _ => Ok(0),
