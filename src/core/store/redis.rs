@@ -388,6 +388,7 @@ impl RedisStore {
                     // A new connection may reach a server that lost our state (a restart
                     // without persistence): read everything afresh.
                     self.resync();
+                    self.establish_epoch();
                 }
                 Err(e) => {
                     self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
@@ -456,19 +457,26 @@ impl RedisStore {
                 )));
             }
         }
-        if !self.readonly {
-            // SPEC 24.4: the store's identity, set by the first engine that opens the
-            // prefix. A server that takes no writes (a replica) may leave it unset: this
-            // engine then checks nothing (nor does a read-only one).
-            let epoch_key = format!("{}:epoch", self.prefix);
-            let mut set = redis::cmd("SET");
-            set.arg(&epoch_key).arg(format!("{:016x}", crate::core::random::random_u64())).arg("NX");
-            let _ = self.query(&set);
-            let mut get = redis::cmd("GET");
-            get.arg(&epoch_key);
-            self.epoch = text(&self.query(&get)?).unwrap_or_default();
-        }
+        self.establish_epoch();
         Ok(())
+    }
+
+    /// SPEC 24.4: the store's identity, set by the first engine that opens the prefix.
+    /// A server that takes no writes (a replica) leaves it unset, as does a failure:
+    /// tried again at the next connection; meanwhile this engine checks nothing (nor
+    /// does a read-only one, ever).
+    fn establish_epoch(&mut self) {
+        if self.readonly || !self.epoch.is_empty() {
+            return;
+        }
+        let key = format!("{}:epoch", self.prefix);
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(format!("{:016x}", crate::core::random::random_u64())).arg("NX");
+        let mut get = redis::cmd("GET");
+        get.arg(&key);
+        if self.query(&set).is_ok() {
+            self.epoch = self.query(&get).ok().and_then(|v| text(&v).ok()).unwrap_or_default();
+        }
     }
 
     fn invoke(&mut self, mode: &str, writes: &[String]) -> StoreResult<Value> {
