@@ -275,3 +275,19 @@ def test_a_version_counter_reset_to_a_cached_value_leaves_no_engine_stale(own_se
             old.lease(P, M, K, 1).success(tokens=1)
         with pytest.raises(q.QuotaExceeded):
             old.lease(P, M, K, 1)
+
+
+def test_a_version_counter_deleted_alone_leaves_no_engine_stale(own_server: RedisServer) -> None:
+    """The table versions deleted (the data kept): the next change starts its counter where no
+    engine's cached value can be, so every engine reads the table again."""
+    clock = q.ManualClock(TEN_AM)
+    with (
+        q.QuotaEngine(own_server.url, clock=clock, env={}) as a,
+        q.QuotaEngine(own_server.url, clock=clock, env={}) as b,
+    ):
+        a.set_model_limits(P, M, rpm=5)
+        assert b.model_limits(P, M).rpm == 5  # type: ignore[union-attr]  # b caches the models' version
+        assert command(own_server.port, "DEL", "quotaengine:ver") == b":1\r\n"
+        a.set_model_limits(P, M, rpm=3)  # the models' counter starts again
+        b.usage(P, M, K)  # reads what changed
+        assert b.model_limits(P, M).rpm == 3  # type: ignore[union-attr]

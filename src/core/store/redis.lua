@@ -110,7 +110,12 @@ end
 local bumped = {}
 local function bump(t)
   if not bumped[t] then
-    redis.call('HINCRBY', VER, t, 1)
+    -- A counter that starts (again: P:ver lost or deleted) starts from the server's
+    -- time in µs, never at a value an engine may have cached (SPEC 24.4).
+    if redis.call('HINCRBY', VER, t, 1) == 1 then
+      local now = redis.call('TIME')
+      redis.call('HSET', VER, t, now[1] .. string.format('%06d', tonumber(now[2])))
+    end
     bumped[t] = true
   end
 end

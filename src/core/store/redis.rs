@@ -7,7 +7,7 @@
 //! | `P:log` | stream | every usage row and every lease insert/delete, in commit order |
 //! | `P:leases` | hash | live leases: id -> key, expires, tokens, created, route |
 //! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables (a cooldown field with an empty key benches its model for every key, SPEC 21.1) |
-//! | `P:ver` | hash | a version per small table, bumped by every change to it |
+//! | `P:ver` | hash | a version per small table, bumped by every change to it (a counter that starts, again or anew, starts at the server's time in µs) |
 //! | `P:quota` | hash | observed provider quota state (versioned as the small tables) |
 //! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
 //! | `P:lock` | string | the write lock: its owner, with a time to live |
