@@ -523,9 +523,10 @@ pub trait Store: Send {
     fn undelivered(&self) -> usize {
         0
     }
-    /// After a failure: `Some(what happened)` when the store was found to have lost its
-    /// data (SPEC 24.4: a Redis restarted without persistence or flushed), told once.
-    /// The store then writes back what this engine knows before its next call succeeds.
+    /// `Some(what happened)` when a call found the store had lost its data (SPEC 24.4:
+    /// a Redis restarted without persistence or flushed), told once. The store writes
+    /// back what this engine knows before any call of it goes on (that call, when the
+    /// write-back succeeds; else the next one that can make it).
     fn take_lost(&mut self) -> Option<String> {
         None
     }
