@@ -474,8 +474,10 @@ impl RedisStore {
         set.arg(&key).arg(format!("{:016x}", crate::core::random::random_u64())).arg("NX");
         let mut get = redis::cmd("GET");
         get.arg(&key);
-        if self.query(&set).is_ok() {
-            self.epoch = self.query(&get).ok().and_then(|v| text(&v).ok()).unwrap_or_default();
+        // On the link itself: a refusal (a replica's READONLY) must not drop it.
+        let Some(con) = self.con.as_mut() else { return };
+        if set.query::<Value>(con).is_ok() {
+            self.epoch = get.query::<Value>(con).ok().and_then(|v| text(&v).ok()).unwrap_or_default();
         }
     }
 
