@@ -38,8 +38,8 @@
 -- the writer's last write) are skipped; what changed is read as usual.
 -- Reply: {status, head, more, entries, versions, tables, leases, results} (a usage
 --        write's result is its entry's id), or {'busy', pttl} when another owner
---        holds the lock, {'lost', epoch} (above), and in mode 'refill' {'ok', head,
---        epoch, results}.
+--        holds the lock, {'lost', epoch} (above); in mode 'refill' {'ok', head, 0, {},
+--        {}, {}, epoch, results}.
 local P = ARGV[1]
 local mode = ARGV[2]
 local owner = ARGV[3]
@@ -507,6 +507,7 @@ elseif mode == 'refill' then
   local head = '0-0'
   local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
   if last[1] then head = last[1][1] end
-  return {'ok', head, stored_epoch, results}
+  -- The shape of every 'ok' reply (8 parts); the epoch in the leases' place.
+  return {'ok', head, 0, {}, {}, {}, stored_epoch, results}
 end
 return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

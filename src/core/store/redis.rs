@@ -676,12 +676,12 @@ impl RedisStore {
         // none in this mode).
         self.epoch = format!("{:016x}", crate::core::random::random_u64());
         let parts = self.send("refill", "", std::slice::from_ref(&lost), &writes).map_err(not_in_doubt)?;
-        let epoch = parts.get(2).ok_or_else(|| unavailable("short script reply"))?;
+        let epoch = parts.get(6).ok_or_else(|| unavailable("short script reply"))?;
         self.epoch = text(epoch)?;
         self.refill_from = None;
         // The rows' ids in the new epoch (unknown when this refill had been applied
         // already, its reply lost: such a row is then never skipped by others).
-        let ids = match parts.get(3) {
+        let ids = match parts.get(7) {
             Some(Value::Array(results)) => {
                 results.iter().map(|v| text(v).ok().map(|s| stream_id(&s))).collect()
             }
