@@ -241,3 +241,83 @@ fn a_lock_whose_reply_was_lost_is_dropped_at_its_owners_next_call() {
     assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::declared("rpm")), "{err:?}");
     assert!(b.failures().cooldown(&other).unwrap().is_some());
 }
+
+/// SPEC 24.4: a `FLUSHALL` under two engines lifts no limit. Each finds the loss, logs an
+/// error and writes back what it knows (once: one copy of the declared limit and the
+/// cooldown, each request counted once), and a third engine opened afterwards sees it all.
+#[test]
+fn a_flushed_store_is_written_back_and_lifts_no_limit() {
+    let server = Server::start();
+    let url = server.url("lost");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(&url, &clock);
+    let mut b = open(&url, &clock);
+    a.config()
+        .set_model_limits("groq", "llama", &LimitSet::parse("requests/minute=5").unwrap(), None)
+        .unwrap();
+    let benched = Route::new("groq", "benched", 1).unwrap();
+    a.failures().set_cooldown(&benched, 3_600_000, CooldownSource::Heuristic).unwrap();
+    a.lease(&route(), 10, None).unwrap();
+    b.lease(&route(), 10, None).unwrap();
+    assert_eq!(a.usage().report(&route(), None).unwrap().in_flight, 2);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/0", server.port)).unwrap();
+    let mut con = client.get_connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    let mut admitted = 0;
+    for _ in 0..5 {
+        for e in [&mut a, &mut b] {
+            admitted += i32::from(e.lease(&route(), 10, None).is_ok());
+        }
+    }
+    assert_eq!(admitted, 3);
+    for e in [&mut a, &mut b] {
+        assert!(!e.degraded());
+        assert_eq!(e.check(&benched, 0, None).unwrap().reason, Some(Reason::Cooldown));
+        let logs = e.take_logs();
+        assert!(logs.iter().any(|(l, m)| *l == log::Level::Error && m.contains("lost its data")), "{logs:?}");
+    }
+    let mut c = open(&url, &clock);
+    assert_eq!(c.usage().report(&route(), None).unwrap().in_flight, 5);
+    assert!(c.failures().cooldown(&benched).unwrap().is_some());
+    let err = c.lease(&route(), 10, None).unwrap_err();
+    assert!(matches!(err, Error::Refused(ref r) if r.reason == Reason::declared("rpm")), "{err:?}");
+    let lost = c
+        .observed()
+        .server_logs(100)
+        .unwrap()
+        .into_iter()
+        .filter(|(_, r, _)| r.event.as_deref() == Some("store_lost"));
+    assert_eq!(lost.count(), 2);
+}
+
+/// SPEC 24.4: an engine's usage of the day goes back whole after a flush, however many
+/// rows it wrote (past the first minute they go back merged per route and minute), and
+/// once even when two engines write back at once.
+#[test]
+fn a_day_of_usage_is_written_back_once() {
+    let server = Server::start();
+    let url = server.url("day");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut a = open(&url, &clock);
+    let mut b = open(&url, &clock);
+    for i in 0..6_000 {
+        let e = if i % 3 == 0 { &mut b } else { &mut a };
+        e.usage().record_request(&route()).unwrap();
+        e.usage().record_tokens(&route(), 2).unwrap();
+        clock.advance(100); // ten minutes in all
+    }
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/0", server.port)).unwrap();
+    let mut con = client.get_connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    for e in [&mut a, &mut b] {
+        e.usage().record_request(&route()).unwrap();
+    }
+    // b had not read a's last rows before the flush: it counts them from a's write-back.
+    for e in [&mut a, &mut b] {
+        let day = e.usage().report(&route(), None).unwrap().day;
+        assert_eq!((day.requests, day.tokens), (6_002, 12_000));
+    }
+    let mut c = open(&url, &clock);
+    let day = c.usage().report(&route(), None).unwrap().day;
+    assert_eq!((day.requests, day.tokens), (6_002, 12_000));
+}

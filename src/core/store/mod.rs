@@ -549,6 +549,13 @@ pub trait Store: Send {
     fn undelivered(&self) -> usize {
         0
     }
+    /// `Some(what happened)` when a call found the store had lost its data (SPEC 24.4:
+    /// a Redis restarted without persistence or flushed), told once. The store writes
+    /// back what this engine knows before any call of it goes on (that call, when the
+    /// write-back succeeds; else the next one that can make it).
+    fn take_lost(&mut self) -> Option<String> {
+        None
+    }
     /// Inside a section: the admission being decided depends on these keys' usage and
     /// leases too (the keys of one account), so a store that decides optimistically
     /// must refuse the commit when another engine touched them meanwhile.
