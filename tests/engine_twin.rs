@@ -403,3 +403,46 @@ fn model_prices_set_during_an_outage_hold_and_land_when_the_store_answers() {
     assert!(!a.degraded());
     assert_eq!(b.config().model_prices("p", "m").unwrap(), Some(p));
 }
+
+// ---- retention and the clock (SPEC 24.3) -----------------------------------------
+
+/// The times (seconds from T0) of the usage rows in the store, in order.
+fn stored_seconds(e: &mut Engine) -> Vec<i64> {
+    let filter = quotaengine::core::store::UsageFilter::default();
+    let mut t: Vec<i64> =
+        e.observed().usage_events(&filter).unwrap().iter().map(|u| (u.created_at_ms - T0) / 1_000).collect();
+    t.sort_unstable();
+    t
+}
+
+#[test]
+fn the_sweep_runs_again_at_the_first_write_after_every_step_back_of_the_clock() {
+    // SPEC 24.3 on the memory twin: a row stamped before `now - retention_ms` that was
+    // written after the clock stepped back (here by an engine whose clock is behind) is
+    // gone after the next writing call that follows a step back; otherwise the sweep
+    // runs at most once a minute, counted from the last sweep by the clock as it now reads.
+    let hour = 60 * MINUTE;
+    let store = MemoryStore::new();
+    let control = store.control();
+    let (ca, cb) = (Arc::new(ManualClock::new(T0)), Arc::new(ManualClock::new(T0 - 3 * hour)));
+    let retention = Settings { retention_ms: hour, ..Settings::default() };
+    let mut a = Engine::with_store(Box::new(store), ca.clone(), retention.clone()).unwrap();
+    let mut b = Engine::with_store(Box::new(control.connect()), cb.clone(), retention).unwrap();
+    a.usage().record_request(&route()).unwrap(); // 10:00, a sweep
+    b.usage().record_request(&route()).unwrap(); // 07:00, b's own sweep keeps it
+    ca.advance(40_000);
+    a.usage().record_request(&route()).unwrap(); // 40 s after a's last sweep: none
+    assert_eq!(stored_seconds(&mut a), vec![-3 * 3_600, 0, 40]);
+    ca.advance(-5_000); // a's clock steps back 5 s: its next write sweeps
+    a.usage().record_request(&route()).unwrap();
+    assert_eq!(stored_seconds(&mut a), vec![0, 35, 40]);
+    // Twice more: after the step back a's own writes go on once a minute from that sweep.
+    cb.set(T0 - 2 * hour);
+    b.usage().record_request(&route()).unwrap(); // 08:00 (b's clock moved on: no step back)
+    ca.advance(50_000); // 10:01:25, 50 s after the sweep at 10:00:35
+    a.usage().record_request(&route()).unwrap();
+    assert_eq!(stored_seconds(&mut a), vec![-2 * 3_600, 0, 35, 40, 85]);
+    ca.advance(10_000); // a minute after it: the 08:00 row goes
+    a.usage().record_request(&route()).unwrap();
+    assert_eq!(stored_seconds(&mut a), vec![0, 35, 40, 85, 95]);
+}

@@ -11,8 +11,8 @@ use quotaengine::core::money::Prices;
 use quotaengine::core::store::memory::{Control, MemoryStore};
 use quotaengine::core::store::sqlite::SqliteStore;
 use quotaengine::core::store::{
-    Changes, CooldownRow, HistoryKind, HistoryRow, LeaseRow, LogRow, QuotaStateRow, Store, TenantLimitsRow,
-    TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
+    Changes, CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, LogRow, QuotaStateRow, Store,
+    TenantLimitsRow, TokenKinds, UsageFilter, UsageKind, UsageRow, Write,
 };
 use quotaengine::core::tenants::TenantList;
 use quotaengine::core::types::{CapSetting, CooldownSource, KeyInfo, ModelInfo};
@@ -191,6 +191,8 @@ contract!(
     renewed_leases_count_again_even_after_a_sweep,
     many_rows_at_once_are_all_written,
     the_sweep_deletes_what_retention_no_longer_keeps,
+    a_kept_tenant_keeps_its_own_rows_and_no_others,
+    a_row_written_behind_the_last_sweep_goes_at_the_next,
     deletes_of_history_and_cooldowns_match_what_they_name,
     a_readonly_handle_refuses_every_write,
     an_optimistic_commit_conflicts_only_on_what_its_decision_read,
@@ -873,6 +875,110 @@ fn the_sweep_deletes_what_retention_no_longer_keeps(b: &dyn Backend) {
         ]
     );
     assert_eq!(a.usage_events(&UsageFilter::default()).unwrap().len(), 1);
+}
+
+/// SPEC 24.3: a tenant's calendar limit keeps the rows carrying the tenant, of any
+/// model, and no others; a row goes when every cut-off that applies to it (its model's,
+/// each kept tenant's it carries, or `usage_before`) has passed it, whichever class of
+/// the sweep comes to it first.
+fn a_kept_tenant_keeps_its_own_rows_and_no_others(b: &dyn Backend) {
+    const DAY: i64 = 86_400_000;
+    let (mut a, mut r) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    let odd = "x\u{1e}\"y\\z";
+    let row = |model: &str, t: &[&str], at: i64| {
+        Write::Usage(UsageRow {
+            model_id: Arc::from(model),
+            tenants: tenants(t),
+            ..usage(1, UsageKind::Request, 0, 1, at)
+        })
+    };
+    commit(
+        &mut *a,
+        &[
+            row("m", &[], T0 - DAY),         // 0: gone
+            row("m", &["t"], T0 - DAY),      // 1: t's
+            row("m", &["u"], T0 - DAY),      // 2: gone (u keeps nothing)
+            row("m", &["u", "t"], T0 - DAY), // 3: t's
+            row("m", &["t"], T0 - 20 * DAY), // 4: gone (older than t's month)
+            row("k", &[], T0 - DAY),         // 5: k's
+            row("k", &["t"], T0 - 7 * DAY),  // 6: t's (older than k's cut-off)
+            row("k", &["u"], T0 - 7 * DAY),  // 7: gone
+            row("m", &[odd], T0 - DAY),      // 8: the odd tenant's
+            row("m", &[], T0 + 5),           // 9: young
+        ],
+    );
+    let sweep = |t_before: i64| Write::Sweep {
+        usage_before: T0,
+        kept: vec![
+            KeptUsage::model(Arc::from("p"), Arc::from("k"), T0 - 5 * DAY),
+            KeptUsage::tenant(Arc::from("t"), t_before),
+            KeptUsage::tenant(Arc::from(odd), T0 - 2 * DAY),
+        ]
+        .into(),
+        leases_expired_before: T0,
+        history_before: T0,
+    };
+    let left = |s: &mut dyn Store| {
+        let mut v: Vec<(String, Vec<String>, i64)> = s
+            .usage_events(&UsageFilter::default())
+            .unwrap()
+            .iter()
+            .map(|u| {
+                (
+                    u.model_id.to_string(),
+                    u.tenants.iter().map(|t| t.to_string()).collect(),
+                    (u.created_at_ms - T0) / DAY,
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let names = |m: &str, t: &[&str], days: i64| {
+        (m.to_string(), t.iter().map(|x| x.to_string()).collect::<Vec<_>>(), days)
+    };
+    commit(&mut *a, &[sweep(T0 - 10 * DAY)]);
+    assert_eq!(
+        left(&mut *r),
+        vec![
+            names("k", &[], -1),
+            names("k", &["t"], -7),
+            names("m", &[], 0),
+            names("m", &["t"], -1),
+            names("m", &["u", "t"], -1),
+            names("m", &[odd], -1),
+        ]
+    );
+    // t's period moved on: its rows go too, the one of k older than k's cut-off included.
+    commit(&mut *a, &[sweep(T0 - 3_600_000)]);
+    assert_eq!(left(&mut *r), vec![names("k", &[], -1), names("m", &[], 0), names("m", &[odd], -1)]);
+    // The loaded rows are the ones left.
+    assert_eq!(start(&mut *r, 0).0.len(), 3);
+}
+
+/// SPEC 24.3: a row stamped before where the last sweep got to (written by a clock
+/// behind the sweeper's) goes at the next sweep whose cut-off passes it, also while a
+/// kept model makes the sweep go class by class.
+fn a_row_written_behind_the_last_sweep_goes_at_the_next(b: &dyn Backend) {
+    const HOUR: i64 = 3_600_000;
+    let (mut a, mut other) = (b.open(), b.open());
+    follow(&mut *a, 0);
+    follow(&mut *other, 0);
+    let sweep = |before: i64| Write::Sweep {
+        usage_before: before,
+        kept: vec![KeptUsage::model(Arc::from("p"), Arc::from("k"), T0 - 24 * HOUR)].into(),
+        leases_expired_before: 0,
+        history_before: 0,
+    };
+    commit(&mut *a, &[request(1, T0 + 3 * HOUR)]);
+    commit(&mut *a, &[sweep(T0 + 2 * HOUR)]);
+    let _ = pull(&mut *other);
+    commit(&mut *other, &[request(1, T0 + 30_000)]); // 3 h behind
+    commit(&mut *other, &[sweep(T0 + HOUR + 60_000)]);
+    let left: Vec<i64> =
+        a.usage_events(&UsageFilter::default()).unwrap().iter().map(|u| u.created_at_ms).collect();
+    assert_eq!(left, vec![T0 + 3 * HOUR]);
 }
 
 fn deletes_of_history_and_cooldowns_match_what_they_name(b: &dyn Backend) {

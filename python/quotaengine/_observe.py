@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._quotaengine import FailureOutcome, Lease
 
-# What is read of a body: an error message as far as the parsers look (SPEC 13's
-# 16 KiB), a success body as far as a completion with its usage reasonably goes.
-MESSAGE_BYTES = 16 * 1024
+# What is read of a body: an error message as far as the parsers look (1 MiB, SPEC
+# 24.6: what a provider writes is read), a success body as far as a completion with
+# its usage reasonably goes.
+MESSAGE_BYTES = 1024 * 1024
 BODY_BYTES = 1024 * 1024
 _MISSING = object()
 # Token counts a success may record (SPEC 18.4): ints in 0..2**63.

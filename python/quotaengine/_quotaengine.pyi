@@ -665,8 +665,9 @@ class _QuotaEngine:
         counts in ``tokens`` windows, less ``estimated_output_tokens`` in ``input_tokens``
         windows, and ``estimated_output_tokens`` in ``output_tokens`` windows. With
         ``wait_s``, waits up to that many seconds of real time for a gate to open (SPEC
-        17.2): the GIL and the engine's lock released, first come first served, raising
-        at once when every refusal's retry time lies beyond the wait. A ``wait_s`` over
+        17.2): the GIL and the engine's lock released, first come first served among the
+        waiters for the capacity that refused it, never held behind a wait for another
+        (SPEC 24.5), raising at once when every refusal's retry time lies beyond the wait. A ``wait_s`` over
         10**12 s is an OverflowError. ``priority`` (SPEC 22.1; 0 the most important): every
         gate leaves ``floor(limit * priority_reserve(priority))`` free, and waiters of a
         smaller number are admitted first."""
@@ -828,8 +829,9 @@ class _QuotaEngine:
         argument keeps what is set. Persisted; wins over env and defaults."""
     def reset_provider_caps(self, platform: str) -> None: ...
     def learned_provider_caps(self, platform: str, key_id: int) -> ProviderCaps:
-        """SPEC 21.2: the provider caps learned for the key's account from pool 429s
-        (daily and minute requests; None where nothing was learned)."""
+        """SPEC 21.2, 24.6: the provider caps learned for the key's account from pool
+        429s (daily and minute requests; None where nothing was learned). They belong
+        to the account: a key moved to another account reports that account's."""
     def provider_daily_request_count(self, platform: str, key_id: int) -> int: ...
     def provider_minute_request_count(self, platform: str, key_id: int) -> int: ...
     def provider_daily_token_count(self, platform: str, key_id: int) -> int: ...

@@ -30,15 +30,43 @@ COLUMNS = [
 TENANT_COLUMNS = ["tenant", "window", "used", "limit", "in_flight", "used_fraction", "exhausts_at_ms"]
 
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def _datetime(ms: int, local: bool) -> _dt.datetime | None:
+    """An epoch-ms time as an aware datetime (UTC, or the local zone), or ``None`` when
+    it lies outside the years 1 to 9999 a datetime holds (a forecast at a slow pace
+    can be millions of years away)."""
+    try:
+        at = _EPOCH + _dt.timedelta(milliseconds=ms)
+        return at.astimezone() if local else at
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _out_of_range(ms: int) -> str:
+    return "after year 9999" if ms > 0 else "before year 1"
+
+
 def _fmt_time(ms: int) -> str:
-    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    """An epoch-ms time in UTC (``after year 9999`` when beyond what a datetime holds)."""
+    at = _datetime(ms, local=False)
+    return _out_of_range(ms) if at is None else at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _fmt_at(ms: int) -> str:
+    """``at <UTC time>``, or ``after year 9999`` (``before year 1``) beyond a datetime."""
+    at = _fmt_time(ms)
+    return at if _datetime(ms, local=False) is None else f"at {at}"
 
 
 def fmt_local(ms: int, now_ms: int) -> str:
-    """An epoch-ms time as a local time: ``HH:MM``, with the date when not today's (SPEC 22.2)."""
-    at = _dt.datetime.fromtimestamp(ms / 1000).astimezone()
-    now = _dt.datetime.fromtimestamp(now_ms / 1000).astimezone()
-    return at.strftime("%H:%M") if at.date() == now.date() else at.strftime("%Y-%m-%d %H:%M")
+    """An epoch-ms time as a local time: ``HH:MM``, with the date when not today's (SPEC 22.2);
+    ``after year 9999`` (or ``before year 1``) when beyond what a datetime holds."""
+    at, now = _datetime(ms, local=True), _datetime(now_ms, local=True)
+    if at is None:
+        return _out_of_range(ms)
+    return at.strftime("%H:%M") if now is not None and at.date() == now.date() else at.strftime("%Y-%m-%d %H:%M")
 
 
 def fmt_dollars(micro: int) -> str:
@@ -323,7 +351,7 @@ class QuotaSnapshot:
                 out.append('<td class="qe-runs-out">-</td>')
             else:
                 out.append(
-                    f'<td class="qe-runs-out" title="a window runs out at this pace at {esc(_fmt_time(at))}">'
+                    f'<td class="qe-runs-out" title="a window runs out at this pace {esc(_fmt_at(at))}">'
                     f"{esc(fmt_local(at, self.taken_at_ms))}</td>"
                 )
             out.append("</tr>")
@@ -363,7 +391,7 @@ class QuotaSnapshot:
                 out.append('<td class="qe-runs-out">-</td>')
             else:
                 out.append(
-                    f'<td class="qe-runs-out" title="this window runs out at this pace at {esc(_fmt_time(at))}">'
+                    f'<td class="qe-runs-out" title="this window runs out at this pace {esc(_fmt_at(at))}">'
                     f"{esc(fmt_local(at, self.taken_at_ms))}</td>"
                 )
             out.append("</tr>")

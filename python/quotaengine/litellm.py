@@ -16,6 +16,13 @@ with a ``retry-after`` header, so LiteLLM's fallbacks to other model groups stil
 Only LiteLLM's own extension points are used: its custom routing strategy
 (``Router.register_plugin``, else ``set_custom_routing_strategy``) and its callbacks
 (a ``CustomLogger``). Supported: LiteLLM 1.100 or later (tested with 1.110).
+
+A derived route's key id is the deployment's credential (SPEC 25.1: two deployments on one
+``api_key`` are one key); ``install(..., tenants=True)`` leases each request for its
+tenants (SPEC 25.2, ``tenants_of``). In the LiteLLM proxy (SPEC 25.3) one config line,
+``callbacks: ["quotaengine.litellm.proxy_handler"]``, does all of this on the proxy's
+router, with the authenticated key's tenants and OpenAI's rate-limit headers
+(``proxy_handler_for`` builds a handler with explicit options).
 """
 
 from __future__ import annotations
@@ -36,7 +43,18 @@ from ._quotaengine import provider_hosts
 if TYPE_CHECKING:
     from . import Lease, QuotaEngine
 
-__all__ = ["QuotaEnginePlugin", "install", "derive_route"]
+__all__ = [
+    "QuotaEnginePlugin",
+    "install",
+    "derive_route",
+    "key_id_of",
+    "credential_key_id",
+    "tenants_of",
+    "key_tenants",
+    "tenant_headers",
+    "openai_duration",
+    "proxy_handler_for",
+]
 
 Route = tuple[str, str, int]
 # What a request skipped (SPEC 24.7): a route, a model (platform, model_id) or a platform.
@@ -59,6 +77,14 @@ def key_id_of(deployment_id: str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
+def credential_key_id(platform: str, api_key: str) -> int:
+    """SPEC 25.1: the key id of a credential: the top 63 bits of a blake2b hash of the
+    platform and the API key, so deployments sharing one key are one key. It cannot be
+    turned back into the key."""
+    digest = hashlib.blake2b(f"{platform}\n{api_key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 def _provider_and_model(params: Mapping[str, Any]) -> tuple[str, str]:
     model = str(params.get("model") or "")
     provider = params.get("custom_llm_provider")
@@ -73,7 +99,8 @@ def _provider_and_model(params: Mapping[str, Any]) -> tuple[str, str]:
 def derive_route(deployment: Mapping[str, Any]) -> tuple[str, str, int]:
     """The route SPEC 20 derives for a deployment (a ``model_list`` entry): the platform
     from its provider and ``api_base`` host, the model id without the provider prefix,
-    and the key id hashed from ``model_info["id"]``."""
+    and the key id: a hash of the platform and the deployment's ``api_key`` (SPEC 25.1:
+    deployments on one key are one key), else of ``model_info["id"]``."""
     params = deployment.get("litellm_params") or {}
     info = deployment.get("model_info") or {}
     provider, model_id = _provider_and_model(params)
@@ -88,6 +115,9 @@ def derive_route(deployment: Mapping[str, Any]) -> tuple[str, str, int]:
             platform = "ollama"
     elif provider in _GOOGLE_PROVIDERS:
         platform = "google"
+    api_key = params.get("api_key")
+    if isinstance(api_key, str) and api_key:
+        return platform, model_id, credential_key_id(platform, api_key)
     return platform, model_id, key_id_of(str(info.get("id")))
 
 
@@ -117,8 +147,10 @@ class QuotaEnginePlugin:
         strategy: str,
         routes: Mapping[str, Route],
         accounts: Mapping[str, str | None],
+        tenants: bool = False,
     ) -> None:
         self._router = router
+        self._tenants = tenants
         self._engine = engine
         self._wait_s = wait_s
         self._strategy = cast(Strategy, strategy)
@@ -149,6 +181,15 @@ class QuotaEnginePlugin:
             route = self._route_for(deployment)
         return route
 
+    @staticmethod
+    def tenants_of(request: Mapping[str, Any] | None) -> list[str]:
+        """SPEC 25.2: the tenants a request is leased for, in order:
+        ``metadata["quotaengine_tenants"]`` (a str or a list of str), ``"end_user:<user>"``
+        from the OpenAI ``user`` field, ``"tag:<tag>"`` for each of ``metadata["tags"]``, then
+        those the proxy found on the authenticated key (25.3). A name given twice counts
+        once."""
+        return tenants_of(request)
+
     def uninstall(self) -> None:
         """Stop choosing: the router's own strategy and cooldowns come back, the outcome
         logger goes. Leases still travelling end as their calls end. Idempotent."""
@@ -178,6 +219,7 @@ class QuotaEnginePlugin:
         candidates, routes, estimate, output = self._request(
             model, messages, input, specific_deployment, request_kwargs
         )
+        tenants = self.tenants_of(request_kwargs) if self._tenants else None
 
         try:
             lease = self._engine.lease_any(
@@ -187,9 +229,12 @@ class QuotaEnginePlugin:
                 strategy=self._strategy,
                 wait_s=self._wait_s,
                 exclude=self._skipped(request_kwargs),
+                tenant=tenants,
             )
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
+        except ValueError as bad:  # a tenant name the engine does not accept
+            raise _bad_request(model, bad) from None
         return self._travel(lease, routes, candidates, request_kwargs, None)
 
     async def async_get_available_deployment(
@@ -204,6 +249,7 @@ class QuotaEnginePlugin:
         candidates, routes, estimate, output = self._request(
             model, messages, input, specific_deployment, request_kwargs
         )
+        tenants = self.tenants_of(request_kwargs) if self._tenants else None
 
         try:
             lease = await self._engine.lease_any_async(
@@ -213,9 +259,12 @@ class QuotaEnginePlugin:
                 strategy=self._strategy,
                 wait_s=self._wait_s,
                 exclude=self._skipped(request_kwargs),
+                tenant=tenants,
             )
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
+        except ValueError as bad:  # a tenant name the engine does not accept
+            raise _bad_request(model, bad) from None
         return self._travel(lease, routes, candidates, request_kwargs, asyncio.current_task())
 
     def _request(
@@ -231,6 +280,27 @@ class QuotaEnginePlugin:
         routes = [self.route_of(_id_of(d)) for d in candidates]
         estimate, output = self._estimate(messages, input, request_kwargs)
         return candidates, routes, estimate, output
+
+    async def _lease_chosen(self, kwargs: dict[str, Any]) -> None:
+        """A request LiteLLM routed on its own (the strategy was dropped under the plugin):
+        leased on the deployment LiteLLM chose, with its tenants, so it counts as any other
+        (``litellm.RateLimitError`` when that deployment or a tenant has no room)."""
+        params = kwargs.get("litellm_params")
+        info = kwargs.get("model_info") or (params.get("model_info") if isinstance(params, Mapping) else None)
+        deployment_id = info.get("id") if isinstance(info, Mapping) else None
+        deployment = self._deployment(str(deployment_id)) if deployment_id is not None else None
+        if deployment is None:
+            return
+        route = self.route_of(str(deployment_id))
+        estimate, output = self._estimate(kwargs.get("messages"), kwargs.get("input"), kwargs)
+        tenants = self.tenants_of(kwargs) if self._tenants else None
+        try:
+            lease = await self._engine.lease_any_async(
+                [route], estimate, estimated_output_tokens=output, wait_s=self._wait_s, tenant=tenants
+            )
+        except QuotaExceeded as refused:
+            raise self._refusal(str(kwargs.get("model") or route[1]), refused) from None
+        self._travel(lease, [route], [deployment], kwargs, asyncio.current_task())
 
     # ---- outcomes (the logger calls these) ---------------------------------------------
 
@@ -350,17 +420,41 @@ class QuotaEnginePlugin:
             retry_after = max(1, math.ceil(wait_ms / 1000))
         else:
             retry_after = 1
-        reasons = ", ".join(f"{r.platform}/{r.model_id}/key {r.key_id}: {r.reason}" for r in refused.refusals)
+        tenant = next((r for r in refused.refusals if getattr(r, "tenant", None) is not None), None)
+        if tenant is not None and all(getattr(r, "tenant", None) is not None for r in refused.refusals):
+            # Every candidate was refused by a tenant's limit: the caller's own limit.
+            names = sorted({f"{r.tenant!r} ({self._limit_text(r.tenant, r.reason)})" for r in refused.refusals})
+            message = f"quotaengine: tenant {' and tenant '.join(names)} is at its limit for {model!r}"
+        else:
+            reasons = ", ".join(
+                f"{r.platform}/{r.model_id}/key {r.key_id}: "
+                + (f"tenant {r.tenant!r} {self._limit_text(r.tenant, r.reason)}" if r.tenant is not None else r.reason)
+                for r in refused.refusals
+            )
+            message = f"quotaengine: every deployment of {model!r} is at its limits ({reasons})"
         headers = {"retry-after": str(retry_after)}
         request = httpx.Request("POST", "http://quotaengine.invalid/")
         response = httpx.Response(429, headers=headers, request=request)
-        return RateLimitError(
-            message=f"quotaengine: every deployment of {model!r} is at its limits ({reasons})",
+        error = RateLimitError(
+            message=message,
             llm_provider="quotaengine",
             model=model,
             response=response,
             headers=headers,
         )
+        error.quotaengine_refusal = refused  # type: ignore[attr-defined]  # the proxy's headers read it
+        return error
+
+    def _limit_text(self, tenant: str, reason: str) -> str:
+        """'requests/minute: 4' for a tenant's refusal reason 'tenant:requests/minute'."""
+        window = reason.removeprefix("tenant:")
+        try:
+            for lim in self._engine.tenant_limits(tenant):
+                if f"{lim.metric}/{lim.per}" == window:
+                    return f"limit {lim.limit} {lim.metric} per {lim.per}"
+        except Exception:  # noqa: BLE001 - the message only
+            pass
+        return f"limit {window}"
 
     def _travel(
         self,
@@ -446,6 +540,67 @@ class QuotaEnginePlugin:
             except RuntimeError:  # noqa: PERF203 - its loop is gone
                 pass
             live.task = live.callback = None
+
+
+# SPEC 25.2: where a request names its tenants (the proxy stamps the key's under its own name).
+TENANTS_META = "quotaengine_tenants"
+KEY_TENANTS_META = "quotaengine_key_tenants"
+
+
+def _metadata_buckets(request: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found = []
+    for name in ("metadata", "litellm_metadata"):
+        bucket = request.get(name)
+        if isinstance(bucket, Mapping):
+            found.append(bucket)
+    params = request.get("litellm_params")
+    if isinstance(params, Mapping):
+        for name in ("metadata", "litellm_metadata"):
+            bucket = params.get(name)
+            if isinstance(bucket, Mapping):
+                found.append(bucket)
+    return found
+
+
+def _names(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value if isinstance(v, str) and v]
+    return []
+
+
+def tenants_of(request: Mapping[str, Any] | None) -> list[str]:
+    """SPEC 25.2: the tenants a request (the kwargs of a Router call, or the proxy's
+    request data) is served for, in order and each once: ``metadata["quotaengine_tenants"]``,
+    ``"end_user:<user>"``, ``"tag:<tag>"`` for each of ``metadata["tags"]``, then the
+    authenticated key's (``key:``, ``team:``, ``org:``, ``user:``) the proxy put there."""
+    if not request:
+        return []
+    buckets = _metadata_buckets(request)
+    given: list[str] = []
+    for bucket in buckets:
+        given += _names(bucket.get(TENANTS_META))
+    user = request.get("user")
+    if not (isinstance(user, str) and user):
+        for bucket in buckets:
+            u = bucket.get("user_api_key_end_user_id")
+            if isinstance(u, str) and u:
+                user = u
+                break
+    if isinstance(user, str) and user:
+        given.append(f"end_user:{user}")
+    for bucket in buckets:
+        given += [f"tag:{t}" for t in _names(bucket.get("tags"))]
+    for bucket in buckets:
+        given += _names(bucket.get(KEY_TENANTS_META))
+    return list(dict.fromkeys(given))
+
+
+def _bad_request(model: str, error: Exception) -> Exception:
+    from litellm.exceptions import BadRequestError
+
+    return BadRequestError(message=f"quotaengine: {error}", model=model, llm_provider="quotaengine")
 
 
 def _id_of(deployment: Mapping[str, Any]) -> str:
@@ -628,6 +783,7 @@ def install(
     strategy: str = "headroom",
     routes: Mapping[str, Route] | None = None,
     import_limits: bool = True,
+    tenants: bool = False,
 ) -> QuotaEnginePlugin:
     """Make ``engine`` choose every deployment of ``router`` (a ``litellm.Router``).
 
@@ -638,7 +794,13 @@ def install(
     ``max_parallel_requests`` go to the engine where it knows nothing lower. A bad
     set-up (a ``routes`` entry naming no deployment, a malformed
     ``model_info["quotaengine"]``, a second ``install`` on one router) is a
-    ``ValueError`` before anything changes."""
+    ``ValueError`` before anything changes.
+
+    With ``tenants=True`` each request is leased for its tenants too (SPEC 25.2:
+    ``metadata["quotaengine_tenants"]``, ``"end_user:<user>"`` from ``user``,
+    ``"tag:<tag>"`` from ``metadata["tags"]``), so the tenants' limits
+    (``engine.set_tenant_limits``) hold in the same atomic lease; a refusal by a tenant's
+    limit is a ``litellm.RateLimitError`` naming the tenant and the limit."""
     import litellm  # the extra: pip install quotaengine[litellm]
 
     if getattr(router, "_quotaengine_plugin", None) is not None:
@@ -667,7 +829,9 @@ def install(
         engine.register_key(key_id, platform, account=accounts[deployment_id])
         if import_limits:
             _import_limits(engine, d, found[deployment_id])
-    plugin = QuotaEnginePlugin(router, engine, wait_s=float(wait_s), strategy=strategy, routes=found, accounts=accounts)
+    plugin = QuotaEnginePlugin(
+        router, engine, wait_s=float(wait_s), strategy=strategy, routes=found, accounts=accounts, tenants=bool(tenants)
+    )
     plugin._explicit = explicit
     plugin._logger = _make_logger(plugin)
     litellm.logging_callback_manager.add_litellm_callback(plugin._logger)
@@ -681,3 +845,349 @@ def install(
     router._quotaengine_plugin = plugin
     plugin._installed = True
     return plugin
+
+
+# ---- the LiteLLM proxy (SPEC 25.3) --------------------------------------------------------
+
+_PROXY_ADMIN = "default_user_id"  # LiteLLM's placeholder user id: names no tenant
+_MASTER_KEY_ALIAS = "litellm_proxy_master_key"  # what the proxy puts for its master key
+_TOKEN_METRICS = ("tokens", "input_tokens", "output_tokens")
+
+
+def _flag(name: str, default: bool) -> bool:
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0, not {raw!r}")
+
+
+def _check_location(location: str) -> str:
+    if location.strip() == "" or location.strip().startswith(":memory:"):
+        raise ValueError(
+            f"QUOTAENGINE_DB={location!r}: the proxy's workers must share one engine, a file or a "
+            "redis:// URL (':memory:' would give each worker limits of its own)"
+        )
+    return location
+
+
+def openai_duration(ms: int) -> str:
+    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``"1s"``,
+    ``"6m0s"``, ``"1h2m3s"`` (whole seconds, rounded up; ``"0s"`` for none)."""
+    s = max(0, math.ceil(ms / 1000))
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h{m}m{sec}s"
+    if m:
+        return f"{m}m{sec}s"
+    return f"{sec}s"
+
+
+_WIDTHS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _reset_ms(per: str, now_ms: int) -> int:
+    """How long until a window of ``per`` holding usage now is empty again: its width for a
+    sliding window, the start of the next UTC period for a calendar one (an upper bound)."""
+    import datetime as dt
+
+    if per == "minute":
+        return 60_000
+    if per in ("day", "week", "month"):
+        now = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc)
+        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        if per == "day":
+            nxt = start + dt.timedelta(days=1)
+        elif per == "week":
+            nxt = start + dt.timedelta(days=7 - start.weekday())
+        else:
+            nxt = (start.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+        return int(nxt.timestamp() * 1000) - now_ms
+    unit = _WIDTHS_MS.get(per[-1:])
+    try:
+        return int(per[:-1]) * unit if unit else 0
+    except ValueError:
+        return 0
+
+
+def tenant_headers(engine: QuotaEngine, tenants: list[str]) -> dict[str, str]:
+    """SPEC 25.3: OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the
+    tightest limit of each kind over ``tenants`` (the least room left, live leases
+    counted); ``{}`` for a kind no tenant limits."""
+    best: dict[str, tuple[int, int, int]] = {}  # kind -> (room, limit, reset_ms)
+    now = engine.now_ms()
+    for tenant in tenants:
+        for window, row in engine.tenant_usage(tenant).items():
+            metric, _, per = window.partition("/")
+            kind = "requests" if metric == "requests" else "tokens" if metric in _TOKEN_METRICS else None
+            if kind is None:
+                continue
+            limit, used, in_flight = int(row["limit"]), int(row["used"]), int(row["in_flight"])
+            room = limit - used - in_flight
+            if kind not in best or (room, limit) < best[kind][:2]:
+                reset = _reset_ms(per, now) if used + in_flight > 0 else 0
+                best[kind] = (room, limit, reset)
+    headers: dict[str, str] = {}
+    for kind, (room, limit, reset) in best.items():
+        headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, room))
+        headers[f"x-ratelimit-reset-{kind}"] = openai_duration(reset)
+    return headers
+
+
+def key_tenants(user_api_key_dict: Any, master_key: str | None = None) -> list[str]:
+    """SPEC 25.2: the tenants of LiteLLM's authenticated key (a ``UserAPIKeyAuth``):
+    ``key:<alias, else the hashed key>``, ``team:``, ``org:``, ``user:``. The master key and
+    LiteLLM's placeholder user id name none."""
+    if user_api_key_dict is None:
+        return []
+
+    def field(name: str) -> str | None:
+        v = getattr(user_api_key_dict, name, None)
+        return v if isinstance(v, str) and v else None
+
+    api_key, token = field("api_key"), field("token")
+    master = {_MASTER_KEY_ALIAS}
+    if master_key:
+        master |= {master_key, hashlib.sha256(master_key.encode()).hexdigest()}
+    found: list[str] = []
+    if not master & {api_key, token, field("key_alias")}:
+        key = field("key_alias") or token
+        if key is not None:
+            found.append(f"key:{key}")
+    for prefix, name in (("team", "team_id"), ("org", "org_id"), ("user", "user_id")):
+        v = field(name)
+        if v is not None and v != _PROXY_ADMIN:
+            found.append(f"{prefix}:{v}")
+    return found
+
+
+def _proxy_router() -> Any:
+    try:
+        from litellm.proxy import proxy_server
+    except Exception:  # noqa: BLE001 - not in the proxy
+        return None
+    return getattr(proxy_server, "llm_router", None)
+
+
+def _proxy_master_key() -> str | None:
+    try:
+        from litellm.proxy import proxy_server
+    except Exception:  # noqa: BLE001 - not in the proxy
+        return None
+    key = getattr(proxy_server, "master_key", None)
+    return key if isinstance(key, str) and key else None
+
+
+def _make_proxy_handler_class() -> type:
+    from litellm.integrations.custom_logger import CustomLogger
+
+    class QuotaEngineProxyHandler(CustomLogger):
+        """SPEC 25.3: quotaengine in the LiteLLM proxy, as a callback. It installs the
+        plugin (``install``, with tenants) on the proxy's router at the first request and
+        again whenever the router was replaced or its routing strategy changed; stamps the
+        authenticated key's tenants into each request; answers with OpenAI's rate-limit
+        headers for the tightest tenant limits."""
+
+        def __init__(
+            self,
+            engine: QuotaEngine | None = None,
+            *,
+            location: str | None = None,
+            wait_s: float = 0.0,
+            strategy: str = "headroom",
+            tenants: bool = True,
+            headers: bool = True,
+        ) -> None:
+            super().__init__()
+            self.quotaengine_location = location
+            self.quotaengine_options = {"wait_s": wait_s, "strategy": strategy, "tenants": tenants}
+            self.quotaengine_headers = headers
+            self._qe_engine = engine
+            self._qe_pid = 0
+            self._qe_plugin: QuotaEnginePlugin | None = None
+            self._qe_lock = threading.Lock()
+            self._qe_stale = False
+
+        # ---- the engine and the plugin ----------------------------------------------
+
+        @property
+        def engine(self) -> QuotaEngine:
+            """The engine, opened in this process at its first use (never forked open)."""
+            import os
+
+            with self._qe_lock:
+                if self._qe_engine is None or (self.quotaengine_location is not None and self._qe_pid != os.getpid()):
+                    from . import QuotaEngine
+
+                    self._qe_engine = QuotaEngine(_check_location(self.quotaengine_location or "./quota.db"))
+                    self._qe_pid = os.getpid()
+                    self._qe_plugin = None
+                return self._qe_engine
+
+        @property
+        def plugin(self) -> QuotaEnginePlugin | None:
+            """The plugin installed on the proxy's router (``None`` before the first request)."""
+            return self._qe_plugin
+
+        def ensure_installed(self, router: Any = None, *, again: bool = False) -> QuotaEnginePlugin | None:
+            """Installs the plugin on ``router`` (the proxy's ``llm_router`` by default) when it
+            is not installed there, or ``again``: uninstalling first."""
+            router = router if router is not None else _proxy_router()
+            if router is None:
+                return None
+            engine = self.engine
+            with self._qe_lock:
+                plugin = self._qe_plugin
+                if plugin is not None and plugin._router is router and plugin._installed and not again:
+                    return plugin
+                if plugin is not None:
+                    plugin.uninstall()
+                stale = getattr(router, "_quotaengine_plugin", None)
+                if stale is not None:
+                    stale.uninstall()
+                opts = self.quotaengine_options
+                self._qe_plugin = install(
+                    router,
+                    engine,
+                    wait_s=float(opts["wait_s"]),  # type: ignore[arg-type]
+                    strategy=str(opts["strategy"]),
+                    tenants=bool(opts["tenants"]),
+                )
+                return self._qe_plugin
+
+        # ---- LiteLLM's hooks ----------------------------------------------------------
+
+        async def async_pre_call_hook(
+            self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
+        ) -> Any:
+            self.ensure_installed()
+            if self.quotaengine_options["tenants"] and isinstance(data, dict):
+                found = key_tenants(user_api_key_dict, _proxy_master_key())
+                if found:
+                    metadata = data.get("metadata")
+                    if not isinstance(metadata, dict):
+                        metadata = {}
+                        data["metadata"] = metadata
+                    metadata[KEY_TENANTS_META] = found
+            return data
+
+        async def async_filter_deployments(
+            self,
+            model: str,
+            healthy_deployments: list[dict[str, Any]],
+            messages: Any,
+            request_kwargs: dict[str, Any] | None = None,
+            parent_otel_span: Any = None,
+        ) -> list[dict[str, Any]]:
+            # LiteLLM's own routing ran: the plugin's strategy was dropped under it.
+            if self._qe_plugin is not None:
+                self._qe_stale = True
+            return healthy_deployments
+
+        async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
+            plugin = self._qe_plugin
+            # A request LiteLLM routed on its own (no token of the plugin's): the strategy
+            # was dropped under it (a routing-strategy change, a router replaced).
+            if plugin is not None and plugin._token_of(kwargs) is None:
+                self._qe_stale = True
+            if self._qe_stale:
+                self._qe_stale = False
+                plugin = self.ensure_installed(again=True)
+                if plugin is not None and plugin._token_of(kwargs) is None:
+                    await plugin._lease_chosen(kwargs)
+            return None
+
+        async def async_post_call_response_headers_hook(
+            self,
+            data: dict[str, Any],
+            user_api_key_dict: Any,
+            response: Any,
+            request_headers: dict[str, str] | None = None,
+            litellm_call_info: dict[str, object] | None = None,
+        ) -> dict[str, str] | None:
+            if not self.quotaengine_headers or not isinstance(data, dict):
+                return None
+            found = tenants_of(data)
+            if not found:
+                return None
+            try:
+                return tenant_headers(self.engine, found) or None
+            except Exception:  # noqa: BLE001 - headers never fail a response
+                return None
+
+    return QuotaEngineProxyHandler
+
+
+_handler_class: type | None = None
+
+
+def _handler_cls() -> type:
+    global _handler_class
+    if _handler_class is None:
+        _handler_class = _make_proxy_handler_class()
+    return _handler_class
+
+
+def proxy_handler_for(
+    engine: QuotaEngine | None = None,
+    *,
+    wait_s: float | None = None,
+    strategy: str | None = None,
+    tenants: bool = True,
+    headers: bool = True,
+    metrics: Any = None,
+) -> Any:
+    """SPEC 25.3: a ``QuotaEngineProxyHandler`` (a LiteLLM ``CustomLogger``) for a callback
+    file of one's own: ``engine`` (else ``QuotaEngine($QUOTAENGINE_DB)``, opened in each
+    worker at its first request), ``wait_s`` and ``strategy`` as for ``install`` (else
+    ``$QUOTAENGINE_WAIT_S``, ``$QUOTAENGINE_STRATEGY``), ``tenants`` (25.2) and ``headers``
+    (OpenAI's rate-limit headers for the tightest tenant limits). ``metrics`` needs
+    ``quotaengine.metrics``, which this version does not have: anything but ``None`` is a
+    ``NotImplementedError``."""
+    import os
+
+    if metrics is not None:
+        raise NotImplementedError("proxy_handler_for(metrics=...) needs quotaengine.metrics, not in this version")
+    if wait_s is None:
+        raw = os.environ.get("QUOTAENGINE_WAIT_S", "").strip()
+        try:
+            wait_s = float(raw) if raw else 0.0
+        except ValueError:
+            raise ValueError(f"QUOTAENGINE_WAIT_S must be a number of seconds, not {raw!r}") from None
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not math.isfinite(wait_s) or wait_s < 0:
+        raise ValueError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
+    if strategy is None:
+        strategy = os.environ.get("QUOTAENGINE_STRATEGY", "").strip() or "headroom"
+        if strategy not in ("headroom", "order", "spread"):
+            raise ValueError(f"QUOTAENGINE_STRATEGY must be headroom, order or spread, not {strategy!r}")
+    if strategy not in ("headroom", "order", "spread"):
+        raise ValueError(f"strategy must be 'headroom', 'order' or 'spread', not {strategy!r}")
+    location = None
+    if engine is None:
+        location = _check_location(os.environ.get("QUOTAENGINE_DB", "").strip() or "./quota.db")
+    handler = _handler_cls()(
+        engine, location=location, wait_s=float(wait_s), strategy=strategy, tenants=tenants, headers=headers
+    )
+    return handler
+
+
+def __getattr__(name: str) -> Any:
+    """``proxy_handler`` (SPEC 25.3: the one config line) and ``QuotaEngineProxyHandler`` are
+    made at first use, so that importing this module needs no LiteLLM."""
+    if name == "QuotaEngineProxyHandler":
+        return _handler_cls()
+    if name == "proxy_handler":
+        handler = proxy_handler_for(
+            tenants=_flag("QUOTAENGINE_TENANTS", True), headers=_flag("QUOTAENGINE_HEADERS", True)
+        )
+        globals()["proxy_handler"] = handler
+        return handler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

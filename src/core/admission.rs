@@ -16,7 +16,7 @@
 //! Every limit is a [`Limit`](crate::core::limits::Limit): the model's declared ones at
 //! key or account scope, and the provider caps of SPEC §8 at provider scope (every model
 //! of the key's account). A new kind of limit is a declaration, not a new gate.
-use crate::core::limits::{Declared, LimitSet, Metric, Scope, WindowSpec, DAY, MINUTE};
+use crate::core::limits::{cap_slot, CapValues, Declared, LimitSet, Metric, Scope, WindowSpec, DAY, MINUTE};
 use crate::core::types::{Admission, Reason, Strategy};
 use crate::core::windows::Windows;
 
@@ -82,6 +82,10 @@ pub struct GateContext {
     /// SPEC §8's caps in force, in gate order (daily requests, minute requests, daily
     /// tokens): `LimitSet::provider`.
     pub provider: LimitSet,
+    /// SPEC 24.6: until when a pool 429 spent the route's pool of the account, per
+    /// provider cap (the slots of `provider`): its cap's gate refuses until then,
+    /// whatever was counted.
+    pub pool_spent: CapValues,
     /// SPEC 23.3: the platform's limits, at platform scope (every model of the key, or
     /// of its account), in gate order.
     pub platform: LimitSet,
@@ -158,14 +162,17 @@ impl<'a> View<'a> {
 pub struct Verdict {
     pub refused: Option<Admission>,
     pub room: f64,
+    /// The scope of the declared limit that refused (SPEC 24.5: what a waiter waits
+    /// for); `None` when it passed, or for the cooldown and the concurrency cap.
+    pub scope: Option<Scope>,
 }
 
 impl Verdict {
     /// Passes and leaves all the room (a gate with nothing to say).
-    pub const PASS: Verdict = Verdict { refused: None, room: 1.0 };
+    pub const PASS: Verdict = Verdict { refused: None, room: 1.0, scope: None };
 
     fn refused(reason: Reason, retry_at_ms: Option<i64>) -> Verdict {
-        Verdict { refused: Some(Admission::refused(reason, retry_at_ms)), room: 0.0 }
+        Verdict { refused: Some(Admission::refused(reason, retry_at_ms)), room: 0.0, scope: None }
     }
 
     /// As `check()` answers.
@@ -270,7 +277,7 @@ pub fn admit_through<'a>(v: &View, gates: impl Iterator<Item = Gate<'a>>) -> Ver
         }
         room = room.min(out.room);
     }
-    Verdict { refused: None, room }
+    Verdict { refused: None, room, scope: None }
 }
 
 /// How much of a limit this call may fill: all of it but SPEC 22.1's priority
@@ -318,6 +325,12 @@ pub fn admit_tenants<'a>(
 /// alone) passes.
 fn check_limit(d: &Declared, v: &View) -> Verdict {
     let l = &d.limit;
+    if l.scope == Scope::Provider {
+        let spent = cap_slot(l.slot()).and_then(|i| v.ctx.pool_spent.get(i).copied().flatten());
+        if let Some(until) = spent.filter(|t| *t > v.now) {
+            return Verdict::refused(d.reason.clone(), Some(until));
+        }
+    }
     let Some(t) = v.tally(l.scope) else { return Verdict::PASS };
     let (recorded, this) = match v.billed {
         Some(b) if l.scope == Scope::Provider && l.metric.is_tokens() => {
@@ -347,10 +360,10 @@ fn window_verdict(d: &Declared, t: &Tally, recorded: i64, this: i64, limit: i64,
     };
     if over {
         let retry = t.win.release_time(l.window, l.metric, excess, now);
-        return Verdict::refused(d.reason.clone(), retry);
+        return Verdict { scope: Some(l.scope), ..Verdict::refused(d.reason.clone(), retry) };
     }
     // SPEC 22.1: headroom is scored with the priority's limit.
-    Verdict { refused: None, room: room(limit, used.saturating_add(this)) }
+    Verdict { refused: None, room: room(limit, used.saturating_add(this)), scope: None }
 }
 
 /// The room a limit leaves once `taken` counts in it: `(limit - taken) / limit`.
@@ -457,7 +470,7 @@ mod tests {
         win.add(T0, 4, 100, T0);
         // requests: (10 - 4 - 1) / 10 = 0.5; tokens: (1000 - 100 - 300) / 1000 = 0.6
         let out = admit(&view(&c, &win, InFlight::default(), Estimate::tokens(300)));
-        assert_eq!(out, Verdict { refused: None, room: 0.5 });
+        assert_eq!(out, Verdict { refused: None, room: 0.5, scope: None });
         // nothing declared: all the room
         let none = GateContext::default();
         assert_eq!(admit(&view(&none, &win, InFlight::default(), Estimate::tokens(300))), Verdict::PASS);
@@ -513,6 +526,42 @@ mod tests {
         v.billed = Some(Billed { window: DAY, used: 0, estimate: 0 });
         v.est = Estimate::tokens(10_000);
         assert_eq!(admit(&v).refused, None);
+    }
+
+    /// SPEC 24.6: a spent pool refuses through its cap's gate until its reset, whatever
+    /// was counted; the other caps' gates are untouched.
+    #[test]
+    fn a_spent_pool_refuses_through_its_gate_until_its_reset() {
+        let until = T0 + 6 * 3_600_000;
+        let c = GateContext {
+            provider: LimitSet::provider([Some(1_000), Some(0), None]),
+            pool_spent: [Some(until), None, None],
+            ..GateContext::default()
+        };
+        let empty = Windows::default();
+        let mut v = view(&c, &empty, InFlight::default(), Estimate::tokens(1));
+        let refused = admit(&v).admission();
+        assert_eq!(refused.reason, Some(Reason::declared("provider_daily_requests")));
+        assert_eq!(refused.retry_at_ms, Some(until));
+        assert_eq!(admit(&v).room, 0.0);
+        // At the reset the day's gate counts again (nothing counted: it passes), and the
+        // minute cap of 0 refuses as it would have.
+        v.now = until;
+        assert_eq!(reason(admit(&v)), Some("provider_minute_requests".into()));
+        let c = GateContext { provider: LimitSet::provider([Some(1_000), None, None]), ..c };
+        let mut v = view(&c, &empty, InFlight::default(), Estimate::tokens(1));
+        v.now = until;
+        assert_eq!(admit(&v).refused, None);
+        // A spent minute pool names the minute gate.
+        let c = GateContext {
+            provider: LimitSet::provider([Some(1_000), Some(0), None]),
+            pool_spent: [None, Some(T0 + 40_000), None],
+            ..GateContext::default()
+        };
+        let v = view(&c, &empty, InFlight::default(), Estimate::tokens(1));
+        let refused = admit(&v).admission();
+        assert_eq!(refused.reason, Some(Reason::declared("provider_minute_requests")));
+        assert_eq!(refused.retry_at_ms, Some(T0 + 40_000));
     }
 
     #[test]

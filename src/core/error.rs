@@ -53,6 +53,9 @@ pub struct Refusal {
     pub key_id: i64,
     /// The tenant whose limit refused (SPEC 23.2), `None` for the route's own gates.
     pub tenant: Option<String>,
+    /// The scope of the declared limit that refused (`None` for the cooldown, the
+    /// concurrency cap and an excluded candidate): what a waiter waits for (SPEC 24.5).
+    pub scope: Option<crate::core::limits::Scope>,
     /// `lease_any` (SPEC 17.1): every candidate's refusal, in the given order (this one
     /// among them); empty for a `lease()` of one route, whose refusal is this one.
     pub candidates: Vec<Refusal>,

@@ -36,12 +36,17 @@ pub fn cap_values<T: Copy + Default>(
     pairs: impl IntoIterator<Item = ((Metric, WindowSpec), T)>,
 ) -> [T; CAPS] {
     let mut caps = [T::default(); CAPS];
-    for ((metric, window), v) in pairs {
-        if let Some(i) = NAMED[4..].iter().position(|n| (n.1, n.2) == (metric, window)) {
-            caps[i] = v;
+    for (slot, v) in pairs {
+        if let Some(c) = cap_slot(slot).and_then(|i| caps.get_mut(i)) {
+            *c = v;
         }
     }
     caps
+}
+
+/// The [`CapValues`] slot of a provider cap of `metric` per `window`, if there is one.
+pub fn cap_slot((metric, window): (Metric, WindowSpec)) -> Option<usize> {
+    NAMED[4..].iter().position(|n| (n.1, n.2) == (metric, window))
 }
 
 /// What a limit counts. Declared in gate order.

@@ -2,6 +2,7 @@
 //! passes a clock and a copy of the environment in).
 pub mod admission;
 pub mod calendar;
+pub mod capacity;
 pub mod clock;
 pub mod cooldowns;
 pub mod engine;

@@ -107,6 +107,7 @@ mod tests {
             model_id: "m".into(),
             key_id,
             tenant: None,
+            scope: None,
             candidates: Vec::new(),
         }
     }

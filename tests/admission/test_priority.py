@@ -283,6 +283,42 @@ def test_async_waiters_follow_priority_too(store: str) -> None:
         assert order == [1, 3, 0, 2]
 
 
+def test_async_waiters_on_two_keys_of_one_account_follow_priority_for_its_window(
+    store: str, clock: q.ManualClock
+) -> None:
+    """SPEC 24.5: waiters for one account-scope window wait in one line whichever key of
+    the account they asked for: the more important one first, though it came later."""
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
+        for k in (1, 2):
+            e.register_key(k, P, account="org")
+        e.set_model_limits(P, M, limits=[q.Limit("requests", 1, "minute")])
+
+        async def main() -> list[int]:
+            order: list[int] = []
+
+            async def waiter(i: int) -> None:
+                lease = await e.lease_any_async([(P, M, 1 + i)], wait_s=600, priority=1 - i)
+                lease.success()
+                order.append(i)
+
+            for _ in range(10):
+                clock.advance(60_000)
+                e.record_request(P, M, 1)
+                tasks = []
+                for i in range(2):
+                    tasks.append(asyncio.create_task(waiter(i)))
+                    await asyncio.sleep(0.1)
+                for n in (1, 2):
+                    clock.advance(60_000)
+                    while len(order) % 2 != n % 2:
+                        await asyncio.sleep(0.01)
+                await asyncio.gather(*tasks)
+            return order
+
+        order = asyncio.run(main())
+        assert order == [1, 0] * 10
+
+
 # ========================================================================= bad input
 
 

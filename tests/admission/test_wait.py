@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import quotaengine as q
 from subprocesses import spawn, stderr_of
-from waiters import order_of_admission
+from waiters import admitted_one_at_a_time, admitted_while_it_waits, order_of_admission
 
 NOW = 1_767_268_800_000  # 2026-01-01 12:00 UTC
 P, M, K = "groq", "llama", 1
@@ -341,4 +341,157 @@ def test_an_async_wait_is_woken_by_a_lease_ending_not_by_its_timer(store: str) -
         lease, _ = waiter.step()
         assert lease is not None
         lease.release()
+        waiter.close()
+
+
+# ------------------------------------------- waiting is for capacity, not per key (SPEC 24.5)
+
+WAIT_LONG = 600  # beyond a minute window's retry by a ManualClock: these waits never end in vain
+
+
+@pytest.fixture
+def manual() -> q.ManualClock:
+    return q.ManualClock(NOW)
+
+
+def full(e: q.QuotaEngine, model: str, key: int = K) -> None:
+    """Declares one request a minute on ``model`` and spends it (the clock stays put)."""
+    e.set_model_limits(P, model, rpm=1)
+    e.record_request(P, model, key)
+
+
+@pytest.mark.parametrize(("waiting_priority", "free_priority"), [(0, 0), (0, 1)])
+def test_a_free_model_is_never_held_behind_a_full_one_of_the_same_key(
+    store: str, manual: q.ManualClock, waiting_priority: int, free_priority: int
+) -> None:
+    """A waiter on a full model of a key, earlier (or more important), does not hold a
+    later waiter on a free model of the same key: that one is admitted while it waits."""
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        full(e, "full")
+        waiting = e._lease_waiter(P, "full", K, wait_s=WAIT_LONG, priority=waiting_priority)
+        assert admitted_while_it_waits(waiting, lambda: e.lease(P, "free", K, wait_s=30, priority=free_priority))
+
+
+def test_lease_any_with_a_free_candidate_on_another_key_is_not_held(store: str, manual: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        full(e, M, key=1)
+        waiting = e._lease_waiter(P, M, 1, wait_s=WAIT_LONG)
+        assert admitted_while_it_waits(waiting, lambda: e.lease_any([(P, M, 1), (P, M, 2)], wait_s=30))
+
+
+def test_lease_async_on_a_free_model_is_not_held(store: str, manual: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        full(e, "full")
+
+        def free() -> q.Lease:
+            return asyncio.run(e.lease_async(P, "free", K, wait_s=30))
+
+        assert admitted_while_it_waits(e._lease_waiter(P, "full", K, wait_s=WAIT_LONG), free)
+
+
+def test_the_stepper_of_a_later_waiter_on_a_free_model_is_admitted_at_its_first_step(
+    store: str, manual: q.ManualClock
+) -> None:
+    """The same, step by step: the queue holds a candidate only behind a waiter for a
+    capacity it draws on; a candidate of the same call that draws on none is tried."""
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        full(e, "full")
+        first = e._lease_waiter(P, "full", K, wait_s=WAIT_LONG)
+        assert first.step()[0] is None  # refused: it waits for the full model's minute
+        later = e._lease_any_waiter([(P, "full", K), (P, "free", K)], wait_s=WAIT_LONG, strategy="order")
+        lease, _ = later.step()
+        assert lease is not None and lease.model_id == "free"  # not the full one, though listed first
+        lease.release()
+        # A later waiter on the full model alone waits behind the first, even once it frees.
+        third = e._lease_waiter(P, "full", K, wait_s=WAIT_LONG)
+        assert third.step()[0] is None
+        manual.advance(60_000)
+        assert third.step()[0] is None  # the first comes first
+        got, _ = first.step()
+        assert got is not None
+        got.success()
+        manual.advance(60_000)
+        got, _ = third.step()
+        assert got is not None
+        got.release()
+        for w in (first, later, third):
+            w.close()
+
+
+ORG_KEYS = (1, 2)
+
+
+def org(e: q.QuotaEngine) -> None:
+    for k in ORG_KEYS:
+        e.register_key(k, P, account="org")
+
+
+@pytest.mark.parametrize("priorities", [(1, 0), (0, 0)], ids=["priority", "first-come"])
+def test_two_keys_of_one_account_wait_in_one_line_for_an_account_limit(
+    store: str, manual: q.ManualClock, priorities: tuple[int, int]
+) -> None:
+    """Waiters on two keys of one account, for the same account-scope window (spent by
+    another engine on the store), are admitted in the order of 17.2 and 22.1, every time:
+    a smaller priority number first, else the earlier."""
+    with q.QuotaEngine(store, clock=manual, env={}) as e, q.QuotaEngine(store, clock=manual, env={}) as other:
+        org(e)
+        expected = [1, 0] if priorities == (1, 0) else [0, 1]
+        for trial in range(20):
+            model = f"m{trial}"
+            e.set_model_limits(P, model, limits=[q.Limit("requests", 1, "minute")])
+            other.record_request(P, model, ORG_KEYS[0])
+            order = admitted_one_at_a_time(
+                lambda i, model=model: e.lease(P, model, ORG_KEYS[i], wait_s=WAIT_LONG, priority=priorities[i]),
+                2,
+                lambda: manual.advance(60_000),
+            )
+            assert order == expected, f"trial {trial}"
+
+
+def test_tenant_limits_are_capacities(store: str, manual: q.ManualClock) -> None:
+    """A waiter for a tenant's limit holds only the waiters drawing on it: a later call on
+    the same route for another tenant is admitted at once; a more important one for the
+    same tenant on another key comes first."""
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        e.set_tenant_limits("u", [q.Limit("requests", 1, "minute")])
+        e.record_request(P, M, K, tenant="u")
+        waiting = e._lease_waiter(P, M, K, wait_s=WAIT_LONG, tenant="u")
+        assert admitted_while_it_waits(waiting, lambda: e.lease(P, M, K, wait_s=30, tenant="v"))
+        for trial in range(10):
+            manual.advance(60_000)
+            e.record_request(P, M, K, tenant="u")
+            order_u = admitted_one_at_a_time(
+                lambda i: e.lease(P, f"m{i}", 1 + i, wait_s=WAIT_LONG, priority=1 - i, tenant=["w", "u"]),
+                2,
+                lambda: manual.advance(60_000),
+            )
+            assert order_u == [1, 0], f"trial {trial}"
+
+
+def test_platform_limits_are_capacities(store: str, manual: q.ManualClock) -> None:
+    """Waiters on two models of two keys of one account, for the platform's account-wide
+    limit, wait in one line."""
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        org(e)
+        e.set_platform_limits(P, [q.Limit("requests", 1, "minute")])
+        for trial in range(10):
+            manual.advance(60_000)
+            e.record_request(P, "x", ORG_KEYS[0])
+            order = admitted_one_at_a_time(
+                lambda i: e.lease(P, f"m{i}", ORG_KEYS[i], wait_s=WAIT_LONG, priority=1 - i),
+                2,
+                lambda: manual.advance(60_000),
+            )
+            assert order == [1, 0], f"trial {trial}"
+
+
+def test_a_call_that_does_not_wait_never_queues_and_takes_what_is_free(store: str, manual: q.ManualClock) -> None:
+    with q.QuotaEngine(store, clock=manual, env={}) as e:
+        e.set_model_limits(P, M, rpm=2)
+        e.record_request(P, M, K)
+        waiter = e._lease_waiter(P, "other", K, wait_s=WAIT_LONG)
+        e.set_model_limits(P, "other", rpm=1)
+        e.record_request(P, "other", K)
+        assert waiter.step()[0] is None
+        e.lease(P, M, K).release()  # wait_s=0 on another model of the key: at once
         waiter.close()

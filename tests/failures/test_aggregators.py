@@ -4,6 +4,8 @@ real bodies; through record_failure and Lease.observe."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import quotaengine as q
 from moments import MINUTE, NOON, SECOND
@@ -14,9 +16,11 @@ from provider_bodies import (
     OPENROUTER_UPSTREAM_LITELLM,
     openrouter_pool_body,
 )
+from subprocesses import finish, spawn
 
 MIDNIGHT = NOON + 12 * 3_600_000  # OpenRouter's day ends at 00:00 UTC
 P, M, M2 = "openrouter", "google/gemini-2.0-flash-exp:free", "meta-llama/llama-3.3-70b-instruct:free"
+M3, PAID = "deepseek/deepseek-chat-v3-0324:free", "anthropic/claude-sonnet-4"
 
 
 @pytest.fixture
@@ -183,15 +187,18 @@ def test_a_pool_429_teaches_the_account_its_cap_and_reset(qengine: q.QuotaEngine
     assert bench(o) == (MIDNIGHT - NOON, "authoritative")
     learned = qengine.learned_provider_caps(P, 1)
     assert (learned.daily_requests, learned.minute_requests, learned.daily_tokens) == (50, None, None)
-    # The platform's cap is unchanged; the gate uses the lower one.
+    # SPEC 24.6: the free pool is spent until the reset, whatever was counted.
+    assert qengine.check(P, M2, 1).reason == "provider_daily_requests"
+    # The platform's cap is unchanged; the gate uses the lower one (on every model of
+    # the account: a paid one's route does not pass through the spent free pool).
     assert qengine.provider_caps(P).daily_requests == 1000
     for _ in range(49):
-        qengine.record_request(P, M2, 1)
-    assert qengine.can_use_provider(P, 1) and qengine.check(P, M2, 1).allowed
-    qengine.record_request(P, M2, 1)
+        qengine.record_request(P, PAID, 1)
+    assert qengine.can_use_provider(P, 1) and qengine.check(P, PAID, 1).allowed
+    qengine.record_request(P, PAID, 1)
     assert not qengine.can_use_provider(P, 1)
     with pytest.raises(q.QuotaExceeded) as err:
-        qengine.lease(P, M2, 1)
+        qengine.lease(P, PAID, 1)
     assert err.value.reason == "provider_daily_requests"
     # Another key, its own account: untouched.
     assert qengine.learned_provider_caps(P, 2).daily_requests is None
@@ -241,6 +248,198 @@ def test_a_learned_cap_is_the_accounts_and_shared(store: str, qengine: q.QuotaEn
             other.record_request(P, M2, 5)
         assert not other.can_use_provider(P, 4)
     assert not qengine.can_use_provider(P, 5)
+
+
+# ------------------------------------------------------------------ 24.6 a pool 429 spends the pool
+
+SIX_HOURS = 6 * 3_600_000
+
+CHECK_SCRIPT = """
+import sys
+import quotaengine as q
+store, now = sys.argv[1], int(sys.argv[2])
+with q.QuotaEngine(store, clock=q.ManualClock(now), env={}) as e:
+    for route in sys.argv[3:]:
+        model, key = route.rsplit("@", 1)
+        a = e.check("openrouter", model, int(key))
+        print(a.reason, a.retry_at_ms, flush=True)
+"""
+
+
+def refused(e: q.QuotaEngine, model: str, key: int) -> tuple[str | None, int | None]:
+    a = e.check(P, model, key)
+    return (a.reason, a.retry_at_ms)
+
+
+def in_another_process(store: str, now: int, *routes: tuple[str, int]) -> list[tuple[str, int | None]]:
+    with spawn(CHECK_SCRIPT, store, str(now), *(f"{m}@{k}" for m, k in routes)) as proc:
+        lines = finish(proc).splitlines()
+    return [(r, None if t == "None" else int(t)) for r, t in (line.split() for line in lines)]
+
+
+def test_a_day_pool_429_refuses_every_free_route_of_the_account_until_its_reset(
+    store: str, qengine: q.QuotaEngine, qclock: q.ManualClock
+) -> None:
+    """Acceptance finding 5: a `free-models-per-day` 429 stating limit 50, remaining 0
+    and a reset 6 h away, while the engine had counted 3."""
+    reset = NOON + SIX_HOURS
+    for k in (4, 5):
+        qengine.register_key(k, P, account="team")
+    for model in (M, M2, M3):
+        qengine.lease(P, model, 4).success()
+    o = qengine.record_failure(P, M, 4, status=429, message=openrouter_pool_body("free-models-per-day", 50, reset))
+    assert bench(o) == (SIX_HOURS, "authoritative")
+    spent = ("provider_daily_requests", reset)
+    # Every free route of the account, on every key of it, through the pool's gate.
+    for model in (M2, M3):
+        for k in (4, 5):
+            assert refused(qengine, model, k) == spent
+    with pytest.raises(q.QuotaExceeded) as err:
+        qengine.lease(P, M3, 5)
+    assert (err.value.reason, err.value.retry_at_ms, err.value.key_id) == (*spent, 5)
+    with pytest.raises(q.QuotaExceeded):
+        qengine.lease_any([(P, M2, 4), (P, M3, 5)])
+    # Another account, and a paid model (the account's other pool): untouched.
+    assert qengine.check(P, M2, 1).allowed
+    assert qengine.check(P, PAID, 5).allowed
+    # Another engine and another process on the store see the pool spent.
+    qclock.advance(MINUTE)
+    with q.QuotaEngine(store, clock=qclock, env={}) as other:
+        assert refused(other, M3, 5) == spent
+        assert other.check(P, PAID, 4).allowed
+    assert in_another_process(store, NOON + MINUTE, (M3, 5), (M2, 4), (M2, 1)) == [spent, spent, ("None", None)]
+    # Until the reset, and no longer (3 counted of the 50 learned).
+    qclock.set(reset - 1)
+    assert refused(qengine, M2, 5) == spent
+    qclock.set(reset)
+    assert qengine.check(P, M2, 5).allowed
+    qengine.lease(P, M3, 4).success()
+    assert in_another_process(store, reset, (M3, 5)) == [("None", None)]
+
+
+def test_a_minute_pool_429_refuses_the_pool_though_the_platform_has_no_minute_cap(
+    store: str, qengine: q.QuotaEngine, qclock: q.ManualClock
+) -> None:
+    assert qengine.provider_caps(P).minute_requests is None
+    reset = NOON + 40 * SECOND
+    qengine.record_failure(P, M, 1, status=429, message=openrouter_pool_body("free-models-per-min", 20, reset))
+    assert refused(qengine, M2, 1) == ("provider_minute_requests", reset)
+    assert qengine.check(P, PAID, 1).allowed
+    # What the provider said spent stays spent, whatever the operator set for the cap.
+    qengine.set_provider_caps(P, minute_requests=None)
+    assert refused(qengine, M3, 1) == ("provider_minute_requests", reset)
+    qengine.set_provider_caps(P, minute_requests=1000)
+    assert refused(qengine, M3, 1) == ("provider_minute_requests", reset)
+    with q.QuotaEngine(store, clock=qclock, env={}) as other:
+        assert refused(other, M3, 1) == ("provider_minute_requests", reset)
+    qclock.set(reset)
+    assert qengine.check(P, M2, 1).allowed
+
+
+def test_a_reset_already_past_or_none_spends_nothing(qengine: q.QuotaEngine) -> None:
+    qengine.record_failure(P, M, 1, status=429, message=openrouter_pool_body("free-models-per-day", 50, NOON))
+    assert qengine.check(P, M2, 1).allowed
+    no_reset = json.loads(openrouter_pool_body("free-models-per-day", 40, NOON))
+    del no_reset["error"]["metadata"]["headers"]["X-RateLimit-Reset"]
+    qengine.record_failure(P, M, 1, status=429, message=json.dumps(no_reset))
+    assert qengine.check(P, M2, 1).allowed
+    assert qengine.learned_provider_caps(P, 1).daily_requests == 40
+
+
+def test_a_learned_pool_cap_stays_with_the_account_not_the_key(
+    store: str, qengine: q.QuotaEngine, qclock: q.ManualClock
+) -> None:
+    for k in (4, 5):
+        qengine.register_key(k, P, account="team")
+    # A reset already past: the cap alone.
+    qengine.record_failure(P, M, 4, status=429, message=openrouter_pool_body("free-models-per-day", 2, NOON))
+    assert qengine.learned_provider_caps(P, 4).daily_requests == 2
+    # Key 4 moves to an account of its own, key 6 joins the team.
+    qengine.register_key(4, P, account="solo")
+    qengine.register_key(6, P, account="team")
+    qengine.record_request(P, M2, 4)
+    qengine.record_request(P, M2, 4)
+    with q.QuotaEngine(store, clock=qclock, env={}) as other:
+        for e in (qengine, other):
+            assert e.learned_provider_caps(P, 4).daily_requests is None
+            assert e.check(P, M2, 4).allowed  # 2 counted on "solo", which learned nothing
+            for k in (5, 6):
+                assert e.learned_provider_caps(P, k).daily_requests == 2
+    qengine.record_request(P, M2, 5)
+    qengine.record_request(P, M2, 6)
+    assert in_another_process(store, NOON, (M2, 4), (M3, 6)) == [("None", None), ("provider_daily_requests", MIDNIGHT)]
+    # What key 4 learns now is its new account's.
+    qengine.record_failure(P, M, 4, status=429, message=openrouter_pool_body("free-models-per-day", 30, NOON))
+    assert qengine.learned_provider_caps(P, 4).daily_requests == 30
+    assert qengine.learned_provider_caps(P, 5).daily_requests == 2
+
+
+def test_a_spent_pool_stays_with_the_account_not_the_key(
+    store: str, qengine: q.QuotaEngine, qclock: q.ManualClock
+) -> None:
+    for k in (4, 5):
+        qengine.register_key(k, P, account="team")
+    qengine.record_failure(P, M, 4, status=429, message=openrouter_pool_body("free-models-per-day", 50, MIDNIGHT))
+    assert refused(qengine, M2, 4) == ("provider_daily_requests", MIDNIGHT)
+    qengine.register_key(4, P, account="solo")
+    qengine.register_key(6, P, account="team")
+    with q.QuotaEngine(store, clock=qclock, env={}) as other:
+        for e in (qengine, other):
+            assert e.check(P, M2, 4).allowed
+            for k in (5, 6):
+                assert refused(e, M2, k) == ("provider_daily_requests", MIDNIGHT)
+    assert in_another_process(store, NOON, (M2, 4), (M3, 6)) == [
+        ("None", None),
+        ("provider_daily_requests", MIDNIGHT),
+    ]
+
+
+@pytest.mark.parametrize(
+    "limit",
+    ["2e1", "12345678901234567890", "20.0", "-20"],  # 20 digits: never truncated to 18
+    ids=["exponent", "twenty-digits", "fraction", "negative"],
+)
+def test_a_number_not_written_as_an_integer_teaches_nothing(qengine: q.QuotaEngine, limit: str) -> None:
+    body = json.loads(openrouter_pool_body("free-models-per-day", 1, MIDNIGHT))
+    body["error"]["metadata"]["headers"]["X-RateLimit-Limit"] = limit
+    o = qengine.record_failure(P, M, 1, status=429, message=json.dumps(body))
+    assert qengine.learned_provider_caps(P, 1).daily_requests is None
+    assert bench(o) == (MIDNIGHT - NOON, "authoritative")  # the reset, a whole integer, is read
+
+
+def test_a_reset_of_twenty_digits_is_no_reset(qengine: q.QuotaEngine) -> None:
+    body = json.loads(openrouter_pool_body("free-models-per-day", 50, MIDNIGHT))
+    body["error"]["metadata"]["headers"]["X-RateLimit-Reset"] = "17459712000000000000"
+    qengine.record_failure(P, M, 1, status=429, message=json.dumps(body))
+    assert qengine.learned_provider_caps(P, 1).daily_requests == 50
+    assert qengine.check(P, M2, 1).allowed  # no reset read: the pool is not spent
+
+
+def long_upstream(pad: int) -> str:
+    body = json.loads(OPENROUTER_UPSTREAM)
+    raw = body["error"]["metadata"]["raw"]
+    body["error"]["metadata"]["raw"] = "<html>" + "x" * pad + "</html> " + raw
+    return json.dumps(body)
+
+
+def test_an_upstream_429_with_a_long_raw_answer_is_read_whole(store: str, qengine: q.QuotaEngine) -> None:
+    """SPEC 24.6: the body is read as the provider wrote it (up to 1 MiB), so the
+    upstream named after a long `metadata.raw` benches the model, not the key."""
+    o = qengine.record_failure(P, M, 1, status=429, message=long_upstream(100_000))
+    assert o.kind == "upstream" and bench(o) == (60_000, "upstream")
+    cd = qengine.cooldown(P, M, 2)
+    assert cd is not None and cd.key_id is None
+    assert qengine.check(P, M2, 1).allowed  # the key's other models stay open
+
+    class Response:
+        status_code = 429
+        headers: dict[str, str] = {}
+        text = long_upstream(500_000)
+
+    o = qengine.lease(P, M2, 3).observe(Response())
+    assert o is not None and o.kind == "upstream"
+    cd = qengine.cooldown(P, M2, 1)
+    assert cd is not None and cd.key_id is None
 
 
 def test_a_cap_or_reset_in_the_response_headers_through_observe(qengine: q.QuotaEngine) -> None:

@@ -351,7 +351,7 @@ def test_a_cap_learned_in_one_worker_refuses_in_the_others(store: str, qclock: q
         gemini_body("GenerateRequestsPerMinutePerProjectPerModel-FreeTier", "9" * 40 + "s", quota_value="0"),
         "\x00\xff\xfe" * 50_000 + " try again in 5s GenerateRequestsPerDay quotaValue 9",
         "limit: " + "9" * 30 + " requests per day",
-        "x" * (1 << 20) + GEMINI_PER_DAY_17S,  # beyond the 16 KiB that are read
+        "x" * (1 << 20) + GEMINI_PER_DAY_17S,  # beyond the 1 MiB that is read
     ],
     ids=["quotaValue-word", "negative", "huge", "binary", "overflow", "one-megabyte"],
 )

@@ -235,7 +235,7 @@ def test_a_two_megabyte_error_body_is_read_only_as_far_as_the_parsers_go(
     r = requests.post(server.url + "/v1/chat/completions", json={"model": "huge-429"}, timeout=5)
     out = e.lease(P, M, K).observe(r)
     assert out is not None and out.kind == "rate_limit"
-    assert out.learned is None  # the limit sits past the 16 KiB read
+    assert out.learned is None  # the limit sits past the 1 MiB read
     assert e.model_limits(P, M) is None
 
 

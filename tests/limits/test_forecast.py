@@ -260,3 +260,59 @@ def test_quotaengine_status_shows_the_local_time(tmp_path: Path) -> None:
 
     # the pace was read at some moment between `before` and `after`
     assert any(row.endswith(shown(t + LOOKBACK)) for t in range(before - 1000, after + 1, 1000)), row
+
+
+# ============================================================================ a forecast past year 9999
+
+
+def far_forecast(e: q.QuotaEngine) -> None:
+    """A route and a tenant whose day runs out, at one token a day, in year ~19 million."""
+    e.set_model_limits(P, M, limits=[q.Limit("tokens", 10**12, "1d")])
+    e.set_tenant_limits("team:far", [q.Limit("tokens", 10**12, "1d")])
+    e.record_tokens(P, M, K, 1, tenant="team:far")
+
+
+def test_a_forecast_past_year_9999_is_shown_not_raised(
+    engine: q.QuotaEngine, local_zone: Callable[[str], None]
+) -> None:
+    """Acceptance finding 6: a datetime holds years 1 to 9999, and one route forecast beyond
+    made the whole snapshot unreadable. The text, the HTML (both tables) and the frames show
+    every route, the far one as "after year 9999"."""
+    far_forecast(engine)
+    requests(engine, 1, model="near")
+    snap = engine.snapshot()
+    (row,) = [r for r in snap.rows if r["model_id"] == M]
+    assert row["exhausts_at_ms"] > 253_402_300_800_000  # past 9999-12-31 UTC
+    (tenant,) = snap.tenants
+    assert tenant["exhausts_at_ms"] == row["exhausts_at_ms"]
+    for zone in ("UTC", "Asia/Tokyo", "America/Los_Angeles"):
+        local_zone(zone)
+        text = str(snap)
+        lines = text.splitlines()
+        assert lines[0].startswith("quota snapshot of")
+        route = next(line for line in lines if line.split()[:2] == [P, M])
+        assert route.endswith("after year 9999")
+        assert next(line for line in lines if line.startswith("team:far")).endswith("after year 9999")
+        assert any(line.split()[:2] == [P, "near"] for line in lines)
+        page = snap._repr_html_()
+        assert page.count(">after year 9999</td>") == 2  # the route's and the tenant's
+        assert 'at after year 9999"' not in page and "runs out at this pace after year 9999" in page
+    df = snap.to_pandas().set_index("model_id")
+    assert df.exhausts_at_ms[M] == row["exhausts_at_ms"]
+    assert snap.tenants_to_pandas().exhausts_at_ms.tolist() == [row["exhausts_at_ms"]]
+
+
+def test_quotaengine_status_shows_a_forecast_past_year_9999(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    with q.QuotaEngine(db, env={}) as e:
+        far_forecast(e)
+    r = subprocess.run(
+        [sys.executable, "-m", "quotaengine", "status", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert next(line for line in lines if line.startswith(P)).endswith("after year 9999")
+    assert next(line for line in lines if line.startswith("team:far")).endswith("after year 9999")

@@ -438,6 +438,36 @@ def test_retention_keeps_the_month_only_for_the_models_that_declare_it(store: st
         ]
 
 
+def test_a_week_limit_keeps_the_rows_it_counts_and_no_others(store: str) -> None:
+    """SPEC 24.3: a model's week limit keeps that model's rows past the retention, a platform's
+    week limit every model's of that platform, and no other rows stay: after the sweeps, and
+    after a reopen whose first call is a sweep, both weeks still count what they counted."""
+    clock = q.ManualClock(DEC1 + 10 * HOUR)  # a Tuesday: the week began on Monday
+    t0 = clock.now_ms()
+    opts = {"clock": clock, "env": {}, "retention_ms": HOUR}
+    routes = [(P, "weekly"), (P, "plain"), ("plat", "a"), ("plat", "b"), ("elsewhere", "a")]
+
+    def old(e: q.QuotaEngine) -> list[tuple[str, str]]:
+        return sorted((r["platform"], r["model_id"]) for r in e.usage_events(since_ms=0) if r["created_at_ms"] == t0)
+
+    with q.QuotaEngine(store, **opts) as e:  # type: ignore[arg-type]
+        e.set_model_limits(P, "weekly", limits=[Limit("requests", 100, "week")])
+        e.set_platform_limits("plat", [Limit("requests", 100, "week")])
+        for platform, model in routes:
+            e.record_request(platform, model, K)
+        clock.advance(3 * HOUR)
+        e.record_request("z", "z", K)  # a sweep
+        clock.advance(2 * MIN)
+        e.record_request("z", "z", K)  # and another
+        assert old(e) == [(P, "weekly"), ("plat", "a"), ("plat", "b")]
+    clock.advance(2 * MIN)
+    with q.QuotaEngine(store, **opts) as f:  # type: ignore[arg-type]
+        f.record_request("z", "z", K)  # the reopened engine's first sweep
+        assert old(f) == [(P, "weekly"), ("plat", "a"), ("plat", "b")]
+        assert f.usage(P, "weekly", K)["requests/week"]["used"] == 1
+        assert f.usage("plat", "a", K)["platform:requests/week"] == {"used": 2, "limit": 100}
+
+
 def test_retention_of_a_kept_model_follows_its_sliding_window_across_sweeps(store: str) -> None:
     """A declared 3 h sliding window keeps that model's last 3 h, sweep after sweep, while a
     model declaring a month keeps its month and an undeclared one keeps retention_ms: each

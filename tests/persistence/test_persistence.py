@@ -451,6 +451,62 @@ def test_retention_sweep_at_most_once_a_minute(db_path: Path) -> None:
         assert e.usage(P, M, K)["rpm"]["used"] == 5
 
 
+def test_the_sweep_runs_again_at_the_first_write_after_every_step_back_of_the_clock(store: str) -> None:
+    """SPEC 24.3 on every backend: a row stamped before ``now - retention_ms`` that was written
+    after the clock stepped back (here by an engine whose clock is behind) is gone after the
+    next writing call that follows a step back; otherwise the sweep runs at most once a minute,
+    counted from the last sweep by the clock as it now reads."""
+    ca, cb = q.ManualClock(TEN_AM), q.ManualClock(TEN_AM - 3 * HOUR)
+    with (
+        q.QuotaEngine(store, clock=ca, env={}, retention_ms=HOUR) as a,
+        q.QuotaEngine(store, clock=cb, env={}, retention_ms=HOUR) as b,
+    ):
+
+        def seconds() -> list[int]:
+            return sorted((r["created_at_ms"] - TEN_AM) // SECOND for r in a.usage_events(since_ms=0))
+
+        a.record_request(P, M, K)  # 10:00, a sweep
+        b.record_request(P, M, K)  # 07:00: b's own sweep keeps it
+        ca.advance(40 * SECOND)
+        a.record_request(P, M, K)  # 40 s after a's last sweep: none
+        assert seconds() == [-3 * 3600, 0, 40]
+        ca.advance(-5 * SECOND)  # a's clock steps back 5 s: its next write sweeps
+        a.record_request(P, M, K)
+        assert seconds() == [0, 35, 40]
+        cb.set(TEN_AM - 2 * HOUR)
+        b.record_request(P, M, K)  # 08:00 (b's clock moved on: no step back)
+        ca.advance(50 * SECOND)  # 50 s after the sweep at 10:00:35
+        a.record_request(P, M, K)
+        assert seconds() == [-2 * 3600, 0, 35, 40, 85]
+        ca.advance(10 * SECOND)  # a minute after it: the 08:00 row goes
+        a.record_request(P, M, K)
+        assert seconds() == [0, 35, 40, 85, 95]
+        assert a.usage(P, M, K)["rpm"]["used"] == 3  # 10:00:40, 10:01:25 and 10:01:35
+
+
+def test_a_row_written_behind_another_engines_sweep_goes_at_the_next_sweep(store: str) -> None:
+    """SPEC 24.3: b's clock is 3 h behind a's. A row b writes after a swept (stamped before
+    where a's sweep had got to) is gone at the next sweep that finds it past the retention,
+    also while a week limit keeps another model's rows (on Redis the sweep of rows written
+    after a step back went on from where the last sweep stopped, by time, and never came
+    back for it)."""
+    ca, cb = q.ManualClock(TEN_AM + 3 * HOUR), q.ManualClock(TEN_AM)
+    with (
+        q.QuotaEngine(store, clock=ca, env={}, retention_ms=HOUR) as a,
+        q.QuotaEngine(store, clock=cb, env={}, retention_ms=HOUR) as b,
+    ):
+        a.set_model_limits(P, "weekly", limits=[q.Limit("requests", 100, "week")])  # 13:00, a's sweep
+        b.record_request(P, M, K)  # 10:00 by b's clock: b's sweep
+        ca.advance(2 * MINUTE)
+        a.record_request(P, "weekly", K)  # 13:02 by a's: a's sweep, past every row of b's
+        cb.advance(30 * SECOND)
+        b.record_request(P, M, K)  # 10:00:30, 30 s after b's sweep: none
+        cb.advance(HOUR + 30 * SECOND)  # 11:01: a sweep; the rows of 10:00 are past the hour
+        b.record_request(P, M, K)
+        assert [(r["created_at_ms"] - TEN_AM) // SECOND for r in b.usage_events(since_ms=0, model_id=M)] == [3660]
+        assert len(a.usage_events(since_ms=0, model_id="weekly")) == 1
+
+
 def test_retention_default_keeps_a_day(db_path: Path) -> None:
     clock = q.ManualClock(TEN_AM)
     with q.QuotaEngine(db_path, clock=clock, env={}) as e:

@@ -210,7 +210,8 @@ def test_a_refusal_is_confirmed_on_fresh_data(redis_target: RedisTarget) -> None
 
 def test_server_restart_degrades_then_replays(own_server: RedisServer) -> None:
     """Redis killed: the engine enforces from memory and buffers; Redis back (empty,
-    no persistence): the buffered rows are written again and other engines see them."""
+    no persistence): the buffered rows are written again and other engines see them,
+    with the rows of the minute the server lost (SPEC 24.4: written back)."""
     clock = q.ManualClock(TEN_AM)
     with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
         for _ in range(3):
@@ -230,8 +231,9 @@ def test_server_restart_degrades_then_replays(own_server: RedisServer) -> None:
         e.record_request(P, M, K)  # a write: flushes what was buffered
         assert not e.degraded
         with q.QuotaEngine(own_server.url, clock=clock, env={}) as other:
-            # The two rows written while Redis was down, and the last one.
-            assert other.usage(P, M, K)["rpm"]["used"] == 3
+            # The three rows the restart lost (written back, SPEC 24.4), the two written
+            # while Redis was down, and the last one.
+            assert other.usage(P, M, K)["rpm"]["used"] == 6
 
 
 FLEET = """
@@ -468,8 +470,8 @@ def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server:
     clock = q.ManualClock(TEN_AM)
     with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
         e.record_request(P, M, K)
-        own_server.kill()  # no persistence: the server comes back empty
-        calls, tokens = buffer_events_past_merging(e, clock, (P, M, K))
+        own_server.kill()  # no persistence: the server comes back empty (the first row is written back)
+        calls, tokens = buffer_events_past_merging(e, clock, (P, M, K), calls=1)
         own_server.start()
         deadline = time.monotonic() + 5
         while e.degraded and time.monotonic() < deadline:

@@ -362,6 +362,40 @@ def test_a_tenants_month_budget_keeps_its_rows_past_the_retention(store: str) ->
         assert f.tenant_usage("t")["cost/month"] == {"used": 1_000, "limit": 10_000_000, "in_flight": 0}
 
 
+def test_a_tenants_week_limit_keeps_the_rows_carrying_it_and_no_others(store: str) -> None:
+    """SPEC 24.3: a tenant's week limit keeps the rows that carry the tenant, of any model, past
+    the retention, and no others: another tenant's rows and untenanted rows of the same models
+    go at retention_ms. The week still counts its rows after the sweep and across a reopen."""
+    clock = q.ManualClock(TEN_AM)
+
+    def open_engine() -> q.QuotaEngine:
+        return q.QuotaEngine(store, clock=clock, env={}, retention_ms=HOUR)
+
+    def old(e: q.QuotaEngine) -> list[tuple[str, list[str]]]:
+        return sorted((r["model_id"], r["tenants"]) for r in e.usage_events(since_ms=0) if r["created_at_ms"] == TEN_AM)
+
+    with open_engine() as e:
+        e.set_tenant_limits("t", [q.Limit("requests", 100, "week")])
+        e.record_request(P, M, K, tenant="t")
+        e.record_request(P, CHEAP, K, tenant=["u", "t"])
+        e.record_request(P, M, K, tenant="u")  # u declares nothing: retention_ms applies
+        e.record_request(P, M, K)  # no tenant
+        e.record_request(P, CHEAP, K)
+        clock.advance(3 * HOUR)
+        e.record_request("other", "x", K)  # a sweep
+        clock.advance(2 * MINUTE)
+        e.record_request("other", "x", K)  # and another
+        assert old(e) == [(M, ["t"]), (CHEAP, ["u", "t"])]
+        assert e.tenant_usage("t")["requests/week"]["used"] == 2
+    clock.advance(2 * MINUTE)
+    with open_engine() as f:
+        f.record_request("other", "x", K)  # the reopened engine's first sweep
+        assert old(f) == [(M, ["t"]), (CHEAP, ["u", "t"])]
+        assert f.tenant_usage("t")["requests/week"] == {"used": 2, "limit": 100, "in_flight": 0}
+        f.record_request(P, M, K, tenant="t")
+        assert f.tenant_usage("t")["requests/week"]["used"] == 3
+
+
 # ================================================================ the race
 
 TENANT_RACE = """

@@ -5,14 +5,14 @@
 use super::unit::{Access, Applied};
 use super::usage::TokenUse;
 use super::{admit, check_priority, observed, priced, Engine};
-use crate::core::admission::{self, Passed};
+use crate::core::admission::{self, Passed, Verdict};
 use crate::core::cooldowns::MODEL_PENALTY_MS;
 use crate::core::error::{Error, Reason, Refusal, Result};
 use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, RouteId};
 use crate::core::store::{TokenKinds, UsageKind, Write};
 use crate::core::tenants::TenantList;
-use crate::core::types::{check_non_negative, Admission, Exclusion, Route, Strategy};
+use crate::core::types::{check_non_negative, Exclusion, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
@@ -253,7 +253,7 @@ impl Engine {
         let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
             let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, tenants, now)?;
-            if let Some(refusal) = refusal_of(route, verdict.refused) {
+            if let Some(refusal) = refusal_of(route, &verdict) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
             (rid, priced)
@@ -291,6 +291,7 @@ impl Engine {
             if exclude.iter().any(|x| x.covers(route)) {
                 refusals.push(Refusal {
                     tenant: None,
+                    scope: None,
                     reason: Reason::Excluded,
                     retry_at_ms: None,
                     platform: route.platform.clone(),
@@ -303,7 +304,7 @@ impl Engine {
             // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
             // a budget an expensive one breaks).
             let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, tenants, now)?;
-            if let Some(refusal) = refusal_of(route, verdict.refused) {
+            if let Some(refusal) = refusal_of(route, &verdict) {
                 refusals.push(refusal);
                 continue;
             }
@@ -334,6 +335,13 @@ impl Engine {
                 Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
             ))),
         }
+    }
+
+    /// SPEC 24.5: the account each route's key belongs to (SPEC §14.3), as the engine
+    /// knows it: where a waiting call's candidates stand in the wait queue.
+    pub fn accounts_of(&self, routes: &[Route]) -> Vec<std::sync::Arc<str>> {
+        let read = self.unit.mirror.reader();
+        routes.iter().map(|r| read.account_name(&r.platform, r.key_id)).collect()
     }
 
     /// Before a batch's section: a `headroom` pick reads the observed quota at most 5 s
@@ -411,11 +419,12 @@ fn check_estimate(est: Estimate) -> Result<()> {
 }
 
 /// The refusal of `route` when its gates refused.
-fn refusal_of(route: &Route, refused: Option<Admission>) -> Option<Refusal> {
-    let adm = refused?;
+fn refusal_of(route: &Route, verdict: &Verdict) -> Option<Refusal> {
+    let adm = verdict.refused.as_ref()?;
     Some(Refusal {
         tenant: adm.tenant.as_deref().map(str::to_string),
-        reason: adm.reason?,
+        scope: verdict.scope,
+        reason: adm.reason.clone()?,
         retry_at_ms: adm.retry_at_ms,
         platform: route.platform.clone(),
         model_id: route.model_id.clone(),

@@ -18,6 +18,8 @@ use crate::core::parse::{
     failure_skip, infer_failure_kind, parse_provider_limit, parse_retry_after_ms, parse_stated_retry_ms,
     FailureKind, LearnedLimit, LimitAxis, Skip,
 };
+use crate::core::pools::infer_quota_pool_key;
+use crate::core::state::{pool_cap_row, pool_reset_row};
 use crate::core::store::{CooldownRow, HistoryKind, HistoryRow, LogRow, Write};
 use crate::core::types::{check_name, check_non_negative, Cooldown, CooldownSource, ModelInfo, Route};
 use crate::core::upstream::{parse_pool_429, upstream_bench_ms, upstream_chain, PoolAxis, PoolSignal};
@@ -73,6 +75,34 @@ impl Engine {
         let out = self.failures().record_failure_of(route, f, Some(lease_id))?;
         self.release_lease(lease_id)?;
         Ok(out)
+    }
+}
+
+/// What a failure's message and headers say, read before the write section opens: a
+/// body is read up to `MAX_PARSED_BYTES` (SPEC 24.6), which no other engine waits on.
+struct Said {
+    /// The failure's kind (SPEC 6.2): the caller's, else inferred.
+    kind: FailureKind,
+    /// What the request skips next (SPEC 24.7).
+    skip: Skip,
+    /// A pool 429's cap and reset (SPEC 21.2).
+    pool: Option<PoolSignal>,
+    /// The delay the message states (SPEC 6.2).
+    stated_ms: Option<i64>,
+    /// The limit the message states (SPEC 7); an auth failure's teaches nothing.
+    limit: Option<LearnedLimit>,
+}
+
+impl Said {
+    fn read(f: &FailureInput, kind: FailureKind) -> Said {
+        let message = f.message.as_deref();
+        Said {
+            kind,
+            skip: failure_skip(kind, f.status, message),
+            pool: parse_pool_429(f.status, message, &f.headers),
+            stated_ms: parse_stated_retry_ms(message),
+            limit: if kind == FailureKind::Auth { None } else { parse_provider_limit(message) },
+        }
     }
 }
 
@@ -331,9 +361,9 @@ impl Failures<'_> {
     /// SPEC §7 inside an open write section: the limit a message states, written only
     /// when it tightens the stored one.
     fn learn(
-        &mut self, platform: &str, model_id: &str, message: Option<&str>, writes: &mut Vec<Write>,
+        &mut self, platform: &str, model_id: &str, learned: Option<LearnedLimit>, writes: &mut Vec<Write>,
     ) -> Option<LearnedLimit> {
-        let learned = parse_provider_limit(message)?;
+        let learned = learned?;
         let mut model =
             self.unit.mirror.config.model(platform, model_id).cloned().unwrap_or_else(|| ModelInfo {
                 platform: platform.to_string(),
@@ -369,10 +399,8 @@ impl Failures<'_> {
     ) -> Result<Option<LearnedLimit>> {
         check_name("platform", platform)?;
         check_name("model_id", model_id)?;
-        if parse_provider_limit(message).is_none() {
-            return Ok(None);
-        }
-        self.writing(|e, _, writes| Ok(e.learn(platform, model_id, message, writes))).map(|(l, _)| l)
+        let Some(learned) = parse_provider_limit(message) else { return Ok(None) };
+        self.writing(|e, _, writes| Ok(e.learn(platform, model_id, Some(learned), writes))).map(|(l, _)| l)
     }
 
     /// SPEC §6.2: one call for any failure. Benches the route (never shortening a
@@ -390,6 +418,7 @@ impl Failures<'_> {
             check_non_negative("retry_after", ms)?;
         }
         let kind = f.kind.unwrap_or_else(|| infer_failure_kind(f.status, f.message.as_deref()));
+        let said = Said::read(&f, kind);
         self.writing(|e, now, writes| {
             if penalizes(kind) {
                 // SPEC 24.7: the model ranks after healthy ones for 5 minutes, in every
@@ -401,19 +430,20 @@ impl Failures<'_> {
                 });
                 writes.push(history_row(route, HistoryKind::Penalty, now));
             }
-            e.record_failure_at(route, f, kind, lease, now, writes)
+            e.record_failure_at(route, f, &said, lease, now, writes)
         })
         .map(|(o, _)| o)
     }
 
     fn record_failure_at(
-        &mut self, route: &Route, f: FailureInput, kind: FailureKind, lease: Option<i64>, now: i64,
+        &mut self, route: &Route, f: FailureInput, said: &Said, lease: Option<i64>, now: i64,
         writes: &mut Vec<Write>,
     ) -> Result<FailureOutcome> {
-        let skip = failure_skip(kind, f.status, f.message.as_deref());
+        let kind = said.kind;
+        let skip = said.skip;
         let limits = f.limits.clone();
         // SPEC 21.2: a pool 429's X-RateLimit-Reset is the authoritative retry time.
-        let pool = parse_pool_429(f.status, f.message.as_deref(), &f.headers);
+        let pool = said.pool;
         let pool_retry = pool.and_then(|s| s.reset_at_ms).map(|at| at.saturating_sub(now).clamp(0, DAY_MS));
         let retry_ms = match &f.retry_after {
             Some(RetryAfter::Text(t)) => parse_retry_after_ms(Some(t), now),
@@ -421,15 +451,11 @@ impl Failures<'_> {
             None => None,
         }
         .or(pool_retry)
-        .or_else(|| parse_stated_retry_ms(f.message.as_deref()));
+        .or(said.stated_ms);
         if let Some(s) = pool {
             self.learn_pool_cap(route, s, now, writes);
         }
-        let learned = if kind == FailureKind::Auth {
-            None
-        } else {
-            self.learn(&route.platform, &route.model_id, f.message.as_deref(), writes)
-        };
+        let learned = self.learn(&route.platform, &route.model_id, said.limit, writes);
         let learned = if kind == FailureKind::Concurrency {
             Some(self.learn_concurrency_cap(route, lease, now, writes))
         } else {
@@ -682,39 +708,58 @@ impl Failures<'_> {
         CooldownDecision::new(bench, CooldownSource::Upstream)
     }
 
-    /// SPEC 21.2 inside an open write section: the cap a pool 429 states becomes the
-    /// key's account's learned provider cap, only ever lowered by learning.
+    /// SPEC 21.2, 24.6 inside an open write section: the cap a pool 429 states becomes
+    /// the key's account's learned provider cap, only ever lowered by learning; the
+    /// reset it states spends the pool of the failing route for the whole account
+    /// until then (at most a day ahead). Both rows name the account, not the key.
     fn learn_pool_cap(&mut self, route: &Route, s: PoolSignal, now: i64, writes: &mut Vec<Write>) {
-        let Some(limit) = s.limit else { return };
         let kind = match s.axis {
             PoolAxis::Minute => HistoryKind::PoolMinute,
             PoolAxis::Day => HistoryKind::PoolDay,
         };
-        let keys = self.unit.mirror.account_keys(&route.platform, route.key_id);
-        let before = self.unit.mirror.history.learned_pool_cap(&route.platform, &keys, kind);
-        let cap = before.map_or(limit, |b| b.min(limit));
-        // One row per key; the latest confirms the cap (history lives a day).
-        writes.push(Write::DeleteHistory {
-            key_id: route.key_id,
-            route: Some((Arc::from(route.platform.as_str()), Arc::from(""))),
-            kinds: vec![kind],
-        });
-        writes.push(Write::InsertHistory(HistoryRow {
-            platform: Arc::from(route.platform.as_str()),
-            model_id: Arc::from(""),
-            key_id: route.key_id,
-            kind,
-            hit_at_ms: now,
-            value: Some(cap),
-        }));
-        if before != Some(cap) {
-            let axis = if kind == HistoryKind::PoolMinute { "minute" } else { "daily" };
+        let account = self.unit.mirror.config.account_name(&route.platform, route.key_id);
+        let axis = if kind == HistoryKind::PoolMinute { "minute" } else { "daily" };
+        // One row of each per key and account; the latest replaces the key's earlier one.
+        let mut replace = |model_id: String, value: i64| {
+            let model_id: Arc<str> = Arc::from(model_id);
+            writes.push(Write::DeleteHistory {
+                key_id: route.key_id,
+                route: Some((Arc::from(route.platform.as_str()), model_id.clone())),
+                kinds: vec![kind],
+            });
+            writes.push(Write::InsertHistory(HistoryRow {
+                platform: Arc::from(route.platform.as_str()),
+                model_id,
+                key_id: route.key_id,
+                kind,
+                hit_at_ms: now,
+                value: Some(value),
+            }));
+        };
+        if let Some(reset) = s.reset_at_ms.filter(|r| *r > now) {
+            // History lives a day: a reset further ahead is a day (as the bench is).
+            let until = reset.min(now.saturating_add(DAY_MS));
+            let pool = infer_quota_pool_key(&route.platform, Some(&route.model_id));
+            replace(pool_reset_row(&pool, &account), until);
             self.unit.logs.push((
                 log::Level::Info,
                 format!(
-                    "learned a provider {axis} request cap of {cap} for {} account {} from a pool 429",
+                    "provider {axis} pool {pool} of {} account {account} spent until {until} \
+                     (a pool 429): every route of it refused until then",
+                    route.platform
+                ),
+            ));
+        }
+        let Some(limit) = s.limit else { return };
+        let before = self.unit.mirror.history.learned_pool_cap(&route.platform, &account, kind);
+        let cap = before.map_or(limit, |b| b.min(limit));
+        replace(pool_cap_row(&account), cap);
+        if before != Some(cap) {
+            self.unit.logs.push((
+                log::Level::Info,
+                format!(
+                    "learned a provider {axis} request cap of {cap} for {} account {account} from a pool 429",
                     route.platform,
-                    self.unit.mirror.reader().account_name(&route.platform, route.key_id)
                 ),
             ));
         }
@@ -725,8 +770,8 @@ impl Failures<'_> {
         check_name("platform", platform)?;
         self.unit.run(Access::Read, |tx| {
             let m = tx.mirror();
-            let keys = m.account_keys(platform, key_id);
-            Ok(LimitSet::provider(m.history.learned_caps(platform, &keys)))
+            let account = m.config.account_name(platform, key_id);
+            Ok(LimitSet::provider(m.history.learned_caps(platform, &account)))
         })
     }
 }

@@ -46,7 +46,7 @@ use crate::core::admission::{self, Can, Verdict};
 use crate::core::clock::{Clock, DAY_MS};
 use crate::core::env::Env;
 use crate::core::error::{Error, Result};
-use crate::core::limits::LimitSet;
+use crate::core::limits::{LimitSet, Scope};
 use crate::core::state::{Estimate, FastMap, Mirror, RouteId};
 pub use crate::core::store::StoreSpec;
 use crate::core::store::{LeaseRow, Store, Write};
@@ -411,7 +411,9 @@ fn admit(
     let m = &unit.mirror;
     let tallies = gates.iter().filter_map(|(name, set)| Some((name, set, m.tenant_tally(name, now)?)));
     match admission::admit_tenants(tallies, est, p.ctx.reserve, now) {
-        Some(refused) => Ok((rid, Verdict { refused: Some(refused), room: 0.0 }, est)),
+        Some(refused) => {
+            Ok((rid, Verdict { refused: Some(refused), room: 0.0, scope: Some(Scope::Tenant) }, est))
+        }
         None => Ok((rid, verdict, est)),
     }
 }

@@ -6,7 +6,7 @@
 //!   [`Handle::batch`], which use it): the fork gate, and a panic inside turned into
 //!   [`Error::Internal`];
 //! * [`queue`]: group commit of the hot path;
-//! * [`waiters`]: the calls waiting for capacity (SPEC 17.2);
+//! * [`waiters`]: the calls waiting for capacity, queued by capacity (SPEC 17.2, 24.5);
 //! * [`flusher`] and [`prober`]: the background threads (grouped writes, SPEC §11's probe).
 //!
 //! The locks are `std::sync` ones so that a forked child finds them in a usable state
@@ -20,6 +20,7 @@ mod waiters;
 pub use prober::{default_jitter, in_probe_pass, pass_running, ProbePassResult};
 pub use waiters::Wake;
 
+use crate::core::capacity::Capacity;
 use crate::core::clock::Clock;
 use crate::core::engine::{BatchOp, BatchOut, Engine, LogRecord, Settings, StoreSpec};
 use crate::core::error::{Error, Result};
@@ -33,6 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
+pub(crate) use waiters::Place;
 use waiters::{run_wakes, Waiters};
 
 /// Locks are taken in this order: the probe's thread, `engine`, the probe's state, the
@@ -387,9 +389,14 @@ impl Handle {
         self.shared.waiters.any()
     }
 
-    /// Joins the wait queue at `priority` (SPEC 22.1); returns the ticket.
-    pub(crate) fn enqueue_waiter(&self, priority: i64, keys: Vec<(String, i64)>) -> u64 {
-        self.shared.waiters.enqueue(priority, keys)
+    /// Joins the wait queue (SPEC 22.1, 24.5); returns the ticket.
+    pub(crate) fn enqueue_waiter(&self, place: Place) -> u64 {
+        self.shared.waiters.enqueue(place)
+    }
+
+    /// After a refused step: what the candidates it tried wait for now.
+    pub(crate) fn waiter_refused(&self, ticket: u64, waits_for: Vec<(usize, Option<Capacity>)>) {
+        self.shared.waiters.refused(ticket, waits_for);
     }
 
     /// Leaves the wait queue (admitted, given up or cancelled): the next may go.
@@ -397,9 +404,9 @@ impl Handle {
         self.shared.waiters.dequeue(ticket);
     }
 
-    /// The waiting generation, and whether `ticket` is first in line among the waiters
-    /// on any of its keys.
-    pub(crate) fn waiter_turn(&self, ticket: u64) -> (u64, bool) {
+    /// The waiting generation, and which candidates of `ticket` wait behind a waiter
+    /// ahead of it for a capacity they draw on.
+    pub(crate) fn waiter_turn(&self, ticket: u64) -> (u64, Vec<bool>) {
         self.shared.waiters.turn(ticket)
     }
 

@@ -592,3 +592,28 @@ fn a_failure_says_what_the_request_skips() {
     assert_eq!(failure_skip(FailureKind::EmptyCompletion, None, None), Skip::Route);
     assert_eq!(Skip::Platform.as_str(), "platform");
 }
+
+/// SPEC 24.6: integers as the provider writes them, whole.
+#[test]
+fn integers_are_read_whole() {
+    use crate::core::text::parse_integer;
+    assert_eq!(parse_integer("50"), Some(50));
+    assert_eq!(parse_integer(" 0050 "), Some(50));
+    assert_eq!(parse_integer("9223372036854775807"), Some(i64::MAX));
+    for junk in [
+        "",
+        " ",
+        "2e1",
+        "2E1",
+        "1.5",
+        "20.",
+        "-1",
+        "+1",
+        "0x10",
+        "١٢",
+        "9223372036854775808",
+        "12345678901234567890",
+    ] {
+        assert_eq!(parse_integer(junk), None, "{junk}");
+    }
+}

@@ -4,7 +4,7 @@
 //! and states its `quotaValue` (SPEC §15.3); its `RetryInfo.retryDelay` is read by
 //! `parse`'s generic field reader. The corpus: `google/`.
 use super::{generic, Pool, Provider};
-use crate::core::text::cached;
+use crate::core::text::{cached, parse_integer};
 use regex::Regex;
 use std::sync::OnceLock;
 
@@ -24,9 +24,11 @@ pub fn quota_id_pattern(noun: &str, period: &str) -> String {
     format!(r"{noun}[a-zA-Z0-9]*?per{period}")
 }
 
-/// The quota's `"quotaValue": "N"` (a JSON string or number), if > 0 and within i64.
+/// The quota's `"quotaValue": "N"` (a JSON string or number), read whole (SPEC 24.6):
+/// an integer > 0 within i64, else `None` (`"2e1"` or 20 digits teach nothing).
 pub fn stated_quota_value(message: &str) -> Option<i64> {
     static VALUE: OnceLock<Option<Regex>> = OnceLock::new();
-    let re = cached(&VALUE, r#""quotaValue"\s*:\s*"?([0-9]{1,19})"?"#)?;
-    re.captures(message)?.get(1)?.as_str().parse::<i64>().ok().filter(|n| *n > 0)
+    let re = cached(&VALUE, r#""quotaValue"\s*:\s*(?:"([^"]*)"|([^\s,}\]]*))"#)?;
+    let caps = re.captures(message)?;
+    parse_integer(caps.get(1).or_else(|| caps.get(2))?.as_str()).filter(|n| *n > 0)
 }

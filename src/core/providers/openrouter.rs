@@ -6,7 +6,7 @@
 //! account-wide pool ran out ("Rate limit exceeded: free-models-per-min", the cap and
 //! reset in `error.metadata.headers`, SPEC 21.2). The corpus: `openrouter/`.
 use super::{generic, DefaultCaps, HeaderFamily, Pool, PoolAxis, PoolSignal, Provider};
-use crate::core::text::{cached, head};
+use crate::core::text::{cached, head, parse_integer};
 use regex::Regex;
 use std::sync::OnceLock;
 
@@ -63,7 +63,9 @@ pub fn pool_axis(message: &str) -> Option<PoolAxis> {
 }
 
 /// A header's value: from the response headers (any case) or, failing that, from the
-/// JSON body's `error.metadata.headers` (`"X-RateLimit-Limit": "20"`).
+/// JSON body's `error.metadata.headers` (`"X-RateLimit-Limit": "20"`, a JSON string or
+/// number), whole: the value up to its closing quote, or up to the next `,`, `}` or
+/// space when unquoted (SPEC 24.6: `2e1` is read as written, and is not an integer).
 fn stated_header<'a>(name: &str, headers: &'a [(String, String)], message: &'a str) -> Option<&'a str> {
     if let Some((_, v)) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
         return Some(v.trim());
@@ -71,11 +73,12 @@ fn stated_header<'a>(name: &str, headers: &'a [(String, String)], message: &'a s
     static LIMIT: OnceLock<Option<Regex>> = OnceLock::new();
     static RESET: OnceLock<Option<Regex>> = OnceLock::new();
     let re = match name {
-        "x-ratelimit-limit" => cached(&LIMIT, r#"(?i)"x-ratelimit-limit"\s*:\s*"?\s*([0-9]{1,18})"#)?,
-        "x-ratelimit-reset" => cached(&RESET, r#"(?i)"x-ratelimit-reset"\s*:\s*"?\s*([0-9]{1,18})"#)?,
+        "x-ratelimit-limit" => cached(&LIMIT, r#"(?i)"x-ratelimit-limit"\s*:\s*(?:"([^"]*)"|([^\s,}\]]*))"#)?,
+        "x-ratelimit-reset" => cached(&RESET, r#"(?i)"x-ratelimit-reset"\s*:\s*(?:"([^"]*)"|([^\s,}\]]*))"#)?,
         _ => return None,
     };
-    Some(re.captures(head(message))?.get(1)?.as_str())
+    let caps = re.captures(head(message))?;
+    Some(caps.get(1).or_else(|| caps.get(2))?.as_str())
 }
 
 /// SPEC 21.2: a 429 naming a provider-wide pool, with the cap and reset it states.
@@ -89,7 +92,7 @@ pub fn parse_pool_429(
     }
     let message = message?;
     let axis = pool_axis(message)?;
-    let number = |name: &str| stated_header(name, headers, message).and_then(|v| v.parse::<i64>().ok());
+    let number = |name: &str| stated_header(name, headers, message).and_then(parse_integer);
     let limit = number("x-ratelimit-limit").filter(|l| *l > 0);
     let reset_at_ms = number("x-ratelimit-reset").filter(|r| *r > 0).map(|r| {
         if r < 100_000_000_000 {

@@ -397,3 +397,69 @@ fn pool_429s_state_cap_and_reset_in_body_or_headers() {
     let bare = parse_pool_429(Some(429), Some("Rate limit exceeded: free-models-per-day-high-balance."), &[]);
     assert_eq!(bare, Some(PoolSignal { axis: PoolAxis::Day, limit: None, reset_at_ms: None }));
 }
+
+/// SPEC 24.6: a number in `error.metadata.headers` is read as the provider wrote it,
+/// whole: `2e1` is not an integer, and 20 digits are never cut to 18.
+#[test]
+fn pool_numbers_are_read_whole_or_not_at_all() {
+    let body = |limit: &str, reset: &str| {
+        format!(
+            r#"{{"error":{{"message":"Rate limit exceeded: free-models-per-day. ","code":429,"metadata":{{"headers":{{"X-RateLimit-Limit":{limit},"X-RateLimit-Remaining":"0","X-RateLimit-Reset":{reset}}}}}}}}}"#
+        )
+    };
+    let signal = |limit: &str, reset: &str| parse_pool_429(Some(429), Some(&body(limit, reset)), &[]);
+    let read = signal(r#""50""#, r#""1745971200000""#);
+    assert_eq!(
+        read,
+        Some(PoolSignal { axis: PoolAxis::Day, limit: Some(50), reset_at_ms: Some(1_745_971_200_000) })
+    );
+    // JSON numbers as well as strings.
+    assert_eq!(signal("50", "1745971200").and_then(|s| s.limit), Some(50));
+    assert_eq!(signal("50", "1745971200").and_then(|s| s.reset_at_ms), Some(1_745_971_200_000));
+    for junk in [r#""2e1""#, "2e1", r#""20.0""#, "20.5", r#""-20""#, r#""+20""#, r#""20 per day""#, r#""""#] {
+        assert_eq!(signal(junk, r#""1745971200000""#).and_then(|s| s.limit), None, "{junk}");
+        assert_eq!(signal(r#""50""#, junk).and_then(|s| s.reset_at_ms), None, "{junk}");
+    }
+    // 20 digits: beyond i64, refused, never truncated to a number that fits.
+    let twenty = "12345678901234567890";
+    assert_eq!(signal(&format!(r#""{twenty}""#), "1").and_then(|s| s.limit), None);
+    assert_eq!(signal(twenty, "1").and_then(|s| s.limit), None);
+    assert_eq!(signal(r#""50""#, &format!(r#""{twenty}""#)).and_then(|s| s.reset_at_ms), None);
+    // 19 digits that fit are read whole.
+    assert_eq!(
+        signal(r#""1000000000000000000""#, "1").and_then(|s| s.limit),
+        Some(1_000_000_000_000_000_000)
+    );
+    // The response headers too.
+    let hs = |v: &str| vec![("X-RateLimit-Limit".to_string(), v.to_string())];
+    let msg = Some("Rate limit exceeded: free-models-per-min");
+    assert_eq!(parse_pool_429(Some(429), msg, &hs(" 20 ")).and_then(|s| s.limit), Some(20));
+    for junk in ["2e1", "+20", twenty, "20.0"] {
+        assert_eq!(parse_pool_429(Some(429), msg, &hs(junk)).and_then(|s| s.limit), None, "{junk}");
+    }
+}
+
+/// SPEC 24.6 and 15.3: Google's `quotaValue` is read whole too.
+#[test]
+fn quota_values_are_read_whole_or_not_at_all() {
+    let body =
+        |v: &str| format!(r#"{{"quotaId": "GenerateRequestsPerDayPerProjectPerModel", "quotaValue": {v}}}"#);
+    let learned = |v: &str| parse_provider_limit(Some(&body(v))).map(|l| l.limit);
+    assert_eq!(learned(r#""250""#), Some(250));
+    assert_eq!(learned("250"), Some(250));
+    for junk in [r#""2e1""#, "2e1", r#""12345678901234567890""#, "10000000000000000000", r#""1.5""#] {
+        assert_eq!(learned(junk), None, "{junk}");
+    }
+}
+
+/// SPEC 24.6: what a provider writes is read: an upstream 429 whose `metadata.raw`
+/// quotes a long upstream answer still names its upstream after it.
+#[test]
+fn a_long_upstream_answer_is_read_to_its_provider_name() {
+    let raw = "x".repeat(200 * 1024);
+    let body = format!(
+        r#"{{"error":{{"message":"Provider returned error","code":429,"metadata":{{"raw":"{raw} is temporarily rate-limited upstream","provider_name":"Google AI Studio"}}}}}}"#
+    );
+    assert_eq!(upstream_provider_name(&body), Some("Google AI Studio"));
+    assert_eq!(infer_failure_kind(Some(429), Some(&body)), FailureKind::Upstream);
+}

@@ -1,7 +1,7 @@
 //! The mirrored `failure_history` (SPEC 15, 21): rows by key, what the failure
 //! ladder counts and what learned caps are read from.
 use crate::core::cooldowns::learned_concurrency_cap;
-use crate::core::limits::{cap_values, CapValues, Metric, DAY, MINUTE};
+use crate::core::limits::{cap_values, CapValues, Metric, WindowSpec, DAY, MINUTE};
 use crate::core::state::{CooldownRec, FastMap, RouteId};
 use crate::core::store::{HistoryKind, HistoryRow};
 use std::sync::Arc;
@@ -10,11 +10,15 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct History {
     pub(super) by_key: FastMap<i64, Vec<HistoryRow>>,
+    /// The pool rows (SPEC 21.2, 24.6) of every key again: they belong to an account,
+    /// which a decision finds here without walking every key's failures.
+    pools: Vec<HistoryRow>,
 }
 
 impl History {
     pub fn replace(&mut self, rows: Vec<HistoryRow>) {
         self.by_key.clear();
+        self.pools.clear();
         for r in rows {
             self.add(r);
         }
@@ -23,26 +27,37 @@ impl History {
     /// Drops the rows before `before`, but for a learned concurrency cap's (SPEC 24.2:
     /// never forgotten; `clear_cooldowns_for_key` forgets it).
     pub fn prune(&mut self, before: i64) {
+        let kept = |h: &HistoryRow| h.hit_at_ms >= before || h.kind == HistoryKind::Concurrency;
         self.by_key.retain(|_, rows| {
-            rows.retain(|h| h.hit_at_ms >= before || h.kind == HistoryKind::Concurrency);
+            rows.retain(kept);
             !rows.is_empty()
         });
+        self.pools.retain(kept);
     }
 
     pub fn add(&mut self, row: HistoryRow) {
+        if is_pool(&row) {
+            self.pools.push(row.clone());
+        }
         self.by_key.entry(row.key_id).or_default().push(row);
     }
 
     /// Removes matching history; returns how many rows went.
     pub fn remove(&mut self, key_id: i64, route: Option<(&str, &str)>, kinds: &[HistoryKind]) -> i64 {
         let Some(rows) = self.by_key.get_mut(&key_id) else { return 0 };
+        let matches = |h: &HistoryRow| {
+            h.key_id == key_id
+                && kinds.contains(&h.kind)
+                && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m)
+        };
         let before = rows.len();
-        rows.retain(|h| {
-            !(kinds.contains(&h.kind) && route.is_none_or(|(p, m)| &*h.platform == p && &*h.model_id == m))
-        });
+        rows.retain(|h| !matches(h));
         let removed = (before - rows.len()) as i64;
         if rows.is_empty() {
             self.by_key.remove(&key_id);
+        }
+        if removed > 0 && kinds.iter().any(|k| matches!(k, HistoryKind::PoolDay | HistoryKind::PoolMinute)) {
+            self.pools.retain(|h| !matches(h));
         }
         removed
     }
@@ -113,43 +128,49 @@ impl History {
     }
 
     /// The provider cap of one kind (`PoolMinute` or `PoolDay`) learned for an
-    /// account from pool 429s (SPEC 21.2): the lowest any of its keys learned.
-    pub fn learned_pool_cap(&self, platform: &str, keys: &[i64], kind: HistoryKind) -> Option<i64> {
-        keys.iter()
-            .filter_map(|k| self.by_key.get(k))
-            .flatten()
-            .filter(|h| h.kind == kind && &*h.platform == platform)
-            .filter_map(|h| h.value)
-            .min()
+    /// account from pool 429s (SPEC 21.2, 24.6): the lowest any key learned for it
+    /// (its rows name the account, [`pool_cap_row`], so they follow the account and
+    /// not the key).
+    pub fn learned_pool_cap(&self, platform: &str, account: &str, kind: HistoryKind) -> Option<i64> {
+        let name = pool_cap_row(account);
+        self.pool_rows(platform, kind, &name).filter_map(|h| h.value).min()
     }
 
-    /// The provider caps learned for the account of `keys` from pool 429s (SPEC
-    /// 21.2): requests per day and per minute, the lowest any of its keys learned.
-    pub fn learned_caps(&self, platform: &str, keys: &[i64]) -> CapValues {
-        cap_values([
-            ((Metric::Requests, DAY), self.learned_pool_cap(platform, keys, HistoryKind::PoolDay)),
-            ((Metric::Requests, MINUTE), self.learned_pool_cap(platform, keys, HistoryKind::PoolMinute)),
-        ])
+    /// The provider caps learned for an account from pool 429s (SPEC 21.2, 24.6):
+    /// requests per day and per minute.
+    pub fn learned_caps(&self, platform: &str, account: &str) -> CapValues {
+        cap_values(POOL_KINDS.map(|(slot, kind)| (slot, self.learned_pool_cap(platform, account, kind))))
     }
 
-    /// The caps learned for a key's account from pool 429s (SPEC 21.2): of its
-    /// account's keys (`account_keys`) when `shared`; `None` at once, without
-    /// allocating, when none can be (the hot path).
-    pub fn learned_pool_caps(
-        &self, platform: &str, key_id: i64, shared: bool, account_keys: impl FnOnce() -> Vec<i64>,
-    ) -> Option<CapValues> {
-        let pool = |h: &HistoryRow| matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute);
-        if shared {
-            if !self.by_key.values().flatten().any(pool) {
-                return None;
-            }
-            return Some(self.learned_caps(platform, &account_keys()));
-        }
-        let rows = self.by_key.get(&key_id)?;
-        if !rows.iter().any(pool) {
+    /// Until when a pool 429 spent a pool of an account, per provider cap (SPEC 24.6):
+    /// the latest reset any key was told for it, while it is ahead of `now`.
+    pub fn pool_spent(&self, platform: &str, account: &str, pool: &str, now: i64) -> CapValues {
+        let name = pool_reset_row(pool, account);
+        cap_values(POOL_KINDS.map(|(slot, kind)| {
+            (slot, self.pool_rows(platform, kind, &name).filter_map(|h| h.value).filter(|t| *t > now).max())
+        }))
+    }
+
+    fn pool_rows<'a>(
+        &'a self, platform: &'a str, kind: HistoryKind, name: &'a str,
+    ) -> impl Iterator<Item = &'a HistoryRow> + 'a {
+        self.pools.iter().filter(move |h| h.kind == kind && &*h.platform == platform && &*h.model_id == name)
+    }
+
+    /// What pool 429s taught a key's account (SPEC 21.2, 24.6): its learned caps and
+    /// until when its pool `pool` is spent. `None` at once, without allocating, when no
+    /// account has any (the hot path).
+    pub fn pool_state(
+        &self, platform: &str, account: impl FnOnce() -> Arc<str>, pool: impl FnOnce() -> String, now: i64,
+    ) -> Option<PoolState> {
+        if self.pools.is_empty() {
             return None;
         }
-        Some(self.learned_caps(platform, &[key_id]))
+        let account = account();
+        Some(PoolState {
+            caps: self.learned_caps(platform, &account),
+            spent: self.pool_spent(platform, &account, &pool(), now),
+        })
     }
 
     /// The key concurrency cap learned from concurrency failures (SPEC 24.2): the
@@ -175,6 +196,37 @@ impl History {
         chain.sort_by_key(|(at, _)| *at);
         chain
     }
+}
+
+/// Whether a row keeps what a pool 429 taught (SPEC 21.2, 24.6).
+fn is_pool(h: &HistoryRow) -> bool {
+    matches!(h.kind, HistoryKind::PoolDay | HistoryKind::PoolMinute)
+}
+
+/// The provider caps a pool 429 teaches, by the history kind that keeps them.
+const POOL_KINDS: [((Metric, WindowSpec), HistoryKind); 2] =
+    [((Metric::Requests, DAY), HistoryKind::PoolDay), ((Metric::Requests, MINUTE), HistoryKind::PoolMinute)];
+
+/// The `model_id` of a row that keeps an account's learned provider cap (SPEC 21.2,
+/// 24.6): the account's name, so that the cap stays with the account when its key
+/// moves to another one. (Rows of before, with `model_id` '', are no longer read.)
+pub fn pool_cap_row(account: &str) -> String {
+    format!("cap|{account}")
+}
+
+/// The `model_id` of a row that keeps until when a pool of an account is spent
+/// (SPEC 24.6): the pool (SPEC 8.1) and the account; `value` is the reset time.
+pub fn pool_reset_row(pool: &str, account: &str) -> String {
+    format!("reset|{pool}|{account}")
+}
+
+/// What pool 429s taught an account, per provider cap ([`CapValues`] slots).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolState {
+    /// The learned caps.
+    pub caps: CapValues,
+    /// Until when (epoch ms) the pool is spent, refused whatever was counted.
+    pub spent: CapValues,
 }
 
 /// The mirrored cooldowns: each route's own, and each model's bench for every key

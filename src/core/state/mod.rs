@@ -24,7 +24,7 @@ mod tenants;
 use accounts::{Accounts, TotalId};
 pub use config::{parse_multiplier, Calendars, Config, Multiplier, Reserves};
 pub use feed::Waiting;
-pub use history::{Cooldowns, History};
+pub use history::{pool_cap_row, pool_reset_row, Cooldowns, History, PoolState};
 pub use leases::{LeaseRec, Leases};
 pub use prepare::{min_cap, Prepared, Setup};
 use quota::Quota;
@@ -344,9 +344,7 @@ impl Mirror {
         };
         self.add_counts(rid, c, row.created_at_ms, now);
         if !row.tenants.is_empty() {
-            let r = &self.routes[rid as usize];
-            let (p, m) = (r.platform.clone(), r.model_id.clone());
-            self.add_tenant_counts(&row.tenants, &p, &m, c, row.created_at_ms, now);
+            self.add_tenant_counts(&row.tenants, c, row.created_at_ms, now);
         }
     }
 
@@ -446,11 +444,7 @@ impl Mirror {
                         WindowSpec::Calendar(p) => r.cal.period_start(*p, now),
                     })
                     .min()?;
-                (from < before).then(|| KeptUsage {
-                    platform: r.platform.clone(),
-                    model_id: r.model_id.clone(),
-                    before: from,
-                })
+                (from < before).then(|| KeptUsage::model(r.platform.clone(), r.model_id.clone(), from))
             })
             .collect();
         if !self.config.platform_sets.is_empty() {
@@ -481,21 +475,22 @@ impl Mirror {
             let Some(from) = from.filter(|f| *f < before) else { continue };
             let Some((name, models)) = self.routes.index.get_key_value(platform.as_str()) else { continue };
             for model_id in models.keys() {
-                match kept.iter_mut().find(|k| k.platform == *name && k.model_id == *model_id) {
+                match kept
+                    .iter_mut()
+                    .find(|k| k.tenant.is_none() && k.platform == *name && k.model_id == *model_id)
+                {
                     Some(k) => k.before = k.before.min(from),
                     None => {
-                        kept.push(KeptUsage {
-                            platform: name.clone(),
-                            model_id: model_id.clone(),
-                            before: from,
-                        });
+                        kept.push(KeptUsage::model(name.clone(), model_id.clone(), from));
                         added = true;
                     }
                 }
             }
         }
         if added {
-            kept.sort_by(|a, b| (&a.platform, &a.model_id).cmp(&(&b.platform, &b.model_id)));
+            kept.sort_by(|a, b| {
+                (&a.tenant, &a.platform, &a.model_id).cmp(&(&b.tenant, &b.platform, &b.model_id))
+            });
         }
     }
 

@@ -9,6 +9,7 @@ use super::{AccountId, FastMap, Mirror, RouteId};
 use crate::core::admission::{Estimate, GateContext, View};
 use crate::core::env::Env;
 use crate::core::limits::{CapValues, LimitSet};
+use crate::core::pools::infer_quota_pool_key;
 use crate::core::types::{CapOverrides, CapSetting, Route};
 
 /// What the mirror derives from the environment and from the caps (read once each).
@@ -136,22 +137,33 @@ fn gate_context(
     let (env_caps, env_conc) = m.setup.platform_env(&route.platform);
     let key = m.config.keys.get(&route.key_id).filter(|k| k.platform == route.platform);
     let set = m.config.caps.get(&route.platform).copied().unwrap_or_default();
-    // SPEC 21.2: the lower of the platform's caps and the account's learned ones.
-    let shared = key.is_some_and(|k| k.account.is_some());
     // The cap in force (SPEC 15.4, 20): the lowest of the env cap, the key's
     // configured cap and the learned one.
     let conc = min_cap(env_conc, key.and_then(|k| k.concurrency_cap));
-    let learned = m
+    // SPEC 21.2, 24.6: what pool 429s taught the key's account (the gates use the lower
+    // of the platform's caps and its learned ones), and until when they spent the
+    // route's pool (the rows name the account, so they stay with it).
+    let pool = m
         .history
-        .learned_pool_caps(&route.platform, route.key_id, shared, || {
-            m.account_keys(&route.platform, route.key_id)
-        })
+        .pool_state(
+            &route.platform,
+            || m.config.account_name(&route.platform, route.key_id),
+            || infer_quota_pool_key(&route.platform, Some(&route.model_id)),
+            now,
+        )
         .unwrap_or_default();
-    let caps = caps_in_force(&set, &env_caps, &learned);
+    let mut caps = caps_in_force(&set, &env_caps, &pool.caps);
+    for (cap, spent) in caps.iter_mut().zip(pool.spent) {
+        // A spent pool refuses through its cap's gate, which it needs to have.
+        if spent.is_some() && cap.is_none() {
+            *cap = Some(0);
+        }
+    }
     let learned_conc = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
     GateContext {
         limits: m.limits_for(&route.platform, &route.model_id, limits),
         provider: m.setup.provider_limits(caps),
+        pool_spent: pool.spent,
         platform: m.config.platform_set(&route.platform),
         concurrency_cap: min_cap(conc, learned_conc),
         reserve: m.reserves.for_priority(priority),

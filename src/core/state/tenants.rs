@@ -19,9 +19,6 @@ pub struct TenantState {
     version: u64,
     /// The limits in force for it when last resolved.
     limits: LimitSet,
-    /// The routes' models its events were served on (retention keeps their rows for
-    /// its calendar limits), as (platform, model_id).
-    models: Vec<(Arc<str>, Arc<str>)>,
 }
 
 /// Every tenant the mirror has seen, by name.
@@ -50,20 +47,14 @@ impl Mirror {
                 // which reached back as far as any declared window.
                 win.keep(spec);
             }
-            TenantState { win, leases: Vec::new(), version: table.version, limits, models: Vec::new() }
+            TenantState { win, leases: Vec::new(), version: table.version, limits }
         })
     }
 
-    /// Counts an event stamped `t` for each of `tenants`, served on `platform`/`model`.
-    pub(super) fn add_tenant_counts(
-        &mut self, tenants: &TenantList, platform: &Arc<str>, model: &Arc<str>, c: Counts, t: i64, now: i64,
-    ) {
+    /// Counts an event stamped `t` for each of `tenants`.
+    pub(super) fn add_tenant_counts(&mut self, tenants: &TenantList, c: Counts, t: i64, now: i64) {
         for name in tenants.iter() {
-            let st = self.tenant_mut(name);
-            st.win.add_counts(t, c, now);
-            if !st.models.iter().any(|(p, m)| Arc::ptr_eq(p, platform) && Arc::ptr_eq(m, model)) {
-                st.models.push((platform.clone(), model.clone()));
-            }
+            self.tenant_mut(name).win.add_counts(t, c, now);
         }
     }
 
@@ -164,7 +155,6 @@ impl Mirror {
     pub(super) fn reset_tenant_usage(&mut self) {
         for st in self.tenants.map.values_mut() {
             st.win = st.win.cleared(st.win.calendar().clone());
-            st.models.clear();
         }
     }
 
@@ -183,13 +173,13 @@ impl Mirror {
         from
     }
 
-    /// SPEC 23.2 (and 14.2): a tenant's week, month or long sliding window keeps the
-    /// rows of the models it was served on, from the oldest its windows count.
+    /// SPEC 23.2 (and 14.2, 24.3): a tenant's week, month or long sliding window keeps
+    /// the rows carrying the tenant (and no others), from the oldest its windows count.
     pub(super) fn retain_for_tenants(
         &self, kept: &mut Vec<KeptUsage>, now: i64, before: i64, with_day: bool,
     ) {
         let mut added = false;
-        for (name, st) in &self.tenants.map {
+        for name in self.tenants.map.keys() {
             // The declaration in force now (a tenant's state is resolved again only when
             // it is next decided on).
             let Some(decl) = self.config.tenants.of(name) else { continue };
@@ -200,22 +190,14 @@ impl Mirror {
                 .map(|w| window_start(&decl.cal, w, now))
                 .min();
             let Some(from) = from.filter(|f| *f < before) else { continue };
-            for (platform, model_id) in &st.models {
-                match kept.iter_mut().find(|k| k.platform == *platform && k.model_id == *model_id) {
-                    Some(k) => k.before = k.before.min(from),
-                    None => {
-                        kept.push(KeptUsage {
-                            platform: platform.clone(),
-                            model_id: model_id.clone(),
-                            before: from,
-                        });
-                        added = true;
-                    }
-                }
-            }
+            kept.push(KeptUsage::tenant(name.clone(), from));
+            added = true;
         }
         if added {
-            kept.sort_by(|a, b| (&a.platform, &a.model_id).cmp(&(&b.platform, &b.model_id)));
+            // In one order, whatever the map's: a store's sweep knows its classes by it.
+            kept.sort_by(|a, b| {
+                (&a.tenant, &a.platform, &a.model_id).cmp(&(&b.tenant, &b.platform, &b.model_id))
+            });
         }
     }
 }

@@ -192,3 +192,41 @@ fn platform_limits_count_the_key_and_its_account_over_every_model() {
     m.apply(&Write::SetPlatformLimits { platform: "p".into(), limits: vec![] }, 0, now);
     assert_eq!(decide(&mut m, "a", 2), Admission::ALLOWED);
 }
+
+/// SPEC 21.2, 24.6: a pool 429's rows belong to the account they name, whichever key
+/// wrote them; a removal or the day's pruning drops them from the account's view too.
+#[test]
+fn pool_rows_belong_to_the_account_they_name() {
+    use crate::core::store::{HistoryKind, HistoryRow};
+    const T0: i64 = 1_767_268_800_000;
+    let row = |key_id: i64, model_id: String, kind: HistoryKind, at: i64, value: i64| HistoryRow {
+        platform: "openrouter".into(),
+        model_id: model_id.into(),
+        key_id,
+        kind,
+        hit_at_ms: at,
+        value: Some(value),
+    };
+    let mut h = History::default();
+    let (account, pool) = (|| Arc::<str>::from("team"), || "openrouter::free".to_string());
+    assert_eq!(h.pool_state("openrouter", account, pool, T0), None);
+    h.add(row(4, pool_cap_row("team"), HistoryKind::PoolDay, T0, 50));
+    h.add(row(5, pool_cap_row("team"), HistoryKind::PoolDay, T0, 40));
+    h.add(row(1, pool_cap_row("key:1"), HistoryKind::PoolDay, T0, 7));
+    h.add(row(4, pool_reset_row("openrouter::free", "team"), HistoryKind::PoolMinute, T0, T0 + 30_000));
+    let state = h.pool_state("openrouter", account, pool, T0).unwrap_or_default();
+    assert_eq!(state, PoolState { caps: [Some(40), None, None], spent: [None, Some(T0 + 30_000), None] });
+    // Another pool of the account, another account, another platform: none of it.
+    let other =
+        h.pool_state("openrouter", account, || "openrouter::account".to_string(), T0).unwrap_or_default();
+    assert_eq!(other.spent, [None, None, None]);
+    assert_eq!(h.learned_caps("openrouter", "key:1"), [Some(7), None, None]);
+    assert_eq!(h.learned_caps("groq", "team"), [None, None, None]);
+    // At the reset the pool is no longer spent.
+    assert_eq!(h.pool_spent("openrouter", "team", "openrouter::free", T0 + 30_000), [None, None, None]);
+    // A key's removal takes its rows from the account; a day later all are pruned.
+    assert_eq!(h.remove(5, Some(("openrouter", &pool_cap_row("team"))), &[HistoryKind::PoolDay]), 1);
+    assert_eq!(h.learned_caps("openrouter", "team"), [Some(50), None, None]);
+    h.prune(T0 + 1);
+    assert_eq!(h.pool_state("openrouter", account, pool, T0 + 1), None);
+}

@@ -458,7 +458,8 @@ impl MemoryStore {
                 let before = t.usage.len();
                 // SPEC 14.2: a kept model's rows stay back to its own cut-off.
                 t.usage.retain(|(_, _, u)| {
-                    u.created_at_ms >= super::usage_cutoff(kept, *usage_before, &u.platform, &u.model_id)
+                    u.created_at_ms
+                        >= super::usage_cutoff(kept, *usage_before, &u.platform, &u.model_id, &u.tenants)
                 });
                 return (before - t.usage.len()) as i64;
             }

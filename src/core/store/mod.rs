@@ -423,20 +423,46 @@ pub enum Write {
     RenewLeases(Vec<LeaseRow>),
 }
 
-/// A model whose usage retention keeps longer than `retention_ms` (SPEC 14.2): the
+/// Usage that retention keeps longer than `retention_ms` (SPEC 14.2, 24.3): the
 /// current period of a declared week or month limit, or a declared sliding window
-/// wider than the minute. Its rows stamped `before` or later stay.
+/// wider than the minute. Its rows stamped `before` or later stay: a model's rows, or
+/// with `tenant` the rows carrying that tenant, of any model (`platform` and
+/// `model_id` are then empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeptUsage {
     pub platform: Arc<str>,
     pub model_id: Arc<str>,
+    pub tenant: Option<Arc<str>>,
     pub before: i64,
 }
 
-/// The oldest time of a usage row of (platform, model_id) that retention keeps: its
-/// own cut-off when the model is in `kept`, else `before` (SPEC 10, 14.2).
-pub fn usage_cutoff(kept: &[KeptUsage], before: i64, platform: &str, model_id: &str) -> i64 {
-    kept.iter().find(|k| &*k.platform == platform && &*k.model_id == model_id).map_or(before, |k| k.before)
+impl KeptUsage {
+    /// A model's rows.
+    pub fn model(platform: Arc<str>, model_id: Arc<str>, before: i64) -> KeptUsage {
+        KeptUsage { platform, model_id, tenant: None, before }
+    }
+
+    /// The rows carrying a tenant.
+    pub fn tenant(tenant: Arc<str>, before: i64) -> KeptUsage {
+        KeptUsage { platform: Arc::from(""), model_id: Arc::from(""), tenant: Some(tenant), before }
+    }
+
+    /// Whether this names a row of (platform, model_id) carrying `tenants`.
+    pub fn names(&self, platform: &str, model_id: &str, tenants: &[Arc<str>]) -> bool {
+        match &self.tenant {
+            None => &*self.platform == platform && &*self.model_id == model_id,
+            Some(t) => tenants.iter().any(|x| x == t),
+        }
+    }
+}
+
+/// The oldest time of a usage row of (platform, model_id) carrying `tenants` that
+/// retention keeps: the earliest cut-off of what in `kept` names it, else `before`
+/// (SPEC 10, 14.2, 24.3: the rows each limit counts, and no others).
+pub fn usage_cutoff(
+    kept: &[KeptUsage], before: i64, platform: &str, model_id: &str, tenants: &[Arc<str>],
+) -> i64 {
+    kept.iter().filter(|k| k.names(platform, model_id, tenants)).fold(before, |cut, k| cut.min(k.before))
 }
 
 /// Filter of `usage_events`.
@@ -522,6 +548,13 @@ pub trait Store: Send {
     /// ([`StoreError::InDoubt`]) and has not delivered yet (0 for most stores).
     fn undelivered(&self) -> usize {
         0
+    }
+    /// `Some(what happened)` when a call found the store had lost its data (SPEC 24.4:
+    /// a Redis restarted without persistence or flushed), told once. The store writes
+    /// back what this engine knows before any call of it goes on (that call, when the
+    /// write-back succeeds; else the next one that can make it).
+    fn take_lost(&mut self) -> Option<String> {
+        None
     }
     /// Inside a section: the admission being decided depends on these keys' usage and
     /// leases too (the keys of one account), so a store that decides optimistically

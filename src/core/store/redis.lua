@@ -3,7 +3,8 @@
 --
 -- ARGV: prefix, mode, owner, lock_ttl_ms, cursor, max_entries, need_leases,
 --       write id (the writer's sequence number of a call that writes; '' for one
---       that does not), known versions of the versioned tables (TABLES), [mode 'lease': the
+--       that does not), the store's epoch as the caller knows it ('' unknown; mode
+--       'refill': the epoch to set when the store has none), known versions of the versioned tables (TABLES), [mode 'lease': the
 --       number of accounts, then the accounts and tenants], then the writes (opcode +
 --       fields).
 -- mode: 'begin'  takes the write lock, then reads what changed;
@@ -20,12 +21,25 @@
 --       'replay' as 'append', for the writes of a call whose reply was lost, sent
 --                again under the same write id; also drops the lock if we own it;
 --       'read'   only reads what changed;
---       'unlock' drops the lock if we own it.
+--       'unlock' drops the lock if we own it;
+--       'refill' writes back what an engine knew of a store that lost its data (SPEC
+--                24.4): sets P:epoch when absent, adds the small tables' items that
+--                are absent ('N' writes), then the engine's own usage and leases;
+--                its first write argument is the lost epoch; its usage entries name
+--                as their writer '~epoch:id:owner' (the id the row had before the
+--                loss, and the engine that wrote it), so that an engine that had read
+--                that row, or wrote it, skips it.
+-- The store's epoch (P:epoch, a random id set when the store is first opened) tells
+-- a store that lost its data (a restart without persistence, FLUSHALL, an empty
+-- server in its place): every mode but 'unlock' and 'refill' of a caller that knows
+-- an epoch answers {'lost', epoch or ''} when P:epoch differs, and does nothing.
 -- A call that writes is applied at most once (SPEC 19.2): the writes of a call whose
 -- id is not above the writer's last applied one (P:applied:<owner>, kept a day after
 -- the writer's last write) are skipped; what changed is read as usual.
--- Reply: {status, head, more, entries, versions, tables, leases, results}
---        or {'busy', pttl} when another owner holds the lock.
+-- Reply: {status, head, more, entries, versions, tables, leases, results} (a usage
+--        write's result is its entry's id), or {'busy', pttl} when another owner
+--        holds the lock, {'lost', epoch} (above); in mode 'refill' {'ok', head, 0, {},
+--        {}, {}, epoch, results}.
 local P = ARGV[1]
 local mode = ARGV[2]
 local owner = ARGV[3]
@@ -34,19 +48,27 @@ local cursor = ARGV[5]
 local max_entries = tonumber(ARGV[6])
 local need_leases = ARGV[7] == '1'
 local write_id = ARGV[8]
+local epoch = ARGV[9]
 -- The last one, the observed quota, conflicts with no decision ('headroom' may read
 -- it up to 5 s old, SPEC 8.2).
 local TABLES = {'cooldowns', 'keys', 'models', 'caps', 'history', 'calendars', 'priorities', 'prices',
   'platform_limits', 'tenant_limits', 'quota'}
 local DECIDING_TABLES = #TABLES - 1
 local known = {}
-for i = 1, #TABLES do known[i] = ARGV[8 + i] end
-local first_write = 9 + #TABLES
+for i = 1, #TABLES do known[i] = ARGV[9 + i] end
+local first_write = 10 + #TABLES
 local accounts = {}
 if mode == 'lease' then
   local n = tonumber(ARGV[first_write])
   for i = first_write + 1, first_write + n do accounts[ARGV[i]] = true end
   first_write = first_write + 1 + n
+end
+-- Entries name their writer; a refill's name the epoch whose data they bring back
+-- ('~' and the lost epoch), so that the engines that held that data skip them.
+local writer = owner
+if mode == 'refill' then
+  writer = '~' .. ARGV[first_write]
+  first_write = first_write + 1
 end
 local APPLIED_TTL_MS = 86400000
 local SEP = '\31'
@@ -75,6 +97,12 @@ if mode == 'unlock' then
   if holder == owner then redis.call('DEL', LOCK) end
   return {'ok'}
 end
+-- SPEC 24.4: the store lost what the caller saw in it; nothing is read or written.
+local EPOCH = P .. ':epoch'
+local stored_epoch = redis.call('GET', EPOCH)
+if mode ~= 'refill' and epoch ~= '' and stored_epoch ~= epoch then
+  return {'lost', stored_epoch or ''}
+end
 if holder and holder ~= owner then
   return {'busy', redis.call('PTTL', LOCK)}
 end
@@ -82,7 +110,12 @@ end
 local bumped = {}
 local function bump(t)
   if not bumped[t] then
-    redis.call('HINCRBY', VER, t, 1)
+    -- A counter that starts (again: P:ver lost or deleted) starts from the server's
+    -- time in µs, never at a value an engine may have cached (SPEC 24.4).
+    if redis.call('HINCRBY', VER, t, 1) == 1 then
+      local now = redis.call('TIME')
+      redis.call('HSET', VER, t, now[1] .. string.format('%06d', tonumber(now[2])))
+    end
     bumped[t] = true
   end
 end
@@ -91,7 +124,7 @@ end
 -- a range read from a time finds every entry stamped at or after it.
 -- The newest id's time is read once per call and stored once, after the writes.
 local lastms = nil
-local function xadd(ms, data)
+local function xadd(ms, data, by)
   if lastms == nil then lastms = tonumber(redis.call('GET', LASTMS) or '0') end
   ms = tonumber(ms)
   -- A stream id's time is a u64 and Lua's numbers are doubles: times outside
@@ -100,7 +133,7 @@ local function xadd(ms, data)
   if ms < lastms then ms = lastms end
   lastms = ms
   -- Entries carry their writer, who skips them when reading.
-  return redis.call('XADD', LOG, string.format('%d', ms) .. '-*', 'd', owner .. SEP .. data)
+  return redis.call('XADD', LOG, string.format('%d', ms) .. '-*', 'd', (by or writer) .. SEP .. data)
 end
 local function save_lastms()
   if lastms ~= nil then redis.call('SET', LASTMS, string.format('%d', lastms)) end
@@ -181,14 +214,22 @@ local U_ROUTE = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. string.rep('[^' .. 
 -- in LATE, for the kept set 'set' (class '' is every model not kept).
 local SWEEP = P .. ':sweep'
 
--- Retention of usage (SPEC 10, 14.2): the entries of a kept model (route -> its
--- cut-off) go at its own cut-off, every other entry at `before`. Everything before the
+-- A usage entry's kind field, which ends with its tenants (SPEC 23.2): RS and each name.
+local U_KIND = '^[^' .. SEP .. ']*' .. SEP .. 'U' .. SEP .. '[^' .. SEP .. ']*' .. SEP .. '([^' .. SEP .. ']*)'
+
+-- Retention of usage (SPEC 10, 14.2, 24.3): the entries of a kept model (route -> its
+-- cut-off) or carrying a kept tenant (RS and its name -> its cut-off) go at the
+-- earliest cut-off of those, every other entry at `before`. Everything before the
 -- lowest cut-off is trimmed; between it and the others, each class is scanned on from
 -- where its last sweep stopped, at most `budget` entries in all. Returns the entries
 -- deleted, or 'more' when the budget ran out first (the engine sweeps again soon).
 local function sweep_usage(before, kept, names, budget)
   local lowest = before
-  for _, name in ipairs(names) do lowest = math.min(lowest, kept[name]) end
+  local tenants_kept = false
+  for _, name in ipairs(names) do
+    lowest = math.min(lowest, kept[name])
+    if string.sub(name, 1, 1) == RS then tenants_kept = true end
+  end
   local low = string.format('%d', lowest)
   local r = redis.call('XTRIM', LOG, 'MINID', low)
   -- Usage rows written after a step back of the clock (SPEC 10), by their time.
@@ -207,13 +248,41 @@ local function sweep_usage(before, kept, names, budget)
     redis.call('DEL', SWEEP)
     redis.call('HSET', SWEEP, 'set', set)
   end
+  -- The cut-off of what keeps an entry longest: its model's, or a tenant's it carries.
+  local function kept_from(body, route)
+    local from = route and kept[route]
+    if tenants_kept and string.find(body, RS, 1, true) then
+      local f = string.match(body, U_KIND)
+      for t in string.gmatch(f or '', RS .. '([^' .. RS .. ']*)') do
+        local c = kept[RS .. t]
+        if c and (from == nil or c < from) then from = c end
+      end
+    end
+    return from
+  end
+  local function carries(body, class)
+    if not string.find(body, RS, 1, true) then return false end
+    local f = string.match(body, U_KIND)
+    for t in string.gmatch(f or '', RS .. '([^' .. RS .. ']*)') do
+      if RS .. t == class then return true end
+    end
+    return false
+  end
   local function due(body, class, cut)
     local created, route = string.match(body, U_ROUTE)
     if class == '' then
       if route and kept[route] then return false end
-      return created == nil or tonumber(created) < cut
+      if created == nil then return true end
+    elseif string.sub(class, 1, 1) == RS then
+      if created == nil or not carries(body, class) then return false end
+    elseif route ~= class then
+      return false
     end
-    return route == class and tonumber(created) < cut
+    created = tonumber(created)
+    if created >= cut then return false end
+    -- No class deletes what another keeps longer: that one deletes it in its turn.
+    local from = kept_from(body, route)
+    return from == nil or created < from
   end
   local classes = {}
   for _, name in ipairs(names) do classes[#classes + 1] = {name, kept[name]} end
@@ -270,18 +339,40 @@ local function sweep_usage(before, kept, names, budget)
   return r
 end
 
+-- SPEC 24.3: a late entry stamped before where a class's sweep of LATE goes on from
+-- (a sweep by a clock ahead of the writer's) would never be come back for: each such
+-- class goes on from its time instead.
+local function sweep_late_from(t)
+  local all = redis.call('HGETALL', SWEEP)
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 1) == 'z' and tonumber(all[j + 1]) > t then
+      redis.call('HSET', SWEEP, all[j], string.format('%d', t))
+    end
+  end
+end
+
 local function apply_writes()
   local results = {}
   local i = first_write
   while i <= #ARGV do
     local op = ARGV[i]
     local r = 0
-    if op == 'U' then -- created_ms, entry
-      local id = xadd(ARGV[i + 1], ARGV[i + 2])
+    if op == 'U' or op == 'RU' then -- created_ms, entry; 'RU' (mode 'refill'): created_ms,
+      -- the row's id before the loss ('' unknown), entry: written by '~epoch:id:owner'
+      local by, n = nil, 1
+      if op == 'RU' then
+        by, n = writer .. ':' .. ARGV[i + 2] .. ':' .. owner, 2
+      end
+      local id = xadd(ARGV[i + 1], ARGV[i + n + 1], by)
       -- Written after the clock stepped back: its id is later than its time, so
       -- trimming by id would keep it past the retention. The sweep deletes it by time.
-      if lastms > tonumber(ARGV[i + 1]) then redis.call('ZADD', LATE, ARGV[i + 1], id) end
-      i = i + 3
+      if lastms > tonumber(ARGV[i + 1]) then
+        redis.call('ZADD', LATE, ARGV[i + 1], id)
+        sweep_late_from(tonumber(ARGV[i + 1]))
+      end
+      -- Its id: what a refill names it by (SPEC 24.4).
+      r = id
+      i = i + n + 2
     elseif op == 'L' then -- id, created_ms, value
       redis.call('HSET', P .. ':leases', ARGV[i + 1], ARGV[i + 3])
       xadd(ARGV[i + 2], 'L' .. SEP .. ARGV[i + 1] .. SEP .. ARGV[i + 3])
@@ -352,6 +443,16 @@ local function apply_writes()
         return tonumber(field(v, 3)) >= hist or string.match(field(v, 2), '^[^:]*') == 'concurrency'
       end, 'history')
       i = i + 6 + 2 * n
+    elseif op == 'N' then -- table, field, value: an item written back (mode 'refill')
+      local t, f = ARGV[i + 1], ARGV[i + 2]
+      r = redis.call('HSETNX', P .. ':' .. t, f, ARGV[i + 3])
+      if r == 1 then bump(t) end
+      -- History ids are taken from a counter the loss reset: it goes on past them.
+      local n = tonumber(f)
+      if t == 'history' and n and n > tonumber(redis.call('GET', P .. ':history_id') or '0') then
+        redis.call('SET', P .. ':history_id', string.format('%d', n))
+      end
+      i = i + 4
     elseif op == 'G' then -- log value
       r = redis.call('INCR', P .. ':log_id')
       redis.call('XADD', P .. ':logs', 'MAXLEN', '~', 10000, '*', 'd', r .. SEP .. ARGV[i + 1])
@@ -433,8 +534,31 @@ elseif mode == 'commit' then
   if last[1] then head = last[1][1] end
   local versions = redis.call('HMGET', VER, unpack(TABLES))
   for i = 1, #TABLES do versions[i] = versions[i] or '0' end
-  local unread = {}
-  for i = 1, #TABLES do unread[i] = false end
-  return {'ok', head, 0, {}, versions, unread, false, results}
+  -- The tables our writes changed, whole: what the engine writes back should the
+  -- store lose its data (SPEC 24.4; the engine's mirror takes nothing from them).
+  local own = {}
+  for i = 1, #TABLES do
+    if bumped[TABLES[i]] then own[i] = redis.call('HGETALL', P .. ':' .. TABLES[i]) else own[i] = false end
+  end
+  return {'ok', head, 0, {}, versions, own, false, results}
+elseif mode == 'refill' then
+  -- The first engine to refill sets the new epoch; the others find it and add only
+  -- what is absent (items) or their own (usage, leases: each engine sends its own).
+  if not stored_epoch then
+    stored_epoch = epoch
+    redis.call('SET', EPOCH, epoch)
+  end
+  -- Once per engine and lost epoch (a refill whose reply was lost is sent again).
+  local lost = string.sub(writer, 2)
+  local results = {}
+  if redis.call('HGET', P .. ':refilled', owner) ~= lost then
+    redis.call('HSET', P .. ':refilled', owner, lost)
+    results = apply_writes()
+  end
+  local head = '0-0'
+  local last = redis.call('XREVRANGE', LOG, '+', '-', 'COUNT', 1)
+  if last[1] then head = last[1][1] end
+  -- The shape of every 'ok' reply (8 parts); the epoch in the leases' place.
+  return {'ok', head, 0, {}, {}, {}, stored_epoch, results}
 end
 return redis.error_reply('quotaengine: unknown mode ' .. tostring(mode))

@@ -7,7 +7,7 @@
 //! | `P:log` | stream | every usage row and every lease insert/delete, in commit order |
 //! | `P:leases` | hash | live leases: id -> key, expires, tokens, created, route |
 //! | `P:cooldowns`, `P:keys`, `P:models`, `P:caps`, `P:history` | hash | the small tables (a cooldown field with an empty key benches its model for every key, SPEC 21.1) |
-//! | `P:ver` | hash | a version per small table, bumped by every change to it |
+//! | `P:ver` | hash | a version per small table, bumped by every change to it (a counter that starts, again or anew, starts at the server's time in µs) |
 //! | `P:quota` | hash | observed provider quota state (versioned as the small tables) |
 //! | `P:logs` | stream | `server_logs` (capped at about 10,000) |
 //! | `P:lock` | string | the write lock: its owner, with a time to live |
@@ -16,6 +16,8 @@
 //! | `P:prices` | hash | model prices (SPEC 23.1), a small table: `platform SEP model` -> four integers of p$ |
 //! | `P:platform_limits` | hash | platform limits (SPEC 23.3), a small table: `platform` -> its limits |
 //! | `P:tenant_limits` | hash | tenant declarations (SPEC 23.2), a small table: `tenant` -> `tz SEP limits` |
+//! | `P:epoch` | string | the store's identity, a random id set when it is first opened (SPEC 24.4) |
+//! | `P:refilled` | hash | engine -> the lost epoch it wrote back (SPEC 24.4: once each) |
 //!
 //! All access goes through one Lua script (`redis.lua`), so each step is atomic on the
 //! server. A section that decides (a lease, a failure) takes the lock and reads what
@@ -34,9 +36,33 @@
 //! number, for a day after the writer's last write). The check runs inside the
 //! script: still one round trip per call.
 //!
+//! A store that lost its data (a restart without persistence, `FLUSHALL`, an empty
+//! server in its place) has lost `P:epoch` with it: the script refuses every call of
+//! an engine that knows another epoch (status `lost`), and the store writes back what
+//! the engine knows before the call goes on (mode `refill`, SPEC 24.4): the small
+//! tables as it last read them (each item only where absent, so engines refilling at
+//! once leave one copy), its own live leases and its own usage rows that retention
+//! keeps (each engine sends only its own, so usage is counted once; each entry names
+//! the lost epoch, the id the row had in it and its writer, and an engine that had
+//! read that row, or wrote it, skips it: its windows count it already), and takes the
+//! store's new epoch. Then it reads everything afresh, and
+//! the call is sent again (a decision conflicts and is made again). While the refill
+//! fails, so does every call: the engine, which logged the loss as an error, serves
+//! degraded.
+//!
 //! The lock has a time to live (10 s) so that a host that dies holding it does not
 //! stop the fleet; a section takes microseconds, so only a process stopped for that
-//! long inside a section could let two decisions overlap.
+//! long inside a section could let two decisions overlap. The lock holds its owner's
+//! id: a `begin` whose reply was lost, or a locked section rolled back without a
+//! connection, may have left it ours, and our next round trip drops it first
+//! (`settle`), so that the fleet does not wait out its time to live.
+//!
+//! Every wait has a bound: connecting (at most the busy timeout, 0.1 to 5 s), each
+//! read and write (the busy timeout, 1 to 30 s, set on every connection at connect:
+//! server, sentinel, cluster node), the lock (the busy timeout per script call) and
+//! reconnecting (200 ms apart after a failed connect). A connection that timed out,
+//! was cut or brought a reply out of step is dropped (`lost_connection`,
+//! `desynchronised`).
 use super::redis_sentinel::{self, Watch};
 use super::redis_topology::{self as topology, Link, Topology};
 use super::{Changes, LeaseRow, LogRow, QuotaStateRow, Store, StoreResult, UsageFilter, UsageRow, Write};
@@ -79,7 +105,7 @@ pub(super) const SWEEP_BUDGET: usize = 20_000;
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// Every key this engine keeps under its prefix, with its type, checked at open
 /// (SPEC 19.1: a key holding another type is refused then, not met later as an outage).
-const LAYOUT: [(&str, &str); 22] = [
+const LAYOUT: [(&str, &str); 24] = [
     ("log", "stream"),
     ("logs", "stream"),
     ("leases", "hash"),
@@ -102,12 +128,19 @@ const LAYOUT: [(&str, &str); 22] = [
     ("prices", "hash"),
     ("platform_limits", "hash"),
     ("tenant_limits", "hash"),
+    ("epoch", "string"),
+    ("refilled", "hash"),
 ];
+/// Own usage rows kept for a refill (SPEC 24.4) before those older than a minute are
+/// merged per (route, kind, tenants, UTC minute).
+const JOURNAL_COMPACT_MIN: usize = 4096;
 
 /// The writes of a call whose reply was lost, to be sent again under its identity.
 struct InDoubt {
     id: u64,
     writes: Vec<String>,
+    /// The usage rows among `writes`, kept for a refill once delivered.
+    usage: Vec<UsageRow>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,16 +185,56 @@ pub struct RedisStore {
     write_seq: u64,
     /// A call that wrote and got no reply: sent again before anything else.
     in_doubt: Option<InDoubt>,
+    /// The write lock may be ours outside a section: a `begin` whose reply was lost, or
+    /// a locked section rolled back without a connection to unlock on. The next round
+    /// trip drops it first (the lock names its owner), so that the fleet does not wait
+    /// out its time to live.
+    lock_in_doubt: bool,
     /// The last commit's retention sweep stopped at its budget.
     sweep_more: bool,
     /// Sentinel: the thread that hears the sentinels announce a new primary.
     watch: Option<Watch>,
     /// The generation of the watch's announcements last looked at.
     announced_seen: u64,
+    /// The store's epoch as last seen (`P:epoch`; empty: none known, never checked).
+    epoch: String,
+    /// SPEC 24.4: the store lost its data; what to tell the engine (taken once).
+    lost: Option<String>,
+    /// The store lost its data and this engine has not written back what it knows:
+    /// the epoch it lost.
+    refill_from: Option<String>,
+    /// A locked section's commit met a lost store: sent again as an append after the
+    /// refill, and its reply read as one.
+    commit_as_append: bool,
+    /// The epochs whose data this engine held and wrote back (SPEC 24.4), each with
+    /// the feed position it had read up to: the usage entries of their refills (any
+    /// engine's) of rows up to it are counted in its windows already.
+    held_epochs: Vec<(String, (u64, u64))>,
+    /// Every small table as last read, with this engine's own changes: what a refill
+    /// writes back.
+    raw: [Vec<(String, String)>; TABLES.len()],
+    /// This engine's own usage rows that retention keeps (merged per minute past the
+    /// first), each with its feed entry's id (`None`: unknown): what a refill writes back.
+    journal: Vec<(UsageRow, Option<(u64, u64)>)>,
+    journal_compact_at: usize,
+    /// Usage rows of the open section, each with the index of its write in the call
+    /// (whose result is its entry's id), journaled once committed.
+    section_usage: Vec<(UsageRow, usize)>,
+    /// Writes (script operations) of the open section so far.
+    section_ops: usize,
+    /// The ids of this engine's own live leases.
+    own_leases: std::collections::HashSet<i64>,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
+}
+
+/// The connection can no longer be trusted: it failed, timed out (every read and write
+/// has a timeout, set at connect from the busy timeout), or brought bytes that are no
+/// reply (a cut in the middle of one): it is dropped, and the next call reconnects.
+fn lost_connection(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.kind() == redis::ErrorKind::ParseError
 }
 
 /// A failed exchange: a server's error reply that waiting will not cure (a key of the
@@ -171,8 +244,7 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 /// failure after the request was sent is [`StoreError::InDoubt`]: it may have been
 /// applied.
 fn store_error(e: &redis::RedisError, sent: bool) -> StoreError {
-    let transport = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
-    if transport {
+    if lost_connection(e) {
         return if sent { StoreError::InDoubt(format!("redis: no reply: {e}")) } else { unavailable(e) };
     }
     match e.code() {
@@ -261,9 +333,21 @@ impl RedisStore {
             accounts: Vec::new(),
             write_seq: 0,
             in_doubt: None,
+            lock_in_doubt: false,
             sweep_more: false,
             watch: None,
             announced_seen: 0,
+            epoch: String::new(),
+            lost: None,
+            refill_from: None,
+            commit_as_append: false,
+            held_epochs: Vec::new(),
+            raw: Default::default(),
+            journal: Vec::new(),
+            journal_compact_at: JOURNAL_COMPACT_MIN,
+            section_usage: Vec::new(),
+            section_ops: 0,
+            own_leases: Default::default(),
         };
         store.connection()?;
         store.check_layout()?;
@@ -326,6 +410,7 @@ impl RedisStore {
                     // A new connection may reach a server that lost our state (a restart
                     // without persistence): read everything afresh.
                     self.resync();
+                    self.establish_epoch();
                 }
                 Err(e) => {
                     self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
@@ -357,8 +442,7 @@ impl RedisStore {
         let con = self.connection()?;
         f(con).map_err(|e| {
             // A node that is no longer the primary is left: the sentinels are asked again.
-            if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || topology::must_reconnect(&e)
-            {
+            if lost_connection(&e) || topology::must_reconnect(&e) {
                 self.con = None;
                 if topology::pause_reconnect(&e) {
                     self.next_connect = Some(Instant::now() + RECONNECT_PAUSE);
@@ -394,7 +478,28 @@ impl RedisStore {
                 )));
             }
         }
+        self.establish_epoch();
         Ok(())
+    }
+
+    /// SPEC 24.4: the store's identity, set by the first engine that opens the prefix.
+    /// A server that takes no writes (a replica) leaves it unset, as does a failure:
+    /// tried again at the next connection; meanwhile this engine checks nothing (nor
+    /// does a read-only one, ever).
+    fn establish_epoch(&mut self) {
+        if self.readonly || !self.epoch.is_empty() {
+            return;
+        }
+        let key = format!("{}:epoch", self.prefix);
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(format!("{:016x}", crate::core::random::random_u64())).arg("NX");
+        let mut get = redis::cmd("GET");
+        get.arg(&key);
+        // On the link itself: a refusal (a replica's READONLY) must not drop it.
+        let Some(con) = self.con.as_mut() else { return };
+        if set.query::<Value>(con).is_ok() {
+            self.epoch = get.query::<Value>(con).ok().and_then(|v| text(&v).ok()).unwrap_or_default();
+        }
     }
 
     fn invoke(&mut self, mode: &str, writes: &[String]) -> StoreResult<Value> {
@@ -419,7 +524,8 @@ impl RedisStore {
             .arg(&self.cursor)
             .arg(MAX_ENTRIES)
             .arg(if self.need_leases { "1" } else { "0" })
-            .arg(id);
+            .arg(id)
+            .arg(&self.epoch);
         for v in &self.versions {
             inv.arg(v);
         }
@@ -464,7 +570,12 @@ impl RedisStore {
     fn call_with(&mut self, mode: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
         self.settle()?;
         if !matches!(mode, "append" | "lease" | "commit") {
-            return self.send(mode, "", extra, writes).map_err(not_in_doubt);
+            let sent = self.send(mode, "", extra, writes);
+            if mode == "begin" && matches!(sent, Err(StoreError::InDoubt(_))) {
+                // The server may have taken the lock for us: dropped at the next call.
+                self.lock_in_doubt = true;
+            }
+            return sent.map_err(not_in_doubt);
         }
         self.write_seq += 1;
         let id = self.write_seq;
@@ -472,23 +583,35 @@ impl RedisStore {
         if let Err(StoreError::InDoubt(_)) = &sent {
             // What an optimistic section decided stands (as when degraded): it is sent
             // again without the conflict check.
-            self.in_doubt = Some(InDoubt { id, writes: writes.to_vec() });
+            self.in_doubt = Some(InDoubt { id, writes: writes.to_vec(), usage: Vec::new() });
         }
         sent
     }
 
     /// Sends again the writes of a call whose reply was lost, under its identity
-    /// (the server skips them if it had applied them), and takes in what changed.
+    /// (the server skips them if it had applied them), and takes in what changed; drops
+    /// the write lock when a lost reply may have left it ours (`replay` drops it too).
     /// While that fails, so does every call.
     fn settle(&mut self) -> StoreResult<()> {
-        let Some(d) = self.in_doubt.take() else { return Ok(()) };
-        match self.send("replay", &d.id.to_string(), &[], &d.writes) {
-            Ok(parts) => self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget()),
-            Err(e) => {
-                self.in_doubt = Some(d);
-                Err(not_in_doubt(e))
+        self.refill()?;
+        if let Some(mut d) = self.in_doubt.take() {
+            match self.send("replay", &d.id.to_string(), &[], &d.writes) {
+                Ok(parts) => {
+                    self.lock_in_doubt = false;
+                    self.journal_rows(std::mem::take(&mut d.usage).into_iter().map(|u| (u, None)).collect());
+                    self.absorb(&parts).and_then(|more| self.drain(more)).inspect_err(|_| self.forget())?;
+                }
+                Err(e) => {
+                    self.in_doubt = Some(d);
+                    return Err(not_in_doubt(e));
+                }
             }
         }
+        if self.lock_in_doubt {
+            self.invoke("unlock", &[])?;
+            self.lock_in_doubt = false;
+        }
+        Ok(())
     }
 
     /// Invokes the script, waiting (up to the busy timeout) while another engine
@@ -496,15 +619,22 @@ impl RedisStore {
     fn send(&mut self, mode: &str, id: &str, extra: &[String], writes: &[String]) -> StoreResult<Vec<Value>> {
         let deadline = Instant::now() + Duration::from_millis(self.busy_timeout_ms.max(0) as u64);
         let mut pause = Duration::from_micros(50);
+        let mut mode = mode;
+        let mut refilled = false;
         loop {
             let parts = match self.invoke_with(mode, id, extra, writes)? {
                 Value::Array(parts) => parts,
-                other => return Err(unavailable(format!("unexpected reply {other:?}"))),
+                other => return Err(self.desynchronised(&format!("{other:?}"))),
             };
-            let status = parts.first().map(text).transpose()?.unwrap_or_default();
+            let status = match parts.first().map(text) {
+                Some(Ok(s)) => s,
+                _ => return Err(self.desynchronised("a reply without a status")),
+            };
+            // A status with fewer parts than the script's replies carry is another
+            // reply's bytes.
             match status.as_str() {
-                "ok" | "conflict" => return Ok(parts),
-                "busy" => {
+                "ok" | "conflict" if parts.len() >= 8 => return Ok(parts),
+                "busy" if parts.len() >= 2 => {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(unavailable("locked by another engine past the busy timeout"));
@@ -512,9 +642,175 @@ impl RedisStore {
                     std::thread::sleep(pause.min(deadline - now));
                     pause = (pause * 2).min(Duration::from_millis(2));
                 }
-                other => return Err(unavailable(format!("unexpected script status {other:?}"))),
+                "lost" if parts.len() >= 2 => {
+                    let lost = self.found_lost(parts.get(1));
+                    if refilled || mode == "refill" {
+                        return Err(lost);
+                    }
+                    // SPEC 24.4: what this engine knows goes back first (when that
+                    // fails the call fails: the engine is degraded until it is written).
+                    self.refill()?;
+                    refilled = true;
+                    if mode == "commit" {
+                        // The lock went with the data: others may have written since;
+                        // the writes (decided under the lock) are appended after them.
+                        mode = "append";
+                        self.commit_as_append = true;
+                    }
+                    // Sent again in the new epoch: a decision (mode `lease`) conflicts, as
+                    // everything is read afresh, and is made again on what the store holds.
+                }
+                other => {
+                    return Err(self.desynchronised(&format!("status {other:?} in {} parts", parts.len())))
+                }
             }
         }
+    }
+
+    /// A reply that is not the script's answer to this call (bytes of another reply
+    /// read as this one): the connection is out of step and dropped, and the call may
+    /// have been applied (in doubt, sent again under its identity).
+    fn desynchronised(&mut self, what: &str) -> StoreError {
+        self.con = None;
+        StoreError::InDoubt(format!("redis: unexpected script reply ({what}); the connection is dropped"))
+    }
+
+    /// SPEC 24.4: the script found the store's epoch gone or changed: the store lost
+    /// what this engine saw in it. Nothing was read or written; what this engine knows
+    /// is to be written back (`refill`) before anything else.
+    fn found_lost(&mut self, now: Option<&Value>) -> StoreError {
+        let now = now.and_then(|v| text(v).ok()).unwrap_or_default();
+        let was = &self.epoch;
+        let msg = if now.is_empty() {
+            format!("the Redis store lost its data (its epoch {was} is gone: a restart without persistence, or a flush)")
+        } else {
+            format!("the Redis store lost its data (its epoch changed from {was} to {now}: flushed, or another server)")
+        };
+        if self.refill_from.is_none() {
+            self.refill_from = Some(self.epoch.clone());
+            self.lost = Some(msg.clone());
+        }
+        unavailable(msg)
+    }
+
+    /// SPEC 24.4: writes back what this engine knows of a store that lost its data, in
+    /// one call: every small table as last read (each item only where absent), its own
+    /// live leases and its own usage rows that retention keeps; then takes the store's
+    /// new epoch and reads everything afresh. Applied once per engine and lost epoch
+    /// (`P:refilled`), so a refill whose reply was lost is sent again safely; a call
+    /// left in doubt is sent again after it, under its own identity.
+    fn refill(&mut self) -> StoreResult<()> {
+        let Some(lost) = self.refill_from.clone() else { return Ok(()) };
+        let mut writes = Vec::new();
+        // First (their results are their new ids): the usage, each row named by the id
+        // it had, so that an engine that had read it skips it.
+        for (u, id) in &self.journal {
+            let id = id.map_or_else(String::new, |(ms, seq)| format!("{ms}-{seq}"));
+            let mut one = Vec::with_capacity(3);
+            codec::encode(&Write::Usage(u.clone()), &mut one);
+            let [_, created, entry] = <[String; 3]>::try_from(one).unwrap_or_default();
+            writes.extend(["RU".to_string(), created, id, entry]);
+        }
+        for (t, rows) in TABLES.iter().zip(&self.raw) {
+            for (f, v) in rows {
+                writes.extend(["N".to_string(), (*t).to_string(), f.clone(), v.clone()]);
+            }
+        }
+        let mut own: Vec<&LeaseRow> = self.own_leases.iter().filter_map(|id| self.leases.get(id)).collect();
+        own.sort_by_key(|l| l.id);
+        for l in own {
+            codec::encode(&Write::InsertLease(l.clone()), &mut writes);
+        }
+        // The epoch the store takes if this is the first refill (the script checks
+        // none in this mode).
+        self.epoch = format!("{:016x}", crate::core::random::random_u64());
+        let parts = self.send("refill", "", std::slice::from_ref(&lost), &writes).map_err(not_in_doubt)?;
+        let epoch = parts.get(6).ok_or_else(|| unavailable("short script reply"))?;
+        self.epoch = text(epoch)?;
+        self.refill_from = None;
+        // The rows' ids in the new epoch (unknown when this refill had been applied
+        // already, its reply lost: such a row is then never skipped by others).
+        let ids = match parts.get(7) {
+            Some(Value::Array(results)) => {
+                results.iter().map(|v| text(v).ok().map(|s| stream_id(&s))).collect()
+            }
+            _ => Vec::new(),
+        };
+        for (i, (_, id)) in self.journal.iter_mut().enumerate() {
+            *id = ids.get(i).copied().flatten();
+        }
+        let read_to = stream_id(&self.cursor);
+        self.held_epochs.retain(|(e, _)| *e != lost);
+        self.held_epochs.push((lost, read_to));
+        // Every entry of the feed now was written since the loss: read from its start
+        // (the refills of what this engine held are skipped, its windows count them
+        // already), and every table and lease afresh. The usage taken in before stays.
+        self.cursor = "0-0".into();
+        self.forget();
+        Ok(())
+    }
+
+    /// After a commit that wrote usage rows: they are this engine's own, kept for a
+    /// refill while retention keeps them (merged per minute past the first).
+    fn journal_rows(&mut self, mut rows: Vec<(UsageRow, Option<(u64, u64)>)>) {
+        if rows.is_empty() {
+            return;
+        }
+        self.journal.append(&mut rows);
+        if self.journal.len() < self.journal_compact_at {
+            return;
+        }
+        let newest = self.journal.iter().map(|(u, _)| u.created_at_ms).max().unwrap_or(0);
+        let horizon = newest.saturating_sub(crate::core::clock::MINUTE_MS);
+        type Key = (Arc<str>, Arc<str>, i64, bool, i64, crate::core::tenants::TenantList);
+        let mut merged: HashMap<Key, usize> = HashMap::new();
+        let mut out: Vec<(UsageRow, Option<(u64, u64)>)> = Vec::with_capacity(self.journal.len());
+        for (u, id) in self.journal.drain(..) {
+            if u.created_at_ms > horizon {
+                out.push((u, id));
+                continue;
+            }
+            let key = (
+                u.platform.clone(),
+                u.model_id.clone(),
+                u.key_id,
+                u.kind == super::UsageKind::Request,
+                u.created_at_ms.div_euclid(crate::core::clock::MINUTE_MS),
+                u.tenants.clone(),
+            );
+            match merged.get(&key) {
+                Some(&i) => {
+                    let (m, mid) = &mut out[i];
+                    // Skipped by another engine only if it had read every row merged.
+                    *mid = mid.zip(id).map(|(a, b)| a.max(b));
+                    m.tokens = m.tokens.saturating_add(u.tokens);
+                    m.kinds = m.kinds.merged(u.kinds);
+                    m.count = m.count.saturating_add(u.count);
+                    m.cost = m.cost.saturating_add(u.cost);
+                    m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
+                }
+                None => {
+                    merged.insert(key, out.len());
+                    out.push((u, id));
+                }
+            }
+        }
+        self.journal = out;
+        self.journal_compact_at = (self.journal.len() * 2).max(JOURNAL_COMPACT_MIN);
+    }
+
+    /// SPEC 24.4: a usage entry written back after a loss (`~epoch:id:owner`) of a row
+    /// this engine wrote, or had read before the loss (an epoch it held, an id up to
+    /// where it had read): its windows count it already.
+    fn counted_refill(&self, who: &str) -> bool {
+        let mut parts = who.strip_prefix('~').unwrap_or_default().splitn(3, ':');
+        let (Some(epoch), Some(id), Some(by)) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        let held = |e: &String| e == epoch;
+        by == self.owner
+            || (!id.is_empty()
+                && self.held_epochs.iter().any(|(e, read_to)| held(e) && stream_id(id) <= *read_to))
     }
 
     /// Takes in what a script reply says changed: `{status, head, more, entries,
@@ -534,6 +830,11 @@ impl RedisStore {
                 continue;
             }
             if body.starts_with('U') {
+                // SPEC 24.4: usage written back for an epoch this engine held is in its
+                // windows already.
+                if self.counted_refill(who) {
+                    continue;
+                }
                 usage.push(parse_usage(body)?);
             } else {
                 self.lease_entry(body)?;
@@ -547,7 +848,9 @@ impl RedisStore {
             if matches!(t, Value::Nil | Value::Boolean(false)) {
                 continue;
             }
-            codec::take_table(i, pairs(t)?, &mut self.pending)?;
+            let rows = pairs(t)?;
+            self.raw[i] = rows.clone();
+            codec::take_table(i, rows, &mut self.pending)?;
             if let Some(v) = versions.get(i) {
                 self.versions[i] = text(v)?;
             }
@@ -576,10 +879,16 @@ impl RedisStore {
     /// After a locked section's commit: the feed's head and the table versions,
     /// which only our own writes changed.
     fn follow_own_commit(&mut self, parts: &[Value]) -> StoreResult<()> {
-        let [_, head, _, _, versions, ..] = parts else {
+        let [_, head, _, _, versions, tables, ..] = parts else {
             return Err(unavailable("short script reply"));
         };
         self.cursor = text(head)?;
+        // The tables our writes changed, whole: kept for a refill (SPEC 24.4) only.
+        for (i, t) in array(tables)?.iter().enumerate().take(TABLES.len()) {
+            if !matches!(t, Value::Nil | Value::Boolean(false)) {
+                self.raw[i] = pairs(t)?;
+            }
+        }
         for (i, v) in array(versions)?.iter().enumerate().take(TABLES.len()) {
             self.versions[i] = text(v)?;
         }
@@ -607,13 +916,17 @@ impl RedisStore {
         for w in std::mem::take(&mut self.lease_writes) {
             match w {
                 Write::InsertLease(l) => {
+                    self.own_leases.insert(l.id);
                     self.leases.insert(l.id, l);
                 }
                 Write::DeleteLease(id) => {
+                    self.own_leases.remove(&id);
                     self.leases.remove(&id);
                 }
                 Write::Sweep { leases_expired_before, .. } => {
                     self.leases.retain(|_, l| l.expires_at_ms >= leases_expired_before);
+                    let leases = &self.leases;
+                    self.own_leases.retain(|id| leases.contains_key(id));
                 }
                 _ => {}
             }
@@ -728,6 +1041,7 @@ impl Store for RedisStore {
 
     fn commit(&mut self) -> StoreResult<()> {
         let Some(section) = self.section else { return Ok(()) };
+        self.commit_as_append = false;
         let args = std::mem::take(&mut self.args);
         let accounts = std::mem::take(&mut self.accounts);
         let result = match section {
@@ -748,6 +1062,10 @@ impl Store for RedisStore {
                 if matches!(e, StoreError::InDoubt(_)) {
                     // The writes will be applied (once): for the engine they are.
                     self.apply_own_leases();
+                    let usage = std::mem::take(&mut self.section_usage);
+                    if let Some(d) = self.in_doubt.as_mut() {
+                        d.usage = usage.into_iter().map(|(u, _)| u).collect();
+                    }
                 }
                 self.rollback();
                 self.forget();
@@ -757,6 +1075,18 @@ impl Store for RedisStore {
         self.section = None;
         let conflict =
             matches!(reply.as_deref().and_then(|p| p.first()).map(text), Some(Ok(s)) if s == "conflict");
+        let usage = std::mem::take(&mut self.section_usage);
+        self.section_ops = 0;
+        if !conflict {
+            // Each row with its entry's id, the result of its write.
+            let results = match reply.as_deref() {
+                Some([.., Value::Array(results)]) => results.as_slice(),
+                _ => &[],
+            };
+            let id = |i: usize| results.get(i).and_then(|v| text(v).ok()).filter(|s| s.contains('-'));
+            let rows = usage.into_iter().map(|(u, i)| (u, id(i).map(|s| stream_id(&s)))).collect();
+            self.journal_rows(rows);
+        }
         // The sweep's result is 'more' when it stopped at its budget (every other
         // write's result is a number).
         if let Some([.., Value::Array(results)]) = reply.as_deref() {
@@ -765,7 +1095,9 @@ impl Store for RedisStore {
         let taken = match reply {
             None => Ok(()),
             // Only our own writes happened since `begin`: follow on after them.
-            Some(parts) if section == Section::Write => self.follow_own_commit(&parts),
+            Some(parts) if section == Section::Write && !std::mem::take(&mut self.commit_as_append) => {
+                self.follow_own_commit(&parts)
+            }
             // What others wrote before our entries (ours are skipped when read); after
             // a conflict, what changed, for the next pull (nothing was written).
             Some(parts) => self.absorb(&parts).and_then(|more| self.drain(more)),
@@ -791,8 +1123,10 @@ impl Store for RedisStore {
     }
 
     fn rollback(&mut self) {
-        if self.section == Some(Section::Write) && self.con.is_some() {
-            let _ = self.invoke("unlock", &[]);
+        if self.section == Some(Section::Write) {
+            // Without a connection (or an answer) the lock stays ours until the next
+            // call drops it (`settle`).
+            self.lock_in_doubt = self.con.is_none() || self.invoke("unlock", &[]).is_err();
         }
         // A section that reads nothing before its commit has nothing half-read to
         // forget (a failed commit forgets it there).
@@ -801,6 +1135,8 @@ impl Store for RedisStore {
         self.args.clear();
         self.lease_writes.clear();
         self.accounts.clear();
+        self.section_usage.clear();
+        self.section_ops = 0;
         if read {
             self.forget();
         }
@@ -859,6 +1195,11 @@ impl Store for RedisStore {
             return Err(StoreError::ReadOnly);
         }
         codec::encode(w, &mut self.args);
+        // The script's operations (one per write but a renewal's, one per lease).
+        self.section_ops += match w {
+            Write::RenewLeases(rows) => rows.len(),
+            _ => 1,
+        };
         // Lease writes are applied to `leases` once committed; an inserted lease's
         // account and tenants are what an optimistic commit checks.
         match w {
@@ -868,12 +1209,25 @@ impl Store for RedisStore {
                 self.lease_writes.push(w.clone());
                 Ok(l.id)
             }
-            Write::DeleteLease(_) | Write::Sweep { .. } => {
+            Write::DeleteLease(_) => {
+                self.lease_writes.push(w.clone());
+                Ok(0)
+            }
+            Write::Sweep { usage_before, kept, .. } => {
+                // What retention deletes from the store is not written back either.
+                self.journal.retain(|(u, _)| {
+                    u.created_at_ms
+                        >= super::usage_cutoff(kept, *usage_before, &u.platform, &u.model_id, &u.tenants)
+                });
                 self.lease_writes.push(w.clone());
                 Ok(0)
             }
             Write::RenewLeases(rows) => {
                 self.lease_writes.extend(rows.iter().cloned().map(Write::InsertLease));
+                Ok(0)
+            }
+            Write::Usage(u) => {
+                self.section_usage.push((u.clone(), self.section_ops - 1));
                 Ok(0)
             }
             _ => Ok(0),
@@ -890,6 +1244,10 @@ impl Store for RedisStore {
 
     fn undelivered(&self) -> usize {
         self.in_doubt.as_ref().map_or(0, |d| d.writes.len())
+    }
+
+    fn take_lost(&mut self) -> Option<String> {
+        self.lost.take()
     }
 
     fn after_fork(&mut self) -> bool {

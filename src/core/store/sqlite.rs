@@ -677,20 +677,22 @@ fn intern(names: &mut std::collections::HashSet<Arc<str>>, s: &str) -> Arc<str> 
     a
 }
 
-/// Where each class of the retention sweep starts (SPEC 14.2: a kept model, or every
-/// other model): no row of a class below its id is older than the class's last
-/// cut-off, so the next sweep of the class scans from there.
+/// Where each class of the retention sweep starts (SPEC 14.2, 24.3: a kept model, a
+/// kept tenant, or every other model): no row of a class below its id is older than
+/// the class's last cut-off, but those another class kept longer (that class deletes
+/// them), so the next sweep of the class scans from there.
 #[derive(Debug, Default, Clone)]
 struct SweepCursors {
-    /// The kept models these are for: another set starts over.
-    kept: Vec<(Arc<str>, Arc<str>)>,
+    /// The kept models and tenants these are for: another set starts over.
+    kept: Vec<SweepName>,
     /// Per class (`None`: every model not kept), the lowest id a row of it may have.
     lo: HashMap<SweepClass, i64>,
 }
 
-/// A class of the retention sweep: a kept model (platform, model), or `None` for
-/// every model not kept.
-type SweepClass = Option<(Arc<str>, Arc<str>)>;
+/// A class of the retention sweep: a kept model (platform, model, `None`) or tenant
+/// (empty, empty, its name), or `None` for every model not kept.
+type SweepClass = Option<SweepName>;
+type SweepName = (Arc<str>, Arc<str>, Option<Arc<str>>);
 
 /// Retention without a time index: rows arrive in id order and almost in time order;
 /// the few stamped well before the newest seen ("stragglers": another process's slow
@@ -712,8 +714,9 @@ impl RowsSeen {
         let t = u.created_at_ms;
         if t.saturating_add(STRAGGLER_SLACK_MS) < self.newest_seen_ms {
             if self.stragglers.len() < MAX_STRAGGLERS {
-                let (platform, model_id) = (u.platform.clone(), u.model_id.clone());
-                self.stragglers.push(Straggler { id, t, platform, model_id });
+                let (platform, model_id, tenants) =
+                    (u.platform.clone(), u.model_id.clone(), u.tenants.clone());
+                self.stragglers.push(Straggler { id, t, platform, model_id, tenants });
             } else {
                 self.untracked_until = self.untracked_until.max(t);
             }
@@ -724,12 +727,13 @@ impl RowsSeen {
 }
 
 /// A row stamped well before the rows below it, remembered by id with its route's
-/// model (retention deletes it at that model's cut-off, SPEC 14.2).
+/// model and its tenants (retention deletes it at their cut-off, SPEC 14.2, 24.3).
 struct Straggler {
     id: i64,
     t: i64,
     platform: Arc<str>,
     model_id: Arc<str>,
+    tenants: crate::core::tenants::TenantList,
 }
 
 impl Store for SqliteStore {
@@ -784,10 +788,10 @@ impl Store for SqliteStore {
                 self.cursor_at_begin = self.usage_cursor;
                 self.trims_at_begin = self.trims_seen;
                 if let Some((before, kept)) = self.sweep_cutoff.take() {
-                    // What the sweep deleted: each straggler older than its class's cut-off.
-                    self.seen
-                        .stragglers
-                        .retain(|s| s.t >= super::usage_cutoff(&kept, before, &s.platform, &s.model_id));
+                    // What the sweep deleted: each straggler older than its cut-off.
+                    self.seen.stragglers.retain(|s| {
+                        s.t >= super::usage_cutoff(&kept, before, &s.platform, &s.model_id, &s.tenants)
+                    });
                     self.full_sweep_done = true;
                 }
                 if let Some(cursors) = self.sweep_pending.take() {

@@ -219,8 +219,9 @@ impl PyQuotaEngine {
         Ok(self.run(py, |e| e.observed().provider_caps(p))?.into())
     }
 
-    /// SPEC 21.2: the provider caps learned for the key's account from pool 429s
-    /// (daily and minute requests; None where nothing was learned).
+    /// SPEC 21.2, 24.6: the provider caps learned for the key's account from pool
+    /// 429s (daily and minute requests; None where nothing was learned). They belong
+    /// to the account: a key moved to another account reports that account's.
     fn learned_provider_caps(
         &self, py: Python<'_>, platform: &Arg, key_id: &Arg,
     ) -> PyResult<PyProviderCaps> {

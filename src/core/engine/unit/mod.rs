@@ -383,6 +383,7 @@ impl Unit {
         if !self.loaded || self.rebuild || self.mirror.needs_reload {
             self.load_usage(now)?;
         }
+        self.lost_store(false);
         let changes = self.store.pull()?;
         let p = &self.pending;
         let waiting = Waiting { writes: &p.writes, deleted: &p.deleted, inserted: &p.inserted };
@@ -447,6 +448,8 @@ impl Unit {
                     self.pending.flushed();
                 }
                 self.flush_requested = false;
+                // Its `server_logs` row goes with the next commit.
+                self.lost_store(false);
                 if let Some(e) = in_doubt {
                     self.store_failed(&StoreError::Unavailable(e), true);
                 } else if self.degraded {
@@ -604,6 +607,9 @@ impl Unit {
 
     pub(super) fn store_failed(&mut self, e: &StoreError, write: bool) {
         self.read_failed = true;
+        if self.lost_store(true) {
+            return;
+        }
         if !write {
             // A failed read: keep serving from memory; writes decide degraded mode.
             self.logs.push((log::Level::Debug, format!("database read failed: {e}")));
@@ -616,6 +622,23 @@ impl Unit {
             );
             self.note(log::Level::Warn, Some("degraded"), msg);
         }
+    }
+
+    /// SPEC 24.4: when the store was found to have lost its data, logs the error (its
+    /// `server_logs` row goes with the next commit). The store writes back what this
+    /// engine knows before its call goes on; when that could not be written (`failed`),
+    /// the engine serves degraded, enforcing every limit from memory, until it is.
+    /// True when the store had lost its data.
+    fn lost_store(&mut self, failed: bool) -> bool {
+        let Some(lost) = self.store.take_lost() else { return false };
+        let msg = if failed {
+            self.degraded = true;
+            format!("{lost}; serving from memory until what this engine knows is written back")
+        } else {
+            format!("{lost}; wrote back what this engine knew (configuration, cooldowns, learned limits, its usage)")
+        };
+        self.note(log::Level::Error, Some("store_lost"), msg);
+        true
     }
 
     /// A record for the host's logger. Warnings and errors also become a

@@ -161,7 +161,9 @@ pub(super) fn encode(w: &Write, out: &mut Vec<String>) {
                 kept.len().to_string(),
             ]);
             for k in kept.iter() {
-                out.extend([route(&k.platform, &k.model_id), k.before.max(0).to_string()]);
+                // A kept tenant (SPEC 24.3) as the script names one: `RS` and its name.
+                let name = k.tenant.as_deref().map_or_else(|| route(&k.platform, &k.model_id), tenant_watch);
+                out.extend([name, k.before.max(0).to_string()]);
             }
             out.push(SWEEP_BUDGET.to_string());
         }

@@ -1,6 +1,6 @@
 //! The SQLite store's writes: one codec per kind of [`Write`], each its own
 //! statement(s) below, picked by [`SqliteStore::apply`].
-use super::{tenants, SqliteStore, Straggler, SweepCursors, STRAGGLER_SLACK_MS, SWEEP_CHUNK};
+use super::{tenants, SqliteStore, Straggler, SweepCursors, SweepName, STRAGGLER_SLACK_MS, SWEEP_CHUNK};
 use crate::core::limits::{encode_caps, encode_limits};
 use crate::core::store::{
     CooldownRow, HistoryKind, HistoryRow, KeptUsage, LeaseRow, LogRow, QuotaStateRow, UsageKind, UsageRow,
@@ -402,47 +402,56 @@ impl SqliteStore {
         // model's at `usage_before`. One delete per class, each from where the
         // class's rows start (a cursor), so that a month of one model's rows is
         // not scanned again at every sweep to find the others' last minute.
-        let names: Vec<(Arc<str>, Arc<str>)> =
-            kept.iter().map(|k| (k.platform.clone(), k.model_id.clone())).collect();
+        let names: Vec<SweepName> =
+            kept.iter().map(|k| (k.platform.clone(), k.model_id.clone(), k.tenant.clone())).collect();
         let mut cursors = if self.sweep_lo.kept == names {
             self.sweep_lo.clone()
         } else {
             SweepCursors { kept: names, lo: HashMap::new() }
         };
-        let others = if kept.is_empty() {
+        let models: Vec<&KeptUsage> = kept.iter().filter(|k| k.tenant.is_none()).collect();
+        let others = if models.is_empty() {
             "1".to_string()
         } else {
-            let each: Vec<String> = (0..kept.len())
+            let each: Vec<String> = (0..models.len())
                 .map(|i| format!("(platform = ?{} AND model_id = ?{})", 4 + 2 * i, 5 + 2 * i))
                 .collect();
             format!("NOT ({})", each.join(" OR "))
         };
-        let every_name: Vec<Value> = kept
+        let every_name: Vec<Value> = models
             .iter()
             .flat_map(|k| [Value::Text(k.platform.to_string()), Value::Text(k.model_id.to_string())])
             .collect();
+        // SPEC 24.3: a kept tenant's rows are of any model, so a row one class's cut-off
+        // passed may be kept longer by another's (its tenant's, or its model's): no class
+        // deletes what another keeps, and that one deletes it when its own cut-off passes.
+        let tenants_kept = kept.iter().any(|k| k.tenant.is_some());
         let classes = kept
             .iter()
-            .map(|k| (Some((k.platform.clone(), k.model_id.clone())), k.before))
+            .map(|k| (Some((k.platform.clone(), k.model_id.clone(), k.tenant.clone())), k.before))
             .chain(std::iter::once((None, *usage_before)));
         let mut n = 0;
         let mut unfinished = false;
         for (class, cutoff) in classes {
-            let (pred, names): (&str, Vec<Value>) = match &class {
-                Some((p, m)) => (
-                    "platform = ?4 AND model_id = ?5",
+            let (pred, names): (String, Vec<Value>) = match &class {
+                Some((_, _, Some(t))) => (carries(4), vec![Value::Text(t.to_string())]),
+                Some((p, m, None)) => (
+                    "platform = ?4 AND model_id = ?5".to_string(),
                     vec![Value::Text(p.to_string()), Value::Text(m.to_string())],
                 ),
-                None => (&others, every_name.clone()),
+                None => (others.clone(), every_name.clone()),
             };
+            let (keep, keep_args) =
+                if tenants_kept { kept_longer(kept, 4 + names.len()) } else { (String::new(), Vec::new()) };
             let args = |a: i64, b: i64| -> Vec<Value> {
                 [Value::Integer(a), Value::Integer(b), Value::Integer(cutoff)]
                     .into_iter()
                     .chain(names.iter().cloned())
+                    .chain(keep_args.iter().cloned())
                     .collect()
             };
             let delete = format!(
-                "DELETE FROM rate_limit_usage WHERE id >= ?1 AND id < ?2 AND created_at_ms < ?3 AND {pred}"
+                "DELETE FROM rate_limit_usage WHERE id >= ?1 AND id < ?2 AND created_at_ms < ?3 AND {pred}{keep}"
             );
             // Until the first sweep has scanned the whole table, and while
             // stragglers went untracked, rows of the class may hide anywhere.
@@ -479,8 +488,9 @@ impl SqliteStore {
                 // Only the class's own: a kept model's straggler is not tried again
                 // by every other class at each sweep until its own cut-off passes it.
                 let of_class = |s: &Straggler| match &class {
-                    Some((p, m)) => s.platform == *p && s.model_id == *m,
-                    None => !kept.iter().any(|k| s.platform == k.platform && s.model_id == k.model_id),
+                    Some((_, _, Some(t))) => s.tenants.iter().any(|x| x == t),
+                    Some((p, m, None)) => s.platform == *p && s.model_id == *m,
+                    None => !models.iter().any(|k| s.platform == k.platform && s.model_id == k.model_id),
                 };
                 for s in self.seen.stragglers.iter().filter(|s| s.t < cutoff && of_class(s)) {
                     n += c
@@ -548,4 +558,39 @@ impl SqliteStore {
 /// file without prices stays as it was.
 fn stored_cost(cost: i64) -> Option<i64> {
     (cost != 0).then_some(cost)
+}
+
+/// A usage row carries the tenant bound to `?i` (its `tenants` column, SPEC 23.2; a
+/// value a plain writer spoiled carries none).
+fn carries(i: usize) -> String {
+    format!("CASE WHEN json_valid(tenants) THEN EXISTS (SELECT 1 FROM json_each(tenants) WHERE value = ?{i}) ELSE 0 END")
+}
+
+/// The sweep's guard while tenants are kept (SPEC 24.3): not a row that some kept model
+/// or tenant keeps (stamped at or after its cut-off), with its arguments from `?base`.
+fn kept_longer(kept: &[KeptUsage], base: usize) -> (String, Vec<Value>) {
+    let mut terms = Vec::with_capacity(kept.len());
+    let mut args = Vec::new();
+    for k in kept {
+        let i = base + args.len();
+        match &k.tenant {
+            Some(t) => {
+                terms.push(format!("({} AND created_at_ms >= ?{})", carries(i), i + 1));
+                args.extend([Value::Text(t.to_string()), Value::Integer(k.before)]);
+            }
+            None => {
+                terms.push(format!(
+                    "(platform = ?{i} AND model_id = ?{} AND created_at_ms >= ?{})",
+                    i + 1,
+                    i + 2
+                ));
+                args.extend([
+                    Value::Text(k.platform.to_string()),
+                    Value::Text(k.model_id.to_string()),
+                    Value::Integer(k.before),
+                ]);
+            }
+        }
+    }
+    (format!(" AND NOT ({})", terms.join(" OR ")), args)
 }
