@@ -462,7 +462,12 @@ class _Events:
         window = _window(per)
         if isinstance(window, int):  # sliding: t > x - width
             return self.through(x) - self.through(x - window)
-        starts = np.array([_period_start(int(v), tz, window) for v in x], dtype=np.int64)
+        x = np.asarray(x, dtype=np.int64)
+        if len(x) == 0:
+            return self.through(x)
+        lo, hi = int(x.min()), int(x.max())
+        bounds = np.array([_period_start(lo, tz, window), *_period_starts(lo, hi, tz, window)], dtype=np.int64)
+        starts = bounds[np.searchsorted(bounds, x, side="right") - 1]  # the period holding each moment
         return self.through(x) - self.before(starts)  # calendar: t >= the period's start
 
     def breakpoints(self, per: str, tz: str, lo: int, hi: int) -> list[Any]:

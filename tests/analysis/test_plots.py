@@ -135,6 +135,28 @@ def test_a_calendar_day_resets_at_the_platforms_midnight(engine: q.QuotaEngine, 
     assert la_midnight in [ms(x) for x in line.get_xdata()]
 
 
+def test_week_and_month_windows_reset_at_their_periods(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """2026-01-01 is a Thursday: the week restarts on Monday the 5th, the month on 1 February."""
+    engine.set_model_limits("groq", "llama", limits=[q.Limit("requests", 10, "week"), q.Limit("requests", 20, "month")])
+    monday, february = T0 + 4 * DAY, T0 + 31 * DAY
+    for at in (TEN_AM, monday - HOUR, monday + HOUR):
+        clock.set(at)
+        engine.record_request("groq", "llama", 1)
+    clock.set(monday + 2 * HOUR)
+    got = lines(analysis.plot_usage(engine))
+    week, month = got["groq/llama / key 1 requests/week"], got["groq/llama / key 1 requests/month"]
+    assert [value_at(week, t) for t in (monday - 1, monday, monday + HOUR)] == [20, 0, 10]
+    assert [value_at(month, t) for t in (monday - 1, monday + HOUR)] == [10, 15]
+    # Retention keeps only the current month's rows (SPEC 14.2): look at the turn of the month.
+    for at in (february - HOUR, february + HOUR):
+        clock.set(at)
+        engine.record_request("groq", "llama", 1)
+    clock.set(february + 2 * HOUR)
+    month = lines(analysis.plot_usage(engine))["groq/llama / key 1 requests/month"]
+    assert value_at(month, february - 1) >= 5
+    assert [value_at(month, t) for t in (february, february + HOUR)] == [0, 5]
+
+
 def test_tenant_and_platform_lines(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
     """One line per (tenant, window) and per (platform, window) next to the routes'."""
     engine.set_model_limits("groq", "llama", rpm=100)
