@@ -18,9 +18,11 @@ provider's tokens (prompt + completion, as recorded by ``record_tokens`` or
 
 The plot functions build a :class:`matplotlib.figure.Figure` without pyplot (no
 global figure state, nothing to close, works under the Agg backend and in headless
-CI) and return it; they never call ``plt.show()``. In Jupyter the Figure renders as
-an image when it is the value of a cell (``%matplotlib inline``, the default). On a
-database with nothing to show they return a Figure with a single "no data" text.
+CI); they never call ``plt.show()``. :func:`plot_usage` and :func:`plot_spend` return
+their ``Axes`` (SPEC 27.4; ``ax.figure`` is the Figure), the others the Figure. In
+Jupyter a Figure renders as an image when it is the value of a cell (``%matplotlib
+inline``, the default): write ``analysis.plot_usage(db).figure``. On a database with
+nothing to show they draw a single "no data" text.
 """
 
 from __future__ import annotations
