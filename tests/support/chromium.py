@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,31 @@ def chromium_path() -> str | None:
     return None
 
 
+_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+]
+
+# argv: the read end, the write end, then the browser's command line.
+_PLACE_FDS = """
+import fcntl, os, sys
+r, w = int(sys.argv[1]), int(sys.argv[2])
+a, b = fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 10), fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 10)
+for fd in {r, w} - {3, 4}:
+    os.close(fd)
+os.dup2(a, 3)
+os.dup2(b, 4)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
 class Chromium:
     """One headless browser with one page; ``call`` sends a DevTools command to it."""
 
@@ -30,29 +56,13 @@ class Chromium:
         assert exe, "chromium is not installed: apt-get install chromium (bash .ci/run installs it)"
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
-
-        def fds() -> None:  # runs in the child before close_fds: 3 and 4 are the protocol's
-            a, b = os.dup(to_child_r), os.dup(from_child_w)
-            os.dup2(a, 3)
-            os.dup2(b, 4)
-
+        # The protocol's ends must be descriptors 3 and 4 of the browser. A small Python
+        # step puts them there and execs chromium: no preexec_fn (it would run the
+        # engine's at-fork handlers and is unsafe with threads).
         self.proc = subprocess.Popen(
-            [
-                exe,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--no-default-browser-check",
-                "--disable-extensions",
-                "--hide-scrollbars",
-                "--remote-debugging-pipe",
-                f"--user-data-dir={profile}",
-                "about:blank",
-            ],
-            pass_fds=(3, 4),
-            preexec_fn=fds,  # noqa: PLW1509 (no threads fork here)
+            [sys.executable, "-c", _PLACE_FDS, str(to_child_r), str(from_child_w), exe, *_FLAGS]
+            + [f"--user-data-dir={profile}", "about:blank"],
+            pass_fds=(to_child_r, from_child_w),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
