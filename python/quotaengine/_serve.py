@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import socket
 import sys
 import threading
 import time
@@ -146,6 +147,8 @@ class Server(ThreadingHTTPServer):
             lambda: json.dumps(snapshot_document(engine), separators=(",", ":")).encode(), ttl_s, clock
         )
         self.metrics_cache = _Cache(lambda: _metrics_exposition(engine), ttl_s, clock)
+        if ":" in host:  # an IPv6 address (``::1``, ``::``)
+            self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
 
     @property
@@ -217,6 +220,10 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
 
 
+def _loopback(host: str) -> bool:
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 def serve(path: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:
     """``python -m quotaengine serve``: opens ``path`` read-only and serves until interrupted.
     A database that is not the engine's raises ``DatabaseError`` (before listening); a port
@@ -232,7 +239,7 @@ def serve(path: str | None, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) 
             print(f"quotaengine: error: cannot listen on {host}:{port}: {why}", file=sys.stderr)
             return 2
         with server:
-            if host not in ("127.0.0.1", "localhost", "::1"):
+            if not _loopback(host):
                 log.warning(
                     "quotaengine serve is bound to %s: anyone who can reach this host reads the database's "
                     "routes, tenants and warnings",

@@ -115,7 +115,7 @@ function el(tag, attrs, ...kids) {
 }
 function num(v) { return Number(v).toLocaleString("en-US"); }
 function amount(win, v) {
-  if (win.startsWith("cost/") || win.endsWith(":cost")) return "$" + (v / 1e6).toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 6});
+  if (/(^|:)cost\//.test(win)) return "$" + (v / 1e6).toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 6});
   return num(v);
 }
 function left(ms) {

@@ -58,7 +58,9 @@ def fill(e: q.QuotaEngine) -> None:
         e.record_request("google", "gemini-2.5-flash", 7, tenant="acme")
     e.record_tokens("google", "gemini-2.5-flash", 7, input_tokens=52_000, output_tokens=1_000, tenant="acme")
     e.set_cooldown("groq", "llama-3.3-70b", 2, 10 * 60_000, "authoritative")
-    e.set_tenant_limits("acme", [q.Limit("requests", 1_000, "day"), q.Limit("tokens", 200_000, "day")])
+    e.set_tenant_limits(
+        "acme", [q.Limit("requests", 1_000, "day"), q.Limit("tokens", 200_000, "day"), q.Limit.dollars(5, "day")]
+    )
     e.set_tenant_limits("team:search", [q.Limit("requests", 500, "day")])
 
 
