@@ -231,3 +231,46 @@ def test_the_exposition_is_valid_text(engine: q.QuotaEngine) -> None:
     for row in generate_latest(registry).decode().splitlines():
         assert line.match(row), row
     held.success()
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_the_docs_example_runs() -> None:
+    """docs/metrics.md's ```python example registers a collector and reads it back."""
+    (example,) = blocks("python")
+    exec(compile(example, str(DOC), "exec"), {})
+
+
+def test_the_docs_alerts_are_prometheus_rules() -> None:
+    """The example alerts parse as a Prometheus rule file, on families the collector exports."""
+    import yaml
+
+    (rules,) = blocks("yaml")
+    groups = yaml.safe_load(rules)["groups"]
+    alerts = {r["alert"]: r for g in groups for r in g["rules"]}
+    assert set(alerts) == {"QuotaEngineKeyBenched", "QuotaEngineBudgetRunsOutBeforeReset", "QuotaEngineDegraded"}
+    assert "quotaengine_cooldown_remaining_seconds" in alerts["QuotaEngineKeyBenched"]["expr"]
+    assert alerts["QuotaEngineKeyBenched"]["for"] == "10m"
+    assert "quotaengine_exhausts_in_seconds" in alerts["QuotaEngineBudgetRunsOutBeforeReset"]["expr"]
+    families = set(re.findall(r"quotaengine_[a-z_]+", DOC.read_text()))
+    exported = {n.removesuffix("_bucket") for n in families} - {"quotaengine_window_used"}
+    known = {
+        "quotaengine_window_limit",
+        "quotaengine_in_flight",
+        "quotaengine_cooldown_remaining_seconds",
+        "quotaengine_exhausts_in_seconds",
+        "quotaengine_tenant_used",
+        "quotaengine_tenant_limit",
+        "quotaengine_admitted_total",
+        "quotaengine_refused_total",
+        "quotaengine_failures_total",
+        "quotaengine_wait_seconds",
+        "quotaengine_degraded",
+        "quotaengine_admitted",  # the example reads the family by its parsed name
+    }
+    assert exported <= known, exported - known
