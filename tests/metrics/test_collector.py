@@ -179,49 +179,6 @@ def test_a_readonly_engine_reports_the_database(store: str, clock: q.ManualClock
             assert samples(f, "quotaengine_admitted", "quotaengine_admitted_total") == {}
 
 
-def test_install_and_proxy_handler_register_it(engine: q.QuotaEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    import litellm
-    import prometheus_client
-    import quotaengine.litellm as qel
-
-    router = litellm.Router(
-        model_list=[
-            {
-                "model_name": "m",
-                "litellm_params": {"model": f"groq/{M}", "api_key": "k"},
-                "model_info": {"id": "d1", "quotaengine": {"platform": P, "key_id": 1}},
-            }
-        ]
-    )
-    with pytest.raises(TypeError, match="CollectorRegistry"):
-        qel.install(router, engine, metrics="yes")
-    assert getattr(router, "_quotaengine_plugin", None) is None  # nothing changed
-    registry = CollectorRegistry()
-    plugin = qel.install(router, engine, metrics=registry)
-    engine.lease(P, M, 1).success()
-    assert samples(scrape(registry), "quotaengine_admitted", "quotaengine_admitted_total") == {
-        lab(platform=P, model=M): 1
-    }
-    plugin.uninstall()
-    assert "quotaengine_admitted" not in scrape(registry)
-    # True: the default registry.
-    plugin = qel.install(router, engine, metrics=True)
-    try:
-        assert plugin.metrics is not None and plugin.metrics.registry is prometheus_client.REGISTRY
-        assert "quotaengine_admitted" in scrape(prometheus_client.REGISTRY)
-    finally:
-        plugin.uninstall()
-    assert "quotaengine_admitted" not in scrape(prometheus_client.REGISTRY)
-    # The proxy's handler: a collector of the engine it uses.
-    registry = CollectorRegistry()
-    handler = qel.proxy_handler_for(engine, metrics=registry)
-    assert handler.quotaengine_metrics.registry is registry
-    assert samples(scrape(registry), "quotaengine_admitted", "quotaengine_admitted_total") == {
-        lab(platform=P, model=M): 1
-    }
-    assert qel.proxy_handler_for(engine).quotaengine_metrics is None
-
-
 def test_the_exposition_is_valid_text(engine: q.QuotaEngine) -> None:
     """Every line is a comment or `name{labels} value` (what Prometheus reads)."""
     held = busy_engine(engine)
