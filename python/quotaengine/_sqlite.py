@@ -75,7 +75,8 @@ def share_sqlite() -> None:
     """Makes the SQLite that Python's ``sqlite3`` uses resolve the extension's symbols (Linux)."""
     global source
     if not sys.platform.startswith("linux"):
-        # macOS and Windows wheels link their SQLite at build time (see docs/wheels.md).
+        # macOS wheels link the system's libsqlite3.dylib, Windows wheels compile SQLite in
+        # (docs/wheels.md); check_runs_on warns where that is a second copy that matters.
         source = "linked at build time"
         return
     try:
@@ -130,7 +131,9 @@ def check_runs_on(version: str) -> None:
     Cannot happen on Linux after :func:`share_sqlite`; it can with a macOS wheel (linked
     to the system's libsqlite3.dylib) on a Python whose sqlite3 brings its own SQLite.
     """
-    if _warned:
+    if _warned or sys.platform == "win32":
+        # Windows wheels compile SQLite in: Windows locks are per handle, so two copies
+        # coordinate as two processes do (docs/wheels.md).
         return
     try:
         import sqlite3
