@@ -40,7 +40,7 @@ def _exports_sqlite(path: str | None) -> bool:
         return False
 
 
-def _version_of(path: str) -> str | None:
+def _version_of(path: str | None) -> str | None:
     try:
         fn = ctypes.CDLL(path).sqlite3_libversion
     except (OSError, AttributeError):
@@ -99,7 +99,7 @@ def share_sqlite() -> None:
             source = module_file
             return
         # 3. SQLite built into the interpreter itself and exported by it.
-        if module_file is None and _exports_sqlite(None):
+        if module_file is None and _exports_sqlite(None) and _version_of(None) == wanted:
             source = "the Python executable"
             return
     # 4. The system's library: a second copy beside _sqlite3's built-in one (if any).

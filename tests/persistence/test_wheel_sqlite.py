@@ -122,6 +122,22 @@ def test_sqlite_built_into_sqlite3_and_exported_is_the_one_used(
 
 
 @linux
+def test_sqlite_built_into_the_interpreter_and_exported_is_the_one_used(
+    fresh_loader: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # _sqlite3 a built-in module (no file): the program's exported SQLite is already global.
+    import _sqlite3
+
+    promoted: list[str] = []
+    monkeypatch.delattr(_sqlite3, "__file__")
+    monkeypatch.setattr(_sqlite, "_exports_sqlite", lambda path: path is None)
+    monkeypatch.setattr(_sqlite, "_version_of", lambda path: sqlite3.sqlite_version)
+    monkeypatch.setattr(_sqlite, "_promote", promoted.append)
+    _sqlite.share_sqlite()
+    assert promoted == [] and _sqlite.source == "the Python executable"
+
+
+@linux
 def test_sqlite_built_in_unexported_falls_back_with_one_warning(
     fresh_loader: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
