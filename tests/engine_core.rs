@@ -516,3 +516,23 @@ fn a_tenants_limit_holds_across_engines_and_routes() {
     let usage = b.tenant_usage("team:red").unwrap();
     assert_eq!((usage[0].window.as_str(), usage[0].used, usage[0].in_flight), ("requests/minute", 0, 2));
 }
+
+/// SPEC 27.1: the engine counts the gated leases that committed, per (platform, model),
+/// and the failures recorded per (platform, kind); another engine on the file counts its own.
+#[test]
+fn stats_count_leases_and_failures_per_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, b) = two_engines(&dir);
+    a.lease(&route(), 10, rpm(2)).unwrap();
+    a.lease(&Route::new("groq", "llama", 2).unwrap(), 0, rpm(2)).unwrap();
+    a.lease(&Route::new("groq", "other", 1).unwrap(), 0, None).unwrap();
+    assert!(a.lease(&route(), 10, rpm(1)).is_err()); // refused: no lease taken
+    let fail = FailureInput { status: Some(500), ..FailureInput::default() };
+    a.failures().record_failure(&route(), fail).unwrap();
+    let s = a.stats();
+    let key = |p: &str, m: &str| (p.to_string(), m.to_string());
+    assert_eq!(s.admitted, vec![(key("groq", "llama"), 2), (key("groq", "other"), 1)]);
+    assert_eq!(s.failures, vec![(key("groq", "server_error"), 1)]);
+    assert_eq!((s.degraded_s, s.buffered_writes), (0.0, 0));
+    assert_eq!(b.stats(), Default::default());
+}

@@ -19,8 +19,15 @@ from collections.abc import Iterable as _Iterable
 from typing import Any as _Any
 from typing import Literal as _Literal
 
-from ._errors import DatabaseError, EngineClosed, QuotaEngineError, QuotaExceeded, Refusal
-from ._quotaengine import (
+from ._sqlite import check_runs_on as _check_sqlite
+from ._sqlite import share_sqlite as _share_sqlite
+
+# Before the extension loads: its SQLite symbols resolve against the SQLite that
+# Python's sqlite3 uses (one SQLite per process, SPEC 1 and 26; see _sqlite.py).
+_share_sqlite()
+
+from ._errors import DatabaseError, EngineClosed, QuotaEngineError, QuotaExceeded, Refusal  # noqa: E402
+from ._quotaengine import (  # noqa: E402
     Admission,
     Cooldown,
     CooldownDecision,
@@ -48,7 +55,9 @@ from ._quotaengine import (
     parse_stated_retry_ms,
     sqlite_version,
 )
-from ._snapshot import QuotaSnapshot
+from ._snapshot import QuotaSnapshot  # noqa: E402
+
+_check_sqlite(sqlite_version())
 
 
 class QuotaEngine(_QuotaEngine):

@@ -1,4 +1,4 @@
-"""Command line: ``python -m quotaengine {status,cooldowns,clear-cooldowns,events,demo}``.
+"""Command line: ``python -m quotaengine {status,cooldowns,clear-cooldowns,events,demo,serve}``.
 
 Every subcommand takes ``--db PATH`` (default: ``$QUOTAENGINE_DB``, else ``./quota.db``).
 A missing or foreign database is a one-line error and exit code 2.
@@ -134,6 +134,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.db, seconds=args.seconds, threads=args.threads, quiet=args.quiet)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ._serve import serve
+
+    return serve(args.db, args.host, args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quotaengine", description="Inspect and exercise a quotaengine database.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=8, help="router threads (default 8)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
+    p = add("serve", "a live page, /api/snapshot and /metrics for the database, opened read-only")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this host only)")
+    p.add_argument("--port", type=int, default=9464, help="port (default 9464; 0 picks a free one)")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -852,6 +852,25 @@ class _QuotaEngine:
         order given, SPEC 23.2; empty when none), ``created_at_ms``."""
     def server_logs(self, limit: int = 100) -> list[dict[str, Any]]:
         """``server_logs`` rows, newest first."""
+    def stats(self) -> dict[str, Any]:
+        """SPEC 27.1: this engine's counters since it was opened, kept in memory with no
+        I/O (so per process): ``admitted`` {(platform, model_id): leases taken by
+        ``lease``, ``lease_any`` and their async forms}, ``refused`` {reason:
+        ``QuotaExceeded`` raised to a caller}, ``failures`` {(platform, kind): failures
+        recorded by ``failure``, ``observe`` and ``record_failure``}, ``waits``
+        {"count": calls that waited (a ``wait_s`` > 0, not admitted at once), "seconds":
+        how long they waited in all}, ``degraded_s`` (seconds spent degraded) and
+        ``buffered_writes`` (writes buffered now)."""
+    def _metrics_read(self) -> dict[str, Any]:
+        """SPEC 27.2: everything a scrape reads, read in one call with the GIL released:
+        a dict with ``now_ms``; ``routes``, one ``(platform, model_id, key_id, windows,
+        in_flight, exhausts_at_ms)`` per route with usage today, a live lease or a
+        cooldown (``windows`` a list of ``(key, used, limit or None)``, keyed as ``usage()``
+        keys them); ``cooldowns``, one ``(platform, model_id, key_id or None for a
+        model-wide bench, source, expires_at_ms)`` per active cooldown; ``tenants``, one
+        ``(tenant, window, used, limit)`` per tenant limit in force; ``stats`` (as
+        ``stats()``); ``wait_buckets``, the waits as cumulative ``(upper bound in seconds,
+        count)``; and ``degraded``."""
     def _debug_panic(self) -> None: ...
     def _inject_panics(self, n: int) -> None: ...
     def _pending_writes(self) -> int: ...

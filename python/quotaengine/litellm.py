@@ -152,6 +152,8 @@ class QuotaEnginePlugin:
         self._router = router
         self._tenants = tenants
         self._engine = engine
+        #: The Prometheus collector ``install(..., metrics=)`` registered (SPEC 27.2).
+        self.metrics: Any = None
         self._wait_s = wait_s
         self._strategy = cast(Strategy, strategy)
         self._routes = dict(routes)
@@ -198,6 +200,9 @@ class QuotaEnginePlugin:
         import litellm
 
         self._installed = False
+        if self.metrics is not None and self.metrics.registry is not None:
+            self.metrics.registry.unregister(self.metrics)
+            self.metrics = None
         litellm.logging_callback_manager.remove_callback_from_all_lists(self._logger)
         router = self._router
         _restore_routing(router)
@@ -784,6 +789,7 @@ def install(
     routes: Mapping[str, Route] | None = None,
     import_limits: bool = True,
     tenants: bool = False,
+    metrics: Any = None,
 ) -> QuotaEnginePlugin:
     """Make ``engine`` choose every deployment of ``router`` (a ``litellm.Router``).
 
@@ -800,8 +806,16 @@ def install(
     ``metadata["quotaengine_tenants"]``, ``"end_user:<user>"`` from ``user``,
     ``"tag:<tag>"`` from ``metadata["tags"]``), so the tenants' limits
     (``engine.set_tenant_limits``) hold in the same atomic lease; a refusal by a tenant's
-    limit is a ``litellm.RateLimitError`` naming the tenant and the limit."""
+    limit is a ``litellm.RateLimitError`` naming the tenant and the limit.
+
+    With ``metrics`` (SPEC 27.2) a ``quotaengine.metrics.Collector`` of ``engine`` is
+    registered: ``True`` in ``prometheus_client.REGISTRY`` (the default registry, which
+    ``prometheus_client.start_http_server`` serves), or in the
+    ``prometheus_client.CollectorRegistry`` given; ``uninstall()`` unregisters it.
+    ``plugin.metrics`` is the collector (``None`` without)."""
     import litellm  # the extra: pip install quotaengine[litellm]
+
+    from . import metrics as _metrics
 
     if getattr(router, "_quotaengine_plugin", None) is not None:
         raise ValueError("quotaengine is already installed on this router: uninstall() it first")
@@ -809,6 +823,7 @@ def install(
         raise ValueError(f"strategy must be 'headroom', 'order' or 'spread', not {strategy!r}")
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not math.isfinite(wait_s) or wait_s < 0:
         raise ValueError(f"wait_s must be a finite number >= 0, not {wait_s!r}")
+    _metrics.check_target(metrics)
     deployments = _all_deployments(router)
     ids = {_id_of(d) for d in deployments}
     explicit: dict[str, Route] = {}
@@ -844,6 +859,7 @@ def install(
     plugin._cooldowns_before = _set_cooldowns_disabled(router, True)
     router._quotaengine_plugin = plugin
     plugin._installed = True
+    plugin.metrics = _metrics.register(engine, metrics)
     return plugin
 
 
@@ -1149,13 +1165,18 @@ def proxy_handler_for(
     file of one's own: ``engine`` (else ``QuotaEngine($QUOTAENGINE_DB)``, opened in each
     worker at its first request), ``wait_s`` and ``strategy`` as for ``install`` (else
     ``$QUOTAENGINE_WAIT_S``, ``$QUOTAENGINE_STRATEGY``), ``tenants`` (25.2) and ``headers``
-    (OpenAI's rate-limit headers for the tightest tenant limits). ``metrics`` needs
-    ``quotaengine.metrics``, which this version does not have: anything but ``None`` is a
-    ``NotImplementedError``."""
+    (OpenAI's rate-limit headers for the tightest tenant limits). With ``metrics`` (SPEC
+    27.2) a ``quotaengine.metrics.Collector`` of the handler's engine (opened at the first
+    scrape when no request came before) is registered: ``True`` in
+    ``prometheus_client.REGISTRY`` (the default registry, the one the proxy's own
+    ``/metrics`` serves when its Prometheus callback is on), or in the
+    ``prometheus_client.CollectorRegistry`` given; ``handler.quotaengine_metrics`` is the
+    collector (``None`` without)."""
     import os
 
-    if metrics is not None:
-        raise NotImplementedError("proxy_handler_for(metrics=...) needs quotaengine.metrics, not in this version")
+    from . import metrics as _metrics
+
+    _metrics.check_target(metrics)
     if wait_s is None:
         raw = os.environ.get("QUOTAENGINE_WAIT_S", "").strip()
         try:
@@ -1176,6 +1197,7 @@ def proxy_handler_for(
     handler = _handler_cls()(
         engine, location=location, wait_s=float(wait_s), strategy=strategy, tenants=tenants, headers=headers
     )
+    handler.quotaengine_metrics = _metrics.register(_metrics.Collector._of(lambda: handler.engine), metrics)
     return handler
 
 

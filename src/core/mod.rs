@@ -20,6 +20,7 @@ pub mod probe;
 pub mod providers;
 pub mod random;
 pub mod state;
+pub mod stats;
 pub mod store;
 pub mod tenants;
 pub mod text;

@@ -50,6 +50,10 @@ pub struct Waiter {
     spots: Vec<Spot>,
     deadline: Instant,
     generation: u64,
+    /// When it began, and whether a look refused it (SPEC 27.1 counts the calls that
+    /// waited: a wait given and not admitted at once).
+    began: Instant,
+    refused_once: bool,
 }
 
 impl Waiter {
@@ -71,6 +75,8 @@ impl Waiter {
             spots: Vec::new(),
             deadline: now.checked_add(wait.min(MAX_WAIT)).unwrap_or(now),
             generation: 0,
+            began: now,
+            refused_once: false,
         }
     }
 
@@ -144,7 +150,12 @@ impl Waiter {
     /// retry time beyond the deadline (it never sleeps in vain).
     pub fn step(&mut self) -> Result<Step> {
         let handle = self.handle.clone();
-        handle.shielded(|| self.try_step())
+        let step = handle.shielded(|| self.try_step());
+        if let Err(Error::Refused(_)) = &step {
+            self.refused_once = true;
+        }
+        // SPEC 27.1: the refusal that ends the wait is raised to the caller.
+        handle.count_refusal(step)
     }
 
     fn try_step(&mut self) -> Result<Step> {
@@ -179,6 +190,7 @@ impl Waiter {
         if left.is_zero() || (open.is_empty() && !partial) {
             return Err(Error::Refused(refusal));
         }
+        self.refused_once = true;
         self.enqueue();
         self.refused(&refusal);
         let mut nap = MAX_NAP.min(left);
@@ -223,6 +235,9 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
+        if self.waits && self.refused_once {
+            self.handle.counters().waited(self.began.elapsed());
+        }
         if let Some(t) = self.ticket {
             self.handle.dequeue_waiter(t);
         }

@@ -340,3 +340,23 @@ pub(crate) fn snapshot_limits(d: &Bound<'_, PyDict>, r: &SnapshotRow) -> PyResul
     d.set_item("declared", others)?;
     Ok(())
 }
+
+/// SPEC 27.2: a snapshot row's windows as `usage()` keys them, `(key, used, limit)`:
+/// the classic four (the route's own use, the model's limit or None), then every
+/// other declared limit by its reason.
+pub(crate) fn route_windows(r: &SnapshotRow) -> Vec<(&str, i64, Option<i64>)> {
+    let mut out = Vec::with_capacity(r.limits.len() + CLASSIC);
+    for name in CLASSIC_NAMES {
+        let used = match classic_window(name) {
+            Some((metric, MINUTE)) => r.minute.get(metric),
+            Some((metric, _)) => r.day.get(metric),
+            None => 0,
+        };
+        let limit = r.limits.iter().find(|(l, _)| l.limit.classic_axis() == Some(name));
+        out.push((name, used, limit.map(|(l, _)| l.limit.limit)));
+    }
+    for (l, used) in r.limits.iter().filter(|(l, _)| classic_window(l.reason.as_str()).is_none()) {
+        out.push((l.reason.as_str(), *used, Some(l.limit.limit)));
+    }
+    out
+}

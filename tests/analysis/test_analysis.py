@@ -502,6 +502,8 @@ def lines_by_label(ax: Any) -> dict[str, Any]:
 
 
 def assert_no_data(fig: Any) -> None:
+    if isinstance(fig, matplotlib.axes.Axes):  # plot_usage and plot_spend return their Axes (SPEC 27.4)
+        fig = fig.figure
     assert isinstance(fig, Figure)
     assert len(fig.axes) == 1
     ax = fig.axes[0]
@@ -511,7 +513,7 @@ def assert_no_data(fig: Any) -> None:
 
 
 def test_plot_usage(reader: q.QuotaEngine) -> None:
-    fig = analysis.plot_usage(reader)
+    fig = analysis.plot_usage(reader, kind="rate").figure
     assert isinstance(fig, Figure)
     assert len(fig.axes) == 2
     requests, tokens = fig.axes
@@ -532,14 +534,14 @@ def test_plot_usage(reader: q.QuotaEngine) -> None:
 
 
 def test_plot_usage_resamples_and_filters(reader: q.QuotaEngine) -> None:
-    fig = analysis.plot_usage(reader, freq="5min", platform="groq")
+    fig = analysis.plot_usage(reader, freq="5min", platform="groq", kind="rate").figure
     requests, tokens = fig.axes
     req = lines_by_label(requests)
     assert set(req) == {"groq", "groq/llama rpm 10", "groq/llama rpd 100"}
     assert list(req["groq"].get_ydata()) == [2, 1, 1]
     assert list(lines_by_label(tokens)["groq"].get_ydata()) == [300, 200, 200]
-    since = analysis.plot_usage(reader, since_ms=T_SECOND)
-    assert list(lines_by_label(since.axes[0])["groq"].get_ydata()) == [1, 1]
+    since = analysis.plot_usage(reader, since_ms=T_SECOND, kind="rate")
+    assert list(lines_by_label(since)["groq"].get_ydata()) == [1, 1]
 
 
 @pytest.mark.parametrize("freq", ["10s", "1min", "5min", "1h"])
@@ -548,7 +550,7 @@ def test_a_sliding_limit_is_not_divided_into_the_bins(engine: q.QuotaEngine, fre
     engine.set_model_limits("groq", "burst", rpm=30)
     for _ in range(30):
         engine.record_request("groq", "burst", 1)
-    (line,) = [v for k, v in lines_by_label(analysis.plot_usage(engine, freq=freq).axes[0]).items() if "rpm" in k]
+    (line,) = [v for k, v in lines_by_label(analysis.plot_usage(engine, freq=freq, kind="rate")).items() if "rpm" in k]
     assert list(line.get_ydata()) == [30, 30]
     assert line.get_label() == "groq/burst rpm 30"
 
@@ -568,7 +570,7 @@ def test_plot_usage_draws_every_declared_limit_and_cap(known: q.QuotaEngine, rea
     )
     known.record_request("groq", "mixtral", 1)
     known.set_provider_caps("groq", minute_requests=12, daily_tokens=150_000)
-    req, tok = (lines_by_label(ax) for ax in analysis.plot_usage(reader).axes)
+    req, tok = (lines_by_label(ax) for ax in analysis.plot_usage(reader, kind="rate").figure.axes)
     limits = {k: v.get_ydata()[0] for k, v in req.items() if " " in k}
     assert limits == {
         "groq/llama rpm 10": 10,
@@ -666,7 +668,7 @@ def test_plots_on_an_empty_database(empty_db: Path) -> None:
 def test_plots_on_an_in_memory_engine(clock: q.ManualClock) -> None:
     with q.QuotaEngine(":memory:", clock=clock, env={}) as e:
         build_known(e, clock)
-        assert len(analysis.plot_usage(e).axes) == 2
+        assert len(analysis.plot_usage(e, kind="rate").figure.axes) == 2
         assert analysis.plot_utilisation(e).axes[0].images[0].get_array().shape == (4, 4)
         assert len(analysis.plot_cooldowns(e).axes[0].patches) == 1
 

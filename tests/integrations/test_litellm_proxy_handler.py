@@ -67,7 +67,8 @@ def test_the_handler_is_configured_from_the_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("QUOTAENGINE_TENANTS", "maybe")
     with pytest.raises(ValueError, match="QUOTAENGINE_TENANTS"):
         qel._flag("QUOTAENGINE_TENANTS", True)
-    with pytest.raises(NotImplementedError, match="quotaengine.metrics"):
+    # SPEC 27.2: metrics= is a registry or True; anything else is refused before anything opens.
+    with pytest.raises(TypeError, match="CollectorRegistry"):
         qel.proxy_handler_for(metrics=object())
 
 

@@ -505,6 +505,7 @@ def public_calls(e: q.QuotaEngine) -> dict[str, Callable[[], Any]]:
         "model_window_used_fraction": lambda: e.model_window_used_fraction(P, M),
         "invalidate_window_usage": lambda: e.invalidate_window_usage(),
         "snapshot": lambda: e.snapshot(),
+        "stats": lambda: e.stats(),
         "usage_events": lambda: e.usage_events(),
         "server_logs": lambda: e.server_logs(),
         "degraded": lambda: e.degraded,

@@ -118,6 +118,7 @@ impl Engine {
                 self.unit.apply_local(&Write::DeleteLease(l.id), 0, now);
             }
         }
+        self.unit.counters.forget_pending();
         // A lease taken back was never this engine's: "spread" must not see it (SPEC
         // 17.1, 18.6). On Redis another engine's write is what makes one conflict.
         while let Some((rid, before)) = self.leased_undo.pop() {
@@ -166,6 +167,7 @@ impl Engine {
     ) -> std::result::Result<Vec<BatchOut>, ()> {
         let deferred = self.unit.groups_usage();
         self.leased_undo.clear();
+        self.unit.counters.forget_pending();
         let needs_section = access != Access::Append || !deferred;
         let sec = if needs_section {
             match self.unit.enter(access) {
@@ -227,7 +229,10 @@ impl Engine {
             return Err(());
         }
         match self.unit.leave_applied(sec, writes) {
-            Applied::Done => Ok(outs),
+            Applied::Done => {
+                self.unit.counters.commit_pending();
+                Ok(outs)
+            }
             Applied::Conflict(writes) => {
                 self.undo_leases(&writes, now);
                 Err(())
@@ -373,6 +378,9 @@ impl Engine {
             self.unit.keep_own(row.clone());
         }
         writes.push(w);
+        if own {
+            self.unit.counters.lease_taken(rid);
+        }
         self.leases_taken += 1;
         let before = self.leased_at.insert(rid, self.leases_taken);
         self.leased_undo.push((rid, before));

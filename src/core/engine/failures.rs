@@ -432,7 +432,11 @@ impl Failures<'_> {
             }
             e.record_failure_at(route, f, &said, lease, now, writes)
         })
-        .map(|(o, _)| o)
+        .map(|(o, _)| {
+            // SPEC 27.1: every failure recorded, by its kind.
+            self.unit.counters.failure(&route.platform, kind.as_str());
+            o
+        })
     }
 
     fn record_failure_at(

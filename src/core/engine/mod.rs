@@ -205,6 +205,19 @@ impl Engine {
         self.unit.pending_len()
     }
 
+    /// SPEC 27.1: the counters this engine keeps under its lock, and its buffered
+    /// writes (the handle adds its refusals and waits).
+    pub fn stats(&self) -> crate::core::stats::Stats {
+        let mut s = crate::core::stats::Stats::default();
+        let routes = &self.unit.mirror.routes;
+        self.unit.counters.read(&mut s, |rid| {
+            let r = &routes[rid as usize];
+            (&*r.platform, &*r.model_id)
+        });
+        s.buffered_writes = self.pending_writes();
+        s
+    }
+
     // ---- gates -------------------------------------------------------------------
 
     /// SPEC §4's `check()`: every gate in order, admitting without taking a lease.

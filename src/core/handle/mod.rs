@@ -26,6 +26,7 @@ use crate::core::engine::{BatchOp, BatchOut, Engine, LogRecord, Settings, StoreS
 use crate::core::error::{Error, Result};
 use crate::core::fork::{self, Forkable, TURNSTILE};
 use crate::core::probe::Validator;
+use crate::core::stats::{HandleCounters, Stats};
 use boundary::{caught, lock, Boundary};
 use flusher::Flusher;
 use prober::{Host, Prober};
@@ -60,6 +61,8 @@ struct Shared {
     forked: AtomicBool,
     /// Bumped in the child by every fork: a lease taken before belongs to the parent.
     epoch: AtomicU64,
+    /// SPEC 27.1: the refusals raised and the waits, counted without the engine's lock.
+    counters: HandleCounters,
 }
 
 impl Forkable for Shared {
@@ -93,6 +96,7 @@ impl Forkable for Shared {
         self.renewer.forget_parent();
         self.prober.forget_parent();
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.counters.reset();
     }
 }
 
@@ -132,6 +136,7 @@ impl Handle {
                 settings,
                 forked: AtomicBool::new(false),
                 epoch: AtomicU64::new(0),
+                counters: HandleCounters::default(),
             }),
         };
         handle.start_flusher()?;
@@ -268,6 +273,33 @@ impl Handle {
         }
         emit(logs);
         Ok(out)
+    }
+
+    /// SPEC 27.1: the engine's counters since it was opened (read under its lock by
+    /// `engine_stats` when given, so that a caller reading more at once reads them in
+    /// the same section), with the refusals and waits counted at the doors.
+    pub fn counters(&self) -> &HandleCounters {
+        &self.shared.counters
+    }
+
+    /// [`Engine::stats`] completed with the handle's counters.
+    pub fn complete_stats(&self, mut s: Stats) -> Stats {
+        self.shared.counters.read(&mut s);
+        s
+    }
+
+    /// `stats()`: the engine's counters and the handle's.
+    pub fn stats(&self) -> Result<Stats> {
+        let s = self.with(|e| Ok(e.stats()))?;
+        Ok(self.complete_stats(s))
+    }
+
+    /// A refusal about to be raised to a caller (SPEC 27.1 counts it).
+    pub fn count_refusal<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(Error::Refused(f)) = &r {
+            self.shared.counters.refused(f.reason.as_str());
+        }
+        r
     }
 
     /// Runs `f` on the engine under its lock. A panic inside becomes

@@ -10,7 +10,7 @@ use crate::core::wait::Waiter;
 use crate::python::convert::{count_arg, int_arg, opt_priority_arg, str_arg, tenants_arg, Arg};
 use crate::python::lease::PyLease;
 use crate::python::limits::limits_arg;
-use crate::python::run::{run_batch, run_waiting};
+use crate::python::run::{on_handle, run_batch, run_waiting};
 use crate::python::wait::PyLeaseWaiter;
 use pyo3::prelude::*;
 use std::time::Duration;
@@ -74,7 +74,8 @@ impl Admit {
     /// Admits at once (no wait), or waits for capacity (SPEC 17.2); the `Lease`.
     fn lease(mut self, py: Python<'_>, this: &PyQuotaEngine) -> PyResult<Py<PyLease>> {
         let (id, i) = if self.wait.is_zero() {
-            run_batch(py, &this.handle, self.op, BatchOut::chosen)?
+            // SPEC 27.1: a refusal raised to the caller is counted.
+            on_handle(py, &this.handle, |h| h.count_refusal(h.batch(self.op).chosen()))?
         } else {
             run_waiting(py, Waiter::new(&this.handle, self.op, self.wait))?
         };

@@ -20,6 +20,7 @@ mod config;
 mod cooldowns;
 mod gates;
 mod leases;
+mod metrics;
 mod open;
 mod probe;
 mod record;

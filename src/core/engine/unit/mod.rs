@@ -116,6 +116,8 @@ pub(super) struct Unit {
     read_failed: bool,
     /// The write lock kept across calls (`hold.rs`).
     hold: Hold,
+    /// SPEC 27.1: what `stats()` reports of the engine.
+    pub(super) counters: crate::core::stats::EngineCounters,
 }
 
 impl Unit {
@@ -140,6 +142,7 @@ impl Unit {
             last_sweep: None,
             read_failed: false,
             hold: Hold::default(),
+            counters: Default::default(),
         }
     }
 
@@ -454,6 +457,7 @@ impl Unit {
                     self.store_failed(&StoreError::Unavailable(e), true);
                 } else if self.degraded {
                     self.degraded = false;
+                    self.counters.degraded(false);
                     self.logs.push((
                         log::Level::Info,
                         format!("database answers again: wrote {flushed} buffered changes"),
@@ -617,6 +621,7 @@ impl Unit {
         }
         if !self.degraded {
             self.degraded = true;
+            self.counters.degraded(true);
             let msg = format!(
                 "database write failed ({e}); serving from memory and buffering changes until it answers"
             );

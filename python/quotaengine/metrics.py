@@ -1,0 +1,204 @@
+"""Prometheus metrics of an engine (SPEC 27.2); needs the ``metrics`` extra
+(``pip install quotaengine[metrics]``, which installs ``prometheus_client``).
+
+>>> from prometheus_client import CollectorRegistry, generate_latest
+>>> registry = CollectorRegistry()
+>>> registry.register(Collector(engine))  # doctest: +SKIP
+
+Each scrape reads the engine once (``QuotaEngine._metrics_read()``, the GIL released)
+and yields these families:
+
+=========================================== ========= ==========================================
+family                                      type      labels
+=========================================== ========= ==========================================
+``quotaengine_window_used``, ``_limit``     gauge     platform, model, key, window
+``quotaengine_in_flight``                   gauge     platform, model, key
+``quotaengine_cooldown_remaining_seconds``  gauge     platform, model, key (``*``: model-wide), source
+``quotaengine_exhausts_in_seconds``         gauge     platform, model, key
+``quotaengine_tenant_used``, ``_limit``     gauge     tenant, window
+``quotaengine_admitted_total``              counter   platform, model
+``quotaengine_refused_total``               counter   reason
+``quotaengine_failures_total``              counter   platform, kind
+``quotaengine_wait_seconds``                histogram (none)
+``quotaengine_degraded``                    gauge     (none): 0 or 1
+=========================================== ========= ==========================================
+
+``window`` is the key ``usage()`` gives the window (``rpm``, ``requests/1s``,
+``cost/day``, ``platform:requests/minute``, ...); cost windows count micro-dollars; a
+window with no limit has a ``used`` sample and no ``limit`` sample. Only routes with
+usage today, a live lease or a cooldown are reported. The counters and the histogram
+are this process's engine's (``QuotaEngine.stats()``); the gauges are the database's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import QuotaEngine
+
+__all__ = ["Collector", "check_target", "register"]
+
+_ROUTE = ["platform", "model", "key"]
+
+
+def _families() -> dict[str, Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    return {
+        "used": GaugeMetricFamily(
+            "quotaengine_window_used",
+            "What a route's window has used (requests, tokens, or micro-dollars for cost).",
+            labels=[*_ROUTE, "window"],
+        ),
+        "limit": GaugeMetricFamily(
+            "quotaengine_window_limit",
+            "The limit of a route's window (absent when it has none).",
+            labels=[*_ROUTE, "window"],
+        ),
+        "in_flight": GaugeMetricFamily("quotaengine_in_flight", "A route's live leases.", labels=_ROUTE),
+        "cooldown": GaugeMetricFamily(
+            "quotaengine_cooldown_remaining_seconds",
+            "Seconds left of a route's cooldown (key '*': a model-wide bench).",
+            labels=[*_ROUTE, "source"],
+        ),
+        "exhausts": GaugeMetricFamily(
+            "quotaengine_exhausts_in_seconds",
+            "Seconds until the route's earliest window would run out at the recent pace.",
+            labels=_ROUTE,
+        ),
+        "tenant_used": GaugeMetricFamily(
+            "quotaengine_tenant_used",
+            "What a tenant has used of a limit's window (micro-dollars for cost).",
+            labels=["tenant", "window"],
+        ),
+        "tenant_limit": GaugeMetricFamily(
+            "quotaengine_tenant_limit", "A tenant's limit (micro-dollars for cost).", labels=["tenant", "window"]
+        ),
+        "admitted": CounterMetricFamily(
+            "quotaengine_admitted", "Leases this process's engine took.", labels=["platform", "model"]
+        ),
+        "refused": CounterMetricFamily(
+            "quotaengine_refused", "QuotaExceeded raised to a caller, by reason.", labels=["reason"]
+        ),
+        "failures": CounterMetricFamily(
+            "quotaengine_failures", "Failures recorded, by platform and kind.", labels=["platform", "kind"]
+        ),
+        "waits": HistogramMetricFamily(
+            "quotaengine_wait_seconds", "How long the calls that waited for capacity waited."
+        ),
+        "degraded": GaugeMetricFamily(
+            "quotaengine_degraded", "1 while the engine serves from memory because the database fails."
+        ),
+    }
+
+
+def _seconds(ms: int) -> float:
+    return max(0, ms) / 1000.0
+
+
+class Collector:
+    """A ``prometheus_client`` collector of ``engine`` (SPEC 27.2): register it in a
+    registry (``registry.register(Collector(engine))``, or :func:`register`). Each
+    scrape reads the engine once, with the GIL released; see the module's docstring for
+    the families."""
+
+    #: The registry :func:`register` put it in (``None`` otherwise).
+    registry: Any = None
+
+    def __init__(self, engine: QuotaEngine) -> None:
+        self._engine: Callable[[], Any] = lambda: engine
+
+    @classmethod
+    def _of(cls, engine: Callable[[], Any]) -> Collector:
+        """A collector of whichever engine ``engine()`` returns at each scrape (nothing
+        is reported while it returns ``None``: a proxy worker opens its engine at its
+        first request)."""
+        c = cls.__new__(cls)
+        c._engine = engine
+        return c
+
+    def describe(self) -> Iterator[Any]:
+        """The families, without samples (the registry checks their names at
+        ``register`` without reading the engine)."""
+        yield from _families().values()
+
+    def collect(self) -> Iterator[Any]:
+        """One scrape: reads the engine once and yields every family."""
+        engine = self._engine()
+        if engine is None:
+            return
+        m = engine._metrics_read()
+        f = _families()
+        now = m["now_ms"]
+        for platform, model, key, windows, in_flight, exhausts_at in m["routes"]:
+            labels = [platform, model, str(key)]
+            for window, used, limit in windows:
+                f["used"].add_metric([*labels, window], used)
+                if limit is not None:
+                    f["limit"].add_metric([*labels, window], limit)
+            f["in_flight"].add_metric(labels, in_flight)
+            if exhausts_at is not None:
+                f["exhausts"].add_metric(labels, _seconds(exhausts_at - now))
+        for platform, model, key, source, expires_at in m["cooldowns"]:
+            labels = [platform, model, "*" if key is None else str(key), source]
+            f["cooldown"].add_metric(labels, _seconds(expires_at - now))
+        for tenant, window, used, limit in m["tenants"]:
+            f["tenant_used"].add_metric([tenant, window], used)
+            f["tenant_limit"].add_metric([tenant, window], limit)
+        stats = m["stats"]
+        for (platform, model), n in stats["admitted"].items():
+            f["admitted"].add_metric([platform, model], n)
+        for reason, n in stats["refused"].items():
+            f["refused"].add_metric([reason], n)
+        for (platform, kind), n in stats["failures"].items():
+            f["failures"].add_metric([platform, kind], n)
+        waits = stats["waits"]
+        buckets = [(_bound(b), n) for b, n in m["wait_buckets"]]
+        buckets.append(("+Inf", waits["count"]))
+        f["waits"].add_metric([], buckets, waits["seconds"])
+        f["degraded"].add_metric([], 1 if m["degraded"] else 0)
+        yield from f.values()
+
+
+def _bound(b: float) -> str:
+    """A bucket's bound as Prometheus writes it (``0.5``, ``1.0``)."""
+    return repr(float(b))
+
+
+def check_target(metrics: Any) -> None:
+    """What :func:`register` takes, checked before anything changes: a ``TypeError`` for
+    a wrong kind, an ``ImportError`` naming the extra when ``prometheus_client`` is
+    missing."""
+    _registry_of(metrics)
+
+
+def _registry_of(metrics: Any) -> Any:
+    if metrics is None or metrics is False:
+        return None
+    try:
+        import prometheus_client
+    except ImportError:  # pragma: no cover - the extra is installed in the tests
+        raise ImportError("metrics= needs prometheus_client: pip install quotaengine[metrics]") from None
+    if metrics is True:
+        return prometheus_client.REGISTRY
+    if isinstance(metrics, prometheus_client.CollectorRegistry):
+        return metrics
+    raise TypeError(f"metrics must be None, True or a prometheus_client.CollectorRegistry, not {metrics!r}")
+
+
+def register(engine: QuotaEngine | Collector, metrics: Any) -> Collector | None:
+    """Registers a :class:`Collector` of ``engine`` as ``install(..., metrics=)`` and
+    ``proxy_handler_for(..., metrics=)`` take it: ``metrics`` is ``None`` or ``False``
+    (nothing registered, ``None`` returned), ``True`` (``prometheus_client.REGISTRY``,
+    the default registry ``start_http_server`` and ``make_asgi_app`` serve) or a
+    ``prometheus_client.CollectorRegistry``. Anything else is a ``TypeError``, and
+    ``prometheus_client`` missing an ``ImportError`` naming the extra."""
+    registry = _registry_of(metrics)
+    if registry is None:
+        return None
+    collector = engine if isinstance(engine, Collector) else Collector(engine)
+    registry.register(collector)
+    collector.registry = registry
+    return collector

@@ -1,0 +1,233 @@
+"""SPEC 27.2: ``quotaengine.metrics.Collector(engine)`` in a ``prometheus_client`` registry:
+the families, types and labels of the SPEC's table, read back through the client's own
+exposition parser; routes with nothing to report left out; ``install(..., metrics=)`` and
+``proxy_handler_for(..., metrics=)`` register it. On SQLite and Redis."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import quotaengine as q
+from moments import MINUTE
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from provider_bodies import OPENROUTER_UPSTREAM
+from quotaengine.metrics import Collector
+
+P, M, M2 = "groq", "llama-3.1-8b", "mixtral"
+ROUTER = "openrouter"
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, Any]:
+    """The exposition as the client's parser reads it: family name -> family."""
+    text = generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def samples(families: dict[str, Any], name: str, sample: str | None = None) -> dict[tuple, float]:
+    """``{tuple(sorted(labels.items())): value}`` of one family's samples (named ``sample``)."""
+    fam = families[name]
+    return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name == (sample or name)}
+
+
+def lab(**kw: object) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in kw.items()))
+
+
+def busy_engine(e: q.QuotaEngine) -> q.Lease:
+    """A route with usage, limits and a forecast; one holding a lease; one benched; a
+    model benched model-wide; a tenant with a budget; a route declared but unused."""
+    e.set_model_limits(P, M, rpm=5, rpd=10, limits=[q.Limit("requests", 4, "1s", scope="key")])
+    e.set_tenant_limits("acme", [q.Limit.dollars(5, "day"), q.Limit("requests", 100, "day")])
+    e.set_model_prices(P, M, q.Prices(1.0, 2.0))
+    for _ in range(3):
+        e.lease(P, M, 1, tenant="acme").success(input_tokens=1000, output_tokens=500)
+    e.set_model_limits(P, "unused", rpm=7)  # declared, never used: not reported
+    e.register_key(9, P)
+    held = e.lease(P, M2, 2)  # a live lease, nothing recorded yet
+    e.set_cooldown(P, M2, 3, 30_000, "heuristic")
+    e.record_failure(ROUTER, "x/y:free", 1, status=429, message=OPENROUTER_UPSTREAM)
+    e.set_model_limits(P, "none", rpm=0)
+    with pytest.raises(q.QuotaExceeded):
+        e.lease(P, "none", 1)
+    return held
+
+
+def test_a_scrape_yields_the_families_of_the_table(engine: q.QuotaEngine) -> None:
+    held = busy_engine(engine)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    f = scrape(registry)
+    types = {name: fam.type for name, fam in f.items()}
+    assert types == {
+        "quotaengine_window_used": "gauge",
+        "quotaengine_window_limit": "gauge",
+        "quotaengine_in_flight": "gauge",
+        "quotaengine_cooldown_remaining_seconds": "gauge",
+        "quotaengine_exhausts_in_seconds": "gauge",
+        "quotaengine_tenant_used": "gauge",
+        "quotaengine_tenant_limit": "gauge",
+        "quotaengine_admitted": "counter",
+        "quotaengine_refused": "counter",
+        "quotaengine_failures": "counter",
+        "quotaengine_wait_seconds": "histogram",
+        "quotaengine_degraded": "gauge",
+    }
+    # The counters are exposed as <name>_total.
+    text = generate_latest(registry).decode()
+    for counter in ("admitted", "refused", "failures"):
+        assert f"# TYPE quotaengine_{counter}_total counter" in text
+
+    used = samples(f, "quotaengine_window_used")
+    limit = samples(f, "quotaengine_window_limit")
+    route = {"platform": P, "model": M, "key": 1}
+    # The usage() keys: the classic four, then the declared limit by its reason.
+    assert used[lab(**route, window="rpm")] == 3 and limit[lab(**route, window="rpm")] == 5
+    assert used[lab(**route, window="rpd")] == 3 and limit[lab(**route, window="rpd")] == 10
+    assert used[lab(**route, window="tpm")] == 4500
+    assert lab(**route, window="tpm") not in limit  # no limit: a used sample alone
+    usage = engine.usage(P, M, 1)
+    declared = [k for k in usage if k not in ("rpm", "rpd", "tpm", "tpd", "in_flight")]
+    assert declared and all(used[lab(**route, window=k)] == usage[k]["used"] for k in declared)
+    assert all(limit[lab(**route, window=k)] == usage[k]["limit"] for k in declared)
+    # The live lease's route and the benched one are reported; the unused ones are not.
+    routes = {(dict(k)["platform"], dict(k)["model"], dict(k)["key"]) for k in used}
+    assert routes == {(P, M, "1"), (P, M2, "2"), (P, M2, "3")}
+    in_flight = samples(f, "quotaengine_in_flight")
+    assert in_flight[lab(platform=P, model=M2, key=2)] == 1
+    assert in_flight[lab(**route)] == 0
+    # Cooldowns: seconds left, the source; `*` for a model-wide bench.
+    cd = samples(f, "quotaengine_cooldown_remaining_seconds")
+    assert cd[lab(platform=P, model=M2, key=3, source="heuristic")] == 30.0
+    assert cd[lab(platform=ROUTER, model="x/y:free", key="*", source="upstream")] == 60.0
+    # The forecast of the route with a day window and a recent pace, in seconds from now.
+    fc = engine.forecast(P, M, 1)
+    now = engine._metrics_read()["now_ms"]
+    assert samples(f, "quotaengine_exhausts_in_seconds") == {
+        lab(**route): (min(t for t in fc.values() if t is not None) - now) / 1000
+    }
+    # Tenants: cost windows in micro-dollars.
+    assert samples(f, "quotaengine_tenant_used") == {
+        lab(tenant="acme", window="cost/day"): 3 * (1000 + 1000),
+        lab(tenant="acme", window="requests/day"): 3,
+    }
+    assert samples(f, "quotaengine_tenant_limit") == {
+        lab(tenant="acme", window="cost/day"): 5_000_000,
+        lab(tenant="acme", window="requests/day"): 100,
+    }
+    # This process's counters.
+    assert samples(f, "quotaengine_admitted", "quotaengine_admitted_total") == {
+        lab(platform=P, model=M): 3,
+        lab(platform=P, model=M2): 1,
+    }
+    assert samples(f, "quotaengine_refused", "quotaengine_refused_total") == {lab(reason="rpm"): 1}
+    assert samples(f, "quotaengine_failures", "quotaengine_failures_total") == {
+        lab(platform=ROUTER, kind="upstream"): 1
+    }
+    assert samples(f, "quotaengine_wait_seconds", "quotaengine_wait_seconds_count") == {(): 0}
+    assert samples(f, "quotaengine_degraded") == {(): 0}
+    held.success()
+
+
+def test_the_wait_histogram(engine: q.QuotaEngine) -> None:
+    engine.set_key_concurrency_cap(P, 1, 1)
+    held = engine.lease(P, M, 1)
+    timer = threading.Timer(0.1, held.success)
+    timer.start()
+    engine.lease(P, M, 1, wait_s=10).success()
+    timer.join()
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    f = scrape(registry)
+    buckets = samples(f, "quotaengine_wait_seconds", "quotaengine_wait_seconds_bucket")
+    counts = [n for _, n in sorted(((float(dict(k)["le"]), n) for k, n in buckets.items()))]
+    assert counts == sorted(counts) and counts[-1] == 1  # cumulative, +Inf the count
+    assert dict(next(iter(buckets)))["le"] and lab(le="+Inf") in buckets
+    stats = engine.stats()["waits"]
+    assert samples(f, "quotaengine_wait_seconds", "quotaengine_wait_seconds_sum") == {(): stats["seconds"]}
+
+
+def test_an_idle_engine_reports_no_route(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    engine.set_model_limits(P, M, rpm=5)
+    engine.register_key(1, P)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    f = scrape(registry)
+    for name in ("quotaengine_window_used", "quotaengine_in_flight", "quotaengine_cooldown_remaining_seconds"):
+        assert name not in f or f[name].samples == []
+    engine.record_request(P, M, 1)
+    assert samples(scrape(registry), "quotaengine_window_used")[lab(platform=P, model=M, key=1, window="rpm")] == 1
+    clock.advance(2 * MINUTE)
+    assert samples(scrape(registry), "quotaengine_window_used")[lab(platform=P, model=M, key=1, window="rpm")] == 0
+
+
+def test_a_readonly_engine_reports_the_database(store: str, clock: q.ManualClock, tmp_path: Path) -> None:
+    """The gauges are the database's: a read-only engine (as `quotaengine serve` opens) sees
+    another engine's usage; its own counters are zero."""
+    with q.QuotaEngine(store, clock=clock, env={}) as writer:
+        writer.set_model_limits(P, M, rpm=5)
+        writer.lease(P, M, 1).success()
+        with q.QuotaEngine(store, clock=clock, env={}, readonly=True) as reader:
+            registry = CollectorRegistry()
+            registry.register(Collector(reader))
+            f = scrape(registry)
+            assert samples(f, "quotaengine_window_limit")[lab(platform=P, model=M, key=1, window="rpm")] == 5
+            assert samples(f, "quotaengine_admitted", "quotaengine_admitted_total") == {}
+
+
+def test_the_exposition_is_valid_text(engine: q.QuotaEngine) -> None:
+    """Every line is a comment or `name{labels} value` (what Prometheus reads)."""
+    held = busy_engine(engine)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    line = re.compile(r'^(#.*|[a-z_]+(\{([a-z_]+="[^"]*",?)*\})? -?[0-9.e+]+|[a-z_]+(\{.*\})? \+?Inf)$')
+    for row in generate_latest(registry).decode().splitlines():
+        assert line.match(row), row
+    held.success()
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_the_docs_example_runs() -> None:
+    """docs/metrics.md's ```python example registers a collector and reads it back."""
+    (example,) = blocks("python")
+    exec(compile(example, str(DOC), "exec"), {})
+
+
+def test_the_docs_alerts_are_prometheus_rules() -> None:
+    """The example alerts parse as a Prometheus rule file, on families the collector exports."""
+    import yaml
+
+    (rules,) = blocks("yaml")
+    groups = yaml.safe_load(rules)["groups"]
+    alerts = {r["alert"]: r for g in groups for r in g["rules"]}
+    assert set(alerts) == {"QuotaEngineKeyBenched", "QuotaEngineBudgetRunsOutBeforeReset", "QuotaEngineDegraded"}
+    assert "quotaengine_cooldown_remaining_seconds" in alerts["QuotaEngineKeyBenched"]["expr"]
+    assert alerts["QuotaEngineKeyBenched"]["for"] == "10m"
+    assert "quotaengine_exhausts_in_seconds" in alerts["QuotaEngineBudgetRunsOutBeforeReset"]["expr"]
+    families = set(re.findall(r"quotaengine_[a-z_]+", DOC.read_text()))
+    exported = {n.removesuffix("_bucket") for n in families} - {"quotaengine_window_used"}
+    known = {
+        "quotaengine_window_limit",
+        "quotaengine_in_flight",
+        "quotaengine_cooldown_remaining_seconds",
+        "quotaengine_exhausts_in_seconds",
+        "quotaengine_tenant_used",
+        "quotaengine_tenant_limit",
+        "quotaengine_admitted_total",
+        "quotaengine_refused_total",
+        "quotaengine_failures_total",
+        "quotaengine_wait_seconds",
+        "quotaengine_degraded",
+        "quotaengine_admitted",  # the example reads the family by its parsed name
+    }
+    assert exported <= known, exported - known
