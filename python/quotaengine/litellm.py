@@ -224,18 +224,8 @@ class QuotaEnginePlugin:
         candidates, routes, estimate, output = self._request(
             model, messages, input, specific_deployment, request_kwargs
         )
-        tenants = self.tenants_of(request_kwargs) if self._tenants else None
-
         try:
-            lease = self._engine.lease_any(
-                routes,
-                estimate,
-                estimated_output_tokens=output,
-                strategy=self._strategy,
-                wait_s=self._wait_s,
-                exclude=self._skipped(request_kwargs),
-                tenant=tenants,
-            )
+            lease = self._engine.lease_any(routes, estimate, **self._lease_options(output, request_kwargs))
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
         except ValueError as bad:  # a tenant name the engine does not accept
@@ -254,23 +244,23 @@ class QuotaEnginePlugin:
         candidates, routes, estimate, output = self._request(
             model, messages, input, specific_deployment, request_kwargs
         )
-        tenants = self.tenants_of(request_kwargs) if self._tenants else None
-
         try:
-            lease = await self._engine.lease_any_async(
-                routes,
-                estimate,
-                estimated_output_tokens=output,
-                strategy=self._strategy,
-                wait_s=self._wait_s,
-                exclude=self._skipped(request_kwargs),
-                tenant=tenants,
-            )
+            lease = await self._engine.lease_any_async(routes, estimate, **self._lease_options(output, request_kwargs))
         except QuotaExceeded as refused:
             raise self._refusal(model, refused) from None
         except ValueError as bad:  # a tenant name the engine does not accept
             raise _bad_request(model, bad) from None
         return self._travel(lease, routes, candidates, request_kwargs, asyncio.current_task())
+
+    def _lease_options(self, output: int | None, request_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """The options of one request's lease, the same for the sync and async picks."""
+        return {
+            "estimated_output_tokens": output,
+            "strategy": self._strategy,
+            "wait_s": self._wait_s,
+            "exclude": self._skipped(request_kwargs),
+            "tenant": self.tenants_of(request_kwargs) if self._tenants else None,
+        }
 
     def _request(
         self,
