@@ -10,26 +10,14 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import quotaengine as q
 from moments import TEN_AM
+from outages import exclusive_lock
 
 P, M, K = "groq", "llama-3.1-8b", 1
-
-
-@contextmanager
-def exclusive_lock(db_path: Path) -> Iterator[sqlite3.Connection]:
-    con = sqlite3.connect(db_path, isolation_level=None, timeout=10)
-    try:
-        con.execute("BEGIN EXCLUSIVE")
-        yield con
-        con.execute("ROLLBACK")
-    finally:
-        con.close()
 
 
 def rows(db_path: Path) -> list[tuple]:

@@ -1,12 +1,31 @@
-"""Events buffered while the Redis store is down (past the threshold where the engine merges
-them in memory), and what the store holds once they are written: one server restarted empty,
-or a primary that died and a replica promoted."""
+"""Outages a test makes: a SQLite file another connection holds locked (the engine goes
+degraded); events buffered while the Redis store is down (past the threshold where the
+engine merges them in memory), and what the store holds once they are written: one server
+restarted empty, or a primary that died and a replica promoted."""
 
 from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import quotaengine as q
 
 Route = tuple[str, str, int]
+
+
+@contextmanager
+def exclusive_lock(db_path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holds `db_path` in ``BEGIN EXCLUSIVE`` for the block (then rolls
+    back): the engine's writes wait their busy timeout and it goes degraded."""
+    con = sqlite3.connect(db_path, isolation_level=None, timeout=10)
+    try:
+        con.execute("BEGIN EXCLUSIVE")
+        yield con
+        con.execute("ROLLBACK")
+    finally:
+        con.close()
 
 
 def buffer_events_past_merging(e: q.QuotaEngine, clock: q.ManualClock, route: Route, calls: int = 0) -> tuple[int, int]:
