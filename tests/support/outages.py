@@ -52,3 +52,35 @@ def assert_one_row_per_request(url: str, clock: q.ManualClock, route: Route, cal
         assert {ev["tokens"] for ev in reqs} == {0}
         assert sum(ev["tokens"] for ev in events if ev["kind"] == "tokens") == tokens
         assert other.usage(*route)["rpd"]["used"] == calls
+
+
+TENANTS = ("a", "b", None)
+
+
+def declare_tenant_days(e: q.QuotaEngine) -> None:
+    """A daily requests limit, never reached, on each tenant of :data:`TENANTS`, so that
+    ``tenant_usage`` reports their day."""
+    for t in TENANTS:
+        if t is not None:
+            e.set_tenant_limits(t, [q.Limit("requests", 10**9, "day")])
+
+
+def buffer_tenant_events_past_merging(e: q.QuotaEngine, clock: q.ManualClock, route: Route) -> dict[str, int]:
+    """6,000 requests on one route over 10 minutes while the store fails, in turn for tenant
+    "a", "b" and none (past the threshold where the buffer merges per minute): the requests
+    each tenant was told it made."""
+    told = {"a": 0, "b": 0}
+    for i in range(6_000):
+        tenant = TENANTS[i % 3]
+        e.record_request(*route, tenant=tenant)
+        if tenant is not None:
+            told[tenant] += 1
+        clock.advance(100)
+    assert e.degraded
+    assert e._pending_writes() < 5_000, "buffered events were not merged"
+    return told
+
+
+def tenant_days(e: q.QuotaEngine) -> dict[str, int]:
+    """What each tenant of :data:`TENANTS` has used of its day, as ``e`` reads it."""
+    return {t: e.tenant_usage(t)["requests/day"]["used"] for t in TENANTS if t is not None}
