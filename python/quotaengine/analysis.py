@@ -69,6 +69,7 @@ EVENT_COLUMNS = [
     "output_tokens",
     "cached_tokens",
     "cost",
+    "tenants",
     "created_at_ms",
 ]
 #: Columns of :func:`cooldowns_frame`, in order.
@@ -192,6 +193,8 @@ def events_frame(
       §14.4; ``<NA>`` where it did not, and for requests);
     * ``cost`` (int64: what the event cost in micro-dollars at the prices in force
       when it was recorded, SPEC 23.1; 0 unpriced);
+    * ``tenants`` (object: the list of tenant names the event counted for, SPEC 23.1;
+      ``[]`` when none): ``df.explode("tenants")`` gives one row per tenant;
     * ``created_at_ms`` (int64, epoch milliseconds).
 
     Requests per minute: ``df[df.kind == "request"].resample("1min", on="time").size()``;
@@ -212,6 +215,7 @@ def events_frame(
             for k in ("input_tokens", "output_tokens", "cached_tokens")
         },
         "cost": pd.Series([r["cost"] for r in rows], dtype="int64"),
+        "tenants": pd.Series([list(r["tenants"]) for r in rows], dtype=object),
         "created_at_ms": pd.Series([r["created_at_ms"] for r in rows], dtype="int64"),
     }
     df = pd.DataFrame(raw)
