@@ -39,7 +39,19 @@ RESET = re.compile(r"^(\d+h)?(\d+m)?\d+s$")  # OpenAI's "6m0s", "1s"
 
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support")
-PROVIDER_KEYS = ["sk-e0", "sk-e1", "sk-e2", "sk-t", "sk-k", "sk-s", "sk-groq", "sk-slow-a", "sk-slow-b", "sk-ss"]
+PROVIDER_KEYS = [
+    "sk-e0",
+    "sk-e1",
+    "sk-e2",
+    "sk-t",
+    "sk-k",
+    "sk-s",
+    "sk-groq",
+    "sk-slow-a",
+    "sk-slow-b",
+    "sk-ss",
+    "sk-shared",
+]
 ALPHA, BETA = "sk-vk-alpha", "sk-vk-beta"  # tests/support/litellm_custom_auth.py's virtual keys
 
 
@@ -69,6 +81,7 @@ def proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         e.set_tenant_limits("end_user:frank", [q.Limit("requests", 50, "minute")])
         e.set_tenant_limits("end_user:kiri", [q.Limit("requests", 50, "day")], tz="Pacific/Kiritimati")
         e.set_tenant_limits("tag:batch", [q.Limit("requests", 1, "minute")])
+        e.set_tenant_limits("vip", [q.Limit("requests", 1, "minute")])
         e.set_tenant_limits("key:alpha", [q.Limit("requests", 4, "minute")])
         e.set_tenant_limits("team:red", [q.Limit("requests", 6, "minute")])
         for pattern in ("key:*", "org:*", "user:*"):  # to read their usage
@@ -84,6 +97,9 @@ def proxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
                 dep(server, "slow-a", "slow", "sk-slow-a"),
                 dep(server, "slow-b", "slow", "sk-slow-b"),
                 dep(server, "slow-stream", "slow-stream", "sk-ss"),
+                # SPEC 25.1: two models on one key, one concurrency cap (imported from the first).
+                dep(server, "shared-1", "slow-stream", "sk-shared", max_parallel_requests=1),
+                dep(server, "shared-2", "ok-2", "sk-shared"),
             ],
             "router_settings": {"num_retries": 0},
             # SPEC 25.3: the one line.
@@ -120,9 +136,9 @@ def engine_on(proxy: Proxy) -> Iterator[q.QuotaEngine]:
     e.close()
 
 
-def no_provider_key(r: httpx.Response) -> None:
+def no_provider_key(headers: httpx.Headers) -> None:
     """SPEC 25.3: no header reveals a provider key."""
-    for name, value in r.headers.items():
+    for name, value in headers.items():
         assert not any(k in value for k in PROVIDER_KEYS), (name, value)
 
 
@@ -140,7 +156,7 @@ def post_many(
 
     responses = asyncio.run(main())
     for r in responses:
-        no_provider_key(r)
+        no_provider_key(r.headers)
     return responses
 
 
@@ -211,6 +227,11 @@ def test_a_tenant_limit_holds_across_workers_with_openai_headers(proxy: Proxy, e
     )  # type: ignore[union-attr]
     to_local_midnight = [(-(t + 14 * 3600)) % 86_400 for t in (after, before)]
     assert to_local_midnight[0] <= h * 3600 + m * 60 + sec <= to_local_midnight[1] + 1, kiri.headers
+    # Tenants named by the caller in metadata.quotaengine_tenants.
+    vip = [{"model": "tenant", "messages": MESSAGES, "metadata": {"quotaengine_tenants": ["vip"]}}] * 2
+    vip_answers = post_many(proxy, vip)
+    assert sorted(r.status_code for r in vip_answers) == [200, 429]
+    refused_by(next(r for r in vip_answers if r.status_code == 429), "vip", "limit 1 requests per minute")
     # Without tenant limits, no header of ours: the provider's stay.
     (plain,) = post_many(proxy, [{"model": "tenant", "messages": MESSAGES, "user": "dora"}])
     assert plain.status_code == 200 and plain.headers["x-ratelimit-limit-requests"] == "30"
@@ -224,6 +245,7 @@ def test_a_stream_ends_its_lease_at_the_logged_success_with_real_usage(proxy: Pr
         model="stream", messages=MESSAGES, user="carol", stream=True, stream_options={"include_usage": True}
     )
     assert raw.headers["x-ratelimit-limit-tokens"] == "1000"
+    no_provider_key(raw.headers)
     text = "".join((c.choices[0].delta.content or "") for c in raw.parse() if c.choices)
     assert text == "hi"
     route = ("openai", "ok-s", qel.credential_key_id("openai", "sk-s"))
@@ -338,3 +360,29 @@ def test_a_client_that_disconnects_ends_its_lease(proxy: Proxy, engine_on: q.Quo
     assert used["a"] == (1, 20), used  # the provider's answer, after the client left
     assert used["b"][0] == 1 and used["b"][1] != 20, used  # cancelled: the estimate
     assert used["s"][0] == 1 and used["s"][1] < 20, used  # the part streamed
+
+
+def test_two_models_on_one_key_are_one_key_across_workers(proxy: Proxy, engine_on: q.QuotaEngine) -> None:
+    """SPEC 25.1 in the proxy: shared-1 and shared-2 are two models on one provider key, so
+    they share its one concurrency slot (``max_parallel_requests: 1`` of the first): while
+    a stream on shared-1 is open, shared-2 is refused; once it is closed, served."""
+    shared = qel.credential_key_id("openai", "sk-shared")
+    body = {"model": "shared-1", "messages": MESSAGES, "stream": True}
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=30, headers=AUTH) as c:
+            async with c.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    break  # the first chunk: the stream holds the key's slot
+                assert engine_on.usage("openai", "slow-stream", shared)["in_flight"] == 1
+                other = await c.post(
+                    f"{proxy.url_b}/v1/chat/completions", json={"model": "shared-2", "messages": MESSAGES}
+                )
+                assert other.status_code == 429 and "key_concurrency" in other.json()["error"]["message"], other.text
+
+    asyncio.run(main())
+    assert engine_on.key_concurrency_cap("openai", shared) == 1
+    settle(lambda: engine_on.usage("openai", "slow-stream", shared)["in_flight"] == 0)
+    (served,) = post_many(proxy, [{"model": "shared-2", "messages": MESSAGES}], urls=[proxy.url_b])
+    assert served.status_code == 200
