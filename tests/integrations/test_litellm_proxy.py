@@ -330,11 +330,22 @@ def test_a_client_that_disconnects_ends_its_lease(proxy: Proxy, engine_on: q.Quo
     its lease ends at once with the estimate (SPEC 18.4); a stream whose client leaves
     after the first chunk ends its lease then, with what was streamed (not the full usage)."""
 
-    async def give_up(url: str, model: str) -> None:
+    routes = {
+        name: ("openai", model, qel.credential_key_id("openai", key))
+        for name, model, key in (("a", "slow", "sk-slow-a"), ("b", "slow", "sk-slow-b"), ("s", "slow-stream", "sk-ss"))
+    }
+
+    async def give_up(url: str, model: str, route: tuple[str, str, int]) -> None:
         async with httpx.AsyncClient(timeout=30, headers=AUTH) as c:
-            post = c.post(f"{url}/v1/chat/completions", json={"model": model, "messages": MESSAGES})
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(post, 1.0)
+            post = asyncio.ensure_future(
+                c.post(f"{url}/v1/chat/completions", json={"model": model, "messages": MESSAGES})
+            )
+            while engine_on.usage(*route)["in_flight"] == 0:  # leased: the call is on its way
+                assert not post.done(), post.result()
+                await asyncio.sleep(0.02)
+            post.cancel()  # and close the connection while the provider takes its 3 s
+            with pytest.raises(asyncio.CancelledError):
+                await post
 
     async def first_chunk(url: str) -> None:
         body = {"model": "slow-stream", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
@@ -345,13 +356,16 @@ def test_a_client_that_disconnects_ends_its_lease(proxy: Proxy, engine_on: q.Quo
                     break  # and close the connection
 
     async def main() -> None:
-        await asyncio.gather(give_up(proxy.url, "slow-a"), give_up(proxy.url_b, "slow-b"), first_chunk(proxy.url))
+        await asyncio.wait_for(
+            asyncio.gather(
+                give_up(proxy.url, "slow-a", routes["a"]),
+                give_up(proxy.url_b, "slow-b", routes["b"]),
+                first_chunk(proxy.url),
+            ),
+            30,
+        )
 
     asyncio.run(main())
-    routes = {
-        name: ("openai", model, qel.credential_key_id("openai", key))
-        for name, model, key in (("a", "slow", "sk-slow-a"), ("b", "slow", "sk-slow-b"), ("s", "slow-stream", "sk-ss"))
-    }
     for route in routes.values():
         settle(lambda route=route: engine_on.usage(*route)["in_flight"] == 0, timeout_s=20)
     used = {
