@@ -400,3 +400,15 @@ def test_two_models_on_one_key_are_one_key_across_workers(proxy: Proxy, engine_o
     settle(lambda: engine_on.usage("openai", "slow-stream", shared)["in_flight"] == 0)
     (served,) = post_many(proxy, [{"model": "shared-2", "messages": MESSAGES}], urls=[proxy.url_b])
     assert served.status_code == 200
+
+
+def test_a_proxy_on_memory_refuses_to_start_with_a_clear_error(tmp_path: Any) -> None:
+    """SPEC 25.3: ``QUOTAENGINE_DB=:memory:`` would give each worker limits of its own: the
+    proxy does not start, and says why."""
+    config = {
+        "model_list": [{"model_name": "ok", "litellm_params": {"model": "openai/ok", "api_key": "sk-x"}}],
+        "litellm_settings": {"callbacks": ["quotaengine.litellm.proxy_handler"]},
+    }
+    with pytest.raises(RuntimeError, match="proxy exited") as refused:
+        LiteLLMProxy(tmp_path, config, {"QUOTAENGINE_DB": ":memory:"}, start_timeout_s=150)
+    assert "QUOTAENGINE_DB=':memory:': the proxy's workers must share one engine" in str(refused.value)
