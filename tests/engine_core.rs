@@ -517,6 +517,23 @@ fn a_tenants_limit_holds_across_engines_and_routes() {
     assert_eq!((usage[0].window.as_str(), usage[0].used, usage[0].in_flight), ("requests/minute", 0, 2));
 }
 
+/// SPEC 23.2: the zone of a tenant's declaration (its own, else its pattern's) is shared
+/// through the file; `None` for UTC or no declaration.
+#[test]
+fn a_tenants_zone_is_its_declarations() {
+    use quotaengine::core::limits::Limit;
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    let day = || vec![Limit::parse("requests", 5, "day", "account").unwrap()];
+    a.set_tenant_limits("team:*", day(), Some("Asia/Tokyo".into())).unwrap();
+    a.set_tenant_limits("team:blue", day(), None).unwrap();
+    assert_eq!(b.tenant_zone("team:red").unwrap().as_deref(), Some("Asia/Tokyo"));
+    assert_eq!(b.tenant_zone("team:*").unwrap().as_deref(), Some("Asia/Tokyo"));
+    assert_eq!(b.tenant_zone("team:blue").unwrap(), None);
+    assert_eq!(b.tenant_zone("nobody").unwrap(), None);
+    assert!(b.tenant_zone("").is_err());
+}
+
 /// SPEC 27.1: the engine counts the gated leases that committed, per (platform, model),
 /// and the failures recorded per (platform, kind); another engine on the file counts its own.
 #[test]

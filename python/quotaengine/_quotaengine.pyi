@@ -602,6 +602,10 @@ class _QuotaEngine:
     def tenants(self, since_ms: int | None = None) -> list[str]:
         """SPEC 23.2: the tenants named in a declaration (never a pattern) or with usage
         recorded since ``since_ms`` (default: 00:00 UTC today), sorted."""
+    def _tenant_zone(self, tenant: str) -> str | None:
+        """The IANA zone of the calendar periods of the declaration in force for a tenant
+        (SPEC 23.2's ``tz``), ``None`` for UTC or none: the LiteLLM proxy's
+        ``x-ratelimit-reset-*`` count to the next local period start (SPEC 25.3)."""
     def _tenant_rows(self) -> tuple[int, list[dict[str, Any]]]:
         """SPEC 23.4's rows of ``snapshot().tenants``: ``(taken_at_ms, rows)``, one dict per
         limit in force of each tenant with limits or usage today (``tenant``, ``window``,

@@ -899,23 +899,32 @@ def openai_duration(ms: int) -> str:
 _WIDTHS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def _reset_ms(per: str, now_ms: int) -> int:
+def _reset_ms(per: str, now_ms: int, tz: str | None = None) -> int:
     """How long until a window of ``per`` holding usage now is empty again: its width for a
-    sliding window, the start of the next UTC period for a calendar one (an upper bound)."""
+    sliding window, the start of the next period for a calendar one (an upper bound): 00:00
+    local time in ``tz`` (SPEC 23.2's zone of the tenant's declaration; UTC when ``None``),
+    weeks starting on Monday, months on the 1st."""
     import datetime as dt
 
     if per == "minute":
         return 60_000
     if per in ("day", "week", "month"):
-        now = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc)
-        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        zone: dt.tzinfo = dt.timezone.utc
+        if tz is not None:
+            from zoneinfo import ZoneInfo
+
+            zone = ZoneInfo(tz)
+        now = dt.datetime.fromtimestamp(now_ms / 1000, tz=zone)
+        today = now.date()
         if per == "day":
-            nxt = start + dt.timedelta(days=1)
+            nxt = today + dt.timedelta(days=1)
         elif per == "week":
-            nxt = start + dt.timedelta(days=7 - start.weekday())
+            nxt = today + dt.timedelta(days=7 - today.weekday())
         else:
-            nxt = (start.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
-        return int(nxt.timestamp() * 1000) - now_ms
+            nxt = (today.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+        # Midnight of that local date (wall-clock arithmetic: a day may be 23 or 25 hours).
+        start = dt.datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone)
+        return max(0, int(start.timestamp() * 1000) - now_ms)
     unit = _WIDTHS_MS.get(per[-1:])
     try:
         return int(per[:-1]) * unit if unit else 0
@@ -930,7 +939,9 @@ def tenant_headers(engine: QuotaEngine, tenants: list[str]) -> dict[str, str]:
     best: dict[str, tuple[int, int, int]] = {}  # kind -> (room, limit, reset_ms)
     now = engine.now_ms()
     for tenant in tenants:
-        for window, row in engine.tenant_usage(tenant).items():
+        usage = engine.tenant_usage(tenant)
+        tz = engine._tenant_zone(tenant) if usage else None  # its calendar periods' zone (23.2)
+        for window, row in usage.items():
             metric, _, per = window.partition("/")
             kind = "requests" if metric == "requests" else "tokens" if metric in _TOKEN_METRICS else None
             if kind is None:
@@ -938,7 +949,7 @@ def tenant_headers(engine: QuotaEngine, tenants: list[str]) -> dict[str, str]:
             limit, used, in_flight = int(row["limit"]), int(row["used"]), int(row["in_flight"])
             room = limit - used - in_flight
             if kind not in best or (room, limit) < best[kind][:2]:
-                reset = _reset_ms(per, now) if used + in_flight > 0 else 0
+                reset = _reset_ms(per, now, tz) if used + in_flight > 0 else 0
                 best[kind] = (room, limit, reset)
     headers: dict[str, str] = {}
     for kind, (room, limit, reset) in best.items():
