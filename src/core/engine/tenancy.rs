@@ -56,6 +56,17 @@ impl Engine {
         })
     }
 
+    /// The IANA zone the calendar periods of the limits in force for a tenant start in
+    /// (its declaration's, else the longest matching pattern's; `"UTC"` when that names
+    /// none or there is no declaration), as `tenant_limits` finds the declaration.
+    pub fn tenant_calendar(&mut self, tenant: &str) -> Result<String> {
+        tenants::check_name(tenant, true)?;
+        self.unit.run(Access::Read, |tx| {
+            let decl = tx.mirror().config.tenants.declaration(tenant);
+            Ok(decl.and_then(|d| d.tz.clone()).unwrap_or_else(|| "UTC".to_string()))
+        })
+    }
+
     /// Every limit in force for a tenant: used, limit and in flight (in the limit's
     /// unit), keyed `"<metric>/<per>"`; empty without limits.
     pub fn tenant_usage(&mut self, tenant: &str) -> Result<Vec<TenantWindow>> {

@@ -42,6 +42,16 @@ impl PyQuotaEngine {
         Ok(self.run(py, |e| e.tenant_limits(t))?.into_iter().map(PyLimit::from).collect())
     }
 
+    /// The IANA zone the calendar periods (`day`, `week`, `month`) of the tenant's limits
+    /// in force start in: the `tz` of its declaration (or of the pattern that declares
+    /// them, SPEC 23.2), `"UTC"` when none was given or nothing is declared. What
+    /// `analysis.plot_usage` draws a tenant's calendar windows in.
+    #[pyo3(signature = (tenant))]
+    fn _tenant_calendar(&self, py: Python<'_>, tenant: &Arg) -> PyResult<String> {
+        let t = str_arg(tenant, "tenant")?;
+        self.run(py, |e| e.tenant_calendar(t))
+    }
+
     /// SPEC 23.2: `{"<metric>/<per>": {"used", "limit", "in_flight"}}`, one entry per
     /// limit in force for the tenant (µ$ for `cost`; in flight: its live leases, their
     /// estimated tokens or the µ$ they reserve); `{}` without limits.
