@@ -3,6 +3,7 @@
 10,000 routes.
 
     python benches/bench_metrics.py [--routes 100,1000,10000] [--runs 5] [--db PATH_OR_URL] [--pkg DIR]
+    python benches/bench_metrics.py --callgrind A_DIR,B_DIR [--routes 1000]
 
 Each route (a platform of 20, a model of 50, a key) has usage today (a lease taken and
 ended with tokens), rpm/rpd/tpm limits and a 5-hour limit declared per model, so that
@@ -20,6 +21,11 @@ the start of its SHA-256 (the same fill gives the same text: two builds can be c
 URL (a fresh prefix per size). ``--pkg DIR``: import ``quotaengine`` from ``DIR`` (e.g. a
 release wheel installed with ``pip install --no-deps --target DIR``) instead of the
 environment's.
+
+``--callgrind A_DIR,B_DIR``: the same stages counted in instructions under ``valgrind
+--tool=callgrind`` for two builds (each a ``--pkg`` directory), exact on a loaded machine:
+per stage, a process fills the engine and runs the stage once, another twice; the
+difference is one scrape's stage (``families``: ``collect()``, the read included).
 """
 
 from __future__ import annotations
@@ -34,6 +40,53 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+
+CHILD = r"""
+import os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, BENCHES)
+import quotaengine as q
+from prometheus_client import CollectorRegistry, generate_latest
+from quotaengine.metrics import Collector
+from bench_metrics import Ready, fill
+stage, n = sys.argv[2].split()
+ops = int(sys.argv[3])
+clock = q.ManualClock(1_767_261_600_000)
+with q.QuotaEngine(os.path.join(tempfile.mkdtemp(), "m.db"), clock=clock, env={}, flush_interval_ms=0) as e:
+    fill(e, int(n))
+    clock.advance(1_000)
+    collector = Collector(e)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    ready = CollectorRegistry(auto_describe=False)
+    ready.register(Ready(list(collector.collect())))
+    step = {
+        "read": e._metrics_read,
+        "families": lambda: list(collector.collect()),
+        "format": lambda: generate_latest(ready),
+        "scrape": lambda: generate_latest(registry),
+    }[stage]
+    for _ in range(ops):
+        step()
+"""
+
+
+def callgrind(builds: list[str], n: int) -> None:
+    """Instructions per scrape of each stage, build A against build B."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_priority import instructions_of
+
+    child = CHILD.replace("BENCHES", repr(os.path.dirname(os.path.abspath(__file__))))
+    a, b = (os.path.abspath(x) for x in builds)
+    print(f"{n} routes; A = {a}, B = {b}; instructions per scrape, I(2 stages) - I(1 stage)")
+    print("| stage | A | B | B/A |")
+    print("|---|---:|---:|---:|")
+    for stage in ("read", "families", "format", "scrape"):
+        per = [
+            instructions_of(pkg, f"{stage} {n}", 2, child) - instructions_of(pkg, f"{stage} {n}", 1, child)
+            for pkg in (a, b)
+        ]
+        print(f"| {stage} | {per[0]:,} | {per[1]:,} | {per[1] / per[0]:.3f} |", flush=True)
 
 
 def fill(e: Any, n: int) -> None:
@@ -91,7 +144,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--db", default=None)
     ap.add_argument("--pkg", default=None, help="import quotaengine from this directory")
+    ap.add_argument("--callgrind", default=None, metavar="A_DIR,B_DIR", help="count instructions of two builds")
     args = ap.parse_args()
+    if args.callgrind:
+        callgrind(args.callgrind.split(","), int(args.routes.split(",")[0]) if "," not in args.routes else 1_000)
+        return
     if args.pkg:
         sys.path.insert(0, os.path.abspath(args.pkg))
     import quotaengine as q
