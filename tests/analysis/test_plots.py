@@ -211,6 +211,19 @@ def test_a_tenant_day_resets_at_its_own_midnight(engine: q.QuotaEngine, clock: q
     assert value_at(line, clock.now_ms()) == 100 * used["used"] / used["limit"]
 
 
+def test_a_pattern_gives_its_tenants_its_zone(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """A tenant declared by a pattern with a zone (``"team:*"`` in Tokyo) has its days in
+    that zone: 00:00 in Tokyo is 15:00 UTC the day before."""
+    engine.set_tenant_limits("team:*", [q.Limit("requests", 10, "day")], tz="Asia/Tokyo")
+    tokyo_midnight = T0 + 15 * HOUR  # 2026-01-02 00:00 in Tokyo
+    for at in (TEN_AM, tokyo_midnight + HOUR):
+        clock.set(at)
+        engine.record_request("groq", "llama", 1, tenant="team:red")
+    clock.set(tokyo_midnight + 2 * HOUR)
+    line = lines(analysis.plot_usage(engine))["tenant team:red requests/day"]
+    assert [value_at(line, t) for t in (tokyo_midnight - 1, tokyo_midnight, tokyo_midnight + HOUR)] == [10, 0, 10]
+
+
 def test_cooldowns_are_shaded(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
     engine.set_model_limits("groq", "llama", rpm=10)
     engine.record_request("groq", "llama", 1)
