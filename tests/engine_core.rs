@@ -517,6 +517,27 @@ fn a_tenants_limit_holds_across_engines_and_routes() {
     assert_eq!((usage[0].window.as_str(), usage[0].used, usage[0].in_flight), ("requests/minute", 0, 2));
 }
 
+/// SPEC 23.2's `tz`: the zone a tenant's calendar periods start in is its declaration's,
+/// else the matching pattern's, UTC without one; another engine on the file reads it too.
+#[test]
+fn a_tenants_calendar_is_its_declarations_zone() {
+    use quotaengine::core::limits::Limit;
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    let day = || vec![Limit::parse("requests", 10, "day", "account").unwrap()];
+    a.set_tenant_limits("acme", day(), Some("America/New_York".into())).unwrap();
+    a.set_tenant_limits("team:*", day(), Some("Asia/Tokyo".into())).unwrap();
+    a.set_tenant_limits("plain", day(), None).unwrap();
+    for e in [&mut a, &mut b] {
+        assert_eq!(e.tenant_calendar("acme").unwrap(), "America/New_York");
+        assert_eq!(e.tenant_calendar("team:red").unwrap(), "Asia/Tokyo");
+        assert_eq!(e.tenant_calendar("team:*").unwrap(), "Asia/Tokyo");
+        assert_eq!(e.tenant_calendar("plain").unwrap(), "UTC");
+        assert_eq!(e.tenant_calendar("nobody").unwrap(), "UTC");
+        assert!(e.tenant_calendar("").is_err());
+    }
+}
+
 /// SPEC 27.1: the engine counts the gated leases that committed, per (platform, model),
 /// and the failures recorded per (platform, kind); another engine on the file counts its own.
 #[test]
