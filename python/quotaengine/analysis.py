@@ -595,10 +595,12 @@ def _fill_lines(e: _QuotaEngine, rows: list[dict[str, Any]], platform: str | Non
     if platform is None:
         named = sorted({t for r in rows for t in r["tenants"]})
         for t in named:
-            for limit in e.tenant_limits(t):
+            limits = e.tenant_limits(t)
+            zone = (e._tenant_zone(t) if limits else None) or "UTC"  # where its days start (SPEC 23.2's tz)
+            for limit in limits:
                 window = f"{limit.metric}/{limit.per}"
                 streams = [stream(limit.metric, _matcher(None, tenant=t))]
-                lines.append(_FillLine("tenants", t, window, limit.per, limit.limit, "UTC", streams))
+                lines.append(_FillLine("tenants", t, window, limit.per, limit.limit, zone, streams))
     return lines
 
 
@@ -658,7 +660,8 @@ def plot_usage(
     limit, as a percentage. One line per (route, window) for a model's limits (scope
     ``"account"`` counting every key of the key's account), per (platform, window) for its
     provider caps and platform limits (23.3; the fullest of its accounts at each moment),
-    and per (tenant, window) for the tenants' limits (23.2; calendar periods in UTC; left
+    and per (tenant, window) for the tenants' limits (23.2; calendar periods in the zone the
+    tenant's declaration gives, ``set_tenant_limits(..., tz=)``, UTC without one; left
     out with ``platform``). Lines are steps that change only where the usage does (an
     event, an event leaving a sliding window, a period starting); they run from the first
     event (or ``since_ms``) to the engine's now. 100% is drawn as the ceiling; each stored

@@ -61,8 +61,9 @@ impl PyQuotaEngine {
     }
 
     /// The IANA zone of the calendar periods of the declaration in force for a tenant
-    /// (SPEC 23.2's `tz`), `None` for UTC or none: the LiteLLM proxy's
-    /// `x-ratelimit-reset-*` count to the next local period start (SPEC 25.3).
+    /// (SPEC 23.2's `tz`; its own, else its pattern's), `None` for UTC or none: where the
+    /// LiteLLM proxy's `x-ratelimit-reset-*` count to (SPEC 25.3) and where
+    /// `analysis.plot_usage` starts a tenant's calendar windows.
     #[pyo3(signature = (tenant))]
     fn _tenant_zone(&self, py: Python<'_>, tenant: &Arg) -> PyResult<Option<String>> {
         let t = str_arg(tenant, "tenant")?;
