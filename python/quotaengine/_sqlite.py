@@ -141,12 +141,18 @@ def share_sqlite() -> None:
     raise ImportError(_INSTALL_HINT)
 
 
-def check_runs_on(version: str) -> None:
-    """Warns once if the engine's SQLite (``version``) is not the one ``sqlite3`` reports.
+def check_runs_on(version: str, compiled_in: bool = False) -> None:
+    """Warns once if the engine's SQLite (``version``) is a second copy beside ``sqlite3``'s.
 
-    Cannot happen on Linux after :func:`share_sqlite`; it can with a macOS wheel (linked
-    to the system's libsqlite3.dylib) on a Python whose sqlite3 brings its own SQLite.
+    Cannot happen on Linux after :func:`share_sqlite` with the wheel; it can with a macOS
+    wheel (linked to the system's libsqlite3.dylib) on a Python whose sqlite3 brings its
+    own SQLite, and with SQLite compiled into the extension (``compiled_in``: cargo
+    feature ``bundled-sqlite``), which is always a copy of its own, whatever its version.
     """
+    global source
+    if compiled_in:
+        # Nothing was loaded for the extension: it runs on its own copy.
+        source = "compiled into the extension"
     if _warned or sys.platform == "win32":
         # Windows wheels compile SQLite in: Windows locks are per handle, so two copies
         # coordinate as two processes do (docs/wheels.md).
@@ -155,12 +161,13 @@ def check_runs_on(version: str) -> None:
         import sqlite3
     except ImportError:
         return
-    if sqlite3.sqlite_version != version:
+    if sqlite3.sqlite_version != version or compiled_in:
+        ours = f"SQLite {version} compiled into its extension" if compiled_in else f"SQLite {version}"
         warnings.warn(
-            f"quotaengine runs on SQLite {version}, Python's sqlite3 on {sqlite3.sqlite_version}: "
-            "two SQLite copies in this process; do not open the engine's database file with the "
-            "sqlite3 module (or pandas) in this process (they do not see each other's locks and "
-            "can corrupt or lose data)",
+            f"quotaengine runs on {ours}, Python's sqlite3 on {sqlite3.sqlite_version}: two "
+            "SQLite copies in this process; do not open the engine's "
+            "database file with the sqlite3 module (or pandas) in this process (they do not see "
+            "each other's locks and can corrupt or lose data)",
             RuntimeWarning,
             stacklevel=3,
         )

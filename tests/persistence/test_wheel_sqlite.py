@@ -23,6 +23,7 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux w
 
 @linux
 def test_engine_runs_on_the_library_sqlite3_loaded() -> None:
+    assert not q._quotaengine._sqlite_compiled_in
     assert _sqlite.source in _sqlite._mapped_sqlite_libraries()
     assert _sqlite._version_of(_sqlite.source) == sqlite3.sqlite_version == q.sqlite_version()
 
@@ -319,3 +320,13 @@ def test_a_second_sqlite_copy_is_named_in_one_warning(monkeypatch: pytest.Monkey
     _sqlite.check_runs_on(sqlite3.sqlite_version)  # the same: silent (warnings are errors here)
     with pytest.warns(RuntimeWarning, match=r"runs on SQLite 0\.0\.0, Python's sqlite3 on"):
         _sqlite.check_runs_on("0.0.0")
+
+
+def test_sqlite_compiled_in_is_named_and_warned_once_whatever_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A build with the cargo feature bundled-sqlite (the Windows wheel) runs on its own copy:
+    # off Windows that is a second SQLite beside sqlite3's even at the same version.
+    monkeypatch.setattr(_sqlite, "source", _sqlite.source)
+    monkeypatch.setattr(_sqlite, "_warned", False)
+    with pytest.warns(RuntimeWarning, match=r"runs on SQLite [0-9.]+ compiled into its extension, Python's sqlite3"):
+        _sqlite.check_runs_on(sqlite3.sqlite_version, compiled_in=True)
+    assert _sqlite.source == "compiled into the extension"
