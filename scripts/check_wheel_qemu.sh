@@ -28,7 +28,7 @@ PY=("$QEMU" -L "$ROOTFS" "$ROOTFS/usr/bin/python3.11")
 rm -rf "$WORK"; mkdir -p "$WORK"
 echo "wheel: $WHEEL ($(stat -c %s "$WHEEL") bytes)"
 start=$(date +%s%N)
-python3 -m pip install -q --no-deps --no-index --find-links "$DIST" --target "$WORK/site" \
+python3 -m pip install -q --root-user-action=ignore --no-deps --no-index --find-links "$DIST" --target "$WORK/site" \
     --platform manylinux_2_28_aarch64 --implementation cp --python-version 3.11 --only-binary :all: quotaengine
 echo "install (host pip, into a directory): $(( ($(date +%s%N) - start) / 1000000 )) ms"
 file "$WORK"/site/quotaengine/_quotaengine*.so
