@@ -9,8 +9,10 @@ already loaded returns that same copy, so no second SQLite is loaded.
 Where the C module behind ``sqlite3`` has SQLite built in (``_sqlite3`` of
 python-build-standalone, as uv installs it; ``pysqlite3._sqlite3`` where ``sqlite3`` was
 swapped for pysqlite3) and exports its symbols, that module itself is promoted; if it
-does not export them, the system's ``libsqlite3.so.0`` is used with one warning. A source build links the
-system SQLite directly (``DT_NEEDED``); promoting it again is harmless.
+does not export them, the system's ``libsqlite3.so.0`` is used with one warning. A
+source build links the system SQLite directly (``DT_NEEDED``); promoting it again is
+harmless. A build with SQLite compiled in (cargo feature ``bundled-sqlite``, the Windows
+wheel) runs on its own copy: :func:`check_runs_on` names it.
 """
 
 from __future__ import annotations
@@ -165,9 +167,9 @@ def check_runs_on(version: str, compiled_in: bool = False) -> None:
         ours = f"SQLite {version} compiled into its extension" if compiled_in else f"SQLite {version}"
         warnings.warn(
             f"quotaengine runs on {ours}, Python's sqlite3 on {sqlite3.sqlite_version}: two "
-            "SQLite copies in this process; do not open the engine's "
-            "database file with the sqlite3 module (or pandas) in this process (they do not see "
-            "each other's locks and can corrupt or lose data)",
+            "SQLite copies in this process; do not open the engine's database file with the "
+            "sqlite3 module (or pandas) in this process (they do not see each other's locks and "
+            "can corrupt or lose data)",
             RuntimeWarning,
             stacklevel=3,
         )
