@@ -19,7 +19,7 @@ else
     PYTHONS=(/root/.pyenv/versions/3.10.13/bin/python3 /root/.pyenv/versions/3.12.1/bin/python3
         /root/.pyenv/versions/3.13.0/bin/python3 /usr/bin/python3)
 fi
-WHEEL=$(ls "$DIST"/quotaengine-*-cp310-abi3-*.whl)
+WHEEL=$(ls "$DIST"/quotaengine-*-cp310-abi3-*_"$(uname -m)".whl)
 echo "wheel: $WHEEL ($(du -k "$WHEEL" | cut -f1) KiB)"
 # No Rust toolchain: the venv's bin and the system's directories only.
 CLEAN_PATH=/usr/local/bin:/usr/bin:/bin
