@@ -147,24 +147,12 @@ def pysqlite3_sdist() -> Path:
     cache = Path(__file__).resolve().parents[2] / "target" / "test-cache"
     found = sorted(cache.glob("pysqlite3-*.tar.gz"))
     if not found:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "-d",
-                cache,
-                PYSQLITE3,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        command += ["--retries", "1", "--timeout", "20", "-d", str(cache), PYSQLITE3]
+        try:
+            r = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"cannot download the {PYSQLITE3} sdist (pip download): no answer in 120 s")
         found = sorted(cache.glob("pysqlite3-*.tar.gz"))
         if r.returncode != 0 or not found:
             pytest.skip(f"cannot download the {PYSQLITE3} sdist (pip download): {r.stderr.strip()[-300:]}")
