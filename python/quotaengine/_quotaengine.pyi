@@ -14,6 +14,8 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, final
 from typing_extensions import Self
 
 __version__: Final[str]
+# SQLite compiled into the extension (cargo feature bundled-sqlite: the Windows wheel).
+_sqlite_compiled_in: Final[bool]
 
 #: The gates whose reason is a fixed name, in gate order (SPEC 4, 14.1).
 _GateName = Literal[
