@@ -415,8 +415,8 @@ class QuotaEnginePlugin:
             retry_after = max(1, math.ceil(wait_ms / 1000))
         else:
             retry_after = 1
-        tenant = next((r for r in refused.refusals if getattr(r, "tenant", None) is not None), None)
-        if tenant is not None and all(getattr(r, "tenant", None) is not None for r in refused.refusals):
+        tenant_only = bool(refused.refusals) and all(getattr(r, "tenant", None) is not None for r in refused.refusals)
+        if tenant_only:
             # Every candidate was refused by a tenant's limit: the caller's own limit.
             names = sorted({f"{r.tenant!r} ({self._limit_text(r.tenant, r.reason)})" for r in refused.refusals})
             message = f"quotaengine: tenant {' and tenant '.join(names)} is at its limit for {model!r}"
@@ -438,6 +438,12 @@ class QuotaEnginePlugin:
             headers=headers,
         )
         error.quotaengine_refusal = refused  # type: ignore[attr-defined]  # the proxy's headers read it
+        if tenant_only:
+            # No deployment can serve the caller before its own window frees: LiteLLM must
+            # answer now, not sleep `retry-after` and retry (it reads an error's
+            # `num_retries`; with one deployment per group it would hold the client until
+            # the window passed, then serve it past the moment the caller was refused).
+            error.num_retries = 0  # type: ignore[attr-defined]
         return error
 
     def _limit_text(self, tenant: str, reason: str) -> str:
