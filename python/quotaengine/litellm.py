@@ -443,7 +443,7 @@ class QuotaEnginePlugin:
             # answer now, not sleep `retry-after` and retry (it reads an error's
             # `num_retries`; with one deployment per group it would hold the client until
             # the window passed, then serve it past the moment the caller was refused).
-            error.num_retries = 0  # type: ignore[attr-defined]
+            error.num_retries = 0
         return error
 
     def _limit_text(self, tenant: str, reason: str) -> str:
