@@ -154,6 +154,7 @@ async def workload(url: str, n: int, rate: float, in_flight: int) -> dict[str, A
     sem = asyncio.Semaphore(in_flight)
     latencies: list[float] = []
     codes: dict[int, int] = {}
+    why: Counter[str] = Counter()
     headers = {"authorization": "Bearer sk-work"}
     async with httpx.AsyncClient(timeout=120, headers=headers) as c:
 
@@ -163,8 +164,11 @@ async def workload(url: str, n: int, rate: float, in_flight: int) -> dict[str, A
                 try:
                     r = await c.post(f"{url}/v1/chat/completions", json={"model": "llama", "messages": MESSAGES})
                     code = r.status_code
+                    if code != 200:
+                        why[reason(r.text)] += 1
                 except httpx.HTTPError:
                     code = 0
+                    why["no answer"] += 1
                 latencies.append(time.perf_counter() - t)
                 codes[code] = codes.get(code, 0) + 1
 
@@ -179,10 +183,22 @@ async def workload(url: str, n: int, rate: float, in_flight: int) -> dict[str, A
     return {
         "served": codes.get(200, 0),
         "codes": codes,
+        "why": dict(why),
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "wall_s": wall,
     }
+
+
+def reason(text: str) -> str:
+    """A refusal's cause, from the proxy's error message."""
+    if "No deployments available" in text:
+        return "no deployment available (LiteLLM)"
+    if "quotaengine" in text:
+        return "refused by quotaengine"
+    if "RateLimitError" in text:
+        return "provider 429 passed on"
+    return text[:60]
 
 
 async def burst(url: str, n: int, gap_s: float) -> dict[int, int]:
@@ -362,7 +378,7 @@ def main() -> None:
                     flush=True,
                 )
                 print(
-                    f"    client codes {r['codes']}, workload per worker {r['work_split']}, tenant codes "
+                    f"    client codes {r['codes']} {r['why']}, workload per worker {r['work_split']}, tenant codes "
                     f"{r['tenant_codes']} ({r['tenant_upstream']} reached the provider), start {r['start_s']:.0f} s",
                     flush=True,
                 )
