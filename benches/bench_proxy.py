@@ -326,7 +326,7 @@ def overhead(a: argparse.Namespace, tmp: Path, redis_url: str | None) -> None:
         rounds = " ".join(f"{x:.1f}" for x in p50s[name])
         print(f"{name:20s} {statistics.median(p50s[name]):8.2f} {statistics.median(means[name]):8.2f} {rounds}")
     d = statistics.median(p50s["with the handler"]) - statistics.median(p50s["litellm alone"])
-    paired = statistics.median(h - b for h, b in zip(p50s["with the handler"], p50s["litellm alone"]))
+    paired = statistics.median(h - b for h, b in zip(p50s["with the handler"], p50s["litellm alone"], strict=True))
     print(f"handler's cost per request: {d:+.2f} ms (difference of the medians of p50); {paired:+.2f} ms (median")
     print("of each round's difference)")
 
