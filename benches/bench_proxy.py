@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -294,6 +295,7 @@ def overhead(a: argparse.Namespace, tmp: Path, redis_url: str | None) -> None:
         setups["with the handler"] = start_proxy(tmp / "ovh-handler", mock_list(), True, keys, env)
         p50s: dict[str, list[float]] = {k: [] for k in setups}
         means: dict[str, list[float]] = {k: [] for k in setups}
+        cpu: dict[str, list[float]] = {k: [] for k in setups}
         clients = {k: httpx.Client(timeout=60, headers={"authorization": "Bearer sk-work"}) for k in setups}
 
         def batch(name: str, n: int) -> list[float]:
@@ -312,7 +314,9 @@ def overhead(a: argparse.Namespace, tmp: Path, redis_url: str | None) -> None:
         order = list(setups)
         for i in range(a.rounds):
             for name in order if i % 2 == 0 else order[::-1]:
+                c0 = group_cpu_s(setups[name].proc.pid)
                 v = batch(name, a.overhead)
+                cpu[name].append(1000 * (group_cpu_s(setups[name].proc.pid) - c0) / a.overhead)
                 p50s[name].append(1000 * statistics.median(v))
                 means[name].append(1000 * statistics.fmean(v))
         for c in clients.values():
@@ -321,14 +325,36 @@ def overhead(a: argparse.Namespace, tmp: Path, redis_url: str | None) -> None:
         for p in setups.values():
             p.kill()
     print(f"\nper-request cost, mock_response deployments, {a.overhead} sequential requests x {a.rounds} rounds")
-    print(f"{'proxy':20s} {'p50 ms':>8s} {'mean ms':>8s} {'round p50s':s}")
+    print(f"{'proxy':20s} {'p50 ms':>8s} {'mean ms':>8s} {'CPU ms':>8s}  round p50s")
     for name in setups:
         rounds = " ".join(f"{x:.1f}" for x in p50s[name])
-        print(f"{name:20s} {statistics.median(p50s[name]):8.2f} {statistics.median(means[name]):8.2f} {rounds}")
+        p50, mean, c = (statistics.median(x[name]) for x in (p50s, means, cpu))
+        print(f"{name:20s} {p50:8.2f} {mean:8.2f} {c:8.2f}  {rounds}")
     d = statistics.median(p50s["with the handler"]) - statistics.median(p50s["litellm alone"])
     paired = statistics.median(h - b for h, b in zip(p50s["with the handler"], p50s["litellm alone"], strict=True))
     print(f"handler's cost per request: {d:+.2f} ms (difference of the medians of p50); {paired:+.2f} ms (median")
     print("of each round's difference)")
+    dc = statistics.median(h - b for h, b in zip(cpu["with the handler"], cpu["litellm alone"], strict=True))
+    print(
+        f"CPU of the proxy's processes per request: {dc:+.2f} ms with the handler (median of each round's difference)"
+    )
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of a process group (the proxy's
+    master and workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def main() -> None:
