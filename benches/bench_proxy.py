@@ -1,6 +1,7 @@
 """The LiteLLM proxy with and without quotaengine's handler (SPEC 25.3), side by side in one run.
 
-    python benches/bench_proxy.py [--requests 300] [--rate 10] [--in-flight 8] [--backend sqlite]
+    python benches/bench_proxy.py [--requests 300] [--rate 10] [--in-flight 8] [--backend sqlite|redis]
+        [--uvicorn] [--tenant-limit 10] [--burst 40] [--burst-gap 0.05]
     python benches/bench_proxy.py --overhead 200 [--rounds 5]
 
 The real proxy (``python -m litellm.proxy.proxy_cli --config ... --num_workers 2``, no
@@ -26,15 +27,17 @@ Two phases per configuration:
 1. the workload: ``--requests`` at ``--rate`` per second, at most ``--in-flight``
    outstanding, on the key ``work`` (no limit): served, provider 429s, upstream calls,
    p50/p99 as the client sees them, wall time;
-2. a tenant limit's exactness: ``--burst`` requests at once on the key ``tenant`` (limit
-   ``--tenant-limit`` requests a minute), each on a connection of its own so both workers
-   take some, to a deployment that always answers: admitted against the limit.
+2. a tenant limit's exactness: ``--burst`` requests, one every ``--burst-gap`` seconds, on
+   the key ``tenant`` (limit ``--tenant-limit`` requests a minute), each on a connection of
+   its own so both workers take some (the custom_auth logs which worker took each), to a
+   deployment that always answers: admitted against the limit.
 
 ``--overhead N``: the cost per request of the handler beside LiteLLM's own, on deployments
 that answer at once (``mock_response`` in ``litellm_params``): two proxies up at once
 (two workers each), the same config without and with the callback line, ``N`` sequential
 requests per round on one keep-alive connection, ``--rounds`` interleaved rounds; the
-median of the rounds' p50 (and mean) milliseconds per request.
+median of the rounds' p50 (and mean) milliseconds per request, and the CPU the proxy's
+processes spent per request (``/proc``, user + system).
 """
 
 from __future__ import annotations
@@ -197,9 +200,15 @@ def reason(text: str) -> str:
         return "no deployment available (LiteLLM)"
     if "quotaengine" in text:
         return "refused by quotaengine"
-    if "RateLimitError" in text:
-        return "provider 429 passed on"
-    return text[:60]
+    try:
+        message = str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = text
+    SAMPLES.setdefault(message[:70], message[:400])
+    return message[:70]
+
+
+SAMPLES: dict[str, str] = {}
 
 
 async def burst(url: str, n: int, gap_s: float) -> dict[int, int]:
@@ -371,6 +380,7 @@ def main() -> None:
     ap.add_argument("--overhead", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", default="")
+    ap.add_argument("--verbose", action="store_true", help="print one refusal message of each kind")
     a = ap.parse_args()
     GUNICORN = not a.uvicorn
     redis = None
@@ -410,6 +420,10 @@ def main() -> None:
                     f"{r['tenant_codes']} ({r['tenant_upstream']} reached the provider), start {r['start_s']:.0f} s",
                     flush=True,
                 )
+                if a.verbose:
+                    for message in SAMPLES.values():
+                        print(f"      refusal: {message}")
+                SAMPLES.clear()
         finally:
             if redis is not None:
                 redis.kill()
