@@ -66,6 +66,7 @@ from bench_litellm import GEMINI_RPM, GROQ_RPM, LOCAL_CAP, Providers  # noqa: E4
 from litellm_proxy import LiteLLMProxy  # noqa: E402
 
 CONFIGS = ["litellm alone", "quotaengine, nothing declared", "quotaengine, limits declared"]
+LITELLM_REDIS = "litellm alone, coordination_redis"  # with --backend redis
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 # The proxy's custom_auth (general_settings.custom_auth = "bench_auth.user_api_key_auth"):
@@ -135,13 +136,14 @@ def start_proxy(
     keys: dict[str, dict[str, Any]],
     env: dict[str, str],
     strategy: str | None = None,
+    general: dict[str, Any] | None = None,
 ) -> LiteLLMProxy:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "bench_auth.py").write_text(AUTH_MODULE)
     config: dict[str, Any] = {
         "model_list": model_list,
         "router_settings": {"num_retries": 2},
-        "general_settings": {"custom_auth": "bench_auth.user_api_key_auth"},
+        "general_settings": {"custom_auth": "bench_auth.user_api_key_auth", **(general or {})},
     }
     if handler:
         config["litellm_settings"] = {"callbacks": ["quotaengine.litellm.proxy_handler"]}
@@ -261,7 +263,12 @@ def run(config: str, a: argparse.Namespace, tmp: Path, redis_url: str | None) ->
         keys["sk-tenant"]["rpm_limit"] = a.tenant_limit
     t = time.perf_counter()
     strategy = None if handler else "usage-based-routing-v2"
-    proxy = start_proxy(tmp / slug, model_list(prov.url, declared), handler, keys, env, strategy)
+    general = None
+    if config == LITELLM_REDIS:  # LiteLLM's counters (its key limiter's, its Router's) on the Redis
+        assert redis_url is not None
+        host, port = redis_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        general = {"coordination_redis": {"host": host, "port": int(port)}}
+    proxy = start_proxy(tmp / slug, model_list(prov.url, declared), handler, keys, env, strategy, general)
     start_s = time.perf_counter() - t
     try:
         r = asyncio.run(workload(proxy.url, a.requests, a.rate, a.in_flight))
@@ -400,17 +407,19 @@ def main() -> None:
                 overhead(a, tmp, redis_url)
                 return
             configs = [c for c in CONFIGS if a.only in c]
+            if a.backend == "redis" and a.only in LITELLM_REDIS:
+                configs.insert(1, LITELLM_REDIS)
             print(f"{head}; {a.requests} requests at {a.rate}/s, at most {a.in_flight} in flight")
             print(
                 f"tenant phase: {a.burst} requests, one every {a.burst_gap} s, on a key limited to "
                 f"{a.tenant_limit} a minute"
             )
             cols = ("served", "429s", "upstream", "p50 ms", "p99 ms", "wall s", "admitted", "limit", "per wkr")
-            print(f"{'config':30s} " + " ".join(f"{c:>8s}" for c in cols))
+            print(f"{'config':34s} " + " ".join(f"{c:>8s}" for c in cols))
             for c in configs:
                 r = run(c, a, tmp, redis_url)
                 print(
-                    f"{r['config']:30s} {r['served']:8d} {r['429s']:8d} {r['upstream']:8d} {r['p50_ms']:8.0f} "
+                    f"{r['config']:34s} {r['served']:8d} {r['429s']:8d} {r['upstream']:8d} {r['p50_ms']:8.0f} "
                     f"{r['p99_ms']:8.0f} {r['wall_s']:8.1f} {r['admitted']:8d} {a.tenant_limit:8d} "
                     f"{'+'.join(map(str, r['split'])):>8s}",
                     flush=True,
