@@ -14,6 +14,9 @@ fresh proxy, provider server and store for each configuration:
 * ``quotaengine, nothing declared``: the one config line
   (``callbacks: ["quotaengine.litellm.proxy_handler"]``, ``QUOTAENGINE_WAIT_S=5``);
 * ``quotaengine, limits declared``: the same with the limits in ``litellm_params``.
+* with ``--backend redis``, ``litellm alone, coordination_redis``: LiteLLM alone with
+  ``general_settings: coordination_redis`` on the same redis-server (LiteLLM keeps its
+  usage counters there, its key limiter's included, without response caching).
 
 ``num_retries=2`` everywhere. Clients authenticate through a ``custom_auth`` function
 (the proxy has no database, hence no virtual keys): it returns a ``UserAPIKeyAuth`` with a
