@@ -258,7 +258,7 @@ impl Engine {
         let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
             let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, tenants, now)?;
-            if let Some(refusal) = refusal_of(route, &verdict) {
+            if let Some(refusal) = refusal_of(route, verdict) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
             (rid, priced)
@@ -309,7 +309,8 @@ impl Engine {
             // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
             // a budget an expensive one breaks).
             let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, tenants, now)?;
-            if let Some(refusal) = refusal_of(route, &verdict) {
+            let room = verdict.room;
+            if let Some(refusal) = refusal_of(route, verdict) {
                 refusals.push(refusal);
                 continue;
             }
@@ -325,7 +326,6 @@ impl Engine {
             let since = now.saturating_sub(MODEL_PENALTY_MS);
             let penalized = strategy != Strategy::Order
                 && self.unit.mirror.history.penalized(&route.platform, &route.model_id, since);
-            let room = verdict.room;
             passed.push((i, rid, priced, Passed { room, key_headroom, leased_at, penalized }));
             if strategy == Strategy::Order {
                 break;
@@ -427,12 +427,12 @@ fn check_estimate(est: Estimate) -> Result<()> {
 }
 
 /// The refusal of `route` when its gates refused.
-fn refusal_of(route: &Route, verdict: &Verdict) -> Option<Refusal> {
-    let adm = verdict.refused.as_ref()?;
+fn refusal_of(route: &Route, verdict: Verdict) -> Option<Refusal> {
+    let adm = verdict.refused?;
     Some(Refusal {
         tenant: adm.tenant.as_deref().map(str::to_string),
         scope: verdict.scope,
-        reason: adm.reason.clone()?,
+        reason: adm.reason?,
         retry_at_ms: adm.retry_at_ms,
         platform: route.platform.clone(),
         model_id: route.model_id.clone(),

@@ -163,7 +163,7 @@ fn gate_context(
     GateContext {
         limits: m.limits_for(&route.platform, &route.model_id, limits),
         provider: m.setup.provider_limits(caps),
-        pool_spent: pool.spent,
+        pool_spent: pool.spent.iter().any(Option::is_some).then(|| Box::new(pool.spent)),
         platform: m.config.platform_set(&route.platform),
         concurrency_cap: min_cap(conc, learned_conc),
         reserve: m.reserves.for_priority(priority),
