@@ -5,7 +5,7 @@
     python benches/bench_house.py --a DIR_A --b DIR_B --wall [--runs 5] [--ops 20000]
     python benches/bench_house.py --a DIR --b DIR --priced   # the same build, B priced
     python benches/bench_house.py --a DIR --b DIR --tenant   # the same build, B for a tenant
-    python benches/bench_house.py --a DIR_A --b DIR_B --threaded [--repeat 3]
+    python benches/bench_house.py --a DIR_A --b DIR_B --threaded [--repeat 3] [--only flush=10]
 
 ``DIR_A`` / ``DIR_B``: ``pip install --target DIR wheel.whl`` of two release wheels (the
 previous commit's and this one's). A reshaping must leave the hot path where it was
@@ -100,10 +100,10 @@ print(json.dumps({"ns": ns}))
 WORKLOADS = [f"{w} flush={f}" for f in (0, 10) for w in ("lease", "any first", "any last")]
 
 
-def instructions(builds: dict[str, str], n: int, variant: str, threaded: bool, repeat: int) -> None:
+def instructions(builds: dict[str, str], n: int, variant: str, threaded: bool, repeat: int, only: str) -> None:
     print("| workload | A instructions/call | B instructions/call | B/A |")
     print("|---|---:|---:|---:|")
-    for w in WORKLOADS:
+    for w in (w for w in WORKLOADS if only in w):
         per = {}
         for name, pkg in builds.items():
             # --priced / --tenant: B's calls priced with a dollar budget, or made for a
@@ -132,13 +132,14 @@ def main() -> None:
     ap.add_argument("--tenant", action="store_true", help="B's calls for a tenant with a dollar budget (Part 22)")
     ap.add_argument("--threaded", action="store_true", help="a thread runs (and ends) before the calls, A and B")
     ap.add_argument("--repeat", type=int, default=1, help="counts per build and workload (their median)")
+    ap.add_argument("--only", default="", help="the workloads whose name contains this (e.g. flush=10)")
     args = ap.parse_args()
     builds = {"A": os.path.abspath(args.a), "B": os.path.abspath(args.b)}
     if args.wall:
         print_ab(interleave(CHILD, WORKLOADS, builds, args.runs, lambda w: args.ops), WORKLOADS)
     else:
         variant = "priced" if args.priced else "tenant" if args.tenant else ""
-        instructions(builds, args.calls, variant, args.threaded, args.repeat)
+        instructions(builds, args.calls, variant, args.threaded, args.repeat, args.only)
 
 
 if __name__ == "__main__":
