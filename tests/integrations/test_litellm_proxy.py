@@ -402,6 +402,89 @@ def test_two_models_on_one_key_are_one_key_across_workers(proxy: Proxy, engine_o
     assert served.status_code == 200
 
 
+def test_the_environment_sets_the_handlers_options_in_the_real_proxy(
+    proxy: Proxy, engine_on: q.QuotaEngine, tmp_path: Any
+) -> None:
+    """SPEC 25.3: ``QUOTAENGINE_TENANTS``, ``_HEADERS``, ``_STRATEGY`` and ``_WAIT_S`` set the
+    one-line handler's options. A third proxy (one worker) on the module's engine, with
+    tenants and headers off, strategy ``order`` and a wait of 20 s, in front of a provider
+    server of its own:
+
+    * tenants off: ``user="quiet"`` names no tenant, so end_user:quiet's 1 a minute does
+      not refuse 3 requests; the default proxy A then counts quiet's first request and
+      refuses the second (nothing was counted before);
+    * headers off: the rate-limit headers are the provider's (A answers with quiet's);
+    * ``order``: the first deployment (rpm 2) takes 2 of 3 requests sent at once where
+      ``headroom`` would give all 3 to the second (rpm 100, more room);
+    * the wait: a request made while the only deployment's one slot
+      (``max_parallel_requests: 1``) is held by a 3 s call is served after it, where the
+      default wait (0) refuses it at once."""
+    engine_on.set_tenant_limits("end_user:quiet", [q.Limit("requests", 1, "minute")])
+    with LiteLLMProviders() as server:
+        config: dict[str, Any] = {
+            "model_list": [
+                dep(server, "plain", "ok-p", "sk-env-p"),
+                dep(server, "ordered", "ok-o1", "sk-env-o1", rpm=2),
+                dep(server, "ordered", "ok-o2", "sk-env-o2", rpm=100),
+                dep(server, "held", "slow", "sk-env-held", max_parallel_requests=1),
+            ],
+            "router_settings": {"num_retries": 0},
+            "litellm_settings": {"callbacks": ["quotaengine.litellm.proxy_handler"]},
+        }
+        env = {
+            "QUOTAENGINE_DB": proxy.db,
+            "QUOTAENGINE_TENANTS": "0",
+            "QUOTAENGINE_HEADERS": "0",
+            "QUOTAENGINE_STRATEGY": "order",
+            "QUOTAENGINE_WAIT_S": "20",
+        }
+        p = LiteLLMProxy(tmp_path, config, env, workers=1, start_timeout_s=150)
+        try:
+            env_proxy = Proxy(p, p, server, proxy.db)
+            # Tenants off: 3 served; headers off: the provider's headers, not quiet's.
+            quiet = post_many(env_proxy, [{"model": "plain", "messages": MESSAGES, "user": "quiet"}] * 3)
+            assert [r.status_code for r in quiet] == [200] * 3, p.output()
+            for r in quiet:  # LiteLLM passes the provider's limit and remaining, not its reset
+                assert r.headers["x-ratelimit-limit-requests"] == "30"
+                assert r.headers["x-ratelimit-remaining-requests"] == "29"
+                assert "x-ratelimit-reset-requests" not in r.headers, r.headers
+                assert "x-ratelimit-reset-tokens" not in r.headers, r.headers
+                assert r.headers["llm_provider-x-ratelimit-reset-requests"] == "2s"
+            assert server.count("ok-p", 200) == 3
+            assert engine_on.tenant_usage("end_user:quiet")["requests/minute"]["used"] == 0
+            # The default proxy (tenants and headers on) on the same engine: quiet's first.
+            at_a = post_many(proxy, [{"model": "tenant", "messages": MESSAGES, "user": "quiet"}] * 2)
+            assert sorted(r.status_code for r in at_a) == [200, 429], proxy.proxy.output()
+            for r in at_a:
+                assert r.headers["x-ratelimit-limit-requests"] == "1"  # quiet's, from quotaengine
+                assert RESET.match(r.headers["x-ratelimit-reset-requests"])
+                if r.status_code == 429:
+                    refused_by(r, "end_user:quiet", "limit 1 requests per minute")
+            # Strategy order: the first deployment while it has room, then the next.
+            ordered = post_many(env_proxy, [{"model": "ordered", "messages": MESSAGES}] * 3)
+            assert [r.status_code for r in ordered] == [200] * 3, p.output()
+            assert (server.count("ok-o1", 200), server.count("ok-o2", 200)) == (2, 1)
+            # The wait: the second request waits for the first's slot instead of a 429.
+            route = ("openai", "slow", qel.credential_key_id("openai", "sk-env-held"))
+
+            async def held() -> list[httpx.Response]:
+                async with httpx.AsyncClient(timeout=60, headers=AUTH) as c:
+                    body = {"model": "held", "messages": MESSAGES}
+                    first = asyncio.ensure_future(c.post(f"{p.url}/v1/chat/completions", json=body))
+                    while engine_on.usage(*route)["in_flight"] == 0:  # leased: the slot is taken
+                        assert not first.done(), first.result().text
+                        await asyncio.sleep(0.02)
+                    second = await c.post(f"{p.url}/v1/chat/completions", json=body)
+                    return [await first, second]
+
+            answers = asyncio.run(held())
+            assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+            assert engine_on.key_concurrency_cap("openai", route[2]) == 1
+            assert server.count("slow", 200) == 2 and server.total("slow") == 2
+        finally:
+            p.kill()
+
+
 def test_a_proxy_on_memory_refuses_to_start_with_a_clear_error(tmp_path: Any) -> None:
     """SPEC 25.3: ``QUOTAENGINE_DB=:memory:`` would give each worker limits of its own: the
     proxy does not start, and says why."""
