@@ -1136,7 +1136,9 @@ def _make_proxy_handler_class() -> type:
             request_headers: dict[str, str] | None = None,
             litellm_call_info: dict[str, object] | None = None,
         ) -> dict[str, str] | None:
-            if not self.quotaengine_headers or not isinstance(data, dict):
+            # Tenants off, the handler leases no tenant: no limit of one is reported as if
+            # it held this request (SPEC 25.3: the headers of "a request with tenants").
+            if not self.quotaengine_headers or not self.quotaengine_options["tenants"] or not isinstance(data, dict):
                 return None
             found = tenants_of(data)
             if not found:

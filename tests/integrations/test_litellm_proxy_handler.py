@@ -133,6 +133,23 @@ def test_openai_durations_and_tenant_headers(store: str) -> None:
         live.success(tokens=100)
 
 
+@pytest.mark.parametrize(
+    ("tenants", "headers", "expected"), [(True, True, "1"), (False, True, None), (True, False, None)]
+)
+def test_the_response_headers_follow_the_tenants_and_headers_options(
+    store: str, tenants: bool, headers: bool, expected: str | None
+) -> None:
+    """SPEC 25.3: the rate-limit headers are those of the request's tenants, with headers on;
+    with tenants off the handler leases no tenant, so no tenant's limit is reported as if it
+    held the request."""
+    with q.QuotaEngine(store, env={}) as e:
+        e.set_tenant_limits("end_user:bob", [q.Limit("requests", 1, "minute")])
+        h = qel.proxy_handler_for(e, tenants=tenants, headers=headers)
+        out = asyncio.run(h.async_post_call_response_headers_hook({"user": "bob"}, None, None))
+        assert (out or {}).get("x-ratelimit-limit-requests") == expected
+        assert asyncio.run(h.async_post_call_response_headers_hook({}, None, None)) is None  # no tenant
+
+
 def test_calendar_resets_count_to_the_tenants_own_local_period_start(store: str) -> None:
     """SPEC 23.2/25.3: a tenant's calendar periods start at 00:00 in the zone of its
     declaration (its own or its pattern's), so ``x-ratelimit-reset-*`` counts to the next
