@@ -2,7 +2,8 @@
 """What a Prometheus scrape of an engine costs (SPEC 27.2): its time at 100, 1,000 and
 10,000 routes.
 
-    python benches/bench_metrics.py [--routes 100,1000,10000] [--runs 5] [--db PATH_OR_URL]
+    python benches/bench_metrics.py [--routes 100,1000,10000] [--runs 5] [--db PATH_OR_URL] [--pkg DIR]
+    python benches/bench_metrics.py --callgrind A_DIR,B_DIR [--routes 1000]
 
 Each route (a platform of 20, a model of 50, a key) has usage today (a lease taken and
 ended with tokens), rpm/rpd/tpm limits and a 5-hour limit declared per model, so that
@@ -10,28 +11,88 @@ every route reports its windows, its in-flight gauge and (the day windows having
 a forecast; one route in ten is cooling down and one tenant in a hundred routes has a
 daily dollar budget. Reported per size, the median of ``--runs`` scrapes (after one to
 warm up): ``read`` (``engine._metrics_read()``, the one engine call, GIL released),
-``scrape`` (``generate_latest`` of a registry holding the ``Collector``: the read and the
-exposition), and the exposition's size. ``--db``: a SQLite file (default: a new one in a
-temporary directory) or a ``redis://`` URL (a fresh prefix per size).
+``families`` (the ``Collector``'s ``collect()`` less its read: building the families'
+samples), ``format`` (``prometheus_client.generate_latest`` of those ready families: the
+client's text formatting alone), ``scrape`` (``generate_latest`` of a registry holding
+the ``Collector``: all three), each as wall time and, in brackets, this process's CPU
+time (what the machine's other load does not inflate); and the exposition's size and
+the start of its SHA-256 (the same fill gives the same text: two builds can be compared).
+``--db``: a SQLite file (default: a new one in a temporary directory) or a ``redis://``
+URL (a fresh prefix per size). ``--pkg DIR``: import ``quotaengine`` from ``DIR`` (e.g. a
+release wheel installed with ``pip install --no-deps --target DIR``) instead of the
+environment's.
+
+``--callgrind A_DIR,B_DIR``: the same stages counted in instructions under ``valgrind
+--tool=callgrind`` for two builds (each a ``--pkg`` directory), exact on a loaded machine:
+per stage, a process fills the engine and runs the stage once, another twice; the
+difference is one scrape's stage (``families``: ``collect()``, the read included).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
+CHILD = r"""
+import os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, BENCHES)
 import quotaengine as q
 from prometheus_client import CollectorRegistry, generate_latest
 from quotaengine.metrics import Collector
+from bench_metrics import Ready, fill
+stage, n = sys.argv[2].split()
+ops = int(sys.argv[3])
+clock = q.ManualClock(1_767_261_600_000)
+with q.QuotaEngine(os.path.join(tempfile.mkdtemp(), "m.db"), clock=clock, env={}, flush_interval_ms=0) as e:
+    fill(e, int(n))
+    clock.advance(1_000)
+    collector = Collector(e)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    ready = CollectorRegistry(auto_describe=False)
+    ready.register(Ready(list(collector.collect())))
+    step = {
+        "read": e._metrics_read,
+        "families": lambda: list(collector.collect()),
+        "format": lambda: generate_latest(ready),
+        "scrape": lambda: generate_latest(registry),
+    }[stage]
+    for _ in range(ops):
+        step()
+"""
 
 
-def fill(e: q.QuotaEngine, n: int) -> None:
+def callgrind(builds: list[str], n: int) -> None:
+    """Instructions per scrape of each stage, build A against build B."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_priority import instructions_of
+
+    child = CHILD.replace("BENCHES", repr(os.path.dirname(os.path.abspath(__file__))))
+    a, b = (os.path.abspath(x) for x in builds)
+    print(f"{n} routes; A = {a}, B = {b}; instructions per scrape, I(2 stages) - I(1 stage)")
+    print("| stage | A | B | B/A |")
+    print("|---|---:|---:|---:|")
+    for stage in ("read", "families", "format", "scrape"):
+        per = [
+            instructions_of(pkg, f"{stage} {n}", 2, child) - instructions_of(pkg, f"{stage} {n}", 1, child)
+            for pkg in (a, b)
+        ]
+        print(f"| {stage} | {per[0]:,} | {per[1]:,} | {per[1] / per[0]:.3f} |", flush=True)
+
+
+def fill(e: Any, n: int) -> None:
     """`n` routes with usage today, limits, some cooldowns and tenants."""
+    import quotaengine as q
+
     models: set[tuple[str, str]] = set()
     for i in range(n):
         p, m, k = f"p{i % 20}", f"m{(i // 20) % 50}", 1 + i // 1000
@@ -55,14 +116,53 @@ def location(db: str | None, n: int) -> str:
     return db
 
 
+class Ready:
+    """A collector yielding families already collected (to time the formatting alone)."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> Any:
+        return iter(self.families)
+
+
+def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
+    """The median wall and CPU seconds of ``runs`` calls of ``fn``, and its last result."""
+    walls, cpus = [], []
+    out = None
+    for _ in range(runs):
+        w, c = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return statistics.median(walls), statistics.median(cpus), out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--routes", default="100,1000,10000")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--db", default=None)
+    ap.add_argument("--pkg", default=None, help="import quotaengine from this directory")
+    ap.add_argument("--callgrind", default=None, metavar="A_DIR,B_DIR", help="count instructions of two builds")
     args = ap.parse_args()
+    if args.callgrind:
+        callgrind(args.callgrind.split(","), int(args.routes.split(",")[0]) if "," not in args.routes else 1_000)
+        return
+    if args.pkg:
+        sys.path.insert(0, os.path.abspath(args.pkg))
+    import quotaengine as q
+    from prometheus_client import CollectorRegistry, generate_latest
+    from quotaengine.metrics import Collector
+
     print(f"quotaengine from {os.path.dirname(q.__file__)}; python {sys.version.split()[0]}")
-    print(f"{'routes':>8} {'read ms':>9} {'scrape ms':>10} {'samples':>8} {'bytes':>9} {'fill s':>7}")
+    print("ms, median wall (CPU)")
+    cols = ("read", "families", "format", "scrape")
+    print(
+        f"{'routes':>8} "
+        + " ".join(f"{c:>15}" for c in cols)
+        + f" {'samples':>8} {'bytes':>9} {'sha256':>12} {'fill s':>7}"
+    )
     for n in (int(x) for x in args.routes.split(",")):
         clock = q.ManualClock(1_767_261_600_000)
         with q.QuotaEngine(location(args.db, n), clock=clock, env={}, flush_interval_ms=50) as e:
@@ -70,22 +170,28 @@ def main() -> None:
             fill(e, n)
             filled = time.perf_counter() - t0
             clock.advance(1_000)
+            collector = Collector(e)
             registry = CollectorRegistry()
-            registry.register(Collector(e))
+            registry.register(collector)
             generate_latest(registry)  # warm up
-            reads, scrapes = [], []
-            for _ in range(args.runs):
-                t = time.perf_counter()
-                m = e._metrics_read()
-                reads.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                text = generate_latest(registry)
-                scrapes.append(time.perf_counter() - t)
-            assert len(m["routes"]) == n, (len(m["routes"]), n)
+            read = timed(e._metrics_read, args.runs)
+            routes = read[2]["in_flight" if "in_flight" in read[2] else "routes"]  # one row per route (both shapes)
+            assert len(routes) == n, (len(routes), n)
+            collect = timed(lambda c=collector: list(c.collect()), args.runs)
+            families = collect[2]
+            ready = CollectorRegistry(auto_describe=False)
+            ready.register(Ready(families))
+            fmt = timed(lambda r=ready: generate_latest(r), args.runs)
+            scrape = timed(lambda r=registry: generate_latest(r), args.runs)
+            text = scrape[2]
+            assert text == fmt[2]
+            build = (max(0.0, collect[0] - read[0]), max(0.0, collect[1] - read[1]))
+            figures = [read[:2], build, fmt[:2], scrape[:2]]
             lines = sum(1 for line in text.decode().splitlines() if not line.startswith("#"))
             print(
-                f"{n:>8} {statistics.median(reads) * 1e3:>9.1f} {statistics.median(scrapes) * 1e3:>10.1f}"
-                f" {lines:>8} {len(text):>9} {filled:>7.1f}"
+                f"{n:>8} "
+                + " ".join(f"{w * 1e3:>7.1f} ({c * 1e3:>5.0f})" for w, c in figures)
+                + f" {lines:>8} {len(text):>9} {hashlib.sha256(text).hexdigest()[:12]:>12} {filled:>7.1f}"
             )
 
 

@@ -9,13 +9,17 @@ repository (so the installed package is the one imported). Prints one JSON line.
   the WAL alone: the -wal file is still there, no row is lost, the engine keeps writing
   (the check of tests/persistence/test_one_sqlite.py);
 * the README's quickstart runs and prints what its comments say (as tests/analysis/test_readme.py);
-* import time: median of 7 fresh `import quotaengine` minus a bare interpreter start.
+* import time: median of 7 fresh `import quotaengine` minus a bare interpreter start, and
+  the median of 7 `python -X importtime -c "import quotaengine"` (quotaengine's cumulative
+  line: its own import and everything it imports that was not imported yet).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import sqlite3
 import statistics
 import subprocess
@@ -31,6 +35,9 @@ with warnings.catch_warnings(record=True) as caught:
     from quotaengine import _sqlite
 
 P, M, K = "groq", "llama-3.1-8b", 1
+# The command that starts this Python in a child process: QE_CHECK_PYTHON where an
+# emulator runs it (scripts/check_wheel_qemu.sh: qemu-user cannot exec a foreign binary).
+PYTHON = shlex.split(os.environ.get("QE_CHECK_PYTHON", "")) or [sys.executable]
 
 
 def rows(db: Path) -> int:
@@ -81,7 +88,7 @@ def quickstart(readme: Path, tmp: Path) -> None:
     start = re.search(r"^#+ Quickstart", text, re.M)
     blocks = re.findall(r"```python\n(.*?)```", text[start.start() if start else 0 :], re.S)
     code = blocks[0]
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*PYTHON, "-c", code], cwd=tmp, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     for want in (m.strip() for m in re.findall(r"^print\(.*\)[ \t]+# (.+)$", code, re.M)):
         value = want.split(":")[0].split(" ")[0]
@@ -93,11 +100,24 @@ def import_ms() -> float:
         times = []
         for _ in range(7):
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True)
+            subprocess.run([*PYTHON, "-c", code], check=True)
             times.append(time.perf_counter() - t)
         return statistics.median(times)
 
     return round((run("import quotaengine") - run("pass")) * 1000, 1)
+
+
+def importtime_ms() -> float:
+    """Median over 7 fresh processes of `-X importtime`'s cumulative time for quotaengine."""
+    times = []
+    for _ in range(7):
+        r = subprocess.run(
+            [*PYTHON, "-X", "importtime", "-c", "import quotaengine"], capture_output=True, text=True, check=True
+        )
+        # "import time: self [us] | cumulative | imported package"
+        line = next(x for x in r.stderr.splitlines() if x.rstrip().endswith("| quotaengine"))
+        times.append(int(line.split("|")[1]) / 1000)
+    return round(statistics.median(times), 1)
 
 
 def main() -> None:
@@ -137,6 +157,7 @@ def main() -> None:
         quickstart(readme, Path(d))
         out["quickstart"] = "ok"
     out["import_ms"] = import_ms()
+    out["importtime_ms"] = importtime_ms()
     print(json.dumps(out))
 
 

@@ -58,6 +58,27 @@ fn two_engines_share_one_truth() {
     assert_eq!(a.check(&route(), 0, None).unwrap().reason, Some(Reason::Cooldown));
 }
 
+/// SPEC 24.1: at a call, the engine's leases are renewed once the oldest live one is
+/// half its max age old, and not before, whatever leases of it ended earlier.
+#[test]
+fn a_call_renews_once_the_oldest_live_lease_is_half_its_max_age_old() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, mut a, mut b) = two_engines(&dir);
+    let max_age = Settings::default().lease_max_age_ms;
+    let ended = a.lease(&route(), 10, None).unwrap();
+    a.finish_lease_success(ended, &route(), Some(1)).unwrap();
+    clock.advance(max_age);
+    a.lease(&route(), 10, None).unwrap();
+    // A quarter of its max age old: nothing is due, the call renews nothing.
+    clock.advance(max_age / 4);
+    a.renew_leases(false).unwrap();
+    clock.advance(max_age * 3 / 4 + 1);
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 0);
+    // Past its max age, the holder's next call renews it: it counts again.
+    a.renew_leases(false).unwrap();
+    assert_eq!(b.usage().report(&route(), None).unwrap().in_flight, 1);
+}
+
 #[test]
 fn close_ends_the_engines_live_leases_for_every_other_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -515,6 +536,23 @@ fn a_tenants_limit_holds_across_engines_and_routes() {
     b.lease_for(&other, est, None, &who).unwrap();
     let usage = b.tenant_usage("team:red").unwrap();
     assert_eq!((usage[0].window.as_str(), usage[0].used, usage[0].in_flight), ("requests/minute", 0, 2));
+}
+
+/// SPEC 23.2: the zone of a tenant's declaration (its own, else its pattern's) is shared
+/// through the file; `None` for UTC or no declaration.
+#[test]
+fn a_tenants_zone_is_its_declarations() {
+    use quotaengine::core::limits::Limit;
+    let dir = tempfile::tempdir().unwrap();
+    let (_clock, mut a, mut b) = two_engines(&dir);
+    let day = || vec![Limit::parse("requests", 5, "day", "account").unwrap()];
+    a.set_tenant_limits("team:*", day(), Some("Asia/Tokyo".into())).unwrap();
+    a.set_tenant_limits("team:blue", day(), None).unwrap();
+    assert_eq!(b.tenant_zone("team:red").unwrap().as_deref(), Some("Asia/Tokyo"));
+    assert_eq!(b.tenant_zone("team:*").unwrap().as_deref(), Some("Asia/Tokyo"));
+    assert_eq!(b.tenant_zone("team:blue").unwrap(), None);
+    assert_eq!(b.tenant_zone("nobody").unwrap(), None);
+    assert!(b.tenant_zone("").is_err());
 }
 
 /// SPEC 27.1: the engine counts the gated leases that committed, per (platform, model),

@@ -48,6 +48,7 @@ from ._quotaengine import (  # noqa: E402
     _before_fork,
     _LeaseWaiter,
     _QuotaEngine,
+    _sqlite_compiled_in,
     infer_quota_pool_key,
     is_shared_pool,
     parse_provider_limit,
@@ -57,7 +58,7 @@ from ._quotaengine import (  # noqa: E402
 )
 from ._snapshot import QuotaSnapshot  # noqa: E402
 
-_check_sqlite(sqlite_version())
+_check_sqlite(sqlite_version(), compiled_in=_sqlite_compiled_in)
 
 
 class QuotaEngine(_QuotaEngine):

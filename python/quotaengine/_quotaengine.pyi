@@ -14,6 +14,8 @@ from typing import Any, Final, Literal, Protocol, TypeAlias, final
 from typing_extensions import Self
 
 __version__: Final[str]
+# SQLite compiled into the extension (cargo feature bundled-sqlite: the Windows wheel).
+_sqlite_compiled_in: Final[bool]
 
 #: The gates whose reason is a fixed name, in gate order (SPEC 4, 14.1).
 _GateName = Literal[
@@ -602,6 +604,11 @@ class _QuotaEngine:
     def tenants(self, since_ms: int | None = None) -> list[str]:
         """SPEC 23.2: the tenants named in a declaration (never a pattern) or with usage
         recorded since ``since_ms`` (default: 00:00 UTC today), sorted."""
+    def _tenant_zone(self, tenant: str) -> str | None:
+        """The IANA zone of the calendar periods of the declaration in force for a tenant
+        (SPEC 23.2's ``tz``; its own, else its pattern's), ``None`` for UTC or none: where
+        the LiteLLM proxy's ``x-ratelimit-reset-*`` count to (SPEC 25.3) and where
+        ``analysis.plot_usage`` starts a tenant's calendar windows."""
     def _tenant_rows(self) -> tuple[int, list[dict[str, Any]]]:
         """SPEC 23.4's rows of ``snapshot().tenants``: ``(taken_at_ms, rows)``, one dict per
         limit in force of each tenant with limits or usage today (``tenant``, ``window``,
@@ -862,15 +869,19 @@ class _QuotaEngine:
         how long they waited in all}, ``degraded_s`` (seconds spent degraded) and
         ``buffered_writes`` (writes buffered now)."""
     def _metrics_read(self) -> dict[str, Any]:
-        """SPEC 27.2: everything a scrape reads, read in one call with the GIL released:
-        a dict with ``now_ms``; ``routes``, one ``(platform, model_id, key_id, windows,
-        in_flight, exhausts_at_ms)`` per route with usage today, a live lease or a
-        cooldown (``windows`` a list of ``(key, used, limit or None)``, keyed as ``usage()``
-        keys them); ``cooldowns``, one ``(platform, model_id, key_id or None for a
-        model-wide bench, source, expires_at_ms)`` per active cooldown; ``tenants``, one
-        ``(tenant, window, used, limit)`` per tenant limit in force; ``stats`` (as
-        ``stats()``); ``wait_buckets``, the waits as cumulative ``(upper bound in seconds,
-        count)``; and ``degraded``."""
+        """SPEC 27.2: everything a scrape reads, read in one call with the GIL released,
+        shaped as the collector's samples: a dict with ``now_ms``; one list of rows per
+        gauge family, each row its label values (str) then its value (float): ``used`` and
+        ``limit`` ``(platform, model_id, key, window, value)`` for each window of each route
+        with usage today, a live lease or a cooldown (keyed as ``usage()`` keys them; no
+        ``limit`` row for a window without a limit), ``in_flight`` ``(platform, model_id,
+        key, leases)`` and ``exhausts`` ``(platform, model_id, key, seconds from now to the
+        route's earliest forecast)`` for those routes (none when it has no forecast),
+        ``cooldown`` ``(platform, model_id, key or "*" for a model-wide bench, source,
+        seconds left)`` per active cooldown, ``tenant_used`` and ``tenant_limit`` ``(tenant,
+        window, value)`` per tenant limit in force (``key`` is the key id as text, seconds
+        are never negative); ``stats`` (as ``stats()``); ``wait_buckets``, the waits as
+        cumulative ``(upper bound in seconds, count)``; and ``degraded``."""
     def _debug_panic(self) -> None: ...
     def _inject_panics(self, n: int) -> None: ...
     def _pending_writes(self) -> int: ...

@@ -6,10 +6,13 @@ puts the SQLite that ``_sqlite3`` loaded, whatever its path, in the process's gl
 symbol scope, where the extension's symbols then resolve. ``dlopen`` of a file that is
 already loaded returns that same copy, so no second SQLite is loaded.
 
-Where ``_sqlite3`` has SQLite built in (python-build-standalone, as uv installs it) and
-exports its symbols, that module itself is promoted; if it does not export them, the
-system's ``libsqlite3.so.0`` is used with one warning. A source build links the
-system SQLite directly (``DT_NEEDED``); promoting it again is harmless.
+Where the C module behind ``sqlite3`` has SQLite built in (``_sqlite3`` of
+python-build-standalone, as uv installs it; ``pysqlite3._sqlite3`` where ``sqlite3`` was
+swapped for pysqlite3) and exports its symbols, that module itself is promoted; if it
+does not export them, the system's ``libsqlite3.so.0`` is used with one warning. A
+source build links the system SQLite directly (``DT_NEEDED``); promoting it again is
+harmless. A build with SQLite compiled in (cargo feature ``bundled-sqlite``, the Windows
+wheel) runs on its own copy: :func:`check_runs_on` names it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import types
 import warnings
 
 # What to install when no SQLite shared library is found.
@@ -67,6 +71,19 @@ def _mapped_sqlite_libraries() -> list[str]:
     return found
 
 
+def _sqlite3_extension(sqlite3: types.ModuleType) -> types.ModuleType | None:
+    """The C module behind ``sqlite3``: the module its ``connect`` is defined in.
+
+    ``_sqlite3`` on CPython; ``pysqlite3._sqlite3`` where ``sqlite3`` is pysqlite3
+    (``sys.modules["sqlite3"] = pysqlite3``). Importing ``_sqlite3`` by name instead would
+    load the stdlib's module, and with it a second SQLite, beside the one in use.
+    """
+    owner = getattr(getattr(sqlite3, "connect", None), "__self__", None)
+    if isinstance(owner, types.ModuleType):
+        return owner
+    return sys.modules.get("_sqlite3")
+
+
 def _promote(path: str) -> None:
     ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
 
@@ -80,10 +97,11 @@ def share_sqlite() -> None:
         source = "linked at build time"
         return
     try:
-        import _sqlite3
         import sqlite3
     except ImportError:
-        _sqlite3 = None  # type: ignore[assignment]
+        _sqlite3 = None
+    else:
+        _sqlite3 = _sqlite3_extension(sqlite3)
     if _sqlite3 is not None:
         wanted = sqlite3.sqlite_version
         # 1. SQLite as a shared library beside _sqlite3 (Debian, pyenv, conda, python images).
@@ -92,7 +110,7 @@ def share_sqlite() -> None:
                 _promote(path)
                 source = path
                 return
-        # 2. SQLite built into _sqlite3 (python-build-standalone), if it exports it.
+        # 2. SQLite built into _sqlite3 (python-build-standalone, pysqlite3), if it exports it.
         module_file = getattr(_sqlite3, "__file__", None)
         if module_file and _exports_sqlite(module_file) and _version_of(module_file) == wanted:
             _promote(module_file)
@@ -125,12 +143,18 @@ def share_sqlite() -> None:
     raise ImportError(_INSTALL_HINT)
 
 
-def check_runs_on(version: str) -> None:
-    """Warns once if the engine's SQLite (``version``) is not the one ``sqlite3`` reports.
+def check_runs_on(version: str, compiled_in: bool = False) -> None:
+    """Warns once if the engine's SQLite (``version``) is a second copy beside ``sqlite3``'s.
 
-    Cannot happen on Linux after :func:`share_sqlite`; it can with a macOS wheel (linked
-    to the system's libsqlite3.dylib) on a Python whose sqlite3 brings its own SQLite.
+    Cannot happen on Linux after :func:`share_sqlite` with the wheel; it can with a macOS
+    wheel (linked to the system's libsqlite3.dylib) on a Python whose sqlite3 brings its
+    own SQLite, and with SQLite compiled into the extension (``compiled_in``: cargo
+    feature ``bundled-sqlite``), which is always a copy of its own, whatever its version.
     """
+    global source
+    if compiled_in:
+        # Nothing was loaded for the extension: it runs on its own copy.
+        source = "compiled into the extension"
     if _warned or sys.platform == "win32":
         # Windows wheels compile SQLite in: Windows locks are per handle, so two copies
         # coordinate as two processes do (docs/wheels.md).
@@ -139,10 +163,11 @@ def check_runs_on(version: str) -> None:
         import sqlite3
     except ImportError:
         return
-    if sqlite3.sqlite_version != version:
+    if sqlite3.sqlite_version != version or compiled_in:
+        ours = f"SQLite {version} compiled into its extension" if compiled_in else f"SQLite {version}"
         warnings.warn(
-            f"quotaengine runs on SQLite {version}, Python's sqlite3 on {sqlite3.sqlite_version}: "
-            "two SQLite copies in this process; do not open the engine's database file with the "
+            f"quotaengine runs on {ours}, Python's sqlite3 on {sqlite3.sqlite_version}: two "
+            "SQLite copies in this process; do not open the engine's database file with the "
             "sqlite3 module (or pandas) in this process (they do not see each other's locks and "
             "can corrupt or lose data)",
             RuntimeWarning,

@@ -69,6 +69,7 @@ EVENT_COLUMNS = [
     "output_tokens",
     "cached_tokens",
     "cost",
+    "tenants",
     "created_at_ms",
 ]
 #: Columns of :func:`cooldowns_frame`, in order.
@@ -192,6 +193,8 @@ def events_frame(
       §14.4; ``<NA>`` where it did not, and for requests);
     * ``cost`` (int64: what the event cost in micro-dollars at the prices in force
       when it was recorded, SPEC 23.1; 0 unpriced);
+    * ``tenants`` (object: the list of tenant names the event counted for, SPEC 23.1;
+      ``[]`` when none): ``df.explode("tenants")`` gives one row per tenant;
     * ``created_at_ms`` (int64, epoch milliseconds).
 
     Requests per minute: ``df[df.kind == "request"].resample("1min", on="time").size()``;
@@ -212,6 +215,7 @@ def events_frame(
             for k in ("input_tokens", "output_tokens", "cached_tokens")
         },
         "cost": pd.Series([r["cost"] for r in rows], dtype="int64"),
+        "tenants": pd.Series([list(r["tenants"]) for r in rows], dtype=object),
         "created_at_ms": pd.Series([r["created_at_ms"] for r in rows], dtype="int64"),
     }
     df = pd.DataFrame(raw)
@@ -591,10 +595,12 @@ def _fill_lines(e: _QuotaEngine, rows: list[dict[str, Any]], platform: str | Non
     if platform is None:
         named = sorted({t for r in rows for t in r["tenants"]})
         for t in named:
-            for limit in e.tenant_limits(t):
+            limits = e.tenant_limits(t)
+            zone = (e._tenant_zone(t) if limits else None) or "UTC"  # where its days start (SPEC 23.2's tz)
+            for limit in limits:
                 window = f"{limit.metric}/{limit.per}"
                 streams = [stream(limit.metric, _matcher(None, tenant=t))]
-                lines.append(_FillLine("tenants", t, window, limit.per, limit.limit, "UTC", streams))
+                lines.append(_FillLine("tenants", t, window, limit.per, limit.limit, zone, streams))
     return lines
 
 
@@ -654,7 +660,8 @@ def plot_usage(
     limit, as a percentage. One line per (route, window) for a model's limits (scope
     ``"account"`` counting every key of the key's account), per (platform, window) for its
     provider caps and platform limits (23.3; the fullest of its accounts at each moment),
-    and per (tenant, window) for the tenants' limits (23.2; calendar periods in UTC; left
+    and per (tenant, window) for the tenants' limits (23.2; calendar periods in the zone the
+    tenant's declaration gives, ``set_tenant_limits(..., tz=)``, UTC without one; left
     out with ``platform``). Lines are steps that change only where the usage does (an
     event, an event leaving a sliding window, a period starting); they run from the first
     event (or ``since_ms``) to the engine's now. 100% is drawn as the ceiling; each stored

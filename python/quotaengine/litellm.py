@@ -415,8 +415,8 @@ class QuotaEnginePlugin:
             retry_after = max(1, math.ceil(wait_ms / 1000))
         else:
             retry_after = 1
-        tenant = next((r for r in refused.refusals if getattr(r, "tenant", None) is not None), None)
-        if tenant is not None and all(getattr(r, "tenant", None) is not None for r in refused.refusals):
+        tenant_only = bool(refused.refusals) and all(getattr(r, "tenant", None) is not None for r in refused.refusals)
+        if tenant_only:
             # Every candidate was refused by a tenant's limit: the caller's own limit.
             names = sorted({f"{r.tenant!r} ({self._limit_text(r.tenant, r.reason)})" for r in refused.refusals})
             message = f"quotaengine: tenant {' and tenant '.join(names)} is at its limit for {model!r}"
@@ -438,6 +438,12 @@ class QuotaEnginePlugin:
             headers=headers,
         )
         error.quotaengine_refusal = refused  # type: ignore[attr-defined]  # the proxy's headers read it
+        if tenant_only:
+            # No deployment can serve the caller before its own window frees: LiteLLM must
+            # answer now, not sleep `retry-after` and retry (it reads an error's
+            # `num_retries`; with one deployment per group it would hold the client until
+            # the window passed, then serve it past the moment the caller was refused).
+            error.num_retries = 0
         return error
 
     def _limit_text(self, tenant: str, reason: str) -> str:
@@ -899,23 +905,32 @@ def openai_duration(ms: int) -> str:
 _WIDTHS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def _reset_ms(per: str, now_ms: int) -> int:
+def _reset_ms(per: str, now_ms: int, tz: str | None = None) -> int:
     """How long until a window of ``per`` holding usage now is empty again: its width for a
-    sliding window, the start of the next UTC period for a calendar one (an upper bound)."""
+    sliding window, the start of the next period for a calendar one (an upper bound): 00:00
+    local time in ``tz`` (SPEC 23.2's zone of the tenant's declaration; UTC when ``None``),
+    weeks starting on Monday, months on the 1st."""
     import datetime as dt
 
     if per == "minute":
         return 60_000
     if per in ("day", "week", "month"):
-        now = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc)
-        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        zone: dt.tzinfo = dt.timezone.utc
+        if tz is not None:
+            from zoneinfo import ZoneInfo
+
+            zone = ZoneInfo(tz)
+        now = dt.datetime.fromtimestamp(now_ms / 1000, tz=zone)
+        today = now.date()
         if per == "day":
-            nxt = start + dt.timedelta(days=1)
+            nxt = today + dt.timedelta(days=1)
         elif per == "week":
-            nxt = start + dt.timedelta(days=7 - start.weekday())
+            nxt = today + dt.timedelta(days=7 - today.weekday())
         else:
-            nxt = (start.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
-        return int(nxt.timestamp() * 1000) - now_ms
+            nxt = (today.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+        # Midnight of that local date (wall-clock arithmetic: a day may be 23 or 25 hours).
+        start = dt.datetime(nxt.year, nxt.month, nxt.day, tzinfo=zone)
+        return max(0, int(start.timestamp() * 1000) - now_ms)
     unit = _WIDTHS_MS.get(per[-1:])
     try:
         return int(per[:-1]) * unit if unit else 0
@@ -930,7 +945,9 @@ def tenant_headers(engine: QuotaEngine, tenants: list[str]) -> dict[str, str]:
     best: dict[str, tuple[int, int, int]] = {}  # kind -> (room, limit, reset_ms)
     now = engine.now_ms()
     for tenant in tenants:
-        for window, row in engine.tenant_usage(tenant).items():
+        usage = engine.tenant_usage(tenant)
+        tz = engine._tenant_zone(tenant) if usage else None  # its calendar periods' zone (23.2)
+        for window, row in usage.items():
             metric, _, per = window.partition("/")
             kind = "requests" if metric == "requests" else "tokens" if metric in _TOKEN_METRICS else None
             if kind is None:
@@ -938,7 +955,7 @@ def tenant_headers(engine: QuotaEngine, tenants: list[str]) -> dict[str, str]:
             limit, used, in_flight = int(row["limit"]), int(row["used"]), int(row["in_flight"])
             room = limit - used - in_flight
             if kind not in best or (room, limit) < best[kind][:2]:
-                reset = _reset_ms(per, now) if used + in_flight > 0 else 0
+                reset = _reset_ms(per, now, tz) if used + in_flight > 0 else 0
                 best[kind] = (room, limit, reset)
     headers: dict[str, str] = {}
     for kind, (room, limit, reset) in best.items():
@@ -1119,7 +1136,9 @@ def _make_proxy_handler_class() -> type:
             request_headers: dict[str, str] | None = None,
             litellm_call_info: dict[str, object] | None = None,
         ) -> dict[str, str] | None:
-            if not self.quotaengine_headers or not isinstance(data, dict):
+            # Tenants off, the handler leases no tenant: no limit of one is reported as if
+            # it held this request (SPEC 25.3: the headers of "a request with tenants").
+            if not self.quotaengine_headers or not self.quotaengine_options["tenants"] or not isinstance(data, dict):
                 return None
             found = tenants_of(data)
             if not found:

@@ -94,10 +94,6 @@ def _families() -> dict[str, Any]:
     }
 
 
-def _seconds(ms: int) -> float:
-    return max(0, ms) / 1000.0
-
-
 class Collector:
     """A ``prometheus_client`` collector of ``engine`` (SPEC 27.2): register it in a
     registry (``registry.register(Collector(engine))``, or :func:`register`). Each
@@ -126,36 +122,39 @@ class Collector:
 
     def collect(self) -> Iterator[Any]:
         """One scrape: reads the engine once and yields every family."""
+        from prometheus_client.samples import Sample
+
         engine = self._engine()
         if engine is None:
             return
         m = engine._metrics_read()
         f = _families()
-        now = m["now_ms"]
-        for platform, model, key, windows, in_flight, exhausts_at in m["routes"]:
-            labels = [platform, model, str(key)]
-            for window, used, limit in windows:
-                f["used"].add_metric([*labels, window], used)
-                if limit is not None:
-                    f["limit"].add_metric([*labels, window], limit)
-            f["in_flight"].add_metric(labels, in_flight)
-            if exhausts_at is not None:
-                f["exhausts"].add_metric(labels, _seconds(exhausts_at - now))
-        for platform, model, key, source, expires_at in m["cooldowns"]:
-            labels = [platform, model, "*" if key is None else str(key), source]
-            f["cooldown"].add_metric(labels, _seconds(expires_at - now))
-        for tenant, window, used, limit in m["tenants"]:
-            f["tenant_used"].add_metric([tenant, window], used)
-            f["tenant_limit"].add_metric([tenant, window], limit)
+        # The read's rows are the samples' label values and values already (str, float):
+        # the samples are built here as ``add_metric`` builds them, without its per-call work.
+        for name in ("used", "limit"):
+            n = f[name].name
+            f[name].samples = [
+                Sample(n, {"platform": p, "model": mo, "key": k, "window": w}, v) for p, mo, k, w, v in m[name]
+            ]
+        for name in ("in_flight", "exhausts"):
+            n = f[name].name
+            f[name].samples = [Sample(n, {"platform": p, "model": mo, "key": k}, v) for p, mo, k, v in m[name]]
+        n = f["cooldown"].name
+        f["cooldown"].samples = [
+            Sample(n, {"platform": p, "model": mo, "key": k, "source": s}, v) for p, mo, k, s, v in m["cooldown"]
+        ]
+        for name in ("tenant_used", "tenant_limit"):
+            n = f[name].name
+            f[name].samples = [Sample(n, {"tenant": t, "window": w}, v) for t, w, v in m[name]]
         stats = m["stats"]
-        for (platform, model), n in stats["admitted"].items():
-            f["admitted"].add_metric([platform, model], n)
-        for reason, n in stats["refused"].items():
-            f["refused"].add_metric([reason], n)
-        for (platform, kind), n in stats["failures"].items():
-            f["failures"].add_metric([platform, kind], n)
+        for (platform, model), count in stats["admitted"].items():
+            f["admitted"].add_metric([platform, model], count)
+        for reason, count in stats["refused"].items():
+            f["refused"].add_metric([reason], count)
+        for (platform, kind), count in stats["failures"].items():
+            f["failures"].add_metric([platform, kind], count)
         waits = stats["waits"]
-        buckets = [(_bound(b), n) for b, n in m["wait_buckets"]]
+        buckets = [(_bound(b), count) for b, count in m["wait_buckets"]]
         buckets.append(("+Inf", waits["count"]))
         f["waits"].add_metric([], buckets, waits["seconds"])
         f["degraded"].add_metric([], 1 if m["degraded"] else 0)

@@ -84,8 +84,9 @@ pub struct GateContext {
     pub provider: LimitSet,
     /// SPEC 24.6: until when a pool 429 spent the route's pool of the account, per
     /// provider cap (the slots of `provider`): its cap's gate refuses until then,
-    /// whatever was counted.
-    pub pool_spent: CapValues,
+    /// whatever was counted; `None` while no pool is spent (boxed: it is rare, and
+    /// what every decision carries stays small).
+    pub pool_spent: Option<Box<CapValues>>,
     /// SPEC 23.3: the platform's limits, at platform scope (every model of the key, or
     /// of its account), in gate order.
     pub platform: LimitSet,
@@ -271,11 +272,12 @@ pub fn admit(v: &View) -> Verdict {
 pub fn admit_through<'a>(v: &View, gates: impl Iterator<Item = Gate<'a>>) -> Verdict {
     let mut room = 1.0f64;
     for g in gates {
-        let out = g.check(v);
-        if out.refused.is_some() {
-            return out;
+        // Taken apart: a gate that passed leaves nothing to drop.
+        let Verdict { refused, room: r, scope } = g.check(v);
+        if let Some(adm) = refused {
+            return Verdict { refused: Some(adm), room: r, scope };
         }
-        room = room.min(out.room);
+        room = room.min(r);
     }
     Verdict { refused: None, room, scope: None }
 }
@@ -326,7 +328,7 @@ pub fn admit_tenants<'a>(
 fn check_limit(d: &Declared, v: &View) -> Verdict {
     let l = &d.limit;
     if l.scope == Scope::Provider {
-        let spent = cap_slot(l.slot()).and_then(|i| v.ctx.pool_spent.get(i).copied().flatten());
+        let spent = v.ctx.pool_spent.as_ref().and_then(|s| s.get(cap_slot(l.slot())?).copied().flatten());
         if let Some(until) = spent.filter(|t| *t > v.now) {
             return Verdict::refused(d.reason.clone(), Some(until));
         }
@@ -535,7 +537,7 @@ mod tests {
         let until = T0 + 6 * 3_600_000;
         let c = GateContext {
             provider: LimitSet::provider([Some(1_000), Some(0), None]),
-            pool_spent: [Some(until), None, None],
+            pool_spent: Some(Box::new([Some(until), None, None])),
             ..GateContext::default()
         };
         let empty = Windows::default();
@@ -555,7 +557,7 @@ mod tests {
         // A spent minute pool names the minute gate.
         let c = GateContext {
             provider: LimitSet::provider([Some(1_000), Some(0), None]),
-            pool_spent: [None, Some(T0 + 40_000), None],
+            pool_spent: Some(Box::new([None, Some(T0 + 40_000), None])),
             ..GateContext::default()
         };
         let v = view(&c, &empty, InFlight::default(), Estimate::tokens(1));

@@ -47,6 +47,9 @@ mod _quotaengine {
             let _ = logger.install();
         }
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        // Whether SQLite is compiled into this extension (cargo feature `bundled-sqlite`,
+        // the Windows wheel) rather than the library Python's sqlite3 uses (SPEC 26).
+        m.add("_sqlite_compiled_in", cfg!(feature = "bundled-sqlite"))?;
         Ok(())
     }
 

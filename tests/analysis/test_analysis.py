@@ -434,6 +434,7 @@ def test_events_frame(reader: q.QuotaEngine) -> None:
         "output_tokens",
         "cached_tokens",
         "cost",
+        "tenants",
         "created_at_ms",
     ]
     assert len(df) == 6
@@ -441,6 +442,7 @@ def test_events_frame(reader: q.QuotaEngine) -> None:
     for name in ("key_id", "tokens", "cost", "created_at_ms"):
         assert df[name].dtype == "int64", name
     assert (df.cost == 0).all()  # no prices: every event costs 0 (SPEC 23.1)
+    assert df.tenants.tolist() == [[]] * 6  # no tenants named
     for name in ("platform", "model_id", "kind"):
         assert pd.api.types.is_string_dtype(df[name]), name
     assert df.time.iloc[0] == pd.Timestamp("2026-01-01 10:00:00", tz="UTC")
@@ -746,3 +748,16 @@ def test_cli_reads_and_clears_either_backend(store: str) -> None:
     r = cli("clear-cooldowns", "7", "--db", store)
     assert r.returncode == 0 and "cleared 1 cooldown(s) of key 7" in r.stdout, r.stderr
     assert "no active cooldowns" in cli("cooldowns", "--db", store).stdout
+
+
+def test_events_frame_names_each_events_tenants(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """SPEC 23.1's ``tenants`` of a usage event, as a column of lists: one tenant, two, none."""
+    engine.record_request("groq", "m", 1, tenant="alice")
+    clock.advance(1)
+    engine.record_tokens("groq", "m", 1, 40, tenant=["alice", "team:a"])
+    clock.advance(1)
+    engine.record_request("groq", "m", 1)
+    df = analysis.events_frame(engine)
+    assert df.tenants.tolist() == [["alice"], ["alice", "team:a"], []]
+    per_tenant = df.explode("tenants").dropna(subset=["tenants"]).groupby("tenants").size().to_dict()
+    assert per_tenant == {"alice": 2, "team:a": 1}

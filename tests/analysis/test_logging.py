@@ -10,13 +10,13 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import quotaengine as q
 from moments import MINUTE, NOON
+from outages import exclusive_lock
 
 MIDNIGHT = 1_767_225_600_000  # 2026-01-01 00:00:00.000 UTC
 P, M = "groq", "llama-3.1-8b-instant"
@@ -41,17 +41,6 @@ def lengine(ldb: Path, lclock: q.ManualClock) -> Iterator[q.QuotaEngine]:
     e.close()
 
 
-@contextmanager
-def held_exclusive(db: Path) -> Iterator[None]:
-    con = sqlite3.connect(db, isolation_level=None, timeout=10)
-    try:
-        con.execute("BEGIN EXCLUSIVE")
-        yield
-        con.execute("ROLLBACK")
-    finally:
-        con.close()
-
-
 def engine_records(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[logging.LogRecord]:
     return [
         r
@@ -64,7 +53,7 @@ def degrade_and_recover(e: q.QuotaEngine, db: Path) -> None:
     """A write that fails (locked past busy_timeout_ms), then writes until the engine recovers."""
     e.record_request(P, M, 1)  # the file works
     assert not e.degraded
-    with held_exclusive(db):
+    with exclusive_lock(db):
         e.record_request(P, M, 1)
         assert e.degraded
     deadline = time.monotonic() + 5

@@ -186,6 +186,44 @@ def test_tenant_and_platform_lines(engine: q.QuotaEngine, clock: q.ManualClock) 
     assert not [k for k in lines(analysis.plot_usage(engine, platform="groq")) if k.startswith("tenant ")]
 
 
+def test_a_tenant_day_resets_at_its_own_midnight(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """A tenant's daily dollar budget declared in New York (SPEC 23.2's ``tz``) fills
+    through New York's day and falls to 0 at 00:00 there (05:00 UTC in January), not at
+    00:00 UTC: what the engine's gate counts at each moment."""
+    engine.set_model_prices("openai", "gpt-4o", q.Prices(2.5, 10.0))
+    engine.set_tenant_limits("acme", [q.Limit.dollars(0.05, "day")], tz="America/New_York")
+    ny_midnight = T0 + DAY + 5 * HOUR  # 2026-01-02 00:00 in New York
+    for at in (TEN_AM, T0 + DAY + 2 * HOUR, ny_midnight + HOUR):
+        clock.set(at)
+        engine.record_tokens("openai", "gpt-4o", 1, input_tokens=1_000, output_tokens=500, tenant="acme")
+    clock.set(ny_midnight + 2 * HOUR)
+    line = lines(analysis.plot_usage(engine))["tenant acme cost/day"]
+    per_call = 100 * (2.5 * 1_000 + 10.0 * 500) / 50_000  # µ$ of one call over the µ$ budget, in %
+    assert value_at(line, T0 + DAY - 1) == per_call
+    assert value_at(line, T0 + DAY) == per_call  # UTC midnight: New York's day goes on
+    assert value_at(line, ny_midnight - 1) == 2 * per_call
+    assert value_at(line, ny_midnight) == 0  # the tenant's day starts
+    assert value_at(line, ny_midnight + HOUR) == per_call
+    xs = [ms(x) for x in line.get_xdata()]
+    assert ny_midnight in xs and T0 + DAY not in xs
+    # The plot agrees with what the engine counts for the tenant now.
+    used = engine.tenant_usage("acme")["cost/day"]
+    assert value_at(line, clock.now_ms()) == 100 * used["used"] / used["limit"]
+
+
+def test_a_pattern_gives_its_tenants_its_zone(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """A tenant declared by a pattern with a zone (``"team:*"`` in Tokyo) has its days in
+    that zone: 00:00 in Tokyo is 15:00 UTC the day before."""
+    engine.set_tenant_limits("team:*", [q.Limit("requests", 10, "day")], tz="Asia/Tokyo")
+    tokyo_midnight = T0 + 15 * HOUR  # 2026-01-02 00:00 in Tokyo
+    for at in (TEN_AM, tokyo_midnight + HOUR):
+        clock.set(at)
+        engine.record_request("groq", "llama", 1, tenant="team:red")
+    clock.set(tokyo_midnight + 2 * HOUR)
+    line = lines(analysis.plot_usage(engine))["tenant team:red requests/day"]
+    assert [value_at(line, t) for t in (tokyo_midnight - 1, tokyo_midnight, tokyo_midnight + HOUR)] == [10, 0, 10]
+
+
 def test_cooldowns_are_shaded(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
     engine.set_model_limits("groq", "llama", rpm=10)
     engine.record_request("groq", "llama", 1)

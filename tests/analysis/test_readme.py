@@ -25,8 +25,9 @@ def test_readme_example_runs(i: int, tmp_path: Path, request: pytest.FixtureRequ
 def test_readme_is_the_front_door() -> None:
     text = README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 250
-    # the two set-up commands, verbatim: the demo on the default SQLite file, and the tests
-    assert "python -m quotaengine demo\n" in text
+    # the two set-up commands, verbatim: install and run the demo on the default SQLite
+    # file, and install the test dependencies and run the tests
+    assert "\npip install . && python -m quotaengine demo\n" in text
     assert "\nbash .ci/run\n" in text
     # the install starts with the package index, then the extras
     assert "pip install quotaengine\n" in text

@@ -857,3 +857,31 @@ def test_a_tenant_limit_from_user_tags_and_metadata_holds_in_the_router(
     plugin = qel.install(r, e)
     assert call(user="bob").usage.total_tokens == 20
     plugin.uninstall()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tenant_refusal_is_answered_at_once_whatever_the_routers_retries(
+    server: LiteLLMProviders, live_engine: q.QuotaEngine, mode: str
+) -> None:
+    """SPEC 25.2: a tenant gate's refusal is the caller's RateLimitError, raised to it then.
+    LiteLLM retries a 429 after its retry-after when a group has no other deployment; no
+    deployment can serve the tenant before its window frees, so the Router's retries must
+    not hold the request until then and serve it after the caller was refused."""
+    e = live_engine
+    e.set_tenant_limits("end_user:bob", [q.Limit("requests", 1, "minute")])
+    plugin = qel.install(router([deployment(server, "g", "ok", "a", 1)], num_retries=2), e, tenants=True)
+    r = plugin._router
+
+    def call() -> Any:
+        if mode == "sync":
+            return r.completion(model="g", messages=MESSAGES, user="bob", timeout=90)
+        return asyncio.run(r.acompletion(model="g", messages=MESSAGES, user="bob", timeout=90))
+
+    assert call().usage.total_tokens == 20
+    sent = server.total("ok")
+    with pytest.raises(litellm.RateLimitError, match="'end_user:bob'"):
+        call()
+    assert server.total("ok") == sent  # never sent: not served after the refusal
+    settle(lambda: e.tenant_usage("end_user:bob")["requests/minute"]["in_flight"] == 0)
+    assert e.tenant_usage("end_user:bob")["requests/minute"]["used"] == 1
+    plugin.uninstall()

@@ -133,6 +133,50 @@ def test_openai_durations_and_tenant_headers(store: str) -> None:
         live.success(tokens=100)
 
 
+@pytest.mark.parametrize(
+    ("tenants", "headers", "expected"), [(True, True, "1"), (False, True, None), (True, False, None)]
+)
+def test_the_response_headers_follow_the_tenants_and_headers_options(
+    store: str, tenants: bool, headers: bool, expected: str | None
+) -> None:
+    """SPEC 25.3: the rate-limit headers are those of the request's tenants, with headers on;
+    with tenants off the handler leases no tenant, so no tenant's limit is reported as if it
+    held the request."""
+    with q.QuotaEngine(store, env={}) as e:
+        e.set_tenant_limits("end_user:bob", [q.Limit("requests", 1, "minute")])
+        h = qel.proxy_handler_for(e, tenants=tenants, headers=headers)
+        out = asyncio.run(h.async_post_call_response_headers_hook({"user": "bob"}, None, None))
+        assert (out or {}).get("x-ratelimit-limit-requests") == expected
+        assert asyncio.run(h.async_post_call_response_headers_hook({}, None, None)) is None  # no tenant
+
+
+def test_calendar_resets_count_to_the_tenants_own_local_period_start(store: str) -> None:
+    """SPEC 23.2/25.3: a tenant's calendar periods start at 00:00 in the zone of its
+    declaration (its own or its pattern's), so ``x-ratelimit-reset-*`` counts to the next
+    local day, week (Monday) or month start, daylight saving time included."""
+    clock = q.ManualClock(1_767_268_800_000)  # Thursday 2026-01-01 12:00 UTC
+    with q.QuotaEngine(store, clock=clock, env={}) as e:
+        e.set_tenant_limits("ny", [q.Limit("requests", 10, "day")], tz="America/New_York")
+        e.set_tenant_limits("tokyo", [q.Limit("tokens", 1000, "week")], tz="Asia/Tokyo")
+        e.set_tenant_limits("team:*", [q.Limit("requests", 5, "month")], tz="Asia/Kolkata")
+        e.set_tenant_limits("utc", [q.Limit("requests", 3, "day")])
+        for t in ("ny", "tokyo", "team:x", "utc"):
+            e.record_request("p", "m", 1, tenant=t)
+        e.record_tokens("p", "m", 1, 10, tenant="tokyo")
+        h = qel.tenant_headers(e, ["ny", "tokyo"])
+        # 07:00 in New York: its next day starts at 05:00 UTC; 21:00 Thursday in Tokyo: its
+        # week ends Monday 00:00 JST (Sunday 15:00 UTC).
+        assert h["x-ratelimit-reset-requests"] == "17h0m0s"
+        assert h["x-ratelimit-reset-tokens"] == "75h0m0s"
+        # A pattern's zone: February starts 2026-01-31 18:30 UTC in Kolkata.
+        assert qel.tenant_headers(e, ["team:x"])["x-ratelimit-reset-requests"] == "726h30m0s"
+        assert qel.tenant_headers(e, ["utc"])["x-ratelimit-reset-requests"] == "12h0m0s"
+        # The day daylight saving time starts in New York is 23 hours long.
+        clock.set(1_772_971_200_000)  # 2026-03-08 12:00 UTC, 08:00 EDT
+        e.record_request("p", "m", 1, tenant="ny")
+        assert qel.tenant_headers(e, ["ny"])["x-ratelimit-reset-requests"] == "16h0m0s"
+
+
 def _model_list(server: LiteLLMProviders) -> list[dict[str, Any]]:
     return [
         {

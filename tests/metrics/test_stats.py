@@ -5,15 +5,13 @@ buffered. On SQLite and Redis; the async forms too."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import quotaengine as q
 from moments import TEN_AM
+from outages import exclusive_lock
 from provider_bodies import OPENROUTER_UPSTREAM
 
 P, M, M2 = "groq", "llama-3.1-8b", "mixtral"
@@ -124,17 +122,6 @@ def test_a_closed_engine_says_so(store: str, clock: q.ManualClock) -> None:
     e.close()
     with pytest.raises(q.EngineClosed):
         e.stats()
-
-
-@contextmanager
-def exclusive_lock(db_path: Path) -> Iterator[None]:
-    con = sqlite3.connect(db_path, isolation_level=None, timeout=10)
-    try:
-        con.execute("BEGIN EXCLUSIVE")
-        yield
-        con.execute("ROLLBACK")
-    finally:
-        con.close()
 
 
 def test_degraded_seconds_and_buffered_writes(db_path: Path) -> None:

@@ -10,26 +10,14 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import quotaengine as q
 from moments import TEN_AM
+from outages import buffer_tenant_events_past_merging, declare_tenant_days, exclusive_lock, tenant_days
 
 P, M, K = "groq", "llama-3.1-8b", 1
-
-
-@contextmanager
-def exclusive_lock(db_path: Path) -> Iterator[sqlite3.Connection]:
-    con = sqlite3.connect(db_path, isolation_level=None, timeout=10)
-    try:
-        con.execute("BEGIN EXCLUSIVE")
-        yield con
-        con.execute("ROLLBACK")
-    finally:
-        con.close()
 
 
 def rows(db_path: Path) -> list[tuple]:
@@ -308,6 +296,24 @@ def test_rows_merged_during_an_outage_land_as_one_row_per_request(db_path: Path)
         reqs = [ev for ev in events if ev["kind"] == "request"]
         assert len(reqs) == calls and {ev["tokens"] for ev in reqs} == {0}
         assert again.usage(P, M, K)["rpd"]["used"] == calls
+
+
+def test_rows_merged_during_an_outage_stay_with_their_tenants(db_path: Path) -> None:
+    """SPEC 23.2 with §10's merging: an outage long enough for the buffer to merge rows per
+    minute never merges rows of different tenants, so each tenant's windows and budgets count
+    what it was told, in this engine and in every other once the file answers."""
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(db_path, clock=clock, env={}, busy_timeout_ms=20) as e:
+        declare_tenant_days(e)
+        e.record_request(P, M, K)  # the file works
+        with exclusive_lock(db_path):
+            told = buffer_tenant_events_past_merging(e, clock, (P, M, K))
+            assert tenant_days(e) == told
+        e.record_request(P, M, K)  # the file answers: everything buffered is written
+        assert not e.degraded
+        assert tenant_days(e) == told
+        with q.QuotaEngine(db_path, clock=clock, env={}) as other:
+            assert tenant_days(other) == told
 
 
 LONG_OUTAGE = """

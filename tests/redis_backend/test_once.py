@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import quotaengine as q
 from moments import TEN_AM
 from redis_servers import RedisServer, RedisTarget
+from reply_proxy import ReplyProxy
 from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
@@ -27,72 +27,9 @@ P, M, K = "groq", "llama", 1
 pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
 
 
-class ReplyCutter:
-    """A TCP proxy on loopback in front of a server: it forwards both ways until armed, then
-    reads the server's next reply, throws it away and cuts that client's connection (the
-    request reached the server and was carried out; only its answer is lost)."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.listener.getsockname()[1]
-        self.armed = threading.Event()
-        self.marker: bytes | None = None
-        self.cut = 0
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def cut_next_reply(self) -> None:
-        self.armed.set()
-
-    def cut_reply_to(self, marker: bytes) -> None:
-        """Arms the cut when a request holding ``marker`` goes to the server: the reply
-        to that request is the one lost."""
-        self.marker = marker
-
-    def close(self) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            pair = (client, upstream)
-            threading.Thread(target=self._pump, args=(client, upstream, pair, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, pair, True), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, ...], replies: bool) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                if not replies and self.marker is not None and self.marker in data:
-                    self.marker = None
-                    self.armed.set()
-                if replies and self.armed.is_set():
-                    with self.lock:
-                        self.armed.clear()
-                        self.cut += 1
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-
 @pytest.fixture
-def cutter(own_server: RedisServer) -> Iterator[ReplyCutter]:
-    proxy = ReplyCutter(own_server.port)
+def cutter(own_server: RedisServer) -> Iterator[ReplyProxy]:
+    proxy = ReplyProxy(own_server.port, mode="cut")
     yield proxy
     proxy.close()
 
@@ -104,7 +41,7 @@ def stored(url: str) -> tuple[int, int, int]:
         return u["rpd"]["used"], u["tpd"]["used"], u["in_flight"]
 
 
-def test_a_success_whose_reply_was_lost_is_counted_once(own_server: RedisServer, cutter: ReplyCutter) -> None:
+def test_a_success_whose_reply_was_lost_is_counted_once(own_server: RedisServer, cutter: ReplyProxy) -> None:
     with q.QuotaEngine(cutter.url, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=1000)
         lease = e.lease(P, M, K, 10)
@@ -118,7 +55,7 @@ def test_a_success_whose_reply_was_lost_is_counted_once(own_server: RedisServer,
     assert stored(own_server.url) == (2, 12, 0)
 
 
-def test_a_lease_whose_reply_was_lost_is_counted_once(own_server: RedisServer, cutter: ReplyCutter) -> None:
+def test_a_lease_whose_reply_was_lost_is_counted_once(own_server: RedisServer, cutter: ReplyProxy) -> None:
     with q.QuotaEngine(cutter.url, clock=q.ManualClock(TEN_AM), env={}) as e:
         e.set_model_limits(P, M, rpm=1000)
         e.check(P, M, K)
@@ -135,7 +72,7 @@ def test_a_lease_whose_reply_was_lost_is_counted_once(own_server: RedisServer, c
 
 
 def test_a_commit_applied_whose_follow_up_read_failed_is_counted_once(
-    own_server: RedisServer, cutter: ReplyCutter
+    own_server: RedisServer, cutter: ReplyProxy
 ) -> None:
     """A success's one round trip applies it and brings more of other engines' entries
     than one reply holds; the read for the rest gets no reply. The success was applied:

@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from moments import TEN_AM
-from outages import assert_one_row_per_request, buffer_events_past_merging
+from outages import (
+    assert_one_row_per_request,
+    buffer_events_past_merging,
+    buffer_tenant_events_past_merging,
+    declare_tenant_days,
+    tenant_days,
+)
 from redis_servers import RedisServer, RedisTarget, free_port, tls_files
 from stores import BACKENDS
 
@@ -462,6 +468,27 @@ def test_one_engine_of_a_fleet_probes_a_key(redis_target: RedisTarget) -> None:
         assert b.run_probe_pass(validator("b"), jitter=lambda: 0.0).probed_key_ids == []
         assert calls == {"a": [1, 2], "b": []}
         assert len(b.probeable_cooldowns()) == 2  # b does see them: it leaves them to a
+
+
+def test_events_merged_while_redis_is_down_stay_with_their_tenants(own_server: RedisServer) -> None:
+    """SPEC 23.2 with §10's merging on Redis: rows buffered while the server is down (and
+    merged per minute) never merge across tenants; each tenant's day is what it was told, in
+    this engine and in another once the server answers (it came back empty: written back)."""
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
+        declare_tenant_days(e)
+        e.record_request(P, M, K)
+        own_server.kill()
+        told = buffer_tenant_events_past_merging(e, clock, (P, M, K))
+        own_server.start()
+        deadline = time.monotonic() + 5
+        while e.degraded and time.monotonic() < deadline:
+            time.sleep(0.25)
+            e.record_request(P, M, K)
+        assert not e.degraded
+        assert tenant_days(e) == told
+        with q.QuotaEngine(own_server.url, clock=clock, env={}) as other:
+            assert tenant_days(other) == told
 
 
 def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server: RedisServer) -> None:

@@ -39,6 +39,7 @@ class LiteLLMProxy:
         workers: int = 1,
         gunicorn: bool = False,
         start_timeout_s: float = 60.0,
+        wait: bool = True,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -59,7 +60,14 @@ class LiteLLMProxy:
             self.proc = subprocess.Popen(
                 args, cwd=workdir, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        deadline = time.monotonic() + start_timeout_s
+        self.start_timeout_s = start_timeout_s
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Returns when the proxy answers (``wait=False`` starts it without waiting, so that
+        several proxies start at once)."""
+        deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the proxy exited: {self.output()}")

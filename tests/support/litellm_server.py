@@ -15,7 +15,8 @@ the answer:
 * ``flaky``: 503 for the first request, then ``ok``;
 * ``e500``: always a 500; ``m404``: always a 404, the model not found; ``m403``: always a
   403, the model not on the key's tier (SPEC 24.7);
-* ``slow``: answers after 3 s.
+* ``slow``: answers after 3 s; ``slow-stream``: a stream whose first chunk comes at
+  once and the rest 6 s later.
 
 ``hits`` counts answers per model and status; ``max_in_flight`` the most requests held
 at once per model.
@@ -166,7 +167,12 @@ class LiteLLMProviders(LocalServer):
         if usage:
             parts.append(chunk(model, {}, None, USAGE))
         parts.append(b"data: [DONE]\n\n")
-        for p in parts:
-            h.wfile.write(f"{len(p):x}\r\n".encode() + p + b"\r\n")
-            h.wfile.flush()
-        h.wfile.write(b"0\r\n\r\n")
+        try:
+            for i, p in enumerate(parts):
+                if i == 1 and model == "slow-stream":
+                    time.sleep(6)
+                h.wfile.write(f"{len(p):x}\r\n".encode() + p + b"\r\n")
+                h.wfile.flush()
+            h.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the caller went away mid-stream
+            h.close_connection = True

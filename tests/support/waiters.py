@@ -10,6 +10,18 @@ from typing import Any
 import quotaengine as q
 
 
+def start_in_turn(n: int, waiter: Callable[[int], None]) -> list[threading.Thread]:
+    """Starts `n` threads running ``waiter(i)``, each 0.1 s after the one before (so each
+    starts waiting after the one before it)."""
+    threads = []
+    for i in range(n):
+        th = threading.Thread(target=waiter, args=(i,))
+        th.start()
+        threads.append(th)
+        time.sleep(0.1)
+    return threads
+
+
 def order_of_admission(lease: Callable[[int], q.Lease], held: q.Lease, n: int) -> list[int]:
     """Starts `n` threads, each 0.1 s after the one before, the i-th waiting on ``lease(i)``,
     then releases `held`: the order in which they were admitted (each holds its lease 50 ms)."""
@@ -23,12 +35,7 @@ def order_of_admission(lease: Callable[[int], q.Lease], held: q.Lease, n: int) -
         time.sleep(0.05)
         got.release()
 
-    threads = []
-    for i in range(n):
-        th = threading.Thread(target=waiter, args=(i,))
-        th.start()
-        threads.append(th)
-        time.sleep(0.1)  # each starts waiting after the one before
+    threads = start_in_turn(n, waiter)
     held.release()
     for th in threads:
         th.join()
@@ -49,12 +56,7 @@ def admitted_one_at_a_time(lease: Callable[[int], q.Lease], n: int, free_one: Ca
             order.append(i)
             done.notify_all()
 
-    threads = []
-    for i in range(n):
-        th = threading.Thread(target=waiter, args=(i,))
-        th.start()
-        threads.append(th)
-        time.sleep(0.1)  # each starts waiting after the one before
+    threads = start_in_turn(n, waiter)
     time.sleep(0.1)  # the last has been refused once: it waits
     for k in range(n):
         free_one()

@@ -12,7 +12,7 @@ use crate::core::limits::LimitSet;
 use crate::core::state::{Estimate, RouteId};
 use crate::core::store::{TokenKinds, UsageKind, Write};
 use crate::core::tenants::TenantList;
-use crate::core::types::{check_non_negative, Exclusion, Route, Strategy};
+use crate::core::types::{check_non_negative, Admission, Exclusion, Route, Strategy};
 
 /// Optimistic attempts of a lease batch before it takes the store's lock.
 const OPTIMISTIC_ATTEMPTS: usize = 3;
@@ -258,7 +258,7 @@ impl Engine {
         let (rid, est) = if let Some(priority) = check {
             check_priority(priority)?;
             let (rid, verdict, priced) = admit(&mut self.unit, route, est, limits, priority, tenants, now)?;
-            if let Some(refusal) = refusal_of(route, &verdict) {
+            if let Some(refusal) = refusal_of(route, verdict) {
                 return Err(Error::Refused(Box::new(refusal)));
             }
             (rid, priced)
@@ -285,7 +285,9 @@ impl Engine {
         if routes.is_empty() {
             return Err(Error::invalid("routes is empty: give at least one (platform, model_id, key_id)"));
         }
-        let mut refusals = Vec::new();
+        // The candidates refused, in the given order, with the verdict that refused each:
+        // their refusals are built only when none passes (what is then raised).
+        let mut refused: Vec<(usize, Verdict)> = Vec::new();
         // The candidates that pass: (index, route, what the strategy reads).
         let mut passed: Vec<(usize, RouteId, Estimate, Passed)> = Vec::new();
         for (i, route) in routes.iter().enumerate() {
@@ -294,25 +296,18 @@ impl Engine {
             }
             // SPEC 24.7: what the request skipped runs no gate.
             if exclude.iter().any(|x| x.covers(route)) {
-                refusals.push(Refusal {
-                    tenant: None,
-                    scope: None,
-                    reason: Reason::Excluded,
-                    retry_at_ms: None,
-                    platform: route.platform.clone(),
-                    model_id: route.model_id.clone(),
-                    key_id: route.key_id,
-                    candidates: Vec::new(),
-                });
+                let excluded = Admission::refused(Reason::Excluded, None);
+                refused.push((i, Verdict { refused: Some(excluded), room: 0.0, scope: None }));
                 continue;
             }
             // Each candidate reserves at its own prices (SPEC 23.2: a cheap route may pass
             // a budget an expensive one breaks).
             let (rid, verdict, priced) = admit(&mut self.unit, route, est, None, priority, tenants, now)?;
-            if let Some(refusal) = refusal_of(route, &verdict) {
-                refusals.push(refusal);
+            if verdict.refused.as_ref().is_some_and(|a| a.reason.is_some()) {
+                refused.push((i, verdict));
                 continue;
             }
+            let room = verdict.room;
             let key_headroom = match strategy {
                 // The key's observed quota headroom (SPEC §8.2), as the mirror holds it.
                 Strategy::Headroom => {
@@ -325,7 +320,6 @@ impl Engine {
             let since = now.saturating_sub(MODEL_PENALTY_MS);
             let penalized = strategy != Strategy::Order
                 && self.unit.mirror.history.penalized(&route.platform, &route.model_id, since);
-            let room = verdict.room;
             passed.push((i, rid, priced, Passed { room, key_headroom, leased_at, penalized }));
             if strategy == Strategy::Order {
                 break;
@@ -336,9 +330,12 @@ impl Engine {
                 let id = self.take_lease(rid, est, tenants, now, sec.writes, true);
                 Ok((id, i))
             }
-            None => Err(Error::Refused(Box::new(
-                Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
-            ))),
+            None => {
+                let refusals = refused.into_iter().filter_map(|(i, v)| refusal_of(&routes[i], v)).collect();
+                Err(Error::Refused(Box::new(
+                    Refusal::of_candidates(refusals).ok_or_else(|| Error::Internal("no candidate".into()))?,
+                )))
+            }
         }
     }
 
@@ -427,12 +424,13 @@ fn check_estimate(est: Estimate) -> Result<()> {
 }
 
 /// The refusal of `route` when its gates refused.
-fn refusal_of(route: &Route, verdict: &Verdict) -> Option<Refusal> {
-    let adm = verdict.refused.as_ref()?;
+#[inline]
+fn refusal_of(route: &Route, verdict: Verdict) -> Option<Refusal> {
+    let adm = verdict.refused?;
     Some(Refusal {
         tenant: adm.tenant.as_deref().map(str::to_string),
         scope: verdict.scope,
-        reason: adm.reason.clone()?,
+        reason: adm.reason?,
         retry_at_ms: adm.retry_at_ms,
         platform: route.platform.clone(),
         model_id: route.model_id.clone(),

@@ -196,7 +196,7 @@ impl Engine {
     /// the engine anew.
     pub fn after_fork(&mut self) -> bool {
         // The leases taken before the fork are the parent's to end.
-        self.unit.own_leases.clear();
+        self.unit.drop_all_own().for_each(drop);
         self.unit.after_fork()
     }
 
@@ -319,6 +319,16 @@ impl Engine {
         self.single(BatchOp::Release(lease_id)).done()
     }
 
+    /// [`Engine::renew_leases`] at a call: nothing to do (the common case) decided
+    /// inline, without reading the clock.
+    #[inline]
+    pub fn renew_due_leases(&mut self) -> Result<()> {
+        if self.unit.own_leases.is_empty() {
+            return Ok(());
+        }
+        self.renew_leases(false)
+    }
+
     /// SPEC 24.1: renews this engine's live leases (those of its `Lease` objects): every
     /// one when `all` (the background thread, at least every `lease_max_age_ms / 4` of
     /// real time), else only once the oldest is half its max age old by the engine's
@@ -355,13 +365,13 @@ impl Engine {
     /// SPEC 18.5: a live lease whose `Lease` object went away unended is left to count
     /// until `lease_max_age_ms` (its call may still run); `close()` does not end it.
     pub fn forget_lease(&mut self, lease_id: i64) {
-        self.unit.own_leases.remove(&lease_id);
+        self.unit.drop_own(lease_id);
     }
 
     /// SPEC 18.5, at `close()`: every live lease of this engine ends as leaving its
     /// `with` block without an outcome does (its estimate recorded, its slot freed).
     pub fn end_own_leases(&mut self) -> Result<()> {
-        let mut rows: Vec<LeaseRow> = self.unit.own_leases.drain().map(|(_, l)| l).collect();
+        let mut rows: Vec<LeaseRow> = self.unit.drop_all_own().collect();
         rows.sort_unstable_by_key(|l| l.id);
         let ops: Vec<BatchOp> = rows
             .into_iter()

@@ -56,6 +56,15 @@ impl Engine {
         })
     }
 
+    /// The IANA zone the calendar periods of the declaration in force for a tenant start
+    /// in (its own, else the longest matching pattern's); `None` for UTC or no declaration.
+    pub fn tenant_zone(&mut self, tenant: &str) -> Result<Option<String>> {
+        tenants::check_name(tenant, true)?;
+        self.unit.run(Access::Read, |tx| {
+            Ok(tx.mirror().config.tenants.declaration(tenant).and_then(|d| d.tz.clone()))
+        })
+    }
+
     /// Every limit in force for a tenant: used, limit and in flight (in the limit's
     /// unit), keyed `"<metric>/<per>"`; empty without limits.
     pub fn tenant_usage(&mut self, tenant: &str) -> Result<Vec<TenantWindow>> {

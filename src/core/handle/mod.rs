@@ -311,7 +311,7 @@ impl Handle {
                 Ok(engine) => {
                     let out = match catch_unwind(AssertUnwindSafe(|| {
                         // SPEC 24.1: at any call, the leases half their max age old.
-                        let _ = engine.renew_leases(false);
+                        let _ = engine.renew_due_leases();
                         f(&mut *engine)
                     })) {
                         Ok(r) => r,

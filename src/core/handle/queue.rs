@@ -52,7 +52,7 @@ impl CommitQueue {
             Err(e) => all(&e),
             Ok(engine) => match catch_unwind(AssertUnwindSafe(|| {
                 // SPEC 24.1: at any call, the leases half their max age old.
-                let _ = engine.renew_leases(false);
+                let _ = engine.renew_due_leases();
                 engine.run_batch(ops)
             })) {
                 Ok(outs) => outs,

@@ -117,6 +117,7 @@ impl History {
 
     /// Whether a (platform, model) failed in a way that penalizes it (SPEC 24.7) on any
     /// key at or after `since`. O(1) when no key has failure history (the hot path).
+    #[inline]
     pub fn penalized(&self, platform: &str, model_id: &str, since: i64) -> bool {
         !self.by_key.is_empty()
             && self.by_key.values().flatten().any(|h| {
@@ -245,6 +246,7 @@ impl Cooldowns {
     }
 
     /// The active model-wide bench of a (platform, model) (SPEC 21.1).
+    #[inline]
     pub fn of_model(&self, platform: &str, model_id: &str, now: i64) -> Option<CooldownRec> {
         if self.models.is_empty() {
             return None;

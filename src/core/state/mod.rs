@@ -658,6 +658,7 @@ impl Mirror {
 
     /// What benches a route (SPEC 21.1): whichever of its own cooldown and its model's
     /// ends later; true when it is the model's.
+    #[inline]
     pub fn route_bench(&self, rid: RouteId, now: i64) -> Option<(CooldownRec, bool)> {
         let own = self.cooldowns.of_route(rid, now);
         let r = &self.routes[rid as usize];

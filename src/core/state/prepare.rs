@@ -143,27 +143,31 @@ fn gate_context(
     // SPEC 21.2, 24.6: what pool 429s taught the key's account (the gates use the lower
     // of the platform's caps and its learned ones), and until when they spent the
     // route's pool (the rows name the account, so they stay with it).
-    let pool = m
-        .history
-        .pool_state(
-            &route.platform,
-            || m.config.account_name(&route.platform, route.key_id),
-            || infer_quota_pool_key(&route.platform, Some(&route.model_id)),
-            now,
-        )
-        .unwrap_or_default();
-    let mut caps = caps_in_force(&set, &env_caps, &pool.caps);
-    for (cap, spent) in caps.iter_mut().zip(pool.spent) {
-        // A spent pool refuses through its cap's gate, which it needs to have.
-        if spent.is_some() && cap.is_none() {
-            *cap = Some(0);
+    let pool = m.history.pool_state(
+        &route.platform,
+        || m.config.account_name(&route.platform, route.key_id),
+        || infer_quota_pool_key(&route.platform, Some(&route.model_id)),
+        now,
+    );
+    let (caps, pool_spent) = match pool {
+        // The hot path: nothing learned from pool 429s.
+        None => (caps_in_force(&set, &env_caps, &CapValues::default()), None),
+        Some(pool) => {
+            let mut caps = caps_in_force(&set, &env_caps, &pool.caps);
+            for (cap, spent) in caps.iter_mut().zip(pool.spent) {
+                // A spent pool refuses through its cap's gate, which it needs to have.
+                if spent.is_some() && cap.is_none() {
+                    *cap = Some(0);
+                }
+            }
+            (caps, pool.spent.iter().any(Option::is_some).then(|| Box::new(pool.spent)))
         }
-    }
+    };
     let learned_conc = m.history.learned_concurrency_cap(&route.platform, route.key_id, now);
     GateContext {
         limits: m.limits_for(&route.platform, &route.model_id, limits),
         provider: m.setup.provider_limits(caps),
-        pool_spent: pool.spent,
+        pool_spent,
         platform: m.config.platform_set(&route.platform),
         concurrency_cap: min_cap(conc, learned_conc),
         reserve: m.reserves.for_priority(priority),

@@ -159,7 +159,34 @@ impl TokenKinds {
     }
 }
 
+/// (platform, model_id, key_id, is a request row, UTC minute, tenants): what usage rows
+/// must share to be merged into one, by an outage's buffer or a Redis refill journal. Never
+/// across tenants: each tenant's windows and budgets count the rows naming it (SPEC 23.2).
+pub type UsageMergeKey = (Arc<str>, Arc<str>, i64, bool, i64, TenantList);
+
 impl UsageRow {
+    /// The key this row merges under (see [`UsageMergeKey`]).
+    pub fn merge_key(&self) -> UsageMergeKey {
+        (
+            self.platform.clone(),
+            self.model_id.clone(),
+            self.key_id,
+            self.kind == UsageKind::Request,
+            self.created_at_ms.div_euclid(crate::core::clock::MINUTE_MS),
+            self.tenants.clone(),
+        )
+    }
+
+    /// Merges `other`, a row of the same [`UsageMergeKey`], into this one: counts, tokens,
+    /// their split and cost add up, the later stamp stays.
+    pub fn absorb(&mut self, other: &UsageRow) {
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.kinds = self.kinds.merged(other.kinds);
+        self.count = self.count.saturating_add(other.count);
+        self.cost = self.cost.saturating_add(other.cost);
+        self.created_at_ms = self.created_at_ms.max(other.created_at_ms);
+    }
+
     /// The rows of one event each that this row stands for (a request row merged while
     /// degraded stands for several; its cost goes with the first).
     pub fn one_per_event(self) -> impl Iterator<Item = UsageRow> {

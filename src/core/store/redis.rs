@@ -762,32 +762,20 @@ impl RedisStore {
         }
         let newest = self.journal.iter().map(|(u, _)| u.created_at_ms).max().unwrap_or(0);
         let horizon = newest.saturating_sub(crate::core::clock::MINUTE_MS);
-        type Key = (Arc<str>, Arc<str>, i64, bool, i64, crate::core::tenants::TenantList);
-        let mut merged: HashMap<Key, usize> = HashMap::new();
+        let mut merged: HashMap<super::UsageMergeKey, usize> = HashMap::new();
         let mut out: Vec<(UsageRow, Option<(u64, u64)>)> = Vec::with_capacity(self.journal.len());
         for (u, id) in self.journal.drain(..) {
             if u.created_at_ms > horizon {
                 out.push((u, id));
                 continue;
             }
-            let key = (
-                u.platform.clone(),
-                u.model_id.clone(),
-                u.key_id,
-                u.kind == super::UsageKind::Request,
-                u.created_at_ms.div_euclid(crate::core::clock::MINUTE_MS),
-                u.tenants.clone(),
-            );
+            let key = u.merge_key();
             match merged.get(&key) {
                 Some(&i) => {
                     let (m, mid) = &mut out[i];
                     // Skipped by another engine only if it had read every row merged.
                     *mid = mid.zip(id).map(|(a, b)| a.max(b));
-                    m.tokens = m.tokens.saturating_add(u.tokens);
-                    m.kinds = m.kinds.merged(u.kinds);
-                    m.count = m.count.saturating_add(u.count);
-                    m.cost = m.cost.saturating_add(u.cost);
-                    m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
+                    m.absorb(&u);
                 }
                 None => {
                     merged.insert(key, out.len());

@@ -5,7 +5,8 @@ use crate::core::stats::Stats;
 use crate::python::limits::route_windows;
 use crate::python::run::on_handle;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
+use std::collections::HashMap;
 
 /// The forecasts' lookback (SPEC 22.2's default).
 const LOOKBACK_MS: i64 = crate::core::engine::DEFAULT_LOOKBACK_MS;
@@ -37,6 +38,13 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
+/// The Python str of `s`, made once per distinct text of a read.
+fn text<'py, 'a>(
+    py: Python<'py>, texts: &mut HashMap<&'a str, Bound<'py, PyString>>, s: &'a str,
+) -> Bound<'py, PyString> {
+    texts.entry(s).or_insert_with(|| PyString::new(py, s)).clone()
+}
+
 #[pymethods]
 impl PyQuotaEngine {
     /// SPEC 27.1: this engine's counters since it was opened, kept in memory with no
@@ -51,15 +59,19 @@ impl PyQuotaEngine {
         stats_dict(py, &s)
     }
 
-    /// SPEC 27.2: everything a scrape reads, read in one call with the GIL released:
-    /// a dict with `now_ms`; `routes`, one `(platform, model_id, key_id, windows,
-    /// in_flight, exhausts_at_ms)` per route with usage today, a live lease or a
-    /// cooldown (`windows` a list of `(key, used, limit or None)`, keyed as `usage()`
-    /// keys them); `cooldowns`, one `(platform, model_id, key_id or None for a
-    /// model-wide bench, source, expires_at_ms)` per active cooldown; `tenants`, one
-    /// `(tenant, window, used, limit)` per tenant limit in force; `stats` (as
-    /// `stats()`); `wait_buckets`, the waits as cumulative `(upper bound in seconds,
-    /// count)`; and `degraded`.
+    /// SPEC 27.2: everything a scrape reads, read in one call with the GIL released,
+    /// shaped as the collector's samples: a dict with `now_ms`; one list of rows per
+    /// gauge family, each row its label values (str) then its value (float): `used` and
+    /// `limit` `(platform, model_id, key, window, value)` for each window of each route
+    /// with usage today, a live lease or a cooldown (keyed as `usage()` keys them; no
+    /// `limit` row for a window without a limit), `in_flight` `(platform, model_id,
+    /// key, leases)` and `exhausts` `(platform, model_id, key, seconds from now to the
+    /// route's earliest forecast)` for those routes (none when it has no forecast),
+    /// `cooldown` `(platform, model_id, key or "*" for a model-wide bench, source,
+    /// seconds left)` per active cooldown, `tenant_used` and `tenant_limit` `(tenant,
+    /// window, value)` per tenant limit in force (`key` is the key id as text, seconds
+    /// are never negative); `stats` (as `stats()`); `wait_buckets`, the waits as
+    /// cumulative `(upper bound in seconds, count)`; and `degraded`.
     fn _metrics_read<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (now, rows, cooldowns, tenants, stats, degraded) = on_handle(py, &self.handle, |h| {
             let out = h.with(|e| {
@@ -71,34 +83,49 @@ impl PyQuotaEngine {
             let (now, rows, cooldowns, tenants, stats, degraded) = out;
             Ok((now, rows, cooldowns, tenants, h.complete_stats(stats), degraded))
         })?;
-        let routes = PyList::empty(py);
+        let seconds = |at: i64| (at.saturating_sub(now)).max(0) as f64 / 1000.0;
+        // One Python str per distinct text (a window's name recurs in every route).
+        let mut texts: HashMap<&str, Bound<'py, PyString>> = HashMap::new();
+        let (used, limit, in_flight, exhausts) =
+            (PyList::empty(py), PyList::empty(py), PyList::empty(py), PyList::empty(py));
         for r in &rows {
-            let windows = route_windows(r);
-            let t = (
-                &r.route.platform,
-                &r.route.model_id,
-                r.route.key_id,
-                windows,
-                r.in_flight,
-                r.exhausts_at_ms,
-            );
-            routes.append(t.into_pyobject(py)?)?;
+            let p = PyString::new(py, &r.route.platform);
+            let m = PyString::new(py, &r.route.model_id);
+            let k = PyString::new(py, &r.route.key_id.to_string());
+            for (window, u, l) in route_windows(r) {
+                let w = text(py, &mut texts, window);
+                if let Some(l) = l {
+                    limit.append((&p, &m, &k, &w, l as f64))?;
+                }
+                used.append((&p, &m, &k, w, u as f64))?;
+            }
+            in_flight.append((&p, &m, &k, r.in_flight as f64))?;
+            if let Some(at) = r.exhausts_at_ms {
+                exhausts.append((&p, &m, &k, seconds(at)))?;
+            }
         }
-        let cds = PyList::empty(py);
+        let cooldown = PyList::empty(py);
         for c in &cooldowns {
-            let key = (!c.model_wide).then_some(c.route.key_id);
-            let t = (&c.route.platform, &c.route.model_id, key, c.source.as_str(), c.expires_at_ms);
-            cds.append(t.into_pyobject(py)?)?;
+            let key = if c.model_wide { "*".to_string() } else { c.route.key_id.to_string() };
+            let t = (&c.route.platform, &c.route.model_id, key, c.source.as_str(), seconds(c.expires_at_ms));
+            cooldown.append(t)?;
         }
-        let ts = PyList::empty(py);
+        let (tenant_used, tenant_limit) = (PyList::empty(py), PyList::empty(py));
         for t in &tenants {
-            ts.append((&t.tenant, &t.window, t.used, t.limit).into_pyobject(py)?)?;
+            let name = PyString::new(py, &t.tenant);
+            let w = text(py, &mut texts, &t.window);
+            tenant_used.append((&name, &w, t.used as f64))?;
+            tenant_limit.append((name, w, t.limit as f64))?;
         }
         let d = PyDict::new(py);
         d.set_item("now_ms", now)?;
-        d.set_item("routes", routes)?;
-        d.set_item("cooldowns", cds)?;
-        d.set_item("tenants", ts)?;
+        d.set_item("used", used)?;
+        d.set_item("limit", limit)?;
+        d.set_item("in_flight", in_flight)?;
+        d.set_item("exhausts", exhausts)?;
+        d.set_item("cooldown", cooldown)?;
+        d.set_item("tenant_used", tenant_used)?;
+        d.set_item("tenant_limit", tenant_limit)?;
         d.set_item("stats", stats_dict(py, &stats)?)?;
         // The waits' histogram: (upper bound in seconds, waits at most that long).
         d.set_item("wait_buckets", &stats.wait_buckets)?;

@@ -60,6 +60,16 @@ impl PyQuotaEngine {
         Ok(out)
     }
 
+    /// The IANA zone of the calendar periods of the declaration in force for a tenant
+    /// (SPEC 23.2's `tz`; its own, else its pattern's), `None` for UTC or none: where the
+    /// LiteLLM proxy's `x-ratelimit-reset-*` count to (SPEC 25.3) and where
+    /// `analysis.plot_usage` starts a tenant's calendar windows.
+    #[pyo3(signature = (tenant))]
+    fn _tenant_zone(&self, py: Python<'_>, tenant: &Arg) -> PyResult<Option<String>> {
+        let t = str_arg(tenant, "tenant")?;
+        self.run(py, |e| e.tenant_zone(t))
+    }
+
     /// SPEC 23.2: the tenants named in a declaration (never a pattern) or with usage
     /// recorded since `since_ms` (default: 00:00 UTC today), sorted.
     #[pyo3(signature = (since_ms=None))]

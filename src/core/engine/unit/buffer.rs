@@ -3,12 +3,8 @@
 //! however long an outage lasts the buffer holds about the windows' width of events.
 use super::retention::Retention;
 use crate::core::clock::MINUTE_MS;
-use crate::core::store::{LeaseRow, UsageKind, UsageRow, Write};
+use crate::core::store::{LeaseRow, UsageMergeKey, UsageRow, Write};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-
-/// (platform, model_id, key_id, is a request row, UTC minute) of a merged usage row.
-type MergeKey = (Arc<str>, Arc<str>, i64, bool, i64);
 
 /// Above this many buffered writes the buffer is compacted (`compact_pending`).
 const COMPACT_MIN: usize = 4096;
@@ -104,7 +100,7 @@ impl Buffer {
         let logs = self.writes.iter().filter(|w| matches!(w, Write::Log(_))).count();
         let mut logs_to_drop = logs.saturating_sub(MAX_BUFFERED_LOGS);
         let horizon = now.saturating_sub(MINUTE_MS);
-        let mut merged: HashMap<MergeKey, UsageRow> = HashMap::new();
+        let mut merged: HashMap<UsageMergeKey, UsageRow> = HashMap::new();
         let mut kept = Vec::with_capacity(self.writes.len());
         let mut order = Vec::new();
         let mut quota_at: HashMap<(String, i64, String, String), usize> = HashMap::new();
@@ -114,22 +110,9 @@ impl Buffer {
             match w {
                 Write::Usage(u) if !retention.keeps(&u) => {}
                 Write::Usage(u) if u.created_at_ms <= horizon => {
-                    let minute = u.created_at_ms.div_euclid(MINUTE_MS);
-                    let key = (
-                        u.platform.clone(),
-                        u.model_id.clone(),
-                        u.key_id,
-                        u.kind == UsageKind::Request,
-                        minute,
-                    );
+                    let key = u.merge_key();
                     match merged.get_mut(&key) {
-                        Some(m) => {
-                            m.tokens = m.tokens.saturating_add(u.tokens);
-                            m.kinds = m.kinds.merged(u.kinds);
-                            m.count = m.count.saturating_add(u.count);
-                            m.cost = m.cost.saturating_add(u.cost);
-                            m.created_at_ms = m.created_at_ms.max(u.created_at_ms);
-                        }
+                        Some(m) => m.absorb(&u),
                         None => {
                             order.push(key.clone());
                             merged.insert(key, u);

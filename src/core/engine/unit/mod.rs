@@ -543,7 +543,7 @@ impl Unit {
     /// Applies a write to the mirror. Returns the count of a delete (0 otherwise).
     pub(super) fn apply_local(&mut self, w: &Write, id: i64, now: i64) -> i64 {
         if let Write::DeleteLease(id) = w {
-            self.own_leases.remove(id);
+            self.drop_own(*id);
         }
         let (n, recount) = self.mirror.apply(w, id, now);
         // A platform's day windows started over: count them again from the store.
@@ -669,6 +669,19 @@ impl Unit {
         let half = self.settings.lease_max_age_ms / 2;
         self.renew_at = self.renew_at.min(row.expires_at_ms.saturating_sub(half));
         self.own_leases.insert(row.id, row);
+    }
+
+    /// Lease `id` is no longer renewed (it ended, or its `Lease` object went away).
+    pub(super) fn drop_own(&mut self, id: i64) {
+        if self.own_leases.remove(&id).is_some() && self.own_leases.is_empty() {
+            self.renew_at = i64::MAX;
+        }
+    }
+
+    /// No lease is renewed any more (they ended, or belong to the parent of a fork).
+    pub(super) fn drop_all_own(&mut self) -> impl Iterator<Item = LeaseRow> + '_ {
+        self.renew_at = i64::MAX;
+        self.own_leases.drain().map(|(_, l)| l)
     }
 
     /// Usage writes (and lease releases) wait to be grouped (`flush_interval_ms > 0`).
