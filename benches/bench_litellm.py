@@ -160,6 +160,19 @@ def model_list(url: str, declared: bool) -> list[dict[str, Any]]:
     ]
 
 
+async def paced(one: Any, n: int, rate: float) -> float:
+    """Starts ``one()`` ``n`` times at ``rate`` a second (each on schedule however long the
+    others take) and waits for them all; returns when the first started
+    (``time.perf_counter()``)."""
+    t0 = time.perf_counter()
+    tasks = []
+    for i in range(n):
+        tasks.append(asyncio.create_task(one()))
+        await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.perf_counter()))
+    await asyncio.gather(*tasks)
+    return t0
+
+
 async def drive(router: Any, n: int, rate: float, in_flight: int) -> tuple[int, list[float], float]:
     sem = asyncio.Semaphore(in_flight)
     latencies: list[float] = []
@@ -176,12 +189,7 @@ async def drive(router: Any, n: int, rate: float, in_flight: int) -> tuple[int, 
                 pass
             latencies.append(time.perf_counter() - t)
 
-    t0 = time.perf_counter()
-    tasks = []
-    for i in range(n):
-        tasks.append(asyncio.create_task(one()))
-        await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.perf_counter()))
-    await asyncio.gather(*tasks)
+    t0 = await paced(one, n, rate)
     await asyncio.sleep(0.5)  # LiteLLM's late log events
     return served, latencies, time.perf_counter() - t0
 

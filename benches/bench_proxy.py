@@ -65,7 +65,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 import httpx  # noqa: E402
 import quotaengine as qe  # noqa: E402
-from bench_litellm import GEMINI_RPM, GROQ_RPM, LOCAL_CAP, Providers  # noqa: E402
+from bench_litellm import GEMINI_RPM, GROQ_RPM, LOCAL_CAP, Providers, paced  # noqa: E402
 from litellm_proxy import LiteLLMProxy  # noqa: E402
 
 CONFIGS = ["litellm alone", "quotaengine, nothing declared", "quotaengine, limits declared"]
@@ -181,12 +181,7 @@ async def workload(url: str, n: int, rate: float, in_flight: int) -> dict[str, A
                 latencies.append(time.perf_counter() - t)
                 codes[code] = codes.get(code, 0) + 1
 
-        t0 = time.perf_counter()
-        tasks = []
-        for i in range(n):
-            tasks.append(asyncio.create_task(one()))
-            await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.perf_counter()))
-        await asyncio.gather(*tasks)
+        t0 = await paced(one, n, rate)
         wall = time.perf_counter() - t0
     latencies.sort()
     return {

@@ -200,6 +200,16 @@ def builtin_sqlite3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     return out
 
 
+# What the child's ``sqlite3`` is in the two tests below: the pysqlite3 stand-in, on an
+# SQLite of its own (not the system's version).
+STAND_IN = f"""
+        import sqlite3
+        from pathlib import Path
+        assert sqlite3.__name__ == "pysqlite3", sqlite3
+        assert sqlite3.sqlite_version != {sqlite3.sqlite_version!r}, "the stand-in's SQLite is the system's version"
+"""
+
+
 @linux
 def test_sqlite_built_into_sqlite3_and_exported_is_the_one_used(
     tmp_path: Path, builtin_sqlite3: dict[str, Path]
@@ -208,11 +218,8 @@ def test_sqlite_built_into_sqlite3_and_exported_is_the_one_used(
     # own C module, the same copy (the WAL check), with no warning (-W error).
     wheel_like(tmp_path)
     r = run(
-        f"""
-        import sqlite3
-        from pathlib import Path
-        assert sqlite3.__name__ == "pysqlite3", sqlite3
-        assert sqlite3.sqlite_version != {sqlite3.sqlite_version!r}, "the stand-in's SQLite is the system's version"
+        STAND_IN
+        + """
         import quotaengine as q
         from quotaengine import _sqlite
         assert q.__file__.startswith(str(Path.cwd())), q.__file__
@@ -239,11 +246,9 @@ def test_sqlite_built_in_unexported_falls_back_with_one_warning(
     # so in one warning at import, and sqlite_version() tells the truth.
     wheel_like(tmp_path)
     r = run(
-        f"""
-        import sqlite3, warnings
-        from pathlib import Path
-        assert sqlite3.__name__ == "pysqlite3", sqlite3
-        assert sqlite3.sqlite_version != {sqlite3.sqlite_version!r}, "the stand-in's SQLite is the system's version"
+        STAND_IN
+        + f"""
+        import warnings
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import quotaengine as q
