@@ -147,6 +147,31 @@ def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
     return statistics.median(walls), statistics.median(cpus), out
 
 
+def served(e: Any, runs: int) -> tuple[float, float, Any]:
+    """``timed`` GETs of ``/metrics`` from ``quotaengine serve``'s server on ``e``, uncached."""
+    import threading
+    import urllib.request
+
+    from quotaengine._serve import Server
+
+    server = Server(e, "127.0.0.1", 0, ttl_s=0)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    url = server.url.rstrip("/") + "/metrics"
+
+    def get() -> bytes:
+        with urllib.request.urlopen(url) as r:
+            return bytes(r.read())
+
+    try:
+        get()  # warm up
+        return timed(get, runs)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--routes", default="100,1000,10000")
@@ -171,7 +196,9 @@ def main() -> None:
     exposition = getattr(quotaengine.metrics, "exposition", None)  # None in a build before it
     print(f"quotaengine from {os.path.dirname(q.__file__)}; python {sys.version.split()[0]}")
     print("ms, median wall (CPU)")
-    cols = ("read", "families", "format", "scrape", "text")[: 5 if exposition else 4]
+    cols = ("read", "families", "format", "scrape", "text", "serve")
+    if exposition is None:
+        cols = tuple(c for c in cols if c != "text")
     print(
         f"{'routes':>8} "
         + " ".join(f"{c:>15}" for c in cols)
@@ -205,6 +232,7 @@ def main() -> None:
                 written = timed(lambda e=e: exposition(e), args.runs)
                 assert parsed(written[2]) == parsed(text), "the text says what the client's scrape says"
                 figures.append(written[:2])
+            figures.append(served(e, args.runs)[:2])
             lines = sum(1 for line in text.decode().splitlines() if not line.startswith("#"))
             print(
                 f"{n:>8} "
