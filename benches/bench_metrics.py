@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, BENCHES)
 import quotaengine as q
 from prometheus_client import CollectorRegistry, generate_latest
+from quotaengine import metrics
 from quotaengine.metrics import Collector
 from bench_metrics import Ready, fill
 stage, n = sys.argv[2].split()
@@ -65,6 +67,7 @@ with q.QuotaEngine(os.path.join(tempfile.mkdtemp(), "m.db"), clock=clock, env={}
         "families": lambda: list(collector.collect()),
         "format": lambda: generate_latest(ready),
         "scrape": lambda: generate_latest(registry),
+        "text": lambda: metrics.exposition(e),
     }[stage]
     for _ in range(ops):
         step()
@@ -81,12 +84,18 @@ def callgrind(builds: list[str], n: int) -> None:
     print(f"{n} routes; A = {a}, B = {b}; instructions per scrape, I(2 stages) - I(1 stage)")
     print("| stage | A | B | B/A |")
     print("|---|---:|---:|---:|")
-    for stage in ("read", "families", "format", "scrape"):
-        per = [
-            instructions_of(pkg, f"{stage} {n}", 2, child) - instructions_of(pkg, f"{stage} {n}", 1, child)
-            for pkg in (a, b)
-        ]
-        print(f"| {stage} | {per[0]:,} | {per[1]:,} | {per[1] / per[0]:.3f} |", flush=True)
+    for stage in ("read", "families", "format", "scrape", "text"):
+        per: list[int | None] = []
+        for pkg in (a, b):
+            try:
+                per.append(
+                    instructions_of(pkg, f"{stage} {n}", 2, child) - instructions_of(pkg, f"{stage} {n}", 1, child)
+                )
+            except subprocess.CalledProcessError:  # a build without the stage (`text` before it)
+                per.append(None)
+        shown = [f"{x:,}" if x is not None else "—" for x in per]
+        ratio = f"{per[1] / per[0]:.3f}" if per[0] and per[1] else "—"
+        print(f"| {stage} | {shown[0]} | {shown[1]} | {ratio} |", flush=True)
 
 
 def fill(e: Any, n: int) -> None:
@@ -138,6 +147,31 @@ def timed(fn: Callable[[], Any], runs: int) -> tuple[float, float, Any]:
     return statistics.median(walls), statistics.median(cpus), out
 
 
+def served(e: Any, runs: int) -> tuple[float, float, Any]:
+    """``timed`` GETs of ``/metrics`` from ``quotaengine serve``'s server on ``e``, uncached."""
+    import threading
+    import urllib.request
+
+    from quotaengine._serve import Server
+
+    server = Server(e, "127.0.0.1", 0, ttl_s=0)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    url = server.url.rstrip("/") + "/metrics"
+
+    def get() -> bytes:
+        with urllib.request.urlopen(url) as r:
+            return bytes(r.read())
+
+    try:
+        get()  # warm up
+        return timed(get, runs)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--routes", default="100,1000,10000")
@@ -152,12 +186,19 @@ def main() -> None:
     if args.pkg:
         sys.path.insert(0, os.path.abspath(args.pkg))
     import quotaengine as q
+    import quotaengine.metrics
     from prometheus_client import CollectorRegistry, generate_latest
     from quotaengine.metrics import Collector
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+    from expositions import parsed
+
+    exposition = getattr(quotaengine.metrics, "exposition", None)  # None in a build before it
     print(f"quotaengine from {os.path.dirname(q.__file__)}; python {sys.version.split()[0]}")
     print("ms, median wall (CPU)")
-    cols = ("read", "families", "format", "scrape")
+    cols = ("read", "families", "format", "scrape", "text", "serve")
+    if exposition is None:
+        cols = tuple(c for c in cols if c != "text")
     print(
         f"{'routes':>8} "
         + " ".join(f"{c:>15}" for c in cols)
@@ -187,6 +228,11 @@ def main() -> None:
             assert text == fmt[2]
             build = (max(0.0, collect[0] - read[0]), max(0.0, collect[1] - read[1]))
             figures = [read[:2], build, fmt[:2], scrape[:2]]
+            if exposition is not None:
+                written = timed(lambda e=e: exposition(e), args.runs)
+                assert parsed(written[2]) == parsed(text), "the text says what the client's scrape says"
+                figures.append(written[:2])
+            figures.append(served(e, args.runs)[:2])
             lines = sum(1 for line in text.decode().splitlines() if not line.startswith("#"))
             print(
                 f"{n:>8} "

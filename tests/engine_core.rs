@@ -574,3 +574,55 @@ fn stats_count_leases_and_failures_per_engine() {
     assert_eq!((s.degraded_s, s.buffered_writes), (0.0, 0));
     assert_eq!(b.stats(), Default::default());
 }
+
+/// SPEC 27.2 without Python: one read of the engine, written as Prometheus text by the
+/// crate: every family of the table in order, its samples' labels escaped as the format
+/// says, a window without a limit has `used` and no `limit`, an idle route is left out.
+#[test]
+fn a_scrape_is_written_as_prometheus_text() {
+    use quotaengine::core::handle::Handle;
+    use quotaengine::core::metrics::{Scrape, FAMILIES};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let h =
+        Handle::open(&StoreSpec::Sqlite(path.to_str().unwrap().into()), clock, Settings::default()).unwrap();
+    let odd = "say \"hi\"\\n\nü"; // a quote, a backslash, a newline, a non-ASCII letter
+    let r = Route::new("groq", odd, 7).unwrap();
+    h.with(|e| {
+        e.config().set_model_limits("groq", odd, &model("requests/minute=5"), None)?;
+        e.config().set_model_limits("groq", "idle", &model("requests/minute=5"), None)?;
+        e.usage().record_request(&r)?;
+        e.usage().record_request(&r)?;
+        e.failures().set_cooldown(&r, 30_000, CooldownSource::Heuristic)
+    })
+    .unwrap();
+    let text = Scrape::read(&h).unwrap().exposition();
+    let model_label = r#"model="say \"hi\"\\n\nü""#;
+    let labels = format!(r#"platform="groq",{model_label},key="7""#);
+    for line in [
+        format!(r#"quotaengine_window_used{{{labels},window="rpm"}} 2.0"#),
+        format!(r#"quotaengine_window_limit{{{labels},window="rpm"}} 5.0"#),
+        format!(r#"quotaengine_window_used{{{labels},window="rpd"}} 2.0"#),
+        format!(r#"quotaengine_in_flight{{{labels}}} 0.0"#),
+        format!(r#"quotaengine_cooldown_remaining_seconds{{{labels},source="heuristic"}} 30.0"#),
+        "quotaengine_wait_seconds_bucket{le=\"+Inf\"} 0".to_string(),
+        "quotaengine_wait_seconds_count 0".to_string(),
+        "quotaengine_degraded 0".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+    }
+    let rpd_limit = format!(r#"quotaengine_window_limit{{{labels},window="rpd"}}"#);
+    assert!(!text.contains(&rpd_limit), "a window without a limit has no limit sample:\n{text}");
+    assert!(!text.contains("idle"), "a route with nothing to report is left out:\n{text}");
+    // Every family's HELP and TYPE, in the table's order (a counter's name ends in _total).
+    let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+    let want: Vec<String> = FAMILIES
+        .iter()
+        .map(|f| {
+            let total = if f.kind.as_str() == "counter" { "_total" } else { "" };
+            format!("# TYPE {}{total} {}", f.name, f.kind.as_str())
+        })
+        .collect();
+    assert_eq!(types, want);
+}

@@ -16,6 +16,10 @@ from typing_extensions import Self
 __version__: Final[str]
 # SQLite compiled into the extension (cargo feature bundled-sqlite: the Windows wheel).
 _sqlite_compiled_in: Final[bool]
+# SPEC 27.2's families, (key, name, help, type, labels) each (a counter's name without
+# _total), and the Content-Type of QuotaEngine._metrics_text().
+_metric_families: Final[list[tuple[str, str, str, str, list[str]]]]
+_metrics_content_type: Final[str]
 
 #: The gates whose reason is a fixed name, in gate order (SPEC 4, 14.1).
 _GateName = Literal[
@@ -882,6 +886,10 @@ class _QuotaEngine:
         window, value)`` per tenant limit in force (``key`` is the key id as text, seconds
         are never negative); ``stats`` (as ``stats()``); ``wait_buckets``, the waits as
         cumulative ``(upper bound in seconds, count)``; and ``degraded``."""
+    def _metrics_text(self) -> bytes:
+        """SPEC 27.2's families in Prometheus' text format 0.0.4 (UTF-8 bytes): the same
+        read as ``_metrics_read``, written by the ``prometheus-client`` crate, the GIL
+        released for both."""
     def _debug_panic(self) -> None: ...
     def _inject_panics(self, n: int) -> None: ...
     def _pending_writes(self) -> int: ...

@@ -79,22 +79,16 @@ def snapshot_document(engine: Any) -> dict[str, Any]:
 
 
 def _metrics_exposition(engine: Any) -> tuple[bytes, str] | None:
-    """27.2's families for the engine in Prometheus' text format, or ``None`` when
-    ``quotaengine.metrics`` or ``prometheus_client`` cannot be imported."""
+    """27.2's families for the engine in Prometheus' text format (``metrics.exposition``:
+    the read and the text in Rust), or ``None`` without the ``metrics`` extra (SPEC 27.3:
+    ``/metrics`` comes with ``prometheus_client``)."""
     try:
-        # Both come with the `metrics` extra (SPEC 27.2).
-        from prometheus_client import (  # type: ignore[import-not-found,unused-ignore]
-            CONTENT_TYPE_LATEST,
-            CollectorRegistry,
-            generate_latest,
-        )
+        import prometheus_client  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
 
-        from .metrics import Collector  # type: ignore[import-not-found,unused-ignore]
+        from .metrics import CONTENT_TYPE, exposition
     except ImportError:
         return None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector(engine))
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return exposition(engine), CONTENT_TYPE
 
 
 class _Cache:

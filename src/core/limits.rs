@@ -13,6 +13,9 @@ use std::sync::Arc;
 /// at account scope: the first rows of [`NAMED`]).
 pub const CLASSIC: usize = 4;
 
+/// The classic windows as SPEC §4 and §9 key them, in [`NAMED`]'s order.
+pub const CLASSIC_NAMES: [&str; CLASSIC] = ["rpm", "rpd", "tpm", "tpd"];
+
 /// One value per classic limit, in their gate order (the classic rows of [`NAMED`]);
 /// `None` is no limit. The form the models' stored columns and `Limits` take.
 pub type ClassicValues = [Option<i64>; CLASSIC];

@@ -13,6 +13,7 @@ pub mod fork;
 pub mod handle;
 pub mod headers;
 pub mod limits;
+pub mod metrics;
 pub mod money;
 pub mod parse;
 pub mod pools;

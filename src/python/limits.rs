@@ -5,7 +5,7 @@ use super::errors::{shield, type_error};
 use crate::core::engine::{SnapshotRow, UsageReport};
 use crate::core::limits::{
     cap_values, classic_slot, classic_window, ClassicValues, Limit, LimitSet, Metric, WindowSpec, CAPS,
-    CLASSIC, DAY, MINUTE,
+    CLASSIC, CLASSIC_NAMES, DAY, MINUTE,
 };
 use crate::core::money::micro_dollars;
 use crate::core::types::{check_name, CapSetting};
@@ -283,9 +283,6 @@ fn window<'py>(py: Python<'py>, used: i64, limit: Option<i64>) -> PyResult<Bound
     Ok(d)
 }
 
-/// The classic windows as SPEC §4 and §9 key them.
-const CLASSIC_NAMES: [&str; CLASSIC] = ["rpm", "rpd", "tpm", "tpd"];
-
 /// The worst used/limit over the declared windows (a limit of 0 counts as full);
 /// `None` without limits (SPEC §9, §12).
 fn used_fraction(pairs: &[(i64, Option<i64>)]) -> Option<f64> {
@@ -314,49 +311,18 @@ pub(crate) fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Boun
 /// SPEC §9's snapshot row fields of the limits: `rpm_used`, `rpm_limit` … (the route's
 /// own use, the model's limit), `used_fraction`, and `declared`.
 pub(crate) fn snapshot_limits(d: &Bound<'_, PyDict>, r: &SnapshotRow) -> PyResult<()> {
-    // SPEC §9's classic windows: the route's own use, the model's limit.
-    let mut fractions = Vec::with_capacity(r.limits.len() + 4);
-    for name in CLASSIC_NAMES {
-        let used = match classic_window(name) {
-            Some((metric, MINUTE)) => r.minute.get(metric),
-            Some((metric, _)) => r.day.get(metric),
-            None => 0,
-        };
-        let limit = r.limits.iter().find(|(l, _)| l.limit.classic_axis() == Some(name));
-        let limit = limit.map(|(l, _)| l.limit.limit);
+    // SPEC §9's classic windows (the route's own use, the model's limit), then SPEC
+    // §14.1's every other declared limit, as (reason, used, limit).
+    let windows = r.windows();
+    let (classic, others) = windows.split_at(CLASSIC);
+    for (name, used, limit) in classic {
         d.set_item(format!("{name}_used"), used)?;
         d.set_item(format!("{name}_limit"), limit)?;
-        fractions.push((used, limit));
     }
-    // SPEC §14.1: every other declared limit, as (reason, used, limit).
-    let others: Vec<(&str, i64, i64)> = r
-        .limits
-        .iter()
-        .filter(|(l, _)| classic_window(l.reason.as_str()).is_none())
-        .map(|(l, used)| (l.reason.as_str(), *used, l.limit.limit))
-        .collect();
-    fractions.extend(others.iter().map(|(_, used, limit)| (*used, Some(*limit))));
+    let fractions: Vec<(i64, Option<i64>)> = windows.iter().map(|&(_, used, limit)| (used, limit)).collect();
     d.set_item("used_fraction", used_fraction(&fractions))?;
+    let others: Vec<(&str, i64, i64)> =
+        others.iter().map(|&(reason, used, limit)| (reason, used, limit.unwrap_or_default())).collect();
     d.set_item("declared", others)?;
     Ok(())
-}
-
-/// SPEC 27.2: a snapshot row's windows as `usage()` keys them, `(key, used, limit)`:
-/// the classic four (the route's own use, the model's limit or None), then every
-/// other declared limit by its reason.
-pub(crate) fn route_windows(r: &SnapshotRow) -> Vec<(&str, i64, Option<i64>)> {
-    let mut out = Vec::with_capacity(r.limits.len() + CLASSIC);
-    for name in CLASSIC_NAMES {
-        let used = match classic_window(name) {
-            Some((metric, MINUTE)) => r.minute.get(metric),
-            Some((metric, _)) => r.day.get(metric),
-            None => 0,
-        };
-        let limit = r.limits.iter().find(|(l, _)| l.limit.classic_axis() == Some(name));
-        out.push((name, used, limit.map(|(l, _)| l.limit.limit)));
-    }
-    for (l, used) in r.limits.iter().filter(|(l, _)| classic_window(l.reason.as_str()).is_none()) {
-        out.push((l.reason.as_str(), *used, Some(l.limit.limit)));
-    }
-    out
 }

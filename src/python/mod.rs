@@ -50,6 +50,10 @@ mod _quotaengine {
         // Whether SQLite is compiled into this extension (cargo feature `bundled-sqlite`,
         // the Windows wheel) rather than the library Python's sqlite3 uses (SPEC 26).
         m.add("_sqlite_compiled_in", cfg!(feature = "bundled-sqlite"))?;
+        // SPEC 27.2's families, for `quotaengine.metrics` (one table, in the core), and
+        // the Content-Type of `QuotaEngine._metrics_text()`.
+        m.add("_metric_families", super::engine::metric_families())?;
+        m.add("_metrics_content_type", crate::core::metrics::CONTENT_TYPE)?;
         Ok(())
     }
 

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import types
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import quotaengine as q
+from expositions import parsed
 from quotaengine._serve import Server
 from stores import BACKENDS
 
@@ -223,44 +223,38 @@ def test_a_store_that_does_not_answer_is_a_503_read_once_a_second() -> None:
         server.server_close()
 
 
-def test_metrics_serves_the_collector(served: Running) -> None:
-    # TODO(lead): quotaengine.metrics lands from p26-metrics; remove this skip at merge.
-    pytest.importorskip("quotaengine.metrics")
+def test_metrics_serves_the_databases_gauges(served: Running) -> None:
     status, headers, body = get(served.url + "/metrics")
-    assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    text = body.decode()
-    assert 'quotaengine_window_used{key="1",model="llama-3.3-70b",platform="groq",window="rpd"} 100.0' in text
-    assert 'quotaengine_cooldown_remaining_seconds{key="2",model="llama-3.3-70b",platform="groq"' in text
-    assert 'quotaengine_tenant_limit{tenant="acme",window="tokens/day"} 200000.0' in text
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    f = parsed(body)
+    route = (("key", "1"), ("model", "llama-3.3-70b"), ("platform", "groq"))
+    assert ("quotaengine_window_used", (*route, ("window", "rpd")), 100.0) in f["quotaengine_window_used"][2]
+    (cooldown,) = f["quotaengine_cooldown_remaining_seconds"][2]
+    assert cooldown[1] == (("key", "2"), ("model", "llama-3.3-70b"), ("platform", "groq"), ("source", "authoritative"))
+    tenant = ("quotaengine_tenant_limit", (("tenant", "acme"), ("window", "tokens/day")), 200000.0)
+    assert tenant in f["quotaengine_tenant_limit"][2]
     reads = served.server.metrics_cache.reads
     get(served.url + "/metrics")
     assert served.server.metrics_cache.reads == reads  # cached for 1 s as well
 
 
-def test_metrics_exposes_what_the_collector_yields(served: Running, monkeypatch: pytest.MonkeyPatch) -> None:
-    """/metrics registers ``Collector(engine)`` (the SPEC 27.2 interface) on the read-only
-    engine and serves prometheus_client's exposition; a stand-in collector here."""
-    prometheus = pytest.importorskip("prometheus_client")
-    from prometheus_client.core import GaugeMetricFamily
+def test_metrics_says_what_the_collector_of_the_readonly_engine_says(served: Running) -> None:
+    """/metrics is ``metrics.exposition`` of the read-only engine: sample for sample what
+    ``Collector(engine)`` (SPEC 27.2) yields through prometheus_client."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from quotaengine.metrics import Collector
 
-    seen: list[Any] = []
-
-    class Collector:
-        def __init__(self, engine: q.QuotaEngine) -> None:
-            seen.append(engine)
-
-        def collect(self) -> Iterator[Any]:
-            g = GaugeMetricFamily("quotaengine_in_flight", "calls in flight", labels=["platform", "model", "key"])
-            g.add_metric(["groq", "llama-3.3-70b", "1"], 0)
-            yield g
-
-    stand_in = types.ModuleType("quotaengine.metrics")
-    stand_in.Collector = Collector  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "quotaengine.metrics", stand_in)
-    status, headers, body = get(served.url + "/metrics")
-    assert status == 200 and headers["Content-Type"] == prometheus.CONTENT_TYPE_LATEST
-    assert 'quotaengine_in_flight{key="1",model="llama-3.3-70b",platform="groq"} 0.0' in body.decode()
-    assert seen == [served.engine] and served.engine.readonly
+    _, _, body = get(served.url + "/metrics")
+    registry = CollectorRegistry()
+    registry.register(Collector(served.engine))
+    assert served.engine.readonly
+    ours, theirs = parsed(body), parsed(generate_latest(registry))
+    # Seconds left count down between the two reads (a real clock): same samples, close values.
+    for name in ("quotaengine_cooldown_remaining_seconds", "quotaengine_exhausts_in_seconds"):
+        a, b = ours.pop(name), theirs.pop(name)
+        assert a[:2] == b[:2] and [s[:2] for s in a[2]] == [s[:2] for s in b[2]]
+        assert all(abs(x[2] - y[2]) < 5 for x, y in zip(a[2], b[2], strict=True))
+    assert ours == theirs
 
 
 def test_metrics_without_prometheus_is_404_with_a_hint(served: Running, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,9 @@
 use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
-use crate::core::limits::{Declared, LimitSet, Metric, WindowSpec, CAPS, DAY};
+use crate::core::limits::{
+    classic_window, Declared, LimitSet, Metric, WindowSpec, CAPS, CLASSIC, CLASSIC_NAMES, DAY, MINUTE,
+};
 use crate::core::state::{CooldownRec, FastMap, Prepared};
 use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
 use crate::core::types::{check_name, check_non_negative, CapOverrides, CapSetting, Cooldown, Route};
@@ -56,6 +58,28 @@ pub struct SnapshotRow {
     pub cooldown: Option<CooldownRec>,
     /// SPEC 22.2: the earliest of the route's forecasts (default lookback).
     pub exhausts_at_ms: Option<i64>,
+}
+
+impl SnapshotRow {
+    /// Its windows as `usage()` keys them, `(key, used, limit)`: the classic four
+    /// (SPEC §9: the route's own use, the model's limit or None), then every other
+    /// declared limit by its reason (SPEC §14.1), in gate order.
+    pub fn windows(&self) -> Vec<(&str, i64, Option<i64>)> {
+        let mut out = Vec::with_capacity(self.limits.len() + CLASSIC);
+        for name in CLASSIC_NAMES {
+            let used = match classic_window(name) {
+                Some((metric, MINUTE)) => self.minute.get(metric),
+                Some((metric, _)) => self.day.get(metric),
+                None => 0,
+            };
+            let limit = self.limits.iter().find(|(l, _)| l.limit.classic_axis() == Some(name));
+            out.push((name, used, limit.map(|(l, _)| l.limit.limit)));
+        }
+        for (l, used) in self.limits.iter().filter(|(l, _)| classic_window(l.reason.as_str()).is_none()) {
+            out.push((l.reason.as_str(), *used, Some(l.limit.limit)));
+        }
+        out
+    }
 }
 
 /// SPEC 22.2: `forecast()`'s default lookback, and the one `snapshot()` uses.

@@ -1,15 +1,13 @@
 //! What an engine says of itself for monitoring (SPEC 27): its counters (`stats`) and
 //! everything a Prometheus scrape reads, in one call (`_metrics_read`).
 use super::PyQuotaEngine;
+use crate::core::metrics::{Scrape, FAMILIES};
 use crate::core::stats::Stats;
-use crate::python::limits::route_windows;
+
 use crate::python::run::on_handle;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::collections::HashMap;
-
-/// The forecasts' lookback (SPEC 22.2's default).
-const LOOKBACK_MS: i64 = crate::core::engine::DEFAULT_LOOKBACK_MS;
 
 /// SPEC 27.1's dict.
 fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
@@ -73,26 +71,16 @@ impl PyQuotaEngine {
     /// are never negative); `stats` (as `stats()`); `wait_buckets`, the waits as
     /// cumulative `(upper bound in seconds, count)`; and `degraded`.
     fn _metrics_read<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (now, rows, cooldowns, tenants, stats, degraded) = on_handle(py, &self.handle, |h| {
-            let out = h.with(|e| {
-                let rows = e.observed().snapshot()?;
-                let cooldowns = e.failures().active_cooldowns(None)?;
-                let (_, tenants) = e.tenant_snapshot(LOOKBACK_MS)?;
-                Ok((e.now_ms(), rows, cooldowns, tenants, e.stats(), e.degraded()))
-            })?;
-            let (now, rows, cooldowns, tenants, stats, degraded) = out;
-            Ok((now, rows, cooldowns, tenants, h.complete_stats(stats), degraded))
-        })?;
-        let seconds = |at: i64| (at.saturating_sub(now)).max(0) as f64 / 1000.0;
+        let scrape = on_handle(py, &self.handle, Scrape::read)?;
         // One Python str per distinct text (a window's name recurs in every route).
         let mut texts: HashMap<&str, Bound<'py, PyString>> = HashMap::new();
         let (used, limit, in_flight, exhausts) =
             (PyList::empty(py), PyList::empty(py), PyList::empty(py), PyList::empty(py));
-        for r in &rows {
-            let p = PyString::new(py, &r.route.platform);
-            let m = PyString::new(py, &r.route.model_id);
-            let k = PyString::new(py, &r.route.key_id.to_string());
-            for (window, u, l) in route_windows(r) {
+        for r in scrape.routes() {
+            let p = PyString::new(py, r.platform);
+            let m = PyString::new(py, r.model);
+            let k = PyString::new(py, &r.key);
+            for (window, u, l) in r.windows {
                 let w = text(py, &mut texts, window);
                 if let Some(l) = l {
                     limit.append((&p, &m, &k, &w, l as f64))?;
@@ -100,23 +88,22 @@ impl PyQuotaEngine {
                 used.append((&p, &m, &k, w, u as f64))?;
             }
             in_flight.append((&p, &m, &k, r.in_flight as f64))?;
-            if let Some(at) = r.exhausts_at_ms {
-                exhausts.append((&p, &m, &k, seconds(at)))?;
+            if let Some(s) = r.exhausts_in_s {
+                exhausts.append((&p, &m, &k, s))?;
             }
         }
         let cooldown = PyList::empty(py);
-        for c in &cooldowns {
-            let key = if c.model_wide { "*".to_string() } else { c.route.key_id.to_string() };
-            let t = (&c.route.platform, &c.route.model_id, key, c.source.as_str(), seconds(c.expires_at_ms));
-            cooldown.append(t)?;
+        for c in scrape.cooldowns() {
+            cooldown.append((c.platform, c.model, c.key, c.source, c.remaining_s))?;
         }
         let (tenant_used, tenant_limit) = (PyList::empty(py), PyList::empty(py));
-        for t in &tenants {
+        for t in &scrape.tenants {
             let name = PyString::new(py, &t.tenant);
             let w = text(py, &mut texts, &t.window);
             tenant_used.append((&name, &w, t.used as f64))?;
             tenant_limit.append((name, w, t.limit as f64))?;
         }
+        let (now, stats, degraded) = (scrape.now_ms, &scrape.stats, scrape.degraded);
         let d = PyDict::new(py);
         d.set_item("now_ms", now)?;
         d.set_item("used", used)?;
@@ -126,10 +113,25 @@ impl PyQuotaEngine {
         d.set_item("cooldown", cooldown)?;
         d.set_item("tenant_used", tenant_used)?;
         d.set_item("tenant_limit", tenant_limit)?;
-        d.set_item("stats", stats_dict(py, &stats)?)?;
+        d.set_item("stats", stats_dict(py, stats)?)?;
         // The waits' histogram: (upper bound in seconds, waits at most that long).
         d.set_item("wait_buckets", &stats.wait_buckets)?;
         d.set_item("degraded", degraded)?;
         Ok(d)
     }
+
+    /// SPEC 27.2's families in Prometheus' text format 0.0.4 (UTF-8 bytes): the same
+    /// read as `_metrics_read`, written by the `prometheus-client` crate, the GIL
+    /// released for both.
+    fn _metrics_text<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let text = on_handle(py, &self.handle, |h| Ok(Scrape::read(h)?.exposition()))?;
+        Ok(PyBytes::new(py, text.as_bytes()))
+    }
+}
+
+/// SPEC 27.2's table, `(key, name, help, type, labels)` per family, for the Python
+/// collector (a counter's name without `_total`).
+pub(crate) fn metric_families(
+) -> Vec<(&'static str, &'static str, &'static str, &'static str, Vec<&'static str>)> {
+    FAMILIES.iter().map(|f| (f.key, f.name, f.help, f.kind.as_str(), f.labels.to_vec())).collect()
 }

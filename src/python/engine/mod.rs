@@ -21,6 +21,7 @@ mod cooldowns;
 mod gates;
 mod leases;
 mod metrics;
+pub(crate) use metrics::metric_families;
 mod open;
 mod probe;
 mod record;
