@@ -28,14 +28,18 @@ ROUTER = "openrouter"
 
 def scrape(registry: CollectorRegistry) -> dict[str, Any]:
     """The exposition as the client's parser reads it: family name -> family."""
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
+    return parsed_families(generate_latest(registry))
 
 
 def samples(families: dict[str, Any], name: str, sample: str | None = None) -> dict[tuple, float]:
     """``{tuple(sorted(labels.items())): value}`` of one family's samples (named ``sample``)."""
     fam = families[name]
     return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name == (sample or name)}
+
+
+def parsed_families(text: bytes) -> dict[str, Any]:
+    """A text exposition as the client's parser reads it: family name -> family."""
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
 
 
 def lab(**kw: object) -> tuple:
@@ -153,6 +157,38 @@ def test_the_wait_histogram(engine: q.QuotaEngine) -> None:
     assert dict(next(iter(buckets)))["le"] and lab(le="+Inf") in buckets
     stats = engine.stats()["waits"]
     assert samples(f, "quotaengine_wait_seconds", "quotaengine_wait_seconds_sum") == {(): stats["seconds"]}
+
+
+def test_each_window_is_what_usage_reports(engine: q.QuotaEngine) -> None:
+    """SPEC 27.2's ``window`` is the ``usage()`` key and its samples are ``usage()``'s: a
+    limit at account scope counts the shared account (SPEC 14.3), the platform's limits
+    come as ``platform:<metric>/<per>`` (23.3), in the collector's scrape and in the text."""
+    engine.register_key(1, P, account="team")
+    engine.register_key(2, P, account="team")
+    engine.set_model_limits(P, M, rpm=10, limits=[q.Limit("requests", 4, "1s", scope="key")])
+    engine.set_platform_limits(P, [q.Limit("requests", 100, "minute"), q.Limit("tokens", 10_000, "day", scope="key")])
+    for key in (1, 2, 2):
+        engine.lease(P, M, key).success(tokens=50)
+    engine.lease(P, M2, 1).success(tokens=5)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    for families in (scrape(registry), parsed_families(metrics.exposition(engine))):
+        for model, key in ((M, 1), (M, 2), (M2, 1)):
+            route = {"platform": P, "model": model, "key": str(key)}
+
+            used, limit = (
+                {
+                    dict(labels)["window"]: v
+                    for labels, v in samples(families, name).items()
+                    if dict(labels).items() >= route.items()
+                }
+                for name in ("quotaengine_window_used", "quotaengine_window_limit")
+            )
+            want = {w: r for w, r in engine.usage(P, model, key).items() if w != "in_flight"}
+            assert {w: {"used": used[w], "limit": limit.get(w)} for w in used} == want
+        assert "platform:requests/minute" in want and "platform:tokens/day" in want
+        account_rpm = lab(platform=P, model=M, key=1, window="rpm")
+        assert samples(families, "quotaengine_window_used")[account_rpm] == 3  # the account's, not key 1's own 1
 
 
 def test_an_idle_engine_reports_no_route(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
