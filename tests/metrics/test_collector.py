@@ -165,7 +165,8 @@ def test_each_window_is_what_usage_reports(engine: q.QuotaEngine) -> None:
     come as ``platform:<metric>/<per>`` (23.3), in the collector's scrape and in the text."""
     engine.register_key(1, P, account="team")
     engine.register_key(2, P, account="team")
-    engine.set_model_limits(P, M, rpm=10, limits=[q.Limit("requests", 4, "1s", scope="key")])
+    engine.set_model_limits(P, M, rpm=10, limits=[q.Limit("requests", 4, "1s", scope="key"), q.Limit.dollars(1, "day")])
+    engine.set_model_prices(P, M, q.Prices(1.0, 2.0))  # $ per million tokens
     engine.set_platform_limits(P, [q.Limit("requests", 100, "minute"), q.Limit("tokens", 10_000, "day", scope="key")])
     for key in (1, 2, 2):
         engine.lease(P, M, key).success(tokens=50)
@@ -189,6 +190,9 @@ def test_each_window_is_what_usage_reports(engine: q.QuotaEngine) -> None:
         assert "platform:requests/minute" in want and "platform:tokens/day" in want
         account_rpm = lab(platform=P, model=M, key=1, window="rpm")
         assert samples(families, "quotaengine_window_used")[account_rpm] == 3  # the account's, not key 1's own 1
+        cost = lab(platform=P, model=M, key=2, window="cost/day")
+        assert samples(families, "quotaengine_window_limit")[cost] == 1_000_000  # $1 in µ$
+        assert samples(families, "quotaengine_window_used")[cost] == 300  # 150 tokens at $2/M, in µ$
 
 
 def test_an_idle_engine_reports_no_route(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
