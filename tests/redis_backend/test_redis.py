@@ -491,6 +491,37 @@ def test_events_merged_while_redis_is_down_stay_with_their_tenants(own_server: R
             assert tenant_days(other) == told
 
 
+def test_a_scrape_while_redis_is_down_says_degraded_and_what_the_engine_knows(own_server: RedisServer) -> None:
+    """SPEC 27.2 with §10 on Redis: while the server does not answer, a scrape (the
+    collector's and the text) still answers, with ``quotaengine_degraded`` 1, the routes and
+    the tenants the engine serves from memory; ``snapshot()`` and ``tenants()`` too."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from quotaengine import metrics
+
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
+        e.set_model_limits(P, M, rpm=5)
+        e.set_tenant_limits("acme", [q.Limit("requests", 10, "day")])
+        e.lease(P, M, K, tenant="acme").success()
+        own_server.kill()
+        e.lease(P, M, K, tenant="acme").success()  # served from memory
+        assert e.degraded
+        registry = CollectorRegistry()
+        registry.register(metrics.Collector(e))
+        for text in (generate_latest(registry), metrics.exposition(e)):
+            families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+            assert [s.value for s in families["quotaengine_degraded"].samples] == [1]
+            used = {s.labels["window"]: s.value for s in families["quotaengine_window_used"].samples}
+            assert used["rpm"] == 2
+            tenant = {
+                (s.labels["tenant"], s.labels["window"]): s.value for s in families["quotaengine_tenant_used"].samples
+            }
+            assert tenant == {("acme", "requests/day"): 2}
+        assert [(r["platform"], r["model_id"], r["key_id"]) for r in e.snapshot()] == [(P, M, K)]
+        assert e.tenants() == ["acme"]
+
+
 def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server: RedisServer) -> None:
     """SPEC §10 on Redis: events buffered during an outage may be merged in memory, but
     usage_events() (and every other engine) sees one request row per request, tokens 0."""
