@@ -323,3 +323,84 @@ def test_the_docs_alerts_are_prometheus_rules() -> None:
         "quotaengine_admitted",  # the example reads the family by its parsed name
     }
     assert exported <= known, exported - known
+
+
+def degraded_samples(e: q.QuotaEngine) -> tuple[dict[tuple, float], list[tuple[str, tuple, float]]]:
+    """The ``quotaengine_degraded`` samples of the collector's scrape and of
+    ``metrics.exposition``'s text."""
+    registry = CollectorRegistry()
+    registry.register(Collector(e))
+    return samples(scrape(registry), "quotaengine_degraded"), parsed(metrics.exposition(e))["quotaengine_degraded"][2]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_a_degraded_engine_scrapes_one(backend: str, tmp_path: Path) -> None:
+    """SPEC 27.2's ``quotaengine_degraded`` is 1 while the engine serves degraded (another
+    holds the store's write lock past the busy timeout: a SQLite connection in ``BEGIN
+    EXCLUSIVE``, or the Redis lock key), in the collector's scrape and in the text written
+    in Rust; 0 before and after."""
+    import socket
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager, contextmanager
+
+    from moments import TEN_AM
+    from outages import exclusive_lock
+    from redis_servers import RedisServer
+
+    def redis_command(port: int, *args: str) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
+            reply = b""
+            while not reply.endswith(b"\r\n"):
+                reply += c.recv(1 << 16)
+            return reply
+
+    @contextmanager
+    def redis_lock(port: int) -> Iterator[None]:
+        """Another engine's write lock on the store (``P:lock``), for the block."""
+        assert redis_command(port, "SET", "quotaengine:lock", "someone", "PX", "60000") == b"+OK\r\n"
+        yield
+        assert redis_command(port, "DEL", "quotaengine:lock") == b":1\r\n"
+
+    server = RedisServer(tmp_path / "redis") if backend == "redis" else None
+    db = tmp_path / "quota.db"
+    try:
+        store = server.url if server else str(db)
+        outage: AbstractContextManager[object] = redis_lock(server.port) if server else exclusive_lock(db)
+        with q.QuotaEngine(store, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=50) as e:
+            e.record_request(P, M, 1)
+            assert degraded_samples(e) == ({(): 0}, [("quotaengine_degraded", (), 0.0)])
+            with outage:
+                e.record_request(P, M, 1)
+                assert e.degraded
+                assert degraded_samples(e) == ({(): 1}, [("quotaengine_degraded", (), 1.0)])
+            e.record_request(P, M, 1)  # a write: writes back what was buffered
+            assert not e.degraded
+            assert degraded_samples(e) == ({(): 0}, [("quotaengine_degraded", (), 0.0)])
+    finally:
+        if server is not None:
+            server.kill()
+
+
+def test_a_route_used_only_yesterday_is_left_out(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """SPEC 27.2: a route with no usage today, no lease and no cooldown is left out of the
+    scrape, though it was used the day before."""
+    from moments import DAY
+
+    engine.set_model_limits(P, M, rpm=5, rpd=10)
+    engine.lease(P, M, 1).success(tokens=5)
+    engine.record_request(P, M2, 2)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    route = lab(platform=P, model=M, key=1, window="rpd")
+    assert samples(scrape(registry), "quotaengine_window_used")[route] == 1
+    clock.advance(DAY)  # the next day, past the UTC day boundary
+    engine.record_request(P, M2, 2)  # another route used today stays
+    f = scrape(registry)
+    used = samples(f, "quotaengine_window_used")
+    assert used and {(dict(k)["model"], dict(k)["key"]) for k in used} == {(M2, "2")}
+    for name in ("quotaengine_window_limit", "quotaengine_in_flight", "quotaengine_exhausts_in_seconds"):
+        assert all(dict(k)["model"] != M for k in (samples(f, name) if name in f else {})), name
+    assert "quotaengine_window_used" in parsed(metrics.exposition(engine))
+    text_used = parsed(metrics.exposition(engine))["quotaengine_window_used"][2]
+    assert {dict(labels)["model"] for _, labels, _ in text_used} == {M2}
