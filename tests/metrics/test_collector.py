@@ -339,28 +339,19 @@ def test_a_degraded_engine_scrapes_one(backend: str, tmp_path: Path) -> None:
     holds the store's write lock past the busy timeout: a SQLite connection in ``BEGIN
     EXCLUSIVE``, or the Redis lock key), in the collector's scrape and in the text written
     in Rust; 0 before and after."""
-    import socket
     from collections.abc import Iterator
     from contextlib import AbstractContextManager, contextmanager
 
     from moments import TEN_AM
     from outages import exclusive_lock
-    from redis_servers import RedisServer
-
-    def redis_command(port: int, *args: str) -> bytes:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-            c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
-            reply = b""
-            while not reply.endswith(b"\r\n"):
-                reply += c.recv(1 << 16)
-            return reply
+    from redis_servers import RedisServer, command
 
     @contextmanager
     def redis_lock(port: int) -> Iterator[None]:
         """Another engine's write lock on the store (``P:lock``), for the block."""
-        assert redis_command(port, "SET", "quotaengine:lock", "someone", "PX", "60000") == b"+OK\r\n"
+        assert command(port, "SET", "quotaengine:lock", "someone", "PX", "60000") == b"+OK\r\n"
         yield
-        assert redis_command(port, "DEL", "quotaengine:lock") == b":1\r\n"
+        assert command(port, "DEL", "quotaengine:lock") == b":1\r\n"
 
     server = RedisServer(tmp_path / "redis") if backend == "redis" else None
     db = tmp_path / "quota.db"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,20 +25,12 @@ from outages import (
     declare_tenant_days,
     tenant_days,
 )
-from redis_servers import RedisServer, RedisTarget, free_port, tls_files
+from redis_servers import RedisServer, RedisTarget, command, free_port, tls_files
 from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
 
 pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
-
-
-def command(port: int, *args: str) -> bytes:
-    """One command on a fresh connection, in RESP; returns the raw reply."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-        c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
-        time.sleep(0.05)
-        return c.recv(1 << 20)
 
 
 def evalsha_calls(port: int) -> int:
