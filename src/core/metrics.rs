@@ -4,7 +4,7 @@
 //! samples of each gauge family ([`Scrape::routes`], [`Scrape::cooldowns`]) and their
 //! text exposition ([`Scrape::exposition`], written by the `prometheus-client` crate).
 use crate::core::engine::{SnapshotRow, TenantWindow, UsageReport, DEFAULT_LOOKBACK_MS};
-use crate::core::error::Result;
+use crate::core::error::{Error, Result};
 use crate::core::handle::Handle;
 use crate::core::stats::Stats;
 use crate::core::types::Cooldown;
@@ -242,13 +242,13 @@ impl Scrape {
 
     /// The families in Prometheus' text format 0.0.4 ([`CONTENT_TYPE`]), written by the
     /// `prometheus-client` crate (label values and help escaped as the format says).
-    pub fn exposition(self) -> String {
+    pub fn exposition(self) -> Result<String> {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(self));
         let mut out = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
-            .expect("writing to a String cannot fail");
-        out
+            .map_err(|e| Error::Internal(format!("writing the metrics' text: {e}")))?;
+        Ok(out)
     }
 }
 

@@ -237,6 +237,16 @@ def test_the_exposition_is_valid_text(engine: q.QuotaEngine, writer: str) -> Non
     held.success()
 
 
+def test_a_panic_in_the_text_is_a_quotaengine_error(engine: q.QuotaEngine) -> None:
+    """The text crosses the engine's boundary like its methods: a panic inside is a
+    ``QuotaEngineError`` (never pyo3's ``PanicException``), and the next call works."""
+    engine.lease(P, M, 1).success()
+    engine._inject_panics(1)
+    with pytest.raises(q.QuotaEngineError, match="injected panic"):
+        metrics.exposition(engine)
+    assert b'window="rpm"} 1.0' in metrics.exposition(engine)
+
+
 #: A model and a tenant whose names need escaping in the text: a quote, a backslash, a
 #: newline, a non-ASCII letter.
 ODD_MODEL, ODD_TENANT = 'say "hi"\\n\nü', 'team "a"\\b'
