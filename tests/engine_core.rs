@@ -597,7 +597,7 @@ fn a_scrape_is_written_as_prometheus_text() {
         e.failures().set_cooldown(&r, 30_000, CooldownSource::Heuristic)
     })
     .unwrap();
-    let text = Scrape::read(&h).unwrap().exposition();
+    let text = Scrape::read(&h).unwrap().exposition().unwrap();
     let model_label = r#"model="say \"hi\"\\n\nü""#;
     let labels = format!(r#"platform="groq",{model_label},key="7""#);
     for line in [

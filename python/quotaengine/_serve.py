@@ -177,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _get(self, head: bool) -> None:
         path = self.path.split("?", 1)[0].split("#", 1)[0]
-        if path in ("/", "/index.html"):
+        if path == "/":
             self._send(200, PAGE.encode(), "text/html; charset=utf-8", head)
         elif path == "/api/snapshot":
             doc = self.server.snapshot_cache.get()

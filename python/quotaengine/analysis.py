@@ -937,7 +937,11 @@ def _plot_rate(source: Source, freq: str, platform: str | None, since_ms: int | 
             ax.axhline(value, color=color, linestyle=styles[j % len(styles)], linewidth=1, label=label)
     ax_req.set_ylabel(f"requests per {unit}")
     ax_tok.set_ylabel(f"tokens per {unit}")
-    ax_tok.set_xlabel("time (UTC)")
+    for ax in (ax_req, ax_tok):
+        # Each panel reads alone (SPEC 27.4: the returned Axes labels its axes too): its
+        # own time ticks and label, though the two share their x axis.
+        ax.set_xlabel("time (UTC)")
+        ax.tick_params(axis="x", labelbottom=True)
     title = "usage over time" + (f": {platform}" if platform else " per provider")
     ax_req.set_title(f"{title} (dashed: each declared limit at its value)")
     for ax in (ax_req, ax_tok):

@@ -24,8 +24,9 @@ family                                      type      labels
 =========================================== ========= ==========================================
 
 ``window`` is the key ``usage()`` gives the window (``rpm``, ``requests/1s``,
-``cost/day``, ``platform:requests/minute``, ...); cost windows count micro-dollars; a
-window with no limit has a ``used`` sample and no ``limit`` sample. Only routes with
+``cost/day``, ``platform:requests/minute``, ...) and its samples are what ``usage()``
+reports (a limit's use at its scope: a shared account's, the platform's); cost windows
+count micro-dollars; a window with no limit has a ``used`` sample and no ``limit`` sample. Only routes with
 usage today, a live lease or a cooldown are reported. The counters and the histogram
 are this process's engine's (``QuotaEngine.stats()``); the gauges are the database's.
 

@@ -3,8 +3,8 @@
 //! types and labels, which the Python collector builds its families from too), the
 //! samples of each gauge family ([`Scrape::routes`], [`Scrape::cooldowns`]) and their
 //! text exposition ([`Scrape::exposition`], written by the `prometheus-client` crate).
-use crate::core::engine::{SnapshotRow, TenantWindow, DEFAULT_LOOKBACK_MS};
-use crate::core::error::Result;
+use crate::core::engine::{SnapshotRow, TenantWindow, UsageReport, DEFAULT_LOOKBACK_MS};
+use crate::core::error::{Error, Result};
 use crate::core::handle::Handle;
 use crate::core::stats::Stats;
 use crate::core::types::Cooldown;
@@ -156,6 +156,9 @@ pub struct Scrape {
     pub now_ms: i64,
     /// Every route with usage today, a live lease or a cooldown (`snapshot()`'s rows).
     pub routes: Vec<SnapshotRow>,
+    /// Each route's `usage()` report, in `routes`' order: its windows are the `used` and
+    /// `limit` samples (each declared limit's use at its scope, the platform's included).
+    pub usage: Vec<UsageReport>,
     pub cooldowns: Vec<Cooldown>,
     /// Every tenant limit in force.
     pub tenants: Vec<TenantWindow>,
@@ -164,7 +167,9 @@ pub struct Scrape {
 }
 
 /// One route's gauges: its labels, its windows `(window, used, limit)` as `usage()`
-/// keys them, its live leases, and the seconds to its earliest forecast (if any).
+/// reports them (SPEC 27.2: the `usage()` key, its `used` at the limit's scope, a shared
+/// account's or the platform's), its live leases, and the seconds to its earliest
+/// forecast (if any).
 #[derive(Debug)]
 pub struct RouteGauges<'a> {
     pub platform: &'a str,
@@ -190,8 +195,11 @@ impl Scrape {
     /// One read of the engine (its lock taken once).
     pub fn read(h: &Handle) -> Result<Scrape> {
         let mut scrape = h.with(|e| {
+            let routes = e.observed().snapshot()?;
+            let keys: Vec<_> = routes.iter().map(|r| r.route.clone()).collect();
             Ok(Scrape {
-                routes: e.observed().snapshot()?,
+                usage: e.usage().reports(&keys)?,
+                routes,
                 cooldowns: e.failures().active_cooldowns(None)?,
                 tenants: e.tenant_snapshot(DEFAULT_LOOKBACK_MS)?.1,
                 now_ms: e.now_ms(),
@@ -211,11 +219,11 @@ impl Scrape {
     /// Each route's gauges (SPEC 27.2: a window with no limit has a `used` sample and
     /// no `limit` sample; no `exhausts` sample without a forecast).
     pub fn routes(&self) -> impl Iterator<Item = RouteGauges<'_>> {
-        self.routes.iter().map(|r| RouteGauges {
+        self.routes.iter().zip(&self.usage).map(|(r, u)| RouteGauges {
             platform: &r.route.platform,
             model: &r.route.model_id,
             key: r.route.key_id.to_string(),
-            windows: r.windows(),
+            windows: u.windows().map(|(name, w)| (name, w.used, w.limit)).collect(),
             in_flight: r.in_flight,
             exhausts_in_s: r.exhausts_at_ms.map(|at| self.seconds_to(at)),
         })
@@ -234,13 +242,13 @@ impl Scrape {
 
     /// The families in Prometheus' text format 0.0.4 ([`CONTENT_TYPE`]), written by the
     /// `prometheus-client` crate (label values and help escaped as the format says).
-    pub fn exposition(self) -> String {
+    pub fn exposition(self) -> Result<String> {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(self));
         let mut out = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
-            .expect("writing to a String cannot fail");
-        out
+            .map_err(|e| Error::Internal(format!("writing the metrics' text: {e}")))?;
+        Ok(out)
     }
 }
 

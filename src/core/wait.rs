@@ -50,10 +50,11 @@ pub struct Waiter {
     spots: Vec<Spot>,
     deadline: Instant,
     generation: u64,
-    /// When it began, and whether a look refused it (SPEC 27.1 counts the calls that
-    /// waited: a wait given and not admitted at once).
+    /// When it began, and whether it was not admitted at once: a look refused it or a
+    /// step napped (held behind a waiter ahead, it napped before its first look). SPEC
+    /// 27.1 counts the calls that waited: a wait given and not admitted at once.
     began: Instant,
-    refused_once: bool,
+    not_at_once: bool,
 }
 
 impl Waiter {
@@ -76,7 +77,7 @@ impl Waiter {
             deadline: now.checked_add(wait.min(MAX_WAIT)).unwrap_or(now),
             generation: 0,
             began: now,
-            refused_once: false,
+            not_at_once: false,
         }
     }
 
@@ -151,8 +152,8 @@ impl Waiter {
     pub fn step(&mut self) -> Result<Step> {
         let handle = self.handle.clone();
         let step = handle.shielded(|| self.try_step());
-        if let Err(Error::Refused(_)) = &step {
-            self.refused_once = true;
+        if matches!(&step, Ok(Step::Nap(_)) | Err(Error::Refused(_))) {
+            self.not_at_once = true;
         }
         // SPEC 27.1: the refusal that ends the wait is raised to the caller.
         handle.count_refusal(step)
@@ -190,7 +191,6 @@ impl Waiter {
         if left.is_zero() || (open.is_empty() && !partial) {
             return Err(Error::Refused(refusal));
         }
-        self.refused_once = true;
         self.enqueue();
         self.refused(&refusal);
         let mut nap = MAX_NAP.min(left);
@@ -235,7 +235,7 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        if self.waits && self.refused_once {
+        if self.waits && self.not_at_once {
             self.handle.counters().waited(self.began.elapsed());
         }
         if let Some(t) = self.ticket {

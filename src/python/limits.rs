@@ -5,7 +5,7 @@ use super::errors::{shield, type_error};
 use crate::core::engine::{SnapshotRow, UsageReport};
 use crate::core::limits::{
     cap_values, classic_slot, classic_window, ClassicValues, Limit, LimitSet, Metric, WindowSpec, CAPS,
-    CLASSIC, CLASSIC_NAMES, DAY, MINUTE,
+    CLASSIC, DAY, MINUTE,
 };
 use crate::core::money::micro_dollars;
 use crate::core::types::{check_name, CapSetting};
@@ -297,12 +297,13 @@ fn used_fraction(pairs: &[(i64, Option<i64>)]) -> Option<f64> {
 /// reason, in gate order.
 pub(crate) fn usage_dict<'py>(py: Python<'py>, u: &UsageReport) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for r in CLASSIC_NAMES {
-        let w = u.window(r);
-        d.set_item(r, window(py, w.used, w.limit)?)?;
+    let windows: Vec<_> = u.windows().collect();
+    let (classic, others) = windows.split_at(CLASSIC);
+    for (reason, w) in classic {
+        d.set_item(reason, window(py, w.used, w.limit)?)?;
     }
     d.set_item("in_flight", u.in_flight)?;
-    for (reason, w) in u.others() {
+    for (reason, w) in others {
         d.set_item(reason, window(py, w.used, w.limit)?)?;
     }
     Ok(d)

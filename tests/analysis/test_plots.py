@@ -264,6 +264,8 @@ def test_kind_rate_is_the_per_bin_view(engine: q.QuotaEngine, clock: q.ManualClo
     ax = analysis.plot_usage(engine, kind="rate")
     requests, tokens = ax.figure.axes
     assert requests is ax
+    check_labelled(ax)  # SPEC 27.4: the returned Axes titles and labels its axes
+    assert ax.get_xlabel() == tokens.get_xlabel() == "time (UTC)"
     assert list(lines(requests)["groq"].get_ydata()) == [2, 1, 1]
     assert list(lines(requests)["groq/llama rpm 10"].get_ydata()) == [10, 10]
 

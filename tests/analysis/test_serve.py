@@ -132,8 +132,12 @@ def test_api_snapshot_holds_routes_tenants_cooldowns_forecasts(served: Running) 
     want = e.forecast("groq", "llama-3.3-70b", 1)
     assert set(want) == {w for (p, k, w) in fc if (p, k) == ("groq", 1)}
     # 100 of 1,000 requests in the last 10 minutes: the rest go in 90 minutes (or the day ends first)
-    at = fc[("groq", 1, "rpd")]
-    assert at is None or doc["generated_at_ms"] + 80 * 60_000 < at <= doc["generated_at_ms"] + 91 * 60_000
+    at, now = fc[("groq", 1, "rpd")], doc["generated_at_ms"]
+    to_midnight = 86_400_000 - now % 86_400_000  # groq's day is UTC's
+    if to_midnight > 92 * 60_000:
+        assert at is not None and now + 80 * 60_000 < at <= now + 91 * 60_000
+    elif to_midnight < 79 * 60_000:
+        assert at is None
     assert ("google", 7, "input_tokens/day") in fc
     # tenants: snapshot().tenants
     assert steady(doc["tenants"]) == steady([dict(t) for t in snap.tenants])
@@ -155,7 +159,6 @@ def test_page_is_one_self_contained_document(served: Running) -> None:
     for outside in ('src="http', "src='http", 'href="http', "@import", "url(http", "<link"):
         assert outside not in page
     assert "/api/snapshot" in page and "setInterval(refresh, 2000)" in page
-    assert get(served.url + "/index.html")[2] == body
 
 
 def test_reads_are_cached_for_one_second(location: str) -> None:
@@ -268,7 +271,10 @@ def test_metrics_without_prometheus_is_404_with_a_hint(served: Running, monkeypa
 
 
 def test_unknown_path_is_404(served: Running) -> None:
-    for path in ("/nope", "/api", "/api/snapshot/x", "/metrics/", "/../etc/passwd", "/favicon.ico"):
+    """SPEC 27.3 serves `/`, `/api/snapshot` and `/metrics`: any other path is a 404, the
+    page's usual other name too."""
+    paths = ("/nope", "/index.html", "/api", "/api/snapshot/x", "/metrics/", "/../etc/passwd", "/favicon.ico")
+    for path in paths:
         status, _, body = get(served.url + path)
         assert status == 404, path
     assert served.server.snapshot_cache.reads == 0  # a 404 reads nothing
@@ -344,6 +350,23 @@ def stop(proc: subprocess.Popen[str]) -> str:
     proc.terminate()
     _, err = proc.communicate(timeout=10)
     return err
+
+
+def test_the_cli_defaults_are_loopback_and_port_9464() -> None:
+    """SPEC 27.3: ``serve [--db PATH] [--host 127.0.0.1] [--port 9464]``, read from the
+    command line's parser (nothing bound); ``serve()`` itself has the same defaults."""
+    import inspect
+
+    from quotaengine.__main__ import build_parser, cmd_serve
+    from quotaengine._serve import serve
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.db, args.host, args.port) == (None, "127.0.0.1", 9464)
+    assert args.func is cmd_serve
+    given = build_parser().parse_args(["serve", "--db", "q.db", "--host", "0.0.0.0", "--port", "8080"])
+    assert (given.db, given.host, given.port) == ("q.db", "0.0.0.0", 8080)
+    defaults = inspect.signature(serve).parameters
+    assert (defaults["host"].default, defaults["port"].default) == ("127.0.0.1", 9464)
 
 
 def test_the_cli_binds_loopback_by_default(tmp_path: Path) -> None:

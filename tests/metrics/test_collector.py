@@ -28,14 +28,18 @@ ROUTER = "openrouter"
 
 def scrape(registry: CollectorRegistry) -> dict[str, Any]:
     """The exposition as the client's parser reads it: family name -> family."""
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
+    return parsed_families(generate_latest(registry))
 
 
 def samples(families: dict[str, Any], name: str, sample: str | None = None) -> dict[tuple, float]:
     """``{tuple(sorted(labels.items())): value}`` of one family's samples (named ``sample``)."""
     fam = families[name]
     return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name == (sample or name)}
+
+
+def parsed_families(text: bytes) -> dict[str, Any]:
+    """A text exposition as the client's parser reads it: family name -> family."""
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
 
 
 def lab(**kw: object) -> tuple:
@@ -155,6 +159,42 @@ def test_the_wait_histogram(engine: q.QuotaEngine) -> None:
     assert samples(f, "quotaengine_wait_seconds", "quotaengine_wait_seconds_sum") == {(): stats["seconds"]}
 
 
+def test_each_window_is_what_usage_reports(engine: q.QuotaEngine) -> None:
+    """SPEC 27.2's ``window`` is the ``usage()`` key and its samples are ``usage()``'s: a
+    limit at account scope counts the shared account (SPEC 14.3), the platform's limits
+    come as ``platform:<metric>/<per>`` (23.3), in the collector's scrape and in the text."""
+    engine.register_key(1, P, account="team")
+    engine.register_key(2, P, account="team")
+    engine.set_model_limits(P, M, rpm=10, limits=[q.Limit("requests", 4, "1s", scope="key"), q.Limit.dollars(1, "day")])
+    engine.set_model_prices(P, M, q.Prices(1.0, 2.0))  # $ per million tokens
+    engine.set_platform_limits(P, [q.Limit("requests", 100, "minute"), q.Limit("tokens", 10_000, "day", scope="key")])
+    for key in (1, 2, 2):
+        engine.lease(P, M, key).success(tokens=50)
+    engine.lease(P, M2, 1).success(tokens=5)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    for families in (scrape(registry), parsed_families(metrics.exposition(engine))):
+        for model, key in ((M, 1), (M, 2), (M2, 1)):
+            route = {"platform": P, "model": model, "key": str(key)}
+
+            used, limit = (
+                {
+                    dict(labels)["window"]: v
+                    for labels, v in samples(families, name).items()
+                    if dict(labels).items() >= route.items()
+                }
+                for name in ("quotaengine_window_used", "quotaengine_window_limit")
+            )
+            want = {w: r for w, r in engine.usage(P, model, key).items() if w != "in_flight"}
+            assert {w: {"used": used[w], "limit": limit.get(w)} for w in used} == want
+        assert "platform:requests/minute" in want and "platform:tokens/day" in want
+        account_rpm = lab(platform=P, model=M, key=1, window="rpm")
+        assert samples(families, "quotaengine_window_used")[account_rpm] == 3  # the account's, not key 1's own 1
+        cost = lab(platform=P, model=M, key=2, window="cost/day")
+        assert samples(families, "quotaengine_window_limit")[cost] == 1_000_000  # $1 in µ$
+        assert samples(families, "quotaengine_window_used")[cost] == 300  # 150 tokens at $2/M, in µ$
+
+
 def test_an_idle_engine_reports_no_route(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
     engine.set_model_limits(P, M, rpm=5)
     engine.register_key(1, P)
@@ -195,6 +235,16 @@ def test_the_exposition_is_valid_text(engine: q.QuotaEngine, writer: str) -> Non
     for row in text.decode().splitlines():
         assert line.match(row), row
     held.success()
+
+
+def test_a_panic_in_the_text_is_a_quotaengine_error(engine: q.QuotaEngine) -> None:
+    """The text crosses the engine's boundary like its methods: a panic inside is a
+    ``QuotaEngineError`` (never pyo3's ``PanicException``), and the next call works."""
+    engine.lease(P, M, 1).success()
+    engine._inject_panics(1)
+    with pytest.raises(q.QuotaEngineError, match="injected panic"):
+        metrics.exposition(engine)
+    assert b'window="rpm"} 1.0' in metrics.exposition(engine)
 
 
 #: A model and a tenant whose names need escaping in the text: a quote, a backslash, a
@@ -283,3 +333,75 @@ def test_the_docs_alerts_are_prometheus_rules() -> None:
         "quotaengine_admitted",  # the example reads the family by its parsed name
     }
     assert exported <= known, exported - known
+
+
+def degraded_samples(e: q.QuotaEngine) -> tuple[dict[tuple, float], list[tuple[str, tuple, float]]]:
+    """The ``quotaengine_degraded`` samples of the collector's scrape and of
+    ``metrics.exposition``'s text."""
+    registry = CollectorRegistry()
+    registry.register(Collector(e))
+    return samples(scrape(registry), "quotaengine_degraded"), parsed(metrics.exposition(e))["quotaengine_degraded"][2]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_a_degraded_engine_scrapes_one(backend: str, tmp_path: Path) -> None:
+    """SPEC 27.2's ``quotaengine_degraded`` is 1 while the engine serves degraded (another
+    holds the store's write lock past the busy timeout: a SQLite connection in ``BEGIN
+    EXCLUSIVE``, or the Redis lock key), in the collector's scrape and in the text written
+    in Rust; 0 before and after."""
+    from collections.abc import Iterator
+    from contextlib import AbstractContextManager, contextmanager
+
+    from moments import TEN_AM
+    from outages import exclusive_lock
+    from redis_servers import RedisServer, command
+
+    @contextmanager
+    def redis_lock(port: int) -> Iterator[None]:
+        """Another engine's write lock on the store (``P:lock``), for the block."""
+        assert command(port, "SET", "quotaengine:lock", "someone", "PX", "60000") == b"+OK\r\n"
+        yield
+        assert command(port, "DEL", "quotaengine:lock") == b":1\r\n"
+
+    server = RedisServer(tmp_path / "redis") if backend == "redis" else None
+    db = tmp_path / "quota.db"
+    try:
+        store = server.url if server else str(db)
+        outage: AbstractContextManager[object] = redis_lock(server.port) if server else exclusive_lock(db)
+        with q.QuotaEngine(store, clock=q.ManualClock(TEN_AM), env={}, busy_timeout_ms=50) as e:
+            e.record_request(P, M, 1)
+            assert degraded_samples(e) == ({(): 0}, [("quotaengine_degraded", (), 0.0)])
+            with outage:
+                e.record_request(P, M, 1)
+                assert e.degraded
+                assert degraded_samples(e) == ({(): 1}, [("quotaengine_degraded", (), 1.0)])
+            e.record_request(P, M, 1)  # a write: writes back what was buffered
+            assert not e.degraded
+            assert degraded_samples(e) == ({(): 0}, [("quotaengine_degraded", (), 0.0)])
+    finally:
+        if server is not None:
+            server.kill()
+
+
+def test_a_route_used_only_yesterday_is_left_out(engine: q.QuotaEngine, clock: q.ManualClock) -> None:
+    """SPEC 27.2: a route with no usage today, no lease and no cooldown is left out of the
+    scrape, though it was used the day before."""
+    from moments import DAY
+
+    engine.set_model_limits(P, M, rpm=5, rpd=10)
+    engine.lease(P, M, 1).success(tokens=5)
+    engine.record_request(P, M2, 2)
+    registry = CollectorRegistry()
+    registry.register(Collector(engine))
+    route = lab(platform=P, model=M, key=1, window="rpd")
+    assert samples(scrape(registry), "quotaengine_window_used")[route] == 1
+    clock.advance(DAY)  # the next day, past the UTC day boundary
+    engine.record_request(P, M2, 2)  # another route used today stays
+    f = scrape(registry)
+    used = samples(f, "quotaengine_window_used")
+    assert used and {(dict(k)["model"], dict(k)["key"]) for k in used} == {(M2, "2")}
+    for name in ("quotaengine_window_limit", "quotaengine_in_flight", "quotaengine_exhausts_in_seconds"):
+        assert all(dict(k)["model"] != M for k in (samples(f, name) if name in f else {})), name
+    assert "quotaengine_window_used" in parsed(metrics.exposition(engine))
+    text_used = parsed(metrics.exposition(engine))["quotaengine_window_used"][2]
+    assert {dict(labels)["model"] for _, labels, _ in text_used} == {M2}

@@ -13,6 +13,7 @@ import quotaengine as q
 from moments import TEN_AM
 from outages import exclusive_lock
 from provider_bodies import OPENROUTER_UPSTREAM
+from waiters import start_in_turn
 
 P, M, M2 = "groq", "llama-3.1-8b", "mixtral"
 
@@ -83,10 +84,11 @@ def test_a_wait_is_counted_with_its_seconds(engine: q.QuotaEngine) -> None:
     held = engine.lease(P, M, 1)
     timer = threading.Timer(0.2, held.success)
     timer.start()
-    engine.lease(P, M, 1, wait_s=10).success()  # waits for the release
+    engine.lease(P, M, 1, wait_s=10).success()  # waits for the release, about 0.2 s
     timer.join()
     s = engine.stats()
-    assert s["waits"]["count"] == 1 and s["waits"]["seconds"] > 0
+    # In seconds (not milliseconds): about the 0.2 s it was made to wait.
+    assert s["waits"]["count"] == 1 and 0.15 <= s["waits"]["seconds"] <= 5
     assert s["admitted"] == {(P, M): 3}
     held = engine.lease(P, M, 1)
     with pytest.raises(q.QuotaExceeded) as refused:
@@ -95,6 +97,38 @@ def test_a_wait_is_counted_with_its_seconds(engine: q.QuotaEngine) -> None:
     s2 = engine.stats()
     assert s2["waits"]["count"] == 2 and s2["waits"]["seconds"] > s["waits"]["seconds"]
     assert s2["refused"] == {refused.value.reason: 1}
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_a_wait_queued_behind_another_is_counted(engine: q.QuotaEngine, clock: q.ManualClock, form: str) -> None:
+    """A call that queues behind a waiter and naps while that waiter holds its route has
+    not been admitted at once, even when its first look at the gates admits it: both
+    waits count (the blocking form and the async one)."""
+    engine.set_model_limits(P, M, limits=[q.Limit("requests", 2, "1s", scope="key")])
+    engine.lease(P, M, 1).success()
+    engine.lease(P, M, 1).success()  # the route is full for this second
+    admitted: list[int] = []
+
+    async def lease_async() -> q.Lease:
+        return await engine.lease_async(P, M, 1, wait_s=10)
+
+    def waiter(i: int) -> None:
+        lease = engine.lease(P, M, 1, wait_s=10) if form == "sync" else asyncio.run(lease_async())
+        lease.success()
+        admitted.append(i)
+
+    # W1 is refused and waits; W2 queues at once behind it and naps, held, never refused.
+    threads = start_in_turn(2, waiter)
+    assert engine.stats()["waits"]["count"] == 0  # both still wait
+    clock.advance(1000)  # both slots free at once: W1 is admitted, then W2 at its first look
+    for th in threads:
+        th.join(10)
+    assert not any(th.is_alive() for th in threads)
+    assert sorted(admitted) == [0, 1]
+    s = engine.stats()
+    assert s["waits"]["count"] == 2
+    assert s["refused"] == {}
+    assert s["admitted"] == {(P, M): 4}
 
 
 def test_the_async_forms_are_counted(engine: q.QuotaEngine) -> None:

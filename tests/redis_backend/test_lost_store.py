@@ -7,7 +7,6 @@ no limit is ever lifted meanwhile."""
 from __future__ import annotations
 
 import logging
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import quotaengine as q
 from moments import TEN_AM
-from redis_servers import RedisServer
+from redis_servers import RedisServer, command
 from stores import BACKENDS
 
 pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
@@ -141,16 +140,6 @@ def assert_configured(e: q.QuotaEngine) -> None:
     assert e.platform_calendar(P) == "Europe/Paris"
     assert e.platform_limits(P) == [q.Limit("requests", 1_000, "day")]
     assert e.tenant_limits("team:a") == [q.Limit("requests", 50, "day")]
-
-
-def command(port: int, *args: str) -> bytes:
-    """One command on a fresh connection, in RESP; returns the raw reply."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-        c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
-        reply = b""
-        while not reply.endswith(b"\r\n"):
-            reply += c.recv(1 << 16)
-        return reply
 
 
 def flushall(server: RedisServer) -> None:

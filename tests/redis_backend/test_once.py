@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import quotaengine as q
 from moments import TEN_AM
-from redis_servers import RedisServer, RedisTarget
+from redis_servers import RedisServer, RedisTarget, command
 from reply_proxy import ReplyProxy
 from stores import BACKENDS
 
@@ -202,13 +201,6 @@ def test_redis_6_is_refused_naming_its_version(tmp_path: Path) -> None:
             q.QuotaEngine(server.url, env={})
     finally:
         server.kill()
-
-
-def command(port: int, *args: str) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-        c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
-        time.sleep(0.05)
-        return c.recv(1 << 20)
 
 
 @pytest.mark.parametrize("key", ["leases", "cooldowns", "lock", "ver"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,20 +25,12 @@ from outages import (
     declare_tenant_days,
     tenant_days,
 )
-from redis_servers import RedisServer, RedisTarget, free_port, tls_files
+from redis_servers import RedisServer, RedisTarget, command, free_port, tls_files
 from stores import BACKENDS
 
 P, M, K = "groq", "llama", 1
 
 pytestmark = pytest.mark.skipif("redis" not in BACKENDS, reason="QE_BACKENDS leaves Redis out")
-
-
-def command(port: int, *args: str) -> bytes:
-    """One command on a fresh connection, in RESP; returns the raw reply."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-        c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
-        time.sleep(0.05)
-        return c.recv(1 << 20)
 
 
 def evalsha_calls(port: int) -> int:
@@ -489,6 +480,37 @@ def test_events_merged_while_redis_is_down_stay_with_their_tenants(own_server: R
         assert tenant_days(e) == told
         with q.QuotaEngine(own_server.url, clock=clock, env={}) as other:
             assert tenant_days(other) == told
+
+
+def test_a_scrape_while_redis_is_down_says_degraded_and_what_the_engine_knows(own_server: RedisServer) -> None:
+    """SPEC 27.2 with §10 on Redis: while the server does not answer, a scrape (the
+    collector's and the text) still answers, with ``quotaengine_degraded`` 1, the routes and
+    the tenants the engine serves from memory; ``snapshot()`` and ``tenants()`` too."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from quotaengine import metrics
+
+    clock = q.ManualClock(TEN_AM)
+    with q.QuotaEngine(own_server.url, clock=clock, env={}, busy_timeout_ms=200) as e:
+        e.set_model_limits(P, M, rpm=5)
+        e.set_tenant_limits("acme", [q.Limit("requests", 10, "day")])
+        e.lease(P, M, K, tenant="acme").success()
+        own_server.kill()
+        e.lease(P, M, K, tenant="acme").success()  # served from memory
+        assert e.degraded
+        registry = CollectorRegistry()
+        registry.register(metrics.Collector(e))
+        for text in (generate_latest(registry), metrics.exposition(e)):
+            families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+            assert [s.value for s in families["quotaengine_degraded"].samples] == [1]
+            used = {s.labels["window"]: s.value for s in families["quotaengine_window_used"].samples}
+            assert used["rpm"] == 2
+            tenant = {
+                (s.labels["tenant"], s.labels["window"]): s.value for s in families["quotaengine_tenant_used"].samples
+            }
+            assert tenant == {("acme", "requests/day"): 2}
+        assert [(r["platform"], r["model_id"], r["key_id"]) for r in e.snapshot()] == [(P, M, K)]
+        assert e.tenants() == ["acme"]
 
 
 def test_events_merged_while_redis_is_down_come_back_one_per_request(own_server: RedisServer) -> None:

@@ -15,6 +15,23 @@ from pathlib import Path
 import pytest
 
 
+def command(port: int, *args: str) -> bytes:
+    """One command on a fresh connection to the server on ``port``, in RESP; returns the raw
+    reply, whole (a bulk string read to its stated length)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+        c.sendall(f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args))
+        reply = b""
+        while True:
+            chunk = c.recv(1 << 16)
+            reply += chunk
+            head, sep, _ = reply.partition(b"\r\n")
+            if not chunk or (sep and not head.startswith(b"$")):
+                return reply
+            size = int(head[1:]) if sep else 0
+            if sep and len(reply) >= len(head) + 2 + (size + 2 if size >= 0 else 0):
+                return reply
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

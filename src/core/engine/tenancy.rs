@@ -77,20 +77,27 @@ impl Engine {
     }
 
     /// The tenants named in a declaration (never a pattern) or with usage recorded
-    /// since `since_ms` (default: 00:00 UTC today), sorted.
+    /// since `since_ms` (default: 00:00 UTC today), sorted. While degraded with a store
+    /// that does not answer (SPEC §10: served from memory), the tenants this engine
+    /// knows: declared, or with windows in memory.
     pub fn tenants(&mut self, since_ms: Option<i64>) -> Result<Vec<String>> {
         let now = self.unit.clock.now_ms();
         let since = since_ms.unwrap_or(now - now.rem_euclid(DAY_MS));
         let mut names: BTreeSet<String> = BTreeSet::new();
+        let mut known: Vec<String> = Vec::new();
         self.unit.run(Access::Read, |tx| {
-            names.extend(tx.mirror().config.tenants.named().map(str::to_string));
+            let m = tx.mirror();
+            names.extend(m.config.tenants.named().map(str::to_string));
+            known.extend(m.tenants.names().map(|n| n.to_string()));
             Ok(())
         })?;
-        let rows = self.unit.store_read(|s| {
-            s.usage_events(&UsageFilter { since_ms: Some(since), ..UsageFilter::default() })
-        })?;
-        for r in rows {
-            names.extend(r.tenants.iter().map(|t| t.to_string()));
+        let rows = self
+            .unit
+            .store_read(|s| s.usage_events(&UsageFilter { since_ms: Some(since), ..UsageFilter::default() }));
+        match rows {
+            Ok(rows) => names.extend(rows.iter().flat_map(|r| r.tenants.iter().map(|t| t.to_string()))),
+            Err(_) if self.unit.degraded() => names.extend(known),
+            Err(e) => return Err(e.into()),
         }
         Ok(names.into_iter().collect())
     }

@@ -6,7 +6,7 @@ use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::admission::Estimate;
 use crate::core::error::{Error, Result};
-use crate::core::limits::{classic_window, Declared, LimitSet, DAY, MINUTE};
+use crate::core::limits::{classic_window, Declared, LimitSet, CLASSIC_NAMES, DAY, MINUTE};
 use crate::core::money::Prices;
 use crate::core::store::{HistoryKind, TokenKinds, UsageKind, UsageRow, Write};
 use crate::core::tenants::{self, TenantList};
@@ -100,6 +100,12 @@ impl UsageReport {
             .iter()
             .filter(|(d, _)| classic_window(d.reason.as_str()).is_none())
             .map(|(d, used)| (d.reason.as_str(), WindowReport { used: *used, limit: Some(d.limit.limit) }))
+    }
+
+    /// Every window `usage()` reports, in its order, as `(key, report)`: the classic
+    /// four, then [`others`](Self::others) (the platform's limits, SPEC 23.3, last).
+    pub fn windows(&self) -> impl Iterator<Item = (&str, WindowReport)> {
+        CLASSIC_NAMES.into_iter().map(|name| (name, self.window(name))).chain(self.others())
     }
 }
 
@@ -230,6 +236,15 @@ impl Usage<'_> {
         self.unit.run(Access::Read, |tx| {
             let (unit, now, _) = tx.parts();
             Ok(Usage { unit }.report_at(route, limits, now))
+        })
+    }
+
+    /// [`report`](Self::report) of each route with its declared limits, in one read.
+    pub fn reports(&mut self, routes: &[Route]) -> Result<Vec<UsageReport>> {
+        self.unit.run(Access::Read, |tx| {
+            let (unit, now, _) = tx.parts();
+            let mut usage = Usage { unit };
+            Ok(routes.iter().map(|r| usage.report_at(r, None, now)).collect())
         })
     }
 

@@ -122,9 +122,9 @@ impl PyQuotaEngine {
 
     /// SPEC 27.2's families in Prometheus' text format 0.0.4 (UTF-8 bytes): the same
     /// read as `_metrics_read`, written by the `prometheus-client` crate, the GIL
-    /// released for both.
+    /// released for both (a panic in either is a `QuotaEngineError`).
     fn _metrics_text<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let text = on_handle(py, &self.handle, |h| Ok(Scrape::read(h)?.exposition()))?;
+        let text = on_handle(py, &self.handle, |h| h.shielded(|| Scrape::read(h)?.exposition()))?;
         Ok(PyBytes::new(py, text.as_bytes()))
     }
 }
