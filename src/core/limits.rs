@@ -342,6 +342,18 @@ pub fn classic_window(name: &str) -> Option<(Metric, WindowSpec)> {
     NAMED[..4].iter().find(|n| n.0 == name).map(|n| (n.1, n.2))
 }
 
+/// A route's own use of the classic window `name` (SPEC §4, §9): its sliding minute's or
+/// its calendar day's count of the window's metric; 0 for a name that is not one.
+pub fn classic_use(
+    name: &str, minute: &crate::core::windows::Counts, day: &crate::core::windows::Counts,
+) -> i64 {
+    match classic_window(name) {
+        Some((metric, MINUTE)) => minute.get(metric),
+        Some((metric, _)) => day.get(metric),
+        None => 0,
+    }
+}
+
 /// The name of the classic window of `metric` per `window` (as `usage()` keys it).
 pub fn classic_name(metric: Metric, window: WindowSpec) -> Option<&'static str> {
     NAMED[..4].iter().find(|n| (n.1, n.2) == (metric, window)).map(|n| n.0)

@@ -280,6 +280,11 @@ impl EncodeMetric for Waits<'_> {
     }
 }
 
+/// The family of [`FAMILIES`] keyed `key` (a key of the table: the encoder names them).
+fn table(key: &str) -> &'static Family {
+    FAMILIES.iter().find(|f| f.key == key).expect("a family of the table")
+}
+
 /// Writes one family: its descriptor, then `value` under `labels` for each sample.
 fn family<L, V>(
     encoder: &mut DescriptorEncoder, key: &str, samples: impl IntoIterator<Item = (L, V)>,
@@ -288,7 +293,7 @@ where
     L: EncodeLabelSet,
     V: EncodeMetric,
 {
-    let f = FAMILIES.iter().find(|f| f.key == key).expect("a family of the table");
+    let f = table(key);
     let mut metric = encoder.encode_descriptor(f.name, f.help, None, f.kind.metric_type())?;
     for (labels, value) in samples {
         value.encode(metric.encode_family(&labels)?)?;
@@ -298,7 +303,7 @@ where
 
 /// A family of one unlabelled sample.
 fn single(encoder: &mut DescriptorEncoder, key: &str, value: &impl EncodeMetric) -> fmt::Result {
-    let f = FAMILIES.iter().find(|f| f.key == key).expect("a family of the table");
+    let f = table(key);
     value.encode(encoder.encode_descriptor(f.name, f.help, None, f.kind.metric_type())?)
 }
 

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 import quotaengine as q
-from expositions import parsed
+from expositions import families, parsed
 from moments import MINUTE
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from provider_bodies import OPENROUTER_UPSTREAM
 from quotaengine import metrics
 from quotaengine.metrics import Collector
@@ -28,18 +27,13 @@ ROUTER = "openrouter"
 
 def scrape(registry: CollectorRegistry) -> dict[str, Any]:
     """The exposition as the client's parser reads it: family name -> family."""
-    return parsed_families(generate_latest(registry))
+    return families(generate_latest(registry))
 
 
 def samples(families: dict[str, Any], name: str, sample: str | None = None) -> dict[tuple, float]:
     """``{tuple(sorted(labels.items())): value}`` of one family's samples (named ``sample``)."""
     fam = families[name]
     return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name == (sample or name)}
-
-
-def parsed_families(text: bytes) -> dict[str, Any]:
-    """A text exposition as the client's parser reads it: family name -> family."""
-    return {f.name: f for f in text_string_to_metric_families(text.decode())}
 
 
 def lab(**kw: object) -> tuple:
@@ -173,14 +167,14 @@ def test_each_window_is_what_usage_reports(engine: q.QuotaEngine) -> None:
     engine.lease(P, M2, 1).success(tokens=5)
     registry = CollectorRegistry()
     registry.register(Collector(engine))
-    for families in (scrape(registry), parsed_families(metrics.exposition(engine))):
+    for read in (scrape(registry), families(metrics.exposition(engine))):
         for model, key in ((M, 1), (M, 2), (M2, 1)):
             route = {"platform": P, "model": model, "key": str(key)}
 
             used, limit = (
                 {
                     dict(labels)["window"]: v
-                    for labels, v in samples(families, name).items()
+                    for labels, v in samples(read, name).items()
                     if dict(labels).items() >= route.items()
                 }
                 for name in ("quotaengine_window_used", "quotaengine_window_limit")
@@ -189,10 +183,10 @@ def test_each_window_is_what_usage_reports(engine: q.QuotaEngine) -> None:
             assert {w: {"used": used[w], "limit": limit.get(w)} for w in used} == want
         assert "platform:requests/minute" in want and "platform:tokens/day" in want
         account_rpm = lab(platform=P, model=M, key=1, window="rpm")
-        assert samples(families, "quotaengine_window_used")[account_rpm] == 3  # the account's, not key 1's own 1
+        assert samples(read, "quotaengine_window_used")[account_rpm] == 3  # the account's, not key 1's own 1
         cost = lab(platform=P, model=M, key=2, window="cost/day")
-        assert samples(families, "quotaengine_window_limit")[cost] == 1_000_000  # $1 in µ$
-        assert samples(families, "quotaengine_window_used")[cost] == 300  # 150 tokens at $2/M, in µ$
+        assert samples(read, "quotaengine_window_limit")[cost] == 1_000_000  # $1 in µ$
+        assert samples(read, "quotaengine_window_used")[cost] == 300  # 150 tokens at $2/M, in µ$
 
 
 def test_an_idle_engine_reports_no_route(engine: q.QuotaEngine, clock: q.ManualClock) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import quotaengine as q
+from expositions import families
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 P, M = "groq", "llama-3.1-8b"
 
@@ -25,7 +25,7 @@ pytestmark = [
 
 
 def scrape(registry: CollectorRegistry) -> dict[str, Any]:
-    return {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    return families(generate_latest(registry))
 
 
 def admitted(registry: CollectorRegistry) -> dict[tuple, float]:

@@ -486,8 +486,8 @@ def test_a_scrape_while_redis_is_down_says_degraded_and_what_the_engine_knows(ow
     """SPEC 27.2 with §10 on Redis: while the server does not answer, a scrape (the
     collector's and the text) still answers, with ``quotaengine_degraded`` 1, the routes and
     the tenants the engine serves from memory; ``snapshot()`` and ``tenants()`` too."""
+    from expositions import families
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
     from quotaengine import metrics
 
     clock = q.ManualClock(TEN_AM)
@@ -501,12 +501,12 @@ def test_a_scrape_while_redis_is_down_says_degraded_and_what_the_engine_knows(ow
         registry = CollectorRegistry()
         registry.register(metrics.Collector(e))
         for text in (generate_latest(registry), metrics.exposition(e)):
-            families = {f.name: f for f in text_string_to_metric_families(text.decode())}
-            assert [s.value for s in families["quotaengine_degraded"].samples] == [1]
-            used = {s.labels["window"]: s.value for s in families["quotaengine_window_used"].samples}
+            read = families(text)
+            assert [s.value for s in read["quotaengine_degraded"].samples] == [1]
+            used = {s.labels["window"]: s.value for s in read["quotaengine_window_used"].samples}
             assert used["rpm"] == 2
             tenant = {
-                (s.labels["tenant"], s.labels["window"]): s.value for s in families["quotaengine_tenant_used"].samples
+                (s.labels["tenant"], s.labels["window"]): s.value for s in read["quotaengine_tenant_used"].samples
             }
             assert tenant == {("acme", "requests/day"): 2}
         assert [(r["platform"], r["model_id"], r["key_id"]) for r in e.snapshot()] == [(P, M, K)]

@@ -8,6 +8,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 
+def families(text: bytes) -> dict[str, Any]:
+    """Prometheus text as the client's parser reads it: family name -> family."""
+    return {f.name: f for f in text_string_to_metric_families(text.decode())}
+
+
 def parsed(text: bytes) -> dict[str, tuple[str, str, list[tuple[str, tuple[tuple[str, Any], ...], float]]]]:
     """``{family: (type, help, sorted samples)}``, each sample ``(name, sorted labels,
     value)``; a histogram's ``le`` as a number (Python's client writes ``1.0`` where the

@@ -6,7 +6,7 @@ use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::error::{Error, Result};
 use crate::core::limits::{
-    classic_window, Declared, LimitSet, Metric, WindowSpec, CAPS, CLASSIC, CLASSIC_NAMES, DAY, MINUTE,
+    classic_use, classic_window, Declared, LimitSet, Metric, WindowSpec, CAPS, CLASSIC, CLASSIC_NAMES, DAY,
 };
 use crate::core::state::{CooldownRec, FastMap, Prepared};
 use crate::core::store::{LogRow, QuotaStateRow, UsageFilter, UsageRow, Write};
@@ -67,11 +67,7 @@ impl SnapshotRow {
     pub fn windows(&self) -> Vec<(&str, i64, Option<i64>)> {
         let mut out = Vec::with_capacity(self.limits.len() + CLASSIC);
         for name in CLASSIC_NAMES {
-            let used = match classic_window(name) {
-                Some((metric, MINUTE)) => self.minute.get(metric),
-                Some((metric, _)) => self.day.get(metric),
-                None => 0,
-            };
+            let used = classic_use(name, &self.minute, &self.day);
             let limit = self.limits.iter().find(|(l, _)| l.limit.classic_axis() == Some(name));
             out.push((name, used, limit.map(|(l, _)| l.limit.limit)));
         }

@@ -84,11 +84,8 @@ impl Engine {
         let now = self.unit.clock.now_ms();
         let since = since_ms.unwrap_or(now - now.rem_euclid(DAY_MS));
         let mut names: BTreeSet<String> = BTreeSet::new();
-        let mut known: Vec<String> = Vec::new();
         self.unit.run(Access::Read, |tx| {
-            let m = tx.mirror();
-            names.extend(m.config.tenants.named().map(str::to_string));
-            known.extend(m.tenants.names().map(|n| n.to_string()));
+            names.extend(tx.mirror().config.tenants.named().map(str::to_string));
             Ok(())
         })?;
         let rows = self
@@ -96,7 +93,10 @@ impl Engine {
             .store_read(|s| s.usage_events(&UsageFilter { since_ms: Some(since), ..UsageFilter::default() }));
         match rows {
             Ok(rows) => names.extend(rows.iter().flat_map(|r| r.tenants.iter().map(|t| t.to_string()))),
-            Err(_) if self.unit.degraded() => names.extend(known),
+            Err(_) if self.unit.degraded() => self.unit.run(Access::Read, |tx| {
+                names.extend(tx.mirror().tenants.names().map(|n| n.to_string()));
+                Ok(())
+            })?,
             Err(e) => return Err(e.into()),
         }
         Ok(names.into_iter().collect())

@@ -6,7 +6,7 @@ use super::unit::Access;
 use super::{unit, Engine};
 use crate::core::admission::Estimate;
 use crate::core::error::{Error, Result};
-use crate::core::limits::{classic_window, Declared, LimitSet, CLASSIC_NAMES, DAY, MINUTE};
+use crate::core::limits::{classic_use, classic_window, Declared, LimitSet, CLASSIC_NAMES};
 use crate::core::money::Prices;
 use crate::core::store::{HistoryKind, TokenKinds, UsageKind, UsageRow, Write};
 use crate::core::tenants::{self, TenantList};
@@ -86,12 +86,7 @@ impl UsageReport {
         if let Some((d, used)) = self.limits.iter().find(|(d, _)| d.reason.as_str() == reason) {
             return WindowReport { used: *used, limit: Some(d.limit.limit) };
         }
-        let used = match classic_window(reason) {
-            Some((metric, MINUTE)) => self.minute.get(metric),
-            Some((metric, DAY)) => self.day.get(metric),
-            _ => 0,
-        };
-        WindowReport { used, limit: None }
+        WindowReport { used: classic_use(reason, &self.minute, &self.day), limit: None }
     }
 
     /// Every declared limit but the classic four, by reason (SPEC §14.1's added keys).
