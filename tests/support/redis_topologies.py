@@ -363,11 +363,17 @@ class Cluster:
     def node(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)
 
-    def replica_of(self, port: int) -> int:
-        """The port of a replica of the primary on `port`."""
-        table = self.table()
-        primary = next(r["id"] for r in table if r["port"] == port)
-        return next(r["port"] for r in table if r["master"] == primary and "fail" not in r["flags"])
+    def replica_of(self, port: int, timeout: float = 10) -> int:
+        """The port of a replica of the primary on `port` (the node asked may not list it yet
+        just after the cluster formed: asked again until it does, up to `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            table = self.table()
+            primary = next(r["id"] for r in table if r["port"] == port)
+            replicas = [r["port"] for r in table if r["master"] == primary and "fail" not in r["flags"]]
+            if replicas or time.monotonic() > deadline:
+                return next(iter(replicas))
+            time.sleep(0.1)
 
     def wait_replicated(self, port: int, timeout: float = 20) -> None:
         """Until every replica of the primary on `port` has everything it holds."""
